@@ -1,0 +1,1 @@
+"""Rendering: everything here reads records and never touches the profiler's private state."""

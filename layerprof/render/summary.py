@@ -1,0 +1,77 @@
+"""The annotated model repr: ``nn.Module.__repr__`` rebuilt from the records, one stats block per module.
+
+Built from records alone (type, extra_repr, children), so it needs no model, patches no module, and works on a
+loaded profile as well as a live one.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from ..records import ModuleRecord
+from .columns import Column, resolve_columns
+from .units import format_ms
+
+__all__ = ["annotated_repr", "summary_header"]
+
+
+def _indent(text: str, spaces: int) -> str:
+    lines = text.split("\n")
+    if len(lines) == 1:
+        return text
+    return lines[0] + "\n" + "\n".join(" " * spaces + line for line in lines[1:])
+
+
+def _annotation(record: ModuleRecord, root: ModuleRecord, columns: list[Column]) -> str:
+    if record.calls == 0 and record.recompute_ms is None:
+        return "【not run】"
+    parts = [column.text(record, root) for column in columns]
+    if record.calls > 1:
+        parts.append(f"{record.calls} calls")
+    return "【" + " | ".join(parts) + "】"
+
+
+def _render(record: ModuleRecord, root: ModuleRecord, columns: list[Column], depth: int | None,
+            aliases: dict[str, list[tuple[str, ModuleRecord]]]) -> str:
+    lines = record.extra_repr.split("\n") if record.extra_repr else []
+    expand = depth is None or record.depth < depth
+    if expand:
+        for child in record.children:
+            child_text = _render(child, root, columns, depth, aliases)
+            lines.append(f"({child.short_name}): " + _indent(child_text, 2))
+        for key, target in aliases.get(record.name, ()):
+            lines.append(f"({key}): {target.type}【same module as '{target.name}', counted there】()")
+    elif record.children:
+        lines.append(f"... {len(record.children)} children")
+    head = record.type + _annotation(record, root, columns) + "("
+    if not lines:
+        return head + ")"
+    if len(lines) == 1 and not record.children:
+        return head + lines[0] + ")"
+    return head + "\n  " + "\n  ".join(lines) + "\n)"
+
+
+def _alias_positions(root: ModuleRecord) -> dict[str, list[tuple[str, ModuleRecord]]]:
+    positions: dict[str, list[tuple[str, ModuleRecord]]] = {}
+    for record in root.descendants:
+        for alias in record.aliases:
+            parent, _, key = alias.rpartition(".")
+            positions.setdefault(parent, []).append((key, record))
+    return positions
+
+
+def summary_header(root: ModuleRecord) -> str:
+    """One line with the step's totals and what the percentages are of."""
+    return (
+        f"Step: forward {format_ms(root.forward_ms)}, backward {format_ms(root.backward_ms)}, "
+        f"total {format_ms(root.total_ms)}; percentages are of the total (forward + backward of the model)."
+    )
+
+
+def annotated_repr(root: ModuleRecord, columns: Iterable[str] | None = None, depth: int | None = None,
+                   header: bool = True) -> str:
+    """The model's repr with each module's costs; ``depth`` limits how deep modules are expanded (root = 0)."""
+    chosen = resolve_columns(columns)
+    if depth is not None and depth < 0:
+        raise ValueError(f"depth must be >= 0 or None, got {depth}")
+    body = _render(root, root, chosen, depth, _alias_positions(root))
+    return (summary_header(root) + "\n" + body) if header else body

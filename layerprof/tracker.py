@@ -1,0 +1,219 @@
+"""Collection: which module runs and when, in the forward and in the backward pass.
+
+Forward boundaries come from module pre/post hooks. Backward boundaries come from hooks on the autograd graph
+nodes that the module's forward created, found by sequence number: every node created between a module's
+pre-hook and post-hook has a sequence number in ``[seq_start, seq_end)``. The backward of that call starts
+when the first of its output nodes is about to run (node pre-hook) and ends when the last of its *frontier*
+nodes (those with no successor inside the call) has run (node post-hook). Nothing is wrapped: no tensor, no
+``BackwardHookFunction``, so in-place ops after the module, inputs that need no grad, keyword arguments and
+dict/dataclass outputs all work, and outputs and gradients are bitwise those of an unprofiled run.
+
+The tracker only stamps instants; turning stamps into milliseconds happens after the step (``timing.py``).
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+from torch import nn
+
+from .clock import Clock, CpuClock, make_clock
+from .nest import first_tensor, iter_tensors
+
+__all__ = ["CallTrace", "Tracker"]
+
+_next_sequence_nr: Callable[[], int] = torch._C._autograd._get_sequence_nr
+_graph_task_id: Callable[[], int] = torch._C._current_graph_task_id
+
+
+class CallTrace:
+    """Raw stamps of one call of one module. ``recompute`` marks a forward run during backward (checkpointing)."""
+
+    __slots__ = (
+        "name", "parent", "clock", "recompute", "seq_start", "seq_end",
+        "fwd_start", "fwd_end", "bwd_start", "bwd_end", "raised",
+    )
+
+    def __init__(self, name: str, parent: CallTrace | None, clock: Clock, recompute: bool) -> None:
+        self.name = name
+        self.parent = parent
+        self.clock = clock
+        self.recompute = recompute
+        self.seq_start = self.seq_end = 0
+        self.fwd_start: Any = None
+        self.fwd_end: Any = None
+        self.bwd_start: Any = None
+        self.bwd_end: Any = None
+        self.raised = False
+
+
+class Tracker:
+    """Puts forward hooks on modules, graph hooks on the nodes their forward creates, and collects CallTraces."""
+
+    def __init__(self, sync: bool = False, observers: Sequence[Any] = ()) -> None:
+        self.sync = sync
+        self.calls: list[CallTrace] = []
+        self.active = False
+        self.raised_in: tuple[CallTrace, BaseException] | None = None
+        self.cpu_clock = CpuClock()
+        self.cuda_clocks: dict[int, Clock] = {}
+        self._observers = tuple(observers)
+        self._local = threading.local()
+        self._handles: list[Any] = []
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+    def attach(self, modules: Iterable[tuple[str, nn.Module]]) -> None:
+        """Hook every module; if hooking fails half way, remove what was added and re-raise."""
+        try:
+            for name, module in modules:
+                pre, post = self._make_hooks(name)
+                # Our pre-hook runs last and our post-hook first, so the user's own hooks are not timed.
+                self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+                self._handles.append(
+                    module.register_forward_hook(post, with_kwargs=True, always_call=True, prepend=True)
+                )
+        except BaseException:
+            self.detach()
+            raise
+        self.active = True
+
+    def detach(self) -> None:
+        """Remove every module hook. Graph hooks die with the graph and do nothing once ``active`` is False."""
+        self.active = False
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            handle.remove()
+
+    def clocks(self) -> list[Clock]:
+        return [self.cpu_clock, *self.cuda_clocks.values()]
+
+    # -- forward hooks ---------------------------------------------------------------------------------------
+    def _stack(self) -> list[CallTrace]:
+        try:
+            return self._local.stack
+        except AttributeError:
+            self._local.stack = []
+            return self._local.stack
+
+    def _clock_for(self, module: nn.Module, args: Any, kwargs: Any) -> Clock:
+        if not torch.cuda.is_initialized():
+            return self.cpu_clock
+        tensor = first_tensor(args, kwargs)
+        if tensor is None:
+            tensor = next(module.parameters(), None)
+        if tensor is None or not tensor.is_cuda:
+            return self.cpu_clock
+        index = tensor.get_device()
+        clock = self.cuda_clocks.get(index)
+        if clock is None:
+            clock = self.cuda_clocks[index] = make_clock(torch.device("cuda", index), self.sync)
+        return clock
+
+    def _make_hooks(self, name: str) -> tuple[Callable[..., None], Callable[..., None]]:
+        tracker = self
+        calls = self.calls
+        observers = self._observers
+
+        def forward_pre(module: nn.Module, args: Any, kwargs: Any) -> None:
+            if not tracker.active:
+                return None
+            stack = tracker._stack()
+            clock = tracker._clock_for(module, args, kwargs)
+            call = CallTrace(name, stack[-1] if stack else None, clock, _graph_task_id() != -1)
+            calls.append(call)
+            stack.append(call)
+            for observer in observers:
+                observer.forward_pre(call, module, args, kwargs)
+            call.seq_start = _next_sequence_nr()
+            call.fwd_start = clock.now()
+            return None
+
+        def forward_post(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+            if not tracker.active:
+                return None
+            stack = tracker._stack()
+            if not stack:
+                return None  # the call began before profiling did
+            call = stack[-1]
+            end = call.clock.now()
+            if call.name != name:
+                # An inner call never reached its post-hook (a pre-hook raised before forward ran): unwind to ours.
+                call = _unwind_to(stack, name)
+                if call is None:
+                    return None
+                end = call.clock.now()
+            stack.pop()
+            call.fwd_end = end
+            call.seq_end = _next_sequence_nr()
+            if output is None and sys.exc_info()[0] is not None:
+                # always_call ran us because forward raised: remember the innermost module for the error note.
+                call.raised = True
+                error = sys.exc_info()[1]
+                if tracker.raised_in is None or tracker.raised_in[1] is not error:
+                    tracker.raised_in = (call, error)
+                return None
+            if call.seq_end > call.seq_start:
+                _watch_backward(call, output, tracker)
+            for observer in observers:
+                observer.forward_post(call, module, args, kwargs, output)
+            return None
+
+        return forward_pre, forward_post
+
+
+def _unwind_to(stack: list[CallTrace], name: str) -> CallTrace | None:
+    for depth in range(len(stack) - 1, -1, -1):
+        if stack[depth].name == name:
+            del stack[depth + 1 :]
+            return stack[depth]
+    return None
+
+
+# -- backward: hooks on the graph nodes a call created ------------------------------------------------------
+def _watch_backward(call: CallTrace, output: Any, tracker: Tracker) -> None:
+    """Hook the call's output nodes (backward start) and its frontier nodes (backward end)."""
+    lo, hi = call.seq_start, call.seq_end
+    roots: list[Any] = []
+    tensors = (output,) if isinstance(output, torch.Tensor) else iter_tensors(output)
+    for tensor in tensors:
+        node = tensor.grad_fn
+        # A node made before the call (an input passed through) or by an in-place op after it is not ours.
+        if node is not None and lo <= node._sequence_nr() < hi and node not in roots:
+            roots.append(node)
+    if not roots:
+        return
+
+    def backward_started(grad_outputs: Any) -> None:
+        if tracker.active and call.bwd_start is None:
+            call.bwd_start = call.clock.now()
+
+    def backward_progressed(grad_inputs: Any, grad_outputs: Any) -> None:
+        if tracker.active:
+            call.bwd_end = call.clock.now()
+
+    for node in roots:
+        node.register_prehook(backward_started)
+    for node in _frontier(roots, lo, hi):
+        node.register_hook(backward_progressed)
+
+
+def _frontier(roots: list[Any], lo: int, hi: int) -> list[Any]:
+    """Nodes made inside ``[lo, hi)`` whose successors are all outside it: the last of them to run ends the call's
+    backward. AccumulateGrad nodes have the largest sequence number and so count as outside."""
+    seen = set(roots)
+    todo = list(roots)
+    frontier = []
+    while todo:
+        node = todo.pop()
+        inner = False
+        for successor, _ in node.next_functions:
+            if successor is not None and lo <= successor._sequence_nr() < hi:
+                inner = True
+                if successor not in seen:
+                    seen.add(successor)
+                    todo.append(successor)
+        if not inner:
+            frontier.append(node)
+    return frontier
