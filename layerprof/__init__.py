@@ -1,9 +1,10 @@
 """layerprof: where the time of a PyTorch training step goes, module by module, forward and backward."""
 from __future__ import annotations
 
+from .profile import Profile
 from .profiler import LayerProf
 from .records import CallTiming, ModuleRecord
 
 __version__ = "0.1.0"
 
-__all__ = ["LayerProf", "ModuleRecord", "CallTiming", "__version__"]
+__all__ = ["LayerProf", "Profile", "ModuleRecord", "CallTiming", "__version__"]

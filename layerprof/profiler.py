@@ -9,9 +9,8 @@ import torch
 from torch import nn
 
 from .metrics import Meter, make_meters
+from .profile import Profile
 from .records import ModuleRecord, build_tree
-from .render.summary import annotated_repr
-from .render.tree import render_tree, timepool
 from .timing import fill_times
 from .tracker import Tracker
 
@@ -66,6 +65,7 @@ class LayerProf:
         self.records: dict[str, ModuleRecord] = {}
         self._tracker: Tracker | None = None
         self._hooked: list[nn.Module] = []
+        self._profile: Profile | None = None
         self._state = "new"
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -131,6 +131,7 @@ class LayerProf:
             )
         tracker.calls.clear()
         self._tracker = None
+        self._profile = Profile(self.tree)
         return False
 
     def _release(self) -> None:
@@ -139,34 +140,21 @@ class LayerProf:
                 del _PROFILED[module]
         self._hooked = []
 
-    def _done(self) -> ModuleRecord:
-        if self._state != "done" or self.tree is None:
+    # -- results: after the block, a LayerProf answers for its Profile ----------------------------------------
+    @property
+    def profile(self) -> Profile:
+        """The result; available once the ``with`` block has exited."""
+        if self._state != "done" or self._profile is None:
             raise RuntimeError("the profile is ready after the `with LayerProf(model) as prof:` block has exited")
-        return self.tree
+        return self._profile
 
-    # -- results ---------------------------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, dict[str, Any]]:
-        """``{qualified name: row}`` in ``named_modules()`` order; the root's name is ``""``."""
-        root = self._done()
-        return {record.name: record.to_dict() for record in (root, *root.descendants)}
-
-    def layerwise_summary(self, columns: Iterable[str] | None = None, depth: int | None = None) -> str:
-        """The model's repr, each module annotated with its forward/backward time and share of the step."""
-        return annotated_repr(self._done(), columns=columns, depth=depth)
-
-    def layerwise_timepool(self) -> dict[str, Any]:
-        """The nested-dict form: ``{name: {forward_cost, backward_cost, depth, calls, children}}``."""
-        return timepool(self._done())
-
-    def render_tree(self, maxdepth: int | None = None) -> str:
-        """An anytree ``RenderTree`` view for terminals."""
-        return render_tree(self._done(), maxdepth=maxdepth)
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names LayerProf itself lacks: to_dict, layerwise_summary, exports, plots...
+        if name.startswith("_") or not hasattr(Profile, name):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(self.profile, name)
 
     def __repr__(self) -> str:
-        if self._state != "done" or self.tree is None:
+        if self._state != "done" or self._profile is None:
             return f"<LayerProf {type(self.model).__name__} ({self._state})>"
-        root = self.tree
-        return (
-            f"<LayerProf {root.type}: {len(self.records)} modules, forward {root.forward_ms} ms, "
-            f"backward {root.backward_ms} ms>"
-        )
+        return repr(self._profile).replace("<Profile", "<LayerProf", 1)
