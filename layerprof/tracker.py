@@ -59,6 +59,7 @@ class Tracker:
         self.raised_in: tuple[CallTrace, BaseException] | None = None
         self.cpu_clock = CpuClock()
         self.cuda_clocks: dict[int, Clock] = {}
+        self.watches: dict[int, Any] = {}  # graph node sequence number -> _NodeWatch, cleared after each step
         self._observers = tuple(observers)
         self._local = threading.local()
         self._handles: list[Any] = []
@@ -82,6 +83,7 @@ class Tracker:
     def detach(self) -> None:
         """Remove every module hook. Graph hooks die with the graph and do nothing once ``active`` is False."""
         self.active = False
+        self.watches.clear()
         handles, self._handles = self._handles, []
         for handle in handles:
             handle.remove()
@@ -172,6 +174,43 @@ def _unwind_to(stack: list[CallTrace], name: str) -> CallTrace | None:
 
 
 # -- backward: hooks on the graph nodes a call created ------------------------------------------------------
+class _NodeWatch:
+    """The calls that start or end their backward at one graph node. A node shared by nested calls (a child's
+    output is its parent's output) gets one hook that stamps once, so a child can never outlast its parent."""
+
+    __slots__ = ("tracker", "starts", "ends")
+
+    def __init__(self, tracker: Tracker) -> None:
+        self.tracker = tracker
+        self.starts: list[CallTrace] = []
+        self.ends: list[CallTrace] = []
+
+    def started(self, grad_outputs: Any) -> None:
+        if self.tracker.active:
+            stamp = self.starts[0].clock.now()
+            for call in self.starts:
+                if call.bwd_start is None:
+                    call.bwd_start = stamp
+        return None
+
+    def ended(self, grad_inputs: Any, grad_outputs: Any) -> None:
+        if self.tracker.active:
+            stamp = self.ends[0].clock.now()
+            for call in self.ends:
+                call.bwd_end = stamp
+        return None
+
+
+def _watch(tracker: Tracker, node: Any) -> _NodeWatch:
+    # Keyed by sequence number, which is unique per thread and holds no reference to the node (and so to the
+    # tensors it saved). Nodes accept no weak references.
+    key = node._sequence_nr()
+    watch = tracker.watches.get(key)
+    if watch is None:
+        watch = tracker.watches[key] = _NodeWatch(tracker)
+    return watch
+
+
 def _watch_backward(call: CallTrace, output: Any, tracker: Tracker) -> None:
     """Hook the call's output nodes (backward start) and its frontier nodes (backward end)."""
     lo, hi = call.seq_start, call.seq_end
@@ -184,19 +223,16 @@ def _watch_backward(call: CallTrace, output: Any, tracker: Tracker) -> None:
             roots.append(node)
     if not roots:
         return
-
-    def backward_started(grad_outputs: Any) -> None:
-        if tracker.active and call.bwd_start is None:
-            call.bwd_start = call.clock.now()
-
-    def backward_progressed(grad_inputs: Any, grad_outputs: Any) -> None:
-        if tracker.active:
-            call.bwd_end = call.clock.now()
-
     for node in roots:
-        node.register_prehook(backward_started)
+        watch = _watch(tracker, node)
+        if not watch.starts:
+            node.register_prehook(watch.started)
+        watch.starts.append(call)
     for node in _frontier(roots, lo, hi):
-        node.register_hook(backward_progressed)
+        watch = _watch(tracker, node)
+        if not watch.ends:
+            node.register_hook(watch.ended)
+        watch.ends.append(call)
 
 
 def _frontier(roots: list[Any], lo: int, hi: int) -> list[Any]:
