@@ -123,7 +123,7 @@ class LayerProf:
             call = tracker.raised_in[0]
             shown = f"'{call.name}'" if call.name else "the root"
             exc.add_note(f"layerprof: raised inside module {shown} ({self.records[call.name].type})")
-        elif exc is None and self.tree is not None and self.tree.calls == 0:
+        elif exc is None and not tracker.calls:
             warnings.warn(
                 "LayerProf recorded no call of the model: call the model inside the `with` block.",
                 RuntimeWarning,

@@ -11,7 +11,11 @@ __all__ = ["fill_times"]
 
 
 def _call_timing(call: CallTrace, step: int) -> CallTiming | None:
-    if call.fwd_start is None or call.fwd_end is None or call.raised:
+    if call.fwd_start is None or call.fwd_end is None:
+        return None
+    if call.raised and not call.recompute:
+        # A forward that raised is not a call; a recompute that raised is checkpointing stopping early
+        # once it has what backward needs, and its time was spent all the same.
         return None
     clock = call.clock
     timing = CallTiming(

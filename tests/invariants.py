@@ -1,0 +1,54 @@
+"""Invariants every profile of every model must satisfy, and a reference count of module calls."""
+from __future__ import annotations
+
+from collections import Counter
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from layerprof import LayerProf
+
+TOLERANCE_MS = 1e-6
+
+
+@contextmanager
+def count_calls(model: nn.Module) -> Iterator[Counter]:
+    """Count forward calls per qualified name with plain hooks: the reference for ``calls``."""
+    counts: Counter = Counter()
+    handles = [
+        module.register_forward_pre_hook(lambda m, a, name=name: counts.update([name]))
+        for name, module in model.named_modules()
+    ]
+    try:
+        yield counts
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def check_profile(prof: LayerProf, model: nn.Module, backward: bool = True) -> None:
+    """Structure and numbers that must hold for any profile of ``model``."""
+    rows = prof.to_dict()
+    assert list(rows) == [name for name, _ in model.named_modules()], "records must mirror named_modules()"
+    for name, record in prof.records.items():
+        assert record.calls == len([t for t in record.call_times if not t.recompute])
+        if record.calls:
+            assert record.forward_ms is not None and record.forward_ms >= 0
+            assert abs(record.forward_ms - sum(t.forward_ms for t in record.call_times if not t.recompute)) < 1e-6
+            assert record.self_forward_ms is not None and record.self_forward_ms >= -TOLERANCE_MS
+        else:
+            assert record.forward_ms is None and record.backward_ms is None
+        children = [c for c in record.children if c.forward_ms is not None]
+        if record.forward_ms is not None and children:
+            # Forward calls nest strictly inside their parent's, so the children's sum fits in the parent.
+            assert sum(c.forward_ms for c in children) <= record.forward_ms + TOLERANCE_MS, name
+        for child in record.children:
+            if child.backward_ms is not None and record.backward_ms is not None:
+                assert child.backward_ms <= record.backward_ms + TOLERANCE_MS, (name, child.name)
+    root = prof.tree
+    if backward:
+        assert root.backward_ms is not None and root.backward_ms > 0
+    else:
+        assert all(record.backward_ms is None for record in prof.records.values())

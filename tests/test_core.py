@@ -1,0 +1,318 @@
+"""LayerProf on small models that each carry one awkward feature of real ones."""
+from __future__ import annotations
+
+import gc
+import re
+import time
+import weakref
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from layerprof import LayerProf
+from layerprof.profiler import _PROFILED
+
+from .conftest import hook_state
+from .invariants import check_profile, count_calls
+from .models import MLP, Boom, DictOut, KwargsDataclass, Residual, SharedLoop, UnusedBranch
+
+
+def profile_step(model: nn.Module, *inputs: torch.Tensor, **kwargs: torch.Tensor) -> LayerProf:
+    with LayerProf(model) as prof:
+        out = model(*inputs, **kwargs)
+        tensor = out if isinstance(out, torch.Tensor) else out.logits
+        tensor.sum().backward()
+    return prof
+
+
+def test_records_mirror_named_modules_and_have_the_documented_fields() -> None:
+    model = MLP()
+    prof = profile_step(model, torch.randn(4, 8))
+    check_profile(prof, model)
+    rows = prof.to_dict()
+    assert rows[""]["type"] == "MLP" and rows[""]["depth"] == 0 and rows["body.0"]["depth"] == 2
+    for key in ("type", "depth", "calls", "forward_ms", "backward_ms", "self_forward_ms", "self_backward_ms"):
+        assert key in rows["body.2"]
+    # Every module ran once, forward and backward, including the first Linear whose input needs no grad.
+    for name, row in rows.items():
+        assert row["calls"] == 1, name
+        assert row["backward_ms"] is not None and row["backward_ms"] > 0, name
+    assert prof.tree.name == "" and [c.name for c in prof.tree.children] == ["body", "head"]
+    assert prof.records["body"].children[0].short_name == "0"
+
+
+def test_self_times_add_up_to_the_root() -> None:
+    model = MLP()
+    prof = profile_step(model, torch.randn(4, 8))
+    total_self_forward = sum(r.self_forward_ms for r in prof.records.values())
+    assert total_self_forward == pytest.approx(prof.tree.forward_ms, rel=1e-9)
+    body = prof.records["body"]
+    assert body.self_forward_ms == pytest.approx(body.forward_ms - sum(c.forward_ms for c in body.children))
+
+
+def test_shared_module_counts_every_call() -> None:
+    model = SharedLoop()
+    with count_calls(model) as reference, LayerProf(model) as prof:
+        model(torch.randn(2, 8, requires_grad=True)).sum().backward()
+    check_profile(prof, model)
+    assert prof.records["cell"].calls == reference["cell"] == 3
+    assert prof.records["act"].calls == 3
+    cell = prof.records["cell"]
+    assert len(cell.call_times) == 3
+    assert cell.forward_ms == pytest.approx(sum(t.forward_ms for t in cell.call_times))
+    assert all(t.backward_ms is not None and t.backward_ms > 0 for t in cell.call_times)
+    # Calls are in order and do not overlap.
+    starts = [t.forward_start_ms for t in cell.call_times]
+    assert starts == sorted(starts)
+    # Backward runs in reverse: the last forward call is the first backward.
+    backward_starts = [t.backward_start_ms for t in cell.call_times]
+    assert backward_starts == sorted(backward_starts, reverse=True)
+
+
+def test_inplace_ops_after_hooked_modules() -> None:
+    model = Residual()
+    x = torch.randn(4, 8, requires_grad=True)
+    prof = profile_step(model, x)
+    check_profile(prof, model)
+    assert prof.records["relu"].calls == 2
+    assert prof.records["fc"].backward_ms > 0 and prof.records["relu"].backward_ms > 0
+
+
+def test_keyword_tensor_input_and_dataclass_output() -> None:
+    model = KwargsDataclass()
+    prof = profile_step(model, features=torch.randn(4, 8))
+    check_profile(prof, model)
+    assert all(prof.records[n].backward_ms > 0 for n in ("", "proj", "out"))
+
+
+def test_dict_output_both_branches_get_backward() -> None:
+    model = DictOut()
+    with LayerProf(model) as prof:
+        out = model(torch.randn(4, 8))
+        (out["a"].sum() + out["b"].sum()).backward()
+    check_profile(prof, model)
+    assert prof.records["a"].backward_ms > 0 and prof.records["b"].backward_ms > 0
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "eval_no_grad"])
+def test_forward_only_marks_backward_not_measured(mode: str) -> None:
+    model = MLP()
+    context = torch.inference_mode() if mode == "inference_mode" else torch.no_grad()
+    if mode == "eval_no_grad":
+        model.eval()
+    with LayerProf(model) as prof, context:
+        model(torch.randn(4, 8))
+    check_profile(prof, model, backward=False)
+    assert all(r.calls == 1 and r.forward_ms > 0 for r in prof.records.values())
+    assert "Backward Time: —" in prof.layerwise_summary()
+
+
+def test_forward_with_grad_but_no_backward_call() -> None:
+    model = MLP()
+    with LayerProf(model) as prof:
+        model(torch.randn(4, 8))
+    assert all(r.backward_ms is None and r.forward_ms > 0 for r in prof.records.values())
+
+
+def test_module_whose_output_is_unused_keeps_its_forward() -> None:
+    model = UnusedBranch()
+    prof = profile_step(model, torch.randn(4, 8))
+    assert prof.records["unused"].calls == 1 and prof.records["unused"].forward_ms > 0
+    assert prof.records["unused"].backward_ms is None
+    assert prof.records["used"].backward_ms > 0
+
+
+def test_rnn_modules_and_cell_loops() -> None:
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lstm = nn.LSTM(8, 16, num_layers=2, batch_first=True)
+            self.cell = nn.GRUCell(16, 16)
+            self.head = nn.Linear(16, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seq, _ = self.lstm(x)
+            h = seq[:, 0]
+            for t in range(seq.shape[1]):
+                h = self.cell(seq[:, t], h)
+            return self.head(h)
+
+    model = Net()
+    with count_calls(model) as reference, LayerProf(model) as prof:
+        model(torch.randn(2, 5, 8)).sum().backward()
+    check_profile(prof, model)
+    assert prof.records["cell"].calls == reference["cell"] == 5
+    assert prof.records["lstm"].backward_ms > 0
+
+
+def test_outputs_and_gradients_are_bitwise_identical() -> None:
+    torch.manual_seed(0)
+    model = Residual()
+    x = torch.randn(4, 8)
+
+    def step() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        out = model(x.clone())
+        out.sum().backward()
+        return out.detach(), [p.grad.clone() for p in model.parameters()]
+
+    plain_out, plain_grads = step()
+    with LayerProf(model):
+        prof_out, prof_grads = step()
+    assert torch.equal(plain_out, prof_out)
+    assert all(torch.equal(a, b) for a, b in zip(plain_grads, prof_grads))
+
+
+def test_no_activation_or_gradient_survives_the_step() -> None:
+    model = MLP()
+    refs: list[weakref.ref] = []
+    spy = [m.register_forward_hook(lambda m, a, o: refs.append(weakref.ref(o))) for m in model.modules()]
+    with LayerProf(model) as prof:
+        out = model(torch.randn(4, 8, requires_grad=True))
+        out.sum().backward()
+        grad_refs = [weakref.ref(p.grad) for p in model.parameters()]
+        del out
+        model.zero_grad(set_to_none=True)
+    for handle in spy:
+        handle.remove()
+    gc.collect()
+    assert refs and all(ref() is None for ref in refs), "an activation is still referenced"
+    assert all(ref() is None for ref in grad_refs), "a gradient is still referenced"
+    assert prof.tree.backward_ms > 0
+
+
+def test_model_left_exactly_as_found() -> None:
+    model = Residual()
+    model.fc.register_forward_hook(lambda m, a, o: None)  # the user's own hook must survive
+    before_hooks, before_repr = hook_state(model), repr(model)
+    before_state = {k: v.clone() for k, v in model.state_dict().items()}
+    profile_step(model, torch.randn(4, 8))
+    assert hook_state(model) == before_hooks and repr(model) == before_repr
+    after_state = model.state_dict()
+    assert list(after_state) == list(before_state)
+    assert all(torch.equal(before_state[k], after_state[k]) for k in before_state)
+    assert len(model.fc._forward_hooks) == 1
+
+
+def test_exception_in_block_removes_hooks_and_names_the_module() -> None:
+    model = Boom()
+    before = hook_state(model)
+    with pytest.raises(RuntimeError) as raised:
+        with LayerProf(model):
+            model(torch.randn(2, 8))
+    assert hook_state(model) == before
+    notes = getattr(raised.value, "__notes__", [])
+    assert any("'bad'" in note and "Linear" in note for note in notes), notes
+    assert not _PROFILED
+    # The model can be profiled again afterwards.
+    with LayerProf(model.ok) as prof:
+        model.ok(torch.randn(2, 8))
+    assert prof.tree.calls == 1
+
+
+def test_exception_raised_by_user_code_in_block_gets_no_module_note() -> None:
+    model = MLP()
+    with pytest.raises(KeyError) as raised:
+        with LayerProf(model):
+            model(torch.randn(2, 8))
+            raise KeyError("user")
+    assert not getattr(raised.value, "__notes__", [])
+
+
+def test_hooking_failure_half_way_leaves_no_hook() -> None:
+    model = MLP()
+    before = hook_state(model)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("cannot hook")
+
+    # The root, body and body.0 are hooked before body.2 refuses.
+    model.body[2].register_forward_pre_hook = refuse
+    try:
+        with pytest.raises(RuntimeError, match="cannot hook"):
+            with LayerProf(model):
+                pass
+    finally:
+        del model.body[2].register_forward_pre_hook
+    assert hook_state(model) == before
+    assert not _PROFILED
+
+
+def test_reentering_and_nesting_are_refused() -> None:
+    model = MLP()
+    prof = profile_step(model, torch.randn(2, 8))
+    with pytest.raises(RuntimeError, match="already used"):
+        with prof:
+            pass
+    with LayerProf(model):
+        with pytest.raises(RuntimeError, match="already being profiled"):
+            with LayerProf(model.body):
+                pass
+    assert not _PROFILED
+
+
+def test_bad_arguments_say_what_to_do() -> None:
+    with pytest.raises(TypeError, match="expects a torch.nn.Module, got builtins.str"):
+        LayerProf("resnet18")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="TorchScript"):
+        LayerProf(torch.jit.script(nn.Linear(2, 2)))
+    compiled = torch.compile(nn.Linear(2, 2))
+    with pytest.raises(TypeError, match=re.escape("LayerProf(compiled._orig_mod)")):
+        LayerProf(compiled)
+    with pytest.raises(ValueError, match="unknown metric"):
+        LayerProf(nn.Linear(2, 2), metrics=("nope",))
+
+
+def test_results_before_exit_raise() -> None:
+    model = MLP()
+    with LayerProf(model) as prof:
+        with pytest.raises(RuntimeError, match="after the `with"):
+            prof.layerwise_summary()
+
+
+def test_warns_when_the_model_never_ran() -> None:
+    with pytest.warns(RuntimeWarning, match="no call of the model"):
+        with LayerProf(MLP()):
+            pass
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_activation_checkpointing_reports_recompute(reentrant: bool) -> None:
+    model = MLP()
+    x = torch.randn(4, 8, requires_grad=True)
+    with count_calls(model) as reference, LayerProf(model) as prof:
+        hidden = checkpoint(model.body, x, use_reentrant=reentrant)
+        model.head(hidden).sum().backward()
+    body = prof.records["body"]
+    # One real call each; the re-run during backward is recompute, not a second call.
+    assert reference["body"] == 2 and body.calls == 1
+    assert body.recompute_ms is not None and body.recompute_ms > 0
+    assert [t.recompute for t in body.call_times] == [False, True]
+    assert body.backward_ms is not None and body.backward_ms > 0
+    for name in ("body.0", "body.2"):
+        assert prof.records[name].calls == 1 and prof.records[name].backward_ms > 0
+    assert "Recompute" in prof.layerwise_summary(columns=("forward", "backward", "recompute"))
+
+
+def test_root_backward_is_close_to_backward_wall_time() -> None:
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(8)])
+    x = torch.randn(64, 256)
+    with LayerProf(model) as prof:
+        loss = model(x).sum()
+        start = time.perf_counter()
+        loss.backward()
+        wall_ms = (time.perf_counter() - start) * 1e3
+    root = prof.tree.backward_ms
+    assert root <= wall_ms
+    assert root >= 0.7 * wall_ms, (root, wall_ms)
+
+
+def test_cuda_events_and_sync_paths(cuda: torch.device) -> None:
+    model = MLP().to(cuda)
+    for sync in (False, True):
+        with LayerProf(model, sync=sync) as prof:
+            model(torch.randn(4, 8, device="cuda:0")).sum().backward()
+        check_profile(prof, model)
+        assert all(r.forward_ms > 0 and r.backward_ms > 0 for r in prof.records.values())
