@@ -1,0 +1,132 @@
+"""The annotated summary, the tree view, the time pool and unit formatting."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from layerprof import LayerProf
+from layerprof.records import ModuleRecord
+from layerprof.render.summary import annotated_repr
+from layerprof.render.units import format_bytes, format_count, format_flops, format_ms, format_percent
+
+from .models import MLP
+
+torchvision = pytest.importorskip("torchvision")
+transformers = pytest.importorskip("transformers")
+
+ANNOTATION = re.compile("【[^】]*】")
+
+
+def _profile(model: nn.Module, *args: torch.Tensor, **kwargs: torch.Tensor) -> LayerProf:
+    with LayerProf(model) as prof:
+        out = model(*args, **kwargs)
+        (out if isinstance(out, torch.Tensor) else out[0]).sum().backward()
+    return prof
+
+
+@pytest.mark.parametrize("which", ["resnet18", "bert"])
+def test_summary_without_annotations_is_the_model_repr(which: str) -> None:
+    if which == "resnet18":
+        model = torchvision.models.resnet18(weights=None)
+        prof = _profile(model, torch.randn(1, 3, 64, 64))
+    else:
+        config = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                         intermediate_size=32)
+        model = transformers.BertModel(config)
+        prof = _profile(model, input_ids=torch.randint(0, 50, (1, 8)))
+    header, body = prof.layerwise_summary().split("\n", 1)
+    assert header.startswith("Step: forward ")
+    assert ANNOTATION.sub("", body) == repr(model)
+    # One annotation per module line, each with both times.
+    annotations = ANNOTATION.findall(body)
+    assert len(annotations) == len(list(model.modules()))
+    assert all(a == "【not run】" or ("Forward Time: " in a and "Backward Time: " in a) for a in annotations)
+    not_run = [name for name, record in prof.records.items() if not record.calls]
+    assert annotations.count("【not run】") == len(not_run)
+    if which == "resnet18":
+        assert not not_run
+
+
+def test_summary_layout_matches_the_seed_tool() -> None:
+    model = MLP()
+    prof = _profile(model, torch.randn(2, 8))
+    lines = prof.layerwise_summary().split("\n")
+    assert re.fullmatch(r"MLP【Forward Time: .+ \(\d+\.\d%\) \| Backward Time: .+ \(\d+\.\d%\)】\(", lines[1])
+    assert lines[2].startswith("  (body): Sequential【Forward Time: ")
+    assert lines[3].startswith("    (0): Linear【") and lines[3].endswith("】(in_features=8, out_features=16, bias=True)")
+    # Percentages are of the step: the root's forward and backward shares add up to 100 %.
+    shares = [float(x) for x in re.findall(r"\((\d+\.\d)%\)", lines[1])]
+    assert sum(shares) == pytest.approx(100.0, abs=0.11)
+
+
+def test_summary_depth_and_columns() -> None:
+    model = MLP()
+    prof = _profile(model, torch.randn(2, 8))
+    shallow = prof.layerwise_summary(depth=1)
+    assert "(body): Sequential【" in shallow and "(0): Linear" not in shallow and "... 4 children" in shallow
+    only_forward = prof.layerwise_summary(columns=("forward", "self_forward", "calls"))
+    assert "Backward Time" not in only_forward and "Self Forward: " in only_forward and "Calls: 1" in only_forward
+    with pytest.raises(ValueError, match="unknown column 'fwd'; choose from: .*forward"):
+        prof.layerwise_summary(columns=("fwd",))
+    with pytest.raises(ValueError, match="depth must be >= 0"):
+        prof.layerwise_summary(depth=-1)
+
+
+def test_summary_marks_modules_that_did_not_run() -> None:
+    model = MLP()
+    prof = _profile(model.body, torch.randn(2, 8))  # profile only the body; head never runs in it
+    assert "【not run】" not in prof.layerwise_summary()
+    with LayerProf(model) as prof:
+        model.body(torch.randn(2, 8))
+    text = prof.layerwise_summary()
+    assert "(head): Linear【not run】(in_features=16" in text
+    assert text.split("\n")[1].startswith("MLP【not run】(")
+
+
+def test_summary_from_records_alone() -> None:
+    root = ModuleRecord("", "Net", "")
+    child = ModuleRecord("fc", "Linear", "in_features=2, out_features=2, bias=True", parent=root)
+    root.calls = child.calls = 1
+    root.forward_ms, root.backward_ms = 3.0, 1.0
+    child.forward_ms, child.backward_ms = 1.5, 0.5
+    assert annotated_repr(root) == (
+        "Step: forward 3 ms, backward 1 ms, total 4 ms; percentages are of the total (forward + backward of the model).\n"
+        "Net【Forward Time: 3 ms (75.0%) | Backward Time: 1 ms (25.0%)】(\n"
+        "  (fc): Linear【Forward Time: 1.5 ms (37.5%) | Backward Time: 500 µs (12.5%)】"
+        "(in_features=2, out_features=2, bias=True)\n"
+        ")"
+    )
+
+
+def test_timepool_and_render_tree() -> None:
+    model = MLP()
+    prof = _profile(model, torch.randn(2, 8))
+    pool = prof.layerwise_timepool()
+    assert list(pool) == ["MLP"]
+    root = pool["MLP"]
+    assert root["depth"] == 0 and list(root["children"]) == ["body", "head"]
+    assert list(root["children"]["body"]["children"]) == ["0", "1", "2", "3"]
+    assert root["forward_cost"] == prof.tree.forward_ms and root["backward_cost"] == prof.tree.backward_ms
+    assert root["children"]["body"]["children"]["2"]["depth"] == 2
+    lines = prof.render_tree().split("\n")
+    assert len(lines) == len(prof.records)
+    assert lines[0].startswith("MLP (MLP) fwd ") and lines[1].startswith("├── body (Sequential) fwd ")
+    assert len(prof.render_tree(maxdepth=1).split("\n")) == 3
+
+
+def test_units_are_formatted_in_one_place() -> None:
+    assert format_ms(0.0123) == "12.3 µs"
+    assert format_ms(1.234) == "1.23 ms"
+    assert format_ms(123.4) == "123 ms"
+    assert format_ms(1234.0) == "1.23 s"
+    assert format_ms(None) == "—"
+    assert format_count(11_689_512) == "11.7M"
+    assert format_count(999) == "999"
+    assert format_flops(3.6e9) == "3.6 GFLOPs"
+    assert format_bytes(46_827_520) == "44.7 MiB"
+    assert format_bytes(512) == "512 B"
+    assert format_percent(1, 4) == "25.0%"
+    assert format_percent(1, 0) == "—"

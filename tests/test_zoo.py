@@ -1,0 +1,159 @@
+"""Real models: torchvision CNNs (in-place ReLU, residual adds), Hugging Face transformers built from configs
+(keyword inputs, dataclass outputs, tied and shared embeddings), an LSTM."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+import torch
+from torch import nn
+
+from layerprof import LayerProf
+
+from .conftest import hook_state
+from .invariants import check_profile, count_calls
+
+torchvision = pytest.importorskip("torchvision")
+transformers = pytest.importorskip("transformers")
+
+
+def _tokens(vocab: int, batch: int = 2, length: int = 16) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(0))
+
+
+def _bert() -> tuple[nn.Module, dict[str, Any]]:
+    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=32)
+    ids = _tokens(100)
+    return transformers.BertModel(config), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def _gpt2() -> tuple[nn.Module, dict[str, Any]]:
+    config = transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=2, n_positions=32)
+    ids = _tokens(100)
+    return transformers.GPT2LMHeadModel(config), {"input_ids": ids, "labels": ids}
+
+
+def _t5() -> tuple[nn.Module, dict[str, Any]]:
+    config = transformers.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=2,
+                                   decoder_start_token_id=0)
+    ids = _tokens(100)
+    return transformers.T5ForConditionalGeneration(config), {"input_ids": ids, "labels": ids}
+
+
+def _lstm() -> tuple[nn.Module, dict[str, Any]]:
+    class Tagger(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(50, 16)
+            self.lstm = nn.LSTM(16, 32, num_layers=2, batch_first=True, bidirectional=True)
+            self.head = nn.Linear(64, 5)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.lstm(self.embed(ids))[0])
+
+    return Tagger(), {"ids": _tokens(50)}
+
+
+def _vision(factory: Callable[..., nn.Module], size: int = 64) -> Callable[[], tuple[nn.Module, dict[str, Any]]]:
+    return lambda: (factory(weights=None), {"x": torch.randn(2, 3, size, size)})
+
+
+ZOO = {
+    "resnet18": _vision(torchvision.models.resnet18),
+    "mobilenet_v3_small": _vision(torchvision.models.mobilenet_v3_small),
+    "densenet121": _vision(torchvision.models.densenet121, 32),
+    "bert": _bert,
+    "gpt2": _gpt2,
+    "t5": _t5,
+    "lstm": _lstm,
+}
+
+
+def _loss(output: Any) -> torch.Tensor:
+    if isinstance(output, torch.Tensor):
+        return output.float().pow(2).mean()
+    if getattr(output, "loss", None) is not None:
+        return output.loss
+    return output[0].float().pow(2).mean()
+
+
+def _call(model: nn.Module, inputs: dict[str, Any]) -> Any:
+    if set(inputs) == {"x"}:
+        return model(inputs["x"])
+    return model(**inputs)
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_zoo_profile_is_complete_correct_and_clean(name: str) -> None:
+    torch.manual_seed(0)
+    model, inputs = ZOO[name]()
+    model.train()
+    if name in ("bert", "gpt2", "t5"):
+        model.eval()  # no dropout, so the two runs below are comparable bitwise
+
+    def step() -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(1)
+        loss = _loss(_call(model, inputs))
+        loss.backward()
+        return loss.detach(), [p.grad for p in model.parameters()]
+
+    before_hooks, before_repr = hook_state(model), repr(model)
+    plain_loss, plain_grads = step()
+    with count_calls(model) as reference, LayerProf(model) as prof:
+        prof_loss, prof_grads = step()
+
+    # Bitwise identical outputs and gradients; nothing left on the model.
+    assert torch.equal(plain_loss, prof_loss)
+    assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(plain_grads, prof_grads))
+    assert hook_state(model) == before_hooks and repr(model) == before_repr
+
+    check_profile(prof, model)
+    # Every module that ran is present with the exact number of calls.
+    for module_name, record in prof.records.items():
+        assert record.calls == reference[module_name], module_name
+    ran = [r for r in prof.records.values() if r.calls]
+    assert len(ran) >= 0.9 * len(prof.records) or name == "t5"
+    # Modules with parameters that took part in the loss got a real backward time.
+    for module_name, module in model.named_modules():
+        record = prof.records.get(module_name)
+        if record is None or not record.calls:
+            continue
+        own = [p for p in module.parameters(recurse=False) if p.requires_grad]
+        if own and all(p.grad is not None for p in own):
+            assert record.backward_ms is not None and record.backward_ms > 0, module_name
+
+
+def test_first_layer_and_root_backward_are_real_on_resnet() -> None:
+    model = torchvision.models.resnet18(weights=None)
+    with LayerProf(model) as prof:
+        model(torch.randn(1, 3, 64, 64)).sum().backward()
+    conv1 = prof.records["conv1"]
+    # conv1's input needs no grad: a backward hook counter reads ~0 here; its weight gradient is real work.
+    assert conv1.backward_ms > 0.05 * conv1.forward_ms
+    assert prof.tree.backward_ms > 0.5 * prof.tree.forward_ms
+
+
+def test_module_registered_under_two_names_is_one_record_with_aliases() -> None:
+    class Seq2Seq(nn.Module):  # T5-style: one embedding module owned by the model, used by both halves
+        def __init__(self) -> None:
+            super().__init__()
+            self.shared = nn.Embedding(50, 16)
+            self.encoder = nn.Sequential(self.shared, nn.Linear(16, 16))
+            self.decoder = nn.Sequential(self.shared, nn.Linear(16, 16))
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.encoder(ids) + self.decoder(ids)
+
+    model = Seq2Seq()
+    with LayerProf(model) as prof:
+        model(_tokens(50)).sum().backward()
+    shared = prof.records["shared"]
+    assert shared.aliases == ["encoder.0", "decoder.0"]
+    assert "encoder.0" not in prof.records
+    assert shared.calls == 2 and len(shared.call_times) == 2
+    assert all(t.backward_ms is not None and t.backward_ms > 0 for t in shared.call_times)
+    summary = prof.layerwise_summary()
+    assert "(0): Embedding【same module as 'shared', counted there】()" in summary
+    assert "2 calls" in summary.split("\n")[2]
