@@ -1,0 +1,140 @@
+"""Overhead of LayerProf: median profiled step / median plain step, interleaved, one thread.
+
+    python benchmarks/overhead.py [--repeats 30]
+
+Models: torchvision resnet18 at batch 2 (224x224), a 2-layer BERT (hidden 128, sequence 32, batch 8) from a config,
+and a deep stack of tiny Linear layers for the cost per profiled module per step. A baseline that times modules
+the way nnprofiler does (forward hooks + register_full_backward_hook) is measured beside it.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from layerprof import LayerProf
+
+
+class FullBackwardHookTimer:
+    """The existing approach, for comparison: module forward hooks plus register_full_backward_(pre_)hook."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.times: dict[str, list[float]] = {}
+        self.handles: list[Any] = []
+
+    def __enter__(self) -> FullBackwardHookTimer:
+        for name, module in self.model.named_modules():
+            starts: list[float] = []
+
+            def pre(m: nn.Module, a: Any, starts: list[float] = starts) -> None:
+                starts.append(time.perf_counter())
+
+            def post(m: nn.Module, a: Any, o: Any, starts: list[float] = starts, name: str = name) -> None:
+                self.times.setdefault(name, []).append(time.perf_counter() - starts.pop())
+
+            def bpre(m: nn.Module, g: Any, starts: list[float] = starts) -> None:
+                starts.append(time.perf_counter())
+
+            def bpost(m: nn.Module, gi: Any, go: Any, starts: list[float] = starts, name: str = name) -> None:
+                if starts:
+                    self.times.setdefault(name + ".bwd", []).append(time.perf_counter() - starts.pop())
+
+            self.handles += [
+                module.register_forward_pre_hook(pre),
+                module.register_forward_hook(post),
+                module.register_full_backward_pre_hook(bpre),
+                module.register_full_backward_hook(bpost),
+            ]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def resnet18() -> tuple[nn.Module, Callable[[], torch.Tensor]]:
+    import torchvision
+
+    model = torchvision.models.resnet18(weights=None)
+    x = torch.randn(2, 3, 224, 224)
+    return model, lambda: model(x).sum()
+
+
+def bert() -> tuple[nn.Module, Callable[[], torch.Tensor]]:
+    import transformers
+
+    config = transformers.BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=512, vocab_size=1000, hidden_dropout_prob=0.0,
+                                     attention_probs_dropout_prob=0.0)
+    model = transformers.BertModel(config)
+    ids = torch.randint(0, 1000, (8, 32))
+    return model, lambda: model(input_ids=ids).last_hidden_state.sum()
+
+
+def deep_stack(depth: int = 300) -> tuple[nn.Module, Callable[[], torch.Tensor]]:
+    model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(depth)])
+    x = torch.randn(1, 4)
+    return model, lambda: model(x).sum()
+
+
+def step_time(model: nn.Module, loss_fn: Callable[[], torch.Tensor], wrapper: Callable[[nn.Module], Any] | None) -> float:
+    model.zero_grad(set_to_none=True)
+    start = time.perf_counter()
+    if wrapper is None:
+        loss_fn().backward()
+    else:
+        with wrapper(model):
+            loss_fn().backward()
+    return time.perf_counter() - start
+
+
+def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch.Tensor]]], repeats: int,
+            wrappers: dict[str, Callable[[nn.Module], Any] | None]) -> dict[str, float]:
+    model, loss_fn = factory()
+    wrappers = dict(wrappers)
+    for key, wrapper in list(wrappers.items()):
+        try:
+            for _ in range(3):
+                step_time(model, loss_fn, wrapper)
+        except RuntimeError as error:
+            print(f"{name}: {key} raises {str(error)[:90]}...", flush=True)
+            del wrappers[key]
+    samples: dict[str, list[float]] = {key: [] for key in wrappers}
+    for _ in range(repeats):  # interleaved: each round runs every variant once, so drift hits all alike
+        for key, wrapper in wrappers.items():
+            samples[key].append(step_time(model, loss_fn, wrapper))
+    medians = {key: statistics.median(values) for key, values in samples.items()}
+    modules = len(list(model.modules()))
+    result = {"modules": modules, "plain_ms": medians["plain"] * 1e3}
+    for key in wrappers:
+        if key != "plain":
+            result[f"{key}_ratio"] = medians[key] / medians["plain"]
+            result[f"{key}_us_per_module"] = (medians[key] - medians["plain"]) / modules * 1e6
+    print(name, {k: round(v, 3) for k, v in result.items()}, flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=30)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    wrappers: dict[str, Callable[[nn.Module], Any] | None] = {
+        "plain": None,
+        "layerprof": LayerProf,
+        "full_backward_hooks": FullBackwardHookTimer,
+    }
+    print(f"torch {torch.__version__}, 1 thread, median of {args.repeats} interleaved steps")
+    measure("resnet18 b2", resnet18, args.repeats, wrappers)
+    measure("bert 2x128 s32 b8", bert, args.repeats, wrappers)
+    measure("deep stack 300 x Linear(4,4)", deep_stack, args.repeats * 3, wrappers)
+
+
+if __name__ == "__main__":
+    main()
