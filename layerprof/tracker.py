@@ -100,8 +100,6 @@ class Tracker:
             return self._local.stack
 
     def _clock_for(self, module: nn.Module, args: Any, kwargs: Any) -> Clock:
-        if not torch.cuda.is_initialized():
-            return self.cpu_clock
         tensor = first_tensor(args, kwargs)
         if tensor is None:
             tensor = next(module.parameters(), None)
@@ -118,11 +116,18 @@ class Tracker:
         calls = self.calls
         observers = self._observers
 
+        local = self._local
+        cpu_clock = self.cpu_clock
+        cuda_initialized = torch.cuda.is_initialized
+
         def forward_pre(module: nn.Module, args: Any, kwargs: Any) -> None:
             if not tracker.active:
                 return None
-            stack = tracker._stack()
-            clock = tracker._clock_for(module, args, kwargs)
+            try:
+                stack = local.stack
+            except AttributeError:
+                stack = tracker._stack()
+            clock = tracker._clock_for(module, args, kwargs) if cuda_initialized() else cpu_clock
             call = CallTrace(name, stack[-1] if stack else None, clock, _graph_task_id() != -1)
             calls.append(call)
             stack.append(call)
@@ -135,7 +140,7 @@ class Tracker:
         def forward_post(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
             if not tracker.active:
                 return None
-            stack = tracker._stack()
+            stack = getattr(local, "stack", None)
             if not stack:
                 return None  # the call began before profiling did
             call = stack[-1]
@@ -201,35 +206,39 @@ class _NodeWatch:
         return None
 
 
-def _watch(tracker: Tracker, node: Any) -> _NodeWatch:
-    # Keyed by sequence number, which is unique per thread and holds no reference to the node (and so to the
-    # tensors it saved). Nodes accept no weak references.
-    key = node._sequence_nr()
-    watch = tracker.watches.get(key)
-    if watch is None:
-        watch = tracker.watches[key] = _NodeWatch(tracker)
-    return watch
-
-
 def _watch_backward(call: CallTrace, output: Any, tracker: Tracker) -> None:
     """Hook the call's output nodes (backward start) and its frontier nodes (backward end)."""
     lo, hi = call.seq_start, call.seq_end
-    roots: list[Any] = []
-    tensors = (output,) if isinstance(output, torch.Tensor) else iter_tensors(output)
-    for tensor in tensors:
-        node = tensor.grad_fn
+    if isinstance(output, torch.Tensor):
+        node = output.grad_fn
         # A node made before the call (an input passed through) or by an in-place op after it is not ours.
-        if node is not None and lo <= node._sequence_nr() < hi and node not in roots:
-            roots.append(node)
-    if not roots:
-        return
+        if node is None or not lo <= node._sequence_nr() < hi:
+            return
+        roots = [node]
+    else:
+        roots = []
+        for tensor in iter_tensors(output):
+            node = tensor.grad_fn
+            if node is not None and lo <= node._sequence_nr() < hi and node not in roots:
+                roots.append(node)
+        if not roots:
+            return
+    # Watches are keyed by sequence number, unique per thread, so that nothing holds the node (and so the
+    # tensors it saved). Nodes accept no weak references.
+    watches = tracker.watches
     for node in roots:
-        watch = _watch(tracker, node)
+        key = node._sequence_nr()
+        watch = watches.get(key)
+        if watch is None:
+            watch = watches[key] = _NodeWatch(tracker)
         if not watch.starts:
             node.register_prehook(watch.started)
         watch.starts.append(call)
     for node in _frontier(roots, lo, hi):
-        watch = _watch(tracker, node)
+        key = node._sequence_nr()
+        watch = watches.get(key)
+        if watch is None:
+            watch = watches[key] = _NodeWatch(tracker)
         if not watch.ends:
             node.register_hook(watch.ended)
         watch.ends.append(call)
