@@ -11,9 +11,11 @@ from typing import Any, Iterable, Iterator
 from anytree import NodeMixin, PreOrderIter
 from torch import nn
 
-__all__ = ["CallTiming", "ModuleRecord", "build_tree", "TIME_FIELDS"]
+__all__ = ["CallTiming", "ModuleRecord", "build_tree", "TIME_FIELDS", "STAT_FIELDS"]
 
 TIME_FIELDS = ("forward_ms", "backward_ms", "self_forward_ms", "self_backward_ms", "recompute_ms")
+# Statistics over steps, beside the means: forward_ms_median, ..., backward_ms_p95.
+STAT_FIELDS = tuple(f"{p}_{s}" for p in ("forward_ms", "backward_ms") for s in ("median", "std", "min", "max", "p95"))
 
 
 @dataclass
@@ -31,7 +33,9 @@ class CallTiming:
 class ModuleRecord(NodeMixin):
     """What was measured for one module. ``None`` means "not measured" (never 0 for a pass that did not run).
 
-    ``forward_ms``/``backward_ms`` include children and are summed over calls; ``self_*`` exclude the time of
+    ``forward_ms``/``backward_ms`` include children and are summed over the calls of a step, then averaged over
+    the measured steps in which the module ran (``forward_ms_median``, ``..._std``, ``..._min``, ``..._max``,
+    ``..._p95`` beside them); ``calls`` is calls per step; ``self_*`` exclude the time of
     the calls made from inside this module's calls. ``recompute_ms`` is forward time re-run during backward by
     activation checkpointing; it happens inside the backward of the enclosing modules and so is part of their
     ``backward_ms``.
@@ -43,12 +47,15 @@ class ModuleRecord(NodeMixin):
         self.extra_repr = extra_repr
         self.aliases: list[str] = []
         self.call_times: list[CallTiming] = []
-        self.calls = 0
+        self.calls: int | float = 0
         self.forward_ms: float | None = None
         self.backward_ms: float | None = None
         self.self_forward_ms: float | None = None
         self.self_backward_ms: float | None = None
         self.recompute_ms: float | None = None
+        self.steps = 0
+        for field in STAT_FIELDS:
+            setattr(self, field, None)
         self.parent = parent
 
     @property
@@ -72,6 +79,8 @@ class ModuleRecord(NodeMixin):
             "parent": None if self.parent is None else self.parent.name,
             "calls": self.calls,
             **{field: getattr(self, field) for field in TIME_FIELDS},
+            "steps": self.steps,
+            **{field: getattr(self, field) for field in STAT_FIELDS},
             "aliases": list(self.aliases),
             "extra_repr": self.extra_repr,
             "call_times": [asdict(timing) for timing in self.call_times],
