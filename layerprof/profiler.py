@@ -116,7 +116,7 @@ class LayerProf:
                     "nesting profilers on one model is not supported: exit the other one first."
                 )
         self.tree, self.records, self._entries = root, records, entries
-        self._tracker = Tracker(sync=self.sync, observers=[m for m in self.metrics if m.wants_forward_hooks])
+        self._tracker = Tracker(sync=self.sync)
         for _, module in entries:
             _PROFILED[module] = self
         started: list[Meter] = []
@@ -198,6 +198,7 @@ class LayerProf:
                     meter.start(self.model, self.records, self._entries)
                     self._counting.append(meter)
             self._counting_done = True
+        self._set_observers()
         if wanted and not self._attached:
             tracker.attach(self._entries)
             self._attached = True
@@ -223,6 +224,12 @@ class LayerProf:
         for meter in reversed(self._counting):
             meter.stop()
         self._counting = []
+        self._set_observers()
+
+    def _set_observers(self) -> None:
+        running = [m for m in self.metrics if not m.distorts_timing] + self._counting
+        assert self._tracker is not None
+        self._tracker.observers = tuple(m for m in running if m.wants_forward_hooks)
 
     def _record_example(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         if not self._example:

@@ -60,7 +60,7 @@ class Tracker:
         self.cpu_clock = CpuClock()
         self.cuda_clocks: dict[int, Clock] = {}
         self.watches: dict[int, Any] = {}  # graph node sequence number -> _NodeWatch, cleared after each step
-        self._observers = tuple(observers)
+        self.observers = tuple(observers)  # replaced between steps by the profiler
         self._local = threading.local()
         self._handles: list[Any] = []
 
@@ -114,7 +114,6 @@ class Tracker:
     def _make_hooks(self, name: str) -> tuple[Callable[..., None], Callable[..., None]]:
         tracker = self
         calls = self.calls
-        observers = self._observers
 
         local = self._local
         cpu_clock = self.cpu_clock
@@ -131,7 +130,7 @@ class Tracker:
             call = CallTrace(name, stack[-1] if stack else None, clock, _graph_task_id() != -1)
             calls.append(call)
             stack.append(call)
-            for observer in observers:
+            for observer in tracker.observers:
                 observer.forward_pre(call, module, args, kwargs)
             call.seq_start = _next_sequence_nr()
             call.fwd_start = clock.now()
@@ -163,7 +162,7 @@ class Tracker:
                 return None
             if call.seq_end > call.seq_start:
                 _watch_backward(call, output, tracker)
-            for observer in observers:
+            for observer in tracker.observers:
                 observer.forward_post(call, module, args, kwargs, output)
             return None
 
