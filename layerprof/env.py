@@ -4,12 +4,25 @@ from __future__ import annotations
 import os
 import platform
 import socket
+from functools import lru_cache
 from typing import Any
 
 import torch
 from torch import nn
 
 __all__ = ["environment"]
+
+
+@lru_cache(maxsize=1)
+def _machine() -> dict[str, Any]:
+    # platform.platform() and /proc/cpuinfo take milliseconds: read them once per process.
+    return {
+        "host": socket.gethostname(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+    }
 
 
 def _cpu_model() -> str:
@@ -28,11 +41,7 @@ def environment(model: nn.Module | None = None, example: torch.Tensor | None = N
     parameter = next(model.parameters(), None) if model is not None else None
     device = parameter.device if parameter is not None else (example.device if example is not None else None)
     info: dict[str, Any] = {
-        "host": socket.gethostname(),
-        "os": platform.platform(),
-        "python": platform.python_version(),
-        "cpu": _cpu_model(),
-        "cpu_count": os.cpu_count(),
+        **_machine(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),

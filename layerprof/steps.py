@@ -12,8 +12,6 @@ import math
 import random
 from array import array
 
-import numpy as np
-
 from .records import ModuleRecord
 from .timing import StepTimes
 
@@ -55,15 +53,24 @@ class RunningStat:
 
     def summary(self) -> dict[str, float]:
         """``mean``, ``median``, ``std`` (sample, 0 for one value), ``min``, ``max``, ``p95``."""
-        samples = np.frombuffer(self._samples, dtype=np.float64) if self._samples else np.zeros(1)
+        ordered = sorted(self._samples) or [0.0]
         return {
             "mean": self.mean,
-            "median": float(np.median(samples)),
+            "median": quantile(ordered, 0.5),
             "std": math.sqrt(self._m2 / (self.count - 1)) if self.count > 1 else 0.0,
             "min": self.min,
             "max": self.max,
-            "p95": float(np.percentile(samples, 95)),
+            "p95": quantile(ordered, 0.95),
         }
+
+
+def quantile(ordered: list[float], q: float) -> float:
+    """The ``q`` quantile of sorted values, interpolating linearly as ``numpy.percentile`` does by default
+    (numpy's own call costs ~50 µs, which adds up over thousands of modules)."""
+    position = (len(ordered) - 1) * q
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 class StepStats:

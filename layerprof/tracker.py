@@ -63,13 +63,17 @@ class Tracker:
         self.observers = tuple(observers)  # replaced between steps by the profiler
         self._local = threading.local()
         self._handles: list[Any] = []
+        self._hook_cache: dict[str, tuple[Callable[..., None], Callable[..., None]]] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def attach(self, modules: Iterable[tuple[str, nn.Module]]) -> None:
         """Hook every module; if hooking fails half way, remove what was added and re-raise."""
         try:
             for name, module in modules:
-                pre, post = self._make_hooks(name)
+                hooks = self._hook_cache.get(name)
+                if hooks is None:  # made once, reused when a schedule hooks the model again
+                    hooks = self._hook_cache[name] = self._make_hooks(name)
+                pre, post = hooks
                 # Our pre-hook runs last and our post-hook first, so the user's own hooks are not timed.
                 self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
                 self._handles.append(
