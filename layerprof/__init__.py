@@ -1,10 +1,16 @@
 """layerprof: where the time of a PyTorch training step goes, module by module, forward and backward."""
 from __future__ import annotations
 
+from .io import load, loads, save
 from .profile import Profile
 from .profiler import LayerProf
 from .records import CallTiming, ModuleRecord
+from .render.compare import Comparison, compare
+from .render.table import Table
 
 __version__ = "0.1.0"
 
-__all__ = ["LayerProf", "Profile", "ModuleRecord", "CallTiming", "__version__"]
+__all__ = [
+    "LayerProf", "Profile", "ModuleRecord", "CallTiming", "Table", "Comparison", "compare", "load", "loads", "save",
+    "__version__",
+]
