@@ -75,7 +75,7 @@ class ProfileReports:
 
     def top(self, k: int = 10, by: str = "total_ms", depth: int | None = None, **filters: Any) -> Table:
         """The ``k`` modules with the largest ``by`` (any numeric field: times, FLOPs, params, bytes; or
-        ``total_ms``), optionally at one ``depth``.
+        ``total_ms``), optionally at one ``depth``. Without ``depth`` the root (the whole model) is left out.
 
         >>> import torch, layerprof
         >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
@@ -87,7 +87,10 @@ class ProfileReports:
         known = set(numeric_fields(self.to_dict().values())) | set(DERIVED_FIELDS)
         if by not in known:
             raise ValueError(f"cannot rank by {by!r}; numeric fields of this profile: {', '.join(sorted(known))}")
-        chosen = top_records(self.select(depth=depth, **filters), k, by)
+        candidates = self.select(depth=depth, **filters)
+        if depth is None:
+            candidates = [record for record in candidates if record is not self.tree]
+        chosen = top_records(candidates, k, by)
         rows = record_rows(chosen)
         if by in DERIVED_FIELDS:
             rows = [{**row, by: value_of(record, by, row)} for record, row in zip(chosen, rows)]

@@ -113,7 +113,8 @@ def test_csv_rows_equal_the_records(resnet: LayerProf, shared: LayerProf) -> Non
             assert set(row) == set(record) - {"call_times"}
             for key, cell in row.items():
                 assert _csv_value(cell, record[key]) == record[key], (record["name"], key)
-    assert json.loads(next(r for r in csv.DictReader(io.StringIO(shared.to_csv())) if r["name"] == "block")["aliases"]) == ["alias"]
+    block = next(r for r in csv.DictReader(io.StringIO(shared.to_csv())) if r["name"] == "block")
+    assert json.loads(block["aliases"]) == ["alias"]
 
 
 def test_csv_filters_and_writes_what_it_returns(resnet: LayerProf, tmp_path: Any) -> None:
@@ -177,7 +178,8 @@ def test_json_round_trip_keeps_meter_fields_and_meta() -> None:
     assert loaded.meta == {"device": "cpu", "batch": 4}
     assert loaded.to_dict() == original.to_dict()
     assert loaded.records["fc.act"].input_shapes == [[4, 8]]
-    assert loaded.layerwise_summary(columns=("params", "forward")) == original.layerwise_summary(columns=("params", "forward"))
+    columns = ("params", "forward", "activation_bytes")
+    assert loaded.layerwise_summary(columns=columns) == original.layerwise_summary(columns=columns)
 
 
 def test_load_refuses_newer_versions_and_other_files() -> None:
@@ -287,7 +289,8 @@ def test_latex_is_balanced_booktabs_with_escaped_cells() -> None:
     child = [c.strip() for c in rows[2]]
     # 12.5 µs forward; total 2.0125 ms of a 30 ms step = 6.7%
     assert child == ["attn\\_proj", "Linear", "1", "12.5 $\\mu$s", "2 ms", "2.01 ms", "6.7\\%", "600"]
-    assert latex_escape("a_b%c$d#e{f}~^\\") == "a\\_b\\%c\\$d\\#e\\{f\\}\\textasciitilde{}\\textasciicircum{}\\textbackslash{}"
+    escaped = "a\\_b\\%c\\$d\\#e\\{f\\}\\textasciitilde{}\\textasciicircum{}\\textbackslash{}"
+    assert latex_escape("a_b%c$d#e{f}~^\\") == escaped
 
 
 def test_markdown_table_has_one_line_per_row_and_raw_numbers_on_request(resnet: LayerProf) -> None:
@@ -322,7 +325,8 @@ def test_aggregate_by_type_sums_the_records(resnet: LayerProf) -> None:
     # ReLU: one module in the stem + one per BasicBlock (8), called once in the stem and twice per block
     assert table["ReLU"]["modules"] == 9 and table["ReLU"]["calls"] == 1 + 8 * 2
     leaves = resnet.aggregate(leaves=True)
-    assert {row["type"] for row in leaves} == {"Conv2d", "BatchNorm2d", "ReLU", "MaxPool2d", "AdaptiveAvgPool2d", "Linear"}
+    leaf_types = {"Conv2d", "BatchNorm2d", "ReLU", "MaxPool2d", "AdaptiveAvgPool2d", "Linear"}
+    assert {row["type"] for row in leaves} == leaf_types
 
 
 def test_aggregate_takes_the_max_of_peaks() -> None:
@@ -341,12 +345,14 @@ def test_top_ranks_any_numeric_field(resnet: LayerProf) -> None:
     assert [row["total_ms"] for row in by_total] == sorted((r.total_ms for r in resnet.records.values()
                                                            if r.type == "Conv2d"), reverse=True)[:2]
     params = hand_built(TEACHER).top(2, by="params")
-    assert [(row["name"], row["params"]) for row in params] == [("", 1000), ("fc", 600)]
+    assert [(row["name"], row["params"]) for row in params] == [("fc", 600), ("extra", 400)]  # not the root
+    assert [row["name"] for row in hand_built(TEACHER).top(1, by="params", depth=0)] == [""]
     with pytest.raises(ValueError, match="cannot rank by 'flops'"):
         resnet.top(3, by="flops")
     lines = str(top).split("\n")
     assert lines[0].split()[:4] == ["Name", "Type", "Calls", "Forward"] and len(lines) == 2 + 3
-    assert lines[2].split()[:4] == [expected[0].name, "BasicBlock", "1", *units.format_ms(expected[0].forward_ms).split()[:1]]
+    first_forward = units.format_ms(expected[0].forward_ms).split()[0]
+    assert lines[2].split()[:4] == [expected[0].name, "BasicBlock", "1", first_forward]
 
 
 # -- summary columns ---------------------------------------------------------------------------------------------
@@ -519,6 +525,7 @@ def test_compare_per_module_diff_and_text() -> None:
     text = str(result)
     params_line = next(line for line in text.split("\n") if line.startswith("params"))
     assert params_line.split() == ["params", "1k", "250", "-75.0%", "0.25x", "student"]
+    assert text.split("\n")[3].split() == ["modules", "3", "2", "-33.3%", "0.667x", "student"]
     assert "Only in teacher: 1 modules" in text
 
 
@@ -527,6 +534,7 @@ def test_compare_real_runs_and_saved_files(resnet: LayerProf, tmp_path: Any) -> 
     resnet.to_json(path)
     result = layerprof.compare(resnet, str(path))
     rows = {row["metric"]: row for row in result.model}
+    assert list(rows) == ["modules", "forward_ms", "backward_ms", "total_ms"]  # no self times at model level
     assert rows["forward_ms"]["ratio"] == 1.0 and rows["forward_ms"]["better"] == "same"
     assert len(result.matched) == 68 and all(row["total_ms_diff"] == 0 for row in result.modules)
     with pytest.raises(TypeError, match="expected a Profile"):

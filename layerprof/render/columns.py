@@ -81,8 +81,10 @@ register_column(Column("self_total", "Self Time", _self_total_ms, format_ms, _st
 register_column(Column("mean_forward", "Forward/Call", _mean_forward_ms, format_ms))
 register_column(ShareColumn("time_percent", "Time", lambda r: r.total_ms, format_ms, _step_ms))
 register_column(ShareColumn("self_percent", "Self Time", _self_total_ms, format_ms, _step_ms))
-register_column(ShareColumn("forward_percent", "Forward", lambda r: r.forward_ms, format_ms, lambda root: root.forward_ms))
-register_column(ShareColumn("backward_percent", "Backward", lambda r: r.backward_ms, format_ms, lambda root: root.backward_ms))
+register_column(ShareColumn("forward_percent", "Forward", lambda r: r.forward_ms, format_ms, lambda t: t.forward_ms))
+register_column(
+    ShareColumn("backward_percent", "Backward", lambda r: r.backward_ms, format_ms, lambda t: t.backward_ms)
+)
 
 
 def field_column(field: str) -> Column:

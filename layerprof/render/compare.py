@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from .export import to_dataframe, to_text
 from .rows import DERIVED_FIELDS, is_number, numeric_fields, value_of
-from .units import format_field, format_percent, format_ratio
+from .units import format_change, format_field, format_ratio
 
 if TYPE_CHECKING:
     from ..profile import Profile
@@ -29,7 +29,8 @@ MODULE_FIELDS = ("forward_ms", "backward_ms", "total_ms", "params", "flops_forwa
 
 
 def _ordered_fields(rows: Sequence[dict[str, Any]]) -> list[str]:
-    found = [f for f in numeric_fields(rows, skip=_NOT_COSTS) if f not in DERIVED_FIELDS]
+    # A root's self time is only what runs outside every child (often hook overhead): not a model-level cost.
+    found = [f for f in numeric_fields(rows, skip=_NOT_COSTS) if f not in DERIVED_FIELDS and not f.startswith("self_")]
     known = [f for f in MODEL_FIELDS if f in found or f == "total_ms"]
     return known + [f for f in found if f not in known]
 
@@ -120,7 +121,7 @@ class Comparison:
                 "metric": metric,
                 a_name: format_field(metric, row["a"]),
                 b_name: format_field(metric, row["b"]),
-                "change": format_percent(row["diff"], row["a"]) if row["diff"] is not None else format_field(metric, None),
+                "change": format_change(row["diff"], row["a"]),
                 "ratio": format_ratio(row["ratio"]),
                 "better": row["better"] or format_field(metric, None),
             })

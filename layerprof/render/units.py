@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 __all__ = [
-    "format_ms", "format_count", "format_bytes", "format_flops", "format_percent", "format_ratio", "format_plain",
-    "format_field", "field_label", "MISSING",
+    "format_ms", "format_count", "format_bytes", "format_flops", "format_percent", "format_change", "format_ratio",
+    "format_plain", "format_field", "field_label", "MISSING",
 ]
 
 MISSING = "—"
@@ -58,6 +58,13 @@ def format_percent(part: float | None, whole: float | None) -> str:
     if part is None or not whole:
         return MISSING
     return f"{100.0 * part / whole:.1f}%"
+
+
+def format_change(diff: float | None, base: float | None) -> str:
+    """A signed relative change: ``format_change(5, 20) == '+25.0%'``; MISSING where ``base`` is unknown or 0."""
+    if diff is None or not base:
+        return MISSING
+    return f"{100.0 * diff / base:+.1f}%"
 
 
 def format_ratio(ratio: float | None) -> str:
