@@ -2,11 +2,17 @@
 from __future__ import annotations
 
 from .benchmark import BenchmarkResult, benchmark
+from .io import load, loads, save
 from .profile import Profile
 from .profiler import LayerProf
 from .records import CallTiming, ModuleRecord
+from .render.compare import Comparison, compare
+from .render.table import Table
 from .schedule import schedule
 
 __version__ = "0.1.0"
 
-__all__ = ["LayerProf", "Profile", "schedule", "benchmark", "BenchmarkResult", "ModuleRecord", "CallTiming", "__version__"]
+__all__ = [
+    "LayerProf", "Profile", "ModuleRecord", "CallTiming", "schedule", "benchmark", "BenchmarkResult",
+    "Table", "Comparison", "compare", "load", "loads", "save", "__version__",
+]

@@ -284,6 +284,10 @@ class LayerProf:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return getattr(self.profile, name)
 
+    def _repr_html_(self) -> str | None:
+        # Not reached through __getattr__ (private name); None makes a notebook fall back to __repr__.
+        return self._profile._repr_html_() if self._state == "done" and self._profile is not None else None
+
     def __repr__(self) -> str:
         if self._state != "done" or self._profile is None:
             return f"<LayerProf {type(self.model).__name__} ({self._state})>"

@@ -71,8 +71,9 @@ class ModuleRecord(NodeMixin):
         return (self.forward_ms or 0.0) + (self.backward_ms or 0.0)
 
     def to_dict(self) -> dict[str, Any]:
-        """The canonical row of this record: plain numbers and strings, JSON-serializable."""
-        return {
+        """The canonical row of this record: plain numbers and strings, JSON-serializable. Public attributes
+        that meters set beyond the ones below (``params``, ``flops_forward``, ...) are part of the row too."""
+        row = {
             "name": self.name,
             "type": self.type,
             "depth": self.depth,
@@ -85,6 +86,10 @@ class ModuleRecord(NodeMixin):
             "extra_repr": self.extra_repr,
             "call_times": [asdict(timing) for timing in self.call_times],
         }
+        for key, value in vars(self).items():
+            if key not in row and not key.startswith("_"):
+                row[key] = value
+        return row
 
     def __iter__(self) -> Iterator[ModuleRecord]:
         return iter(PreOrderIter(self))
