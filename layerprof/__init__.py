@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .benchmark import BenchmarkResult, benchmark
+from .distributed import GatheredProfile, gather_profile, register_timed_comm_hook
 from .io import load, loads, save
 from .profile import Profile
 from .profiler import LayerProf
@@ -14,5 +15,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "LayerProf", "Profile", "ModuleRecord", "CallTiming", "schedule", "benchmark", "BenchmarkResult",
-    "Table", "Comparison", "compare", "load", "loads", "save", "__version__",
+    "Table", "Comparison", "compare", "load", "loads", "save",
+    "GatheredProfile", "gather_profile", "register_timed_comm_hook", "__version__",
 ]

@@ -210,6 +210,7 @@ class LayerProf:
         tracker = self._tracker
         assert tracker is not None
         action = self._action(self.step_num)
+        times: dict[str, StepTimes] = {}
         if tracker.calls:
             for clock in tracker.clocks():
                 clock.settle()
@@ -221,6 +222,10 @@ class LayerProf:
                     self._stats.add(times)
             tracker.calls.clear()
         tracker.watches.clear()
+        # A step slowed by counting meters is left out of the timings (when others exist): out of meters' too.
+        recorded = action is Action.RECORD and bool(times) and not self._counting
+        for meter in [m for m in self.metrics if not m.distorts_timing] + self._counting:
+            meter.end_step(recorded)
         for meter in reversed(self._counting):
             meter.stop()
         self._counting = []
@@ -257,6 +262,9 @@ class LayerProf:
         self._stats.fill(self.records)
         for meter in self.metrics:
             meter.fill(self.records)
+            extra = meter.meta()
+            if extra:
+                meta[meter.name] = extra
         meta.update(steps=self._stats.steps, steps_seen=self.step_num + 1, warmup=self.warmup,
                     schedule=None if self.schedule is None else vars(self.schedule).copy(),
                     clock=sorted({clock.kind for clock in tracker.clocks()}))

@@ -33,11 +33,18 @@ class Meter:
     def forward_post(self, call: Any, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         """After a module's forward (only if ``wants_forward_hooks``)."""
 
+    def end_step(self, recorded: bool) -> None:
+        """A step ended; ``recorded`` is False for warm-up and unscheduled steps, whose numbers should be dropped."""
+
     def stop(self) -> None:
         """Profiling ends (``__exit__``, also on error): release anything installed in ``start``."""
 
     def fill(self, records: dict[str, ModuleRecord]) -> None:
         """Write this meter's numbers onto the records, after ``stop``."""
+
+    def meta(self) -> dict[str, Any]:
+        """Numbers that belong to the whole run rather than a module; kept in ``profile.meta[self.name]``."""
+        return {}
 
 
 METERS: dict[str, type[Meter]] = {}

@@ -1,0 +1,123 @@
+"""Profiles of a torch.distributed job: every rank's records gathered on one rank and compared.
+
+Each rank profiles its own model as usual (``LayerProf(ddp_model)``); ``prof.gather()`` then sends the rank's
+rows (``Profile.to_dict()`` without the per-call timings) and meta to ``dst`` with ``gather_object`` and returns
+there a ``GatheredProfile``: per module the min, median and max over ranks, the slowest rank, the stragglers.
+Every rank of the group must call it (it is a collective); ranks other than ``dst`` get None.
+
+Without an initialized process group (a plain ``python train.py``), ``gather()`` returns a one-rank view of the
+local profile, so one script runs both under torchrun and alone.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from .crossrank import Spread, cross_rank_stats, spread, stragglers
+from .metrics.communication import CommMeter, register_timed_comm_hook
+
+if TYPE_CHECKING:
+    from .profile import Profile
+
+__all__ = ["GatheredProfile", "gather_profile", "rank_payload", "register_timed_comm_hook", "CommMeter"]
+
+COMM_FIELDS = ("comm_ms", "exposed_ms", "launch_ms")
+
+
+def rank_payload(profile: Profile, rank: int = 0, world_size: int = 1) -> dict[str, Any]:
+    """What one rank sends: plain dicts and numbers (no anytree objects, no per-call timings)."""
+    rows = {}
+    for name, row in profile.to_dict().items():
+        row = dict(row)
+        row.pop("call_times", None)
+        rows[name] = row
+    return {"rank": rank, "world_size": world_size, "rows": rows, "meta": dict(profile.meta)}
+
+
+class GatheredProfile:
+    """Every rank's profile and their comparison, on the rank that gathered them.
+
+    Attributes:
+        ranks: the ranks gathered, in order. ``per_rank``: ``{rank: payload}`` with each rank's ``rows`` (by
+            recorded name, as on that rank) and ``meta``.
+        step: the whole step (outermost record) across ranks, a ``ModuleSpread``.
+        modules: ``{shown name: ModuleSpread}``, names without DDP/FSDP wrapper prefixes (see
+            ``layerprof.crossrank``).
+        communication: ``{"comm_ms"|"exposed_ms"|"launch_ms": Spread}`` over ranks, from the ``ddp_comm``
+            meter (empty when it did not run).
+        margin, min_ms: the straggler rule: slower than the median by more than ``margin`` and ``min_ms``.
+    """
+
+    def __init__(self, payloads: Sequence[Mapping[str, Any]], margin: float = 0.2, min_ms: float = 0.0) -> None:
+        self.per_rank: dict[int, dict[str, Any]] = {int(p["rank"]): dict(p) for p in payloads}
+        self.ranks = sorted(self.per_rank)
+        self.margin = margin
+        self.min_ms = min_ms
+        rows_by_rank = {rank: payload["rows"] for rank, payload in self.per_rank.items()}
+        self.step, self.modules = cross_rank_stats(rows_by_rank, margin, min_ms)
+        self.communication: dict[str, Spread] = {}
+        for name in COMM_FIELDS:
+            values = {rank: (p["meta"].get(CommMeter.name) or {}).get(name) for rank, p in self.per_rank.items()}
+            measured = spread(values)
+            if measured is not None:
+                self.communication[name] = measured
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def straggler_ranks(self) -> list[int]:
+        """Ranks slower than the median on the whole step by more than the margin."""
+        return list(self.step.stragglers)
+
+    def stragglers(self, field: str = "total_ms") -> dict[str, list[int]]:
+        """``{shown name: straggler ranks}`` for the modules that have any, judged on ``field``
+        (``"total_ms"``, ``"forward_ms"`` or ``"backward_ms"``)."""
+        found = {}
+        for name, module in self.modules.items():
+            ranks = module.stragglers if field == "total_ms" else stragglers(getattr(module, field), self.margin, self.min_ms)
+            if ranks:
+                found[name] = ranks
+        return found
+
+    def communication_stragglers(self, field: str = "exposed_ms") -> list[int]:
+        """Ranks that spent more than the margin over the median on DDP communication (default: exposed)."""
+        return stragglers(self.communication.get(field), self.margin, self.min_ms)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """``{shown name: row}`` (see ``ModuleSpread.to_dict``), the canonical rows of the cross-rank view."""
+        return {name: module.to_dict() for name, module in self.modules.items()}
+
+    def table(self, depth: int | None = None) -> str:
+        """A text table: per module, forward/backward/total min, median and max over ranks, slowest rank,
+        stragglers; the step and DDP communication above it."""
+        from .render.ranks import rank_table
+
+        return rank_table(self, depth=depth)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def __repr__(self) -> str:
+        return f"<GatheredProfile {self.step.type}: {self.world_size} ranks, {len(self.modules)} modules, stragglers {self.straggler_ranks}>"
+
+
+def gather_profile(profile: Profile, dst: int = 0, group: Any = None, margin: float = 0.2,
+                   min_ms: float = 0.0) -> GatheredProfile | None:
+    """Collect every rank's profile on rank ``dst``; a collective: every rank of ``group`` must call it.
+
+    ``dst`` is a global rank, as in ``torch.distributed.gather_object``. ``margin`` and ``min_ms`` set the straggler
+    rule (see ``GatheredProfile``). Returns the ``GatheredProfile`` on ``dst`` and None elsewhere; without an initialized process group, a
+    one-rank view of ``profile``. On NCCL, ``gather_object`` needs ``torch.cuda.set_device(local_rank)`` first.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return GatheredProfile([rank_payload(profile)], margin=margin, min_ms=min_ms)
+    rank = dist.get_rank()  # global, as gather_object's dst is
+    payload = rank_payload(profile, rank, dist.get_world_size())
+    received: list[Any] | None = [None] * dist.get_world_size(group) if rank == dst else None
+    dist.gather_object(payload, received, dst=dst, group=group)
+    if received is None:
+        return None
+    return GatheredProfile(received, margin=margin, min_ms=min_ms)

@@ -1,0 +1,64 @@
+"""Text table of a gathered (cross-rank) profile: min / median / max over ranks, slowest rank, stragglers."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .units import MISSING, format_ms
+
+if TYPE_CHECKING:
+    from ..crossrank import ModuleSpread, Spread
+    from ..distributed import GatheredProfile
+
+__all__ = ["rank_table"]
+
+
+def _three(values: Spread | None) -> str:
+    if values is None:
+        return MISSING
+    return f"{format_ms(values.min)} / {format_ms(values.median)} / {format_ms(values.max)}"
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(str(rank) for rank in ranks)
+
+
+def _row(module: ModuleSpread) -> list[str]:
+    shown = ("  " * module.depth) + (module.name.rsplit(".", 1)[-1] if module.name else "(model)")
+    slowest = module.total_ms.slowest_rank if module.total_ms is not None and len(module.ranks) > 1 else None
+    return [
+        shown,
+        module.type,
+        _three(module.forward_ms),
+        _three(module.backward_ms),
+        _three(module.total_ms),
+        MISSING if slowest is None else str(slowest),
+        _ranks(module.stragglers),
+    ]
+
+
+def rank_table(gathered: GatheredProfile, depth: int | None = None) -> str:
+    """The cross-rank view as text; ``depth`` limits the module rows (the root has depth 0)."""
+    step = gathered.step
+    lines = [
+        f"Across {gathered.world_size} rank(s), per step: min / median / max over ranks. "
+        f"Straggler: total above the median by more than {gathered.margin:.0%}"
+        + (f" and {format_ms(gathered.min_ms)}" if gathered.min_ms else "") + ".",
+        f"Step ({step.type}): total {_three(step.total_ms)}"
+        + (f", slowest rank {step.total_ms.slowest_rank}" if step.total_ms is not None and gathered.world_size > 1 else "")
+        + f"; stragglers: {_ranks(step.stragglers) or 'none'}",
+    ]
+    comm = gathered.communication
+    if comm:
+        parts = [f"{label} {_three(comm.get(field))}" for field, label in
+                 (("comm_ms", "in flight"), ("exposed_ms", "exposed after the last backward node"),
+                  ("launch_ms", "launching (inside module backward)"))]
+        lines.append("DDP gradient all-reduce: " + "; ".join(parts))
+    header = ["module", "type", "forward min / median / max", "backward min / median / max",
+              "total min / median / max", "slowest", "stragglers"]
+    rows = [_row(m) for m in gathered.modules.values() if depth is None or m.depth <= depth]
+    widths = [max(len(header[i]), *(len(row[i]) for row in rows)) for i in range(len(header))]
+    lines.append("  ".join(cell.ljust(width) for cell, width in zip(header, widths)).rstrip())
+    lines.append("  ".join("-" * width for width in widths))
+    for row in rows:
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    return "\n".join(lines)

@@ -1,0 +1,363 @@
+"""torch.distributed: per-rank profiles gathered on rank 0, cross-rank statistics, stragglers, DDP communication.
+
+The multi-process tests spawn 2 CPU processes on the gloo backend; each writes its results to a JSON file and the
+parent asserts. Every wait has a timeout so that a hang fails the test instead of stalling CI.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from layerprof import GatheredProfile, LayerProf, register_timed_comm_hook
+from layerprof.crossrank import cross_rank_stats, shown_names, spread
+from layerprof.distributed import rank_payload
+from layerprof.metrics import METERS, Meter, register_meter
+
+SLEEP_S = 0.05  # rank 1's Sleepy module sleeps 50 ms in every forward
+HOOK_SLEEP_S = 0.03  # the slow communication hook sleeps 30 ms per bucket
+
+
+# -- cross-rank statistics on hand-made rows (no processes) ----------------------------------------------------
+def _row(type_: str, forward: float | None, backward: float | None) -> dict[str, Any]:
+    return {"type": type_, "forward_ms": forward, "backward_ms": backward}
+
+
+HAND_MADE = {
+    0: {"": _row("Net", 10.0, 20.0), "a": _row("Linear", 1.0, 2.0), "b": _row("ReLU", 0.5, None)},
+    1: {"": _row("Net", 12.0, 20.0), "a": _row("Linear", 1.5, 2.5), "b": _row("ReLU", 0.5, None)},
+    2: {"": _row("Net", 30.0, 30.0), "a": _row("Linear", 4.0, 2.0), "b": _row("ReLU", 0.7, None)},
+}
+
+
+def test_spread_min_median_max_and_ranks() -> None:
+    values = spread({0: 3.0, 1: 4.0, 2: 6.0, 3: None})
+    assert values is not None
+    assert (values.min, values.median, values.max) == (3.0, 4.0, 6.0)
+    assert (values.slowest_rank, values.fastest_rank) == (2, 0)
+    assert values.values == {0: 3.0, 1: 4.0, 2: 6.0}  # rank 3 measured nothing
+    tie = spread({0: 2.0, 1: 2.0})
+    assert tie is not None and (tie.slowest_rank, tie.fastest_rank, tie.median) == (0, 0, 2.0)
+    assert spread({0: None}) is None
+
+
+def test_cross_rank_stats_on_known_numbers() -> None:
+    step, modules = cross_rank_stats(HAND_MADE, margin=0.2)
+    # step totals 30, 32, 60: median 32, straggler limit 32 * 1.2 = 38.4 -> rank 2
+    assert (step.total_ms.min, step.total_ms.median, step.total_ms.max) == (30.0, 32.0, 60.0)
+    assert step.total_ms.slowest_rank == 2 and step.stragglers == [2]
+    a = modules["a"]
+    # forward 1, 1.5, 4 -> median 1.5; backward 2, 2.5, 2 -> min 2 (ranks 0 and 2, the lowest wins), max 2.5 on rank 1
+    assert (a.forward_ms.min, a.forward_ms.median, a.forward_ms.max, a.forward_ms.slowest_rank) == (1.0, 1.5, 4.0, 2)
+    assert (a.backward_ms.min, a.backward_ms.max, a.backward_ms.fastest_rank, a.backward_ms.slowest_rank) == (2.0, 2.5, 0, 1)
+    # totals 3, 4, 6 -> median 4, limit 4.8 -> rank 2
+    assert (a.total_ms.median, a.stragglers) == (4.0, [2])
+    b = modules["b"]
+    assert b.backward_ms is None and b.total_ms.max == 0.7  # forward only: total = forward
+    # totals 0.5, 0.5, 0.7: median 0.5, limit 0.6 -> rank 2 is 40 % slower
+    assert b.stragglers == [2]
+    assert list(modules) == ["", "a", "b"] and a.depth == 1 and modules[""].depth == 0
+
+
+def test_straggler_margin_and_floor() -> None:
+    _, loose = cross_rank_stats(HAND_MADE, margin=0.6)
+    assert loose["a"].stragglers == [] and loose[""].stragglers == [2]  # 6 < 4 * 1.6 = 6.4; 60 > 32 * 1.6 = 51.2
+    _, floored = cross_rank_stats(HAND_MADE, margin=0.2, min_ms=3.0)
+    assert floored["a"].stragglers == [] and floored[""].stragglers == [2]  # a: 6 - 4 = 2 ms < 3 ms; step: 28 ms
+    with pytest.raises(ValueError, match="margin"):
+        cross_rank_stats(HAND_MADE, margin=-0.1)
+
+
+def test_shown_names_strip_ddp_and_nested_fsdp_wrappers() -> None:
+    ddp = {"": {"type": "DistributedDataParallel"}, "module": {"type": "Net"}, "module.fc": {"type": "Linear"},
+           "module.module": {"type": "Linear"}}  # a user submodule named "module" under Net is kept
+    assert shown_names(ddp) == {"": "", "module": "", "module.fc": "fc", "module.module": "module"}
+    fsdp = {
+        "": {"type": "FullyShardedDataParallel"},
+        "_fsdp_wrapped_module": {"type": "Net"},
+        "_fsdp_wrapped_module.layer": {"type": "FullyShardedDataParallel"},
+        "_fsdp_wrapped_module.layer._fsdp_wrapped_module": {"type": "Linear"},
+    }
+    assert list(shown_names(fsdp).values()) == ["", "", "layer", "layer"]
+    rows = {name: {**row, "forward_ms": 1.0, "backward_ms": 1.0} for name, row in fsdp.items()}
+    step, modules = cross_rank_stats({0: rows, 1: rows})
+    # the wrapped module's row is shown under the shared name; the outermost record is the step
+    assert {name: (m.type, m.raw_name) for name, m in modules.items()} == {
+        "": ("Net", "_fsdp_wrapped_module"), "layer": ("Linear", "_fsdp_wrapped_module.layer._fsdp_wrapped_module")}
+    assert step.type == "FullyShardedDataParallel"
+
+
+def test_gathered_profile_rows_table_and_communication() -> None:
+    payloads = [{"rank": rank, "rows": rows, "meta": {"ddp_comm": {"comm_ms": 1.0 + rank, "exposed_ms": 10.0 * (rank == 0)}}}
+                for rank, rows in HAND_MADE.items()]
+    gathered = GatheredProfile(payloads, margin=0.2)
+    assert gathered.ranks == [0, 1, 2] and gathered.straggler_ranks == [2]
+    assert gathered.stragglers() == {"": [2], "a": [2], "b": [2]}
+    # forward of a: 1, 1.5, 4 -> median 1.5, limit 1.8 -> rank 2; forward of b: 0.5, 0.5, 0.7 -> rank 2
+    assert gathered.stragglers("forward_ms") == {"": [2], "a": [2], "b": [2]}
+    # backward of the step: 20, 20, 30 -> limit 24 -> rank 2; of a: 2, 2.5, 2 -> median 2, limit 2.4 -> rank 1
+    assert gathered.stragglers("backward_ms") == {"": [2], "a": [1]}
+    assert gathered.communication["comm_ms"].median == 2.0
+    assert gathered.communication_stragglers() == [0]  # exposed 10, 0, 0: the waiting rank
+    row = gathered.to_dict()["a"]
+    assert (row["total_ms_min"], row["total_ms_median"], row["total_ms_max"], row["total_ms_slowest_rank"]) == (3.0, 4.0, 6.0, 2)
+    table = gathered.table().splitlines()
+    assert table[1] == "Step (Net): total 30 ms / 32 ms / 60 ms, slowest rank 2; stragglers: 2"
+    line_a = next(line for line in table if line.startswith("  a "))
+    assert line_a.split("  ")[-1] == "2" and "1 ms / 1.5 ms / 4 ms" in line_a and "3 ms / 4 ms / 6 ms" in line_a
+    assert len(gathered.table(depth=0).splitlines()) == len(table) - 2  # a and b are at depth 1
+
+
+def test_gather_without_process_group_is_a_one_rank_view() -> None:
+    assert not dist.is_initialized()
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    with LayerProf(net) as prof:
+        net(torch.randn(2, 4)).sum().backward()
+    gathered = prof.gather()
+    assert isinstance(gathered, GatheredProfile) and gathered.ranks == [0] and gathered.straggler_ranks == []
+    assert list(gathered.modules) == ["", "0", "1", "2"]
+    assert gathered.modules["0"].total_ms.median == pytest.approx(prof.records["0"].total_ms)
+    payload = rank_payload(prof.profile)
+    assert "call_times" not in payload["rows"]["0"] and json.dumps(payload)  # plain, small, serializable
+
+
+# -- the meter hooks the core gained for this: end_step(recorded) and meta() ------------------------------------
+def test_meter_end_step_sees_recorded_steps_and_meta_lands_in_profile() -> None:
+    @register_meter
+    class StepCounter(Meter):
+        name = "test_step_counter"
+
+        def __init__(self) -> None:
+            self.seen: list[bool] = []
+
+        def end_step(self, recorded: bool) -> None:
+            self.seen.append(recorded)
+
+        def meta(self) -> dict[str, Any]:
+            return {"seen": list(self.seen)}
+
+    try:
+        net = nn.Linear(4, 1)
+        with LayerProf(net, warmup=1, metrics=("test_step_counter",)) as prof:
+            for _ in range(3):
+                net(torch.randn(2, 4)).sum().backward()
+                prof.step()
+        # 3 steps ended by step(), warm-up first; the 4th (empty, ended by the with block) ran no module
+        assert prof.profile.meta["test_step_counter"] == {"seen": [False, True, True, False]}
+    finally:
+        del METERS["test_step_counter"]
+
+
+def test_ddp_comm_meter_on_a_plain_model_warns_and_notes() -> None:
+    net = nn.Linear(4, 1)
+    with pytest.warns(RuntimeWarning, match="not a DistributedDataParallel"):
+        with LayerProf(net, metrics=("ddp_comm",)) as prof:
+            net(torch.randn(2, 4)).sum().backward()
+    assert "note" in prof.profile.meta["ddp_comm"]
+
+
+# -- two processes, gloo --------------------------------------------------------------------------------------
+class Sleepy(nn.Module):
+    """Sleeps in forward on one rank: the straggler."""
+
+    def __init__(self, slow_rank: int, seconds: float) -> None:
+        super().__init__()
+        self.slow_rank = slow_rank
+        self.seconds = seconds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if dist.get_rank() == self.slow_rank:
+            time.sleep(self.seconds)
+        return x * 2.0
+
+
+class Net(nn.Module):
+    def __init__(self, slow_rank: int = -1) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.act = nn.ReLU()
+        self.slow = Sleepy(slow_rank, SLEEP_S)
+        self.fc2 = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.slow(self.act(self.fc1(x))))
+
+
+def _slow_allreduce(state: Any, bucket):  # noqa: ANN001 - DDP checks the annotations of comm hooks
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    time.sleep(HOOK_SLEEP_S)
+    return allreduce_hook(state, bucket)
+
+
+def _profile(model: nn.Module, steps: int = 3, metrics: tuple[str, ...] = ()) -> LayerProf:
+    x = torch.randn(4, 8)
+    with LayerProf(model, warmup=1, metrics=metrics) as prof:
+        for _ in range(steps):
+            model(x).sum().backward()
+            prof.step()
+    return prof
+
+
+def _view(gathered: GatheredProfile | None) -> dict[str, Any] | None:
+    if gathered is None:
+        return None
+    return {
+        "modules": gathered.to_dict(),
+        "step": gathered.step.to_dict(),
+        "straggler_ranks": gathered.straggler_ranks,
+        "per_rank_names": {rank: list(p["rows"]) for rank, p in gathered.per_rank.items()},
+        "per_rank_types": {rank: [r["type"] for r in p["rows"].values()] for rank, p in gathered.per_rank.items()},
+        "communication_stragglers": gathered.communication_stragglers(),
+        "table": gathered.table(),
+    }
+
+
+def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    result: dict[str, Any] = {}
+    try:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
+        try:
+            torch.manual_seed(0)
+            ddp = nn.parallel.DistributedDataParallel(Net(slow_rank=1))
+            prof = _profile(ddp, metrics=("ddp_comm",))
+            result["ddp"] = {"names": list(prof.records), "comm": prof.profile.meta["ddp_comm"], "view": _view(prof.gather())}
+
+            # a communication hook that takes 30 ms per bucket, one parameter per bucket after DDP's rebuild
+            torch.manual_seed(0)
+            slow_comm = nn.parallel.DistributedDataParallel(Net(), bucket_cap_mb=1e-6)
+            register_timed_comm_hook(slow_comm, _slow_allreduce)
+            prof = _profile(slow_comm, metrics=("ddp_comm",))
+            result["slow_hook"] = {"comm": prof.profile.meta["ddp_comm"],
+                                   "backward_ms": {name: r.backward_ms for name, r in prof.records.items()}}
+
+            from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+
+            torch.manual_seed(0)
+            fsdp1 = FullyShardedDataParallel(Net(), device_id=torch.device("cpu"))
+            result["fsdp1"] = {"view": _view(_profile(fsdp1, steps=2).gather())}
+            torch.manual_seed(0)
+            fsdp2 = Net()
+            fully_shard(fsdp2.fc1)
+            fully_shard(fsdp2)
+            result["fsdp2"] = {"view": _view(_profile(fsdp2, steps=2).gather())}
+        finally:
+            dist.destroy_process_group()
+    except BaseException:
+        result["error"] = traceback.format_exc()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("needs torch.distributed with gloo")
+    out_dir = tmp_path_factory.mktemp("ranks")
+    context = mp.start_processes(_worker, args=(2, _free_port(), str(out_dir)), nprocs=2, join=False,
+                                 start_method="spawn")
+    deadline = time.monotonic() + 120
+    try:
+        while not context.join(timeout=5):
+            if time.monotonic() > deadline:
+                pytest.fail("the 2-rank gloo run did not finish in 120 s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.terminate()
+    results = {rank: json.loads(Path(out_dir, f"rank{rank}.json").read_text()) for rank in (0, 1)}
+    for rank, result in results.items():
+        assert "error" not in result, f"rank {rank} failed:\n{result['error']}"
+    return results
+
+
+def test_both_ranks_records_arrive_on_rank_0_with_the_same_structure(two_ranks: dict[int, dict[str, Any]]) -> None:
+    names = ["", "module", "module.fc1", "module.act", "module.slow", "module.fc2"]
+    assert two_ranks[0]["ddp"]["names"] == two_ranks[1]["ddp"]["names"] == names  # records keep DDP's names
+    assert two_ranks[1]["ddp"]["view"] is None  # gather() returns None off rank 0
+    view = two_ranks[0]["ddp"]["view"]
+    assert view["per_rank_names"] == {"0": names, "1": names}
+    assert view["per_rank_types"]["0"] == view["per_rank_types"]["1"]
+    assert list(view["modules"]) == ["", "fc1", "act", "slow", "fc2"]  # the view shows the user's names
+    assert view["modules"][""]["type"] == "Net" and view["step"]["type"] == "DistributedDataParallel"
+    for row in view["modules"].values():
+        assert row["ranks"] == [0, 1]
+        assert row["total_ms_min"] <= row["total_ms_median"] <= row["total_ms_max"]
+
+
+def test_slowed_rank_is_the_straggler_for_its_module_and_the_model(two_ranks: dict[int, dict[str, Any]]) -> None:
+    view = two_ranks[0]["ddp"]["view"]
+    slow = view["modules"]["slow"]
+    assert slow["stragglers"] == [1] and slow["forward_ms_slowest_rank"] == 1
+    assert slow["forward_ms_max"] >= SLEEP_S * 1000 > slow["forward_ms_min"]  # only rank 1 sleeps
+    assert view["step"]["stragglers"] == [1] and view["straggler_ranks"] == [1]
+    assert view["modules"][""]["stragglers"] == [1]
+    assert "slowest" in view["table"] and "\n    slow " not in view["table"]  # depth-1 rows are indented twice
+    slow_line = next(line for line in view["table"].splitlines() if line.startswith("  slow "))
+    assert slow_line.rstrip().endswith("1")
+
+
+def test_ddp_communication_is_timed_and_the_fast_rank_waits(two_ranks: dict[int, dict[str, Any]]) -> None:
+    comm = {rank: two_ranks[rank]["ddp"]["comm"] for rank in (0, 1)}
+    for rank in (0, 1):
+        # 3 steps, the first is warm-up; the model's 4 parameters (168 floats) fit in one bucket
+        assert comm[rank]["steps"] == 2 and comm[rank]["buckets"] == 1
+        assert comm[rank]["comm_ms"] >= comm[rank]["launch_ms"] >= 0
+    # Rank 0 finishes its backward while rank 1 still sleeps in forward: its all-reduce waits for rank 1, after
+    # its last backward node, so that wait is exposed communication, in no module's backward_ms.
+    assert comm[0]["exposed_ms"] > SLEEP_S * 1000 / 2 > comm[1]["exposed_ms"]
+    view = two_ranks[0]["ddp"]["view"]
+    assert view["communication_stragglers"] == [0]  # the waiting rank, the victim of the straggler
+    assert "DDP gradient all-reduce" in view["table"]
+
+
+def test_synchronous_comm_hook_time_is_inside_the_parents_backward_only(two_ranks: dict[int, dict[str, Any]]) -> None:
+    for rank in (0, 1):
+        result = two_ranks[rank]["slow_hook"]
+        comm, backward = result["comm"], result["backward_ms"]
+        buckets = comm["buckets"]
+        assert buckets >= 2  # tiny bucket_cap_mb: several buckets
+        assert comm["launch_ms"] >= buckets * HOOK_SLEEP_S * 1000
+        # One bucket per parameter (4). A bucket's hook runs right after its gradient's AccumulateGrad node, which
+        # the engine runs first among ready nodes, so inside every backward interval still open. Linear's bias
+        # gradient is accumulated before its weight-transpose node runs: fc2 contains its bias hook (30 ms) but
+        # not its weight's; the root contains every hook but the last (fc1's weight, the very last gradient).
+        assert buckets == 4
+        assert HOOK_SLEEP_S * 1000 <= backward["module.fc2"] < 2 * HOOK_SLEEP_S * 1000
+        assert HOOK_SLEEP_S * 1000 <= backward["module.fc1"] < 2 * HOOK_SLEEP_S * 1000
+        assert backward["module.act"] < HOOK_SLEEP_S * 1000  # no parameter, no hook inside
+        assert backward["module"] >= (buckets - 1) * HOOK_SLEEP_S * 1000
+        assert backward["module"] < buckets * HOOK_SLEEP_S * 1000  # the last hook's 30 ms is outside
+
+
+@pytest.mark.parametrize("kind", ["fsdp1", "fsdp2"])
+def test_fsdp_on_cpu_gloo(two_ranks: dict[int, dict[str, Any]], kind: str) -> None:
+    view = two_ranks[0][kind]["view"]
+    assert two_ranks[1][kind]["view"] is None
+    assert list(view["modules"]) == ["", "fc1", "act", "slow", "fc2"]
+    types = {name: row["type"] for name, row in view["modules"].items()}
+    if kind == "fsdp1":  # FullyShardedDataParallel: the wrapper's _fsdp_wrapped_module is removed from names
+        assert view["step"]["type"] == "FullyShardedDataParallel" and types[""] == "Net" and types["fc1"] == "Linear"
+        assert view["per_rank_names"]["0"][1] == "_fsdp_wrapped_module"
+    else:  # fully_shard: same names, classes renamed FSDP<name>
+        assert types[""] == "FSDPNet" and types["fc1"] == "FSDPLinear" and types["fc2"] == "Linear"
+    for row in view["modules"].values():
+        assert row["ranks"] == [0, 1] and row["backward_ms_min"] is not None
