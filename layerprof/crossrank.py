@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["Spread", "ModuleSpread", "spread", "shown_names", "cross_rank_stats", "WRAPPED_ATTRIBUTE", "PASSES"]
+__all__ = ["Spread", "ModuleSpread", "spread", "shown_names", "cross_rank_stats", "straggler_floor", "stragglers", "WRAPPED_ATTRIBUTE", "PASSES"]
 
 # Wrapper class name -> the attribute holding the wrapped module.
 WRAPPED_ATTRIBUTE = {
@@ -137,14 +137,23 @@ def _module_spread(name: str, raw_name: str, rows_by_rank: Mapping[int, Mapping[
     return module
 
 
+def straggler_floor(step: ModuleSpread, min_ms: float | None) -> float:
+    """The absolute part of the straggler rule: ``min_ms``, or by default (None) 1 % of the median step time, so
+    that the jitter of microsecond modules is not flagged while anything that costs the step 1 % is."""
+    if min_ms is not None:
+        return float(min_ms)
+    return 0.01 * step.total_ms.median if step.total_ms is not None else 0.0
+
+
 def cross_rank_stats(rows_by_rank: Mapping[int, Mapping[str, Mapping[str, Any]]], margin: float = 0.2,
-                     min_ms: float = 0.0) -> tuple[ModuleSpread, dict[str, ModuleSpread]]:
+                     min_ms: float | None = None) -> tuple[ModuleSpread, dict[str, ModuleSpread]]:
     """The whole step and every module across ranks, from ``{rank: {recorded name: row}}``.
 
     Returns ``(step, modules)``: ``step`` is the outermost record (``""``, the wrapper if any) and ``modules``
     is keyed by shown name in the order of the lowest rank's rows, then any module only other ranks have. A rank
     is a straggler for a module when its ``total_ms`` exceeds the median over ranks by more than ``margin``
-    (a fraction: 0.2 = 20 %) and by more than ``min_ms`` milliseconds; with two ranks the median is their mean,
+    (a fraction: 0.2 = 20 %) and by more than ``min_ms`` milliseconds (None: 1 % of the median step time, see
+    ``straggler_floor``); with two ranks the median is their mean,
     so the slower is flagged when it is more than (1 + m) / (1 - m) times the faster (1.5 times for m = 0.2).
     """
     if not rows_by_rank:
@@ -164,6 +173,8 @@ def cross_rank_stats(rows_by_rank: Mapping[int, Mapping[str, Mapping[str, Any]]]
     chosen: dict[str, str] = {}  # shown name -> recorded name; the innermost (wrapped) record wins
     for raw_name in order:
         chosen[names[raw_name]] = raw_name
-    step = _module_spread("", "", rows_by_rank, margin, min_ms)
-    modules = {shown: _module_spread(shown, raw, rows_by_rank, margin, min_ms) for shown, raw in chosen.items()}
+    step = _module_spread("", "", rows_by_rank, margin, 0.0)
+    floor = straggler_floor(step, min_ms)
+    step.stragglers = stragglers(step.total_ms, margin, floor)
+    modules = {shown: _module_spread(shown, raw, rows_by_rank, margin, floor) for shown, raw in chosen.items()}
     return step, modules

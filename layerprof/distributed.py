@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from .crossrank import Spread, cross_rank_stats, spread, stragglers
+from .crossrank import Spread, cross_rank_stats, spread, straggler_floor, stragglers
 from .metrics.communication import CommMeter, register_timed_comm_hook
 
 if TYPE_CHECKING:
@@ -44,16 +44,17 @@ class GatheredProfile:
             ``layerprof.crossrank``).
         communication: ``{"comm_ms"|"exposed_ms"|"launch_ms": Spread}`` over ranks, from the ``ddp_comm``
             meter (empty when it did not run).
-        margin, min_ms: the straggler rule: slower than the median by more than ``margin`` and ``min_ms``.
+        margin, min_ms: the straggler rule: slower than the median by more than ``margin`` (a fraction) and
+            ``min_ms`` milliseconds (by default 1 % of the median step time; the value used is kept here).
     """
 
-    def __init__(self, payloads: Sequence[Mapping[str, Any]], margin: float = 0.2, min_ms: float = 0.0) -> None:
+    def __init__(self, payloads: Sequence[Mapping[str, Any]], margin: float = 0.2, min_ms: float | None = None) -> None:
         self.per_rank: dict[int, dict[str, Any]] = {int(p["rank"]): dict(p) for p in payloads}
         self.ranks = sorted(self.per_rank)
         self.margin = margin
-        self.min_ms = min_ms
         rows_by_rank = {rank: payload["rows"] for rank, payload in self.per_rank.items()}
         self.step, self.modules = cross_rank_stats(rows_by_rank, margin, min_ms)
+        self.min_ms = straggler_floor(self.step, min_ms)
         self.communication: dict[str, Spread] = {}
         for name in COMM_FIELDS:
             values = {rank: (p["meta"].get(CommMeter.name) or {}).get(name) for rank, p in self.per_rank.items()}
@@ -103,7 +104,7 @@ class GatheredProfile:
 
 
 def gather_profile(profile: Profile, dst: int = 0, group: Any = None, margin: float = 0.2,
-                   min_ms: float = 0.0) -> GatheredProfile | None:
+                   min_ms: float | None = None) -> GatheredProfile | None:
     """Collect every rank's profile on rank ``dst``; a collective: every rank of ``group`` must call it.
 
     ``dst`` is a global rank, as in ``torch.distributed.gather_object``. ``margin`` and ``min_ms`` set the straggler

@@ -43,7 +43,7 @@ class Profile(ProfileReports):
         """An anytree ``RenderTree`` view for terminals."""
         return render_tree(self.tree, maxdepth=maxdepth)
 
-    def gather(self, dst: int = 0, group: Any = None, margin: float = 0.2, min_ms: float = 0.0) -> Any:
+    def gather(self, dst: int = 0, group: Any = None, margin: float = 0.2, min_ms: float | None = None) -> Any:
         """Collect every rank's profile on rank ``dst`` (a collective) and compare them: a ``GatheredProfile``
         there, None on other ranks, a one-rank view without torch.distributed. See ``layerprof.distributed``."""
         from .distributed import gather_profile

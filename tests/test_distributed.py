@@ -65,8 +65,10 @@ def test_cross_rank_stats_on_known_numbers() -> None:
     assert (a.total_ms.median, a.stragglers) == (4.0, [2])
     b = modules["b"]
     assert b.backward_ms is None and b.total_ms.max == 0.7  # forward only: total = forward
-    # totals 0.5, 0.5, 0.7: median 0.5, limit 0.6 -> rank 2 is 40 % slower
-    assert b.stragglers == [2]
+    # totals 0.5, 0.5, 0.7: rank 2 is 40 % slower than the median 0.5, but by 0.2 ms, under the default floor of
+    # 1 % of the median step (32 ms -> 0.32 ms); without the floor it is flagged
+    assert b.stragglers == []
+    assert cross_rank_stats(HAND_MADE, margin=0.2, min_ms=0.0)[1]["b"].stragglers == [2]
     assert list(modules) == ["", "a", "b"] and a.depth == 1 and modules[""].depth == 0
 
 
@@ -103,9 +105,10 @@ def test_gathered_profile_rows_table_and_communication() -> None:
                 for rank, rows in HAND_MADE.items()]
     gathered = GatheredProfile(payloads, margin=0.2)
     assert gathered.ranks == [0, 1, 2] and gathered.straggler_ranks == [2]
-    assert gathered.stragglers() == {"": [2], "a": [2], "b": [2]}
-    # forward of a: 1, 1.5, 4 -> median 1.5, limit 1.8 -> rank 2; forward of b: 0.5, 0.5, 0.7 -> rank 2
-    assert gathered.stragglers("forward_ms") == {"": [2], "a": [2], "b": [2]}
+    assert gathered.min_ms == pytest.approx(0.32)  # 1 % of the median step, 32 ms
+    assert gathered.stragglers() == {"": [2], "a": [2]}
+    # forward of a: 1, 1.5, 4 -> median 1.5, limit 1.8 -> rank 2; of b: 0.5, 0.5, 0.7 -> 0.2 ms over, under 0.32
+    assert gathered.stragglers("forward_ms") == {"": [2], "a": [2]}
     # backward of the step: 20, 20, 30 -> limit 24 -> rank 2; of a: 2, 2.5, 2 -> median 2, limit 2.4 -> rank 1
     assert gathered.stragglers("backward_ms") == {"": [2], "a": [1]}
     assert gathered.communication["comm_ms"].median == 2.0

@@ -41,8 +41,7 @@ def rank_table(gathered: GatheredProfile, depth: int | None = None) -> str:
     step = gathered.step
     lines = [
         f"Across {gathered.world_size} rank(s), per step: min / median / max over ranks. "
-        f"Straggler: total above the median by more than {gathered.margin:.0%}"
-        + (f" and {format_ms(gathered.min_ms)}" if gathered.min_ms else "") + ".",
+        f"Straggler: total above the median by more than {gathered.margin:.0%} and {format_ms(gathered.min_ms)}.",
         f"Step ({step.type}): total {_three(step.total_ms)}"
         + (f", slowest rank {step.total_ms.slowest_rank}" if step.total_ms is not None and gathered.world_size > 1 else "")
         + f"; stragglers: {_ranks(step.stragglers) or 'none'}",
@@ -50,7 +49,7 @@ def rank_table(gathered: GatheredProfile, depth: int | None = None) -> str:
     comm = gathered.communication
     if comm:
         parts = [f"{label} {_three(comm.get(field))}" for field, label in
-                 (("comm_ms", "in flight"), ("exposed_ms", "exposed after the last backward node"),
+                 (("comm_ms", "in flight (summed over buckets)"), ("exposed_ms", "exposed after the last backward node"),
                   ("launch_ms", "launching (inside module backward)"))]
         lines.append("DDP gradient all-reduce: " + "; ".join(parts))
     header = ["module", "type", "forward min / median / max", "backward min / median / max",
