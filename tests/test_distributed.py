@@ -204,11 +204,12 @@ def _slow_allreduce(state: Any, bucket):  # noqa: ANN001 - DDP checks the annota
     return allreduce_hook(state, bucket)
 
 
-def _profile(model: nn.Module, steps: int = 3, metrics: tuple[str, ...] = ()) -> LayerProf:
+def _profile(model: nn.Module, steps: int = 3, metrics: tuple[str, ...] = (), backwards: int = 1) -> LayerProf:
     x = torch.randn(4, 8)
     with LayerProf(model, warmup=1, metrics=metrics) as prof:
         for _ in range(steps):
-            model(x).sum().backward()
+            for _ in range(backwards):  # several: gradient accumulation (DDP all-reduces each time here)
+                model(x).sum().backward()
             prof.step()
     return prof
 
@@ -246,6 +247,10 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
             prof = _profile(slow_comm, metrics=("ddp_comm",))
             result["slow_hook"] = {"comm": prof.profile.meta["ddp_comm"],
                                    "backward_ms": {name: r.backward_ms for name, r in prof.records.items()}}
+
+            torch.manual_seed(0)
+            accumulating = nn.parallel.DistributedDataParallel(Net())
+            result["accumulate"] = {"comm": _profile(accumulating, metrics=("ddp_comm",), backwards=2).profile.meta["ddp_comm"]}
 
             from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 
@@ -321,7 +326,7 @@ def test_slowed_rank_is_the_straggler_for_its_module_and_the_model(two_ranks: di
 def test_ddp_communication_is_timed_and_the_fast_rank_waits(two_ranks: dict[int, dict[str, Any]]) -> None:
     comm = {rank: two_ranks[rank]["ddp"]["comm"] for rank in (0, 1)}
     for rank in (0, 1):
-        # 3 steps, the first is warm-up; the model's 4 parameters (168 floats) fit in one bucket
+        # 3 steps, the first is warm-up; the model's 4 parameters (8*16 + 16 + 16*4 + 4 = 212 floats) fit in one bucket
         assert comm[rank]["steps"] == 2 and comm[rank]["buckets"] == 1
         assert comm[rank]["comm_ms"] >= comm[rank]["launch_ms"] >= 0
     # Rank 0 finishes its backward while rank 1 still sleeps in forward: its all-reduce waits for rank 1, after
@@ -330,6 +335,14 @@ def test_ddp_communication_is_timed_and_the_fast_rank_waits(two_ranks: dict[int,
     view = two_ranks[0]["ddp"]["view"]
     assert view["communication_stragglers"] == [0]  # the waiting rank, the victim of the straggler
     assert "DDP gradient all-reduce" in view["table"]
+
+
+def test_gradient_accumulation_counts_every_backward(two_ranks: dict[int, dict[str, Any]]) -> None:
+    for rank in (0, 1):
+        comm = two_ranks[rank]["accumulate"]["comm"]
+        # 2 recorded steps (3 - 1 warm-up), 2 backward passes each, 1 bucket per backward
+        assert comm["steps"] == 2 and [step["buckets"] for step in comm["per_step"]] == [2, 2]
+        assert all(step["exposed_ms"] is not None and step["exposed_ms"] >= 0 for step in comm["per_step"])
 
 
 def test_synchronous_comm_hook_time_is_inside_the_parents_backward_only(two_ranks: dict[int, dict[str, Any]]) -> None:

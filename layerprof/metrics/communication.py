@@ -13,7 +13,7 @@ torch's ``allreduce_hook``, which is what DDP does without a hook) and stamps, p
 - ``comm_ms``: from the hook call to the completion of the bucket's future (the all-reduce done, DDP's result
   ready): the time the bucket was in flight, most of it overlapped with the backward of earlier layers.
 - ``exposed_ms``: from the moment the last autograd node of the backward pass ran to the moment the last
-  bucket completed: the communication not hidden behind computation. It lies after the root's backward
+  bucket completed (summed over the backward passes of a step, with gradient accumulation): the communication not hidden behind computation. It lies after the root's backward
   interval, inside ``loss.backward()``, and is in no module's ``backward_ms``.
 
 On NCCL the future completes when the collective is enqueued on its stream, not when it finishes on the GPU,
@@ -43,12 +43,13 @@ _TIMERS: "weakref.WeakKeyDictionary[nn.Module, CommTimer]" = weakref.WeakKeyDict
 
 
 class _Bucket:
-    __slots__ = ("start", "launched", "done")
+    __slots__ = ("start", "launched", "done", "backward")
 
     def __init__(self, start: int, launched: int) -> None:
         self.start = start
         self.launched = launched
         self.done: int | None = None
+        self.backward = 0  # which backward pass of the step (several with gradient accumulation)
 
 
 class CommTimer:
@@ -117,9 +118,9 @@ class CommMeter(Meter):
         self._timer: CommTimer | None = None
         self._lock = threading.Lock()
         self._buckets: list[_Bucket] = []
-        self._nodes_done: int | None = None
+        self._nodes_done: list[int] = []  # per backward pass of the step: when its last graph node had run
         self._callback_queued = False
-        self.steps: list[dict[str, float | int | None]] = []
+        self.steps: list[dict[str, Any]] = []
         self.note: str | None = None
 
     def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: list[tuple[str, nn.Module]]) -> None:
@@ -143,6 +144,7 @@ class CommMeter(Meter):
     def launched(self, bucket: _Bucket) -> None:
         """Called from the hook, on the autograd thread, once per bucket."""
         with self._lock:
+            bucket.backward = len(self._nodes_done)
             self._buckets.append(bucket)
             queue = not self._callback_queued
             self._callback_queued = True
@@ -154,22 +156,28 @@ class CommMeter(Meter):
             Variable._execution_engine.queue_callback(self._backward_nodes_done)
 
     def _backward_nodes_done(self) -> None:
-        if self._nodes_done is None:
-            self._nodes_done = perf_counter_ns()
+        with self._lock:
+            self._nodes_done.append(perf_counter_ns())
+            self._callback_queued = False
 
     def end_step(self, recorded: bool) -> None:
         with self._lock:
             buckets, self._buckets = self._buckets, []
-            nodes_done, self._nodes_done = self._nodes_done, None
+            nodes_done, self._nodes_done = self._nodes_done, []
             self._callback_queued = False
         if not recorded or not buckets:
             return
-        done = [b.done for b in buckets if b.done is not None]
+        done = [b for b in buckets if b.done is not None]
+        exposed = 0.0
+        for backward, nodes_done_at in enumerate(nodes_done):
+            last = max((b.done for b in done if b.backward == backward), default=None)
+            if last is not None:
+                exposed += max(0.0, (last - nodes_done_at) / 1e6)
         self.steps.append({
             "buckets": len(buckets),
             "launch_ms": sum(b.launched - b.start for b in buckets) / 1e6,
-            "comm_ms": sum(b.done - b.start for b in buckets if b.done is not None) / 1e6 if done else None,
-            "exposed_ms": max(0.0, (max(done) - nodes_done) / 1e6) if done and nodes_done is not None else None,
+            "comm_ms": sum(b.done - b.start for b in done) / 1e6 if done else None,
+            "exposed_ms": exposed if done and nodes_done else None,
         })
 
     def stop(self) -> None:
