@@ -89,6 +89,13 @@ class GatheredProfile:
         """``{shown name: row}`` (see ``ModuleSpread.to_dict``), the canonical rows of the cross-rank view."""
         return {name: module.to_dict() for name, module in self.modules.items()}
 
+    def to_table(self) -> Any:
+        """The canonical rows as a ``layerprof.Table``, for its exports (``to_csv``, ``to_markdown``,
+        ``to_dataframe``...)."""
+        from .render.table import Table
+
+        return Table(list(self.to_dict().values()))
+
     def table(self, depth: int | None = None) -> str:
         """A text table: per module, forward/backward/total min, median and max over ranks, slowest rank,
         stragglers; the step and DDP communication above it."""

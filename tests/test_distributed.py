@@ -120,6 +120,8 @@ def test_gathered_profile_rows_table_and_communication() -> None:
     line_a = next(line for line in table if line.startswith("  a "))
     assert line_a.split("  ")[-1] == "2" and "1 ms / 1.5 ms / 4 ms" in line_a and "3 ms / 4 ms / 6 ms" in line_a
     assert len(gathered.table(depth=0).splitlines()) == len(table) - 2  # a and b are at depth 1
+    csv = gathered.to_table().to_csv().splitlines()
+    assert len(csv) == 4 and csv[0].startswith("name,type,depth,raw_name,ranks,forward_ms_min,")  # header + 3 rows
 
 
 def test_gather_without_process_group_is_a_one_rank_view() -> None:
