@@ -3,8 +3,13 @@ from __future__ import annotations
 
 from .profile import Profile
 from .profiler import LayerProf
+from .metrics.formulas import register_flop_formula
+from .metrics.module_formulas import register_module_flops
 from .records import CallTiming, ModuleRecord
 
 __version__ = "0.1.0"
 
-__all__ = ["LayerProf", "Profile", "ModuleRecord", "CallTiming", "__version__"]
+__all__ = [
+    "LayerProf", "Profile", "ModuleRecord", "CallTiming", "register_flop_formula", "register_module_flops",
+    "__version__",
+]

@@ -11,9 +11,19 @@ from typing import Any, Iterable, Iterator
 from anytree import NodeMixin, PreOrderIter
 from torch import nn
 
-__all__ = ["CallTiming", "ModuleRecord", "build_tree", "TIME_FIELDS"]
+__all__ = ["CallTiming", "ModuleRecord", "build_tree", "TIME_FIELDS", "register_record_fields"]
 
 TIME_FIELDS = ("forward_ms", "backward_ms", "self_forward_ms", "self_backward_ms", "recompute_ms")
+
+# Fields that meters write onto records, in registration order; ``to_dict`` adds them (None where not measured).
+METER_FIELDS: list[str] = []
+
+
+def register_record_fields(*names: str) -> None:
+    """Declare fields a meter fills on every record, so that ``to_dict`` (and every export) carries them."""
+    for name in names:
+        if name not in METER_FIELDS:
+            METER_FIELDS.append(name)
 
 
 @dataclass
@@ -72,6 +82,7 @@ class ModuleRecord(NodeMixin):
             "parent": None if self.parent is None else self.parent.name,
             "calls": self.calls,
             **{field: getattr(self, field) for field in TIME_FIELDS},
+            **{field: getattr(self, field, None) for field in METER_FIELDS},
             "aliases": list(self.aliases),
             "extra_repr": self.extra_repr,
             "call_times": [asdict(timing) for timing in self.call_times],
