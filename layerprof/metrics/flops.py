@@ -19,7 +19,7 @@ no backward ran, e.g. under no_grad), ``flops_recompute`` (None without checkpoi
 from __future__ import annotations
 
 import threading
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from typing import Any, Callable
 
@@ -122,7 +122,8 @@ class FlopMeter(Meter):
     def __init__(self) -> None:
         self._local = threading.local()
         self._calls: dict[int, list[Any]] = {}  # thread id -> its calls in creation order (seq_start ascending)
-        self._logical_parent: dict[int, Any] = {}  # id(recompute call) -> call whose backward re-ran it
+        self._logical_parent: dict[int, Any] = {}  # id(recompute call) -> the call it re-runs a part of
+        self._originals: dict[str, list[Any]] = {}  # name -> its non-recompute calls in creation order
         self._totals: dict[str, _Totals] = {}
         self._override_forward: set[int] = set()  # id(call) of calls counted by a module override
         self._override_backward: dict[int, int] = {}  # id(call) -> backward FLOPs given by the override
@@ -152,7 +153,9 @@ class FlopMeter(Meter):
             node = _current_node()
             owner = None if node is None else self._owner(node._sequence_nr())
             if owner is not None:
-                self._logical_parent[id(call)] = owner
+                self._logical_parent[id(call)] = self._enclosing(call.name, owner)
+        elif not call.recompute:
+            self._originals.setdefault(call.name, []).append(call)
         calls.append(call)
         self._local.current = call
         if module_flops_formula(module) is not None:
@@ -228,6 +231,18 @@ class FlopMeter(Meter):
                 return call
         return None
 
+    def _enclosing(self, name: str, owner: Any) -> Any:
+        """Where a checkpoint re-run of module ``name`` hangs: under the parent of the original call it repeats,
+        the last call of that module begun before the backward node ``owner`` was made. ``owner`` itself is
+        the node that triggered the re-run: inside the checkpointed region (non-reentrant checkpoint) or the
+        region's checkpoint node, created by the enclosing call (reentrant)."""
+        originals = self._originals.get(name, [])
+        limit = owner.seq_end if owner.seq_end > owner.seq_start else float("inf")
+        index = bisect_left(originals, limit, key=lambda call: call.seq_start) - 1
+        if index < 0:
+            return owner
+        return originals[index].parent
+
     def _credit(self, call: Any, phase: int, flops: int, unknown: str | None = None, own: bool = False) -> None:
         """Add to the call's module and its ancestors' once each; stop below a call whose override counts it."""
         overridden = self._override_backward if phase == _BACKWARD else self._override_forward
@@ -265,6 +280,7 @@ class FlopMeter(Meter):
             record.unknown_ops = dict(totals.unknown.most_common())
         self._calls.clear()
         self._logical_parent.clear()
+        self._originals.clear()
 
 
 # -- derived quantities and columns: computed at render time, never stored ------------------------------------
