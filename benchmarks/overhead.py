@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+import layerprof
 from layerprof import LayerProf
 
 
@@ -93,25 +94,53 @@ def step_time(model: nn.Module, loss_fn: Callable[[], torch.Tensor], wrapper: Ca
     return time.perf_counter() - start
 
 
+def timed(loss_fn: Callable[[], torch.Tensor], model: nn.Module) -> float:
+    model.zero_grad(set_to_none=True)
+    start = time.perf_counter()
+    loss_fn().backward()
+    return time.perf_counter() - start
+
+
 def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch.Tensor]]], repeats: int,
             wrappers: dict[str, Callable[[nn.Module], Any] | None]) -> dict[str, float]:
+    """Interleaved rounds: plain step, steady-state profiled step, one-shot profiled step, baseline step.
+
+    Steady state: one LayerProf whose schedule alternates hook-free and profiled steps (wait=1, active=1), so the
+    plain and the profiled step of a round run back to back; hooks go on and off in prof.step(), outside the
+    timed region, which is the per-step cost a training loop pays. One-shot: a new ``with LayerProf`` per step,
+    setup and teardown included.
+    """
     model, loss_fn = factory()
+    torch.manual_seed(0)
+    twin, twin_loss = factory()
+    twin.load_state_dict(model.state_dict())
     wrappers = dict(wrappers)
     for key, wrapper in list(wrappers.items()):
         try:
             for _ in range(3):
-                step_time(model, loss_fn, wrapper)
+                step_time(twin, twin_loss, wrapper)
         except RuntimeError as error:
             print(f"{name}: {key} raises {str(error)[:90]}...", flush=True)
             del wrappers[key]
-    samples: dict[str, list[float]] = {key: [] for key in wrappers}
-    for _ in range(repeats):  # interleaved: each round runs every variant once, so drift hits all alike
-        for key, wrapper in wrappers.items():
-            samples[key].append(step_time(model, loss_fn, wrapper))
+    samples: dict[str, list[float]] = {key: [] for key in ["plain", "layerprof_steady", *wrappers]}
+    # A profiled model cannot be profiled twice at once: the other variants run on an identical twin.
+    steady = LayerProf(model, schedule=layerprof.schedule(wait=1, active=1))
+    steady.start()
+    try:
+        for _ in range(repeats):
+            samples["plain"].append(timed(loss_fn, model))  # a wait step: no hook on the model
+            steady.step()
+            samples["layerprof_steady"].append(timed(loss_fn, model))
+            steady.step()
+            for key, wrapper in wrappers.items():
+                if key != "plain":
+                    samples[key].append(step_time(twin, twin_loss, wrapper))
+    finally:
+        steady.stop()
     medians = {key: statistics.median(values) for key, values in samples.items()}
     modules = len(list(model.modules()))
     result = {"modules": modules, "plain_ms": medians["plain"] * 1e3}
-    for key in wrappers:
+    for key in samples:
         if key != "plain":
             result[f"{key}_ratio"] = medians[key] / medians["plain"]
             result[f"{key}_us_per_module"] = (medians[key] - medians["plain"]) / modules * 1e6
@@ -127,7 +156,7 @@ def main() -> None:
     torch.manual_seed(0)
     wrappers: dict[str, Callable[[nn.Module], Any] | None] = {
         "plain": None,
-        "layerprof": LayerProf,
+        "layerprof_oneshot": LayerProf,
         "full_backward_hooks": FullBackwardHookTimer,
     }
     print(f"torch {torch.__version__}, 1 thread, median of {args.repeats} interleaved steps")

@@ -1,15 +1,21 @@
 """layerprof: where the time of a PyTorch training step goes, module by module, forward and backward."""
 from __future__ import annotations
 
+from .benchmark import BenchmarkResult, benchmark
+from .io import load, loads, save
 from .profile import Profile
 from .profiler import LayerProf
 from .metrics.formulas import register_flop_formula
 from .metrics.module_formulas import register_module_flops
 from .records import CallTiming, ModuleRecord
+from .render.compare import Comparison, compare
+from .render.table import Table
+from .schedule import schedule
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "LayerProf", "Profile", "ModuleRecord", "CallTiming", "register_flop_formula", "register_module_flops",
+    "LayerProf", "Profile", "ModuleRecord", "CallTiming", "schedule", "benchmark", "BenchmarkResult",
+    "Table", "Comparison", "compare", "load", "loads", "save", "register_flop_formula", "register_module_flops",
     "__version__",
 ]

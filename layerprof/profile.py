@@ -8,14 +8,19 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from .records import ModuleRecord
+from .reports import ProfileReports
 from .render.summary import annotated_repr
 from .render.tree import render_tree, timepool
+from .render.units import format_ms
 
 __all__ = ["Profile"]
 
 
-class Profile:
-    """Records of one profiled model: ``tree`` (anytree root), ``records`` by qualified name, ``meta``."""
+class Profile(ProfileReports):
+    """Records of one profiled model: ``tree`` (anytree root), ``records`` by qualified name, ``meta``.
+
+    Queries, tables and exports (``rows``, ``top``, ``aggregate``, ``to_dataframe``, ``to_csv``, ``to_json``,
+    ``to_html``, ``to_latex``, ``to_markdown``, ``to_trace``) come from ``ProfileReports`` (reports.py)."""
 
     def __init__(self, tree: ModuleRecord, meta: dict[str, Any] | None = None) -> None:
         self.tree = tree
@@ -47,6 +52,6 @@ class Profile:
     def __repr__(self) -> str:
         root = self.tree
         return (
-            f"<Profile {root.type}: {len(self.records)} modules, forward {root.forward_ms} ms, "
-            f"backward {root.backward_ms} ms>"
+            f"<Profile {root.type}: {len(self.records)} modules, forward {format_ms(root.forward_ms)}, "
+            f"backward {format_ms(root.backward_ms)}>"
         )

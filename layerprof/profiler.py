@@ -1,4 +1,4 @@
-"""LayerProf: puts the tracker's hooks on a model for the length of a ``with`` block and hands back records."""
+"""LayerProf: puts the tracker's hooks on a model while profiling, and hands back a Profile of records."""
 from __future__ import annotations
 
 import warnings
@@ -8,10 +8,14 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
+from .env import environment
 from .metrics import Meter, make_meters
+from .nest import first_tensor
 from .profile import Profile
 from .records import ModuleRecord, build_tree
-from .timing import fill_times
+from .schedule import Action, Schedule
+from .steps import StepStats
+from .timing import StepTimes, step_times
 from .tracker import Tracker
 
 __all__ = ["LayerProf"]
@@ -37,7 +41,7 @@ def _check_model(model: Any) -> None:
 
 
 class LayerProf:
-    """Time every module's forward and backward pass inside a ``with`` block.
+    """Time every module's forward and backward pass, over one step or many.
 
     >>> import torch
     >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
@@ -48,102 +52,228 @@ class LayerProf:
     >>> sorted(prof.to_dict())
     ['', '0', '1', '2']
 
+    Several steps: call ``prof.step()`` after each; records then hold the mean per step, with the median, std,
+    min, max and p95 beside it. Without ``step()``, everything inside the block is one step.
+
     Args:
         model: the module to profile; every module in ``model.named_modules()`` is hooked.
         sync: on CUDA, synchronize at every boundary and read the wall clock, instead of recording CUDA events
-            that are read once after the step (the default, which adds no synchronization).
+            that are read once per step (the default, which adds no synchronization inside a step).
         metrics: names of meters to run beside timing (see ``layerprof.metrics.METERS``); None: the defaults.
+            Meters that slow the step down (``Meter.distorts_timing``) run during the first profiled step only,
+            and that step is left out of the timings when other steps were recorded.
+        warmup: number of first steps whose times are dropped.
+        schedule: a ``layerprof.schedule(wait=, warmup=, active=, repeat=)``: hooks are off in ``wait`` steps and
+            after the last cycle, so those steps cost nothing. Exclusive with ``warmup``.
+        max_samples: step values kept per module and pass for the median and p95 (the memory bound).
     """
 
-    def __init__(self, model: nn.Module, *, sync: bool = False, metrics: Iterable[str] | None = None) -> None:
+    def __init__(self, model: nn.Module, *, sync: bool = False, metrics: Iterable[str] | None = None,
+                 warmup: int = 0, schedule: Schedule | None = None, max_samples: int = 1024) -> None:
         _check_model(model)
+        if warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {warmup}")
+        if schedule is not None and warmup:
+            raise ValueError("give either warmup= or schedule= (which has its own warmup), not both")
+        if schedule is not None and not callable(schedule):
+            raise TypeError(f"schedule must be a layerprof.schedule(...), got {type(schedule).__name__}")
         self.model = model
         self.sync = bool(sync)
-        self.metrics = make_meters(metrics)
-        self._meters: list[Meter] = self.metrics
+        self.warmup = warmup
+        self.schedule = schedule
+        self.metrics: list[Meter] = make_meters(metrics)
         self.tree: ModuleRecord | None = None
         self.records: dict[str, ModuleRecord] = {}
+        self.step_num = 0
+        self._stats = StepStats(max_samples=max_samples)
+        self._counting_step: dict[str, StepTimes] | None = None
+        self._counting: list[Meter] = []  # timing-distorting meters while they run
+        self._counting_done = False
         self._tracker: Tracker | None = None
-        self._hooked: list[nn.Module] = []
+        self._entries: list[tuple[str, nn.Module]] = []
+        self._attached = False
+        self._probe: Any = None
+        self._example: dict[str, Any] = {}
         self._profile: Profile | None = None
         self._state = "new"
 
     # -- lifecycle -------------------------------------------------------------------------------------------
-    def __enter__(self) -> LayerProf:
+    def _action(self, step: int) -> Action:
+        if self.schedule is not None:
+            return self.schedule(step)
+        return Action.WARMUP if step < self.warmup else Action.RECORD
+
+    def start(self) -> LayerProf:
+        """Begin profiling (what ``with`` does on entry); pair with ``stop()``."""
         if self._state != "new":
-            raise RuntimeError(
-                "this LayerProf was already used; create a new LayerProf(model) for each profile"
-            )
+            raise RuntimeError("this LayerProf was already used; create a new LayerProf(model) for each profile")
         root, records, entries = build_tree(self.model)
         for name, module in entries:
-            other = _PROFILED.get(module)
-            if other is not None:
+            if _PROFILED.get(module) is not None:
                 shown = f"module '{name}'" if name else "the model"
                 raise RuntimeError(
                     f"{shown} ({type(module).__name__}) is already being profiled by another active LayerProf; "
                     "nesting profilers on one model is not supported: exit the other one first."
                 )
-        tracker = Tracker(sync=self.sync, observers=[m for m in self._meters if m.wants_forward_hooks])
+        self.tree, self.records, self._entries = root, records, entries
+        self._tracker = Tracker(sync=self.sync)
         for _, module in entries:
             _PROFILED[module] = self
-        self._hooked = [module for _, module in entries]
         started: list[Meter] = []
         try:
-            for meter in self._meters:
-                meter.start(self.model, records, entries)
-                started.append(meter)
-            tracker.attach(entries)
+            for meter in self.metrics:
+                if not meter.distorts_timing:
+                    meter.start(self.model, records, entries)
+                    started.append(meter)
+            self._probe = self.model.register_forward_pre_hook(self._record_example, with_kwargs=True)
+            self._begin_step()
         except BaseException:
-            for meter in reversed(started):
-                meter.stop()
-            self._release()
+            self._teardown(started)
             raise
-        self.tree, self.records, self._tracker = root, records, tracker
         self._state = "running"
         return self
+
+    def __enter__(self) -> LayerProf:
+        return self.start()
+
+    def step(self) -> None:
+        """Mark the end of a step (call it after each training step) and begin the next one."""
+        if self._state != "running":
+            raise RuntimeError("prof.step() is for inside a running profile: after start() or inside `with`")
+        self._end_step()
+        self.step_num += 1
+        self._begin_step()
+
+    def stop(self) -> None:
+        """End profiling (what ``with`` does on exit) and compute the profile."""
+        if self._state != "running":
+            raise RuntimeError("prof.stop() needs a running profile: call prof.start() first")
+        self.__exit__(None, None, None)
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, traceback: Any) -> bool:
         tracker = self._tracker
         assert tracker is not None
         try:
-            tracker.detach()
+            if exc is None:
+                self._end_step()
         finally:
-            try:
-                for meter in reversed(self._meters):
-                    meter.stop()
-            finally:
-                self._release()
-                self._state = "done"
-        for clock in tracker.clocks():
-            clock.settle()
-        fill_times(tracker.calls, self.records)
-        for meter in self._meters:
-            meter.fill(self.records)
-        if exc is not None and tracker.raised_in is not None and tracker.raised_in[1] is exc:
-            call = tracker.raised_in[0]
-            shown = f"'{call.name}'" if call.name else "the root"
-            exc.add_note(f"layerprof: raised inside module {shown} ({self.records[call.name].type})")
-        elif exc is None and not tracker.calls:
-            warnings.warn(
-                "LayerProf recorded no call of the model: call the model inside the `with` block.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        tracker.calls.clear()
-        self._tracker = None
-        self._profile = Profile(self.tree)
+            self._teardown([m for m in self.metrics if not m.distorts_timing] + self._counting)
+        self._state = "done"
+        if exc is not None:
+            if tracker.raised_in is not None and tracker.raised_in[1] is exc:
+                call = tracker.raised_in[0]
+                shown = f"'{call.name}'" if call.name else "the root"
+                exc.add_note(f"layerprof: raised inside module {shown} ({self.records[call.name].type})")
+            return False
+        self._finish()
         return False
 
-    def _release(self) -> None:
-        for module in self._hooked:
-            if _PROFILED.get(module) is self:
-                del _PROFILED[module]
-        self._hooked = []
+    def _teardown(self, meters: list[Meter]) -> None:
+        """Take everything off the model; runs on every exit path."""
+        try:
+            if self._tracker is not None:
+                self._tracker.detach()
+            self._attached = False
+            if self._probe is not None:
+                self._probe.remove()
+                self._probe = None
+        finally:
+            try:
+                for meter in reversed(meters):
+                    meter.stop()
+            finally:
+                self._counting = []
+                for _, module in self._entries:
+                    if _PROFILED.get(module) is self:
+                        del _PROFILED[module]
+
+    # -- steps -----------------------------------------------------------------------------------------------
+    def _begin_step(self) -> None:
+        tracker = self._tracker
+        assert tracker is not None
+        wanted = self._action(self.step_num) is not Action.NONE
+        if wanted and not self._counting_done:
+            for meter in self.metrics:
+                if meter.distorts_timing:
+                    meter.start(self.model, self.records, self._entries)
+                    self._counting.append(meter)
+            self._counting_done = True
+        self._set_observers()
+        if wanted and not self._attached:
+            tracker.attach(self._entries)
+            self._attached = True
+        elif not wanted and self._attached:
+            tracker.detach()
+            self._attached = False
+
+    def _end_step(self) -> None:
+        tracker = self._tracker
+        assert tracker is not None
+        action = self._action(self.step_num)
+        if tracker.calls:
+            for clock in tracker.clocks():
+                clock.settle()
+            times = step_times(tracker.calls, self.step_num)
+            if action is Action.RECORD:
+                if self._counting:
+                    self._counting_step = times
+                else:
+                    self._stats.add(times)
+            tracker.calls.clear()
+        tracker.watches.clear()
+        for meter in reversed(self._counting):
+            meter.stop()
+        self._counting = []
+        self._set_observers()
+
+    def _set_observers(self) -> None:
+        running = [m for m in self.metrics if not m.distorts_timing] + self._counting
+        assert self._tracker is not None
+        self._tracker.observers = tuple(m for m in running if m.wants_forward_hooks)
+
+    def _record_example(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        if not self._example:
+            tensor = first_tensor(args, kwargs)
+            if tensor is not None:
+                self._example = {"batch_size": int(tensor.shape[0]) if tensor.dim() else None,
+                                 "input_dtype": str(tensor.dtype).replace("torch.", "")}
+        return None
+
+    def _finish(self) -> None:
+        tracker = self._tracker
+        assert tracker is not None and self.tree is not None
+        meta: dict[str, Any] = {"environment": {**environment(self.model), **self._example}}
+        distorting = [m.name for m in self.metrics if m.distorts_timing]
+        if self._stats.steps == 0 and self._counting_step is not None:
+            self._stats.add(self._counting_step)
+            if distorting:
+                meta["timing_distorted_by"] = distorting
+                warnings.warn(
+                    f"only one step was profiled, and metrics {distorting} slowed it down: its times include their "
+                    "overhead. Profile several steps (call prof.step() after each) for clean times.",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+        self._stats.fill(self.records)
+        for meter in self.metrics:
+            meter.fill(self.records)
+        meta.update(steps=self._stats.steps, steps_seen=self.step_num + 1, warmup=self.warmup,
+                    schedule=None if self.schedule is None else vars(self.schedule).copy(),
+                    clock=sorted({clock.kind for clock in tracker.clocks()}))
+        if self._stats.steps == 0:
+            warnings.warn(
+                "LayerProf recorded no step: call the model inside the block"
+                + (" (all steps were warm-up or outside the schedule)" if self.step_num else ""),
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        self._tracker = None
+        self._profile = Profile(self.tree, meta)
 
     # -- results: after the block, a LayerProf answers for its Profile ----------------------------------------
     @property
     def profile(self) -> Profile:
-        """The result; available once the ``with`` block has exited."""
+        """The result; available once profiling has stopped."""
         if self._state != "done" or self._profile is None:
             raise RuntimeError("the profile is ready after the `with LayerProf(model) as prof:` block has exited")
         return self._profile
@@ -153,6 +283,10 @@ class LayerProf:
         if name.startswith("_") or not hasattr(Profile, name):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return getattr(self.profile, name)
+
+    def _repr_html_(self) -> str | None:
+        # Not reached through __getattr__ (private name); None makes a notebook fall back to __repr__.
+        return self._profile._repr_html_() if self._state == "done" and self._profile is not None else None
 
     def __repr__(self) -> str:
         if self._state != "done" or self._profile is None:

@@ -11,9 +11,11 @@ from typing import Any, Iterable, Iterator
 from anytree import NodeMixin, PreOrderIter
 from torch import nn
 
-__all__ = ["CallTiming", "ModuleRecord", "build_tree", "TIME_FIELDS", "register_record_fields"]
+__all__ = ["CallTiming", "ModuleRecord", "build_tree", "TIME_FIELDS", "STAT_FIELDS", "register_record_fields"]
 
 TIME_FIELDS = ("forward_ms", "backward_ms", "self_forward_ms", "self_backward_ms", "recompute_ms")
+# Statistics over steps, beside the means: forward_ms_median, ..., backward_ms_p95.
+STAT_FIELDS = tuple(f"{p}_{s}" for p in ("forward_ms", "backward_ms") for s in ("median", "std", "min", "max", "p95"))
 
 # Fields that meters write onto records, in registration order; ``to_dict`` adds them (None where not measured).
 METER_FIELDS: list[str] = []
@@ -41,7 +43,9 @@ class CallTiming:
 class ModuleRecord(NodeMixin):
     """What was measured for one module. ``None`` means "not measured" (never 0 for a pass that did not run).
 
-    ``forward_ms``/``backward_ms`` include children and are summed over calls; ``self_*`` exclude the time of
+    ``forward_ms``/``backward_ms`` include children and are summed over the calls of a step, then averaged over
+    the measured steps in which the module ran (``forward_ms_median``, ``..._std``, ``..._min``, ``..._max``,
+    ``..._p95`` beside them); ``calls`` is calls per step; ``self_*`` exclude the time of
     the calls made from inside this module's calls. ``recompute_ms`` is forward time re-run during backward by
     activation checkpointing; it happens inside the backward of the enclosing modules and so is part of their
     ``backward_ms``.
@@ -53,12 +57,15 @@ class ModuleRecord(NodeMixin):
         self.extra_repr = extra_repr
         self.aliases: list[str] = []
         self.call_times: list[CallTiming] = []
-        self.calls = 0
+        self.calls: int | float = 0
         self.forward_ms: float | None = None
         self.backward_ms: float | None = None
         self.self_forward_ms: float | None = None
         self.self_backward_ms: float | None = None
         self.recompute_ms: float | None = None
+        self.steps = 0
+        for field in STAT_FIELDS:
+            setattr(self, field, None)
         self.parent = parent
 
     @property
@@ -74,19 +81,26 @@ class ModuleRecord(NodeMixin):
         return (self.forward_ms or 0.0) + (self.backward_ms or 0.0)
 
     def to_dict(self) -> dict[str, Any]:
-        """The canonical row of this record: plain numbers and strings, JSON-serializable."""
-        return {
+        """The canonical row of this record: plain numbers and strings, JSON-serializable. Public attributes
+        that meters set beyond the ones below (``params``, ``flops_forward``, ...) are part of the row too."""
+        row = {
             "name": self.name,
             "type": self.type,
             "depth": self.depth,
             "parent": None if self.parent is None else self.parent.name,
             "calls": self.calls,
             **{field: getattr(self, field) for field in TIME_FIELDS},
+            "steps": self.steps,
+            **{field: getattr(self, field) for field in STAT_FIELDS},
             **{field: getattr(self, field, None) for field in METER_FIELDS},
             "aliases": list(self.aliases),
             "extra_repr": self.extra_repr,
             "call_times": [asdict(timing) for timing in self.call_times],
         }
+        for key, value in vars(self).items():
+            if key not in row and not key.startswith("_"):
+                row[key] = value
+        return row
 
     def __iter__(self) -> Iterator[ModuleRecord]:
         return iter(PreOrderIter(self))

@@ -1,13 +1,31 @@
-"""Turn the tracker's raw stamps into per-call and per-module milliseconds on the records."""
+"""Turn the tracker's raw stamps of one step into per-call and per-module milliseconds."""
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Iterable
 
-from .records import CallTiming, ModuleRecord
+from .records import CallTiming
 from .tracker import CallTrace
 
-__all__ = ["fill_times"]
+__all__ = ["StepTimes", "step_times"]
+
+
+@dataclass
+class StepTimes:
+    """One module's times in one step; ``None`` where a pass was not measured."""
+
+    calls: int = 0
+    forward_ms: float | None = None
+    backward_ms: float | None = None
+    self_forward_ms: float | None = None
+    self_backward_ms: float | None = None
+    recompute_ms: float | None = None
+    call_times: list[CallTiming] = field(default_factory=list)
+
+
+def _add(total: float | None, value: float) -> float:
+    return value if total is None else total + value
 
 
 def _call_timing(call: CallTrace, step: int) -> CallTiming | None:
@@ -30,9 +48,8 @@ def _call_timing(call: CallTrace, step: int) -> CallTiming | None:
     return timing
 
 
-def fill_times(calls: Iterable[CallTrace], records: dict[str, ModuleRecord], step: int = 0) -> None:
-    """Add ``calls`` (one step) to ``records``: call timings, calls, inclusive, self and recompute times."""
-    timings: dict[int, CallTiming] = {}
+def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes]:
+    """Per-module times of one step: calls, inclusive, self and recompute times, and every call's timing."""
     children_forward: dict[int, float] = defaultdict(float)
     children_backward: dict[int, float] = defaultdict(float)
     ordered: list[tuple[CallTrace, CallTiming]] = []
@@ -40,7 +57,6 @@ def fill_times(calls: Iterable[CallTrace], records: dict[str, ModuleRecord], ste
         timing = _call_timing(call, step)
         if timing is None:
             continue
-        timings[id(call)] = timing
         ordered.append((call, timing))
         parent = call.parent
         if parent is not None:
@@ -48,17 +64,21 @@ def fill_times(calls: Iterable[CallTrace], records: dict[str, ModuleRecord], ste
             if timing.backward_ms is not None:
                 children_backward[id(parent)] += timing.backward_ms
 
+    result: dict[str, StepTimes] = {}
     for call, timing in ordered:
-        record = records[call.name]
-        record.call_times.append(timing)
+        times = result.get(call.name)
+        if times is None:
+            times = result[call.name] = StepTimes()
+        times.call_times.append(timing)
         if timing.recompute:
-            record.recompute_ms = (record.recompute_ms or 0.0) + timing.forward_ms
+            times.recompute_ms = _add(times.recompute_ms, timing.forward_ms)
         else:
-            record.calls += 1
-            record.forward_ms = (record.forward_ms or 0.0) + timing.forward_ms
-            self_forward = timing.forward_ms - children_forward.get(id(call), 0.0)
-            record.self_forward_ms = (record.self_forward_ms or 0.0) + self_forward
+            times.calls += 1
+            times.forward_ms = _add(times.forward_ms, timing.forward_ms)
+            own = timing.forward_ms - children_forward.get(id(call), 0.0)
+            times.self_forward_ms = _add(times.self_forward_ms, own)
         if timing.backward_ms is not None:
-            record.backward_ms = (record.backward_ms or 0.0) + timing.backward_ms
-            self_backward = max(0.0, timing.backward_ms - children_backward.get(id(call), 0.0))
-            record.self_backward_ms = (record.self_backward_ms or 0.0) + self_backward
+            times.backward_ms = _add(times.backward_ms, timing.backward_ms)
+            own = max(0.0, timing.backward_ms - children_backward.get(id(call), 0.0))
+            times.self_backward_ms = _add(times.self_backward_ms, own)
+    return result

@@ -60,16 +60,20 @@ class Tracker:
         self.cpu_clock = CpuClock()
         self.cuda_clocks: dict[int, Clock] = {}
         self.watches: dict[int, Any] = {}  # graph node sequence number -> _NodeWatch, cleared after each step
-        self._observers = tuple(observers)
+        self.observers = tuple(observers)  # replaced between steps by the profiler
         self._local = threading.local()
         self._handles: list[Any] = []
+        self._hook_cache: dict[str, tuple[Callable[..., None], Callable[..., None]]] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def attach(self, modules: Iterable[tuple[str, nn.Module]]) -> None:
         """Hook every module; if hooking fails half way, remove what was added and re-raise."""
         try:
             for name, module in modules:
-                pre, post = self._make_hooks(name)
+                hooks = self._hook_cache.get(name)
+                if hooks is None:  # made once, reused when a schedule hooks the model again
+                    hooks = self._hook_cache[name] = self._make_hooks(name)
+                pre, post = hooks
                 # Our pre-hook runs last and our post-hook first, so the user's own hooks are not timed.
                 self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
                 self._handles.append(
@@ -100,8 +104,6 @@ class Tracker:
             return self._local.stack
 
     def _clock_for(self, module: nn.Module, args: Any, kwargs: Any) -> Clock:
-        if not torch.cuda.is_initialized():
-            return self.cpu_clock
         tensor = first_tensor(args, kwargs)
         if tensor is None:
             tensor = next(module.parameters(), None)
@@ -116,17 +118,23 @@ class Tracker:
     def _make_hooks(self, name: str) -> tuple[Callable[..., None], Callable[..., None]]:
         tracker = self
         calls = self.calls
-        observers = self._observers
+
+        local = self._local
+        cpu_clock = self.cpu_clock
+        cuda_initialized = torch.cuda.is_initialized
 
         def forward_pre(module: nn.Module, args: Any, kwargs: Any) -> None:
             if not tracker.active:
                 return None
-            stack = tracker._stack()
-            clock = tracker._clock_for(module, args, kwargs)
+            try:
+                stack = local.stack
+            except AttributeError:
+                stack = tracker._stack()
+            clock = tracker._clock_for(module, args, kwargs) if cuda_initialized() else cpu_clock
             call = CallTrace(name, stack[-1] if stack else None, clock, _graph_task_id() != -1)
             calls.append(call)
             stack.append(call)
-            for observer in observers:
+            for observer in tracker.observers:
                 observer.forward_pre(call, module, args, kwargs)
             call.seq_start = _next_sequence_nr()
             call.fwd_start = clock.now()
@@ -135,7 +143,7 @@ class Tracker:
         def forward_post(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
             if not tracker.active:
                 return None
-            stack = tracker._stack()
+            stack = getattr(local, "stack", None)
             if not stack:
                 return None  # the call began before profiling did
             call = stack[-1]
@@ -158,7 +166,7 @@ class Tracker:
                 return None
             if call.seq_end > call.seq_start:
                 _watch_backward(call, output, tracker)
-            for observer in observers:
+            for observer in tracker.observers:
                 observer.forward_post(call, module, args, kwargs, output)
             return None
 
@@ -201,35 +209,39 @@ class _NodeWatch:
         return None
 
 
-def _watch(tracker: Tracker, node: Any) -> _NodeWatch:
-    # Keyed by sequence number, which is unique per thread and holds no reference to the node (and so to the
-    # tensors it saved). Nodes accept no weak references.
-    key = node._sequence_nr()
-    watch = tracker.watches.get(key)
-    if watch is None:
-        watch = tracker.watches[key] = _NodeWatch(tracker)
-    return watch
-
-
 def _watch_backward(call: CallTrace, output: Any, tracker: Tracker) -> None:
     """Hook the call's output nodes (backward start) and its frontier nodes (backward end)."""
     lo, hi = call.seq_start, call.seq_end
-    roots: list[Any] = []
-    tensors = (output,) if isinstance(output, torch.Tensor) else iter_tensors(output)
-    for tensor in tensors:
-        node = tensor.grad_fn
+    if isinstance(output, torch.Tensor):
+        node = output.grad_fn
         # A node made before the call (an input passed through) or by an in-place op after it is not ours.
-        if node is not None and lo <= node._sequence_nr() < hi and node not in roots:
-            roots.append(node)
-    if not roots:
-        return
+        if node is None or not lo <= node._sequence_nr() < hi:
+            return
+        roots = [node]
+    else:
+        roots = []
+        for tensor in iter_tensors(output):
+            node = tensor.grad_fn
+            if node is not None and lo <= node._sequence_nr() < hi and node not in roots:
+                roots.append(node)
+        if not roots:
+            return
+    # Watches are keyed by sequence number, unique per thread, so that nothing holds the node (and so the
+    # tensors it saved). Nodes accept no weak references.
+    watches = tracker.watches
     for node in roots:
-        watch = _watch(tracker, node)
+        key = node._sequence_nr()
+        watch = watches.get(key)
+        if watch is None:
+            watch = watches[key] = _NodeWatch(tracker)
         if not watch.starts:
             node.register_prehook(watch.started)
         watch.starts.append(call)
     for node in _frontier(roots, lo, hi):
-        watch = _watch(tracker, node)
+        key = node._sequence_nr()
+        watch = watches.get(key)
+        if watch is None:
+            watch = watches[key] = _NodeWatch(tracker)
         if not watch.ends:
             node.register_hook(watch.ended)
         watch.ends.append(call)

@@ -273,7 +273,7 @@ def test_results_before_exit_raise() -> None:
 
 
 def test_warns_when_the_model_never_ran() -> None:
-    with pytest.warns(RuntimeWarning, match="no call of the model"):
+    with pytest.warns(RuntimeWarning, match="recorded no step: call the model inside the block"):
         with LayerProf(MLP()):
             pass
 

@@ -16,6 +16,9 @@ from layerprof.nest import first_tensor
 
 from .models import KwargsDataclass, SharedLoop
 
+# One-step profiles are the point here; their times are not used.
+pytestmark = pytest.mark.filterwarnings("ignore:only one step was profiled:RuntimeWarning")
+
 
 def profile(model: nn.Module, *inputs: torch.Tensor, backward: bool = True, **kwargs: torch.Tensor) -> LayerProf:
     with LayerProf(model, metrics=("flops",)) as prof:
@@ -223,6 +226,17 @@ def test_no_grad_and_inference_mode_count_forward_only() -> None:
             prof = profile(net, torch.randn(3, 8), backward=False)
         assert prof.tree.flops_forward == 2 * 3 * 8 * 16 + 2 * 3 * 16 * 4
         assert all(record.flops_backward is None for record in prof.records.values())
+
+
+def test_several_steps_count_one_step() -> None:
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    with LayerProf(net, metrics=("flops",)) as prof:
+        for _ in range(3):
+            net(torch.randn(3, 8)).sum().backward()
+            prof.step()
+    # FLOPs are per step, counted on the first profiled step only (the dispatch mode is off in the timed ones)
+    assert prof.tree.flops_forward == 2 * 3 * 8 * 16 + 2 * 3 * 16 * 4
+    assert prof.tree.flops_backward == 2 * 16 * 3 * 8 + 2 * 2 * 3 * 16 * 4
 
 
 def test_shared_module_sums_its_calls() -> None:

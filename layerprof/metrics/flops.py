@@ -270,13 +270,14 @@ class FlopMeter(Meter):
         backward_ran = self._backward_ran or any(
             call.bwd_start is not None for calls in self._calls.values() for call in calls
         )
+        recomputed = {call.name for calls in self._calls.values() for call in calls if call.recompute}
         for name, record in records.items():
             totals = self._totals.get(name) or _Totals()
             forward, backward, recompute = totals.flops
-            ran = record.calls > 0
+            ran = name in self._originals  # called in the counted step (records may average other steps)
             record.flops_forward = forward if ran else None
             record.flops_backward = backward if ran and backward_ran else None
-            record.flops_recompute = recompute if recompute or record.recompute_ms is not None else None
+            record.flops_recompute = recompute if recompute or name in recomputed else None
             record.unknown_ops = dict(totals.unknown.most_common())
         self._calls.clear()
         self._logical_parent.clear()

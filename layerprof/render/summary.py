@@ -70,7 +70,7 @@ def summary_header(root: ModuleRecord) -> str:
 def annotated_repr(root: ModuleRecord, columns: Iterable[str] | None = None, depth: int | None = None,
                    header: bool = True) -> str:
     """The model's repr with each module's costs; ``depth`` limits how deep modules are expanded (root = 0)."""
-    chosen = resolve_columns(columns)
+    chosen = resolve_columns(columns, root=root)
     if depth is not None and depth < 0:
         raise ValueError(f"depth must be >= 0 or None, got {depth}")
     body = _render(root, root, chosen, depth, _alias_positions(root))

@@ -1,7 +1,10 @@
 """The one place that turns numbers into human-readable text."""
 from __future__ import annotations
 
-__all__ = ["format_ms", "format_count", "format_bytes", "format_flops", "format_percent", "MISSING"]
+__all__ = [
+    "format_ms", "format_count", "format_bytes", "format_flops", "format_percent", "format_change", "format_ratio",
+    "format_plain", "format_field", "field_label", "MISSING",
+]
 
 MISSING = "—"
 
@@ -55,3 +58,70 @@ def format_percent(part: float | None, whole: float | None) -> str:
     if part is None or not whole:
         return MISSING
     return f"{100.0 * part / whole:.1f}%"
+
+
+def format_change(diff: float | None, base: float | None) -> str:
+    """A signed relative change: ``format_change(5, 20) == '+25.0%'``; MISSING where ``base`` is unknown or 0."""
+    if diff is None or not base:
+        return MISSING
+    return f"{100.0 * diff / base:+.1f}%"
+
+
+def format_ratio(ratio: float | None) -> str:
+    """A ratio ``b / a`` as a multiplier: ``format_ratio(0.5) == '0.5x'``."""
+    if ratio is None:
+        return MISSING
+    return f"{ratio:.3g}x"
+
+
+def format_plain(value: object) -> str:
+    """A value without units, at full precision (for machine-readable tables): ints as ints, floats by repr."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def _field_kind(field: str) -> str:
+    # Field names carry their unit (forward_ms, param_bytes, flops_forward): the name alone says how to print.
+    if field.endswith("_ms"):
+        return "ms"
+    if field.endswith("_bytes") or field == "bytes":
+        return "bytes"
+    if "flop" in field:
+        return "flop/s" if field.endswith(("_per_s", "_per_second", "flop_s")) else "flops"
+    if field.endswith("_percent"):
+        return "percent"
+    return "count"
+
+
+def format_field(field: str, value: object) -> str:
+    """A row value in the unit its field name states: ``format_field('param_bytes', 2048) == '2 KiB'``.
+
+    Times end in ``_ms``, memory in ``_bytes``, FLOPs contain ``flop``; other numbers are counts; text is kept."""
+    if value is None:
+        return MISSING
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    kind = _field_kind(field)
+    if kind == "ms":
+        return format_ms(value)
+    if kind == "bytes":
+        return format_bytes(value)
+    if kind == "flops":
+        return format_flops(value)
+    if kind == "flop/s":
+        return format_flops(value, "FLOP/s")
+    if kind == "percent":
+        return f"{value:.1f}%"
+    return format_count(value)
+
+
+def field_label(field: str) -> str:
+    """A header for a field whose unit is shown in the values: ``field_label('self_forward_ms') == 'Self forward'``."""
+    for suffix in ("_ms", "_percent"):
+        if field.endswith(suffix):
+            field = field[: -len(suffix)] + (" %" if suffix == "_percent" else "")
+    text = field.replace("_", " ").strip()
+    return text[:1].upper() + text[1:]

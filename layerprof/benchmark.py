@@ -1,0 +1,142 @@
+"""Whole-model latency and throughput over many iterations, optionally with a per-module profile."""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from .env import environment
+from .nest import first_tensor, iter_tensors
+from .profile import Profile
+from .steps import RunningStat
+
+__all__ = ["BenchmarkResult", "benchmark"]
+
+
+@dataclass
+class BenchmarkResult:
+    """Latency statistics in milliseconds per iteration, throughput in samples per second, where measured."""
+
+    iters: int
+    warmup: int
+    backward: bool
+    batch_size: int | None
+    latency_ms: dict[str, float]
+    throughput: float | None
+    samples_ms: list[float] = field(repr=False)
+    environment: dict[str, Any] = field(default_factory=dict, repr=False)
+    profile: Profile | None = field(default=None, repr=False)
+
+    def __str__(self) -> str:
+        from .render.units import format_ms
+
+        lat = self.latency_ms
+        mode = "forward+backward" if self.backward else "forward (inference_mode)"
+        rate = f", {self.throughput:,.1f} samples/s" if self.throughput is not None else ""
+        return (
+            f"{mode}, {self.iters} iterations after {self.warmup} warm-up: median {format_ms(lat['median'])}, "
+            f"mean {format_ms(lat['mean'])} ± {format_ms(lat['std'])}, p95 {format_ms(lat['p95'])}, "
+            f"min {format_ms(lat['min'])}{rate}"
+        )
+
+
+def _split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if isinstance(inputs, dict):
+        return (), dict(inputs)
+    if isinstance(inputs, (tuple, list)):
+        return tuple(inputs), {}
+    return (inputs,), {}
+
+
+def _loss(output: Any) -> torch.Tensor:
+    tensors = [t for t in iter_tensors(output) if t.requires_grad and t.is_floating_point()]
+    if not tensors:
+        raise ValueError("backward=True needs a model output that requires grad; none of its tensors does")
+    return sum(t.float().sum() for t in tensors)  # type: ignore[return-value]
+
+
+def _progress(total: int, progress: bool | None) -> Any:
+    show = progress if progress is not None else (total >= 100 and sys.stderr.isatty())
+    if not show:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        if progress:
+            raise ImportError("progress=True needs tqdm: pip install tqdm") from None
+        return None
+    return tqdm(total=total, desc="layerprof benchmark", unit="it")
+
+
+def benchmark(model: nn.Module, inputs: Any, *, iters: int = 50, warmup: int = 10, backward: bool = False,
+              per_module: bool = False, progress: bool | None = None) -> BenchmarkResult:
+    """Time ``iters`` calls of ``model`` after ``warmup`` untimed ones.
+
+    ``inputs`` is a tensor, a tuple of positional arguments, or a dict of keyword arguments. Forward-only under
+    ``torch.inference_mode()`` by default; ``backward=True`` times forward + backward of the sum of the floating
+    outputs. On CUDA each iteration is synchronized. ``per_module=True`` then profiles ``iters`` more steps with
+    LayerProf (after the same warm-up) and attaches the Profile, so the latency figures stay free of hooks.
+
+    >>> import torch
+    >>> result = benchmark(torch.nn.Linear(4, 2), torch.randn(8, 4), iters=5, warmup=1)
+    >>> result.batch_size, len(result.samples_ms)
+    (8, 5)
+    """
+    if iters < 1 or warmup < 0:
+        raise ValueError(f"need iters >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
+    args, kwargs = _split_inputs(inputs)
+    example = first_tensor(args, kwargs)
+    cuda = example is not None and example.is_cuda
+
+    def run() -> None:
+        with (nullcontext() if backward else torch.inference_mode()):
+            output = model(*args, **kwargs)
+            if backward:
+                model.zero_grad(set_to_none=True)
+                _loss(output).backward()
+
+    bar = _progress(warmup + iters * (2 if per_module else 1), progress)
+    samples: list[float] = []
+    stat = RunningStat(max(iters, 1), __import__("random").Random(0))
+    try:
+        for index in range(warmup + iters):
+            if cuda:
+                torch.cuda.synchronize(example.device)
+            start = time.perf_counter()
+            run()
+            if cuda:
+                torch.cuda.synchronize(example.device)
+            elapsed = (time.perf_counter() - start) * 1e3
+            if index >= warmup:
+                samples.append(elapsed)
+                stat.add(elapsed)
+            if bar is not None:
+                bar.update(1)
+        profile = None
+        if per_module:
+            from .profiler import LayerProf
+
+            with LayerProf(model, warmup=min(warmup, 1)) as prof:
+                for _ in range(iters + min(warmup, 1)):
+                    run()
+                    prof.step()
+                    if bar is not None:
+                        bar.update(1)
+            profile = prof.profile
+    finally:
+        if bar is not None:
+            bar.close()
+    summary = stat.summary()
+    batch = int(example.shape[0]) if example is not None and example.dim() else None
+    median = statistics.median(samples)
+    return BenchmarkResult(
+        iters=iters, warmup=warmup, backward=backward, batch_size=batch, latency_ms=summary,
+        throughput=(batch / (median / 1e3)) if batch and median > 0 else None, samples_ms=samples,
+        environment={**environment(model, example)}, profile=profile,
+    )

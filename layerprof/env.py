@@ -1,0 +1,56 @@
+"""Where a result was measured: host, OS, CPU, torch, threads, device, dtype, batch size."""
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from functools import lru_cache
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["environment"]
+
+
+@lru_cache(maxsize=1)
+def _machine() -> dict[str, Any]:
+    # platform.platform() and /proc/cpuinfo take milliseconds: read them once per process.
+    return {
+        "host": socket.gethostname(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(model: nn.Module | None = None, example: torch.Tensor | None = None) -> dict[str, Any]:
+    """Facts about the machine and run; ``model`` gives device and dtype, ``example`` the batch size."""
+    parameter = next(model.parameters(), None) if model is not None else None
+    device = parameter.device if parameter is not None else (example.device if example is not None else None)
+    info: dict[str, Any] = {
+        **_machine(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "device": str(device) if device is not None else None,
+        "gpu": None,
+        "dtype": str(parameter.dtype).replace("torch.", "") if parameter is not None else None,
+        "batch_size": int(example.shape[0]) if example is not None and example.dim() > 0 else None,
+        "input_dtype": str(example.dtype).replace("torch.", "") if example is not None else None,
+    }
+    if device is not None and device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info

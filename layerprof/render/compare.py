@@ -1,0 +1,187 @@
+"""Comparing two profiles (teacher and student, or one model before and after a change).
+
+Every compared quantity is a cost (time, FLOPs, parameters, bytes), so lower is better. ``diff`` is ``b - a``,
+``ratio`` is ``b / a`` and ``rel_diff`` is ``(b - a) / a``; they are None where a side is missing or ``a`` is 0.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+from .export import to_dataframe, to_text
+from .rows import DERIVED_FIELDS, is_number, numeric_fields, value_of
+from .units import format_change, format_field, format_ratio
+
+if TYPE_CHECKING:
+    from ..profile import Profile
+
+__all__ = ["Comparison", "compare", "MODEL_FIELDS"]
+
+# Model-level quantities in the order they are shown; other numeric fields follow in row order.
+MODEL_FIELDS = (
+    "params", "trainable_params", "param_bytes", "buffer_bytes", "flops_forward", "flops_backward", "flops",
+    "forward_ms", "backward_ms", "total_ms", "recompute_ms", "activation_bytes", "saved_bytes",
+    "cuda_forward_peak_bytes", "cuda_backward_peak_bytes", "cuda_peak_bytes",
+)
+# Fields that count or place rather than cost: never compared.
+_NOT_COSTS = ("depth", "calls")
+# Per-module diffs show a few fields, where both profiles have them, so the table stays readable.
+MODULE_FIELDS = ("forward_ms", "backward_ms", "total_ms", "params", "flops_forward", "activation_bytes")
+
+
+def _ordered_fields(rows: Sequence[dict[str, Any]]) -> list[str]:
+    # A root's self time is only what runs outside every child (often hook overhead): not a model-level cost.
+    found = [f for f in numeric_fields(rows, skip=_NOT_COSTS) if f not in DERIVED_FIELDS and not f.startswith("self_")]
+    known = [f for f in MODEL_FIELDS if f in found or f == "total_ms"]
+    return known + [f for f in found if f not in known]
+
+
+def _difference(a: Any, b: Any) -> tuple[float | None, float | None, float | None]:
+    if not (is_number(a) and is_number(b)):
+        return None, None, None
+    diff = b - a
+    if a == 0:
+        return diff, None, None
+    return diff, diff / a, b / a
+
+
+def _better(a: Any, b: Any, names: tuple[str, str]) -> str | None:
+    if not (is_number(a) and is_number(b)):
+        return None
+    if a == b:
+        return "same"
+    return names[0] if a < b else names[1]
+
+
+def _compared(metric: str, a: Any, b: Any, names: tuple[str, str]) -> dict[str, Any]:
+    diff, rel_diff, ratio = _difference(a, b)
+    return {"metric": metric, "a": a, "b": b, "diff": diff, "rel_diff": rel_diff, "ratio": ratio,
+            "better": _better(a, b, names)}
+
+
+class Comparison:
+    """Model-level rows (``model``) and per-module rows for names present in both profiles (``modules``).
+
+    ``model``: ``{metric, a, b, diff, rel_diff, ratio, better}`` for the number of modules and every cost the
+    roots carry. ``modules``: ``{name, type_a, type_b, field_a, field_b, field_diff, field_ratio, ...}``.
+    """
+
+    def __init__(self, a: Profile, b: Profile, names: tuple[str, str] = ("a", "b"),
+                 module_fields: Sequence[str] | None = None) -> None:
+        self.a, self.b = a, b
+        self.names = (str(names[0]), str(names[1]))
+        if self.names[0] == self.names[1]:
+            raise ValueError(f"the two profiles need different names, got {names!r}")
+        root_a, root_b = a.tree, b.tree
+        row_a, row_b = root_a.to_dict(), root_b.to_dict()
+        self.model: list[dict[str, Any]] = [_compared("modules", len(a.records), len(b.records), self.names)]
+        for field in _ordered_fields([row_a, row_b]):
+            self.model.append(_compared(field, value_of(root_a, field, row_a), value_of(root_b, field, row_b),
+                                        self.names))
+        self.matched = [name for name in a.records if name in b.records]
+        self.only_a = [name for name in a.records if name not in b.records]
+        self.only_b = [name for name in b.records if name not in a.records]
+        self.module_fields = self._module_fields(module_fields)
+        self.modules = [self._module_row(name) for name in self.matched]
+
+    def _module_fields(self, chosen: Sequence[str] | None) -> list[str]:
+        if chosen is not None:
+            return list(chosen)
+        rows_a = [self.a.records[n].to_dict() for n in self.matched]
+        rows_b = [self.b.records[n].to_dict() for n in self.matched]
+        present = set(numeric_fields(rows_a, skip=_NOT_COSTS)) & set(numeric_fields(rows_b, skip=_NOT_COSTS))
+        present.add("total_ms")
+        return [f for f in MODULE_FIELDS if f in present]
+
+    def _module_row(self, name: str) -> dict[str, Any]:
+        record_a, record_b = self.a.records[name], self.b.records[name]
+        row: dict[str, Any] = {"name": name, "type_a": record_a.type, "type_b": record_b.type}
+        for field in self.module_fields:
+            a, b = value_of(record_a, field), value_of(record_b, field)
+            diff, _, ratio = _difference(a, b)
+            row.update({f"{field}_a": a, f"{field}_b": b, f"{field}_diff": diff, f"{field}_ratio": ratio})
+        return row
+
+    def to_dataframe(self, level: str = "model") -> Any:
+        """``level="model"``: one row per metric (columns a, b named after the profiles); ``"modules"``: one row
+        per matching module."""
+        if level == "model":
+            rows = [{**row, self.names[0]: row["a"], self.names[1]: row["b"]} for row in self.model]
+            columns = ["metric", self.names[0], self.names[1], "diff", "rel_diff", "ratio", "better"]
+            return to_dataframe(rows, columns)
+        if level == "modules":
+            return to_dataframe(self.modules)
+        raise ValueError(f"level must be 'model' or 'modules', got {level!r}")
+
+    def _model_text(self) -> str:
+        a_name, b_name = self.names
+        rows = []
+        for row in self.model:
+            metric = row["metric"]
+            rows.append({
+                "metric": metric,
+                a_name: format_field(metric, row["a"]),
+                b_name: format_field(metric, row["b"]),
+                "change": format_change(row["diff"], row["a"]),
+                "ratio": format_ratio(row["ratio"]),
+                "better": row["better"] or format_field(metric, None),
+            })
+        return to_text(rows, ["metric", a_name, b_name, "change", "ratio", "better"], raw=True)
+
+    def _modules_text(self, limit: int) -> str:
+        field = "total_ms" if "total_ms" in self.module_fields else (self.module_fields or [None])[0]
+        if field is None:
+            return ""
+        changed = [row for row in self.modules if row[f"{field}_diff"] is not None and row["name"]]
+        changed.sort(key=lambda row: abs(row[f"{field}_diff"]), reverse=True)
+        rows = [{
+            "module": row["name"],
+            self.names[0]: format_field(field, row[f"{field}_a"]),
+            self.names[1]: format_field(field, row[f"{field}_b"]),
+            "diff": format_field(field, row[f"{field}_diff"]),
+            "ratio": format_ratio(row[f"{field}_ratio"]),
+        } for row in changed[:limit]]
+        if not rows:
+            return ""
+        title = f"Modules with the largest change in {field} ({len(rows)} of {len(self.matched)} matching):\n"
+        return title + to_text(rows, ["module", self.names[0], self.names[1], "diff", "ratio"], raw=True)
+
+    def __str__(self) -> str:
+        a_name, b_name = self.names
+        head = (f"Comparison {a_name} ({self.a.tree.type}) vs {b_name} ({self.b.tree.type}); "
+                f"change and ratio are {b_name} relative to {a_name}; lower is better.\n")
+        parts = [head + self._model_text()]
+        modules = self._modules_text(limit=10)
+        if modules:
+            parts.append(modules)
+        if self.only_a or self.only_b:
+            parts.append(f"Only in {a_name}: {len(self.only_a)} modules; only in {b_name}: {len(self.only_b)}.")
+        return "\n".join(parts).rstrip("\n")
+
+    def __repr__(self) -> str:
+        return (f"<Comparison {self.names[0]} ({self.a.tree.type}) vs {self.names[1]} ({self.b.tree.type}): "
+                f"{len(self.model)} metrics, {len(self.matched)} matching modules>")
+
+
+def compare(a: Any, b: Any, names: tuple[str, str] = ("a", "b"), module_fields: Sequence[str] | None = None
+            ) -> Comparison:
+    """Compare two profiles (or LayerProf objects after their ``with`` block, or paths to saved profiles).
+
+    >>> import torch, layerprof
+    >>> def run(width):
+    ...     net = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
+    ...     with layerprof.LayerProf(net) as prof:
+    ...         net(torch.randn(4, 8)).sum().backward()
+    ...     return prof
+    >>> result = layerprof.compare(run(64), run(16), names=("teacher", "student"))
+    >>> result.model[0]["metric"], result.model[0]["ratio"]
+    ('modules', 1.0)
+    >>> len(result.matched)
+    4
+    """
+    return Comparison(_as_profile(a), _as_profile(b), names, module_fields)
+
+
+def _as_profile(value: Any) -> Profile:
+    from ..io import as_profile
+
+    return as_profile(value)

@@ -1,0 +1,205 @@
+"""Tables from rows: DataFrame, CSV, Markdown, LaTeX (booktabs). Thin writers over the canonical rows form.
+
+Machine-readable outputs (DataFrame, CSV) keep raw numbers with the unit in the column name (``forward_ms``);
+human-readable ones (Markdown, LaTeX, HTML) format values through ``units.format_field`` unless ``raw=True``.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from .rows import is_number, numeric_fields
+from .units import field_label, format_field, format_plain
+
+__all__ = [
+    "table_columns", "display_columns", "to_dataframe", "to_csv", "to_markdown", "to_latex", "to_text",
+    "cell_text", "latex_escape", "iter_cells", "headers", "write_text",
+]
+
+ROOT_LABEL = "(root)"
+# Columns that only machine-readable tables carry.
+_TABLE_SKIP = ("call_times",)
+_TEXT_FIRST = ("name", "type")
+
+
+def table_columns(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Every key of the rows except ``call_times`` (nested; it lives in JSON and the trace), first-seen order."""
+    seen: dict[str, None] = {}
+    for row in rows:
+        for key in row:
+            if key not in _TABLE_SKIP:
+                seen.setdefault(key, None)
+    return list(seen)
+
+
+def display_columns(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Columns for people: the text columns present among ``name``/``type``, then every numeric field that has
+    a value in some row (``depth`` is shown by indentation or not at all)."""
+    text = [c for c in _TEXT_FIRST if any(c in row for row in rows)]
+    return text + numeric_fields(rows, skip=("depth",))
+
+
+def write_text(text: str, path: str | Path | None) -> str:
+    """Write ``text`` to ``path`` when one is given; return the text either way."""
+    if path is not None:
+        Path(path).write_text(text, encoding="utf-8")
+    return text
+
+
+def _import_pandas() -> Any:
+    try:
+        import pandas
+    except ImportError as error:  # pragma: no cover - pandas is installed in the test environment
+        raise ImportError("to_dataframe needs pandas: pip install pandas") from error
+    return pandas
+
+
+def _dtype(values: list[Any]) -> str:
+    present = [v for v in values if v is not None]
+    if present and all(isinstance(v, bool) for v in present):
+        return "boolean"
+    if present and all(isinstance(v, int) and not isinstance(v, bool) for v in present):
+        return "Int64"  # nullable: a module that never ran has None
+    if present and all(is_number(v) for v in present):
+        return "float64"
+    if present and all(isinstance(v, str) for v in present):
+        return "string"
+    if not present:
+        return "float64"
+    return "object"
+
+
+def to_dataframe(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> Any:
+    """A pandas DataFrame, one row per row, typed columns (Int64/float64/string; lists stay objects)."""
+    pandas = _import_pandas()
+    chosen = list(columns) if columns is not None else table_columns(rows)
+    data = {}
+    for column in chosen:
+        values = [row.get(column) for row in rows]
+        dtype = _dtype(values)
+        if dtype == "float64":
+            values = [float("nan") if v is None else float(v) for v in values]
+        data[column] = pandas.Series(values, dtype=dtype)
+    return pandas.DataFrame(data, columns=chosen)
+
+
+def _csv_cell(value: Any) -> str:
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value)  # shapes and aliases stay parseable
+    return format_plain(value)
+
+
+def to_csv(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """CSV text: a header of field names, then raw values (floats at full precision, lists as JSON, None empty)."""
+    chosen = list(columns) if columns is not None else table_columns(rows)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(chosen)
+    for row in rows:
+        writer.writerow([_csv_cell(row.get(column)) for column in chosen])
+    return buffer.getvalue()
+
+
+def cell_text(column: str, value: Any, raw: bool) -> str:
+    """What a human-readable table shows for one value (the root, whose qualified name is "", as ``(root)``)."""
+    if column == "name" and value == "":
+        return ROOT_LABEL
+    if isinstance(value, (list, tuple)):
+        return json.dumps(value) if raw else ", ".join(str(v) for v in value)
+    if raw:
+        return format_plain(value)
+    return format_field(column, value)
+
+
+def _header(column: str, raw: bool) -> str:
+    return column if raw else field_label(column)
+
+
+def _is_numeric_column(rows: Sequence[dict[str, Any]], column: str) -> bool:
+    return any(is_number(row.get(column)) for row in rows) and not any(
+        isinstance(row.get(column), str) for row in rows
+    )
+
+
+def to_markdown(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None, raw: bool = False) -> str:
+    """A GitHub-flavoured Markdown pipe table; numeric columns right-aligned."""
+    chosen = list(columns) if columns is not None else display_columns(rows)
+
+    def escape(text: str) -> str:
+        return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(escape(_header(c, raw)) for c in chosen) + " |"]
+    lines.append("|" + "|".join("---:" if _is_numeric_column(rows, c) else ":---" for c in chosen) + "|")
+    for row in rows:
+        lines.append("| " + " | ".join(escape(cell_text(c, row.get(c), raw)) or " " for c in chosen) + " |")
+    return "\n".join(lines) + "\n"
+
+
+_LATEX_ESCAPES = {
+    "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
+    "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "µ": r"$\mu$", "—": "---",
+}
+
+
+def latex_escape(text: str) -> str:
+    """Escape LaTeX's special characters (and write µ and the missing-value dash in plain LaTeX)."""
+    return "".join(_LATEX_ESCAPES.get(char, char) for char in text)
+
+
+def to_latex(
+    rows: Sequence[dict[str, Any]],
+    columns: Sequence[str] | None = None,
+    raw: bool = False,
+    caption: str | None = None,
+    label: str | None = None,
+) -> str:
+    """A booktabs ``tabular`` (``\\usepackage{booktabs}``), wrapped in a ``table`` when a caption or label is given."""
+    chosen = list(columns) if columns is not None else display_columns(rows)
+    spec = "".join("r" if _is_numeric_column(rows, c) else "l" for c in chosen)
+    body = [
+        f"\\begin{{tabular}}{{{spec}}}",
+        "\\toprule",
+        " & ".join(latex_escape(_header(c, raw)) for c in chosen) + r" \\",
+        "\\midrule",
+    ]
+    for row in rows:
+        body.append(" & ".join(latex_escape(cell_text(c, row.get(c), raw)) for c in chosen) + r" \\")
+    body += ["\\bottomrule", "\\end{tabular}"]
+    if caption is None and label is None:
+        return "\n".join(body) + "\n"
+    wrapped = ["\\begin{table}", "\\centering"]
+    if caption is not None:
+        wrapped.append(f"\\caption{{{latex_escape(caption)}}}")
+    if label is not None:
+        wrapped.append(f"\\label{{{label}}}")
+    return "\n".join(wrapped + body + ["\\end{table}"]) + "\n"
+
+
+def iter_cells(rows: Iterable[dict[str, Any]], columns: Sequence[str], raw: bool) -> Iterable[list[str]]:
+    """Each row's cells as text, for renderers that lay out their own table (HTML, plain text)."""
+    for row in rows:
+        yield [cell_text(column, row.get(column), raw) for column in columns]
+
+
+def headers(columns: Sequence[str], raw: bool) -> list[str]:
+    """The header of each column: the field name when raw, else a label (the unit is in the values)."""
+    return [_header(column, raw) for column in columns]
+
+
+def to_text(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None, raw: bool = False) -> str:
+    """A plain-text table with aligned columns, for terminals and ``print``."""
+    chosen = list(columns) if columns is not None else display_columns(rows)
+    table = [headers(chosen, raw), *iter_cells(rows, chosen, raw)]
+    table = [[cell or " " for cell in line] for line in table]
+    widths = [max(len(line[i]) for line in table) for i in range(len(chosen))]
+    numeric = [_is_numeric_column(rows, c) for c in chosen]
+
+    def layout(line: list[str]) -> str:
+        cells = [cell.rjust(w) if right else cell.ljust(w) for cell, w, right in zip(line, widths, numeric)]
+        return "  ".join(cells).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([layout(table[0]), rule, *(layout(line) for line in table[1:])]) + "\n"

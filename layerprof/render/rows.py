@@ -1,0 +1,147 @@
+"""Queries over the canonical rows (``ModuleRecord.to_dict()``): select, aggregate by type, top-k.
+
+Rows are treated generically: any key whose values are numbers is a numeric field, so fields that meters add
+(``params``, ``flops_forward``, ``activation_bytes``, ...) are queried, summed and ranked like the times.
+"""
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+from typing import Any, Iterable
+
+from ..records import STAT_FIELDS, ModuleRecord
+
+__all__ = [
+    "STRUCTURE_FIELDS", "DERIVED_FIELDS", "is_number", "numeric_fields", "select", "record_rows", "value_of",
+    "aggregate_by_type", "top_records",
+]
+
+# Keys of a row that describe where a module sits rather than what it cost.
+STRUCTURE_FIELDS = ("name", "type", "depth", "parent", "aliases", "extra_repr", "call_times")
+# Fields computed from a record but not stored in its row (see ``value_of``).
+DERIVED_FIELDS = ("total_ms", "self_total_ms")
+
+
+def is_number(value: Any) -> bool:
+    """True for ints and floats, False for bools, None, text and lists."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# Per-step statistics sit beside the means in every row, but tables, comparisons and aggregates show the means
+# unless these are asked for by name.
+DETAIL_FIELDS = ("steps", *STAT_FIELDS)
+
+
+def numeric_fields(rows: Iterable[dict[str, Any]], skip: Iterable[str] = ("depth",)) -> list[str]:
+    """Keys holding a number in at least one row, in the order they first appear (``DETAIL_FIELDS`` left out)."""
+    skipped = set(skip) | set(DETAIL_FIELDS)
+    seen: dict[str, None] = {}
+    for row in rows:
+        for key, value in row.items():
+            if key not in skipped and key not in seen and is_number(value):
+                seen[key] = None
+    return list(seen)
+
+
+def value_of(record: ModuleRecord, field: str, row: dict[str, Any] | None = None) -> Any:
+    """A field of a record: from its row, else a derived field (``total_ms``, ``self_total_ms``), else None."""
+    row = record.to_dict() if row is None else row
+    if field in row:
+        return row[field]
+    if field == "total_ms":
+        return record.total_ms
+    if field == "self_total_ms":
+        forward, backward = row.get("self_forward_ms"), row.get("self_backward_ms")
+        if forward is None and backward is None:
+            return None
+        return (forward or 0.0) + (backward or 0.0)
+    return getattr(record, field, None)
+
+
+def _as_set(value: str | Iterable[str] | None) -> set[str] | None:
+    if value is None:
+        return None
+    return {value} if isinstance(value, str) else set(value)
+
+
+def select(
+    records: Iterable[ModuleRecord],
+    *,
+    depth: int | None = None,
+    max_depth: int | None = None,
+    type: str | Iterable[str] | None = None,
+    name: str | None = None,
+    leaves: bool = False,
+    called: bool = False,
+) -> list[ModuleRecord]:
+    """Records that pass every filter given.
+
+    Args:
+        depth: exactly this depth (the root is 0). max_depth: at most this depth.
+        type: a class name (``"Conv2d"``) or several. name: a glob on the qualified name (``"layer1.*"``).
+        leaves: only modules without children. called: only modules that ran at least once.
+    """
+    types = _as_set(type)
+    chosen = []
+    for record in records:
+        if depth is not None and record.depth != depth:
+            continue
+        if max_depth is not None and record.depth > max_depth:
+            continue
+        if types is not None and record.type not in types:
+            continue
+        if name is not None and not fnmatchcase(record.name, name):
+            continue
+        if leaves and record.children:
+            continue
+        if called and record.calls == 0:
+            continue
+        chosen.append(record)
+    return chosen
+
+
+def record_rows(records: Iterable[ModuleRecord]) -> list[dict[str, Any]]:
+    """The canonical row of each record."""
+    return [record.to_dict() for record in records]
+
+
+def _combine(field: str, values: list[float]) -> float:
+    # A peak of several modules is the largest of them, not their sum; every other cost adds up.
+    return max(values) if "peak" in field else sum(values)
+
+
+def aggregate_by_type(records: Iterable[ModuleRecord]) -> list[dict[str, Any]]:
+    """One row per module type: ``type``, ``modules`` (how many), ``calls`` and every numeric field summed
+    (``*peak*`` fields take the maximum), plus ``total_ms``. Rows are in order of first appearance.
+
+    Inclusive times of a type that nests in itself (a Sequential inside a Sequential) are counted twice; use
+    ``self_*`` fields, or leaves only, for a breakdown that adds up to the step.
+    """
+    grouped: dict[str, list[tuple[ModuleRecord, dict[str, Any]]]] = {}
+    for record in records:
+        grouped.setdefault(record.type, []).append((record, record.to_dict()))
+    result = []
+    for type_name, members in grouped.items():
+        rows = [row for _, row in members]
+        fields = [f for f in numeric_fields(rows, skip=("depth", "calls")) if f not in DERIVED_FIELDS]
+        out: dict[str, Any] = {"type": type_name, "modules": len(members), "calls": sum(r["calls"] for r in rows)}
+        for field in [*fields, "total_ms"]:
+            values = [value_of(record, field, row) for record, row in members]
+            present = [v for v in values if is_number(v)]
+            out[field] = _combine(field, present) if present else None
+        result.append(out)
+    return result
+
+
+def top_records(records: Iterable[ModuleRecord], k: int, by: str) -> list[ModuleRecord]:
+    """The ``k`` records with the largest ``by`` (a row field or ``total_ms``); records without it are left out."""
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    scored = []
+    for record in records:
+        value = value_of(record, by)
+        if is_number(value):
+            scored.append((value, record))
+    if not scored:
+        return []
+    scored.sort(key=lambda pair: pair[0], reverse=True)  # stable: ties keep named_modules() order
+    return [record for _, record in scored[:k]]

@@ -1,0 +1,217 @@
+"""Many steps: statistics, warm-up, schedules, start/stop, distorting meters, benchmark()."""
+from __future__ import annotations
+
+import random
+import statistics
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import layerprof
+import layerprof.profiler as profiler_module
+from layerprof import LayerProf
+from layerprof.metrics import METERS, Meter, register_meter
+from layerprof.steps import RunningStat
+
+from .conftest import hook_state
+from .models import MLP
+
+
+class Sleepy(nn.Module):
+    """Sleeps ``delays[i]`` seconds in its i-th call, so step times are known and distinct."""
+
+    def __init__(self, delays: list[float]) -> None:
+        super().__init__()
+        self.delays = list(delays)
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.delays.pop(0) if self.delays else 0.0)
+        return self.fc(x)
+
+
+@pytest.fixture
+def step_spy(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """Every per-step result the profiler computes, as computed."""
+    seen: list[dict] = []
+    original = profiler_module.step_times
+
+    def spy(calls, step=0):  # type: ignore[no-untyped-def]
+        result = original(calls, step)
+        seen.append(result)
+        return result
+
+    monkeypatch.setattr(profiler_module, "step_times", spy)
+    return seen
+
+
+def test_statistics_equal_values_computed_from_the_samples(step_spy: list[dict]) -> None:
+    model = Sleepy([0.030, 0.030, 0.002, 0.006, 0.003, 0.009, 0.004])
+    with LayerProf(model, warmup=2) as prof:
+        for _ in range(7):
+            model(torch.randn(2, 4)).sum().backward()
+            prof.step()
+    assert len(step_spy) == 7
+    kept = step_spy[2:]  # the first two are warm-up
+    for field in ("forward_ms", "backward_ms"):
+        values = [step[""].__dict__[field] for step in kept]
+        root = prof.tree
+        assert root.steps == 5
+        assert getattr(root, field) == pytest.approx(statistics.fmean(values))
+        assert getattr(root, f"{field}_median") == pytest.approx(statistics.median(values))
+        assert getattr(root, f"{field}_std") == pytest.approx(statistics.stdev(values))
+        assert getattr(root, f"{field}_min") == min(values)
+        assert getattr(root, f"{field}_max") == max(values)
+        assert getattr(root, f"{field}_p95") == pytest.approx(float(np.percentile(values, 95)))
+    # The 30 ms warm-up steps are really excluded: every kept step slept 9 ms at most.
+    assert prof.tree.forward_ms_max < 25.0
+    assert prof.tree.forward_ms_min > 1.5
+    assert prof.records["fc"].calls == 1
+    assert len(prof.records["fc"].call_times) == 1 and prof.records["fc"].call_times[0].step == 6
+    assert prof.profile.meta["steps"] == 5 and prof.profile.meta["warmup"] == 2
+
+
+def test_a_loop_without_step_is_one_step() -> None:
+    model = MLP()
+    with LayerProf(model) as prof:
+        for _ in range(3):
+            model(torch.randn(2, 8)).sum().backward()
+    assert prof.tree.steps == 1 and prof.tree.calls == 3 and len(prof.tree.call_times) == 3
+
+
+def test_a_trailing_step_call_adds_no_empty_step() -> None:
+    model = MLP()
+    with LayerProf(model) as prof:
+        for _ in range(3):
+            model(torch.randn(2, 8)).sum().backward()
+            prof.step()
+    assert prof.tree.steps == 3 and prof.tree.calls == 1
+
+
+def test_schedule_profiles_exactly_the_steps_asked_for_and_unhooks_the_rest(step_spy: list[dict]) -> None:
+    model = MLP()
+    before = hook_state(model)
+    hooked = []
+    prof = LayerProf(model, schedule=layerprof.schedule(wait=1, warmup=1, active=2, repeat=1))
+    prof.start()
+    for _ in range(6):
+        hooked.append(len(model.body[0]._forward_pre_hooks))
+        model(torch.randn(2, 8)).sum().backward()
+        prof.step()
+    prof.stop()
+    # wait, warmup, active, active, then done: hooks only in steps 1..3.
+    assert hooked == [0, 1, 1, 1, 0, 0]
+    assert [s[""].call_times[0].step for s in step_spy] == [1, 2, 3]
+    assert prof.tree.steps == 2
+    assert hook_state(model) == before
+
+
+def test_schedule_validation() -> None:
+    with pytest.raises(ValueError, match="active must be >= 1"):
+        layerprof.schedule(active=0)
+    with pytest.raises(ValueError, match="either warmup= or schedule="):
+        LayerProf(MLP(), warmup=1, schedule=layerprof.schedule())
+    with pytest.raises(ValueError, match="warmup must be >= 0"):
+        LayerProf(MLP(), warmup=-1)
+    s = layerprof.schedule(skip_first=2, wait=0, warmup=0, active=1, repeat=2)
+    assert [s(i).value for i in range(5)] == ["none", "none", "record", "record", "none"]
+
+
+def test_start_stop_api_and_misuse() -> None:
+    model = MLP()
+    prof = LayerProf(model)
+    with pytest.raises(RuntimeError, match="call prof.start"):
+        prof.stop()
+    with pytest.raises(RuntimeError, match="inside a running profile"):
+        prof.step()
+    prof.start()
+    model(torch.randn(2, 8)).sum().backward()
+    prof.stop()
+    assert prof.tree.calls == 1 and prof.tree.backward_ms > 0
+    with pytest.raises(RuntimeError, match="already used"):
+        prof.start()
+
+
+def test_statistics_memory_is_bounded() -> None:
+    stat = RunningStat(max_samples=16, rng=random.Random(0))
+    values = [float(v) for v in range(1000)]
+    for value in values:
+        stat.add(value)
+    summary = stat.summary()
+    assert len(stat._samples) == 16
+    assert summary["mean"] == pytest.approx(statistics.fmean(values))
+    assert summary["std"] == pytest.approx(statistics.stdev(values))
+    assert (summary["min"], summary["max"]) == (0.0, 999.0)
+    # The reservoir is a uniform sample: its median lands in the middle half.
+    assert 250 <= summary["median"] <= 750
+
+    model = nn.Sequential(*[nn.Linear(2, 2) for _ in range(3)])
+    with LayerProf(model, max_samples=4) as prof:
+        for _ in range(10):
+            with torch.no_grad():
+                model(torch.randn(1, 2))
+            prof.step()
+    assert all(len(s._samples) <= 4 for s in prof._stats._stats.values())
+    assert prof.tree.steps == 10
+
+
+def test_timing_distorting_meter_runs_on_the_first_step_only() -> None:
+    active_steps: list[int] = []
+
+    @register_meter
+    class Counting(Meter):
+        name = "test_counting"
+        wants_forward_hooks = True
+        distorts_timing = True
+
+        def forward_pre(self, call, module, args, kwargs):  # type: ignore[no-untyped-def]
+            if call.name == "":
+                active_steps.append(len(active_steps))
+
+    try:
+        model = MLP()
+        with LayerProf(model, metrics=("test_counting",)) as prof:
+            for _ in range(3):
+                model(torch.randn(2, 8)).sum().backward()
+                prof.step()
+        assert active_steps == [0]
+        assert prof.tree.steps == 2  # the counting step is left out of the timings
+        assert "timing_distorted_by" not in prof.profile.meta
+
+        with pytest.warns(RuntimeWarning, match="only one step was profiled"):
+            with LayerProf(model, metrics=("test_counting",)) as single:
+                model(torch.randn(2, 8)).sum().backward()
+        assert single.tree.steps == 1 and single.profile.meta["timing_distorted_by"] == ["test_counting"]
+    finally:
+        del METERS["test_counting"]
+
+
+def test_profile_records_where_it_was_measured() -> None:
+    model = MLP()
+    with LayerProf(model) as prof:
+        model(torch.randn(5, 8)).sum().backward()
+    env = prof.profile.meta["environment"]
+    for key in ("host", "os", "cpu", "cpu_count", "torch", "threads", "interop_threads", "device", "gpu", "dtype"):
+        assert key in env
+    assert env["batch_size"] == 5 and env["dtype"] == "float32" and env["device"] == "cpu"
+    assert env["torch"] == torch.__version__ and env["threads"] == torch.get_num_threads()
+
+
+def test_benchmark_latency_throughput_and_per_module() -> None:
+    model = MLP()
+    x = torch.randn(16, 8)
+    result = layerprof.benchmark(model, x, iters=12, warmup=2, progress=False)
+    assert len(result.samples_ms) == 12 and result.batch_size == 16 and not result.backward
+    assert result.latency_ms["median"] == pytest.approx(statistics.median(result.samples_ms))
+    assert result.latency_ms["min"] == min(result.samples_ms)
+    assert result.throughput == pytest.approx(16 / (result.latency_ms["median"] / 1e3))
+    assert "samples/s" in str(result)
+    trained = layerprof.benchmark(model, (x,), iters=4, warmup=1, backward=True, per_module=True, progress=False)
+    assert trained.profile is not None and trained.profile.tree.backward_ms > 0
+    assert trained.profile.tree.steps == 4
+    assert trained.environment["batch_size"] == 16
+    with pytest.raises(ValueError, match="iters >= 1"):
+        layerprof.benchmark(model, x, iters=0)
