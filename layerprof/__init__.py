@@ -6,6 +6,8 @@ from .distributed import GatheredProfile, gather_profile, register_timed_comm_ho
 from .io import load, loads, save
 from .profile import Profile
 from .profiler import LayerProf
+from .metrics.formulas import register_flop_formula
+from .metrics.module_formulas import register_module_flops
 from .records import CallTiming, ModuleRecord
 from .render.compare import Comparison, compare
 from .render.table import Table
@@ -15,6 +17,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "LayerProf", "Profile", "ModuleRecord", "CallTiming", "schedule", "benchmark", "BenchmarkResult",
-    "Table", "Comparison", "compare", "load", "loads", "save",
+    "Table", "Comparison", "compare", "load", "loads", "save", "register_flop_formula", "register_module_flops",
     "GatheredProfile", "gather_profile", "register_timed_comm_hook", "__version__",
 ]

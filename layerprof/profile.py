@@ -50,6 +50,12 @@ class Profile(ProfileReports):
 
         return gather_profile(self, dst=dst, group=group, margin=margin, min_ms=min_ms)
 
+    def unknown_ops(self) -> dict[str, int]:
+        """Ops that ran inside the model with no FLOP formula (so counted 0), with their call counts, most
+        called first; empty when every op was priced or FLOPs were not measured (``metrics=("flops",)``).
+        Register a formula with ``layerprof.register_flop_formula``."""
+        return dict(getattr(self.tree, "unknown_ops", None) or {})
+
     def __repr__(self) -> str:
         root = self.tree
         return (

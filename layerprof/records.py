@@ -11,11 +11,21 @@ from typing import Any, Iterable, Iterator
 from anytree import NodeMixin, PreOrderIter
 from torch import nn
 
-__all__ = ["CallTiming", "ModuleRecord", "build_tree", "TIME_FIELDS", "STAT_FIELDS"]
+__all__ = ["CallTiming", "ModuleRecord", "build_tree", "TIME_FIELDS", "STAT_FIELDS", "register_record_fields"]
 
 TIME_FIELDS = ("forward_ms", "backward_ms", "self_forward_ms", "self_backward_ms", "recompute_ms")
 # Statistics over steps, beside the means: forward_ms_median, ..., backward_ms_p95.
 STAT_FIELDS = tuple(f"{p}_{s}" for p in ("forward_ms", "backward_ms") for s in ("median", "std", "min", "max", "p95"))
+
+# Fields that meters write onto records, in registration order; ``to_dict`` adds them (None where not measured).
+METER_FIELDS: list[str] = []
+
+
+def register_record_fields(*names: str) -> None:
+    """Declare fields a meter fills on every record, so that ``to_dict`` (and every export) carries them."""
+    for name in names:
+        if name not in METER_FIELDS:
+            METER_FIELDS.append(name)
 
 
 @dataclass
@@ -82,6 +92,7 @@ class ModuleRecord(NodeMixin):
             **{field: getattr(self, field) for field in TIME_FIELDS},
             "steps": self.steps,
             **{field: getattr(self, field) for field in STAT_FIELDS},
+            **{field: getattr(self, field, None) for field in METER_FIELDS},
             "aliases": list(self.aliases),
             "extra_repr": self.extra_repr,
             "call_times": [asdict(timing) for timing in self.call_times],

@@ -70,3 +70,6 @@ def make_meters(names: Iterable[str] | None) -> list[Meter]:
             raise ValueError(f"unknown metric {name!r}; choose from: {known}")
         meters.append(METERS[name]())
     return meters
+
+
+from . import flops as _flops  # noqa: E402,F401  (registers the "flops" meter)

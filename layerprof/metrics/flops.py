@@ -1,0 +1,324 @@
+"""The ``"flops"`` meter: forward and backward FLOPs per module, counted op by op in a TorchDispatchMode.
+
+Every aten op that runs while profiling is priced by its formula (``formulas.py``, 1 MAC = 2 FLOPs) and credited
+to module calls:
+
+* a forward op to the module calls that are open (the innermost and its ancestors);
+* a backward op to the call whose forward created the autograd node now executing: the node's sequence number
+  falls in the ``[seq_start, seq_end)`` range of exactly one innermost call (``tracker.CallTrace``), which is
+  credited with its ancestors. So functional code (``F.linear``, ``@``, ``einsum``, SDPA) inside any module is
+  counted where it ran, in both passes, and a module called several times sums its calls;
+* a forward re-run during backward by activation checkpointing (``CallTrace.recompute``) to ``flops_recompute``,
+  never to ``flops_forward``; its calls hang under the call whose backward triggered the re-run.
+
+Record fields, inclusive of children and summed over calls: ``flops_forward``, ``flops_backward`` (None where
+no backward ran, e.g. under no_grad), ``flops_recompute`` (None without checkpointing) and ``unknown_ops``
+(``{op: calls}`` of ops that had no formula). The dispatch mode slows every op, so the meter says
+``distorts_timing``.
+"""
+from __future__ import annotations
+
+import threading
+from bisect import bisect_left, bisect_right
+from collections import Counter
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..records import ModuleRecord, register_record_fields
+from ..render.columns import Column, register_column
+from ..render.units import format_flops
+from . import Meter, register_meter
+from .formulas import flop_formula, is_free
+from .module_formulas import module_flops_formula
+
+__all__ = ["FlopMeter", "FLOP_FIELDS", "total_flops", "flops_per_second"]
+
+FLOP_FIELDS = ("flops_forward", "flops_backward", "flops_recompute", "unknown_ops")
+register_record_fields(*FLOP_FIELDS)
+
+_FORWARD, _BACKWARD, _RECOMPUTE = 0, 1, 2
+_FREE = "free"
+_UNKNOWN = "unknown"
+_DECOMPOSE = "decompose"
+_current_node: Callable[[], Any] = torch._C._current_autograd_node
+
+
+def _shape(value: Any) -> Any:
+    """Tensors to shapes (a nested tensor to its components' shapes), inside lists and tuples; the rest as is."""
+    if isinstance(value, torch.Tensor):
+        if value.is_nested:
+            return [torch.Size(row) for row in value._nested_tensor_size().tolist()]
+        return value.shape
+    if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
+        return [_shape(item) for item in value] if isinstance(value, list) else tuple(_shape(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _shape(item) for key, item in value.items()}
+    return value
+
+
+def _has_decomposition(op: Any) -> bool:
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+class _Totals:
+    __slots__ = ("flops", "unknown")
+
+    def __init__(self) -> None:
+        self.flops = [0, 0, 0]  # forward, backward, recompute
+        self.unknown: Counter[str] = Counter()
+
+
+class _CountingMode(TorchDispatchMode):
+    """Runs every op, then hands it to the meter. Ops with no formula but a composite decomposition are run
+    decomposed, so that their parts are counted (as FlopCounterMode does)."""
+
+    def __init__(self, meter: FlopMeter) -> None:
+        super().__init__()
+        self.meter = meter
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        meter = self.meter
+        kind = meter._kinds.get(func)
+        if kind is None:
+            kind = meter._kinds[func] = meter._classify(func)
+        if kind is _FREE:
+            return func(*args, **kwargs)
+        if kind is _DECOMPOSE:
+            with self:
+                result = func.decompose(*args, **kwargs)
+            if result is not NotImplemented:
+                return result
+            kind = meter._kinds[func] = _UNKNOWN
+        out = func(*args, **kwargs)
+        meter._count(func, kind, args, kwargs, out)
+        return out
+
+
+@register_meter
+class FlopMeter(Meter):
+    """Counts FLOPs per module, forward and backward, at the aten-op level: ``LayerProf(model, metrics=("flops",))``.
+
+    >>> import torch
+    >>> from layerprof import LayerProf
+    >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    >>> with LayerProf(net, metrics=("flops",)) as prof:
+    ...     net(torch.randn(2, 4)).sum().backward()
+    >>> # forward 2*2*4*8 + 2*2*8*1; backward: both weight grads (the same) + the second layer's input grad 2*2*1*8
+    >>> prof.tree.flops_forward, prof.tree.flops_backward
+    (160, 192)
+    """
+
+    name = "flops"
+    wants_forward_hooks = True
+    distorts_timing = True
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._calls: dict[int, list[Any]] = {}  # thread id -> its calls in creation order (seq_start ascending)
+        self._logical_parent: dict[int, Any] = {}  # id(recompute call) -> the call it re-runs a part of
+        self._originals: dict[str, list[Any]] = {}  # name -> its non-recompute calls in creation order
+        self._totals: dict[str, _Totals] = {}
+        self._override_forward: set[int] = set()  # id(call) of calls counted by a module override
+        self._override_backward: dict[int, int] = {}  # id(call) -> backward FLOPs given by the override
+        self._overridden_calls: list[Any] = []
+        self._kinds: dict[Any, Any] = {}
+        self._mode: _CountingMode | None = None
+        self._backward_ran = False
+        self.outside: list[int] = [0, 0, 0]  # FLOPs of ops outside every module call (e.g. the loss)
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+    def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: list[tuple[str, nn.Module]]) -> None:
+        self._mode = _CountingMode(self)
+        self._mode.__enter__()
+
+    def stop(self) -> None:
+        mode, self._mode = self._mode, None
+        if mode is not None:
+            mode.__exit__(None, None, None)
+
+    # -- module calls ----------------------------------------------------------------------------------------
+    def forward_pre(self, call: Any, module: nn.Module, args: Any, kwargs: Any) -> None:
+        thread = threading.get_ident()
+        calls = self._calls.get(thread)
+        if calls is None:
+            calls = self._calls[thread] = []
+        if call.recompute and call.parent is None:
+            node = _current_node()
+            owner = None if node is None else self._owner(node._sequence_nr())
+            if owner is not None:
+                self._logical_parent[id(call)] = self._enclosing(call.name, owner)
+        elif not call.recompute:
+            self._originals.setdefault(call.name, []).append(call)
+        calls.append(call)
+        self._local.current = call
+        if module_flops_formula(module) is not None:
+            self._override_forward.add(id(call))
+
+    def forward_post(self, call: Any, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        self._local.current = call.parent
+        if id(call) not in self._override_forward:
+            return
+        formula = module_flops_formula(module)
+        assert formula is not None
+        value = formula(module, _shape(args), _shape(kwargs), _shape(output))
+        forward, backward = value if isinstance(value, tuple) else (value, None)
+        self._credit(call, _RECOMPUTE if call.recompute else _FORWARD, int(forward or 0), own=True)
+        if backward is not None:
+            self._override_backward[id(call)] = int(backward)
+            self._overridden_calls.append(call)
+
+    # -- ops -------------------------------------------------------------------------------------------------
+    def _classify(self, func: Any) -> Any:
+        formula = flop_formula(func)
+        if formula is not None:
+            return formula
+        if is_free(func):
+            return _FREE
+        return _DECOMPOSE if _has_decomposition(func) else _UNKNOWN
+
+    def _count(self, func: Any, kind: Any, args: Any, kwargs: Any, out: Any) -> None:
+        if kind is _UNKNOWN:
+            flops, unknown = 0, str(func.overloadpacket)
+        else:
+            try:
+                flops = kind(*_shape(args), out_shape=_shape(out), **_shape(kwargs)) or 0
+                unknown = None
+            except Exception as error:  # a wrong formula must not crash the user's run: list the op instead
+                flops, unknown = 0, f"{func.overloadpacket} (formula raised {type(error).__name__}: {error})"
+        if not flops and unknown is None:
+            return
+        phase, call = self._where()
+        if call is None:
+            self.outside[phase] += flops
+            return
+        self._credit(call, phase, int(flops), unknown=unknown)
+
+    def _where(self) -> tuple[int, Any]:
+        """The phase of the op now running and the innermost module call to credit (None: outside modules)."""
+        current = getattr(self._local, "current", None)
+        while current is not None and current.fwd_end is not None:
+            current = current.parent  # a call that raised never reached our forward_post
+        if current is not None and current.recompute:
+            return _RECOMPUTE, current
+        node = _current_node()
+        if node is not None:
+            self._backward_ran = True
+            return _BACKWARD, self._owner(node._sequence_nr())
+        return _FORWARD, current
+
+    def _owner(self, sequence_nr: int) -> Any:
+        """The innermost call whose forward created the graph node with this sequence number, or None.
+
+        Sequence numbers count per thread: look first among the calls of this thread (a checkpoint re-run on a
+        backward thread), then among the others (the forward ran on another thread than the backward)."""
+        own = self._calls.get(threading.get_ident())
+        lists = [own] if own else []
+        lists += [calls for calls in self._calls.values() if calls is not own]
+        for calls in lists:
+            index = bisect_right(calls, sequence_nr, key=lambda call: call.seq_start) - 1
+            call = calls[index] if index >= 0 else None
+            # The last call started at or before the node is the innermost container or one of its descendants.
+            while call is not None and not call.seq_start <= sequence_nr < call.seq_end:
+                call = call.parent
+            if call is not None:
+                return call
+        return None
+
+    def _enclosing(self, name: str, owner: Any) -> Any:
+        """Where a checkpoint re-run of module ``name`` hangs: under the parent of the original call it repeats,
+        the last call of that module begun before the backward node ``owner`` was made. ``owner`` itself is
+        the node that triggered the re-run: inside the checkpointed region (non-reentrant checkpoint) or the
+        region's checkpoint node, created by the enclosing call (reentrant)."""
+        originals = self._originals.get(name, [])
+        limit = owner.seq_end if owner.seq_end > owner.seq_start else float("inf")
+        index = bisect_left(originals, limit, key=lambda call: call.seq_start) - 1
+        if index < 0:
+            return owner
+        return originals[index].parent
+
+    def _credit(self, call: Any, phase: int, flops: int, unknown: str | None = None, own: bool = False) -> None:
+        """Add to the call's module and its ancestors' once each; stop below a call whose override counts it."""
+        overridden = self._override_backward if phase == _BACKWARD else self._override_forward
+        seen: set[str] = set()
+        while call is not None:
+            if id(call) in overridden and not own:
+                return
+            own = False
+            if call.name not in seen:
+                seen.add(call.name)
+                totals = self._totals.get(call.name)
+                if totals is None:
+                    totals = self._totals[call.name] = _Totals()
+                totals.flops[phase] += flops
+                if unknown is not None:
+                    totals.unknown[unknown] += 1
+            parent = call.parent
+            call = parent if parent is not None else self._logical_parent.get(id(call))
+
+    # -- records ---------------------------------------------------------------------------------------------
+    def fill(self, records: dict[str, ModuleRecord]) -> None:
+        for call in self._overridden_calls:
+            if call.bwd_start is not None:
+                self._credit(call, _BACKWARD, self._override_backward[id(call)], own=True)
+        backward_ran = self._backward_ran or any(
+            call.bwd_start is not None for calls in self._calls.values() for call in calls
+        )
+        recomputed = {call.name for calls in self._calls.values() for call in calls if call.recompute}
+        for name, record in records.items():
+            totals = self._totals.get(name) or _Totals()
+            forward, backward, recompute = totals.flops
+            ran = name in self._originals  # called in the counted step (records may average other steps)
+            record.flops_forward = forward if ran else None
+            record.flops_backward = backward if ran and backward_ran else None
+            record.flops_recompute = recompute if recompute or name in recomputed else None
+            record.unknown_ops = dict(totals.unknown.most_common())
+        self._calls.clear()
+        self._logical_parent.clear()
+        self._originals.clear()
+
+
+# -- derived quantities and columns: computed at render time, never stored ------------------------------------
+def total_flops(record: ModuleRecord) -> int | None:
+    """FLOPs executed for the module in the step: forward + backward + checkpoint recompute, where measured."""
+    parts = [getattr(record, field, None) for field in ("flops_forward", "flops_backward", "flops_recompute")]
+    known = [part for part in parts if part is not None]
+    return sum(known) if known else None
+
+
+def flops_per_second(record: ModuleRecord) -> float | None:
+    """Achieved FLOP/s: total FLOPs over total time (forward + backward, which includes any recompute)."""
+    flops, ms = total_flops(record), record.total_ms
+    if flops is None or not ms:
+        return None
+    return flops / (ms / 1000.0)
+
+
+def _macs(record: ModuleRecord) -> float | None:
+    flops = total_flops(record)
+    return None if flops is None else flops / 2
+
+
+def _format_macs(value: float | None) -> str:
+    return format_flops(value, suffix="MACs")
+
+
+def _format_rate(value: float | None) -> str:
+    return format_flops(value, suffix="FLOP/s")
+
+
+register_column(Column("flops", "FLOPs", total_flops, format_flops, total_flops))
+register_column(Column("flops_forward", "Forward FLOPs", lambda r: getattr(r, "flops_forward", None),
+                       format_flops, total_flops))
+register_column(Column("flops_backward", "Backward FLOPs", lambda r: getattr(r, "flops_backward", None),
+                       format_flops, total_flops))
+register_column(Column("flops_recompute", "Recompute FLOPs", lambda r: getattr(r, "flops_recompute", None),
+                       format_flops, total_flops))
+register_column(Column("macs", "MACs", _macs, _format_macs, _macs))
+register_column(Column("flops_per_s", "FLOP/s", flops_per_second, _format_rate))

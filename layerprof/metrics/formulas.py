@@ -1,0 +1,401 @@
+"""FLOP formulas, one registry keyed by aten op (overload packet), filled by ``register_flop_formula``.
+
+Convention, stated once for all of layerprof: **1 MAC (multiply-accumulate) = 2 FLOPs**, and only the
+multiply-accumulates of matmul-like ops are counted (matmuls, convolutions, attention, RNN gate matmuls), as
+``torch.utils.flop_counter.FlopCounterMode`` does; bias adds, activations, norms, softmax and other elementwise
+work count 0. Attention counts the dense score matrix even when causal, as FlopCounterMode does.
+
+A formula is a pure function of shapes: the counter calls it with the op's arguments where every tensor is
+replaced by its shape (a ``torch.Size``; a list of tensors by a list of shapes; a nested tensor by a list of
+its components' shapes) and the output's shapes as ``out_shape``. It returns the FLOPs, or ``None`` for an op
+that is known and costs nothing by the convention above. An op with no formula, no ``pointwise`` or view tag and
+no decomposition is *unknown*: it counts 0 and is listed (``Profile.unknown_ops()``), never silently.
+
+>>> import torch
+>>> @torch.library.custom_op("layerprof_doc::scale", mutates_args=())
+... def scale(x: torch.Tensor) -> torch.Tensor:
+...     return x * 2
+>>> @register_flop_formula(torch.ops.layerprof_doc.scale)
+... def scale_flops(x, out_shape=None, **kwargs):
+...     '''One multiply per element.'''
+...     return prod(x)  # x: [*dims]
+>>> flop_formula(torch.ops.layerprof_doc.scale.default) is scale_flops, scale_flops(torch.Size([3, 4]))
+(True, 12)
+"""
+from __future__ import annotations
+
+from math import prod
+from typing import Any, Callable, Sequence
+
+import torch
+
+__all__ = ["FLOP_FORMULAS", "register_flop_formula", "flop_formula", "is_free", "FlopFormula"]
+
+aten = torch.ops.aten
+
+FlopFormula = Callable[..., "int | None"]
+
+FLOP_FORMULAS: dict[Any, FlopFormula] = {}
+
+
+def _packet(op: Any) -> Any:
+    return getattr(op, "overloadpacket", op)
+
+
+def register_flop_formula(*ops: Any) -> Callable[[FlopFormula], FlopFormula]:
+    """Decorator: count ``ops`` (``torch.ops.ns.name`` packets or their overloads) with the decorated formula.
+
+    A later registration for the same op replaces the earlier one, so users can correct a built-in formula.
+    """
+    if not ops:
+        raise TypeError("register_flop_formula needs at least one op, e.g. @register_flop_formula(torch.ops.aten.mm)")
+
+    def register(formula: FlopFormula) -> FlopFormula:
+        for op in ops:
+            FLOP_FORMULAS[_packet(op)] = formula
+        return formula
+
+    return register
+
+
+def flop_formula(op: Any) -> FlopFormula | None:
+    """The registered formula of an op (an OpOverload or packet), or None if it has none."""
+    return FLOP_FORMULAS.get(_packet(op))
+
+
+_FREE_TAGS = {torch.Tag.pointwise, torch.Tag.inplace_view, torch.Tag.nondeterministic_seeded}
+
+
+def is_free(op: Any) -> bool:
+    """Ops free by convention without a registry entry: elementwise (``pointwise`` tag), views, random fills."""
+    if getattr(op, "is_view", False):
+        return True
+    return any(tag in _FREE_TAGS for tag in getattr(op, "tags", ()))
+
+
+# -- matrix products ---------------------------------------------------------------------------------------
+@register_flop_formula(aten.mm, aten._scaled_mm)
+def mm_flops(a: Sequence[int], b: Sequence[int], *args: Any, **kwargs: Any) -> int:
+    """Matrix product."""
+    return 2 * a[0] * a[1] * b[1]  # a: [m, k] @ b: [k, n]
+
+
+@register_flop_formula(aten.addmm, aten._addmm_activation)
+def addmm_flops(bias: Sequence[int], a: Sequence[int], b: Sequence[int], *args: Any, **kwargs: Any) -> int:
+    """Matrix product plus bias; the bias add is free."""
+    return mm_flops(a, b)  # bias + a: [m, k] @ b: [k, n]
+
+
+@register_flop_formula(aten.bmm)
+def bmm_flops(a: Sequence[int], b: Sequence[int], *args: Any, **kwargs: Any) -> int:
+    """Batched matrix product."""
+    return 2 * a[0] * a[1] * a[2] * b[2]  # a: [batch, m, k] @ b: [batch, k, n]
+
+
+@register_flop_formula(aten.baddbmm)
+def baddbmm_flops(bias: Sequence[int], a: Sequence[int], b: Sequence[int], *args: Any, **kwargs: Any) -> int:
+    """Batched matrix product plus bias."""
+    return bmm_flops(a, b)  # bias + a: [batch, m, k] @ b: [batch, k, n]
+
+
+@register_flop_formula(aten.addbmm)
+def addbmm_flops(bias: Sequence[int], a: Sequence[int], b: Sequence[int], *args: Any, **kwargs: Any) -> int:
+    """Batched matrix products summed over the batch, plus bias (FlopCounterMode counts 0)."""
+    return bmm_flops(a, b)  # bias + sum_batch a: [batch, m, k] @ b: [batch, k, n]
+
+
+@register_flop_formula(aten.mv)
+def mv_flops(a: Sequence[int], x: Sequence[int], *args: Any, **kwargs: Any) -> int:
+    """Matrix-vector product (FlopCounterMode counts 0)."""
+    return 2 * a[0] * a[1]  # a: [m, k] @ x: [k]
+
+
+@register_flop_formula(aten.addmv)
+def addmv_flops(bias: Sequence[int], a: Sequence[int], x: Sequence[int], *args: Any, **kwargs: Any) -> int:
+    """Matrix-vector product plus bias (FlopCounterMode counts 0)."""
+    return mv_flops(a, x)  # bias + a: [m, k] @ x: [k]
+
+
+@register_flop_formula(aten.dot, aten.vdot)
+def dot_flops(a: Sequence[int], b: Sequence[int], *args: Any, **kwargs: Any) -> int:
+    """Inner product of two vectors (FlopCounterMode counts 0)."""
+    return 2 * a[0]  # a: [k] . b: [k]
+
+
+# -- convolutions ------------------------------------------------------------------------------------------
+def conv_forward_flops(x: Sequence[int], w: Sequence[int], out: Sequence[int], transposed: bool = False) -> int:
+    """One convolution: every weight element meets every position of the larger spatial side once per sample."""
+    # x: [n, c_in, *spatial_in], w: [c_out, c_in / groups, *kernel] (transposed: [c_in, c_out / groups, *kernel])
+    # -> out: [n, c_out, *spatial_out]; the sliding positions are spatial_out, or spatial_in when transposed.
+    positions = prod(x[2:]) if transposed else prod(out[2:])
+    return 2 * x[0] * prod(w) * positions
+
+
+@register_flop_formula(aten.convolution, aten._convolution, aten.convolution_overrideable)
+def convolution_flops(x: Sequence[int], w: Sequence[int], bias: Any, stride: Any, padding: Any, dilation: Any,
+                      transposed: bool, *args: Any, out_shape: Sequence[int], **kwargs: Any) -> int:
+    """Convolution (groups are in the weight's shape); the bias add is free."""
+    return conv_forward_flops(x, w, out_shape, bool(transposed))  # x: [n, c_in, h, w] * w: [c_out, c_in/g, kh, kw]
+
+
+@register_flop_formula(aten.cudnn_convolution, aten.mkldnn_convolution, aten._slow_conv2d_forward)
+def plain_convolution_flops(x: Sequence[int], w: Sequence[int], *args: Any, out_shape: Sequence[int],
+                            **kwargs: Any) -> int:
+    """A backend's non-transposed convolution kernel."""
+    return conv_forward_flops(x, w, out_shape, False)  # x: [n, c_in, h, w] * w: [c_out, c_in/g, kh, kw]
+
+
+@register_flop_formula(aten.cudnn_convolution_transpose)
+def transposed_convolution_flops(x: Sequence[int], w: Sequence[int], *args: Any, out_shape: Sequence[int],
+                                 **kwargs: Any) -> int:
+    """A backend's transposed convolution kernel."""
+    return conv_forward_flops(x, w, out_shape, True)  # x: [n, c_in, h, w] * w: [c_in, c_out/g, kh, kw]
+
+
+@register_flop_formula(aten.convolution_backward)
+def convolution_backward_flops(grad_out: Sequence[int], x: Sequence[int], w: Sequence[int], bias_sizes: Any,
+                               stride: Any, padding: Any, dilation: Any, transposed: bool, output_padding: Any,
+                               groups: int, output_mask: Sequence[bool], **kwargs: Any) -> int:
+    """Input gradient and weight gradient each redo every product of the forward once: each costs the forward.
+
+    FlopCounterMode (torch 2.14) computes the weight gradient as an ungrouped convolution, so it counts it
+    ``groups`` times too high: a depthwise 3x3 conv with 64 groups has forward+backward = 66x forward there.
+    """
+    # grad_out: [n, c_out, *spatial_out]; grad_input = conv_transpose(grad_out, w), grad_w = conv(x, grad_out).
+    forward = conv_forward_flops(x, w, grad_out, bool(transposed))
+    return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))  # the bias gradient is a sum
+
+
+# -- attention ---------------------------------------------------------------------------------------------
+def attention_flops(batch: int, heads: int, seq_q: int, seq_k: int, dim_qk: int, dim_v: int) -> int:
+    """Scores and weighted sum of one dense attention."""
+    # q: [b, h, s_q, d] @ k^T: [b, h, d, s_k] -> scores: [b, h, s_q, s_k] @ v: [b, h, s_k, d_v]
+    return 2 * batch * heads * seq_q * seq_k * (dim_qk + dim_v)
+
+
+def attention_backward_flops(batch: int, heads: int, seq_q: int, seq_k: int, dim_qk: int, dim_v: int) -> int:
+    """Backward of one dense attention: recompute scores, then dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q."""
+    # scores (d_qk) + dP (d_v) + dV (d_v) + dQ (d_qk) + dK (d_qk), each 2 * b * h * s_q * s_k * d FLOPs
+    return 2 * batch * heads * seq_q * seq_k * (3 * dim_qk + 2 * dim_v)
+
+
+@register_flop_formula(
+    aten._scaled_dot_product_flash_attention_for_cpu,
+    aten._scaled_dot_product_flash_attention,
+    aten._scaled_dot_product_efficient_attention,
+    aten._scaled_dot_product_cudnn_attention,
+    aten._scaled_dot_product_fused_attention_overrideable,
+)
+def sdpa_flops(q: Sequence[int], k: Sequence[int], v: Sequence[int], *args: Any, **kwargs: Any) -> int:
+    """Fused scaled-dot-product attention (FlopCounterMode counts 0 for the CPU kernel)."""
+    return attention_flops(q[0], q[1], q[2], k[2], q[3], v[3])  # q: [b, h, s_q, d], k: [b, h_kv, s_k, d]
+
+
+@register_flop_formula(
+    aten._scaled_dot_product_flash_attention_for_cpu_backward,
+    aten._scaled_dot_product_flash_attention_backward,
+    aten._scaled_dot_product_efficient_attention_backward,
+    aten._scaled_dot_product_cudnn_attention_backward,
+    aten._scaled_dot_product_fused_attention_overrideable_backward,
+)
+def sdpa_backward_flops(grad_out: Sequence[int], q: Sequence[int], k: Sequence[int], v: Sequence[int],
+                        *args: Any, **kwargs: Any) -> int:
+    """Backward of fused scaled-dot-product attention."""
+    return attention_backward_flops(q[0], q[1], q[2], k[2], q[3], v[3])  # q: [b, h, s_q, d], v: [b, h, s_k, d_v]
+
+
+def _varlen_dims(q: Sequence[int], k: Sequence[int], v: Sequence[int], cum_seq_q: Sequence[int] | None,
+                 max_q: int, max_k: int) -> tuple[int, int, int, int, int, int]:
+    if cum_seq_q is None:  # dense, kernel layout q: [b, s_q, h, d]
+        return q[0], q[2], q[1], k[1], q[3], v[3]
+    # packed q: [total, h, d] with offsets cum_seq_q: [b + 1]: every sequence counted at its maximum length
+    return cum_seq_q[0] - 1, q[1], max_q, max_k, q[2], v[2]
+
+
+@register_flop_formula(aten._flash_attention_forward)
+def flash_attention_flops(q: Sequence[int], k: Sequence[int], v: Sequence[int], cum_seq_q: Sequence[int] | None,
+                          cum_seq_k: Any, max_q: int, max_k: int, *args: Any, **kwargs: Any) -> int:
+    """The flash attention kernel (layout [b, s, h, d], or packed: an upper bound)."""
+    dense = len(q) == 4
+    return attention_flops(*_varlen_dims(q, k, v, None if dense else cum_seq_q, max_q, max_k))
+
+
+@register_flop_formula(aten._efficient_attention_forward)
+def efficient_attention_flops(q: Sequence[int], k: Sequence[int], v: Sequence[int], bias: Any,
+                              cu_seqlens_q: Sequence[int] | None, cu_seqlens_k: Any, max_q: int | None,
+                              max_k: int | None, *args: Any, **kwargs: Any) -> int:
+    """The memory-efficient attention kernel (layout [b, s, h, d], or packed: an upper bound)."""
+    dense = len(q) == 4
+    return attention_flops(*_varlen_dims(q, k, v, None if dense else cu_seqlens_q, max_q or 0, max_k or 0))
+
+
+@register_flop_formula(aten._flash_attention_backward)
+def flash_attention_backward_flops(grad_out: Sequence[int], q: Sequence[int], k: Sequence[int], v: Sequence[int],
+                                   out: Any, logsumexp: Any, cum_seq_q: Sequence[int] | None, cum_seq_k: Any,
+                                   max_q: int, max_k: int, *args: Any, **kwargs: Any) -> int:
+    """Backward of the flash attention kernel (layout [b, s, h, d], or packed: an upper bound)."""
+    dense = len(q) == 4
+    return attention_backward_flops(*_varlen_dims(q, k, v, None if dense else cum_seq_q, max_q, max_k))
+
+
+@register_flop_formula(aten._efficient_attention_backward)
+def efficient_attention_backward_flops(grad_out: Sequence[int], q: Sequence[int], k: Sequence[int],
+                                       v: Sequence[int], bias: Any, out: Any, cu_seqlens_q: Sequence[int] | None,
+                                       cu_seqlens_k: Any, max_q: int, max_k: int, *args: Any, **kwargs: Any) -> int:
+    """Backward of the memory-efficient attention kernel (layout [b, s, h, d], or packed: an upper bound)."""
+    dense = len(q) == 4
+    return attention_backward_flops(*_varlen_dims(q, k, v, None if dense else cu_seqlens_q, max_q, max_k))
+
+
+def _lengths(x: Any) -> list[int]:
+    """Sequence lengths of a [b, s, e] batch, or of a nested batch given as its components' [s_i, e] shapes."""
+    if isinstance(x, list):
+        return [shape[0] for shape in x]
+    return [x[1]] * x[0]
+
+
+def _multi_head_attention_flops(lengths_q: list[int], lengths_k: list[int], embed: int) -> int:
+    # per sample: q/k/v projections [s, e] @ [e, e], scores and weighted sum (heads * head_dim = e), out projection
+    total = 0
+    for seq_q, seq_k in zip(lengths_q, lengths_k):
+        total += 2 * embed * embed * (2 * seq_q + 2 * seq_k) + attention_flops(1, 1, seq_q, seq_k, embed, embed)
+    return total
+
+
+@register_flop_formula(aten._native_multi_head_attention)
+def native_multi_head_attention_flops(q: Any, k: Any, v: Any, embed_dim: int, num_heads: int,
+                                      *args: Any, **kwargs: Any) -> int:
+    """nn.MultiheadAttention's fused inference path: in-projections, attention, out-projection."""
+    return _multi_head_attention_flops(_lengths(q), _lengths(k), embed_dim)  # q: [b, s_q, e], k, v: [b, s_k, e]
+
+
+@register_flop_formula(aten._transformer_encoder_layer_fwd)
+def transformer_encoder_layer_flops(src: Any, embed_dim: int, num_heads: int, qkv_weight: Any, qkv_bias: Any,
+                                    proj_weight: Any, proj_bias: Any, use_gelu: bool, norm_first: bool, eps: float,
+                                    norm_weight_1: Any, norm_bias_1: Any, norm_weight_2: Any, norm_bias_2: Any,
+                                    ffn_weight_1: Sequence[int], *args: Any, **kwargs: Any) -> int:
+    """nn.TransformerEncoderLayer's fused inference path: self-attention plus the two feed-forward linears."""
+    lengths = _lengths(src)  # src: [b, s, e]; ffn_weight_1: [f, e], ffn_weight_2: [e, f]
+    return _multi_head_attention_flops(lengths, lengths, embed_dim) + 2 * 2 * sum(lengths) * prod(ffn_weight_1)
+
+
+# -- recurrent kernels -------------------------------------------------------------------------------------
+def _rnn_tokens(x: Sequence[int], batch_sizes: Sequence[int]) -> int:
+    # x: [t, b, i] or [b, t, i] (either way t * b tokens), or packed [sum(batch_sizes), i]
+    return sum(batch_sizes) if batch_sizes else prod(x[:-1])
+
+
+@register_flop_formula(aten.mkldnn_rnn_layer)
+def mkldnn_rnn_layer_flops(x: Sequence[int], w_ih: Sequence[int], w_hh: Sequence[int], b_ih: Any, b_hh: Any,
+                           hx: Any, cx: Any, reverse: bool, batch_sizes: Sequence[int], *args: Any,
+                           **kwargs: Any) -> int:
+    """One layer, one direction of nn.LSTM on CPU: the gate matmuls x @ w_ih^T and h @ w_hh^T at every step."""
+    # x: [t, b, i] @ w_ih: [gates * h, i]^T, h: [b, h] @ w_hh: [gates * h, h]^T, t steps; gate math is free
+    return 2 * _rnn_tokens(x, batch_sizes) * (prod(w_ih) + prod(w_hh))
+
+
+@register_flop_formula(aten.mkldnn_rnn_layer_backward)
+def mkldnn_rnn_layer_backward_flops(x: Sequence[int], w_ih: Sequence[int], w_hh: Sequence[int], *args: Any,
+                                    **kwargs: Any) -> int:
+    """Backward of one mkldnn RNN layer: the kernel always computes data and weight gradients, 2x the forward."""
+    # batch_sizes is the 21st argument (index 20); gradients of x and h (1x) and of w_ih and w_hh (1x)
+    batch_sizes = args[17] if len(args) > 17 else kwargs.get("batch_sizes", ())
+    return 2 * 2 * _rnn_tokens(x, batch_sizes) * (prod(w_ih) + prod(w_hh))
+
+
+def _cudnn_rnn_matrix_elements(weights: Sequence[Sequence[int]]) -> int:
+    # per layer and direction: w_ih [g*h, i], w_hh [g*h, h or proj], biases [g*h], optionally w_hr [proj, h]
+    return sum(prod(shape) for shape in weights if len(shape) == 2)
+
+
+@register_flop_formula(aten._cudnn_rnn)
+def cudnn_rnn_flops(x: Sequence[int], weights: Sequence[Sequence[int]], *args: Any, **kwargs: Any) -> int:
+    """A whole nn.LSTM/GRU/RNN on cuDNN: every weight matrix meets every token once per layer and direction."""
+    batch_sizes = args[12]  # (x, weights, weight_stride0, weight_buf, hx, cx, mode, ..., batch_sizes, dropout_state)
+    # x: [t, b, i]; each 2-D weight [out, in] is one [tokens, in] @ [in, out] matmul
+    return 2 * _rnn_tokens(x, batch_sizes) * _cudnn_rnn_matrix_elements(weights)
+
+
+@register_flop_formula(aten.miopen_rnn)
+def miopen_rnn_flops(x: Sequence[int], weights: Sequence[Sequence[int]], *args: Any, **kwargs: Any) -> int:
+    """A whole nn.LSTM/GRU/RNN on MIOpen: every weight matrix meets every token once per layer and direction."""
+    batch_sizes = args[10]  # (x, weights, weight_stride0, hx, cx, mode, ..., batch_sizes, dropout_state)
+    return 2 * _rnn_tokens(x, batch_sizes) * _cudnn_rnn_matrix_elements(weights)  # x: [t, b, i]
+
+
+@register_flop_formula(aten._cudnn_rnn_backward)
+def cudnn_rnn_backward_flops(x: Sequence[int], weights: Sequence[Sequence[int]], *args: Any, **kwargs: Any) -> int:
+    """Backward of a cuDNN RNN: data gradients (1x forward) always, weight gradients (1x) when asked."""
+    batch_sizes, output_mask = args[16], args[19]  # after x and weights: ... batch_sizes, ..., output_mask[4]
+    forward = 2 * _rnn_tokens(x, batch_sizes) * _cudnn_rnn_matrix_elements(weights)
+    return forward * (1 + int(bool(output_mask[3])))
+
+
+# -- ops that are free by convention but carry no pointwise/view tag ----------------------------------------
+def free(*args: Any, **kwargs: Any) -> None:
+    """Known op with no counted FLOPs (reductions, norms, softmax, pooling, copies, factories, losses)."""
+    return None
+
+
+_FREE_OPS = (
+    # reductions and statistics
+    "sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "prod", "var", "var_mean", "std", "std_mean",
+    "norm", "linalg_vector_norm", "cumsum", "cumprod", "logsumexp", "all", "any", "topk", "sort", "count_nonzero",
+    # normalization, softmax, losses
+    "native_layer_norm", "native_layer_norm_backward", "native_batch_norm", "native_batch_norm_backward",
+    "_native_batch_norm_legit", "_native_batch_norm_legit_no_training", "_native_batch_norm_legit_functional",
+    "batch_norm_backward", "cudnn_batch_norm", "cudnn_batch_norm_backward", "miopen_batch_norm",
+    "native_group_norm", "native_group_norm_backward", "_fused_rms_norm", "_fused_rms_norm_backward",
+    "_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data", "_safe_softmax",
+    "nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward", "nll_loss2d_backward", "mse_loss",
+    "mse_loss_backward", "binary_cross_entropy", "binary_cross_entropy_backward",
+    "binary_cross_entropy_with_logits", "smooth_l1_loss", "smooth_l1_loss_backward",
+    # pooling and resampling
+    "max_pool2d_with_indices", "max_pool2d_with_indices_backward", "max_pool3d_with_indices",
+    "max_pool3d_with_indices_backward", "avg_pool2d", "avg_pool2d_backward", "avg_pool3d", "avg_pool3d_backward",
+    "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward", "_adaptive_avg_pool3d",
+    "_adaptive_avg_pool3d_backward", "adaptive_max_pool2d", "adaptive_max_pool2d_backward", "_pdist_forward",
+    "upsample_nearest2d", "upsample_nearest2d_backward", "upsample_bilinear2d", "upsample_bilinear2d_backward",
+    "_upsample_nearest_exact2d", "_upsample_bilinear2d_aa", "grid_sampler_2d", "constant_pad_nd",
+    "reflection_pad2d", "replication_pad2d",
+    # embeddings, indexing, copies, factories, dropout
+    "embedding", "embedding_dense_backward", "_embedding_bag", "index", "index_put", "index_put_", "_index_put_impl_",
+    "index_select", "index_add", "index_copy", "gather", "scatter", "scatter_add", "scatter_reduce",
+    "masked_fill", "masked_scatter", "masked_select", "where", "cat", "stack", "clone", "copy", "copy_",
+    "_to_copy", "_copy_from", "_copy_from_and_resize", "contiguous", "empty", "empty_like", "empty_strided",
+    "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full", "zeros", "zeros_like", "ones",
+    "ones_like", "full", "full_like", "fill", "fill_", "zero_", "arange", "linspace", "scalar_tensor", "tril",
+    "triu", "flip", "roll", "repeat", "repeat_interleave", "slice_backward", "select_backward",
+    "index_select_backward", "unfold_backward", "as_strided_scatter", "slice_scatter", "select_scatter",
+    "diagonal_scatter", "nonzero", "unique", "_unique2", "bincount", "one_hot", "native_dropout",
+    "native_dropout_backward", "lift_fresh", "lift_fresh_copy", "_local_scalar_dense", "item", "equal",
+    "_assert_async", "_assert_tensor_metadata", "_has_compatible_shallow_copy_type", "set_", "resize_",
+    "_resize_output_", "_unsafe_index", "_unsafe_index_put", "_pin_memory", "_efficientzerotensor",
+    "_thnn_fused_lstm_cell", "_thnn_fused_lstm_cell_backward_impl", "_thnn_fused_gru_cell",
+    "_thnn_fused_gru_cell_backward", "_masked_softmax", "_fused_sdp_choice", "_chunk_cat", "split_with_sizes_copy",
+    "_foreach_add", "_foreach_add_", "_foreach_mul", "_foreach_mul_", "_foreach_div_", "_foreach_sqrt",
+    "_foreach_addcmul_", "_foreach_addcdiv_", "_foreach_lerp_", "_foreach_copy_", "_foreach_zero_",
+    "_fused_adam_", "_fused_adamw_", "_fused_sgd_",
+    # activations and their backwards whose overloads carry no pointwise tag
+    "relu", "gelu", "gelu_backward", "hardswish", "hardswish_", "hardswish_backward", "hardsigmoid",
+    "hardsigmoid_", "hardsigmoid_backward", "hardtanh", "hardtanh_", "hardtanh_backward", "elu", "elu_backward",
+    "leaky_relu", "leaky_relu_backward", "softplus", "softplus_backward", "mish", "mish_backward", "silu",
+    "silu_backward", "threshold", "threshold_backward", "log_sigmoid_forward", "log_sigmoid_backward",
+    "_prelu_kernel", "_prelu_kernel_backward", "glu", "glu_backward", "rrelu_with_noise",
+    "rrelu_with_noise_backward", "softshrink_backward", "hardshrink_backward", "sigmoid_backward", "tanh_backward",
+    # more data movement, statistics and losses
+    "_unsafe_view", "unsafe_split", "unsafe_split_with_sizes", "split_copy", "im2col", "col2im", "pixel_shuffle",
+    "pixel_unshuffle", "channel_shuffle", "reflection_pad1d", "reflection_pad3d", "replication_pad1d",
+    "replication_pad3d", "max_unpool2d", "fractional_max_pool2d", "_embedding_bag_backward",
+    "_embedding_bag_dense_backward", "huber_loss", "huber_loss_backward", "soft_margin_loss", "multi_margin_loss",
+    "_ctc_loss", "_ctc_loss_backward", "_weight_norm_interface", "_weight_norm_interface_backward",
+    "_batch_norm_with_update", "_batch_norm_no_update", "native_norm", "renorm", "logcumsumexp", "cummax",
+    "cummin", "median", "nanmedian", "mode", "kthvalue", "aminmax", "histc", "searchsorted", "bucketize",
+    "_nested_tensor_from_mask", "_nested_tensor_size", "_transform_bias_rescale_qkv", "_masked_softmax_backward",
+    "_to_dense", "_coalesce", "_fused_dropout",
+)
+
+for _name in _FREE_OPS:
+    if hasattr(aten, _name):
+        register_flop_formula(getattr(aten, _name))(free)
+register_flop_formula(torch.ops.prim.device)(free)
