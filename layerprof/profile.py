@@ -38,6 +38,13 @@ class Profile:
         """An anytree ``RenderTree`` view for terminals."""
         return render_tree(self.tree, maxdepth=maxdepth)
 
+    def plot(self, kind: str, metric: str = "total", path: str | None = None, **kwargs: Any) -> Any:
+        """Draw a ``kind`` of plot ("sunburst", "icicle" or "top") of ``metric`` and return its Axes; saves a PNG
+        or SVG only when ``path`` is given. Other keywords go to ``layerprof.plot_<kind>`` (ax, depth, k, ...)."""
+        from .render.plot import save_plot
+
+        return save_plot(self, kind, metric=metric, path=path, **kwargs)
+
     def __repr__(self) -> str:
         root = self.tree
         return (
