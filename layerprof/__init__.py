@@ -10,6 +10,7 @@ from .metrics.formulas import register_flop_formula
 from .metrics.module_formulas import register_module_flops
 from .records import CallTiming, ModuleRecord
 from .render.compare import Comparison, compare
+from .render.plot import plot_icicle, plot_sunburst, plot_top
 from .render.table import Table
 from .schedule import schedule
 
@@ -18,5 +19,6 @@ __version__ = "0.1.0"
 __all__ = [
     "LayerProf", "Profile", "ModuleRecord", "CallTiming", "schedule", "benchmark", "BenchmarkResult",
     "Table", "Comparison", "compare", "load", "loads", "save", "register_flop_formula", "register_module_flops",
-    "GatheredProfile", "gather_profile", "register_timed_comm_hook", "__version__",
+    "GatheredProfile", "gather_profile", "register_timed_comm_hook", "plot_sunburst", "plot_icicle", "plot_top",
+    "__version__",
 ]

@@ -56,6 +56,13 @@ class Profile(ProfileReports):
         Register a formula with ``layerprof.register_flop_formula``."""
         return dict(getattr(self.tree, "unknown_ops", None) or {})
 
+    def plot(self, kind: str, metric: str = "total", path: str | None = None, **kwargs: Any) -> Any:
+        """Draw a ``kind`` of plot ("sunburst", "icicle" or "top") of ``metric`` and return its Axes; saves a PNG
+        or SVG only when ``path`` is given. Other keywords go to ``layerprof.plot_<kind>`` (ax, depth, k, ...)."""
+        from .render.plot import save_plot
+
+        return save_plot(self, kind, metric=metric, path=path, **kwargs)
+
     def __repr__(self) -> str:
         root = self.tree
         return (

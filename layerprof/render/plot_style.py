@@ -1,0 +1,92 @@
+"""Colours and label fitting shared by the plots. matplotlib is imported where used, so ``import layerprof``
+stays light."""
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+from .plot_layout import Segment
+
+__all__ = ["segment_colour", "palette_colour", "fit_label", "new_axes", "text_width_pt", "points_per_unit",
+           "wrap_label"]
+
+TRUNK_GREY = (0.80, 0.80, 0.80)
+OTHER_GREY = (0.93, 0.93, 0.93)
+SELF_HATCH = "////"
+# DejaVu Sans averages a little under 0.6 em per character; estimating beats measuring with a renderer per label.
+CHAR_WIDTH_EM = 0.6
+
+
+# tab10 without its grey (index 7), which would read as the trunk or as "other".
+_HUES = (0, 1, 2, 3, 4, 5, 6, 8, 9)
+
+
+def palette_colour(index: int) -> tuple[float, float, float]:
+    """The ``index``-th colour of tab10 (grey left out), then the light half of tab20, cycling."""
+    from matplotlib import colormaps
+
+    hue = _HUES[index % len(_HUES)]
+    if index % (2 * len(_HUES)) < len(_HUES):
+        return tuple(colormaps["tab10"](hue)[:3])  # type: ignore[return-value]
+    return tuple(colormaps["tab20"](2 * hue + 1)[:3])  # type: ignore[return-value]
+
+
+def _lighten(colour: Sequence[float], amount: float) -> tuple[float, float, float]:
+    return tuple(c + (1.0 - c) * amount for c in colour)  # type: ignore[return-value]
+
+
+def segment_colour(segment: Segment) -> tuple[float, float, float]:
+    """One colour per module: its branch's hue, lighter the deeper it is below the head of the branch. A self
+    segment takes its parent's colour (and is hatched); "other" is light grey."""
+    if segment.kind == "other":
+        return OTHER_GREY
+    if segment.branch < 0:
+        return _lighten(TRUNK_GREY, 0.25 if segment.kind == "self" else 0.0)
+    return _lighten(palette_colour(segment.branch), min(0.7, 0.22 * segment.shade))
+
+
+def text_width_pt(text: str, fontsize: float) -> float:
+    return len(text) * fontsize * CHAR_WIDTH_EM
+
+
+def fit_label(candidates: Sequence[str], length_pt: float, thickness_pt: float, fontsize: float) -> str | None:
+    """The first candidate whose estimated width fits ``length_pt`` when a line of text fits ``thickness_pt``."""
+    if thickness_pt < 1.15 * fontsize:
+        return None
+    for text in candidates:
+        if text_width_pt(text, fontsize) + 0.5 * fontsize <= length_pt:
+            return text
+    return None
+
+
+def wrap_label(text: str, width_pt: float, fontsize: float) -> str | None:
+    """``text`` broken at its CamelCase words into lines no wider than ``width_pt``; None if a word is wider."""
+    words = re.findall(r"[A-Z]+[a-z0-9]*|[a-z0-9]+|[^A-Za-z0-9]+", text) or [text]
+    lines: list[str] = []
+    for word in words:
+        if lines and text_width_pt(lines[-1] + word, fontsize) <= width_pt:
+            lines[-1] += word
+        elif text_width_pt(word, fontsize) <= width_pt:
+            lines.append(word)
+        else:
+            return None
+    return "\n".join(lines)
+
+
+def points_per_unit(ax: Any) -> tuple[float, float]:
+    """Points per data unit along x and y, once limits and aspect are final."""
+    ax.apply_aspect()
+    (x0, y0), (x1, y1) = ax.transData.transform([(0.0, 0.0), (1.0, 1.0)])
+    scale = 72.0 / ax.figure.dpi
+    return abs(x1 - x0) * scale, abs(y1 - y0) * scale
+
+
+def new_axes(ax: Any, figsize: tuple[float, float]) -> Any:
+    """``ax`` itself, or the Axes of a new pyplot figure (left open, for ``plt.show()``; ``Profile.plot`` closes
+    the figures it saves)."""
+    if ax is not None:
+        return ax
+    import matplotlib.pyplot as plt
+
+    _, ax = plt.subplots(figsize=figsize)
+    return ax

@@ -1,0 +1,315 @@
+"""Plots: every kind renders on a real run, what is drawn adds up to the metric's total, figures are closed,
+files are written only when asked, and a metric that was not recorded is a clear error."""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.patches import Rectangle, Wedge  # noqa: E402
+from torch import nn  # noqa: E402
+
+import layerprof  # noqa: E402
+from layerprof.render.plot_style import fit_label, wrap_label  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def resnet_profile() -> layerprof.Profile:
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None)
+    with layerprof.LayerProf(model) as prof:
+        model(torch.randn(1, 3, 64, 64)).sum().backward()
+    return prof.profile
+
+
+@pytest.fixture
+def axes():
+    figure, ax = plt.subplots()
+    yield ax
+    plt.close(figure)
+
+
+def mlp_with_params() -> layerprof.Profile:
+    """A profile whose ``params`` field is filled by hand, so every drawn size is known exactly."""
+    model = nn.Sequential()
+    model.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU())
+    model.head = nn.Linear(16, 1)
+    with layerprof.LayerProf(model) as prof:
+        model(torch.randn(2, 8)).sum().backward()
+    for name, module in model.named_modules():
+        prof.records[name].params = sum(p.numel() for p in module.parameters())
+    return prof.profile
+
+
+def wedges(ax) -> list[Wedge]:
+    return [patch for patch in ax.patches if isinstance(patch, Wedge)]
+
+
+def angle(wedge: Wedge) -> float:
+    return wedge.theta2 - wedge.theta1
+
+
+def ring(wedge: Wedge) -> int:
+    return round(wedge.r) - 1  # ring d spans radii [d, d + 1]
+
+
+def by_gid(patches) -> dict[str, object]:
+    return {patch.get_gid(): patch for patch in patches}
+
+
+def check_nesting(drawn: list[Wedge]) -> None:
+    """Every wedge's next ring is either empty within it, or exactly fills it."""
+    rings: dict[int, list[Wedge]] = defaultdict(list)
+    for wedge in drawn:
+        rings[ring(wedge)].append(wedge)
+    assert [angle(w) for w in rings[0]] == [pytest.approx(360.0)]
+    for depth, members in rings.items():
+        for outer in members:
+            inside = [
+                w for w in rings.get(depth + 1, [])
+                if outer.theta1 - 1e-9 <= (w.theta1 + w.theta2) / 2 <= outer.theta2 + 1e-9
+            ]
+            if inside:
+                assert sum(angle(w) for w in inside) == pytest.approx(angle(outer), abs=1e-6), outer.get_gid()
+
+
+# -- sunburst -------------------------------------------------------------------------------------------------
+def test_sunburst_exact_params(axes) -> None:
+    ax = layerprof.plot_sunburst(mlp_with_params(), metric="params", ax=axes)
+    drawn = by_gid(wedges(ax))
+    # params: body.0 = 8*16+16 = 144, body.2 = 16*16+16 = 272, head = 16+1 = 17; body = 416; root = 433.
+    # No module has parameters of its own, so no self wedge; the ReLUs hold 0 and are not drawn.
+    assert sorted(drawn) == ["module:", "module:body", "module:body.0", "module:body.2", "module:head"]
+    assert angle(drawn["module:body"]) == pytest.approx(360 * 416 / 433)
+    assert angle(drawn["module:head"]) == pytest.approx(360 * 17 / 433)
+    assert angle(drawn["module:body.0"]) == pytest.approx(360 * 144 / 433)
+    assert angle(drawn["module:body.2"]) == pytest.approx(360 * 272 / 433)
+    assert "433" in ax.get_title() and "parameters" in ax.get_title()
+
+
+def test_sunburst_resnet_adds_up_to_the_total(resnet_profile, axes) -> None:
+    root = resnet_profile.tree
+    # No grouping (min_share=0), so that which modules are drawn does not depend on the timings.
+    ax = layerprof.plot_sunburst(resnet_profile, metric="total", ax=axes, min_share=0.0)
+    drawn = wedges(ax)
+    check_nesting(drawn)
+    assert max(ring(w) for w in drawn) == 4  # layer1.0 is depth 2; layer2.0.downsample.0 is depth 4
+    # Depth-1 wedges are the children's inclusive times, scaled only if they claim more than the root measured.
+    children = [child for child in root.children if child.total_ms]
+    scale = min(1.0, root.total_ms / sum(child.total_ms for child in children))
+    found = by_gid(drawn)
+    for child in children:
+        assert angle(found[f"module:{child.name}"]) == pytest.approx(360 * child.total_ms * scale / root.total_ms)
+    assert "other:" not in found
+    assert sum(1 for gid in found if gid.startswith("module:")) == len(resnet_profile.records)  # all 68 drawn
+
+
+def test_sunburst_depth_limit_and_grouping(resnet_profile, axes) -> None:
+    ax = layerprof.plot_sunburst(resnet_profile, metric="forward", depth=1, ax=axes, min_share=0.05)
+    drawn = wedges(ax)
+    check_nesting(drawn)
+    assert {ring(w) for w in drawn} == {0, 1}
+    kinds = [w.get_gid().split(":")[0] for w in drawn if ring(w) == 1]
+    assert kinds.count("other") <= 1 and "module" in kinds
+    assert sum(angle(w) for w in drawn if ring(w) == 1) == pytest.approx(360.0)
+
+
+def test_shared_parameters_are_scaled_to_fit() -> None:
+    model = nn.Sequential(nn.Linear(4, 4, bias=False), nn.Linear(4, 4, bias=False))
+    model[1].weight = model[0].weight  # tied: each child has 16 params, the model 16 in all
+    with layerprof.LayerProf(model) as prof:
+        model(torch.randn(1, 4)).sum().backward()
+    for name, module in model.named_modules():
+        prof.records[name].params = sum(p.numel() for p in module.parameters())
+    figure, ax = plt.subplots()
+    try:
+        drawn = by_gid(wedges(prof.plot("sunburst", metric="params", ax=ax)))
+    finally:
+        plt.close(figure)
+    # 16 + 16 claimed inside 16: both halved, to 180 degrees each, and the root has no self wedge.
+    assert angle(drawn["module:0"]) == pytest.approx(180.0)
+    assert angle(drawn["module:1"]) == pytest.approx(180.0)
+    assert "self:" not in drawn
+
+
+def test_uncalled_container_counts_its_children(axes) -> None:
+    class Stack(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    model = Stack()
+    with layerprof.LayerProf(model) as prof:
+        model(torch.randn(2, 4)).sum().backward()
+    assert prof.records["blocks"].forward_ms is None  # a ModuleList is never called
+    drawn = by_gid(wedges(layerprof.plot_sunburst(prof, metric="forward", ax=axes)))
+    assert angle(drawn["module:blocks"]) == pytest.approx(angle(drawn["module:blocks.0"]) + angle(drawn["module:blocks.1"]))
+    assert angle(drawn["module:blocks"]) > 0
+
+
+# -- icicle ---------------------------------------------------------------------------------------------------
+def test_icicle_every_level_spans_the_total(resnet_profile, axes) -> None:
+    root = resnet_profile.tree
+    ax = layerprof.plot_icicle(resnet_profile, metric="backward", ax=axes, min_share=0.0)  # no timing-dependent grouping
+    bars = [patch for patch in ax.patches if isinstance(patch, Rectangle) and patch.get_gid()]
+    levels: dict[int, list[Rectangle]] = defaultdict(list)
+    for bar in bars:
+        levels[round(bar.get_y() + bar.get_height() / 2)].append(bar)
+    assert sorted(levels) == [0, 1, 2, 3, 4]  # resnet18 is 4 deep: layer2.0.downsample.0
+    for level, members in levels.items():
+        assert sum(bar.get_width() for bar in members) == pytest.approx(root.backward_ms), level
+    drawn = by_gid(levels[1])
+    assert drawn["module:layer3"].get_width() <= root.backward_ms
+    carried = [bar for bar in levels[4] if bar.get_gid().startswith("carried:")]
+    assert carried and all(bar.get_alpha() == pytest.approx(0.3) for bar in carried)
+    # A module keeps its colour when carried down: conv1 (a leaf at depth 1) at depth 4.
+    conv1_below = by_gid(levels[4])["carried:conv1"]
+    assert conv1_below.get_facecolor()[:3] == pytest.approx(drawn["module:conv1"].get_facecolor()[:3])
+
+
+# -- top-k ----------------------------------------------------------------------------------------------------
+def test_top_bars_add_up_to_the_total(resnet_profile, axes) -> None:
+    root = resnet_profile.tree
+    ax = layerprof.plot_top(resnet_profile, k=5, metric="total", ax=axes)
+    bars = [patch for patch in ax.patches if (patch.get_gid() or "").startswith("top:")]
+    widths = [bar.get_width() for bar in bars]
+    assert len(bars) == 6  # 5 modules and "other"
+    assert sum(widths) == pytest.approx(root.total_ms)
+    assert widths[:5] == sorted(widths[:5], reverse=True)
+    assert bars[-1].get_gid() == "top:other"
+
+
+def test_top_by_type_exact_params(axes) -> None:
+    ax = layerprof.plot_top(mlp_with_params(), metric="params", by_type=True, ax=axes)
+    bars = [patch for patch in ax.patches if (patch.get_gid() or "").startswith("top:")]
+    # All 433 parameters sit in the three Linear leaves; ReLU and the containers own none.
+    assert [(bar.get_gid(), bar.get_width()) for bar in bars] == [("top:Linear", 433.0)]
+    assert [tick.get_text() for tick in ax.get_yticklabels()] == ["Linear ×3"]
+
+
+def test_top_by_type_resnet(resnet_profile, axes) -> None:
+    ax = layerprof.plot_top(resnet_profile, k=50, metric="forward", by_type=True, ax=axes)
+    bars = by_gid(patch for patch in ax.patches if (patch.get_gid() or "").startswith("top:"))
+    assert "top:other" not in bars  # resnet18 has 9 module types, fewer than k
+    assert {"top:Conv2d", "top:BatchNorm2d", "top:ReLU", "top:Linear"} <= set(bars)
+    assert sum(bar.get_width() for bar in bars.values()) == pytest.approx(resnet_profile.tree.forward_ms)
+    assert "Conv2d ×20" in [tick.get_text() for tick in ax.get_yticklabels()]  # 1 + 8 blocks * 2 + 3 downsample
+
+
+# -- figures and files ----------------------------------------------------------------------------------------
+def test_new_figure_only_without_ax(resnet_profile, axes) -> None:
+    before = plt.get_fignums()
+    layerprof.plot_top(resnet_profile, ax=axes)
+    assert plt.get_fignums() == before
+    ax = layerprof.plot_sunburst(resnet_profile)
+    assert len(plt.get_fignums()) == len(before) + 1  # left open for plt.show()
+    plt.close(ax.figure)
+    assert plt.get_fignums() == before
+
+
+@pytest.mark.parametrize("kind", ["sunburst", "icicle", "top"])
+@pytest.mark.parametrize("suffix, magic", [("png", b"\x89PNG\r\n\x1a\n"), ("svg", b"<?xml")])
+def test_save_writes_a_valid_file_and_closes(resnet_profile, tmp_path, kind, suffix, magic) -> None:
+    before = plt.get_fignums()
+    path = tmp_path / f"plot.{suffix}"
+    ax = resnet_profile.plot(kind, metric="total", path=path)
+    assert ax.get_title()
+    assert plt.get_fignums() == before
+    data = path.read_bytes()
+    assert data.startswith(magic)
+    if suffix == "svg":
+        assert b"<svg" in data[:2000]
+
+
+def test_save_into_the_callers_figure_keeps_it_open(resnet_profile, tmp_path, axes) -> None:
+    path = tmp_path / "mine.png"
+    assert resnet_profile.plot("icicle", path=path, ax=axes) is axes
+    assert axes.figure.number in plt.get_fignums()
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_no_file_unless_asked(resnet_profile, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    before = plt.get_fignums()
+    for kind in ("sunburst", "icicle", "top"):
+        plt.close(resnet_profile.plot(kind).figure)
+    assert list(tmp_path.iterdir()) == []
+    assert plt.get_fignums() == before
+
+
+def test_live_layerprof_delegates_plot(tmp_path) -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    with layerprof.LayerProf(model) as prof:
+        model(torch.randn(2, 4)).sum().backward()
+    prof.plot("sunburst", metric="forward", path=tmp_path / "live.svg")
+    assert (tmp_path / "live.svg").read_bytes().startswith(b"<?xml")
+
+
+# -- errors ---------------------------------------------------------------------------------------------------
+def test_missing_metric_names_the_field_and_the_fix(resnet_profile) -> None:
+    before = plt.get_fignums()
+    with pytest.raises(ValueError, match=r"'flops'.*'flops_forward'.*metrics=\('flops',\)"):
+        layerprof.plot_sunburst(resnet_profile, metric="flops")
+    with pytest.raises(ValueError, match=r"'saved_bytes' or 'activation_bytes'.*metrics=\('memory',\)"):
+        resnet_profile.plot("icicle", metric="memory")
+    with pytest.raises(ValueError, match=r"'params'.*metrics=\('params',\)"):
+        layerprof.plot_top(resnet_profile, metric="params")
+    assert plt.get_fignums() == before  # nothing drawn before the check
+
+
+def test_bad_arguments(resnet_profile, tmp_path) -> None:
+    with pytest.raises(ValueError, match="unknown plot metric 'time'; choose from: forward, backward, total"):
+        layerprof.plot_icicle(resnet_profile, metric="time")
+    with pytest.raises(ValueError, match="unknown plot kind 'pie'"):
+        resnet_profile.plot("pie")
+    with pytest.raises(ValueError, match=r"\.png or \.svg"):
+        resnet_profile.plot("top", path=tmp_path / "plot.jpg")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(TypeError, match="expected a Profile"):
+        layerprof.plot_top({"not": "a profile"})
+
+
+def test_model_never_called_has_nothing_to_plot() -> None:
+    model = nn.Linear(2, 2)
+    with pytest.warns(RuntimeWarning):
+        with layerprof.LayerProf(model) as prof:
+            pass
+    with pytest.raises(ValueError, match="'forward_ms'.*inside the `with LayerProf"):
+        prof.plot("sunburst", metric="forward")
+
+
+def test_docstring_examples_run() -> None:
+    import doctest
+
+    import layerprof.render.plot as plot_module
+
+    before = plt.get_fignums()
+    result = doctest.testmod(plot_module)
+    assert result.attempted >= 5 and result.failed == 0
+    assert plt.get_fignums() == before  # the example closes the figure it made
+
+
+# -- label fitting --------------------------------------------------------------------------------------------
+def test_label_fitting_arithmetic() -> None:
+    # "conv1" at 7 pt: 5 chars * 7 * 0.6 = 21 pt wide, plus half an em (3.5 pt) of margin = 24.5 pt.
+    assert fit_label(["layer1.conv1", "conv1"], 24.5, 9.0, 7.0) == "conv1"
+    assert fit_label(["conv1"], 24.4, 9.0, 7.0) is None
+    assert fit_label(["conv1"], 100.0, 8.0, 7.0) is None  # a line needs 1.15 * 7 = 8.05 pt
+    # "Sequence" is 8 * 8 * 0.6 = 38.4 pt at 8 pt; "BertFor" = 33.6 pt; "BertForSequence" would be 72 pt.
+    assert wrap_label("BertForSequenceClassification", 70.0, 8.0) == "BertFor\nSequence\nClassification"
+    assert wrap_label("BertForSequenceClassification", 60.0, 8.0) is None
+    assert math.isclose(len("Classification") * 8 * 0.6, 67.2)
