@@ -11,10 +11,10 @@ import torch
 from ..metrics import make_meters
 from ..render.columns import resolve_columns
 from ..render.units import format_count
-from .errors import CLIError, UsageError
+from .errors import CLIError, RunError, UsageError, one_line
 from .inputs import InputSpec, make_inputs, parse_dtype, parse_input
 from .outputs import requested_outputs, write_outputs
-from .parser import build_parser, program_name
+from .parser import build_parser
 from .run import run_profile
 from .spec import load_model, parse_kwargs
 
@@ -54,7 +54,7 @@ def _headline(spec: str, model: torch.nn.Module, inputs: list[InputSpec], option
     dtype_name = str(dtype or torch.float32).replace("torch.", "")
     shown = ", ".join(map(str, inputs))
     return (f"{type(model).__name__} from {spec}: {format_count(params)} parameters | {device}, {dtype_name} | "
-            f"input {shown} | {options.warmup} warm-up + {options.steps} steps, {mode}")
+            f"input {shown} | {options.warmup} warm-up + {options.steps} step{'s' * (options.steps != 1)}, {mode}")
 
 
 def _run(options: argparse.Namespace) -> int:
@@ -73,7 +73,11 @@ def _run(options: argparse.Namespace) -> int:
     torch.manual_seed(options.seed)
 
     model = load_model(options.spec, kwargs)
-    model.to(device=device, dtype=dtype)
+    try:
+        model.to(device=device, dtype=dtype)
+    except Exception as exc:
+        target = f"{device} {options.dtype}" if dtype else str(device)
+        raise RunError(f"moving the model to {target} raised {one_line(exc)}") from exc
     args, named = make_inputs(inputs, float_dtype=dtype or torch.float32, vocab=options.vocab, device=device)
     print(_headline(options.spec, model, inputs, options, dtype, device), flush=True)
     profile = run_profile(model, args, named, steps=options.steps, warmup=options.warmup,
@@ -85,7 +89,7 @@ def _run(options: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "layerprof") -> int:
     """Entry point of ``layerprof`` and ``python -m layerprof``; returns the exit status.
 
     0: done; 1: the model, its factory or an export failed; 2: a usage error. Errors are one line on stderr,
@@ -93,7 +97,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
-    prog = program_name()
     try:
         options = build_parser(prog).parse_args(argv)
         return _run(options)

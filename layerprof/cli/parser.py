@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 import argparse
-import sys
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 from .. import __version__
 from .errors import UsageError
@@ -36,7 +35,7 @@ def _depth(text: str) -> int | None:
     return int(text)
 
 
-def _count(minimum: int):
+def _count(minimum: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -96,13 +95,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     shown.add_argument("--plot", metavar="PATH", help="write a figure of the profile (see --plot-kind)")
     shown.add_argument("--plot-kind", choices=("sunburst", "icicle", "top"), default="sunburst",
                        help="the figure --plot draws (default sunburst)")
-    shown.add_argument("--plot-metric", default="total", metavar="NAME", help="the quantity --plot shows (default total)")
+    shown.add_argument("--plot-metric", default="total", metavar="NAME",
+                       help="the quantity --plot shows (default total)")
     shown.add_argument("--debug", action="store_true", help="show the traceback of an error")
     shown.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
 
-
-def program_name() -> str:
-    """``layerprof``, or ``python -m layerprof`` when run that way."""
-    argv0 = sys.argv[0] if sys.argv else ""
-    return "python -m layerprof" if argv0.endswith("__main__.py") else "layerprof"

@@ -56,7 +56,9 @@ def _import_file(where: str) -> ModuleType:
         raise UsageError(f"cannot import {where!r} as Python: give a .py file")
     module = importlib.util.module_from_spec(spec)
     # The file may import its neighbours, as it would when run as a script.
-    sys.path.insert(0, str(path.resolve().parent))
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
@@ -107,7 +109,8 @@ def load_model(spec: str, kwargs: dict[str, Any] | None = None) -> nn.Module:
             raise UsageError(f"{spec!r} is already a module instance: it takes no --kwargs")
         return target
     if not callable(target):
-        raise UsageError(f"{spec!r} is a {type(target).__name__}, not a class or function that returns a module")
+        raise UsageError(f"{spec!r} is not callable (it is of type {type(target).__name__}): "
+                         "name a class or a function that returns an nn.Module")
     try:
         model = target(**kwargs)
     except Exception as exc:
