@@ -1,0 +1,116 @@
+"""``layerprof SPEC [options]``: parse, build the model and its inputs, profile, print and write."""
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from typing import Sequence
+
+import torch
+
+from ..metrics import make_meters
+from ..render.columns import resolve_columns
+from ..render.units import format_count
+from .errors import CLIError, RunError, UsageError, one_line
+from .inputs import InputSpec, make_inputs, parse_dtype, parse_input
+from .outputs import requested_outputs, write_outputs
+from .parser import build_parser
+from .run import run_profile
+from .spec import load_model, parse_kwargs
+
+__all__ = ["main"]
+
+
+def _device(text: str) -> torch.device:
+    try:
+        device = torch.device(text)
+    except RuntimeError as exc:
+        raise UsageError(f"--device {text!r} is not a device: use cpu, cuda, cuda:1, mps...") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {text}: CUDA is not available here (torch {torch.__version__}, "
+                         f"built for CUDA {torch.version.cuda or 'none'}); use --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise UsageError(f"--device {text}: only {torch.cuda.device_count()} CUDA device(s) here")
+    if device.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise UsageError(f"--device {text}: MPS is not available here; use --device cpu")
+    return device
+
+
+def _check_names(options: argparse.Namespace) -> None:
+    """Unknown metric or column names fail before the model is built, with the library's message."""
+    try:
+        if options.metrics is not None:
+            make_meters(options.metrics)
+        if options.columns is not None:
+            resolve_columns(options.columns)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _headline(spec: str, model: torch.nn.Module, inputs: list[InputSpec], options: argparse.Namespace,
+              dtype: torch.dtype | None, device: torch.device) -> str:
+    params = sum(p.numel() for p in model.parameters())
+    mode = "inference (eval)" if options.eval else ("forward only" if options.no_backward else "forward + backward")
+    dtype_name = str(dtype or torch.float32).replace("torch.", "")
+    shown = ", ".join(map(str, inputs))
+    return (f"{type(model).__name__} from {spec}: {format_count(params)} parameters | {device}, {dtype_name} | "
+            f"input {shown} | {options.warmup} warm-up + {options.steps} step{'s' * (options.steps != 1)}, {mode}")
+
+
+def _run(options: argparse.Namespace) -> int:
+    inputs = [parse_input(text) for text in options.input]
+    if not inputs:
+        raise UsageError("give the model's input shape, e.g. --input 2,3,224,224 (repeat for several inputs)")
+    kwargs = parse_kwargs(options.kwargs)
+    dtype = parse_dtype(options.dtype, "--dtype") if options.dtype else None
+    if dtype is not None and not dtype.is_floating_point:
+        raise UsageError(f"--dtype {options.dtype}: the model's dtype must be a floating type such as bfloat16")
+    device = _device(options.device)
+    _check_names(options)
+    outputs = requested_outputs(options)
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    torch.manual_seed(options.seed)
+
+    model = load_model(options.spec, kwargs)
+    try:
+        model.to(device=device, dtype=dtype)
+    except Exception as exc:
+        target = f"{device} {options.dtype}" if dtype else str(device)
+        raise RunError(f"moving the model to {target} raised {one_line(exc)}") from exc
+    args, named = make_inputs(inputs, float_dtype=dtype or torch.float32, vocab=options.vocab, device=device)
+    print(_headline(options.spec, model, inputs, options, dtype, device), flush=True)
+    profile = run_profile(model, args, named, steps=options.steps, warmup=options.warmup,
+                          backward=not options.no_backward, inference=options.eval,
+                          metrics=options.metrics, sync=options.sync)
+    print(profile.layerwise_summary(columns=options.columns, depth=options.depth), flush=True)
+    for path in write_outputs(profile, outputs, options.plot_kind, options.plot_metric):
+        print(f"layerprof: wrote {path}", file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "layerprof") -> int:
+    """Entry point of ``layerprof`` and ``python -m layerprof``; returns the exit status.
+
+    0: done; 1: the model, its factory or an export failed; 2: a usage error. Errors are one line on stderr,
+    with the traceback above it only under ``--debug``.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    try:
+        options = build_parser(prog).parse_args(argv)
+        return _run(options)
+    except CLIError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug of layerprof itself: still one line, the traceback with --debug
+        if debug:
+            traceback.print_exc()
+        print(f"{prog}: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return 1

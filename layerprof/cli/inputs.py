@@ -1,0 +1,77 @@
+"""``--input`` specs (``[name=]2,3,224,224[:dtype]``) and the random tensors built from them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import UsageError
+
+__all__ = ["InputSpec", "parse_input", "parse_dtype", "make_inputs"]
+
+_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}
+
+
+def parse_dtype(text: str, what: str = "dtype") -> torch.dtype:
+    """A torch dtype by name (``float32``, ``bfloat16``, ``int64``, ``long``, ``bf16``...); else a UsageError."""
+    name = _ALIASES.get(text.strip().lower(), text.strip().lower()).removeprefix("torch.")
+    dtype = getattr(torch, name, None) if name.isidentifier() else None
+    if not isinstance(dtype, torch.dtype):
+        raise UsageError(f"unknown {what} {text!r}; use a torch dtype name such as float32, bfloat16 or int64")
+    return dtype
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One input of the model: its shape, its dtype (None: the float default) and its keyword (None: positional)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype | None = None
+    name: str | None = None
+
+    def __str__(self) -> str:
+        shape = "x".join(map(str, self.shape))
+        dtype = f" {str(self.dtype).replace('torch.', '')}" if self.dtype is not None else ""
+        return f"{self.name}=" * bool(self.name) + shape + dtype
+
+
+def parse_input(text: str) -> InputSpec:
+    """``'2,3,224,224'``, ``'2,32:int64'`` or ``'attention_mask=2,32:int64'`` as an InputSpec."""
+    name, equals, rest = text.partition("=")
+    if not equals:
+        name, rest = "", text
+    elif not name.isidentifier():
+        raise UsageError(f"--input {text!r}: {name!r} is not a keyword argument name")
+    shape_text, colon, dtype_text = rest.partition(":")
+    dtype = parse_dtype(dtype_text, "input dtype") if colon else None
+    parts = [part.strip() for part in shape_text.split(",")]
+    if not shape_text.strip() or not all(part.isdigit() and int(part) > 0 for part in parts):
+        raise UsageError(
+            f"--input {text!r} is not a shape: give positive sizes separated by commas, "
+            "e.g. 2,3,224,224 or 2,32:int64"
+        )
+    return InputSpec(tuple(int(part) for part in parts), dtype, name or None)
+
+
+def _random(spec: InputSpec, float_dtype: torch.dtype, vocab: int, device: torch.device) -> torch.Tensor:
+    dtype = spec.dtype or float_dtype
+    if dtype == torch.bool:
+        return torch.randint(0, 2, spec.shape, device=device).bool()
+    if dtype.is_floating_point or dtype.is_complex:
+        return torch.randn(spec.shape, dtype=dtype, device=device)
+    return torch.randint(0, vocab, spec.shape, dtype=dtype, device=device)  # token ids, class labels...
+
+
+def make_inputs(specs: list[InputSpec], *, float_dtype: torch.dtype = torch.float32, vocab: int = 100,
+                device: torch.device | str = "cpu") -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
+    """Random ``(args, kwargs)`` for the model: floats from randn, integers in ``[0, vocab)``.
+
+    >>> args, kwargs = make_inputs([parse_input("2,3"), parse_input("mask=2,8:int64")], vocab=5)
+    >>> args[0].shape, args[0].dtype, kwargs["mask"].dtype, int(kwargs["mask"].max()) < 5
+    (torch.Size([2, 3]), torch.float32, torch.int64, True)
+    """
+    tensors = [_random(spec, float_dtype, vocab, torch.device(device)) for spec in specs]
+    args = tuple(t for spec, t in zip(specs, tensors) if spec.name is None)
+    kwargs = {spec.name: t for spec, t in zip(specs, tensors) if spec.name is not None}
+    return args, kwargs

@@ -1,0 +1,103 @@
+"""The ``layerprof`` argument parser (argparse only)."""
+from __future__ import annotations
+
+import argparse
+from typing import Callable, NoReturn
+
+from .. import __version__
+from .errors import UsageError
+
+__all__ = ["build_parser", "EPILOG"]
+
+EPILOG = """\
+examples:
+  layerprof torchvision.models:resnet18 --input 2,3,224,224
+      ResNet-18, 1 warm-up + 3 training steps (forward + backward), the annotated tree to depth 2
+  layerprof torchvision.models:vit_b_16 --input 8,3,224,224 --eval --device cuda --dtype bfloat16 --depth 3
+      inference only (eval + inference_mode) on the GPU in bfloat16
+  layerprof my_models.py:TinyLM --kwargs '{"vocab": 1000}' --input 4,128:int64 --vocab 1000 --steps 10
+      a model from a file, built with keyword arguments, fed random token ids in [0, 1000)
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but its errors are one line, like every other error of the command."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _depth(text: str) -> int | None:
+    if text.lower() in ("all", "none", "-1"):
+        return None
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a depth >= 0 or 'all', got {text!r}")
+    return int(text)
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        return value
+    parse.__name__ = "integer"
+    return parse
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The parser of ``layerprof SPEC [options]``."""
+    parser = _Parser(
+        prog=prog or "layerprof",
+        description="Profile a PyTorch model module by module: forward and backward time of every module, "
+                    "printed as the model's repr annotated with its costs.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("spec", metavar="SPEC",
+                        help="the model: package.module:callable or path/to/file.py:callable, a class or "
+                             "factory that returns an nn.Module (e.g. torchvision.models:resnet18)")
+    parser.add_argument("--kwargs", metavar="JSON", help="keyword arguments for the callable, a JSON object")
+    model = parser.add_argument_group("inputs and run")
+    model.add_argument("--input", "-i", action="append", default=[], metavar="[NAME=]SHAPE[:DTYPE]",
+                       help="a random input of that shape, e.g. 2,3,224,224 or 2,32:int64 (repeat for several "
+                            "positional inputs; NAME= passes it as a keyword). Floats are randn, integers "
+                            "uniform in [0, --vocab)")
+    model.add_argument("--vocab", type=_count(1), default=100, metavar="N",
+                       help="integer inputs are drawn from [0, N) (default 100)")
+    model.add_argument("--warmup", type=_count(0), default=1, metavar="N", help="unrecorded first steps (default 1)")
+    model.add_argument("--steps", type=_count(1), default=3, metavar="N", help="recorded steps (default 3)")
+    model.add_argument("--no-backward", action="store_true",
+                       help="forward only, the model in training mode (dropout, batch statistics)")
+    model.add_argument("--eval", action="store_true", help="inference: model.eval() and torch.inference_mode()")
+    model.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps... (default cpu)")
+    model.add_argument("--dtype", metavar="DTYPE", help="cast the model and float inputs, e.g. bfloat16")
+    model.add_argument("--threads", type=_count(1), metavar="N", help="torch.set_num_threads(N)")
+    model.add_argument("--seed", type=int, default=0, help="seed of the model's init and the inputs (default 0)")
+    model.add_argument("--metrics", type=_names, metavar="A,B", help="meters beside timing (e.g. flops,params)")
+    model.add_argument("--sync", action="store_true",
+                       help="on CUDA, synchronize at every module boundary instead of recording events")
+    shown = parser.add_argument_group("output")
+    shown.add_argument("--depth", type=_depth, default=2, metavar="N",
+                       help="expand modules down to this depth, root = 0; 'all' for every level (default 2)")
+    shown.add_argument("--columns", type=_names, metavar="A,B",
+                       help="columns of the annotated tree (default forward,backward)")
+    for flag, what in (("csv", "a CSV table"), ("json", "JSON"), ("html", "an HTML report"),
+                       ("trace", "a Chrome/Perfetto trace")):
+        shown.add_argument(f"--{flag}", metavar="PATH", help=f"write the profile as {what}")
+    shown.add_argument("--plot", metavar="PATH", help="write a figure of the profile (see --plot-kind)")
+    shown.add_argument("--plot-kind", choices=("sunburst", "icicle", "top"), default="sunburst",
+                       help="the figure --plot draws (default sunburst)")
+    shown.add_argument("--plot-metric", default="total", metavar="NAME",
+                       help="the quantity --plot shows (default total)")
+    shown.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    shown.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return parser
+
