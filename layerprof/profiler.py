@@ -83,7 +83,11 @@ class LayerProf:
                     f"{shown} ({type(module).__name__}) is already being profiled by another active LayerProf; "
                     "nesting profilers on one model is not supported: exit the other one first."
                 )
-        tracker = Tracker(sync=self.sync, observers=[m for m in self._meters if m.wants_forward_hooks])
+        tracker = Tracker(
+            sync=self.sync,
+            observers=[m for m in self._meters if m.wants_forward_hooks],
+            backward_observers=[m for m in self._meters if m.wants_backward_hooks],
+        )
         for _, module in entries:
             _PROFILED[module] = self
         self._hooked = [module for _, module in entries]

@@ -11,9 +11,19 @@ from typing import Any, Iterable, Iterator
 from anytree import NodeMixin, PreOrderIter
 from torch import nn
 
-__all__ = ["CallTiming", "ModuleRecord", "build_tree", "TIME_FIELDS"]
+__all__ = ["CallTiming", "ModuleRecord", "build_tree", "TIME_FIELDS", "METRIC_FIELDS", "register_fields"]
 
 TIME_FIELDS = ("forward_ms", "backward_ms", "self_forward_ms", "self_backward_ms", "recompute_ms")
+
+# Fields that meters write onto records, in registration order. ``to_dict`` includes those a record carries, so a
+# meter that did not run adds no column.
+METRIC_FIELDS: dict[str, None] = {}
+
+
+def register_fields(*names: str) -> None:
+    """Declare record fields a meter fills (numbers, strings, and lists/dicts of them), for ``to_dict``."""
+    for name in names:
+        METRIC_FIELDS.setdefault(name)
 
 
 @dataclass
@@ -72,6 +82,7 @@ class ModuleRecord(NodeMixin):
             "parent": None if self.parent is None else self.parent.name,
             "calls": self.calls,
             **{field: getattr(self, field) for field in TIME_FIELDS},
+            **{field: self.__dict__[field] for field in METRIC_FIELDS if field in self.__dict__},
             "aliases": list(self.aliases),
             "extra_repr": self.extra_repr,
             "call_times": [asdict(timing) for timing in self.call_times],

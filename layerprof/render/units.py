@@ -1,7 +1,7 @@
 """The one place that turns numbers into human-readable text."""
 from __future__ import annotations
 
-__all__ = ["format_ms", "format_count", "format_bytes", "format_flops", "format_percent", "MISSING"]
+__all__ = ["format_ms", "format_count", "format_bytes", "format_flops", "format_percent", "format_shapes", "MISSING"]
 
 MISSING = "—"
 
@@ -55,3 +55,14 @@ def format_percent(part: float | None, whole: float | None) -> str:
     if part is None or not whole:
         return MISSING
     return f"{100.0 * part / whole:.1f}%"
+
+
+def format_shapes(shapes: list[list[int]] | None, limit: int = 3) -> str:
+    """Tensor shapes, the first ``limit`` of them: ``format_shapes([[4, 10], []]) == '[4, 10], []'``; a call with
+    no tensor is ``'()'``; more than ``limit`` end with ``'… +N'``."""
+    if shapes is None:
+        return MISSING
+    if not shapes:
+        return "()"
+    shown = ", ".join("[" + ", ".join(str(size) for size in shape) + "]" for shape in shapes[:limit])
+    return shown + (f", … +{len(shapes) - limit}" if len(shapes) > limit else "")
