@@ -176,7 +176,7 @@ class MemoryMeter(Meter):
     def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: list[tuple[str, nn.Module]]) -> None:
         self._names = list(records)
         self._static = _storage_keys(list(model.parameters()), list(model.buffers()))
-        self._reader = self.reader_factory()
+        self._reader = type(self).reader_factory()
         # Hooks installed before profiling (save_on_cpu, offloading) keep working: ours chains to them.
         self._outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)

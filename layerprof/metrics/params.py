@@ -6,7 +6,7 @@ shared blocks), because it walks ``module.parameters()``, which yields each tens
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -33,8 +33,14 @@ PARAM_FIELDS = (
 register_fields(*PARAM_FIELDS)
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
 
 
 def _is_lazy(tensor: torch.Tensor) -> bool:
@@ -45,26 +51,36 @@ def _bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _unique(tensors: Iterable[torch.Tensor | None]) -> list[torch.Tensor]:
-    seen: set[int] = set()
-    unique = []
-    for tensor in tensors:
-        if tensor is not None and id(tensor) not in seen and not _is_lazy(tensor):
-            seen.add(id(tensor))
-            unique.append(tensor)
-    return unique
+def _own(module: nn.Module, attr: str) -> dict[int, torch.Tensor]:
+    # ``_parameters``/``_buffers`` are what ``parameters()``/``buffers()`` walk, without their generator machinery.
+    return {id(t): t for t in getattr(module, attr).values() if t is not None and not _is_lazy(t)}
 
 
-def module_params(module: nn.Module, holders: dict[int, list[str]] | None = None, name: str = "") -> dict[str, Any]:
+def _inclusive(module: nn.Module, attr: str, memo: dict[int, dict[int, torch.Tensor]]) -> dict[int, torch.Tensor]:
+    """Every tensor of ``attr`` in the subtree, by identity; ``memo`` shares subtrees between calls (a module
+    reachable from several parents is read once)."""
+    found = memo.get(id(module))
+    if found is None:
+        found = memo[id(module)] = _own(module, attr)
+        for child in module._modules.values():
+            if child is not None:
+                found.update(_inclusive(child, attr, memo))
+    return found
+
+
+def module_params(module: nn.Module, holders: dict[int, list[str]] | None = None, name: str = "",
+                  memo: dict[str, dict[int, dict[int, torch.Tensor]]] | None = None) -> dict[str, Any]:
     """The ``PARAM_FIELDS`` of one module. ``holders`` maps ``id(parameter)`` to the qualified names under which
     it is registered (one per holding module); without it ``shared_params`` is 0 and ``shared_with`` empty.
+    ``memo`` (an empty dict to start) makes measuring every module of a model linear in its size.
 
     >>> module_params(nn.Linear(10, 20))["params"]  # 10*20 weights + 20 biases
     220
     """
-    params = _unique(module.parameters())
-    own = _unique(module.parameters(recurse=False))
-    buffers = _unique(module.buffers())
+    memo = {} if memo is None else memo
+    params = _inclusive(module, "_parameters", memo.setdefault("_parameters", {})).values()
+    buffers = _inclusive(module, "_buffers", memo.setdefault("_buffers", {})).values()
+    own = params if not module._modules else _own(module, "_parameters").values()  # a leaf owns all it has
     dtypes: dict[str, int] = {}
     for param in params:
         key = _dtype_name(param.dtype)
@@ -73,9 +89,9 @@ def module_params(module: nn.Module, holders: dict[int, list[str]] | None = None
     shared_params = 0
     if holders is not None:
         prefix = f"{name}." if name else ""
-        for param_name, param in module.named_parameters(recurse=False):
+        for param_name, param in module._parameters.items():
             others = [held for held in holders.get(id(param), ()) if held != prefix + param_name]
-            if others and not _is_lazy(param):
+            if others and param is not None and not _is_lazy(param):
                 shared_with[param_name] = others
                 shared_params += param.numel()
     return {
@@ -98,8 +114,9 @@ def _holders(entries: list[tuple[str, nn.Module]]) -> dict[int, list[str]]:
     holders: dict[int, list[str]] = {}
     for name, module in entries:
         prefix = f"{name}." if name else ""
-        for param_name, param in module.named_parameters(recurse=False):
-            holders.setdefault(id(param), []).append(prefix + param_name)
+        for param_name, param in module._parameters.items():
+            if param is not None:
+                holders.setdefault(id(param), []).append(prefix + param_name)
     return holders
 
 
@@ -120,8 +137,9 @@ class ParamsMeter(Meter):
 
     def _measure(self) -> None:
         holders = _holders(self._entries)
-        self._values = {name: module_params(module, holders, name) for name, module in self._entries}
-        self._lazy = any(_is_lazy(p) for _, module in self._entries for p in module.parameters(recurse=False))
+        memo: dict[str, dict[int, dict[int, torch.Tensor]]] = {}
+        self._values = {name: module_params(module, holders, name, memo) for name, module in self._entries}
+        self._lazy = any(_is_lazy(p) for _, module in self._entries for p in module._parameters.values())
 
     def stop(self) -> None:
         if self._lazy:

@@ -47,23 +47,33 @@ _LEAVES = (str, bytes, int, float, bool, type(None))
 Spec = tuple[tuple[Any, ...], torch.Size, torch.dtype]
 
 
+def _items(obj: Any) -> Any:
+    """(key, value) pairs of a container, or None for anything else."""
+    if isinstance(obj, (list, tuple)):
+        return enumerate(obj)
+    if isinstance(obj, dict):
+        return obj.items()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return ((field.name, getattr(obj, field.name, None)) for field in dataclasses.fields(obj))
+    return None
+
+
+def _spec(path: tuple[Any, ...], tensor: torch.Tensor) -> Spec:
+    try:
+        return path, tensor.shape, tensor.dtype
+    except RuntimeError:  # a nested (jagged) tensor has no single shape
+        return path, torch.Size(), tensor.dtype
+
+
 def _walk(obj: Any, path: tuple[Any, ...], out: list[Spec], depth: int) -> None:
-    if isinstance(obj, torch.Tensor):
-        try:
-            out.append((path, obj.shape, obj.dtype))
-        except RuntimeError:  # a nested (jagged) tensor has no single shape
-            out.append((path, torch.Size(), obj.dtype))
-    elif isinstance(obj, _LEAVES) or depth >= _MAX_DEPTH:
+    items = _items(obj)
+    if items is None:
         return
-    elif isinstance(obj, (list, tuple)):
-        for index, item in enumerate(obj):
-            _walk(item, (*path, index), out, depth + 1)
-    elif isinstance(obj, dict):
-        for key, item in obj.items():
+    for key, item in items:
+        if isinstance(item, torch.Tensor):
+            out.append(_spec((*path, key), item))
+        elif depth < _MAX_DEPTH and not isinstance(item, _LEAVES):
             _walk(item, (*path, key), out, depth + 1)
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for field in dataclasses.fields(obj):
-            _walk(getattr(obj, field.name, None), (*path, field.name), out, depth + 1)
 
 
 def tensor_specs(args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> tuple[Spec, ...]:
@@ -73,21 +83,16 @@ def tensor_specs(args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) ->
     (((0,), torch.Size([4, 10]), torch.float32), (('mask', 0), torch.Size([2]), torch.bool))
     """
     out: list[Spec] = []
-    for index, arg in enumerate(args):
-        if isinstance(arg, torch.Tensor):  # the common case, without the recursion
-            out.append(((index,), arg.shape, arg.dtype))
-        else:
-            _walk(arg, (index,), out, 1)
+    _walk(args, (), out, 0)
     if kwargs:
-        for key, value in kwargs.items():
-            _walk(value, (key,), out, 1)
+        _walk(kwargs, (), out, 0)
     return tuple(out)
 
 
 def output_specs(output: Any) -> tuple[Spec, ...]:
     """``tensor_specs`` of a return value; a bare tensor has the empty path."""
     if isinstance(output, torch.Tensor):
-        return (((), output.shape, output.dtype),)
+        return (_spec((), output),)
     out: list[Spec] = []
     _walk(output, (), out, 0)
     return tuple(out)

@@ -22,7 +22,7 @@ def _scaled(value: float, base: float, units: tuple[str, ...], suffix: str) -> s
     magnitude = abs(value)
     for unit in units[:-1]:
         if magnitude < base:
-            return f"{value:.3g}{unit}{suffix}" if unit else f"{value:g}{suffix}"
+            return f"{value:.3g}{unit}{suffix}" if unit.strip() else f"{value:g}{unit}{suffix}"
         value /= base
         magnitude /= base
     return f"{value:.3g}{units[-1]}{suffix}"
