@@ -8,6 +8,9 @@ from .profile import Profile
 from .profiler import LayerProf
 from .metrics.formulas import register_flop_formula
 from .metrics.module_formulas import register_module_flops
+from .metrics.memory import MemoryMeter
+from .metrics.params import ParamsMeter
+from .metrics.shapes import ShapesMeter
 from .records import CallTiming, ModuleRecord
 from .render.compare import Comparison, compare
 from .render.plot import plot_icicle, plot_sunburst, plot_top
@@ -20,5 +23,5 @@ __all__ = [
     "LayerProf", "Profile", "ModuleRecord", "CallTiming", "schedule", "benchmark", "BenchmarkResult",
     "Table", "Comparison", "compare", "load", "loads", "save", "register_flop_formula", "register_module_flops",
     "GatheredProfile", "gather_profile", "register_timed_comm_hook", "plot_sunburst", "plot_icicle", "plot_top",
-    "__version__",
+    "ParamsMeter", "ShapesMeter", "MemoryMeter", "__version__",
 ]

@@ -31,9 +31,11 @@ class Profile(ProfileReports):
         """``{qualified name: row}`` in ``named_modules()`` order; the root's name is ``""``."""
         return {name: record.to_dict() for name, record in self.records.items()}
 
-    def layerwise_summary(self, columns: Iterable[str] | None = None, depth: int | None = None) -> str:
-        """The model's repr, each module annotated with its costs and share of the step."""
-        return annotated_repr(self.tree, columns=columns, depth=depth)
+    def layerwise_summary(self, columns: Iterable[str] | None = None, depth: int | None = None,
+                          footer: bool = False) -> str:
+        """The model's repr, each module annotated with its costs and share of the step; ``footer=True`` adds
+        the totals (model size, activation and saved memory, the largest modules)."""
+        return annotated_repr(self.tree, columns=columns, depth=depth, footer=footer)
 
     def layerwise_timepool(self) -> dict[str, Any]:
         """The nested-dict form: ``{name: {forward_cost, backward_cost, depth, calls, children}}``."""

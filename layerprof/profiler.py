@@ -235,6 +235,7 @@ class LayerProf:
         running = [m for m in self.metrics if not m.distorts_timing] + self._counting
         assert self._tracker is not None
         self._tracker.observers = tuple(m for m in running if m.wants_forward_hooks)
+        self._tracker.backward_observers = tuple(m for m in running if m.wants_backward_hooks)
 
     def _record_example(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         if not self._example:

@@ -11,21 +11,21 @@ from typing import Any, Iterable, Iterator
 from anytree import NodeMixin, PreOrderIter
 from torch import nn
 
-__all__ = ["CallTiming", "ModuleRecord", "build_tree", "TIME_FIELDS", "STAT_FIELDS", "register_record_fields"]
+__all__ = ["CallTiming", "ModuleRecord", "build_tree", "TIME_FIELDS", "STAT_FIELDS", "METRIC_FIELDS", "register_fields"]
 
 TIME_FIELDS = ("forward_ms", "backward_ms", "self_forward_ms", "self_backward_ms", "recompute_ms")
 # Statistics over steps, beside the means: forward_ms_median, ..., backward_ms_p95.
 STAT_FIELDS = tuple(f"{p}_{s}" for p in ("forward_ms", "backward_ms") for s in ("median", "std", "min", "max", "p95"))
 
-# Fields that meters write onto records, in registration order; ``to_dict`` adds them (None where not measured).
-METER_FIELDS: list[str] = []
+# Fields that meters write onto records, in registration order. ``to_dict`` includes those a record carries, so a
+# meter that did not run adds no column.
+METRIC_FIELDS: dict[str, None] = {}
 
 
-def register_record_fields(*names: str) -> None:
-    """Declare fields a meter fills on every record, so that ``to_dict`` (and every export) carries them."""
+def register_fields(*names: str) -> None:
+    """Declare record fields a meter fills (numbers, strings, and lists/dicts of them), for ``to_dict``."""
     for name in names:
-        if name not in METER_FIELDS:
-            METER_FIELDS.append(name)
+        METRIC_FIELDS.setdefault(name)
 
 
 @dataclass
@@ -92,7 +92,7 @@ class ModuleRecord(NodeMixin):
             **{field: getattr(self, field) for field in TIME_FIELDS},
             "steps": self.steps,
             **{field: getattr(self, field) for field in STAT_FIELDS},
-            **{field: getattr(self, field, None) for field in METER_FIELDS},
+            **{field: self.__dict__[field] for field in METRIC_FIELDS if field in self.__dict__},
             "aliases": list(self.aliases),
             "extra_repr": self.extra_repr,
             "call_times": [asdict(timing) for timing in self.call_times],

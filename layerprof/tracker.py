@@ -52,7 +52,7 @@ class CallTrace:
 class Tracker:
     """Puts forward hooks on modules, graph hooks on the nodes their forward creates, and collects CallTraces."""
 
-    def __init__(self, sync: bool = False, observers: Sequence[Any] = ()) -> None:
+    def __init__(self, sync: bool = False, observers: Sequence[Any] = (), backward_observers: Sequence[Any] = ()) -> None:
         self.sync = sync
         self.calls: list[CallTrace] = []
         self.active = False
@@ -61,6 +61,8 @@ class Tracker:
         self.cuda_clocks: dict[int, Clock] = {}
         self.watches: dict[int, Any] = {}  # graph node sequence number -> _NodeWatch, cleared after each step
         self.observers = tuple(observers)  # replaced between steps by the profiler
+        # Told ``backward_start(calls)``/``backward_end(calls)`` from the graph hooks; empty on the default path.
+        self.backward_observers = tuple(backward_observers)
         self._local = threading.local()
         self._handles: list[Any] = []
         self._hook_cache: dict[str, tuple[Callable[..., None], Callable[..., None]]] = {}
@@ -195,6 +197,11 @@ class _NodeWatch:
 
     def started(self, grad_outputs: Any) -> None:
         if self.tracker.active:
+            if self.tracker.backward_observers:
+                # Before the stamp, so that the observers' own cost is not timed as the calls' backward.
+                starting = [call for call in self.starts if call.bwd_start is None]
+                for observer in self.tracker.backward_observers:
+                    observer.backward_start(starting)
             stamp = self.starts[0].clock.now()
             for call in self.starts:
                 if call.bwd_start is None:
@@ -206,6 +213,8 @@ class _NodeWatch:
             stamp = self.ends[0].clock.now()
             for call in self.ends:
                 call.bwd_end = stamp
+            for observer in self.tracker.backward_observers:
+                observer.backward_end(self.ends)
         return None
 
 

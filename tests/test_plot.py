@@ -266,8 +266,11 @@ def test_missing_metric_names_the_field_and_the_fix(resnet_profile) -> None:
         layerprof.plot_sunburst(resnet_profile, metric="flops")
     with pytest.raises(ValueError, match=r"'saved_bytes' or 'activation_bytes'.*metrics=\('memory',\)"):
         resnet_profile.plot("icicle", metric="memory")
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    with layerprof.LayerProf(model, metrics=()) as bare:  # params is a default metric: turn it off to lose it
+        model(torch.randn(1, 2)).sum().backward()
     with pytest.raises(ValueError, match=r"'params'.*metrics=\('params',\)"):
-        layerprof.plot_top(resnet_profile, metric="params")
+        layerprof.plot_top(bare.profile, metric="params")
     assert plt.get_fignums() == before  # nothing drawn before the check
 
 

@@ -93,7 +93,7 @@ def test_resnet18_has_one_row_per_module(resnet: LayerProf) -> None:
 def _csv_value(cell: str, expected: Any) -> Any:
     if expected is None:
         return None if cell == "" else cell
-    if isinstance(expected, (list, tuple)):
+    if isinstance(expected, (list, tuple, dict)):
         return json.loads(cell)
     if isinstance(expected, bool):
         return cell == "True"
@@ -363,8 +363,8 @@ def test_summary_columns_time_share_self_time_and_meter_fields() -> None:
     fc_line = next(line for line in text.split("\n") if line.strip().startswith("(fc)"))
     # fc: (4 + 8) / (10 + 20) = 40%; self 3 + 6 = 9 ms = 30%; 600 params; no param_bytes on fc
     assert "Time: 40.0%" in fc_line and "Self Time: 9 ms (30.0%)" in fc_line
-    assert "Params: 600" in fc_line and "Param bytes: —" in fc_line
-    assert "Param bytes: 3.91 KiB" in text.split("\n")[1]  # root: 4000 B
+    assert "Params: 600" in fc_line and "Param Size: —" in fc_line
+    assert "Param Size: 3.91 KiB" in text.split("\n")[1]  # root: 4000 B
     with pytest.raises(ValueError, match="unknown column 'nonsense'"):
         prof.layerwise_summary(columns=("nonsense",))
 
@@ -534,7 +534,10 @@ def test_compare_real_runs_and_saved_files(resnet: LayerProf, tmp_path: Any) -> 
     resnet.to_json(path)
     result = layerprof.compare(resnet, str(path))
     rows = {row["metric"]: row for row in result.model}
-    assert list(rows) == ["modules", "forward_ms", "backward_ms", "total_ms"]  # no self times at model level
+    # No self times at model level; params come from the default "params" metric.
+    assert list(rows) == ["modules", "params", "trainable_params", "param_bytes", "buffer_bytes", "forward_ms",
+                          "backward_ms", "total_ms", "shared_params", "buffers"]
+    assert rows["params"]["a"] == 11_689_512  # resnet18
     assert rows["forward_ms"]["ratio"] == 1.0 and rows["forward_ms"]["better"] == "same"
     assert len(result.matched) == 68 and all(row["total_ms_diff"] == 0 for row in result.modules)
     with pytest.raises(TypeError, match="expected a Profile"):

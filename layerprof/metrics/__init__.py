@@ -6,7 +6,7 @@ in ``fill``. Timing itself is not a meter: it is always on.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from torch import nn
 
@@ -21,6 +21,8 @@ class Meter:
 
     name = "abstract"
     wants_forward_hooks = False
+    # Whether the tracker calls ``backward_start``/``backward_end`` (off by default: the default path stays lean).
+    wants_backward_hooks = False
     # A meter that slows the step (dispatch modes, saved-tensor hooks) says so, so timing can stay clean.
     distorts_timing = False
 
@@ -36,6 +38,14 @@ class Meter:
     def end_step(self, recorded: bool) -> None:
         """A step ended; ``recorded`` is False for warm-up and unscheduled steps, whose numbers should be dropped."""
 
+    def backward_start(self, calls: Sequence[Any]) -> None:
+        """These calls' backward begins: a graph node that is the first of each is about to run (only if
+        ``wants_backward_hooks``). One graph node can start several nested calls, hence a list."""
+
+    def backward_end(self, calls: Sequence[Any]) -> None:
+        """A graph node that is among the last of each of these calls has run. A call can end at several nodes:
+        the last time it is named here is the end of its backward (only if ``wants_backward_hooks``)."""
+
     def stop(self) -> None:
         """Profiling ends (``__exit__``, also on error): release anything installed in ``start``."""
 
@@ -49,7 +59,8 @@ class Meter:
 
 METERS: dict[str, type[Meter]] = {}
 
-DEFAULT_METRICS: tuple[str, ...] = ()
+# What LayerProf(model) runs when ``metrics`` is not given: the meters that cost nothing per call.
+DEFAULT_METRICS: tuple[str, ...] = ("params",)
 
 
 def register_meter(cls: type[Meter]) -> type[Meter]:
@@ -72,4 +83,5 @@ def make_meters(names: Iterable[str] | None) -> list[Meter]:
     return meters
 
 
-from . import flops as _flops  # noqa: E402,F401  (registers the "flops" meter)
+# The built-in meters register themselves on import (this order is the order of the fields).
+from . import params, shapes, memory, flops  # noqa: E402,F401,I001

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..records import ModuleRecord, register_record_fields
+from ..records import ModuleRecord, register_fields
 from ..render.columns import Column, register_column
 from ..render.units import format_flops
 from . import Meter, register_meter
@@ -37,7 +37,7 @@ from .module_formulas import module_flops_formula
 __all__ = ["FlopMeter", "FLOP_FIELDS", "total_flops", "flops_per_second"]
 
 FLOP_FIELDS = ("flops_forward", "flops_backward", "flops_recompute", "unknown_ops")
-register_record_fields(*FLOP_FIELDS)
+register_fields(*FLOP_FIELDS)
 
 _FORWARD, _BACKWARD, _RECOMPUTE = 0, 1, 2
 _FREE = "free"

@@ -23,7 +23,8 @@ MODEL_FIELDS = (
     "cuda_forward_peak_bytes", "cuda_backward_peak_bytes", "cuda_peak_bytes",
 )
 # Fields that count or place rather than cost: never compared.
-_NOT_COSTS = ("depth", "calls")
+# Own (non-inclusive) parameter counts say nothing about a whole model.
+_NOT_COSTS = ("depth", "calls", "own_params", "own_param_bytes")
 # Per-module diffs show a few fields, where both profiles have them, so the table stays readable.
 MODULE_FIELDS = ("forward_ms", "backward_ms", "total_ms", "params", "flops_forward", "activation_bytes")
 

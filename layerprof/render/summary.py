@@ -9,6 +9,7 @@ from typing import Iterable
 
 from ..records import ModuleRecord
 from .columns import Column, resolve_columns
+from .footer import summary_footer
 from .units import format_ms
 
 __all__ = ["annotated_repr", "summary_header"]
@@ -68,10 +69,13 @@ def summary_header(root: ModuleRecord) -> str:
 
 
 def annotated_repr(root: ModuleRecord, columns: Iterable[str] | None = None, depth: int | None = None,
-                   header: bool = True) -> str:
-    """The model's repr with each module's costs; ``depth`` limits how deep modules are expanded (root = 0)."""
+                   header: bool = True, footer: bool = False) -> str:
+    """The model's repr with each module's costs; ``depth`` limits how deep modules are expanded (root = 0).
+    ``footer`` adds totals below it: model size, activation and saved memory, the largest modules."""
     chosen = resolve_columns(columns, root=root)
     if depth is not None and depth < 0:
         raise ValueError(f"depth must be >= 0 or None, got {depth}")
     body = _render(root, root, chosen, depth, _alias_positions(root))
-    return (summary_header(root) + "\n" + body) if header else body
+    text = (summary_header(root) + "\n" + body) if header else body
+    totals = summary_footer(root) if footer else ""
+    return text + "\n" + totals if totals else text

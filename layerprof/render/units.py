@@ -3,7 +3,7 @@ from __future__ import annotations
 
 __all__ = [
     "format_ms", "format_count", "format_bytes", "format_flops", "format_percent", "format_change", "format_ratio",
-    "format_plain", "format_field", "field_label", "MISSING",
+    "format_plain", "format_field", "field_label", "format_shapes", "MISSING",
 ]
 
 MISSING = "—"
@@ -25,7 +25,7 @@ def _scaled(value: float, base: float, units: tuple[str, ...], suffix: str) -> s
     magnitude = abs(value)
     for unit in units[:-1]:
         if magnitude < base:
-            return f"{value:.3g}{unit}{suffix}" if unit else f"{value:g}{suffix}"
+            return f"{value:.3g}{unit}{suffix}" if unit.strip() else f"{value:g}{unit}{suffix}"
         value /= base
         magnitude /= base
     return f"{value:.3g}{units[-1]}{suffix}"
@@ -125,3 +125,14 @@ def field_label(field: str) -> str:
             field = field[: -len(suffix)] + (" %" if suffix == "_percent" else "")
     text = field.replace("_", " ").strip()
     return text[:1].upper() + text[1:]
+
+
+def format_shapes(shapes: list[list[int]] | None, limit: int = 3) -> str:
+    """Tensor shapes, the first ``limit`` of them: ``format_shapes([[4, 10], []]) == '[4, 10], []'``; a call with
+    no tensor is ``'()'``; more than ``limit`` end with ``'… +N'``."""
+    if shapes is None:
+        return MISSING
+    if not shapes:
+        return "()"
+    shown = ", ".join("[" + ", ".join(str(size) for size in shape) + "]" for shape in shapes[:limit])
+    return shown + (f", … +{len(shapes) - limit}" if len(shapes) > limit else "")

@@ -1,0 +1,356 @@
+"""Memory per module: activations created, tensors saved for backward, and (on CUDA) allocator deltas and peaks.
+
+On every device:
+
+- ``activation_bytes``: bytes of the storages of the tensors that the module's calls return, counted once per
+  storage for the module that first returned it, and only if it is new: a storage that was an input of the call
+  (a view, an in-place op, ``Dropout`` in eval mode), a parameter or a buffer is not an activation. Inclusive: a
+  call counts what it and the calls nested in it returned, so children <= parent and the root's value is every
+  unique module output of the step. ``self_activation_bytes`` excludes nested calls.
+- ``saved_bytes``: bytes of the storages autograd saved for backward while the module's forward ran
+  (``torch.autograd.graph.saved_tensors_hooks``), each storage counted once, for the innermost call running when
+  it was first saved; parameters and buffers are not counted (they live anyway). Inclusive like
+  ``activation_bytes``; ``self_saved_bytes`` is the innermost part. A region under ``torch.utils.checkpoint``
+  saves nothing through these hooks, which is the point of checkpointing and shows here as 0.
+
+Storages are deduplicated within one forward of the model (from the outermost call's start), so profiling several
+steps sums the steps like the times. The pack hook hands autograd a detached alias of the saved tensor (or chains
+to hooks installed before profiling, such as ``save_on_cpu``), so memory and gradients are those of an unprofiled
+run; the hook's cost is why this meter says ``distorts_timing``.
+
+On CUDA, per call on its device (the device of the call's clock: its first input tensor or parameter):
+
+- ``cuda_forward_delta_bytes``: ``memory_allocated`` at the end of the forward minus at its start (summed over
+  calls); ``cuda_forward_peak_bytes``: the highest ``memory_allocated`` during the forward minus the value at its
+  start (max over calls). ``cuda_backward_delta_bytes`` / ``cuda_backward_peak_bytes`` the same from the start of
+  the call's backward to its end. The allocator's peak counter is reset at every boundary and each interval's peak
+  is kept, so nested and interleaved calls are exact. This resets ``torch.cuda.max_memory_allocated``.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from ..nest import iter_tensors
+from ..records import ModuleRecord, register_fields
+from ..render.columns import Column, register_column
+from ..render.units import format_bytes
+from . import Meter, register_meter
+
+__all__ = ["MemoryMeter", "MemoryReader", "CudaMemoryReader", "PeakLog", "MEMORY_FIELDS", "CUDA_FIELDS"]
+
+CUDA_FIELDS = (
+    "cuda_forward_delta_bytes", "cuda_forward_peak_bytes", "cuda_backward_delta_bytes", "cuda_backward_peak_bytes",
+)
+MEMORY_FIELDS = ("activation_bytes", "self_activation_bytes", "saved_bytes", "self_saved_bytes", *CUDA_FIELDS)
+register_fields(*MEMORY_FIELDS)
+
+
+# -- reading the allocator -------------------------------------------------------------------------------------
+class MemoryReader:
+    """Reads an allocator: ``read(device)`` is (bytes allocated now, the most allocated since the last
+    ``reset_peak(device)``). Tests inject a fake one through ``MemoryMeter.reader_factory``."""
+
+    def covers(self, device: str) -> bool:
+        """Whether this reader measures ``device`` (a clock's device string, e.g. ``"cuda:0"``)."""
+        return False
+
+    def read(self, device: str) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def reset_peak(self, device: str) -> None:
+        raise NotImplementedError
+
+
+class CudaMemoryReader(MemoryReader):
+    """``memory_allocated`` and ``max_memory_allocated`` of the CUDA caching allocator, read from one stats call."""
+
+    def covers(self, device: str) -> bool:
+        return device.startswith("cuda")
+
+    def read(self, device: str) -> tuple[int, int]:
+        # The nested dict skips the flattening that ``memory_allocated`` does on every call.
+        allocated = torch.cuda.memory_stats_as_nested_dict(device)["allocated_bytes"]["all"]
+        return int(allocated["current"]), int(allocated["peak"])
+
+    def reset_peak(self, device: str) -> None:
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+class PeakLog:
+    """The peaks of the intervals between boundaries on one device, kept so that "the highest value since boundary
+    ``b``" is exact for any ``b`` however calls nest or interleave (backward branches do), in O(log n).
+
+    Only a decreasing run of (interval, peak) is kept: an older interval with a lower peak can never be the
+    answer for a query that also covers a later, higher one."""
+
+    def __init__(self, reader: MemoryReader, device: str) -> None:
+        self.reader = reader
+        self.device = device
+        self.count = 0  # boundaries so far; interval k ends at boundary k
+        self.intervals: list[int] = []
+        self.peaks: list[int] = []
+
+    def boundary(self) -> tuple[int, int]:
+        """Close the current interval; returns (this boundary's number, bytes allocated now)."""
+        current, peak = self.reader.read(self.device)
+        self.reader.reset_peak(self.device)
+        self.count += 1
+        while self.peaks and self.peaks[-1] <= peak:
+            self.peaks.pop()
+            self.intervals.pop()
+        self.intervals.append(self.count)
+        self.peaks.append(peak)
+        return self.count, current
+
+    def peak_since(self, mark: int) -> int:
+        """The highest allocation in the intervals after boundary ``mark`` up to the latest boundary."""
+        return self.peaks[bisect_left(self.intervals, mark + 1)]
+
+
+# -- per call ----------------------------------------------------------------------------------------------------
+class _CallMemory:
+    __slots__ = (
+        "inputs", "self_activation", "self_saved", "activation", "saved", "log",
+        "forward_mark", "forward_start", "forward_delta", "forward_peak",
+        "backward_mark", "backward_start", "backward_delta", "backward_peak",
+    )
+
+    def __init__(self, inputs: set[int], log: PeakLog | None) -> None:
+        self.inputs = inputs
+        self.self_activation = self.self_saved = 0
+        self.activation = self.saved = 0  # inclusive, summed at fill
+        self.log = log
+        self.forward_mark = self.forward_start = self.backward_mark = self.backward_start = 0
+        self.forward_delta: int | None = None
+        self.forward_peak: int | None = None
+        self.backward_delta: int | None = None
+        self.backward_peak: int | None = None
+
+
+def _storage(tensor: torch.Tensor) -> Any:
+    try:
+        return tensor.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested or wrapper tensors
+        return None
+
+
+def _storage_keys(*objs: Any) -> set[int]:
+    keys = set()
+    for tensor in iter_tensors(objs):
+        storage = _storage(tensor)
+        if storage is not None:
+            keys.add(storage._cdata)
+    return keys
+
+
+@register_meter
+class MemoryMeter(Meter):
+    """Activation and saved-for-backward bytes per module on any device; allocator deltas and peaks on CUDA."""
+
+    name = "memory"
+    wants_forward_hooks = True
+    wants_backward_hooks = True
+    distorts_timing = True  # a Python pack hook runs for every saved tensor, and CUDA reads at every boundary
+    reader_factory: Any = CudaMemoryReader
+
+    def __init__(self) -> None:
+        self._names: list[str] = []
+        self._calls: list[tuple[Any, _CallMemory]] = []
+        self._states: dict[int, _CallMemory] = {}  # id(call) -> its memory
+        self._stack: list[Any] = []  # the running forward calls, innermost last
+        # Storage (by StorageImpl address) -> a weak reference that keeps the address from being reused.
+        self._returned: dict[int, StorageWeakRef] = {}
+        self._saved: dict[int, StorageWeakRef] = {}
+        self._static: set[int] = set()  # parameters' and buffers' storages
+        self._logs: dict[str, PeakLog | None] = {}
+        self._reader: MemoryReader = MemoryReader()
+        self._hooks: Any = None
+        self._outer: tuple[Any, Any] | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+    def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: list[tuple[str, nn.Module]]) -> None:
+        self._names = list(records)
+        self._static = _storage_keys(list(model.parameters()), list(model.buffers()))
+        self._reader = type(self).reader_factory()
+        # Hooks installed before profiling (save_on_cpu, offloading) keep working: ours chains to them.
+        top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+        self._outer = top(False) if top is not None else None
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks.__enter__()
+
+    def stop(self) -> None:
+        hooks, self._hooks = self._hooks, None
+        self._stack.clear()
+        self._returned.clear()
+        self._saved.clear()
+        if hooks is not None:
+            hooks.__exit__(None, None, None)
+
+    # -- saved tensors ---------------------------------------------------------------------------------------------
+    def _pack(self, tensor: torch.Tensor) -> Any:
+        if self._stack:
+            call = self._stack[-1]
+            # A recomputed (checkpointed) call saves during backward, briefly: not what the forward holds.
+            state = None if call.recompute else self._states.get(id(call))
+            if state is not None:
+                storage = _storage(tensor)
+                if storage is not None:
+                    key = storage._cdata
+                    if key not in self._saved and key not in self._static:
+                        self._saved[key] = StorageWeakRef(storage)
+                        state.self_saved += storage.nbytes()
+        if self._outer is not None:
+            return self._outer[0](tensor)
+        # Not the tensor itself: a saved output would then hold its own grad_fn, a reference cycle. The alias
+        # shares the version counter, so the in-place check that hooks turn off in autograd can be redone.
+        return tensor.detach(), tensor._version
+
+    def _unpack(self, packed: Any) -> Any:
+        if self._outer is not None:
+            return self._outer[1](packed)
+        tensor, version = packed
+        if tensor._version != version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace operation: "
+                f"[{tensor.type()} {list(tensor.shape)}] is at version {tensor._version}; expected version "
+                f"{version} instead. (layerprof's memory meter checks this for autograd, whose own check "
+                "saved-tensor hooks turn off; the same code fails without profiling.)"
+            )
+        return tensor
+
+    # -- forward -----------------------------------------------------------------------------------------------------
+    def _log_for(self, device: str) -> PeakLog | None:
+        try:
+            return self._logs[device]
+        except KeyError:
+            log = self._logs[device] = PeakLog(self._reader, device) if self._reader.covers(device) else None
+            return log
+
+    def forward_pre(self, call: Any, module: nn.Module, args: Any, kwargs: Any) -> None:
+        stack = self._stack
+        if call.recompute:
+            stack.append(call)
+            return
+        if call.parent is None:
+            # A new forward of the model: storages are counted once per forward.
+            stack.clear()
+            self._returned.clear()
+            self._saved.clear()
+        state = _CallMemory(_storage_keys(args, kwargs), self._log_for(call.clock.device))
+        self._states[id(call)] = state
+        self._calls.append((call, state))
+        stack.append(call)
+        if state.log is not None:
+            state.forward_mark, state.forward_start = state.log.boundary()
+
+    def forward_post(self, call: Any, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        stack = self._stack
+        while stack:  # unwind past calls whose forward raised (they never reach here)
+            if stack.pop() is call:
+                break
+        state = self._states.get(id(call))
+        if state is None:
+            return
+        log = state.log
+        if log is not None:
+            _, current = log.boundary()
+            state.forward_delta = current - state.forward_start
+            state.forward_peak = log.peak_since(state.forward_mark) - state.forward_start
+        inputs, state.inputs = state.inputs, set()
+        returned = self._returned
+        for tensor in iter_tensors((output,)):
+            storage = _storage(tensor)
+            if storage is None:
+                continue
+            key = storage._cdata
+            if key in inputs or key in returned or key in self._static:
+                continue
+            returned[key] = StorageWeakRef(storage)
+            state.self_activation += storage.nbytes()
+
+    # -- backward (CUDA only) ------------------------------------------------------------------------------------
+    def backward_start(self, calls: Sequence[Any]) -> None:
+        logs_read: dict[PeakLog, tuple[int, int]] = {}
+        for call in calls:
+            state = self._states.get(id(call))
+            if state is None or state.log is None:
+                continue
+            reading = logs_read.get(state.log)
+            if reading is None:
+                reading = logs_read[state.log] = state.log.boundary()
+            state.backward_mark, state.backward_start = reading
+
+    def backward_end(self, calls: Sequence[Any]) -> None:
+        logs_read: dict[PeakLog, int] = {}
+        for call in calls:
+            state = self._states.get(id(call))
+            if state is None or state.log is None or state.backward_mark == 0:  # its start was not seen
+                continue
+            current = logs_read.get(state.log)
+            if current is None:
+                current = logs_read[state.log] = state.log.boundary()[1]
+            # A call may end at several nodes; the last one seen is its end, so later values overwrite.
+            state.backward_delta = current - state.backward_start
+            state.backward_peak = state.log.peak_since(state.backward_mark) - state.backward_start
+
+    # -- records -----------------------------------------------------------------------------------------------------
+    def fill(self, records: dict[str, ModuleRecord]) -> None:
+        for call, state in reversed(self._calls):  # children were created after their parents
+            state.activation += state.self_activation
+            state.saved += state.self_saved
+            parent = self._states.get(id(call.parent)) if call.parent is not None else None
+            if parent is not None:
+                parent.activation += state.activation
+                parent.saved += state.saved
+        totals: dict[str, dict[str, int | None]] = {name: dict.fromkeys(MEMORY_FIELDS) for name in self._names}
+        for call, state in self._calls:
+            row = totals[call.name]
+            _add(row, "activation_bytes", state.activation)
+            _add(row, "self_activation_bytes", state.self_activation)
+            _add(row, "saved_bytes", state.saved)
+            _add(row, "self_saved_bytes", state.self_saved)
+            _add(row, "cuda_forward_delta_bytes", state.forward_delta)
+            _max(row, "cuda_forward_peak_bytes", state.forward_peak)
+            _add(row, "cuda_backward_delta_bytes", state.backward_delta)
+            _max(row, "cuda_backward_peak_bytes", state.backward_peak)
+        for name, row in totals.items():
+            for field, value in row.items():
+                setattr(records[name], field, value)
+        self._calls.clear()
+        self._states.clear()
+
+
+def _add(row: dict[str, int | None], field: str, value: int | None) -> None:
+    if value is not None:
+        row[field] = (row[field] or 0) + value
+
+
+def _max(row: dict[str, int | None], field: str, value: int | None) -> None:
+    if value is not None:
+        previous = row[field]
+        row[field] = value if previous is None else max(previous, value)
+
+
+def _field(name: str) -> Any:
+    return lambda record: getattr(record, name, None)
+
+
+for _name, _label in (
+    ("activation_bytes", "Activations"),
+    ("self_activation_bytes", "Self Activations"),
+    ("saved_bytes", "Saved"),
+    ("self_saved_bytes", "Self Saved"),
+):
+    register_column(Column(_name, _label, _field(_name), format_bytes, _field(_name.removeprefix("self_"))))
+for _name, _label in (
+    ("cuda_forward_delta_bytes", "CUDA Fwd Δ"),
+    ("cuda_forward_peak_bytes", "CUDA Fwd Peak"),
+    ("cuda_backward_delta_bytes", "CUDA Bwd Δ"),
+    ("cuda_backward_peak_bytes", "CUDA Bwd Peak"),
+):
+    register_column(Column(_name, _label, _field(_name), format_bytes))

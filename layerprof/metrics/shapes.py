@@ -1,0 +1,161 @@
+"""Shapes and dtypes of every module call's input and output tensors, however they are nested.
+
+What a record holds (numbers and strings only; no tensor is kept, only ``torch.Size`` and ``torch.dtype``):
+
+- ``input_shapes``: the shapes of the tensors of the module's first call, flattened depth first: positional
+  arguments, then keyword arguments in the order given; inside them list/tuple items in order, dict (and Hugging
+  Face ``ModelOutput``) values in insertion order, dataclass fields in declaration order. Non-tensor values are
+  skipped. ``Linear`` on a ``[4, 10]`` input: ``[[4, 10]]``.
+- ``input_dtypes``: the dtype of each of those tensors, e.g. ``["float32"]``.
+- ``input_paths``: where each tensor sat, as keys joined by dots: ``"0"`` is the first positional argument,
+  ``"attention_mask"`` a keyword argument, ``"1.hidden.0"`` item 0 of field ``hidden`` of the second argument.
+- ``output_shapes``, ``output_dtypes``, ``output_paths``: the same for the return value; a bare tensor output has
+  the path ``""``, a ``ModelOutput`` its field names (``"logits"``, ``"past_key_values.0.0"``).
+- ``shape_variants``: how many distinct (inputs, outputs) signatures the module's calls had; 1 when every call
+  looked like the first (a loop, a shared block), more when shapes changed (e.g. a growing KV cache). Counting
+  stops at ``MAX_VARIANTS``.
+
+Calls re-run by activation checkpointing during backward are skipped: they repeat a forward call.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..records import ModuleRecord, register_fields
+from ..render.columns import Column, register_column
+from ..render.units import format_shapes
+from . import Meter, register_meter
+
+__all__ = ["ShapesMeter", "SHAPE_FIELDS", "tensor_specs", "MAX_VARIANTS"]
+
+SHAPE_FIELDS = (
+    "input_shapes", "input_dtypes", "input_paths",
+    "output_shapes", "output_dtypes", "output_paths",
+    "shape_variants",
+)
+register_fields(*SHAPE_FIELDS)
+
+MAX_VARIANTS = 64
+_MAX_DEPTH = 16
+_LEAVES = (str, bytes, int, float, bool, type(None))
+
+# One tensor's entry: (path keys, shape, dtype). Shapes and dtypes hold no reference to the tensor.
+Spec = tuple[tuple[Any, ...], torch.Size, torch.dtype]
+
+
+def _items(obj: Any) -> Any:
+    """(key, value) pairs of a container, or None for anything else."""
+    if isinstance(obj, (list, tuple)):
+        return enumerate(obj)
+    if isinstance(obj, dict):
+        return obj.items()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return ((field.name, getattr(obj, field.name, None)) for field in dataclasses.fields(obj))
+    return None
+
+
+def _spec(path: tuple[Any, ...], tensor: torch.Tensor) -> Spec:
+    try:
+        return path, tensor.shape, tensor.dtype
+    except RuntimeError:  # a nested (jagged) tensor has no single shape
+        return path, torch.Size(), tensor.dtype
+
+
+def _walk(obj: Any, path: tuple[Any, ...], out: list[Spec], depth: int) -> None:
+    items = _items(obj)
+    if items is None:
+        return
+    for key, item in items:
+        if isinstance(item, torch.Tensor):
+            out.append(_spec((*path, key), item))
+        elif depth < _MAX_DEPTH and not isinstance(item, _LEAVES):
+            _walk(item, (*path, key), out, depth + 1)
+
+
+def tensor_specs(args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> tuple[Spec, ...]:
+    """``(path, shape, dtype)`` of every tensor in ``args`` then ``kwargs``, depth first (see the module doc).
+
+    >>> tensor_specs((torch.zeros(4, 10),), {"mask": [torch.zeros(2, dtype=torch.bool)]})
+    (((0,), torch.Size([4, 10]), torch.float32), (('mask', 0), torch.Size([2]), torch.bool))
+    """
+    out: list[Spec] = []
+    _walk(args, (), out, 0)
+    if kwargs:
+        _walk(kwargs, (), out, 0)
+    return tuple(out)
+
+
+def output_specs(output: Any) -> tuple[Spec, ...]:
+    """``tensor_specs`` of a return value; a bare tensor has the empty path."""
+    if isinstance(output, torch.Tensor):
+        return (_spec((), output),)
+    out: list[Spec] = []
+    _walk(output, (), out, 0)
+    return tuple(out)
+
+
+def _path_text(path: tuple[Any, ...]) -> str:
+    return ".".join(str(key) for key in path)
+
+
+def _fields(prefix: str, specs: tuple[Spec, ...]) -> dict[str, Any]:
+    return {
+        f"{prefix}_shapes": [list(shape) for _, shape, _ in specs],
+        f"{prefix}_dtypes": [str(dtype).removeprefix("torch.") for _, _, dtype in specs],
+        f"{prefix}_paths": [_path_text(path) for path, _, _ in specs],
+    }
+
+
+@register_meter
+class ShapesMeter(Meter):
+    """Input and output shapes, dtypes and paths of each module's calls (see the module doc for the layout)."""
+
+    name = "shapes"
+    wants_forward_hooks = True
+
+    def __init__(self) -> None:
+        self._pending: dict[int, tuple[Spec, ...]] = {}  # id(call) -> input specs, until its forward ends
+        self._variants: dict[str, dict[tuple[Any, ...], None]] = {}  # name -> signatures, first call first
+        self._names: list[str] = []
+
+    def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: list[tuple[str, nn.Module]]) -> None:
+        self._names = list(records)
+
+    def forward_pre(self, call: Any, module: nn.Module, args: Any, kwargs: Any) -> None:
+        if not call.recompute:
+            self._pending[id(call)] = tensor_specs(args, kwargs)
+
+    def forward_post(self, call: Any, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        inputs = self._pending.pop(id(call), None)
+        if inputs is None:
+            return
+        signature = (inputs, output_specs(output))
+        variants = self._variants.get(call.name)
+        if variants is None:
+            self._variants[call.name] = {signature: None}
+        elif len(variants) < MAX_VARIANTS and signature not in variants:
+            variants[signature] = None
+
+    def stop(self) -> None:
+        self._pending.clear()  # calls whose forward raised
+
+    def fill(self, records: dict[str, ModuleRecord]) -> None:
+        for name in self._names:
+            record = records[name]
+            variants = self._variants.get(name)
+            if variants is None:
+                for field in SHAPE_FIELDS:
+                    setattr(record, field, None)
+                continue
+            inputs, outputs = next(iter(variants))
+            for field, value in {**_fields("input", inputs), **_fields("output", outputs)}.items():
+                setattr(record, field, value)
+            record.shape_variants = len(variants)  # type: ignore[attr-defined]
+
+
+register_column(Column("input_shapes", "In", lambda r: getattr(r, "input_shapes", None), format_shapes))
+register_column(Column("output_shapes", "Out", lambda r: getattr(r, "output_shapes", None), format_shapes))

@@ -1,0 +1,80 @@
+"""Totals under the annotated summary: model size, tied parameters, activation and saved memory, largest modules.
+
+Reads whatever fields the records carry; a line whose meter did not run is left out.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..records import ModuleRecord
+from .units import format_bytes, format_count
+
+__all__ = ["summary_footer", "largest", "tied_groups"]
+
+
+def _get(record: ModuleRecord, field: str) -> Any:
+    return getattr(record, field, None)
+
+
+def largest(root: ModuleRecord, field: str, top: int = 3) -> list[ModuleRecord]:
+    """The ``top`` records below the root with the highest non-zero ``field``, highest first."""
+    found = [record for record in root.descendants if (_get(record, field) or 0) > 0]
+    return sorted(found, key=lambda record: _get(record, field), reverse=True)[:top]
+
+
+def tied_groups(root: ModuleRecord) -> list[list[str]]:
+    """Each tensor registered under several qualified names (tied or shared parameters), as a sorted name list."""
+    groups: dict[tuple[str, ...], None] = {}
+    for record in (root, *root.descendants):
+        prefix = f"{record.name}." if record.name else ""
+        for param_name, others in (_get(record, "shared_with") or {}).items():
+            groups.setdefault(tuple(sorted({prefix + param_name, *others})))
+    return [list(group) for group in groups]
+
+
+def _params_line(root: ModuleRecord) -> str | None:
+    params = _get(root, "params")
+    if params is None:
+        return None
+    frozen = params - root.trainable_params  # type: ignore[attr-defined]
+    size = root.param_bytes + root.buffer_bytes  # type: ignore[attr-defined]
+    line = (
+        f"Model size: {format_bytes(size)} = {format_bytes(root.param_bytes)} of parameters "  # type: ignore[attr-defined]
+        f"({format_count(params)}, {format_count(frozen)} frozen) + {format_bytes(root.buffer_bytes)} of buffers"  # type: ignore[attr-defined]
+    )
+    groups = tied_groups(root)
+    if groups:
+        shown = "; ".join(" = ".join(group) for group in groups[:3])
+        more = f"; {len(groups) - 3} more" if len(groups) > 3 else ""
+        line += f"; shared, counted once: {shown}{more}"
+    return line + "."
+
+
+def _memory_line(root: ModuleRecord, top: int) -> str | None:
+    saved = _get(root, "saved_bytes")
+    activations = _get(root, "activation_bytes")
+    if saved is None and activations is None:
+        return None
+    line = f"Activations: {format_bytes(activations)} returned by modules, {format_bytes(saved)} saved for backward"
+    heaviest = largest(root, "self_saved_bytes", top)
+    if heaviest:
+        line += "; most saved: " + ", ".join(
+            f"'{record.name}' ({record.type}) {format_bytes(record.self_saved_bytes)}"  # type: ignore[attr-defined]
+            for record in heaviest
+        )
+    return line + "."
+
+
+def _cuda_line(root: ModuleRecord) -> str | None:
+    forward = _get(root, "cuda_forward_peak_bytes")
+    backward = _get(root, "cuda_backward_peak_bytes")
+    if forward is None and backward is None:
+        return None
+    return f"CUDA allocated above the start: forward peak {format_bytes(forward)}, backward peak {format_bytes(backward)}."
+
+
+def summary_footer(root: ModuleRecord, top: int = 3) -> str:
+    """Lines of totals for the fields present on ``root`` ("" when none): model size and shared parameters,
+    activation and saved bytes with the ``top`` modules by self saved bytes, CUDA peaks."""
+    lines = [_params_line(root), _memory_line(root, top), _cuda_line(root)]
+    return "\n".join(line for line in lines if line)

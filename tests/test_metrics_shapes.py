@@ -1,0 +1,143 @@
+"""The shapes meter: shapes, dtypes and paths through any nesting, several calls, and no tensor kept alive."""
+from __future__ import annotations
+
+import gc
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from layerprof import LayerProf
+from layerprof.metrics.shapes import tensor_specs
+from layerprof.render.units import format_shapes
+
+from .models import DictOut, KwargsDataclass, SharedLoop
+
+transformers = pytest.importorskip("transformers")
+
+
+def _profile(model: nn.Module, *args: Any, metrics: tuple[str, ...] = ("shapes",), **kwargs: Any) -> LayerProf:
+    with LayerProf(model, metrics=metrics) as prof:
+        model(*args, **kwargs)
+    return prof
+
+
+def test_linear_shapes_dtypes_paths() -> None:
+    model = nn.Sequential(nn.Linear(10, 20), nn.ReLU())
+    prof = _profile(model, torch.randn(4, 10))
+    linear = prof.records["0"]
+    assert linear.input_shapes == [[4, 10]] and linear.output_shapes == [[4, 20]]
+    assert linear.input_dtypes == ["float32"] and linear.output_dtypes == ["float32"]
+    assert linear.input_paths == ["0"] and linear.output_paths == [""]  # a bare tensor output has the empty path
+    assert linear.shape_variants == 1
+    text = prof.layerwise_summary(columns=("input_shapes", "output_shapes"))
+    assert "(0): Linear【In: [4, 10] | Out: [4, 20]】(in_features=10" in text
+
+
+@dataclass
+class Batch:
+    tokens: torch.Tensor
+    lengths: list[int]
+
+
+class Nested(nn.Module):
+    """Positional args with a list and a dict inside, a dataclass, keyword args; returns a tuple with a dict."""
+
+    def forward(self, x: torch.Tensor, pair: list[Any], batch: Batch, *, mask: torch.Tensor, scale: float = 1.0) -> Any:
+        return x * scale, {"sum": [pair[0] + 1, 3], "none": None}, batch.tokens.float().mean()
+
+
+def test_nested_args_kwargs_dataclass_outputs() -> None:
+    x = torch.randn(2, 3)
+    pair = [torch.zeros(5), {"m": torch.ones(1, 2, dtype=torch.float16)}]
+    batch = Batch(tokens=torch.zeros(2, 7, dtype=torch.long), lengths=[7, 7])
+    prof = _profile(Nested(), x, pair, batch, mask=torch.ones(2, dtype=torch.bool), scale=2.0)
+    root = prof.records[""]
+    # Depth first: args in order (inside: list items, dict values, dataclass fields), then kwargs.
+    assert root.input_paths == ["0", "1.0", "1.1.m", "2.tokens", "mask"]
+    assert root.input_shapes == [[2, 3], [5], [1, 2], [2, 7], [2]]
+    assert root.input_dtypes == ["float32", "float32", "float16", "int64", "bool"]
+    assert root.output_paths == ["0", "1.sum.0", "2"]
+    assert root.output_shapes == [[2, 3], [5], []]  # a 0-d tensor has the shape []
+    assert format_shapes(root.output_shapes) == "[2, 3], [5], []"
+    assert format_shapes(root.input_shapes) == "[2, 3], [5], [1, 2], … +2"
+
+
+def test_kwargs_only_and_dataclass_or_dict_outputs() -> None:
+    prof = _profile(KwargsDataclass(), features=torch.randn(3, 8))
+    root = prof.records[""]
+    assert root.input_paths == ["features"] and root.input_shapes == [[3, 8]]
+    assert root.output_paths == ["logits", "hidden"] and root.output_shapes == [[3, 2], [3, 8]]
+    prof = _profile(DictOut(), torch.randn(3, 8))
+    assert prof.records[""].output_paths == ["a", "b"]
+
+
+def test_hugging_face_model_output_and_int_inputs() -> None:
+    config = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32, max_position_embeddings=16)
+    model = transformers.BertModel(config).eval()
+    ids = torch.randint(0, 50, (2, 8))
+    prof = _profile(model, input_ids=ids, attention_mask=torch.ones_like(ids))
+    root = prof.records[""]
+    assert root.input_paths == ["input_ids", "attention_mask"] and root.input_dtypes == ["int64", "int64"]
+    assert root.output_paths == ["last_hidden_state", "pooler_output"]
+    assert root.output_shapes == [[2, 8, 16], [2, 16]]
+    assert prof.records["embeddings.word_embeddings"].output_shapes == [[2, 8, 16]]
+
+
+def test_several_calls() -> None:
+    model = SharedLoop()  # cell called three times on [2, 8]
+    prof = _profile(model, torch.randn(2, 8))
+    cell = prof.records["cell"]
+    assert cell.calls == 3 and cell.shape_variants == 1 and cell.input_shapes == [[2, 8]]
+    layer = nn.Linear(4, 4)
+    with LayerProf(layer, metrics=("shapes",)) as prof:
+        layer(torch.randn(1, 4))
+        layer(torch.randn(5, 4))
+        layer(torch.randn(1, 4))
+    record = prof.records[""]
+    # The first call's shapes are shown; two distinct signatures were seen.
+    assert record.calls == 3 and record.shape_variants == 2 and record.input_shapes == [[1, 4]]
+
+
+def test_checkpoint_recompute_adds_no_variant() -> None:
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return checkpoint(self.block, x, use_reentrant=False)
+
+    model = Net()
+    with LayerProf(model, metrics=("shapes",)) as prof:
+        model(torch.randn(2, 4, requires_grad=True)).sum().backward()
+    block = prof.records["block"]
+    assert block.recompute_ms is not None and block.calls == 1 and block.shape_variants == 1
+
+
+def test_keeps_no_tensor_alive() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    gc.collect()
+    gc.disable()  # reference counting alone must free them: no cycle through the profiler either
+    try:
+        x = torch.randn(2, 4, requires_grad=True)
+        with LayerProf(model, metrics=("shapes", "memory")) as prof:
+            y = model(x)
+            y.sum().backward()
+        refs = [weakref.ref(x), weakref.ref(y)]
+        del x, y
+        assert [ref() for ref in refs] == [None, None]
+        assert prof.records[""].input_shapes == [[2, 4]]
+    finally:
+        gc.enable()
+
+
+def test_tensor_specs_hold_only_sizes_and_dtypes() -> None:
+    specs = tensor_specs((torch.zeros(2, 3), 5, "text"), {"k": (torch.zeros(1),)})
+    assert specs == (((0,), torch.Size([2, 3]), torch.float32), (("k", 0), torch.Size([1]), torch.float32))
+    assert all(not isinstance(part, torch.Tensor) for spec in specs for part in spec)
