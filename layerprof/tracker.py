@@ -235,25 +235,26 @@ def _watch_backward(call: CallTrace, output: Any, tracker: Tracker) -> None:
                 roots.append(node)
         if not roots:
             return
-    # Watches are keyed by sequence number, unique per thread, so that nothing holds the node (and so the
-    # tensors it saved). Nodes accept no weak references.
-    watches = tracker.watches
     for node in roots:
-        key = node._sequence_nr()
-        watch = watches.get(key)
-        if watch is None:
-            watch = watches[key] = _NodeWatch(tracker)
+        watch = _watch(tracker, node)
         if not watch.starts:
             node.register_prehook(watch.started)
         watch.starts.append(call)
     for node in _frontier(roots, lo, hi):
-        key = node._sequence_nr()
-        watch = watches.get(key)
-        if watch is None:
-            watch = watches[key] = _NodeWatch(tracker)
+        watch = _watch(tracker, node)
         if not watch.ends:
             node.register_hook(watch.ended)
         watch.ends.append(call)
+
+
+def _watch(tracker: Tracker, node: Any) -> _NodeWatch:
+    # Keyed by sequence number, unique per thread, so that nothing holds the node (and so the tensors it saved).
+    # Nodes accept no weak references.
+    key = node._sequence_nr()
+    watch = tracker.watches.get(key)
+    if watch is None:
+        watch = tracker.watches[key] = _NodeWatch(tracker)
+    return watch
 
 
 def _frontier(roots: list[Any], lo: int, hi: int) -> list[Any]:

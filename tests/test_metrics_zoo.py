@@ -8,7 +8,7 @@ from layerprof import LayerProf
 
 from .conftest import hook_state
 from .invariants import check_profile
-from .test_zoo import ZOO, _call, _gpt2, _loss
+from .test_zoo import ZOO, _gpt2, zoo_step
 
 ALL = ("params", "shapes", "memory")
 INCLUSIVE = ("params", "trainable_params", "param_bytes", "buffers", "buffer_bytes", "activation_bytes", "saved_bytes")
@@ -16,16 +16,7 @@ INCLUSIVE = ("params", "trainable_params", "param_bytes", "buffers", "buffer_byt
 
 @pytest.mark.parametrize("name", list(ZOO))
 def test_zoo_with_every_meter(name: str) -> None:
-    torch.manual_seed(0)
-    model, inputs = ZOO[name]()
-    model.eval() if name in ("bert", "gpt2", "t5") else model.train()
-
-    def step() -> tuple[torch.Tensor, list[torch.Tensor | None]]:
-        model.zero_grad(set_to_none=True)
-        torch.manual_seed(1)
-        loss = _loss(_call(model, inputs))
-        loss.backward()
-        return loss.detach(), [p.grad for p in model.parameters()]
+    model, step = zoo_step(name)
 
     before = hook_state(model)
     plain_loss, plain_grads = step()

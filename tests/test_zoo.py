@@ -84,13 +84,13 @@ def _call(model: nn.Module, inputs: dict[str, Any]) -> Any:
     return model(**inputs)
 
 
-@pytest.mark.parametrize("name", list(ZOO))
-def test_zoo_profile_is_complete_correct_and_clean(name: str) -> None:
+def zoo_step(name: str) -> tuple[nn.Module, Callable[[], tuple[torch.Tensor, list[torch.Tensor | None]]]]:
+    """A zoo model and a training step returning its loss and gradients, repeatable bitwise."""
     torch.manual_seed(0)
     model, inputs = ZOO[name]()
     model.train()
     if name in ("bert", "gpt2", "t5"):
-        model.eval()  # no dropout, so the two runs below are comparable bitwise
+        model.eval()  # no dropout, so two runs are comparable bitwise
 
     def step() -> tuple[torch.Tensor, list[torch.Tensor | None]]:
         model.zero_grad(set_to_none=True)
@@ -98,6 +98,13 @@ def test_zoo_profile_is_complete_correct_and_clean(name: str) -> None:
         loss = _loss(_call(model, inputs))
         loss.backward()
         return loss.detach(), [p.grad for p in model.parameters()]
+
+    return model, step
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_zoo_profile_is_complete_correct_and_clean(name: str) -> None:
+    model, step = zoo_step(name)
 
     before_hooks, before_repr = hook_state(model), repr(model)
     plain_loss, plain_grads = step()
