@@ -289,7 +289,7 @@ class LayerProf:
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names LayerProf itself lacks: to_dict, layerwise_summary, exports, plots...
-        if name.startswith("_") or not hasattr(Profile, name):
+        if name.startswith("_") or not (hasattr(Profile, name) or name == "meta"):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return getattr(self.profile, name)
 

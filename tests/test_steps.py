@@ -193,6 +193,7 @@ def test_profile_records_where_it_was_measured() -> None:
     model = MLP()
     with LayerProf(model) as prof:
         model(torch.randn(5, 8)).sum().backward()
+    assert prof.meta is prof.profile.meta
     env = prof.profile.meta["environment"]
     for key in ("host", "os", "cpu", "cpu_count", "torch", "threads", "interop_threads", "device", "gpu", "dtype"):
         assert key in env
