@@ -102,7 +102,7 @@ def timed(loss_fn: Callable[[], torch.Tensor], model: nn.Module) -> float:
 
 
 def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch.Tensor]]], repeats: int,
-            wrappers: dict[str, Callable[[nn.Module], Any] | None]) -> dict[str, float]:
+            wrappers: dict[str, Callable[[nn.Module], Any] | None], metrics: tuple[str, ...] | None = None) -> dict[str, float]:
     """Interleaved rounds: plain step, steady-state profiled step, one-shot profiled step, baseline step.
 
     Steady state: one LayerProf whose schedule alternates hook-free and profiled steps (wait=1, active=1), so the
@@ -124,7 +124,7 @@ def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch
             del wrappers[key]
     samples: dict[str, list[float]] = {key: [] for key in ["plain", "layerprof_steady", *wrappers]}
     # A profiled model cannot be profiled twice at once: the other variants run on an identical twin.
-    steady = LayerProf(model, schedule=layerprof.schedule(wait=1, active=1))
+    steady = LayerProf(model, schedule=layerprof.schedule(wait=1, active=1), metrics=metrics)
     steady.start()
     try:
         for _ in range(repeats):
@@ -151,7 +151,12 @@ def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--metrics", default=None,
+                        help="comma-separated metrics for the steady-state profiler, e.g. flops (default: the defaults)")
+    parser.add_argument("--models", default="resnet18,bert,deep", help="comma-separated subset of resnet18,bert,deep")
     args = parser.parse_args()
+    metrics = None if args.metrics is None else tuple(m for m in args.metrics.split(",") if m)
+    chosen = set(args.models.split(","))
     torch.set_num_threads(1)
     torch.manual_seed(0)
     wrappers: dict[str, Callable[[nn.Module], Any] | None] = {
@@ -159,10 +164,13 @@ def main() -> None:
         "layerprof_oneshot": LayerProf,
         "full_backward_hooks": FullBackwardHookTimer,
     }
-    print(f"torch {torch.__version__}, 1 thread, median of {args.repeats} interleaved steps")
-    measure("resnet18 b2", resnet18, args.repeats, wrappers)
-    measure("bert 2x128 s32 b8", bert, args.repeats, wrappers)
-    measure("deep stack 300 x Linear(4,4)", deep_stack, args.repeats * 3, wrappers)
+    print(f"torch {torch.__version__}, 1 thread, median of {args.repeats} interleaved steps, metrics={metrics}")
+    if "resnet18" in chosen:
+        measure("resnet18 b2", resnet18, args.repeats, wrappers, metrics)
+    if "bert" in chosen:
+        measure("bert 2x128 s32 b8", bert, args.repeats, wrappers, metrics)
+    if "deep" in chosen:
+        measure("deep stack 300 x Linear(4,4)", deep_stack, args.repeats * 3, wrappers, metrics)
 
 
 if __name__ == "__main__":
