@@ -40,6 +40,18 @@ def _check_model(model: Any) -> None:
         raise TypeError(f"LayerProf expects a torch.nn.Module, got {type(model).__module__}.{type(model).__qualname__}")
 
 
+def _stop_all(meters: list[Meter]) -> None:
+    """Stop every meter, last started first, even when one of them raises (the first error is re-raised)."""
+    error: BaseException | None = None
+    for meter in reversed(meters):
+        try:
+            meter.stop()
+        except BaseException as raised:  # noqa: BLE001 - re-raised below, after the others are stopped
+            error = error or raised
+    if error is not None:
+        raise error
+
+
 class LayerProf:
     """Time every module's forward and backward pass, over one step or many.
 
@@ -89,6 +101,7 @@ class LayerProf:
         self._counting_step: dict[str, StepTimes] | None = None
         self._counting: list[Meter] = []  # timing-distorting meters while they run
         self._counting_done = False
+        self._steps_with_calls = 0
         self._tracker: Tracker | None = None
         self._entries: list[tuple[str, nn.Module]] = []
         self._attached = False
@@ -128,7 +141,7 @@ class LayerProf:
             self._probe = self.model.register_forward_pre_hook(self._record_example, with_kwargs=True)
             self._begin_step()
         except BaseException:
-            self._teardown(started)
+            self._teardown(started + self._counting)
             raise
         self._state = "running"
         return self
@@ -160,7 +173,7 @@ class LayerProf:
             self._teardown([m for m in self.metrics if not m.distorts_timing] + self._counting)
         self._state = "done"
         if exc is not None:
-            if tracker.raised_in is not None and tracker.raised_in[1] is exc:
+            if tracker.raised_in is not None and tracker.raised_in[1] == id(exc):
                 call = tracker.raised_in[0]
                 shown = f"'{call.name}'" if call.name else "the root"
                 exc.add_note(f"layerprof: raised inside module {shown} ({self.records[call.name].type})")
@@ -179,8 +192,7 @@ class LayerProf:
                 self._probe = None
         finally:
             try:
-                for meter in reversed(meters):
-                    meter.stop()
+                _stop_all(meters)
             finally:
                 self._counting = []
                 for _, module in self._entries:
@@ -221,14 +233,17 @@ class LayerProf:
                 else:
                     self._stats.add(times)
             tracker.calls.clear()
+            self._steps_with_calls += 1
         tracker.watches.clear()
+        tracker.reset_stack()  # a KeyboardInterrupt inside a forward skips its post-hook: start clean
         # A step slowed by counting meters is left out of the timings (when others exist): out of meters' too.
         recorded = action is Action.RECORD and bool(times) and not self._counting
         for meter in [m for m in self.metrics if not m.distorts_timing] + self._counting:
             meter.end_step(recorded)
-        for meter in reversed(self._counting):
-            meter.stop()
-        self._counting = []
+        if times:  # counting meters stay on until a step has run something to count
+            for meter in reversed(self._counting):
+                meter.stop()
+            self._counting = []
         self._set_observers()
 
     def _set_observers(self) -> None:
@@ -266,7 +281,7 @@ class LayerProf:
             extra = meter.meta()
             if extra:
                 meta[meter.name] = extra
-        meta.update(steps=self._stats.steps, steps_seen=self.step_num + 1, warmup=self.warmup,
+        meta.update(steps=self._stats.steps, steps_seen=self._steps_with_calls, warmup=self.warmup,
                     schedule=None if self.schedule is None else vars(self.schedule).copy(),
                     clock=sorted({clock.kind for clock in tracker.clocks()}))
         if self._stats.steps == 0:

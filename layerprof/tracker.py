@@ -33,7 +33,7 @@ class CallTrace:
 
     __slots__ = (
         "name", "parent", "clock", "recompute", "seq_start", "seq_end",
-        "fwd_start", "fwd_end", "bwd_start", "bwd_end", "raised",
+        "fwd_start", "fwd_end", "bwd_start", "bwd_end", "raised", "handling",
     )
 
     def __init__(self, name: str, parent: CallTrace | None, clock: Clock, recompute: bool) -> None:
@@ -47,6 +47,7 @@ class CallTrace:
         self.bwd_start: Any = None
         self.bwd_end: Any = None
         self.raised = False
+        self.handling: BaseException | None = None  # an exception already being handled when the call began
 
 
 class Tracker:
@@ -56,10 +57,12 @@ class Tracker:
         self.sync = sync
         self.calls: list[CallTrace] = []
         self.active = False
-        self.raised_in: tuple[CallTrace, BaseException] | None = None
+        # The innermost call that raised, and id() of its exception: never the exception itself, whose traceback
+        # holds the forward's frames and tensors (and, through our graph hooks, would keep them alive).
+        self.raised_in: tuple[CallTrace, int] | None = None
         self.cpu_clock = CpuClock()
         self.cuda_clocks: dict[int, Clock] = {}
-        self.watches: dict[int, Any] = {}  # graph node sequence number -> _NodeWatch, cleared after each step
+        self.watches: dict[tuple[int, int], Any] = {}  # graph node sequence number -> _NodeWatch, cleared after each step
         self.observers = tuple(observers)  # replaced between steps by the profiler
         # Told ``backward_start(calls)``/``backward_end(calls)`` from the graph hooks; empty on the default path.
         self.backward_observers = tuple(backward_observers)
@@ -105,6 +108,10 @@ class Tracker:
             self._local.stack = []
             return self._local.stack
 
+    def reset_stack(self) -> None:
+        """Forget calls left open on this thread (between steps, no forward is running)."""
+        self._stack().clear()
+
     def _clock_for(self, module: nn.Module, args: Any, kwargs: Any) -> Clock:
         tensor = first_tensor(args, kwargs)
         if tensor is None:
@@ -134,6 +141,9 @@ class Tracker:
                 stack = tracker._stack()
             clock = tracker._clock_for(module, args, kwargs) if cuda_initialized() else cpu_clock
             call = CallTrace(name, stack[-1] if stack else None, clock, _graph_task_id() != -1)
+            handling = sys.exc_info()[1]
+            if handling is not None:  # called from an except block: its exception is not this call's
+                call.handling = handling
             calls.append(call)
             stack.append(call)
             for observer in tracker.observers:
@@ -159,13 +169,16 @@ class Tracker:
             stack.pop()
             call.fwd_end = end
             call.seq_end = _next_sequence_nr()
-            if output is None and sys.exc_info()[0] is not None:
+            error = sys.exc_info()[1] if output is None else None
+            handling, call.handling = call.handling, None
+            if error is not None and error is not handling:
                 # always_call ran us because forward raised: remember the innermost module for the error note.
                 call.raised = True
-                error = sys.exc_info()[1]
-                if tracker.raised_in is None or tracker.raised_in[1] is not error:
-                    tracker.raised_in = (call, error)
+                if tracker.raised_in is None or tracker.raised_in[1] != id(error):
+                    tracker.raised_in = (call, id(error))
                 return None
+            if not stack:
+                tracker.raised_in = None  # the outermost call returned: any exception inside it was handled
             if call.seq_end > call.seq_start:
                 _watch_backward(call, output, tracker)
             for observer in tracker.observers:
@@ -248,9 +261,9 @@ def _watch_backward(call: CallTrace, output: Any, tracker: Tracker) -> None:
 
 
 def _watch(tracker: Tracker, node: Any) -> _NodeWatch:
-    # Keyed by sequence number, unique per thread, so that nothing holds the node (and so the tensors it saved).
+    # Keyed by thread and sequence number (counted per thread), so that nothing holds the node (and so the tensors it saved).
     # Nodes accept no weak references.
-    key = node._sequence_nr()
+    key = (threading.get_ident(), node._sequence_nr())
     watch = tracker.watches.get(key)
     if watch is None:
         watch = tracker.watches[key] = _NodeWatch(tracker)

@@ -316,3 +316,53 @@ def test_cuda_events_and_sync_paths(cuda: torch.device) -> None:
             model(torch.randn(4, 8, device="cuda:0")).sum().backward()
         check_profile(prof, model)
         assert all(r.forward_ms > 0 and r.backward_ms > 0 for r in prof.records.values())
+
+
+def test_a_caught_exception_keeps_no_tensor_alive() -> None:
+    refs: list[weakref.ref] = []
+
+    class MaybeBoom(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            big = torch.empty(100, 100)
+            refs.append(weakref.ref(big))
+            if x.shape[0] > 4:
+                raise RuntimeError("out of memory, retry smaller")
+            return x
+
+    model = nn.Sequential(nn.Linear(4, 4), MaybeBoom())
+    with LayerProf(model) as prof:
+        try:
+            model(torch.randn(8, 4))
+        except RuntimeError:
+            pass
+        for _ in range(2):
+            model(torch.randn(2, 4)).sum().backward()
+            prof.step()
+    gc.collect()
+    assert refs and refs[0]() is None
+    assert prof.records["1"].calls == 1 and prof.tree.steps == 2
+
+
+def test_a_call_made_while_handling_an_exception_is_counted() -> None:
+    class Logger(nn.Module):
+        def forward(self, x: torch.Tensor) -> None:
+            return None
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.log = Logger()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            try:
+                {}["missing"]
+            except KeyError:
+                self.log(x)  # returns None inside an except block: not a raise
+            return self.fc(x)
+
+    model = Net()
+    with LayerProf(model) as prof:
+        model(torch.randn(2, 4)).sum().backward()
+    assert prof.records["log"].calls == 1 and prof.records["log"].forward_ms is not None
+    assert prof.profile.meta["steps_seen"] == 1
