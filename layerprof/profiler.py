@@ -104,7 +104,6 @@ class LayerProf:
         self._steps_with_calls = 0
         self._tracker: Tracker | None = None
         self._entries: list[tuple[str, nn.Module]] = []
-        self._attached = False
         self._probe: Any = None
         self._example: dict[str, Any] = {}
         self._profile: Profile | None = None
@@ -170,7 +169,7 @@ class LayerProf:
             if exc is None:
                 self._end_step()
         finally:
-            self._teardown([m for m in self.metrics if not m.distorts_timing] + self._counting)
+            self._teardown(self._running_meters())
         self._state = "done"
         if exc is not None:
             if tracker.raised_in is not None and tracker.raised_in[1] == id(exc):
@@ -186,7 +185,6 @@ class LayerProf:
         try:
             if self._tracker is not None:
                 self._tracker.detach()
-            self._attached = False
             if self._probe is not None:
                 self._probe.remove()
                 self._probe = None
@@ -211,12 +209,10 @@ class LayerProf:
                     self._counting.append(meter)
             self._counting_done = True
         self._set_observers()
-        if wanted and not self._attached:
+        if wanted and not tracker.active:
             tracker.attach(self._entries)
-            self._attached = True
-        elif not wanted and self._attached:
+        elif not wanted and tracker.active:
             tracker.detach()
-            self._attached = False
 
     def _end_step(self) -> None:
         tracker = self._tracker
@@ -238,16 +234,19 @@ class LayerProf:
         tracker.reset_stack()  # a KeyboardInterrupt inside a forward skips its post-hook: start clean
         # A step slowed by counting meters is left out of the timings (when others exist): out of meters' too.
         recorded = action is Action.RECORD and bool(times) and not self._counting
-        for meter in [m for m in self.metrics if not m.distorts_timing] + self._counting:
+        for meter in self._running_meters():
             meter.end_step(recorded)
         if times:  # counting meters stay on until a step has run something to count
-            for meter in reversed(self._counting):
-                meter.stop()
-            self._counting = []
+            counting, self._counting = self._counting, []
+            _stop_all(counting)
         self._set_observers()
 
+    def _running_meters(self) -> list[Meter]:
+        """Meters on now: the ones that run throughout, then the timing-distorting ones while they count."""
+        return [m for m in self.metrics if not m.distorts_timing] + self._counting
+
     def _set_observers(self) -> None:
-        running = [m for m in self.metrics if not m.distorts_timing] + self._counting
+        running = self._running_meters()
         assert self._tracker is not None
         self._tracker.observers = tuple(m for m in running if m.wants_forward_hooks)
         self._tracker.backward_observers = tuple(m for m in running if m.wants_backward_hooks)
@@ -266,15 +265,15 @@ class LayerProf:
         meta: dict[str, Any] = {"environment": {**environment(self.model), **self._example}}
         distorting = [m.name for m in self.metrics if m.distorts_timing]
         if self._stats.steps == 0 and self._counting_step is not None:
+            # Only set while a distorting meter counted, so ``distorting`` is not empty here.
             self._stats.add(self._counting_step)
-            if distorting:
-                meta["timing_distorted_by"] = distorting
-                warnings.warn(
-                    f"only one step was profiled, and metrics {distorting} slowed it down: its times include their "
-                    "overhead. Profile several steps (call prof.step() after each) for clean times.",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
+            meta["timing_distorted_by"] = distorting
+            warnings.warn(
+                f"only one step was profiled, and metrics {distorting} slowed it down: its times include their "
+                "overhead. Profile several steps (call prof.step() after each) for clean times.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         self._stats.fill(self.records)
         for meter in self.metrics:
             meter.fill(self.records)

@@ -62,7 +62,8 @@ class Tracker:
         self.raised_in: tuple[CallTrace, int] | None = None
         self.cpu_clock = CpuClock()
         self.cuda_clocks: dict[int, Clock] = {}
-        self.watches: dict[tuple[int, int], Any] = {}  # graph node sequence number -> _NodeWatch, cleared after each step
+        # (thread id, graph node sequence number) -> _NodeWatch, cleared after each step
+        self.watches: dict[tuple[int, int], Any] = {}
         self.observers = tuple(observers)  # replaced between steps by the profiler
         # Told ``backward_start(calls)``/``backward_end(calls)`` from the graph hooks; empty on the default path.
         self.backward_observers = tuple(backward_observers)
