@@ -17,7 +17,7 @@ from torch import nn
 
 from layerprof import LayerProf
 from layerprof.metrics.params import ParamsMeter
-from layerprof.records import build_tree
+from layerprof.record.records import build_tree
 
 
 def resnet18() -> tuple[nn.Module, Callable[[], torch.Tensor]]:

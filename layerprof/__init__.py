@@ -1,27 +1,34 @@
-"""layerprof: where the time of a PyTorch training step goes, module by module, forward and backward."""
+"""layerprof: where the time of a PyTorch training step goes, module by module, forward and backward.
+
+The package is layered, dependencies pointing one way: ``collect`` (the profiler and its hooks) fills
+``record`` (the record tree, numbers only), which ``render`` reads; ``metrics`` are meters that collection runs
+and that declare their record fields; ``distributed`` and ``cli`` sit on top. ``profile.Profile`` joins records
+to their renderers; ``_torch`` holds every private torch API.
+"""
 from __future__ import annotations
 
+from ._version import __version__
 from .benchmark import BenchmarkResult, benchmark
+from .collect import LayerProf, schedule
 from .distributed import GatheredProfile, gather_profile, register_timed_comm_hook
-from .io import load, loads, save
-from .profile import Profile
-from .profiler import LayerProf
+from .metrics import Meter, register_meter
 from .metrics.formulas import register_flop_formula
 from .metrics.module_formulas import register_module_flops
+from .metrics.flops import FlopMeter
 from .metrics.memory import MemoryMeter
 from .metrics.params import ParamsMeter
 from .metrics.shapes import ShapesMeter
-from .records import CallTiming, ModuleRecord
-from .render.compare import Comparison, compare
+from .profile import Profile, compare, load, loads, save
+from .record import CallTiming, ModuleRecord
+from .render.compare import Comparison
 from .render.plot import plot_icicle, plot_sunburst, plot_top
 from .render.table import Table
-from .schedule import schedule
-
-__version__ = "0.1.0"
 
 __all__ = [
     "LayerProf", "Profile", "ModuleRecord", "CallTiming", "schedule", "benchmark", "BenchmarkResult",
-    "Table", "Comparison", "compare", "load", "loads", "save", "register_flop_formula", "register_module_flops",
+    "Table", "Comparison", "compare", "load", "loads", "save",
+    "Meter", "register_meter", "register_flop_formula", "register_module_flops",
+    "ParamsMeter", "ShapesMeter", "MemoryMeter", "FlopMeter",
     "GatheredProfile", "gather_profile", "register_timed_comm_hook", "plot_sunburst", "plot_icicle", "plot_top",
-    "ParamsMeter", "ShapesMeter", "MemoryMeter", "__version__",
+    "__version__",
 ]

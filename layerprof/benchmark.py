@@ -11,10 +11,10 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from .env import environment
-from .nest import first_tensor, iter_tensors
+from .collect.environment import environment
+from ._tensors import first_tensor, iter_tensors
 from .profile import Profile
-from .steps import RunningStat
+from .collect.statistics import RunningStat
 
 __all__ = ["BenchmarkResult", "benchmark"]
 
@@ -120,7 +120,7 @@ def benchmark(model: nn.Module, inputs: Any, *, iters: int = 50, warmup: int = 1
                 bar.update(1)
         profile = None
         if per_module:
-            from .profiler import LayerProf
+            from .collect.profiler import LayerProf
 
             with LayerProf(model, warmup=min(warmup, 1)) as prof:
                 for _ in range(iters + min(warmup, 1)):

@@ -1,26 +1,33 @@
 """Profile: the result of profiling, a tree of records plus where it was measured. Live or loaded alike.
 
-Every way of reading a profile (summary, tables, exports, plots, comparisons) hangs off this class or takes one;
-none of them needs the model or the profiler that made it.
+Every way of reading a profile (summary, tables, exports, plots, comparisons) is a method here or takes one;
+none of them needs the model or the profiler that made it. This module is the one place where records meet
+their renderers: ``record/`` knows nothing of rendering, ``render/`` knows nothing of collecting or files.
+Table methods share the filters of ``render.rows.select``: ``depth`` (exactly), ``max_depth``, ``type`` (class
+name or names), ``name`` (glob on the qualified name), ``leaves`` and ``called``.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from pathlib import Path
+from typing import IO, Any, Iterable, Sequence
 
-from .records import ModuleRecord
-from .reports import ProfileReports
+from .record import io
+from .record.records import ModuleRecord
+from .render import export
+from .render.compare import Comparison
+from .render.html import html_table, notebook_style
+from .render.rows import DERIVED_FIELDS, numeric_fields, select, top_records, value_of
 from .render.summary import annotated_repr
+from .render.table import Table
+from .render.trace import trace_json
 from .render.tree import render_tree, timepool
 from .render.units import format_ms
 
-__all__ = ["Profile"]
+__all__ = ["Profile", "load", "loads", "save", "as_profile", "compare"]
 
 
-class Profile(ProfileReports):
-    """Records of one profiled model: ``tree`` (anytree root), ``records`` by qualified name, ``meta``.
-
-    Queries, tables and exports (``rows``, ``top``, ``aggregate``, ``to_dataframe``, ``to_csv``, ``to_json``,
-    ``to_html``, ``to_latex``, ``to_markdown``, ``to_trace``) come from ``ProfileReports`` (reports.py)."""
+class Profile:
+    """Records of one profiled model: ``tree`` (anytree root), ``records`` by qualified name, ``meta``."""
 
     def __init__(self, tree: ModuleRecord, meta: dict[str, Any] | None = None) -> None:
         self.tree = tree
@@ -31,6 +38,7 @@ class Profile(ProfileReports):
         """``{qualified name: row}`` in ``named_modules()`` order; the root's name is ``""``."""
         return {name: record.to_dict() for name, record in self.records.items()}
 
+    # -- text views ------------------------------------------------------------------------------------------
     def layerwise_summary(self, columns: Iterable[str] | None = None, depth: int | None = None,
                           footer: bool = False) -> str:
         """The model's repr, each module annotated with its costs and share of the step; ``footer=True`` adds
@@ -45,10 +53,101 @@ class Profile(ProfileReports):
         """An anytree ``RenderTree`` view for terminals."""
         return render_tree(self.tree, maxdepth=maxdepth)
 
+    # -- queries ---------------------------------------------------------------------------------------------
+    def select(self, **filters: Any) -> list[ModuleRecord]:
+        """The records that pass the filters, in ``named_modules()`` order."""
+        return select(self.records.values(), **filters)
+
+    def rows(self, **filters: Any) -> Table:
+        """The canonical rows of the selected modules, as a printable Table.
+
+        >>> import torch, layerprof
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        >>> with layerprof.LayerProf(net) as prof:
+        ...     net(torch.randn(2, 4)).sum().backward()
+        >>> [row["name"] for row in prof.rows(type="Linear")]
+        ['0', '2']
+        """
+        return Table.of_records(self.select(**filters), self.tree)
+
+    def aggregate(self, by: str = "type", **filters: Any) -> Table:
+        """One row per module type (``by="type"``): module count, calls, numeric fields summed (peaks: max).
+        Use ``leaves=True`` for a breakdown whose times add up without counting containers."""
+        if by != "type":
+            raise ValueError(f"aggregate groups by 'type' only, got by={by!r}")
+        return Table.by_type(self.select(**filters))
+
+    def top(self, k: int = 10, by: str = "total_ms", depth: int | None = None, **filters: Any) -> Table:
+        """The ``k`` modules with the largest ``by`` (any numeric field: times, FLOPs, params, bytes; or
+        ``total_ms``), optionally at one ``depth``. Without ``depth`` the root (the whole model) is left out.
+
+        >>> import torch, layerprof
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        >>> with layerprof.LayerProf(net) as prof:
+        ...     net(torch.randn(2, 4)).sum().backward()
+        >>> len(prof.top(2, by="forward_ms", depth=1))
+        2
+        """
+        known = set(numeric_fields(self.to_dict().values())) | set(DERIVED_FIELDS)
+        if by not in known:
+            raise ValueError(f"cannot rank by {by!r}; numeric fields of this profile: {', '.join(sorted(known))}")
+        candidates = self.select(depth=depth, **filters)
+        if depth is None:
+            candidates = [record for record in candidates if record is not self.tree]
+        chosen = top_records(candidates, k, by)
+        table = Table.of_records(chosen, self.tree)
+        rows = [{**row, by: value_of(record, by, row)} for record, row in zip(chosen, table.rows)]
+        rest = [c for c in export.display_columns(rows) if c not in ("name", "type", "calls", by)]
+        return Table(rows, ["name", "type", "calls", by, *rest])
+
+    # -- exports: every table export is ``self.rows(**filters).to_*()`` ---------------------------------------
+    def to_dataframe(self, columns: Sequence[str] | None = None, **filters: Any) -> Any:
+        """A pandas DataFrame, one row per module: every row field except ``call_times``, typed, units in the
+        column names (``forward_ms``, ``param_bytes``)."""
+        return self.rows(**filters).to_dataframe(columns)
+
+    def to_csv(self, path: str | Path | None = None, columns: Sequence[str] | None = None, **filters: Any) -> str:
+        """CSV text of the rows (raw numbers; lists as JSON); written to ``path`` if given."""
+        return self.rows(**filters).to_csv(path, columns)
+
+    def to_markdown(self, path: str | Path | None = None, columns: Sequence[str] | None = None, raw: bool = False,
+                    **filters: Any) -> str:
+        """A Markdown table (units in the values, or raw numbers with ``raw=True``); written to ``path`` if given."""
+        return self.rows(**filters).to_markdown(path, columns, raw)
+
+    def to_latex(self, path: str | Path | None = None, columns: Sequence[str] | None = None, raw: bool = False,
+                 caption: str | None = None, label: str | None = None, **filters: Any) -> str:
+        """A booktabs LaTeX table (needs ``\\usepackage{booktabs}``); written to ``path`` if given."""
+        return self.rows(**filters).to_latex(path, columns, raw, caption=caption, label=label)
+
+    def to_html(self, path: str | Path | None = None, columns: Sequence[str] | None = None, raw: bool = False,
+                title: str | None = None, **filters: Any) -> str:
+        """A self-contained HTML page with the table, names indented by depth; written to ``path`` if given."""
+        shown = title if title is not None else f"layerprof: {self.tree.type}"
+        return self.rows(**filters).to_html(path, columns, raw, title=shown)
+
+    def to_json(self, path: str | Path | None = None, indent: int | None = 1) -> str:
+        """The whole profile as JSON (format version, ``meta``, every row with its call timings); written to
+        ``path`` if given. ``layerprof.load`` reads it back into an identical profile."""
+        return export.write_text(io.dumps(self.tree, self.meta, indent=indent) + "\n", path)
+
+    def to_trace(self, path: str | Path | None = None) -> str:
+        """Chrome trace-event JSON of every call's forward and backward, for ui.perfetto.dev or
+        chrome://tracing; written to ``path`` if given."""
+        return export.write_text(trace_json(self.tree, self.meta), path)
+
+    # -- plots, distributed, FLOPs ---------------------------------------------------------------------------
+    def plot(self, kind: str, metric: str = "total", path: str | None = None, **kwargs: Any) -> Any:
+        """Draw a ``kind`` of plot ("sunburst", "icicle" or "top") of ``metric`` and return its Axes; saves a PNG
+        or SVG only when ``path`` is given. Other keywords go to ``layerprof.plot_<kind>`` (ax, depth, k, ...)."""
+        from .render.plot import save_plot  # matplotlib loads only when a plot is drawn
+
+        return save_plot(self, kind, metric=metric, path=path, **kwargs)
+
     def gather(self, dst: int = 0, group: Any = None, margin: float = 0.2, min_ms: float | None = None) -> Any:
         """Collect every rank's profile on rank ``dst`` (a collective) and compare them: a ``GatheredProfile``
         there, None on other ranks, a one-rank view without torch.distributed. See ``layerprof.distributed``."""
-        from .distributed import gather_profile
+        from .distributed.gather import gather_profile  # distributed sits above this module
 
         return gather_profile(self, dst=dst, group=group, margin=margin, min_ms=min_ms)
 
@@ -58,12 +157,15 @@ class Profile(ProfileReports):
         Register a formula with ``layerprof.register_flop_formula``."""
         return dict(getattr(self.tree, "unknown_ops", None) or {})
 
-    def plot(self, kind: str, metric: str = "total", path: str | None = None, **kwargs: Any) -> Any:
-        """Draw a ``kind`` of plot ("sunburst", "icicle" or "top") of ``metric`` and return its Axes; saves a PNG
-        or SVG only when ``path`` is given. Other keywords go to ``layerprof.plot_<kind>`` (ax, depth, k, ...)."""
-        from .render.plot import save_plot
-
-        return save_plot(self, kind, metric=metric, path=path, **kwargs)
+    # -- notebooks and repr ----------------------------------------------------------------------------------
+    def _repr_html_(self) -> str:
+        table = self.rows()
+        # Self times make the notebook view too wide; they are one ``columns=`` away in the other tables.
+        rest = [c for c in table.columns if c not in ("name", "type") and not c.startswith("self_")]
+        caption = f"{self.tree.type}: {len(self.records)} modules"
+        shown = table.human_rows()
+        return notebook_style() + "\n" + html_table(shown, ["name", "type", *rest], indent=True, caption=caption,
+                                                    max_rows=500)
 
     def __repr__(self) -> str:
         root = self.tree
@@ -71,3 +173,63 @@ class Profile(ProfileReports):
             f"<Profile {root.type}: {len(self.records)} modules, forward {format_ms(root.forward_ms)}, "
             f"backward {format_ms(root.backward_ms)}>"
         )
+
+
+# -- files ---------------------------------------------------------------------------------------------------
+def loads(text: str) -> Profile:
+    """A Profile from JSON text written by ``save``/``Profile.to_json``."""
+    tree, meta = io.parse(text)
+    return Profile(tree, meta)
+
+
+def load(source: str | Path | IO[str]) -> Profile:
+    """Load a profile saved with ``prof.to_json(path)`` or ``layerprof.save(prof, path)``.
+
+    >>> import torch, tempfile, os, layerprof
+    >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
+    >>> with layerprof.LayerProf(net) as prof:
+    ...     net(torch.randn(2, 4)).sum().backward()
+    >>> path = os.path.join(tempfile.mkdtemp(), "net.json")
+    >>> _ = prof.to_json(path)
+    >>> layerprof.load(path).layerwise_summary() == prof.layerwise_summary()
+    True
+    """
+    if hasattr(source, "read"):
+        return loads(source.read())  # type: ignore[union-attr]
+    return loads(Path(source).read_text(encoding="utf-8"))  # type: ignore[arg-type]
+
+
+def as_profile(value: Any) -> Profile:
+    """A Profile from a Profile, a LayerProf after its ``with`` block, or the path of a saved profile."""
+    if isinstance(value, Profile):
+        return value
+    if isinstance(value, (str, Path)):
+        return load(value)
+    profile = getattr(value, "profile", None)  # LayerProf: raises a clear error before its block has exited
+    if isinstance(profile, Profile):
+        return profile
+    raise TypeError(f"expected a Profile, a LayerProf or a saved profile's path, got {type(value).__name__}")
+
+
+def save(profile: Any, path: str | Path) -> str:
+    """Write the profile's JSON to ``path`` and return the text. ``layerprof.load(path)`` reads it back."""
+    return as_profile(profile).to_json(path)
+
+
+def compare(a: Any, b: Any, names: tuple[str, str] = ("a", "b"), module_fields: Sequence[str] | None = None
+            ) -> Comparison:
+    """Compare two profiles (or LayerProf objects after their ``with`` block, or paths to saved profiles).
+
+    >>> import torch, layerprof
+    >>> def run(width):
+    ...     net = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
+    ...     with layerprof.LayerProf(net) as prof:
+    ...         net(torch.randn(4, 8)).sum().backward()
+    ...     return prof
+    >>> result = layerprof.compare(run(64), run(16), names=("teacher", "student"))
+    >>> result.model[0]["metric"], result.model[0]["ratio"]
+    ('modules', 1.0)
+    >>> len(result.matched)
+    4
+    """
+    return Comparison(as_profile(a), as_profile(b), names, module_fields)

@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from layerprof import LayerProf
-from layerprof.profiler import _PROFILED
+from layerprof.collect.profiler import _PROFILED
 
 from .conftest import hook_state
 from .invariants import check_profile, count_calls

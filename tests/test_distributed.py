@@ -21,8 +21,8 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from layerprof import GatheredProfile, LayerProf, register_timed_comm_hook
-from layerprof.crossrank import cross_rank_stats, shown_names, spread
-from layerprof.distributed import rank_payload
+from layerprof.distributed.crossrank import cross_rank_stats, shown_names, spread
+from layerprof.distributed.gather import rank_payload
 from layerprof.metrics import METERS, Meter, register_meter
 
 SLEEP_S = 0.05  # rank 1's Sleepy module sleeps 50 ms in every forward

@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from layerprof import LayerProf, register_flop_formula, register_module_flops
 from layerprof.metrics.formulas import FLOP_FORMULAS
 from layerprof.metrics.module_formulas import MODULE_FLOPS
-from layerprof.nest import first_tensor
+from layerprof._tensors import first_tensor
 
 from .models import KwargsDataclass, SharedLoop
 

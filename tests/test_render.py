@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from layerprof import LayerProf
-from layerprof.records import ModuleRecord
+from layerprof.record.records import ModuleRecord
 from layerprof.render.summary import annotated_repr
 from layerprof.render.units import format_bytes, format_count, format_flops, format_ms, format_percent
 

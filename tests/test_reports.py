@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import csv
-import doctest
 import io
 import json
 import math
@@ -557,14 +556,3 @@ def test_notebook_html_and_short_repr(resnet: LayerProf) -> None:
     with LayerProf(nn.Linear(2, 2)) as live:
         assert live._repr_html_() is None
         live.model(torch.randn(1, 2))
-
-
-def test_docstring_examples_run() -> None:
-    import layerprof.io
-    import layerprof.reports
-    import layerprof.render.compare
-    import layerprof.render.table
-
-    for module in (layerprof.io, layerprof.reports, layerprof.render.compare, layerprof.render.table):
-        result = doctest.testmod(module)
-        assert result.failed == 0 and result.attempted > 0, module.__name__

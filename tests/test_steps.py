@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 import layerprof
-import layerprof.profiler as profiler_module
+import layerprof.collect.profiler as profiler_module
 from layerprof import LayerProf
 from layerprof.metrics import METERS, Meter, register_meter
-from layerprof.steps import RunningStat
+from layerprof.collect.statistics import RunningStat
 
 from .conftest import hook_state
 from .models import MLP

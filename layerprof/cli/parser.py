@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable, NoReturn
 
-from .. import __version__
+from .._version import __version__
 from .errors import UsageError
 
 __all__ = ["build_parser", "EPILOG"]

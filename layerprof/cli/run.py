@@ -8,9 +8,9 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
-from ..nest import iter_tensors
+from .._tensors import iter_tensors
 from ..profile import Profile
-from ..profiler import LayerProf
+from ..collect.profiler import LayerProf
 from .errors import RunError, one_line
 
 __all__ = ["loss_of", "run_profile", "progress"]

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from torch import nn
 
-from ..records import ModuleRecord
+from ..record.records import ModuleRecord
 
 __all__ = ["Meter", "METERS", "register_meter", "make_meters", "DEFAULT_METRICS"]
 

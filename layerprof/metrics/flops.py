@@ -25,9 +25,9 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..records import ModuleRecord, register_fields
+from .._torch import TorchDispatchMode, current_autograd_node, has_decomposition, nested_sizes, sequence_nr
+from ..record.records import ModuleRecord, register_fields
 from ..render.columns import Column, register_column
 from ..render.units import format_flops
 from . import Meter, register_meter
@@ -43,14 +43,13 @@ _FORWARD, _BACKWARD, _RECOMPUTE = 0, 1, 2
 _FREE = "free"
 _UNKNOWN = "unknown"
 _DECOMPOSE = "decompose"
-_current_node: Callable[[], Any] = torch._C._current_autograd_node
 
 
 def _shape(value: Any) -> Any:
     """Tensors to shapes (a nested tensor to its components' shapes), inside lists and tuples; the rest as is."""
     if isinstance(value, torch.Tensor):
         if value.is_nested:
-            return [torch.Size(row) for row in value._nested_tensor_size().tolist()]
+            return [torch.Size(row) for row in nested_sizes(value)]
         return value.shape
     if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
         return [_shape(item) for item in value] if isinstance(value, list) else tuple(_shape(item) for item in value)
@@ -58,12 +57,6 @@ def _shape(value: Any) -> Any:
         return {key: _shape(item) for key, item in value.items()}
     return value
 
-
-def _has_decomposition(op: Any) -> bool:
-    try:
-        return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
-    except (AttributeError, RuntimeError):
-        return False
 
 
 class _Totals:
@@ -150,8 +143,8 @@ class FlopMeter(Meter):
         if calls is None:
             calls = self._calls[thread] = []
         if call.recompute and call.parent is None:
-            node = _current_node()
-            owner = None if node is None else self._owner(node._sequence_nr())
+            node = current_autograd_node()
+            owner = None if node is None else self._owner(sequence_nr(node))
             if owner is not None:
                 self._logical_parent[id(call)] = self._enclosing(call.name, owner)
         elif not call.recompute:
@@ -181,7 +174,7 @@ class FlopMeter(Meter):
             return formula
         if is_free(func):
             return _FREE
-        return _DECOMPOSE if _has_decomposition(func) else _UNKNOWN
+        return _DECOMPOSE if has_decomposition(func) else _UNKNOWN
 
     def _count(self, func: Any, kind: Any, args: Any, kwargs: Any, out: Any) -> None:
         if kind is _UNKNOWN:
@@ -207,10 +200,10 @@ class FlopMeter(Meter):
             current = current.parent  # a call that raised never reached our forward_post
         if current is not None and current.recompute:
             return _RECOMPUTE, current
-        node = _current_node()
+        node = current_autograd_node()
         if node is not None:
             self._backward_ran = True
-            return _BACKWARD, self._owner(node._sequence_nr())
+            return _BACKWARD, self._owner(sequence_nr(node))
         return _FORWARD, current
 
     def _owner(self, sequence_nr: int) -> Any:

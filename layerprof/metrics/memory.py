@@ -33,10 +33,10 @@ from typing import Any, Sequence
 
 import torch
 from torch import nn
-from torch.multiprocessing.reductions import StorageWeakRef
 
-from ..nest import iter_tensors
-from ..records import ModuleRecord, register_fields
+from .._tensors import iter_tensors
+from .._torch import StorageWeakRef, outer_saved_tensors_hooks, storage_key, tensor_version
+from ..record.records import ModuleRecord, register_fields
 from ..render.columns import Column, register_column
 from ..render.units import format_bytes
 from . import Meter, register_meter
@@ -144,7 +144,7 @@ def _storage_keys(*objs: Any) -> set[int]:
     for tensor in iter_tensors(objs):
         storage = _storage(tensor)
         if storage is not None:
-            keys.add(storage._cdata)
+            keys.add(storage_key(storage))
     return keys
 
 
@@ -178,8 +178,7 @@ class MemoryMeter(Meter):
         self._static = _storage_keys(list(model.parameters()), list(model.buffers()))
         self._reader = type(self).reader_factory()
         # Hooks installed before profiling (save_on_cpu, offloading) keep working: ours chains to them.
-        top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-        self._outer = top(False) if top is not None else None
+        self._outer = outer_saved_tensors_hooks()
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
 
@@ -200,7 +199,7 @@ class MemoryMeter(Meter):
             if state is not None:
                 storage = _storage(tensor)
                 if storage is not None:
-                    key = storage._cdata
+                    key = storage_key(storage)
                     if key not in self._saved and key not in self._static:
                         self._saved[key] = StorageWeakRef(storage)
                         state.self_saved += storage.nbytes()
@@ -208,16 +207,16 @@ class MemoryMeter(Meter):
             return self._outer[0](tensor)
         # Not the tensor itself: a saved output would then hold its own grad_fn, a reference cycle. The alias
         # shares the version counter, so the in-place check that hooks turn off in autograd can be redone.
-        return tensor.detach(), tensor._version
+        return tensor.detach(), tensor_version(tensor)
 
     def _unpack(self, packed: Any) -> Any:
         if self._outer is not None:
             return self._outer[1](packed)
         tensor, version = packed
-        if tensor._version != version:
+        if tensor_version(tensor) != version:
             raise RuntimeError(
                 "one of the variables needed for gradient computation has been modified by an inplace operation: "
-                f"[{tensor.type()} {list(tensor.shape)}] is at version {tensor._version}; expected version "
+                f"[{tensor.type()} {list(tensor.shape)}] is at version {tensor_version(tensor)}; expected version "
                 f"{version} instead. (layerprof's memory meter checks this for autograd, whose own check "
                 "saved-tensor hooks turn off; the same code fails without profiling.)"
             )
@@ -267,7 +266,7 @@ class MemoryMeter(Meter):
             storage = _storage(tensor)
             if storage is None:
                 continue
-            key = storage._cdata
+            key = storage_key(storage)
             if key in inputs or key in returned or key in self._static:
                 continue
             returned[key] = StorageWeakRef(storage)

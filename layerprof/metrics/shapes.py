@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..records import ModuleRecord, register_fields
+from ..record.records import ModuleRecord, register_fields
 from ..render.columns import Column, register_column
 from ..render.units import format_shapes
 from . import Meter, register_meter

@@ -1,1 +1,2 @@
-"""Rendering: everything here reads records and never touches the profiler's private state."""
+"""Rendering: units (the one place that formats numbers), the annotated summary, tables and exports, the trace,
+comparisons and plots. Renderers read records and rows; they never import collection or file handling."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from ..records import ModuleRecord
+from ..record.records import ModuleRecord
 from .units import field_label, format_count, format_field, format_ms, format_percent
 
 __all__ = [

@@ -14,7 +14,7 @@ from .units import format_change, format_field, format_ratio
 if TYPE_CHECKING:
     from ..profile import Profile
 
-__all__ = ["Comparison", "compare", "MODEL_FIELDS"]
+__all__ = ["Comparison", "MODEL_FIELDS"]
 
 # Model-level quantities in the order they are shown; other numeric fields follow in row order.
 MODEL_FIELDS = (
@@ -161,28 +161,3 @@ class Comparison:
     def __repr__(self) -> str:
         return (f"<Comparison {self.names[0]} ({self.a.tree.type}) vs {self.names[1]} ({self.b.tree.type}): "
                 f"{len(self.model)} metrics, {len(self.matched)} matching modules>")
-
-
-def compare(a: Any, b: Any, names: tuple[str, str] = ("a", "b"), module_fields: Sequence[str] | None = None
-            ) -> Comparison:
-    """Compare two profiles (or LayerProf objects after their ``with`` block, or paths to saved profiles).
-
-    >>> import torch, layerprof
-    >>> def run(width):
-    ...     net = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
-    ...     with layerprof.LayerProf(net) as prof:
-    ...         net(torch.randn(4, 8)).sum().backward()
-    ...     return prof
-    >>> result = layerprof.compare(run(64), run(16), names=("teacher", "student"))
-    >>> result.model[0]["metric"], result.model[0]["ratio"]
-    ('modules', 1.0)
-    >>> len(result.matched)
-    4
-    """
-    return Comparison(_as_profile(a), _as_profile(b), names, module_fields)
-
-
-def _as_profile(value: Any) -> Profile:
-    from ..io import as_profile
-
-    return as_profile(value)

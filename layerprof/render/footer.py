@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..records import ModuleRecord
+from ..record.records import ModuleRecord
 from .units import format_bytes, format_count
 
 __all__ = ["summary_footer", "largest", "tied_groups"]

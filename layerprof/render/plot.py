@@ -11,7 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from ..records import ModuleRecord
+from ..record.records import ModuleRecord
 from .plot_layout import Layout, Segment, exclusive_values, layout_tree
 from .plot_metrics import PlotMetric, resolve_metric, root_of
 from .plot_style import (

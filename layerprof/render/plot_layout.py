@@ -18,7 +18,7 @@ from typing import Iterator
 
 from anytree import PostOrderIter
 
-from ..records import ModuleRecord
+from ..record.records import ModuleRecord
 from .plot_metrics import PlotMetric
 
 __all__ = ["Segment", "Layout", "layout_tree", "exclusive_values"]

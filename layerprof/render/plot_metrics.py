@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from ..records import ModuleRecord
+from ..record.records import ModuleRecord
 from .units import format_bytes, format_count, format_flops, format_ms
 
 __all__ = ["PlotMetric", "PLOT_METRICS", "resolve_metric", "root_of"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 from typing import Any, Iterable
 
-from ..records import STAT_FIELDS, ModuleRecord
+from ..record.records import STAT_FIELDS, ModuleRecord
 
 __all__ = [
     "STRUCTURE_FIELDS", "DERIVED_FIELDS", "is_number", "numeric_fields", "select", "record_rows", "value_of",

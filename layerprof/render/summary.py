@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ..records import ModuleRecord
+from ..record.records import ModuleRecord
 from .columns import Column, resolve_columns
 from .footer import summary_footer
 from .units import format_ms

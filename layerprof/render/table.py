@@ -1,11 +1,17 @@
-"""Table: what a query returns. A list of rows that prints as a table and exports like a profile does."""
+"""Table: what a query returns. A list of rows that prints as a table and exports like a profile does.
+
+A table of module records knows the step's total time, so its human-readable forms (text, Markdown, LaTeX,
+HTML) add ``total_ms`` and ``time_percent`` (share of the step) after the times; the machine-readable ones (CSV,
+DataFrame) keep the stored fields only. ``Profile.to_*`` are ``Profile.rows(...).to_*``: one export path."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator, Sequence, overload
+from typing import Any, Iterable, Iterator, Sequence, overload
 
+from ..record.records import ModuleRecord
 from . import export
 from .html import html_table, notebook_style, to_html
+from .rows import aggregate_by_type, record_rows
 
 __all__ = ["Table"]
 
@@ -22,9 +28,42 @@ class Table(Sequence[dict[str, Any]]):
     fc    Linear   1.5 ms
     """
 
-    def __init__(self, rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> None:
+    def __init__(self, rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None,
+                 step_ms: float | None = None) -> None:
         self.rows: list[dict[str, Any]] = list(rows)
-        self.columns: list[str] = list(columns) if columns is not None else export.display_columns(self.rows)
+        # The whole step's time, for the share column of human-readable forms; None: no share is shown.
+        self.step_ms = step_ms
+        self.columns: list[str] = (
+            list(columns) if columns is not None else export.display_columns(self.human_rows())
+        )
+
+    @classmethod
+    def of_records(cls, records: Iterable[ModuleRecord], root: ModuleRecord) -> Table:
+        """The canonical rows of ``records``, with shares of the step of ``root``."""
+        return cls(record_rows(records), step_ms=root.total_ms if root.total_ms else 0.0)
+
+    @classmethod
+    def by_type(cls, records: Iterable[ModuleRecord]) -> Table:
+        """One row per module type (see ``rows.aggregate_by_type``)."""
+        return cls(aggregate_by_type(records))
+
+    def human_rows(self) -> list[dict[str, Any]]:
+        """The rows for people: ``total_ms`` and ``time_percent`` inserted after ``backward_ms`` when the table
+        knows the step's time. Computed here, never stored on the records."""
+        if self.step_ms is None:
+            return self.rows
+        shown = []
+        for row in self.rows:
+            forward, backward = row.get("forward_ms"), row.get("backward_ms")
+            total = None if forward is None and backward is None else (forward or 0.0) + (backward or 0.0)
+            percent = None if total is None or not self.step_ms else 100.0 * total / self.step_ms
+            out: dict[str, Any] = {}
+            for key, value in row.items():
+                out[key] = value
+                if key == "backward_ms":
+                    out["total_ms"], out["time_percent"] = total, percent
+            shown.append(out)
+        return shown
 
     @overload
     def __getitem__(self, index: int) -> dict[str, Any]: ...
@@ -32,7 +71,7 @@ class Table(Sequence[dict[str, Any]]):
     def __getitem__(self, index: slice) -> Table: ...
     def __getitem__(self, index: int | slice) -> dict[str, Any] | Table:
         if isinstance(index, slice):
-            return Table(self.rows[index], self.columns)
+            return Table(self.rows[index], self.columns, self.step_ms)
         return self.rows[index]
 
     def __len__(self) -> int:
@@ -55,24 +94,25 @@ class Table(Sequence[dict[str, Any]]):
     def to_markdown(self, path: str | Path | None = None, columns: Sequence[str] | None = None,
                     raw: bool = False) -> str:
         """A Markdown table of the shown columns; written to ``path`` if given."""
-        return export.write_text(export.to_markdown(self.rows, self._chosen(columns), raw), path)
+        return export.write_text(export.to_markdown(self.human_rows(), self._chosen(columns), raw), path)
 
     def to_latex(self, path: str | Path | None = None, columns: Sequence[str] | None = None, raw: bool = False,
                  caption: str | None = None, label: str | None = None) -> str:
         """A booktabs LaTeX table of the shown columns; written to ``path`` if given."""
-        text = export.to_latex(self.rows, self._chosen(columns), raw, caption=caption, label=label)
+        text = export.to_latex(self.human_rows(), self._chosen(columns), raw, caption=caption, label=label)
         return export.write_text(text, path)
 
     def to_html(self, path: str | Path | None = None, columns: Sequence[str] | None = None, raw: bool = False,
                 title: str = "layerprof") -> str:
-        """A self-contained HTML page with the table; written to ``path`` if given."""
-        return export.write_text(to_html(self.rows, self._chosen(columns), raw, title=title, indent=False), path)
+        """A self-contained HTML page with the table, names indented by depth; written to ``path`` if given."""
+        text = to_html(self.human_rows(), self._chosen(columns), raw, title=title, indent=self.step_ms is not None)
+        return export.write_text(text, path)
 
     def __str__(self) -> str:
-        return export.to_text(self.rows, self.columns).rstrip("\n")
+        return export.to_text(self.human_rows(), self.columns).rstrip("\n")
 
     def __repr__(self) -> str:
         return f"<Table: {len(self.rows)} rows; columns {', '.join(self.columns)}>"
 
     def _repr_html_(self) -> str:
-        return notebook_style() + "\n" + html_table(self.rows, self.columns, max_rows=500)
+        return notebook_style() + "\n" + html_table(self.human_rows(), self.columns, max_rows=500)

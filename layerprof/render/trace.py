@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ..records import ModuleRecord
+from ..record.records import ModuleRecord
 
 __all__ = ["TraceSlice", "call_slices", "trace_document", "trace_json"]
 

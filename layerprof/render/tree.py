@@ -6,7 +6,7 @@ from typing import Any
 from anytree import RenderTree
 from anytree.render import ContStyle
 
-from ..records import ModuleRecord
+from ..record.records import ModuleRecord
 from .units import format_ms
 
 __all__ = ["render_tree", "timepool"]

@@ -5,7 +5,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from .records import CallTiming
+from ..record.records import CallTiming
 from .tracker import CallTrace
 
 __all__ = ["StepTimes", "step_times"]

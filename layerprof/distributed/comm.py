@@ -33,8 +33,8 @@ from typing import Any, Callable
 
 from torch import nn
 
-from . import Meter, register_meter
-from ..records import ModuleRecord
+from ..metrics import Meter, register_meter
+from ..record.records import ModuleRecord
 
 __all__ = ["CommTimer", "CommMeter", "register_timed_comm_hook"]
 

@@ -12,7 +12,7 @@ import math
 import random
 from array import array
 
-from .records import ModuleRecord
+from ..record.records import ModuleRecord
 from .timing import StepTimes
 
 __all__ = ["RunningStat", "StepStats", "STATISTICS", "STAT_PASSES"]

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .units import MISSING, format_ms
+from ..render.units import MISSING, format_ms
 
 if TYPE_CHECKING:
-    from ..crossrank import ModuleSpread, Spread
-    from ..distributed import GatheredProfile
+    from .crossrank import ModuleSpread, Spread
+    from .gather import GatheredProfile
 
 __all__ = ["rank_table"]
 

@@ -1,24 +1,28 @@
 """LayerProf: puts the tracker's hooks on a model while profiling, and hands back a Profile of records."""
 from __future__ import annotations
 
+import functools
 import warnings
 import weakref
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
 import torch
 from torch import nn
 
-from .env import environment
-from .metrics import Meter, make_meters
-from .nest import first_tensor
-from .profile import Profile
-from .records import ModuleRecord, build_tree
+from .environment import environment
+from ..metrics import Meter, make_meters
+from .._tensors import first_tensor
+from .._torch import compiled_module_type
+from ..profile import Profile
+from ..record.records import ModuleRecord, build_tree
 from .schedule import Action, Schedule
-from .steps import StepStats
+from .statistics import StepStats
 from .timing import StepTimes, step_times
 from .tracker import Tracker
 
 __all__ = ["LayerProf"]
+
+_T = TypeVar("_T")
 
 # Modules currently hooked by some LayerProf: two profilers on one module would time each other's hooks.
 _PROFILED: "weakref.WeakKeyDictionary[nn.Module, LayerProf]" = weakref.WeakKeyDictionary()
@@ -30,7 +34,7 @@ def _check_model(model: Any) -> None:
             "LayerProf cannot profile a TorchScript module: its submodules' hooks never run. "
             "Profile the eager nn.Module before torch.jit.script/trace."
         )
-    compiled = getattr(torch, "_dynamo", None) and getattr(torch._dynamo.eval_frame, "OptimizedModule", None)
+    compiled = compiled_module_type()
     if compiled is not None and isinstance(model, compiled):
         raise TypeError(
             "LayerProf cannot see inside a torch.compile'd module: compiled graphs skip module hooks. "
@@ -50,6 +54,16 @@ def _stop_all(meters: list[Meter]) -> None:
             error = error or raised
     if error is not None:
         raise error
+
+
+def _result(method: Callable[..., _T]) -> Callable[..., _T]:
+    """A LayerProf method that calls ``method`` on the finished profile (``prof.profile``)."""
+
+    @functools.wraps(method)
+    def forwarded(self: LayerProf, *args: Any, **kwargs: Any) -> _T:
+        return method(self.profile, *args, **kwargs)
+
+    return forwarded
 
 
 class LayerProf:
@@ -301,14 +315,34 @@ class LayerProf:
             raise RuntimeError("the profile is ready after the `with LayerProf(model) as prof:` block has exited")
         return self._profile
 
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for names LayerProf itself lacks: to_dict, layerwise_summary, exports, plots...
-        if name.startswith("_") or not (hasattr(Profile, name) or name == "meta"):
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return getattr(self.profile, name)
+    @property
+    def meta(self) -> dict[str, Any]:
+        """Where and how the profile was measured (environment, steps, clocks, meters' totals)."""
+        return self.profile.meta
+
+    # The result's API, forwarded by name so that ``prof.layerwise_summary()`` works on the LayerProf after its
+    # block: this list is the whole of it (no ``__getattr__``), each with the Profile method's signature and doc.
+    to_dict = _result(Profile.to_dict)
+    layerwise_summary = _result(Profile.layerwise_summary)
+    layerwise_timepool = _result(Profile.layerwise_timepool)
+    render_tree = _result(Profile.render_tree)
+    select = _result(Profile.select)
+    rows = _result(Profile.rows)
+    aggregate = _result(Profile.aggregate)
+    top = _result(Profile.top)
+    to_dataframe = _result(Profile.to_dataframe)
+    to_csv = _result(Profile.to_csv)
+    to_markdown = _result(Profile.to_markdown)
+    to_latex = _result(Profile.to_latex)
+    to_html = _result(Profile.to_html)
+    to_json = _result(Profile.to_json)
+    to_trace = _result(Profile.to_trace)
+    plot = _result(Profile.plot)
+    gather = _result(Profile.gather)
+    unknown_ops = _result(Profile.unknown_ops)
 
     def _repr_html_(self) -> str | None:
-        # Not reached through __getattr__ (private name); None makes a notebook fall back to __repr__.
+        # None makes a notebook fall back to __repr__ while the profile is not ready.
         return self._profile._repr_html_() if self._state == "done" and self._profile is not None else None
 
     def __repr__(self) -> str:

@@ -20,12 +20,13 @@ import torch
 from torch import nn
 
 from .clock import Clock, CpuClock, make_clock
-from .nest import first_tensor, iter_tensors
+from .._tensors import first_tensor, iter_tensors
+from .._torch import graph_task_id as _graph_task_id
+from .._torch import next_sequence_nr as _next_sequence_nr
+from .._torch import sequence_nr
 
 __all__ = ["CallTrace", "Tracker"]
 
-_next_sequence_nr: Callable[[], int] = torch._C._autograd._get_sequence_nr
-_graph_task_id: Callable[[], int] = torch._C._current_graph_task_id
 
 
 class CallTrace:
@@ -238,14 +239,14 @@ def _watch_backward(call: CallTrace, output: Any, tracker: Tracker) -> None:
     if isinstance(output, torch.Tensor):
         node = output.grad_fn
         # A node made before the call (an input passed through) or by an in-place op after it is not ours.
-        if node is None or not lo <= node._sequence_nr() < hi:
+        if node is None or not lo <= sequence_nr(node) < hi:
             return
         roots = [node]
     else:
         roots = []
         for tensor in iter_tensors(output):
             node = tensor.grad_fn
-            if node is not None and lo <= node._sequence_nr() < hi and node not in roots:
+            if node is not None and lo <= sequence_nr(node) < hi and node not in roots:
                 roots.append(node)
         if not roots:
             return
@@ -264,7 +265,7 @@ def _watch_backward(call: CallTrace, output: Any, tracker: Tracker) -> None:
 def _watch(tracker: Tracker, node: Any) -> _NodeWatch:
     # Keyed by thread and sequence number (counted per thread), so that nothing holds the node (and so the tensors it saved).
     # Nodes accept no weak references.
-    key = (threading.get_ident(), node._sequence_nr())
+    key = (threading.get_ident(), sequence_nr(node))
     watch = tracker.watches.get(key)
     if watch is None:
         watch = tracker.watches[key] = _NodeWatch(tracker)
@@ -281,7 +282,7 @@ def _frontier(roots: list[Any], lo: int, hi: int) -> list[Any]:
         node = todo.pop()
         inner = False
         for successor, _ in node.next_functions:
-            if successor is not None and lo <= successor._sequence_nr() < hi:
+            if successor is not None and lo <= sequence_nr(successor) < hi:
                 inner = True
                 if successor not in seen:
                     seen.add(successor)

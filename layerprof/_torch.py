@@ -1,0 +1,67 @@
+"""Every private PyTorch API layerprof relies on, in one place.
+
+Private APIs change between torch releases without notice; keeping them here means one file to read when a new
+torch breaks something, and one place to add a fallback. Everything else in layerprof imports them from here.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = [
+    "next_sequence_nr", "graph_task_id", "sequence_nr", "current_autograd_node", "has_decomposition",
+    "nested_sizes", "storage_key", "tensor_version", "outer_saved_tensors_hooks", "compiled_module_type",
+    "TorchDispatchMode", "StorageWeakRef",
+]
+
+# The sequence number the next autograd node created on this thread will get: a module call owns the nodes
+# numbered between its pre-hook and its post-hook.
+next_sequence_nr: Callable[[], int] = torch._C._autograd._get_sequence_nr
+# The id of the backward pass (graph task) running on this thread, -1 outside backward.
+graph_task_id: Callable[[], int] = torch._C._current_graph_task_id
+# The autograd node executing on this thread, None outside backward.
+current_autograd_node: Callable[[], Any] = torch._C._current_autograd_node
+
+
+def sequence_nr(node: Any) -> int:
+    """An autograd node's sequence number (AccumulateGrad nodes get the largest possible)."""
+    return node._sequence_nr()
+
+
+def has_decomposition(op: Any) -> bool:
+    """Whether an aten op has a CompositeImplicitAutograd kernel (it decomposes into other ops)."""
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def nested_sizes(tensor: torch.Tensor) -> list[list[int]]:
+    """The shapes of a nested tensor's components."""
+    return tensor._nested_tensor_size().tolist()
+
+
+def storage_key(storage: Any) -> int:
+    """A key that identifies a storage while it lives (its C++ address)."""
+    return storage._cdata
+
+
+def tensor_version(tensor: torch.Tensor) -> int:
+    """The tensor's version counter, bumped by every in-place op on it or its views."""
+    return tensor._version
+
+
+def outer_saved_tensors_hooks() -> tuple[Any, Any] | None:
+    """The saved-tensor hooks installed before ours (save_on_cpu, offloading), to chain to; None if none."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top(False) if top is not None else None
+
+
+def compiled_module_type() -> type | None:
+    """The class of a ``torch.compile``'d module (``OptimizedModule``), None where dynamo is missing."""
+    dynamo = getattr(torch, "_dynamo", None)
+    eval_frame = getattr(dynamo, "eval_frame", None) if dynamo is not None else None
+    return getattr(eval_frame, "OptimizedModule", None)
