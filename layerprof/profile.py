@@ -16,7 +16,8 @@ from .record.records import ModuleRecord
 from .render import export
 from .render.compare import Comparison
 from .render.html import html_table, notebook_style
-from .render.rows import DERIVED_FIELDS, numeric_fields, select, top_records, value_of
+from .record.fields import canonical
+from .render.rows import derived_names, numeric_fields, select, top_records, value_of
 from .render.summary import annotated_repr
 from .render.table import Table
 from .render.trace import trace_json
@@ -88,7 +89,11 @@ class Profile:
         >>> len(prof.top(2, by="forward_ms", depth=1))
         2
         """
-        known = set(numeric_fields(self.to_dict().values())) | set(DERIVED_FIELDS)
+        by = canonical(by) or by
+        records = self.records.values()
+        known = set(numeric_fields(self.to_dict().values())) | {
+            name for name in derived_names() if any(value_of(record, name) is not None for record in records)
+        }
         if by not in known:
             raise ValueError(f"cannot rank by {by!r}; numeric fields of this profile: {', '.join(sorted(known))}")
         candidates = self.select(depth=depth, **filters)

@@ -25,9 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..record.records import ModuleRecord, register_fields
-from ..render.columns import Column, register_column
-from ..render.units import format_shapes
+from ..record.fields import Field, declare
+from ..record.records import ModuleRecord
 from . import Meter, register_meter
 
 __all__ = ["ShapesMeter", "SHAPE_FIELDS", "tensor_specs", "MAX_VARIANTS"]
@@ -37,7 +36,13 @@ SHAPE_FIELDS = (
     "output_shapes", "output_dtypes", "output_paths",
     "shape_variants",
 )
-register_fields(*SHAPE_FIELDS)
+declare(
+    *(Field(f"{side}_{kind}", "shapes" if kind == "shapes" else "data", f"{label}{'' if kind == 'shapes' else ' ' + kind}",
+            combine="none", cost=False, meter="shapes", doc=f"{kind} of the tensors in the first call's {side}")
+      for side, label in (("input", "In"), ("output", "Out")) for kind in ("shapes", "dtypes", "paths")),
+    Field("shape_variants", "count", "Shape variants", combine="max", cost=False, meter="shapes",
+          doc="distinct input/output signatures seen (at most MAX_VARIANTS)"),
+)
 
 MAX_VARIANTS = 64
 _MAX_DEPTH = 16
@@ -157,5 +162,3 @@ class ShapesMeter(Meter):
             record.shape_variants = len(variants)  # type: ignore[attr-defined]
 
 
-register_column(Column("input_shapes", "In", lambda r: getattr(r, "input_shapes", None), format_shapes))
-register_column(Column("output_shapes", "Out", lambda r: getattr(r, "output_shapes", None), format_shapes))
