@@ -5,7 +5,6 @@ from collections import Counter
 from contextlib import contextmanager
 from typing import Iterator
 
-import torch
 from torch import nn
 
 from layerprof import LayerProf

@@ -23,14 +23,12 @@ class Output:
 
 
 def requested_outputs(options: argparse.Namespace) -> list[Output]:
-    """The outputs asked for, after checking that this version can write them and that their folders exist."""
+    """The outputs asked for, after checking that their folders exist."""
     outputs = []
     for flag, method in _METHODS.items():
         path = getattr(options, flag, None)
         if path is None:
             continue
-        if not callable(getattr(Profile, method, None)):
-            raise UsageError(f"--{flag} needs layerprof's reports: not available in this version")
         path = Path(path).expanduser()
         if not path.parent.is_dir():
             raise UsageError(f"--{flag} {str(path)!r}: folder {str(path.parent)!r} does not exist")

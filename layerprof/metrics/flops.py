@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,7 +29,7 @@ from torch import nn
 from .._torch import TorchDispatchMode, current_autograd_node, has_decomposition, nested_sizes, sequence_nr
 from ..record.fields import FIELDS, Field, declare
 from ..record.records import ModuleRecord
-from . import Meter, register_meter
+from .meter import Meter, register_meter
 from .formulas import flop_formula, is_free
 from .module_formulas import module_flops_formula
 

@@ -38,7 +38,7 @@ from .._tensors import iter_tensors
 from .._torch import StorageWeakRef, outer_saved_tensors_hooks, storage_key, tensor_version
 from ..record.fields import Field, declare
 from ..record.records import ModuleRecord
-from . import Meter, register_meter
+from .meter import Meter, register_meter
 
 __all__ = ["MemoryMeter", "MemoryReader", "CudaMemoryReader", "PeakLog", "MEMORY_FIELDS", "CUDA_FIELDS"]
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from ..record.fields import Field, declare
 from ..record.records import ModuleRecord
-from . import Meter, register_meter
+from .meter import Meter, register_meter
 
 __all__ = ["ParamsMeter", "PARAM_FIELDS", "module_params"]
 

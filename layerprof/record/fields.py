@@ -16,7 +16,7 @@ a profile holds. Outputs always use the canonical names.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 __all__ = [
     "Field", "FIELDS", "ALIASES", "STATISTICS", "STAT_PASSES", "declare", "field", "canonical", "stored_fields",
