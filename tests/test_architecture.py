@@ -140,8 +140,8 @@ def test_no_import_cycle() -> None:
 
 
 def test_private_torch_apis_live_in_one_file() -> None:
-    private = (r"torch\._C", r"torch\.utils\._", r"_sequence_nr\(", r"\w\._version\b", r"\._cdata",
-               r"_nested_tensor_size", r"torch\._dynamo")
+    private = (r"torch\._C", r"torch\.utils\._", r"\._sequence_nr\(", r"\w\._version\b", r"\._cdata",
+               r"\._nested_tensor_size\(", r"torch\._dynamo")
     for path in FILES:
         if path.name == "_torch.py":
             continue
