@@ -23,19 +23,6 @@ def children(obj: Any) -> Iterable[tuple[Any, Any]] | None:
     return None
 
 
-def iter_tensors(obj: Any, _depth: int = 0) -> Iterator[torch.Tensor]:
-    """Yield every tensor in ``obj`` and its containers, depth first."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-        return
-    if _depth >= _MAX_DEPTH or isinstance(obj, _LEAVES):
-        return
-    items = children(obj)
-    if items is not None:
-        for _, item in items:
-            yield from iter_tensors(item, _depth + 1)
-
-
 def iter_tensor_paths(obj: Any, _path: tuple[Any, ...] = (), _depth: int = 0) -> Iterator[tuple[tuple[Any, ...], torch.Tensor]]:
     """Like ``iter_tensors``, with each tensor's path of keys: ``((0,), t)``, ``(("mask", 0), m)``."""
     if isinstance(obj, torch.Tensor):
@@ -47,6 +34,11 @@ def iter_tensor_paths(obj: Any, _path: tuple[Any, ...] = (), _depth: int = 0) ->
     if items is not None:
         for key, item in items:
             yield from iter_tensor_paths(item, (*_path, key), _depth + 1)
+
+
+def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """Yield every tensor in ``obj`` and its containers, depth first."""
+    return (tensor for _, tensor in iter_tensor_paths(obj))
 
 
 def first_tensor(*objs: Any) -> torch.Tensor | None:

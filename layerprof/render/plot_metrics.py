@@ -5,11 +5,11 @@ layout (``plot_layout.py``), never read from the records.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterable
 
-from ..record.fields import ALIASES, FIELDS, Field, canonical
+from ..record.fields import ALIASES, FIELDS, canonical
 from ..record.records import ModuleRecord
+from .columns import Column
 from .units import format_value
 
 __all__ = ["PlotMetric", "resolve_metric", "root_of", "PLOTTABLE_UNITS"]
@@ -17,15 +17,9 @@ __all__ = ["PlotMetric", "resolve_metric", "root_of", "PLOTTABLE_UNITS"]
 PLOTTABLE_UNITS = ("ms", "bytes", "flops", "macs", "count")
 
 
-@dataclass(frozen=True)
-class PlotMetric:
-    """A plottable quantity: a catalogue field, and the stored fields summed into it."""
-
-    field: Field
-
-    @property
-    def name(self) -> str:
-        return self.field.name
+class PlotMetric(Column):
+    """A plottable quantity: a catalogue field (as a summary column shows it), and the stored fields summed
+    into it."""
 
     @property
     def label(self) -> str:
