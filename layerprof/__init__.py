@@ -10,7 +10,7 @@ from __future__ import annotations
 from ._version import __version__
 from .benchmark import BenchmarkResult, benchmark
 from .collect import LayerProf, schedule
-from .distributed import GatheredProfile, gather_profile, register_timed_comm_hook
+from .distributed import CommMeter, GatheredProfile, gather_profile, register_timed_comm_hook
 from .metrics import Meter, register_meter
 from .metrics.formulas import register_flop_formula
 from .metrics.module_formulas import register_module_flops
@@ -28,7 +28,7 @@ __all__ = [
     "LayerProf", "Profile", "ModuleRecord", "CallTiming", "schedule", "benchmark", "BenchmarkResult",
     "Table", "Comparison", "compare", "load", "loads", "save",
     "Meter", "register_meter", "register_flop_formula", "register_module_flops",
-    "ParamsMeter", "ShapesMeter", "MemoryMeter", "FlopMeter",
+    "ParamsMeter", "ShapesMeter", "MemoryMeter", "FlopMeter", "CommMeter",
     "GatheredProfile", "gather_profile", "register_timed_comm_hook", "plot_sunburst", "plot_icicle", "plot_top",
     "__version__",
 ]
