@@ -86,7 +86,7 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
         if times is None:
             times = result[call.name] = StepTimes()
         times.call_times.append(timing)
-        recursive = _nested_in_itself(call)
+        recursive = timing.recursive = _nested_in_itself(call)
         if timing.recompute:
             times.recompute_ms = _add(times.recompute_ms, timing.forward_ms)
         else:

@@ -6,9 +6,10 @@ sequence number in ``[seq_start, seq_end)``, so the calls own nodes by number, w
 
 When an outermost call returns, its graph is walked once, from its outputs (and those of the calls inside it)
 down through the nodes it created, each node visited once. A node is an *entry* of a call when a node outside
-the call leads to it (the first of a call's nodes to run must be one), and a *frontier* node when none of its
-successors is the call's (the last to finish must be one). Entries get a pre-hook that starts the call's
-backward, frontier nodes a post-hook that ends it. Nodes replaced by in-place ops after the call (a view
+the call leads to it (the first of a call's nodes to run must be one), and an *exit* when one of its successors
+is not the call's or it has none (the last to finish must be one, even in a pass that prunes the nodes it does
+not need, as ``autograd.grad(loss, inputs)`` does with weight gradients). Entries get a pre-hook that starts the
+call's backward, exits a post-hook that ends it. Nodes replaced by in-place ops after the call (a view
 output rewritten by ``relu_``: the view node never runs) are therefore not needed, nor is the output at all
 (a module returning None, its result kept on ``self`` and read by its parent, is found through the parent's
 graph).
@@ -341,16 +342,22 @@ def _watch_backward(outer: CallTrace, tree: list[CallTrace], own: list[Any], nes
         node = todo.pop()
         call = owners[node]
         seq = sequence_nr(node)
-        closes = _outside(call, -1)  # the calls for which no successor is theirs: it ends their backward
+        # The calls this node may be the last of: those for which one of its successors is not theirs (the path
+        # leaves the call here; a pass that needs only some gradients, autograd.grad(loss, inputs), prunes the
+        # rest) or that have no successor of theirs at all. Nodes whose every successor is in the call are not.
+        chain = _outside(call, -1)
+        leaves = 0  # how many of the innermost calls some successor is not in
+        successors = 0
         from_outside = node in outermost_roots
         for successor, _ in node.next_functions:
             if successor is None:
                 continue
+            successors += 1
             successor_seq = sequence_nr(successor)
             if not lo <= successor_seq < hi:
-                continue  # made before the outermost call (its inputs), or an AccumulateGrad
-            if len(closes) > 0:
-                closes = [c for c in closes if not c.seq_start <= successor_seq < c.seq_end]
+                leaves = len(chain)  # made before the outermost call (its inputs), or an AccumulateGrad
+                continue
+            leaves = max(leaves, len(_outside(call, successor_seq)))
             successor_owner = owners.get(successor)
             if successor_owner is None:
                 successor_owner = owners[successor] = owner(successor_seq)
@@ -362,8 +369,10 @@ def _watch_backward(outer: CallTrace, tree: list[CallTrace], own: list[Any], nes
             entered = _outside(successor_owner, -1 if from_outside else seq)
             known = entries[successor]
             known.extend(c for c in entered if c not in known)
-        if closes:
-            frontier.append((node, closes))
+        if not successors:
+            leaves = len(chain)
+        if leaves:
+            frontier.append((node, chain[:leaves]))
     for node, calls in entries.items():
         if calls:
             node.register_prehook(_Starts(tracker, calls))
