@@ -23,6 +23,7 @@ from .clock import Clock, CpuClock, make_clock
 from .._tensors import first_tensor, iter_tensors
 from .._torch import graph_task_id as _graph_task_id
 from .._torch import next_sequence_nr as _next_sequence_nr
+from .._torch import queue_engine_callback
 from .._torch import sequence_nr
 
 __all__ = ["CallTrace", "Tracker"]
@@ -58,9 +59,11 @@ class Tracker:
         self.sync = sync
         self.calls: list[CallTrace] = []
         self.active = False
-        # The innermost call that raised, and id() of its exception: never the exception itself, whose traceback
-        # holds the forward's frames and tensors (and, through our graph hooks, would keep them alive).
-        self.raised_in: tuple[CallTrace, int] | None = None
+        # The call whose backward ran last, for the note on an exception that escapes backward (``backward_note``);
+        # cleared when a backward pass completes and when a new top-level forward begins.
+        self.backward_in: CallTrace | None = None
+        self.backward_task = -1
+        self.types: dict[str, str] = {}  # module name -> class name, for the notes
         self.cpu_clock = CpuClock()
         self.cuda_clocks: dict[int, Clock] = {}
         # (thread id, graph node sequence number) -> _NodeWatch, cleared after each step
@@ -77,6 +80,7 @@ class Tracker:
         """Hook every module; if hooking fails half way, remove what was added and re-raise."""
         try:
             for name, module in modules:
+                self.types[name] = type(module).__name__
                 hooks = self._hook_cache.get(name)
                 if hooks is None:  # made once, reused when a schedule hooks the model again
                     hooks = self._hook_cache[name] = self._make_hooks(name)
@@ -143,6 +147,8 @@ class Tracker:
                 stack = tracker._stack()
             clock = tracker._clock_for(module, args, kwargs) if cuda_initialized() else cpu_clock
             call = CallTrace(name, stack[-1] if stack else None, clock, _graph_task_id() != -1)
+            if not stack and not call.recompute:
+                tracker.backward_in = None  # a new forward: an older backward's failure is no longer news
             handling = sys.exc_info()[1]
             if handling is not None:  # called from an except block: its exception is not this call's
                 call.handling = handling
@@ -176,11 +182,12 @@ class Tracker:
             if error is not None and error is not handling:
                 # always_call ran us because forward raised: remember the innermost module for the error note.
                 call.raised = True
-                if tracker.raised_in is None or tracker.raised_in[1] != id(error):
-                    tracker.raised_in = (call, id(error))
+                # The note goes on the exception now, at the innermost module it leaves: the exception itself then
+                # says it was noted, so no identity is kept here (id() is reused, and holding the exception would
+                # keep its traceback's frames and tensors alive).
+                if not has_note(error):
+                    error.add_note(raised_note(name, tracker.types.get(name, type(module).__name__)))
                 return None
-            if not stack:
-                tracker.raised_in = None  # the outermost call returned: any exception inside it was handled
             if call.seq_end > call.seq_start:
                 _watch_backward(call, output, tracker)
             for observer in tracker.observers:
@@ -188,6 +195,39 @@ class Tracker:
             return None
 
         return forward_pre, forward_post
+
+
+NOTE_PREFIX = "layerprof: "
+
+
+def raised_note(name: str, type_name: str, during: str = "") -> str:
+    """The note added to an exception raised inside a profiled module."""
+    shown = f"module '{name}'" if name else "the model"
+    return f"{NOTE_PREFIX}raised inside {shown} ({type_name}){during}"
+
+
+def has_note(error: BaseException) -> bool:
+    return any(isinstance(note, str) and note.startswith(NOTE_PREFIX) for note in getattr(error, "__notes__", ()))
+
+
+def _from_backward(traceback: Any) -> bool:
+    """Whether the traceback passes through torch's autograd engine (the exception escaped a backward pass)."""
+    while traceback is not None:
+        code = traceback.tb_frame.f_code
+        if code.co_name == "_engine_run_backward" or (
+            code.co_name in ("backward", "grad") and "autograd" in code.co_filename.replace("\\", "/")
+        ):
+            return True
+        traceback = traceback.tb_next
+    return False
+
+
+def backward_note(tracker: Tracker, error: BaseException, traceback: Any) -> str | None:
+    """The note for an exception that escaped a backward pass, naming the module whose backward ran last."""
+    call = tracker.backward_in
+    if call is None or has_note(error) or not _from_backward(traceback):
+        return None
+    return raised_note(call.name, tracker.types.get(call.name, "?"), ", during its backward")
 
 
 def _unwind_to(stack: list[CallTrace], name: str) -> CallTrace | None:
@@ -212,6 +252,7 @@ class _NodeWatch:
 
     def started(self, grad_outputs: Any) -> None:
         if self.tracker.active:
+            _backward_enters(self.tracker, self.starts[0])
             if self.tracker.backward_observers:
                 # Before the stamp, so that the observers' own cost is not timed as the calls' backward.
                 starting = [call for call in self.starts if call.bwd_start is None]
@@ -228,9 +269,27 @@ class _NodeWatch:
             stamp = self.ends[0].clock.now()
             for call in self.ends:
                 call.bwd_end = stamp
+            outer = self.ends[-1].parent
+            self.tracker.backward_in = outer if outer is not None and outer.bwd_start is not None else None
             for observer in self.tracker.backward_observers:
                 observer.backward_end(self.ends)
         return None
+
+
+def _backward_enters(tracker: Tracker, call: CallTrace) -> None:
+    """Remember the innermost call whose backward begins; the engine forgets it when the pass completes."""
+    task = _graph_task_id()
+    if task != tracker.backward_task:
+        tracker.backward_task = task
+        # Runs once per backward pass, after everything else in it, and not when the pass fails: a failed pass
+        # leaves its last module for the note.
+        queue_engine_callback(lambda: _backward_done(tracker))
+    tracker.backward_in = call
+
+
+def _backward_done(tracker: Tracker) -> None:
+    tracker.backward_in = None
+    tracker.backward_task = -1
 
 
 def _watch_backward(call: CallTrace, output: Any, tracker: Tracker) -> None:
