@@ -16,7 +16,7 @@ from .record.records import ModuleRecord
 from .render import export
 from .render.compare import Comparison
 from .render.html import html_table, notebook_style
-from .render.rows import DERIVED_FIELDS, numeric_fields, select, top_records, value_of
+from .render.rows import DERIVED_FIELDS, FILTERS, numeric_fields, select, top_records, value_of
 from .render.summary import annotated_repr
 from .render.table import Table
 from .render.trace import trace_json
@@ -56,6 +56,9 @@ class Profile:
     # -- queries ---------------------------------------------------------------------------------------------
     def select(self, **filters: Any) -> list[ModuleRecord]:
         """The records that pass the filters, in ``named_modules()`` order."""
+        unknown = [key for key in filters if key not in FILTERS]
+        if unknown:
+            raise TypeError(f"unknown filter {unknown[0]!r}; filters are: {', '.join(FILTERS)}")
         return select(self.records.values(), **filters)
 
     def rows(self, **filters: Any) -> Table:

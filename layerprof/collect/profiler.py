@@ -43,6 +43,19 @@ def _check_model(model: Any) -> None:
         )
     if not isinstance(model, nn.Module):
         raise TypeError(f"LayerProf expects a torch.nn.Module, got {type(model).__module__}.{type(model).__qualname__}")
+    for name, child in model.named_modules():
+        if isinstance(child, torch.jit.ScriptModule):
+            raise TypeError(
+                f"LayerProf cannot profile module '{name}' ({type(child).__name__}): it is TorchScript, whose "
+                "submodules' hooks never run. Profile with the eager module in its place (before torch.jit.script/"
+                "trace), or profile the parts of the model around it separately."
+            )
+        if compiled is not None and isinstance(child, compiled):
+            raise TypeError(
+                f"LayerProf cannot see inside module '{name}': it is torch.compile'd, and compiled graphs skip "
+                "module hooks, so its modules would show as not run. Profile with the eager module in its place "
+                "(the compiled module's ._orig_mod), and compile after profiling."
+            )
 
 
 def _stop_all(meters: list[Meter]) -> None:

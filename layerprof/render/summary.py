@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from .._check import check_int
 from ..record.records import ModuleRecord
 from .columns import Column, resolve_columns
 from .footer import summary_footer
@@ -72,9 +73,8 @@ def annotated_repr(root: ModuleRecord, columns: Iterable[str] | None = None, dep
                    header: bool = True, footer: bool = False) -> str:
     """The model's repr with each module's costs; ``depth`` limits how deep modules are expanded (root = 0).
     ``footer`` adds totals below it: model size, activation and saved memory, the largest modules."""
+    depth = check_int("depth", depth, none=True)
     chosen = resolve_columns(columns, root=root)
-    if depth is not None and depth < 0:
-        raise ValueError(f"depth must be >= 0 or None, got {depth}")
     body = _render(root, root, chosen, depth, _alias_positions(root))
     text = (summary_header(root) + "\n" + body) if header else body
     totals = summary_footer(root) if footer else ""
