@@ -180,8 +180,23 @@ class Profile:
 
 # -- files ---------------------------------------------------------------------------------------------------
 def loads(text: str) -> Profile:
-    """A Profile from JSON text written by ``save``/``Profile.to_json``."""
-    tree, meta = io.parse(text)
+    """A Profile from JSON text written by ``save``/``Profile.to_json``; a ValueError saying what is wrong with
+    any other text."""
+    return _parsed(text, "the profile text")
+
+
+def _parsed(text: Any, source: str) -> Profile:
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"cannot load {source}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    if not isinstance(text, str):
+        raise TypeError(f"loads takes the JSON text of a profile, got {type(text).__name__}")
+    try:
+        tree, meta = io.parse(text)
+    except ValueError as error:
+        raise ValueError(f"cannot load {source}: {error}") from None
     return Profile(tree, meta)
 
 
@@ -198,8 +213,11 @@ def load(source: str | Path | IO[str]) -> Profile:
     True
     """
     if hasattr(source, "read"):
-        return loads(source.read())  # type: ignore[union-attr]
-    return loads(Path(source).read_text(encoding="utf-8"))  # type: ignore[arg-type]
+        name = getattr(source, "name", None)
+        return _parsed(source.read(), repr(name) if isinstance(name, str) else "the stream")  # type: ignore[union-attr]
+    if not isinstance(source, (str, Path)):
+        raise TypeError(f"load takes a path or an open file, got {type(source).__name__}; for JSON text use loads")
+    return _parsed(Path(source).read_bytes(), repr(str(source)))
 
 
 def as_profile(value: Any) -> Profile:
