@@ -1,12 +1,14 @@
 """``--input`` specs (``[name=]2,3,224,224[:dtype]``) and the random tensors built from them."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .errors import UsageError
+from ..render.units import format_bytes
+from .errors import RunError, UsageError, one_line
 
 __all__ = ["InputSpec", "parse_input", "parse_dtype", "make_inputs"]
 
@@ -51,7 +53,10 @@ def parse_input(text: str) -> InputSpec:
             f"--input {text!r} is not a shape: give positive sizes separated by commas, "
             "e.g. 2,3,224,224 or 2,32:int64"
         )
-    return InputSpec(tuple(int(part) for part in parts), dtype, name or None)
+    shape = tuple(int(part) for part in parts)
+    if math.prod(shape) >= 2**63:
+        raise UsageError(f"--input {text!r} has {math.prod(shape):.3g} elements, more than a tensor can hold (2^63)")
+    return InputSpec(shape, dtype, name or None)
 
 
 def _random(spec: InputSpec, float_dtype: torch.dtype, vocab: int, device: torch.device) -> torch.Tensor:
@@ -71,7 +76,14 @@ def make_inputs(specs: list[InputSpec], *, float_dtype: torch.dtype = torch.floa
     >>> args[0].shape, args[0].dtype, kwargs["mask"].dtype, int(kwargs["mask"].max()) < 5
     (torch.Size([2, 3]), torch.float32, torch.int64, True)
     """
-    tensors = [_random(spec, float_dtype, vocab, torch.device(device)) for spec in specs]
+    tensors = []
+    for spec in specs:
+        try:
+            tensors.append(_random(spec, float_dtype, vocab, torch.device(device)))
+        except (RuntimeError, MemoryError) as exc:  # out of memory, most often: one line, not torch's C++ stack
+            size = math.prod(spec.shape) * (spec.dtype or float_dtype).itemsize
+            raise RunError(f"cannot make the input {spec} ({format_bytes(size)}): "
+                           f"{one_line(exc)}") from exc
     args = tuple(t for spec, t in zip(specs, tensors) if spec.name is None)
     kwargs = {spec.name: t for spec, t in zip(specs, tensors) if spec.name is not None}
     return args, kwargs
