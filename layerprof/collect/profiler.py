@@ -343,6 +343,11 @@ class LayerProf:
                 RuntimeWarning,
                 stacklevel=4,
             )
+        for name, module in self._entries:
+            # Read after the step, not at enter: a lazy module shows what it materialised as (LazyLinear becomes
+            # a Linear with its in_features), as the model's own repr does.
+            record = self.records[name]
+            record.type, record.extra_repr = type(module).__name__, module.extra_repr()
         self._stats.fill(self.records)
         for meter in self.metrics:
             meter.fill(self.records)
