@@ -354,6 +354,16 @@ def test_user_forward_hooks_count_in_the_parent_not_the_module() -> None:
     assert prof.tree.forward_ms >= 60  # ...and inside its parent's
 
 
+def test_user_hooks_registered_inside_the_block() -> None:
+    model = nn.Sequential(nn.Linear(4, 4))
+    with LayerProf(model) as prof:
+        model[0].register_forward_pre_hook(_sleeps(0.03))  # after layerprof's pre-hook: inside the module's time
+        model[0].register_forward_hook(_sleeps(0.03))  # after layerprof's (prepended) hook: outside
+        model(torch.randn(2, 4))
+    assert 30 <= prof.records["0"].forward_ms < 50
+    assert prof.tree.forward_ms >= 60
+
+
 def test_user_full_backward_hook_counts_in_the_module_backward() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
     model[1].register_full_backward_hook(_sleeps(0.03))
