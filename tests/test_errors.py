@@ -415,3 +415,23 @@ def test_exports_write_whole_files_or_nothing(tmp_path: Path, monkeypatch: pytes
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json"]  # no partial file, no temporary left
     with pytest.raises(IsADirectoryError, match="is a folder; give the path of a file in it"):
         prof.to_markdown(tmp_path)
+
+
+def test_a_plot_is_saved_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.figure
+
+    prof = profiled()
+
+    def broken_savefig(self: Any, path: Any, **kwargs: Any) -> None:
+        Path(path).write_bytes(b"\x89PNG half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", broken_savefig)
+    with pytest.raises(OSError, match="No space left"):
+        prof.plot("top", path=str(tmp_path / "p.png"))
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    prof.plot("top", path=str(tmp_path / "p.png"))
+    assert [p.name for p in tmp_path.iterdir()] == ["p.png"]
+    assert (tmp_path / "p.png").read_bytes().startswith(b"\x89PNG")

@@ -237,12 +237,14 @@ def save_plot(profile: Any, kind: str, metric: str = "total", path: str | Path |
     if path is not None:
         figure = ax.figure
         target = Path(path)
-        temporary = temporary_beside(target)  # complete or not at all, like every file layerprof writes
+        temporary: Path | None = None
         try:
+            temporary = temporary_beside(target)  # complete or not at all, like every file layerprof writes
             figure.savefig(temporary, format=suffix, dpi=110, bbox_inches="tight")
             move_into_place(temporary, target)
         finally:
-            temporary.unlink(missing_ok=True)
+            if temporary is not None:
+                temporary.unlink(missing_ok=True)
             if created:
                 import matplotlib.pyplot as plt
 
