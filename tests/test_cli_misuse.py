@@ -9,9 +9,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 import layerprof
 from layerprof.cli import main
+from layerprof.cli.errors import RunError
+from layerprof.cli.inputs import make_inputs, parse_input
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,10 +81,21 @@ def test_a_plot_metric_whose_meter_runs_is_accepted(models: Path, tmp_path: Path
 
 
 def test_an_absurd_input_is_one_line(models: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([f"{models}:Net", "-i", "100000,100000,100000", "--steps", "1"]) == 1
+    assert main([f"{models}:broken", "-i", "2,20", "-i", "100000,100000,100000", "--steps", "1"]) == 2
     err = one_line(capsys)
-    assert err.startswith("layerprof: error: cannot make the input 100000x100000x100000 (")
-    assert "TiB): RuntimeError: " in err
+    assert err.startswith("layerprof: error: --input 100000x100000x100000: the inputs need ")
+    assert err.endswith(" of memory on cpu; give smaller shapes")
+
+
+def test_an_input_that_cannot_be_made_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    def out_of_memory(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory\nException raised from ... (C++ frames)")
+
+    monkeypatch.setattr(torch, "randn", out_of_memory)
+    with pytest.raises(RunError) as info:
+        make_inputs([parse_input("1000,1000")])
+    assert str(info.value) == ("cannot make the input 1000x1000 (3.81 MiB): RuntimeError: DefaultCPUAllocator: "
+                               "can't allocate memory")
 
 
 def test_outputs_are_all_or_nothing(models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -108,10 +122,11 @@ def test_outputs_are_all_or_nothing(models: Path, tmp_path: Path, monkeypatch: p
 
 
 def test_debug_shows_the_traceback_of_a_run_error(models: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([f"{models}:Net", "-i", "100000,100000,100000", "--debug"]) == 1
+    assert main([f"{models}:broken", "-i", "2,20", "--debug"]) == 1
     err = capsys.readouterr().err
-    assert "Traceback (most recent call last)" in err
-    assert err.strip().splitlines()[-1].startswith("layerprof: error: cannot make the input")
+    assert "Traceback (most recent call last)" in err and 'raise AssertionError("the model was built' in err
+    assert err.strip().splitlines()[-1] == (
+        "layerprof: error: calling broken() raised AssertionError: the model was built: options must be checked first")
 
 
 def test_ctrl_c_while_torch_imports_is_quiet(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,7 +11,7 @@ import torch
 from ..render.units import format_bytes
 from .errors import RunError, UsageError, one_line
 
-__all__ = ["InputSpec", "parse_input", "parse_dtype", "make_inputs"]
+__all__ = ["InputSpec", "parse_input", "parse_dtype", "make_inputs", "check_input_sizes"]
 
 _ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}
 
@@ -66,6 +67,28 @@ def _random(spec: InputSpec, float_dtype: torch.dtype, vocab: int, device: torch
     if dtype.is_floating_point or dtype.is_complex:
         return torch.randn(spec.shape, dtype=dtype, device=device)
     return torch.randint(0, vocab, spec.shape, dtype=dtype, device=device)  # token ids, class labels...
+
+
+def _memory_of(device: torch.device) -> int | None:
+    """Bytes of memory on ``device`` (physical RAM for the CPU), None where unknown."""
+    try:
+        if device.type == "cuda":
+            return int(torch.cuda.get_device_properties(device.index or 0).total_memory)
+        if device.type == "cpu":
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError, RuntimeError):
+        pass
+    return None
+
+
+def check_input_sizes(specs: list[InputSpec], float_dtype: torch.dtype, device: torch.device) -> None:
+    """A UsageError, before the model is built, when the inputs alone cannot fit in the device's memory."""
+    sizes = [math.prod(spec.shape) * (spec.dtype or float_dtype).itemsize for spec in specs]
+    memory = _memory_of(device)
+    if memory is not None and sum(sizes) > memory:
+        largest = specs[sizes.index(max(sizes))]
+        raise UsageError(f"--input {largest}: the inputs need {format_bytes(sum(sizes))}, more than the "
+                         f"{format_bytes(memory)} of memory on {device}; give smaller shapes")
 
 
 def make_inputs(specs: list[InputSpec], *, float_dtype: torch.dtype = torch.float32, vocab: int = 100,
