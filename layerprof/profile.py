@@ -201,7 +201,8 @@ def _parsed(text: Any, source: str) -> Profile:
 
 
 def load(source: str | Path | IO[str]) -> Profile:
-    """Load a profile saved with ``prof.to_json(path)`` or ``layerprof.save(prof, path)``.
+    """Load a profile saved with ``prof.to_json(path)`` or ``layerprof.save(prof, path)`` (a path or an open file).
+    Anything else is a ValueError naming the file and the first thing wrong with it.
 
     >>> import torch, tempfile, os, layerprof
     >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
