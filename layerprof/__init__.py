@@ -14,7 +14,7 @@ with quiet_interrupt():  # importing torch takes seconds: a Ctrl-C then ends the
     import torch  # noqa: F401
 from .benchmark import BenchmarkResult, benchmark
 from .collect import LayerProf, schedule
-from .distributed import GatheredProfile, gather_profile, register_timed_comm_hook
+from .distributed import CommMeter, GatheredProfile, gather_profile, register_timed_comm_hook
 from .metrics import Meter, register_meter
 from .metrics.formulas import register_flop_formula
 from .metrics.module_formulas import register_module_flops
@@ -32,7 +32,7 @@ __all__ = [
     "LayerProf", "Profile", "ModuleRecord", "CallTiming", "schedule", "benchmark", "BenchmarkResult",
     "Table", "Comparison", "compare", "load", "loads", "save",
     "Meter", "register_meter", "register_flop_formula", "register_module_flops",
-    "ParamsMeter", "ShapesMeter", "MemoryMeter", "FlopMeter",
+    "ParamsMeter", "ShapesMeter", "MemoryMeter", "FlopMeter", "CommMeter",
     "GatheredProfile", "gather_profile", "register_timed_comm_hook", "plot_sunburst", "plot_icicle", "plot_top",
     "__version__",
 ]

@@ -1,31 +1,44 @@
-"""Find the tensors inside a module's inputs or outputs, however they are nested."""
+"""Find the tensors inside a module's inputs or outputs, however they are nested; what backward starts from."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 
-__all__ = ["iter_tensors", "first_tensor"]
+__all__ = ["children", "iter_tensors", "iter_tensor_paths", "first_tensor", "loss_of"]
 
 _MAX_DEPTH = 16
+_LEAVES = (str, bytes, int, float, bool, type(None))
 
 
-def iter_tensors(obj: Any, _depth: int = 0) -> Iterator[torch.Tensor]:
-    """Yield every tensor in tuples, lists, dicts (ModelOutput included) and dataclasses, depth first."""
+def children(obj: Any) -> Iterable[tuple[Any, Any]] | None:
+    """``(key, value)`` pairs of a container (tuple, list, dict, ModelOutput, dataclass), None for anything else."""
+    if isinstance(obj, (list, tuple)):
+        return enumerate(obj)
+    if isinstance(obj, dict):
+        return obj.items()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return ((field.name, getattr(obj, field.name, None)) for field in dataclasses.fields(obj))
+    return None
+
+
+def iter_tensor_paths(obj: Any, _path: tuple[Any, ...] = (), _depth: int = 0) -> Iterator[tuple[tuple[Any, ...], torch.Tensor]]:
+    """Like ``iter_tensors``, with each tensor's path of keys: ``((0,), t)``, ``(("mask", 0), m)``."""
     if isinstance(obj, torch.Tensor):
-        yield obj
-    elif _depth >= _MAX_DEPTH or isinstance(obj, (str, bytes, int, float, bool)) or obj is None:
+        yield _path, obj
         return
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            yield from iter_tensors(item, _depth + 1)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            yield from iter_tensors(item, _depth + 1)
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for field in dataclasses.fields(obj):
-            yield from iter_tensors(getattr(obj, field.name, None), _depth + 1)
+    if _depth >= _MAX_DEPTH or isinstance(obj, _LEAVES):
+        return
+    items = children(obj)
+    if items is not None:
+        for key, item in items:
+            yield from iter_tensor_paths(item, (*_path, key), _depth + 1)
+
+
+def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """Yield every tensor in ``obj`` and its containers, depth first."""
+    return (tensor for _, tensor in iter_tensor_paths(obj))
 
 
 def first_tensor(*objs: Any) -> torch.Tensor | None:
@@ -36,3 +49,15 @@ def first_tensor(*objs: Any) -> torch.Tensor | None:
         for tensor in iter_tensors(obj):
             return tensor
     return None
+
+
+def loss_of(output: Any) -> torch.Tensor | None:
+    """What backward starts from: ``output.loss`` where the model computed one (Hugging Face models given
+    labels), else the sum of every floating output tensor that requires grad; None when there is none."""
+    loss = getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.requires_grad:
+        return loss
+    parts = [t.sum().float() for t in iter_tensors(output) if t.is_floating_point() and t.requires_grad]
+    if not parts:
+        return None
+    return torch.stack(parts).sum() if len(parts) > 1 else parts[0]

@@ -1,20 +1,22 @@
 """Whole-model latency and throughput over many iterations, optionally with a per-module profile."""
 from __future__ import annotations
 
-import statistics
-import sys
+import random
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 from torch import nn
 
 from .collect.environment import environment
-from ._tensors import first_tensor, iter_tensors
+from .collect.profiler import LayerProf
+from ._tensors import first_tensor, loss_of
 from .profile import Profile
 from .collect.statistics import RunningStat
+from .render.progress import progress_bar
+from .render.units import format_ms
 
 __all__ = ["BenchmarkResult", "benchmark"]
 
@@ -34,8 +36,6 @@ class BenchmarkResult:
     profile: Profile | None = field(default=None, repr=False)
 
     def __str__(self) -> str:
-        from .render.units import format_ms
-
         lat = self.latency_ms
         mode = "forward+backward" if self.backward else "forward (inference_mode)"
         rate = f", {self.throughput:,.1f} samples/s" if self.throughput is not None else ""
@@ -52,26 +52,6 @@ def _split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if isinstance(inputs, (tuple, list)):
         return tuple(inputs), {}
     return (inputs,), {}
-
-
-def _loss(output: Any) -> torch.Tensor:
-    tensors = [t for t in iter_tensors(output) if t.requires_grad and t.is_floating_point()]
-    if not tensors:
-        raise ValueError("backward=True needs a model output that requires grad; none of its tensors does")
-    return sum(t.float().sum() for t in tensors)  # type: ignore[return-value]
-
-
-def _progress(total: int, progress: bool | None) -> Any:
-    show = progress if progress is not None else (total >= 100 and sys.stderr.isatty())
-    if not show:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        if progress:
-            raise ImportError("progress=True needs tqdm: pip install tqdm") from None
-        return None
-    return tqdm(total=total, desc="layerprof benchmark", unit="it")
 
 
 def benchmark(model: nn.Module, inputs: Any, *, iters: int = 50, warmup: int = 10, backward: bool = False,
@@ -99,11 +79,17 @@ def benchmark(model: nn.Module, inputs: Any, *, iters: int = 50, warmup: int = 1
             output = model(*args, **kwargs)
             if backward:
                 model.zero_grad(set_to_none=True)
-                _loss(output).backward()
+                loss = loss_of(output)
+                if loss is None:
+                    raise ValueError("backward=True needs a model output that requires grad; none of its tensors does")
+                loss.backward()
 
-    bar = _progress(warmup + iters * (2 if per_module else 1), progress)
+    total = warmup + iters * (2 if per_module else 1)
+    # Unless asked, a bar only for long runs, and only on a terminal (None).
+    enabled = progress if progress is not None else (None if total >= 100 else False)
+    bar = progress_bar(total, enabled, "layerprof benchmark", "it", required=bool(progress))
     samples: list[float] = []
-    stat = RunningStat(max(iters, 1), __import__("random").Random(0))
+    stat = RunningStat(max(iters, 1), random.Random(0))
     try:
         for index in range(warmup + iters):
             if cuda:
@@ -120,8 +106,6 @@ def benchmark(model: nn.Module, inputs: Any, *, iters: int = 50, warmup: int = 1
                 bar.update(1)
         profile = None
         if per_module:
-            from .collect.profiler import LayerProf
-
             with LayerProf(model, warmup=min(warmup, 1)) as prof:
                 for _ in range(iters + min(warmup, 1)):
                     run()
@@ -134,7 +118,7 @@ def benchmark(model: nn.Module, inputs: Any, *, iters: int = 50, warmup: int = 1
             bar.close()
     summary = stat.summary()
     batch = int(example.shape[0]) if example is not None and example.dim() else None
-    median = statistics.median(samples)
+    median = summary["median"]
     return BenchmarkResult(
         iters=iters, warmup=warmup, backward=backward, batch_size=batch, latency_ms=summary,
         throughput=(batch / (median / 1e3)) if batch and median > 0 else None, samples_ms=samples,

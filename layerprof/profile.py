@@ -11,12 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import IO, Any, Iterable, Sequence
 
+from .distributed.gather import gather_profile
 from .record import io
 from .record.records import ModuleRecord
 from .render import export
 from .render.compare import Comparison
 from .render.html import html_table, notebook_style
-from .render.rows import DERIVED_FIELDS, FILTERS, numeric_fields, select, top_records, value_of
+from .render.plot import save_plot
+from .record.fields import canonical
+from .render.rows import FILTERS, derived_names, numeric_fields, select, top_records, value_of
 from .render.summary import annotated_repr
 from .render.table import Table
 from .render.trace import trace_json
@@ -46,7 +49,7 @@ class Profile:
         return annotated_repr(self.tree, columns=columns, depth=depth, footer=footer)
 
     def layerwise_timepool(self) -> dict[str, Any]:
-        """The nested-dict form: ``{name: {forward_cost, backward_cost, depth, calls, children}}``."""
+        """The nested-dict form: ``{name: {forward_ms, backward_ms, depth, calls, children}}``."""
         return timepool(self.tree)
 
     def render_tree(self, maxdepth: int | None = None) -> str:
@@ -91,7 +94,11 @@ class Profile:
         >>> len(prof.top(2, by="forward_ms", depth=1))
         2
         """
-        known = set(numeric_fields(self.to_dict().values())) | set(DERIVED_FIELDS)
+        by = canonical(by) or by
+        records = self.records.values()
+        known = set(numeric_fields(self.to_dict().values())) | {
+            name for name in derived_names() if any(value_of(record, name) is not None for record in records)
+        }
         if by not in known:
             raise ValueError(f"cannot rank by {by!r}; numeric fields of this profile: {', '.join(sorted(known))}")
         candidates = self.select(depth=depth, **filters)
@@ -143,15 +150,11 @@ class Profile:
     def plot(self, kind: str, metric: str = "total", path: str | None = None, **kwargs: Any) -> Any:
         """Draw a ``kind`` of plot ("sunburst", "icicle" or "top") of ``metric`` and return its Axes; saves a PNG
         or SVG only when ``path`` is given. Other keywords go to ``layerprof.plot_<kind>`` (ax, depth, k, ...)."""
-        from .render.plot import save_plot  # matplotlib loads only when a plot is drawn
-
         return save_plot(self, kind, metric=metric, path=path, **kwargs)
 
     def gather(self, dst: int = 0, group: Any = None, margin: float = 0.2, min_ms: float | None = None) -> Any:
         """Collect every rank's profile on rank ``dst`` (a collective) and compare them: a ``GatheredProfile``
         there, None on other ranks, a one-rank view without torch.distributed. See ``layerprof.distributed``."""
-        from .distributed.gather import gather_profile  # distributed sits above this module
-
         return gather_profile(self, dst=dst, group=group, margin=margin, min_ms=min_ms)
 
     def unknown_ops(self) -> dict[str, int]:

@@ -6,6 +6,11 @@ import torch
 torch.set_num_threads(1)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--regenerate-golden", action="store_true", default=False,
+                     help="rewrite tests/golden/ from the current rendering (review the diff before committing)")
+
+
 def hook_state(model: torch.nn.Module) -> dict[str, tuple]:
     """Every hook dict of every module, to check that profiling leaves the model as it found it."""
     state = {}

@@ -185,16 +185,13 @@ def test_debug_shows_the_traceback(models: Path, capsys) -> None:
     assert err.strip().splitlines()[-1].endswith("[raised inside module 'fc' (Linear)]")
 
 
-# -- exports, when this version has them ---------------------------------------------------------------------------
+# -- exports ---------------------------------------------------------------------------------------------------------
 EXPORTS = {"csv": "to_csv", "json": "to_json", "html": "to_html", "trace": "to_trace", "plot": "plot"}
-AVAILABLE = [flag for flag, method in EXPORTS.items() if hasattr(layerprof.Profile, method)]
-MISSING = [flag for flag in EXPORTS if flag not in AVAILABLE]
 
 
-@pytest.mark.skipif(not AVAILABLE, reason="no Profile export method in this version")
 def test_writes_every_available_export(models: Path, tmp_path: Path) -> None:
     args = [f"{models}:Net", "--input", "2,20", "--steps", "1"]
-    paths = {flag: tmp_path / f"profile.{'png' if flag == 'plot' else flag}" for flag in AVAILABLE}
+    paths = {flag: tmp_path / f"profile.{'png' if flag == 'plot' else flag}" for flag in EXPORTS}
     for flag, path in paths.items():
         args += [f"--{flag}", str(path)]
     if "plot" in paths:
@@ -208,15 +205,6 @@ def test_writes_every_available_export(models: Path, tmp_path: Path) -> None:
         assert '"fc"' in paths["json"].read_text()
     if "csv" in paths:
         assert "fc" in paths["csv"].read_text()
-
-
-@pytest.mark.parametrize("flag", MISSING or ["none-missing"])
-def test_export_missing_from_this_version_is_a_clear_error(flag: str, models: Path, capsys) -> None:
-    if flag == "none-missing":
-        pytest.skip("every export exists in this version")
-    assert main([f"{models}:Net", "--input", "2,20", f"--{flag}", "out.file"]) == 2
-    err = capsys.readouterr().err
-    assert err.strip().endswith(f"--{flag} needs layerprof's reports: not available in this version")
 
 
 def test_exports_call_the_profile_methods(models: Path, tmp_path: Path, monkeypatch, capsys) -> None:

@@ -55,7 +55,7 @@ def one_line(capsys: pytest.CaptureFixture[str]) -> str:
     (["--plot", "{d}/p.png", "--plot-metric", "memory", "--metrics", "params"],
      "--plot-metric memory needs the memory meter: add --metrics params,memory"),
     (["--plot", "{d}/p.png", "--plot-metric", "speed"],
-     "--plot-metric 'speed' is unknown; choose from: forward, backward, total, flops, params, memory"),
+     "--plot-metric: unknown plot metric 'speed'; choose from: forward, backward, total,"),
     (["--plot", "{d}/p.pdf"], "--plot '{d}/p.pdf': a plot is saved as .png or .svg; give a path ending in one of them"),
     (["--csv", "{d}"], "--csv '{d}' is a folder; give the path of a file, e.g. '{d}/profile.csv'"),
     (["--json", "/proc/p.json"], "--json '/proc/p.json': cannot write in folder '/proc' ("),

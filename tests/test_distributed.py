@@ -114,14 +114,14 @@ def test_gathered_profile_rows_table_and_communication() -> None:
     assert gathered.communication["comm_ms"].median == 2.0
     assert gathered.communication_stragglers() == [0]  # exposed 10, 0, 0: the waiting rank
     row = gathered.to_dict()["a"]
-    assert (row["total_ms_min"], row["total_ms_median"], row["total_ms_max"], row["total_ms_slowest_rank"]) == (3.0, 4.0, 6.0, 2)
+    assert (row["total_ms_rank_min"], row["total_ms_rank_median"], row["total_ms_rank_max"], row["total_ms_slowest_rank"]) == (3.0, 4.0, 6.0, 2)
     table = gathered.table().splitlines()
     assert table[1] == "Step (Net): total 30 ms / 32 ms / 60 ms, slowest rank 2; stragglers: 2"
     line_a = next(line for line in table if line.startswith("  a "))
     assert line_a.split("  ")[-1] == "2" and "1 ms / 1.5 ms / 4 ms" in line_a and "3 ms / 4 ms / 6 ms" in line_a
     assert len(gathered.table(depth=0).splitlines()) == len(table) - 2  # a and b are at depth 1
     csv = gathered.to_table().to_csv().splitlines()
-    assert len(csv) == 4 and csv[0].startswith("name,type,depth,raw_name,ranks,forward_ms_min,")  # header + 3 rows
+    assert len(csv) == 4 and csv[0].startswith("name,type,depth,raw_name,ranks,forward_ms_rank_min,")  # header + 3 rows
 
 
 def test_gather_without_process_group_is_a_one_rank_view() -> None:
@@ -310,14 +310,14 @@ def test_both_ranks_records_arrive_on_rank_0_with_the_same_structure(two_ranks: 
     assert view["modules"][""]["type"] == "Net" and view["step"]["type"] == "DistributedDataParallel"
     for row in view["modules"].values():
         assert row["ranks"] == [0, 1]
-        assert row["total_ms_min"] <= row["total_ms_median"] <= row["total_ms_max"]
+        assert row["total_ms_rank_min"] <= row["total_ms_rank_median"] <= row["total_ms_rank_max"]
 
 
 def test_slowed_rank_is_the_straggler_for_its_module_and_the_model(two_ranks: dict[int, dict[str, Any]]) -> None:
     view = two_ranks[0]["ddp"]["view"]
     slow = view["modules"]["slow"]
     assert slow["stragglers"] == [1] and slow["forward_ms_slowest_rank"] == 1
-    assert slow["forward_ms_max"] >= SLEEP_S * 1000 > slow["forward_ms_min"]  # only rank 1 sleeps
+    assert slow["forward_ms_rank_max"] >= SLEEP_S * 1000 > slow["forward_ms_rank_min"]  # only rank 1 sleeps
     assert view["step"]["stragglers"] == [1] and view["straggler_ranks"] == [1]
     assert view["modules"][""]["stragglers"] == [1]
     assert "slowest" in view["table"] and "\n    slow " not in view["table"]  # depth-1 rows are indented twice
@@ -378,4 +378,4 @@ def test_fsdp_on_cpu_gloo(two_ranks: dict[int, dict[str, Any]], kind: str) -> No
     else:  # fully_shard: same names, classes renamed FSDP<name>
         assert types[""] == "FSDPNet" and types["fc1"] == "FSDPLinear" and types["fc2"] == "Linear"
     for row in view["modules"].values():
-        assert row["ranks"] == [0, 1] and row["backward_ms_min"] is not None
+        assert row["ranks"] == [0, 1] and row["backward_ms_rank_min"] is not None

@@ -109,7 +109,7 @@ def test_timepool_and_render_tree() -> None:
     root = pool["MLP"]
     assert root["depth"] == 0 and list(root["children"]) == ["body", "head"]
     assert list(root["children"]["body"]["children"]) == ["0", "1", "2", "3"]
-    assert root["forward_cost"] == prof.tree.forward_ms and root["backward_cost"] == prof.tree.backward_ms
+    assert root["forward_ms"] == prof.tree.forward_ms and root["backward_ms"] == prof.tree.backward_ms
     assert root["children"]["body"]["children"]["2"]["depth"] == 2
     lines = prof.render_tree().split("\n")
     assert len(lines) == len(prof.records)

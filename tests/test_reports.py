@@ -373,7 +373,7 @@ def test_units_format_fields_by_their_names() -> None:
     assert units.format_field("activation_bytes", 46_827_520) == "44.7 MiB"
     assert units.format_field("flops_forward", 3.6e9) == "3.6 GFLOPs"
     assert units.format_field("params", 11_689_512) == "11.7M"
-    assert units.format_field("input_shapes", [[1, 3]]) == "[[1, 3]]"
+    assert units.format_field("input_shapes", [[1, 3]]) == "[1, 3]"  # shapes print as the summary shows them
     assert units.field_label("cuda_forward_peak_bytes") == "Cuda forward peak bytes"
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from .._files import move_into_place, temporary_beside
 from ..metrics import DEFAULT_METRICS
 from ..profile import Profile
-from ..render.plot_metrics import PLOT_METRICS
+from ..render.plot_metrics import metric_meters
 from .errors import RunError, UsageError, one_line
 
 __all__ = ["Output", "requested_outputs", "write_outputs"]
@@ -26,8 +26,6 @@ class Output:
     path: Path
 
 
-# The meter a plot metric needs (the time metrics need none); params is on by default.
-_PLOT_METRIC_METERS = {"flops": "flops", "params": "params", "memory": "memory"}
 _PLOT_SUFFIXES = (".png", ".svg")
 
 
@@ -46,13 +44,15 @@ def _check_plot(options: argparse.Namespace, path: Path) -> None:
     if path.suffix.lower() not in _PLOT_SUFFIXES:
         raise UsageError(f"--plot {str(path)!r}: a plot is saved as .png or .svg; give a path ending in one of them")
     metric = options.plot_metric
-    if metric not in PLOT_METRICS:
-        raise UsageError(f"--plot-metric {metric!r} is unknown; choose from: {', '.join(PLOT_METRICS)}")
-    meter = _PLOT_METRIC_METERS.get(metric)
+    try:
+        needed = metric_meters(metric)
+    except ValueError as exc:
+        raise UsageError(f"--plot-metric: {exc}") from None
     chosen = DEFAULT_METRICS if options.metrics is None else options.metrics
-    if meter is not None and meter not in chosen:
-        asked = ",".join([*(options.metrics or ()), meter])
-        raise UsageError(f"--plot-metric {metric} needs the {meter} meter: add --metrics {asked}")
+    missing = [meter for meter in needed if meter not in chosen]
+    if missing:
+        asked = ",".join([*(options.metrics or ()), *missing])
+        raise UsageError(f"--plot-metric {metric} needs the {' and '.join(missing)} meter: add --metrics {asked}")
 
 
 def requested_outputs(options: argparse.Namespace) -> list[Output]:
@@ -63,8 +63,6 @@ def requested_outputs(options: argparse.Namespace) -> list[Output]:
         path = getattr(options, flag, None)
         if path is None:
             continue
-        if not callable(getattr(Profile, method, None)):
-            raise UsageError(f"--{flag} needs layerprof's reports: not available in this version")
         path = Path(path).expanduser()
         _check_writable(flag, path)
         if flag == "plot":

@@ -2,51 +2,29 @@
 from __future__ import annotations
 
 import contextlib
-import sys
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
-from .._tensors import iter_tensors
+from .._tensors import loss_of as _loss_of
 from ..profile import Profile
 from ..collect.profiler import LayerProf
+from ..render.progress import progress
 from .errors import RunError, one_line
 
 __all__ = ["loss_of", "run_profile", "progress"]
 
 
 def loss_of(output: Any) -> torch.Tensor:
-    """What backward starts from: ``output.loss`` where the model computed one (Hugging Face models given
-    labels), else the sum of every floating output tensor that requires grad, however the output nests them."""
-    loss = getattr(output, "loss", None)
-    if isinstance(loss, torch.Tensor) and loss.requires_grad:
-        return loss
-    parts = [t.sum().float() for t in iter_tensors(output) if t.is_floating_point() and t.requires_grad]
-    if not parts:
+    """What backward starts from (``_tensors.loss_of``); a run error when the output has nothing to backpropagate."""
+    loss = _loss_of(output)
+    if loss is None:
         raise RunError(
             "the model's output holds no floating tensor that requires grad, so there is nothing to "
             "backpropagate: profile the forward pass only with --no-backward or --eval"
         )
-    return torch.stack(parts).sum() if len(parts) > 1 else parts[0]
-
-
-def _on_terminal() -> bool:
-    return sys.stdout.isatty() and sys.stderr.isatty()
-
-
-def progress(steps: Iterable[int], total: int, enabled: bool | None = None) -> Iterator[int]:
-    """``steps`` under a tqdm bar on stderr when both stdout and stderr are terminals and tqdm is installed."""
-    if enabled is None:
-        enabled = _on_terminal()
-    if enabled:
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:  # the bar is a nicety: pip install tqdm
-            enabled = False
-        else:
-            return iter(tqdm(steps, total=total, desc="layerprof", unit="step", leave=False, file=sys.stderr))
-    return iter(steps)
+    return loss
 
 
 def run_profile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, steps: int, warmup: int,

@@ -299,7 +299,6 @@ class LayerProf:
                     self._stats.add(times)
             tracker.calls.clear()
             self._steps_with_calls += 1
-        tracker.watches.clear()
         tracker.reset_stack()  # a KeyboardInterrupt inside a forward skips its post-hook: start clean
         # A step slowed by counting meters is left out of the timings (when others exist): out of meters' too.
         recorded = action is Action.RECORD and bool(times) and not self._counting

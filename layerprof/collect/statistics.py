@@ -12,13 +12,11 @@ import math
 import random
 from array import array
 
+from ..record.fields import STAT_PASSES, STATISTICS
 from ..record.records import ModuleRecord
 from .timing import StepTimes
 
-__all__ = ["RunningStat", "StepStats", "STATISTICS", "STAT_PASSES"]
-
-STATISTICS = ("median", "std", "min", "max", "p95")
-STAT_PASSES = ("forward_ms", "backward_ms")
+__all__ = ["RunningStat", "StepStats", "quantile"]
 _MEAN_ONLY = ("self_forward_ms", "self_backward_ms", "recompute_ms")
 
 

@@ -42,14 +42,30 @@ def _call_timing(call: CallTrace, step: int) -> CallTiming | None:
         recompute=call.recompute,
         step=step,
     )
-    if call.bwd_start is not None and call.bwd_end is not None:
-        timing.backward_start_ms = clock.offset_ms(call.bwd_start)
-        timing.backward_ms = max(0.0, clock.ms(call.bwd_start, call.bwd_end))
+    intervals = call.backward_intervals()
+    if intervals:
+        # One interval per backward pass through the call: their sum, never the span between passes.
+        timing.backward_start_ms = clock.offset_ms(intervals[0][0])
+        timing.backward_ms = sum(max(0.0, clock.ms(start, end)) for start, end in intervals)
     return timing
 
 
+def _nested_in_itself(call: CallTrace) -> bool:
+    """Whether a call of the same module encloses this one (recursion): its time is already in that call's."""
+    parent = call.parent
+    while parent is not None:
+        if parent.name == call.name:
+            return True
+        parent = parent.parent
+    return False
+
+
 def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes]:
-    """Per-module times of one step: calls, inclusive, self and recompute times, and every call's timing."""
+    """Per-module times of one step: calls, inclusive, self and recompute times, and every call's timing.
+
+    Inclusive times add up the outermost calls of a module only (a recursive call is inside the time of the call
+    that made it, as in cProfile's cumulative time); ``calls`` counts every call; self times add up every call's
+    own part."""
     children_forward: dict[int, float] = defaultdict(float)
     children_backward: dict[int, float] = defaultdict(float)
     ordered: list[tuple[CallTrace, CallTiming]] = []
@@ -70,15 +86,18 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
         if times is None:
             times = result[call.name] = StepTimes()
         times.call_times.append(timing)
+        recursive = timing.recursive = _nested_in_itself(call)
         if timing.recompute:
             times.recompute_ms = _add(times.recompute_ms, timing.forward_ms)
         else:
             times.calls += 1
-            times.forward_ms = _add(times.forward_ms, timing.forward_ms)
+            if not recursive:
+                times.forward_ms = _add(times.forward_ms, timing.forward_ms)
             own = timing.forward_ms - children_forward.get(id(call), 0.0)
             times.self_forward_ms = _add(times.self_forward_ms, own)
         if timing.backward_ms is not None:
-            times.backward_ms = _add(times.backward_ms, timing.backward_ms)
+            if not recursive:
+                times.backward_ms = _add(times.backward_ms, timing.backward_ms)
             own = max(0.0, timing.backward_ms - children_backward.get(id(call), 0.0))
             times.self_backward_ms = _add(times.self_backward_ms, own)
     return result

@@ -1,19 +1,32 @@
 """Collection: which module runs and when, in the forward and in the backward pass.
 
 Forward boundaries come from module pre/post hooks. Backward boundaries come from hooks on the autograd graph
-nodes that the module's forward created, found by sequence number: every node created between a module's
-pre-hook and post-hook has a sequence number in ``[seq_start, seq_end)``. The backward of that call starts
-when the first of its output nodes is about to run (node pre-hook) and ends when the last of its *frontier*
-nodes (those with no successor inside the call) has run (node post-hook). Nothing is wrapped: no tensor, no
-``BackwardHookFunction``, so in-place ops after the module, inputs that need no grad, keyword arguments and
-dict/dataclass outputs all work, and outputs and gradients are bitwise those of an unprofiled run.
+nodes that a call's forward *created*: every node created between a module's pre-hook and post-hook has a
+sequence number in ``[seq_start, seq_end)``, so the calls own nodes by number, whatever they returned.
 
-The tracker only stamps instants; turning stamps into milliseconds happens after the step (``timing.py``).
+When an outermost call returns, its graph is walked once, from its outputs (and those of the calls inside it)
+down through the nodes it created, each node visited once. A node is an *entry* of a call when a node outside
+the call leads to it (the first of a call's nodes to run must be one), and an *exit* when one of its successors
+is not the call's or it has none (the last to finish must be one, even in a pass that prunes the nodes it does
+not need, as ``autograd.grad(loss, inputs)`` does with weight gradients). Entries get a pre-hook that starts the
+call's backward, exits a post-hook that ends it. Nodes replaced by in-place ops after the call (a view
+output rewritten by ``relu_``: the view node never runs) are therefore not needed, nor is the output at all
+(a module returning None, its result kept on ``self`` and read by its parent, is found through the parent's
+graph).
+
+Each backward pass (graph task) through a call gives its own interval; a call's backward time is the sum of its
+intervals, so ``retain_graph=True`` and ``autograd.grad(create_graph=True)`` followed by another backward never
+count the time between passes. Nodes created by a backward pass (double backward) belong to no call: they are
+timed by no module. Nothing is wrapped: no tensor, no ``BackwardHookFunction``, so in-place ops, inputs that
+need no grad, keyword arguments and dict/dataclass outputs all work, and outputs and gradients are bitwise those
+of an unprofiled run. The tracker only stamps instants; turning stamps into milliseconds happens after the step
+(``timing.py``).
 """
 from __future__ import annotations
 
 import sys
 import threading
+from bisect import bisect_right
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -31,11 +44,14 @@ __all__ = ["CallTrace", "Tracker"]
 
 
 class CallTrace:
-    """Raw stamps of one call of one module. ``recompute`` marks a forward run during backward (checkpointing)."""
+    """Raw stamps of one call of one module. ``recompute`` marks a forward run during backward (checkpointing).
+
+    The backward interval being filled is ``bwd_start``/``bwd_end`` in graph task ``bwd_task``; intervals of
+    earlier passes through the same call are kept in ``bwd_done``."""
 
     __slots__ = (
         "name", "parent", "clock", "recompute", "seq_start", "seq_end",
-        "fwd_start", "fwd_end", "bwd_start", "bwd_end", "raised", "handling",
+        "fwd_start", "fwd_end", "bwd_task", "bwd_start", "bwd_end", "bwd_done", "raised", "handling",
     )
 
     def __init__(self, name: str, parent: CallTrace | None, clock: Clock, recompute: bool) -> None:
@@ -43,19 +59,29 @@ class CallTrace:
         self.parent = parent
         self.clock = clock
         self.recompute = recompute
-        self.seq_start = self.seq_end = 0
+        self.seq_start = self.seq_end = 0  # seq_end stays 0 until the call returns: it owns no node before that
         self.fwd_start: Any = None
         self.fwd_end: Any = None
+        self.bwd_task = -1
         self.bwd_start: Any = None
         self.bwd_end: Any = None
+        self.bwd_done: list[tuple[Any, Any]] | None = None
         self.raised = False
         self.handling: BaseException | None = None  # an exception already being handled when the call began
+
+
+    def backward_intervals(self) -> list[tuple[Any, Any]]:
+        """Every complete (start, end) stamp pair of this call's backward, one per backward pass."""
+        done = list(self.bwd_done) if self.bwd_done else []
+        if self.bwd_start is not None and self.bwd_end is not None:
+            done.append((self.bwd_start, self.bwd_end))
+        return done
 
 
 class Tracker:
     """Puts forward hooks on modules, graph hooks on the nodes their forward creates, and collects CallTraces."""
 
-    def __init__(self, sync: bool = False, observers: Sequence[Any] = (), backward_observers: Sequence[Any] = ()) -> None:
+    def __init__(self, sync: bool = False) -> None:
         self.sync = sync
         self.calls: list[CallTrace] = []
         self.active = False
@@ -66,11 +92,9 @@ class Tracker:
         self.types: dict[str, str] = {}  # module name -> class name, for the notes
         self.cpu_clock = CpuClock()
         self.cuda_clocks: dict[int, Clock] = {}
-        # (thread id, graph node sequence number) -> _NodeWatch, cleared after each step
-        self.watches: dict[tuple[int, int], Any] = {}
-        self.observers = tuple(observers)  # replaced between steps by the profiler
+        self.observers: tuple[Any, ...] = ()  # set between steps by the profiler
         # Told ``backward_start(calls)``/``backward_end(calls)`` from the graph hooks; empty on the default path.
-        self.backward_observers = tuple(backward_observers)
+        self.backward_observers: tuple[Any, ...] = ()
         self._local = threading.local()
         self._handles: list[Any] = []
         self._hook_cache: dict[str, tuple[Callable[..., None], Callable[..., None]]] = {}
@@ -98,7 +122,6 @@ class Tracker:
     def detach(self) -> None:
         """Remove every module hook. Graph hooks die with the graph and do nothing once ``active`` is False."""
         self.active = False
-        self.watches.clear()
         handles, self._handles = self._handles, []
         for handle in handles:
             handle.remove()
@@ -112,11 +135,15 @@ class Tracker:
             return self._local.stack
         except AttributeError:
             self._local.stack = []
+            self._local.tree = []  # the calls of the current outermost call, in creation (sequence) order
+            self._local.roots = []  # output nodes of the calls inside it, walked with its own
             return self._local.stack
 
     def reset_stack(self) -> None:
         """Forget calls left open on this thread (between steps, no forward is running)."""
         self._stack().clear()
+        self._local.tree = []
+        self._local.roots = []
 
     def _clock_for(self, module: nn.Module, args: Any, kwargs: Any) -> Clock:
         tensor = first_tensor(args, kwargs)
@@ -153,6 +180,11 @@ class Tracker:
             if handling is not None:  # called from an except block: its exception is not this call's
                 call.handling = handling
             calls.append(call)
+            if stack:
+                local.tree.append(call)
+            else:
+                local.tree = [call]
+                local.roots = []
             stack.append(call)
             for observer in tracker.observers:
                 observer.forward_pre(call, module, args, kwargs)
@@ -189,7 +221,14 @@ class Tracker:
                     error.add_note(raised_note(name, tracker.types.get(name, type(module).__name__)))
                 return None
             if call.seq_end > call.seq_start:
-                _watch_backward(call, output, tracker)
+                if stack:
+                    _add_roots(local.roots, output, call.seq_start, call.seq_end)
+                else:
+                    own: list[Any] = []
+                    _add_roots(own, output, call.seq_start, call.seq_end)
+                    _watch_backward(call, local.tree, own, local.roots, tracker)
+            if not stack:
+                local.tree, local.roots = [], []
             for observer in tracker.observers:
                 observer.forward_post(call, module, args, kwargs, output)
             return None
@@ -239,46 +278,8 @@ def _unwind_to(stack: list[CallTrace], name: str) -> CallTrace | None:
 
 
 # -- backward: hooks on the graph nodes a call created ------------------------------------------------------
-class _NodeWatch:
-    """The calls that start or end their backward at one graph node. A node shared by nested calls (a child's
-    output is its parent's output) gets one hook that stamps once, so a child can never outlast its parent."""
-
-    __slots__ = ("tracker", "starts", "ends")
-
-    def __init__(self, tracker: Tracker) -> None:
-        self.tracker = tracker
-        self.starts: list[CallTrace] = []
-        self.ends: list[CallTrace] = []
-
-    def started(self, grad_outputs: Any) -> None:
-        if self.tracker.active:
-            _backward_enters(self.tracker, self.starts[0])
-            if self.tracker.backward_observers:
-                # Before the stamp, so that the observers' own cost is not timed as the calls' backward.
-                starting = [call for call in self.starts if call.bwd_start is None]
-                for observer in self.tracker.backward_observers:
-                    observer.backward_start(starting)
-            stamp = self.starts[0].clock.now()
-            for call in self.starts:
-                if call.bwd_start is None:
-                    call.bwd_start = stamp
-        return None
-
-    def ended(self, grad_inputs: Any, grad_outputs: Any) -> None:
-        if self.tracker.active:
-            stamp = self.ends[0].clock.now()
-            for call in self.ends:
-                call.bwd_end = stamp
-            outer = self.ends[-1].parent
-            self.tracker.backward_in = outer if outer is not None and outer.bwd_start is not None else None
-            for observer in self.tracker.backward_observers:
-                observer.backward_end(self.ends)
-        return None
-
-
-def _backward_enters(tracker: Tracker, call: CallTrace) -> None:
-    """Remember the innermost call whose backward begins; the engine forgets it when the pass completes."""
-    task = _graph_task_id()
+def _backward_enters(tracker: Tracker, call: CallTrace, task: int) -> None:
+    """Remember the innermost call whose backward begins, for the note on an exception that escapes the pass."""
     if task != tracker.backward_task:
         tracker.backward_task = task
         # Runs once per backward pass, after everything else in it, and not when the pass fails: a failed pass
@@ -292,60 +293,149 @@ def _backward_done(tracker: Tracker) -> None:
     tracker.backward_task = -1
 
 
-def _watch_backward(call: CallTrace, output: Any, tracker: Tracker) -> None:
-    """Hook the call's output nodes (backward start) and its frontier nodes (backward end)."""
-    lo, hi = call.seq_start, call.seq_end
+def _add_roots(roots: list[Any], output: Any, lo: int, hi: int) -> None:
+    """The graph nodes of ``output``'s tensors made inside ``[lo, hi)`` (a tensor passed through is not ours)."""
     if isinstance(output, torch.Tensor):
         node = output.grad_fn
-        # A node made before the call (an input passed through) or by an in-place op after it is not ours.
-        if node is None or not lo <= sequence_nr(node) < hi:
-            return
-        roots = [node]
-    else:
-        roots = []
-        for tensor in iter_tensors(output):
-            node = tensor.grad_fn
-            if node is not None and lo <= sequence_nr(node) < hi and node not in roots:
-                roots.append(node)
-        if not roots:
-            return
-    for node in roots:
-        watch = _watch(tracker, node)
-        if not watch.starts:
-            node.register_prehook(watch.started)
-        watch.starts.append(call)
-    for node in _frontier(roots, lo, hi):
-        watch = _watch(tracker, node)
-        if not watch.ends:
-            node.register_hook(watch.ended)
-        watch.ends.append(call)
+        if node is not None and lo <= sequence_nr(node) < hi:
+            roots.append(node)
+        return
+    for tensor in iter_tensors(output):
+        node = tensor.grad_fn
+        if node is not None and lo <= sequence_nr(node) < hi:
+            roots.append(node)
 
 
-def _watch(tracker: Tracker, node: Any) -> _NodeWatch:
-    # Keyed by thread and sequence number (counted per thread), so that nothing holds the node (and so the tensors it saved).
-    # Nodes accept no weak references.
-    key = (threading.get_ident(), sequence_nr(node))
-    watch = tracker.watches.get(key)
-    if watch is None:
-        watch = tracker.watches[key] = _NodeWatch(tracker)
-    return watch
+class _Starts:
+    """Pre-hook of an entry node: opens, in the running backward pass, the interval of the calls it enters."""
+
+    __slots__ = ("tracker", "calls")
+
+    def __init__(self, tracker: Tracker, calls: list[CallTrace]) -> None:
+        self.tracker = tracker
+        self.calls = calls
+
+    def __call__(self, grad_outputs: Any) -> None:
+        tracker = self.tracker
+        if not tracker.active:
+            return None
+        task = _graph_task_id()
+        _backward_enters(tracker, self.calls[0], task)
+        opening = [call for call in self.calls if call.bwd_task != task]
+        if not opening:
+            return None
+        for observer in tracker.backward_observers:
+            # Before the stamp, so that the observers' own cost is not timed as the calls' backward.
+            observer.backward_start(opening)
+        stamp = opening[0].clock.now()
+        for call in opening:
+            if call.bwd_start is not None and call.bwd_end is not None:  # an earlier pass through this call
+                if call.bwd_done is None:
+                    call.bwd_done = []
+                call.bwd_done.append((call.bwd_start, call.bwd_end))
+            call.bwd_task, call.bwd_start, call.bwd_end = task, stamp, None
+        return None
 
 
-def _frontier(roots: list[Any], lo: int, hi: int) -> list[Any]:
-    """Nodes made inside ``[lo, hi)`` whose successors are all outside it: the last of them to run ends the call's
-    backward. AccumulateGrad nodes have the largest sequence number and so count as outside."""
-    seen = set(roots)
-    todo = list(roots)
-    frontier = []
+class _Ends:
+    """Post-hook of a frontier node: the latest end of the calls it closes, in the running backward pass."""
+
+    __slots__ = ("tracker", "calls")
+
+    def __init__(self, tracker: Tracker, calls: list[CallTrace]) -> None:
+        self.tracker = tracker
+        self.calls = calls
+
+    def __call__(self, grad_inputs: Any, grad_outputs: Any) -> None:
+        tracker = self.tracker
+        if not tracker.active:
+            return None
+        task = _graph_task_id()
+        stamp = self.calls[0].clock.now()
+        closing = [call for call in self.calls if call.bwd_task == task]
+        for call in closing:
+            call.bwd_end = stamp
+        if closing:
+            # Backward goes on in the enclosing call, if its pass is running (for the note on an exception).
+            outer = closing[-1].parent
+            tracker.backward_in = outer if outer is not None and outer.bwd_task == task else None
+            for observer in tracker.backward_observers:
+                observer.backward_end(closing)
+        return None
+
+
+def _outside(call: CallTrace, seq: int) -> list[CallTrace]:
+    """``call`` and its enclosing calls, innermost first, up to the first that owns node number ``seq``."""
+    chain = []
+    while call is not None and not call.seq_start <= seq < call.seq_end:
+        chain.append(call)
+        call = call.parent  # type: ignore[assignment]
+    return chain
+
+
+def _watch_backward(outer: CallTrace, tree: list[CallTrace], own: list[Any], nested: list[Any],
+                    tracker: Tracker) -> None:
+    """Walk the nodes that ``outer`` (an outermost call) and the calls inside it created, once each, from its
+    output nodes (``own``) and those of the calls inside it (``nested``), and hook the entry and frontier nodes
+    of every call (see the module docstring)."""
+    lo, hi = outer.seq_start, outer.seq_end
+    starts = [call.seq_start for call in tree]  # ascending: calls are made in sequence-number order
+
+    def owner(seq: int) -> CallTrace:  # the innermost call that created node number ``seq``
+        call = tree[bisect_right(starts, seq) - 1]
+        while not seq < call.seq_end:
+            call = call.parent  # type: ignore[assignment]
+        return call
+
+    entries: dict[Any, list[CallTrace]] = {}
+    owners: dict[Any, CallTrace] = {}
+    todo = []
+    for root in (*own, *nested):
+        if root in owners:
+            continue
+        owners[root] = call = owner(sequence_nr(root))
+        entries[root] = _outside(call, -1)  # backward enters here from outside every call
+        todo.append(root)
+    outermost_roots = set(own)
+    frontier: list[tuple[Any, list[CallTrace]]] = []
     while todo:
         node = todo.pop()
-        inner = False
+        call = owners[node]
+        seq = sequence_nr(node)
+        # The calls this node may be the last of: those for which one of its successors is not theirs (the path
+        # leaves the call here; a pass that needs only some gradients, autograd.grad(loss, inputs), prunes the
+        # rest) or that have no successor of theirs at all. Nodes whose every successor is in the call are not.
+        chain = _outside(call, -1)
+        leaves = 0  # how many of the innermost calls some successor is not in
+        successors = 0
+        from_outside = node in outermost_roots
         for successor, _ in node.next_functions:
-            if successor is not None and lo <= sequence_nr(successor) < hi:
-                inner = True
-                if successor not in seen:
-                    seen.add(successor)
-                    todo.append(successor)
-        if not inner:
-            frontier.append(node)
-    return frontier
+            if successor is None:
+                continue
+            successors += 1
+            successor_seq = sequence_nr(successor)
+            if not lo <= successor_seq < hi:
+                leaves = len(chain)  # made before the outermost call (its inputs), or an AccumulateGrad
+                continue
+            leaves = max(leaves, len(_outside(call, successor_seq)))
+            successor_owner = owners.get(successor)
+            if successor_owner is None:
+                successor_owner = owners[successor] = owner(successor_seq)
+                entries[successor] = []
+                todo.append(successor)
+            # The calls the successor belongs to and this node does not: the chain enters them here. A root of
+            # the outermost output may be replaced by an in-place op after the call and never run: its
+            # successors then count as entries too.
+            entered = _outside(successor_owner, -1 if from_outside else seq)
+            known = entries[successor]
+            known.extend(c for c in entered if c not in known)
+        if not successors:
+            leaves = len(chain)
+        if leaves:
+            frontier.append((node, chain[:leaves]))
+    for node, calls in entries.items():
+        if calls:
+            node.register_prehook(_Starts(tracker, calls))
+    for node, calls in frontier:
+        node.register_hook(_Ends(tracker, calls))
+

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-from ..metrics import Meter, register_meter
+from ..metrics.meter import Meter, register_meter
 from ..record.records import ModuleRecord
 
 __all__ = ["CommTimer", "CommMeter", "register_timed_comm_hook"]

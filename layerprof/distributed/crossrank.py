@@ -13,10 +13,11 @@ the wrapped module's row is the one shown (its type is yours). The outermost rec
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
-import numpy as np
+from ..record.fields import Field, declare
 
 __all__ = ["Spread", "ModuleSpread", "spread", "shown_names", "cross_rank_stats", "straggler_floor", "stragglers", "WRAPPED_ATTRIBUTE", "PASSES"]
 
@@ -28,6 +29,15 @@ WRAPPED_ATTRIBUTE = {
     "OffloadWrapper": "_checkpoint_wrapped_module",
 }
 PASSES = ("forward_ms", "backward_ms", "total_ms")
+# (attribute of a Spread, key suffix in a row)
+_ROW_KEYS = (("min", "rank_min"), ("median", "rank_median"), ("max", "rank_max"),
+             ("slowest_rank", "slowest_rank"), ("fastest_rank", "fastest_rank"))
+declare(*(
+    Field(f"{name}_{key}", "ms" if key.startswith("rank_") else "count",
+          f"{name.removesuffix('_ms').capitalize()} {key.replace('_', ' ')}", combine="none",
+          cost=key.startswith("rank_"), detail=True, doc=f"{key.replace('_', ' ')} of {name} across ranks")
+    for name in PASSES for _, key in _ROW_KEYS
+))
 
 
 @dataclass
@@ -56,7 +66,7 @@ def spread(values: Mapping[int, float | None]) -> Spread | None:
     numbers = list(measured.values())
     slowest = max(measured, key=lambda rank: (measured[rank], -rank))
     fastest = min(measured, key=lambda rank: (measured[rank], rank))
-    return Spread(measured, min(numbers), float(np.median(numbers)), max(numbers), slowest, fastest)
+    return Spread(measured, min(numbers), statistics.median(numbers), max(numbers), slowest, fastest)
 
 
 def stragglers(values: Spread | None, margin: float, min_ms: float = 0.0) -> list[int]:
@@ -87,14 +97,15 @@ class ModuleSpread:
         return self.name.count(".") + 1 if self.name else 0
 
     def to_dict(self) -> dict[str, Any]:
-        """The canonical row: ``forward_ms_min``, ``forward_ms_median``, ``forward_ms_max``,
-        ``forward_ms_slowest_rank``... for each pass, plus ``stragglers``."""
+        """The canonical row: ``forward_ms_rank_min``, ``forward_ms_rank_median``, ``forward_ms_rank_max``,
+        ``forward_ms_slowest_rank``... for each pass, plus ``stragglers``. Statistics over ranks are named
+        ``_rank_*``, so they are never confused with a record's statistics over steps (``forward_ms_min``)."""
         row: dict[str, Any] = {"name": self.name, "type": self.type, "depth": self.depth, "raw_name": self.raw_name,
                                "ranks": list(self.ranks)}
         for name in PASSES:
             values = getattr(self, name)
-            for statistic in ("min", "median", "max", "slowest_rank", "fastest_rank"):
-                row[f"{name}_{statistic}"] = None if values is None else getattr(values, statistic)
+            for statistic, key in _ROW_KEYS:
+                row[f"{name}_{key}"] = None if values is None else getattr(values, statistic)
         row["stragglers"] = list(self.stragglers)
         return row
 

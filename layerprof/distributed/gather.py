@@ -13,7 +13,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .crossrank import Spread, cross_rank_stats, spread, straggler_floor, stragglers
+from ..render.table import Table
 from .comm import CommMeter, register_timed_comm_hook
+from .table import rank_table
 
 if TYPE_CHECKING:
     from ..profile import Profile
@@ -92,15 +94,11 @@ class GatheredProfile:
     def to_table(self) -> Any:
         """The canonical rows as a ``layerprof.Table``, for its exports (``to_csv``, ``to_markdown``,
         ``to_dataframe``...)."""
-        from ..render.table import Table
-
         return Table(list(self.to_dict().values()))
 
     def table(self, depth: int | None = None) -> str:
         """A text table: per module, forward/backward/total min, median and max over ranks, slowest rank,
         stragglers; the step and DDP communication above it."""
-        from .table import rank_table
-
         return rank_table(self, depth=depth)
 
     def __str__(self) -> str:

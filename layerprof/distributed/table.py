@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..render.export import to_text
 from ..render.units import MISSING, format_ms
 
 if TYPE_CHECKING:
@@ -54,10 +55,6 @@ def rank_table(gathered: GatheredProfile, depth: int | None = None) -> str:
         lines.append("DDP gradient all-reduce: " + "; ".join(parts))
     header = ["module", "type", "forward min / median / max", "backward min / median / max",
               "total min / median / max", "slowest", "stragglers"]
-    rows = [_row(m) for m in gathered.modules.values() if depth is None or m.depth <= depth]
-    widths = [max(len(header[i]), *(len(row[i]) for row in rows)) for i in range(len(header))]
-    lines.append("  ".join(cell.ljust(width) for cell, width in zip(header, widths)).rstrip())
-    lines.append("  ".join("-" * width for width in widths))
-    for row in rows:
-        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    rows = [dict(zip(header, _row(m))) for m in gathered.modules.values() if depth is None or m.depth <= depth]
+    lines.append(to_text(rows, header, raw=True).rstrip("\n"))
     return "\n".join(lines)

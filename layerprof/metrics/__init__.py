@@ -1,86 +1,12 @@
-"""Metrics beside time: one registry of meters, filled by the ``register_meter`` decorator.
+"""Metrics beside time: meters (parameters, shapes, memory, FLOPs) and the FLOP formulas they price ops with.
 
-A meter is told when profiling starts and stops, optionally sees every module call's forward hooks (with the
-tracker's ``CallTrace``, whose ``name`` is the module's qualified name), and writes numbers onto the records
-in ``fill``. Timing itself is not a meter: it is always on.
+A meter declares the record fields it fills in the field catalogue (``record.fields``) and writes numbers onto
+records; it never renders. ``meter.py`` holds the base class and the registry; importing this package
+registers the built-in meters, in the order their fields appear in a row.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
-
-from torch import nn
-
-from .._check import check_names
-from ..record.records import ModuleRecord
+from . import params, shapes, memory, flops  # noqa: F401  (register the built-in meters)
+from .meter import DEFAULT_METRICS, METERS, Meter, make_meters, register_meter
 
 __all__ = ["Meter", "METERS", "register_meter", "make_meters", "DEFAULT_METRICS"]
-
-
-class Meter:
-    """Base class of a metric. Override what you need; ``wants_forward_hooks`` says whether the tracker calls
-    ``forward_pre``/``forward_post`` (they cost time on every call, so only meters that need them ask)."""
-
-    name = "abstract"
-    wants_forward_hooks = False
-    # Whether the tracker calls ``backward_start``/``backward_end`` (off by default: the default path stays lean).
-    wants_backward_hooks = False
-    # A meter that slows the step (dispatch modes, saved-tensor hooks) says so, so timing can stay clean.
-    distorts_timing = False
-
-    def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: list[tuple[str, nn.Module]]) -> None:
-        """Profiling begins (``__enter__``): hooks are about to go on."""
-
-    def forward_pre(self, call: Any, module: nn.Module, args: Any, kwargs: Any) -> None:
-        """Before a module's forward (only if ``wants_forward_hooks``)."""
-
-    def forward_post(self, call: Any, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-        """After a module's forward (only if ``wants_forward_hooks``)."""
-
-    def end_step(self, recorded: bool) -> None:
-        """A step ended; ``recorded`` is False for warm-up and unscheduled steps, whose numbers should be dropped."""
-
-    def backward_start(self, calls: Sequence[Any]) -> None:
-        """These calls' backward begins: a graph node that is the first of each is about to run (only if
-        ``wants_backward_hooks``). One graph node can start several nested calls, hence a list."""
-
-    def backward_end(self, calls: Sequence[Any]) -> None:
-        """A graph node that is among the last of each of these calls has run. A call can end at several nodes:
-        the last time it is named here is the end of its backward (only if ``wants_backward_hooks``)."""
-
-    def stop(self) -> None:
-        """Profiling ends (``__exit__``, also on error): release anything installed in ``start``."""
-
-    def fill(self, records: dict[str, ModuleRecord]) -> None:
-        """Write this meter's numbers onto the records, after ``stop``."""
-
-    def meta(self) -> dict[str, Any]:
-        """Numbers that belong to the whole run rather than a module; kept in ``profile.meta[self.name]``."""
-        return {}
-
-
-METERS: dict[str, type[Meter]] = {}
-
-# What LayerProf(model) runs when ``metrics`` is not given: the meters that cost nothing per call.
-DEFAULT_METRICS: tuple[str, ...] = ("params",)
-
-
-def register_meter(cls: type[Meter]) -> type[Meter]:
-    """Class decorator: make a meter available as ``LayerProf(model, metrics=(cls.name, ...))``."""
-    METERS[cls.name] = cls
-    return cls
-
-
-def make_meters(names: Iterable[str] | None) -> list[Meter]:
-    """Instantiate meters by name; an unknown name is a ValueError listing the known ones."""
-    chosen = DEFAULT_METRICS if names is None else check_names("metrics", names, "('flops', 'memory')")
-    meters = []
-    for name in chosen:
-        if name not in METERS:
-            known = ", ".join(sorted(METERS)) or "(none registered)"
-            raise ValueError(f"unknown metric {name!r}; choose from: {known}")
-        meters.append(METERS[name]())
-    return meters
-
-
-# The built-in meters register themselves on import (this order is the order of the fields).
-from . import params, shapes, memory, flops  # noqa: E402,F401,I001

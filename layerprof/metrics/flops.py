@@ -21,23 +21,49 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from .._torch import TorchDispatchMode, current_autograd_node, has_decomposition, nested_sizes, sequence_nr
-from ..record.records import ModuleRecord, register_fields
-from ..render.columns import Column, register_column
-from ..render.units import format_flops
-from . import Meter, register_meter
+from ..record.fields import FIELDS, Field, declare
+from ..record.records import ModuleRecord
+from .meter import Meter, register_meter
 from .formulas import flop_formula, is_free
 from .module_formulas import module_flops_formula
 
-__all__ = ["FlopMeter", "FLOP_FIELDS", "total_flops", "flops_per_second"]
+__all__ = ["FlopMeter", "FLOP_FIELDS"]
 
+
+
+def _flops_per_second(record: ModuleRecord) -> float | None:
+    """Achieved FLOP/s: total FLOPs over total time (forward + backward, which includes any recompute)."""
+    flops, ms = FIELDS["flops"].value(record), FIELDS["total_ms"].value(record)
+    return None if flops is None or not ms else flops / (ms / 1000.0)
+
+
+def _macs(record: ModuleRecord) -> float | None:
+    flops = FIELDS["flops"].value(record)
+    return None if flops is None else flops / 2
+
+
+declare(
+    Field("flops_forward", "flops", "Forward FLOPs", share_of="flops", meter="flops",
+          doc="FLOPs of the aten ops run in the module's forward calls"),
+    Field("flops_backward", "flops", "Backward FLOPs", share_of="flops", meter="flops",
+          doc="FLOPs of the backward of the nodes its forward created"),
+    Field("flops_recompute", "flops", "Recompute FLOPs", share_of="flops", meter="flops",
+          doc="FLOPs of forward re-run during backward by activation checkpointing"),
+    Field("unknown_ops", "data", "Unknown ops", combine="none", cost=False, meter="flops",
+          doc="{op: calls} of ops with no FLOP formula (counted 0)"),
+    Field("flops", "flops", "FLOPs", parts=("flops_forward", "flops_backward", "flops_recompute"),
+          share_of="flops", meter="flops", doc="every FLOP the step ran for the module: forward + backward + recompute"),
+    Field("macs", "macs", "MACs", compute=_macs, share_of="macs", meter="flops", doc="flops / 2"),
+    Field("flops_per_s", "flop/s", "FLOP/s", compute=_flops_per_second, combine="none", cost=False, meter="flops",
+          doc="achieved FLOP/s: flops over total_ms"),
+)
 FLOP_FIELDS = ("flops_forward", "flops_backward", "flops_recompute", "unknown_ops")
-register_fields(*FLOP_FIELDS)
 
 _FORWARD, _BACKWARD, _RECOMPUTE = 0, 1, 2
 _FREE = "free"
@@ -275,43 +301,3 @@ class FlopMeter(Meter):
         self._calls.clear()
         self._logical_parent.clear()
         self._originals.clear()
-
-
-# -- derived quantities and columns: computed at render time, never stored ------------------------------------
-def total_flops(record: ModuleRecord) -> int | None:
-    """FLOPs executed for the module in the step: forward + backward + checkpoint recompute, where measured."""
-    parts = [getattr(record, field, None) for field in ("flops_forward", "flops_backward", "flops_recompute")]
-    known = [part for part in parts if part is not None]
-    return sum(known) if known else None
-
-
-def flops_per_second(record: ModuleRecord) -> float | None:
-    """Achieved FLOP/s: total FLOPs over total time (forward + backward, which includes any recompute)."""
-    flops, ms = total_flops(record), record.total_ms
-    if flops is None or not ms:
-        return None
-    return flops / (ms / 1000.0)
-
-
-def _macs(record: ModuleRecord) -> float | None:
-    flops = total_flops(record)
-    return None if flops is None else flops / 2
-
-
-def _format_macs(value: float | None) -> str:
-    return format_flops(value, suffix="MACs")
-
-
-def _format_rate(value: float | None) -> str:
-    return format_flops(value, suffix="FLOP/s")
-
-
-register_column(Column("flops", "FLOPs", total_flops, format_flops, total_flops))
-register_column(Column("flops_forward", "Forward FLOPs", lambda r: getattr(r, "flops_forward", None),
-                       format_flops, total_flops))
-register_column(Column("flops_backward", "Backward FLOPs", lambda r: getattr(r, "flops_backward", None),
-                       format_flops, total_flops))
-register_column(Column("flops_recompute", "Recompute FLOPs", lambda r: getattr(r, "flops_recompute", None),
-                       format_flops, total_flops))
-register_column(Column("macs", "MACs", _macs, _format_macs, _macs))
-register_column(Column("flops_per_s", "FLOP/s", flops_per_second, _format_rate))

@@ -36,10 +36,9 @@ from torch import nn
 
 from .._tensors import iter_tensors
 from .._torch import StorageWeakRef, outer_saved_tensors_hooks, storage_key, tensor_version
-from ..record.records import ModuleRecord, register_fields
-from ..render.columns import Column, register_column
-from ..render.units import format_bytes
-from . import Meter, register_meter
+from ..record.fields import Field, declare
+from ..record.records import ModuleRecord
+from .meter import Meter, register_meter
 
 __all__ = ["MemoryMeter", "MemoryReader", "CudaMemoryReader", "PeakLog", "MEMORY_FIELDS", "CUDA_FIELDS"]
 
@@ -47,7 +46,19 @@ CUDA_FIELDS = (
     "cuda_forward_delta_bytes", "cuda_forward_peak_bytes", "cuda_backward_delta_bytes", "cuda_backward_peak_bytes",
 )
 MEMORY_FIELDS = ("activation_bytes", "self_activation_bytes", "saved_bytes", "self_saved_bytes", *CUDA_FIELDS)
-register_fields(*MEMORY_FIELDS)
+declare(
+    Field("activation_bytes", "bytes", "Activations", share_of="activation_bytes", meter="memory",
+          doc="bytes of the tensors the module's calls returned that were new (not inputs, not parameters)"),
+    Field("self_activation_bytes", "bytes", "Self Activations", share_of="activation_bytes", meter="memory"),
+    Field("saved_bytes", "bytes", "Saved", share_of="saved_bytes", meter="memory",
+          doc="bytes autograd saved for backward during the module's calls"),
+    Field("self_saved_bytes", "bytes", "Self Saved", share_of="saved_bytes", meter="memory"),
+    Field("cuda_forward_delta_bytes", "bytes", "CUDA Fwd Δ", meter="memory"),
+    Field("cuda_forward_peak_bytes", "bytes", "CUDA Fwd Peak", combine="max", meter="memory"),
+    Field("cuda_backward_delta_bytes", "bytes", "CUDA Bwd Δ", meter="memory"),
+    Field("cuda_backward_peak_bytes", "bytes", "CUDA Bwd Peak", combine="max", meter="memory"),
+    aliases={"memory": ("saved_bytes", "activation_bytes")},
+)
 
 
 # -- reading the allocator -------------------------------------------------------------------------------------
@@ -334,22 +345,3 @@ def _max(row: dict[str, int | None], field: str, value: int | None) -> None:
         previous = row[field]
         row[field] = value if previous is None else max(previous, value)
 
-
-def _field(name: str) -> Any:
-    return lambda record: getattr(record, name, None)
-
-
-for _name, _label in (
-    ("activation_bytes", "Activations"),
-    ("self_activation_bytes", "Self Activations"),
-    ("saved_bytes", "Saved"),
-    ("self_saved_bytes", "Self Saved"),
-):
-    register_column(Column(_name, _label, _field(_name), format_bytes, _field(_name.removeprefix("self_"))))
-for _name, _label in (
-    ("cuda_forward_delta_bytes", "CUDA Fwd Δ"),
-    ("cuda_forward_peak_bytes", "CUDA Fwd Peak"),
-    ("cuda_backward_delta_bytes", "CUDA Bwd Δ"),
-    ("cuda_backward_peak_bytes", "CUDA Bwd Peak"),
-):
-    register_column(Column(_name, _label, _field(_name), format_bytes))

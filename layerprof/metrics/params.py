@@ -11,27 +11,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..record.records import ModuleRecord, register_fields
-from ..render.columns import Column, register_column
-from ..render.units import format_bytes, format_count
-from . import Meter, register_meter
+from ..record.fields import Field, declare
+from ..record.records import ModuleRecord
+from .meter import Meter, register_meter
 
 __all__ = ["ParamsMeter", "PARAM_FIELDS", "module_params"]
-
-PARAM_FIELDS = (
-    "params",  # elements of every parameter in the subtree, each tensor once
-    "trainable_params",  # of which requires_grad
-    "param_bytes",  # bytes of those parameters
-    "param_dtypes",  # {dtype name: elements}, e.g. {"float32": 220}
-    "own_params",  # elements of the parameters registered on this module itself
-    "own_param_bytes",
-    "shared_params",  # elements of own parameters that another module also holds (tied / shared)
-    "shared_with",  # {own parameter name: [qualified names of the same tensor elsewhere]}
-    "buffers",  # elements of every buffer in the subtree, each tensor once
-    "buffer_bytes",
-)
-register_fields(*PARAM_FIELDS)
-
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 
@@ -153,23 +137,34 @@ class ParamsMeter(Meter):
                 setattr(record, field, value)
 
 
-def _field(name: str) -> Any:
-    return lambda record: getattr(record, name, None)
-
-
 def _frozen(record: ModuleRecord) -> float | None:
-    params = getattr(record, "params", None)
-    return None if params is None else params - record.trainable_params  # type: ignore[attr-defined]
+    params, trainable = getattr(record, "params", None), getattr(record, "trainable_params", None)
+    return None if params is None or trainable is None else params - trainable
 
 
 def _size(record: ModuleRecord) -> float | None:
     params = getattr(record, "param_bytes", None)
-    return None if params is None else params + record.buffer_bytes  # type: ignore[attr-defined]
+    return None if params is None else params + (getattr(record, "buffer_bytes", None) or 0)
 
 
-register_column(Column("params", "Params", _field("params"), format_count, _field("params")))
-register_column(Column("trainable_params", "Trainable", _field("trainable_params"), format_count))
-register_column(Column("frozen_params", "Frozen", _frozen, format_count))
-register_column(Column("param_bytes", "Param Size", _field("param_bytes"), format_bytes, _field("param_bytes")))
-register_column(Column("buffer_bytes", "Buffers", _field("buffer_bytes"), format_bytes))
-register_column(Column("size", "Size", _size, format_bytes, _size))
+declare(
+    Field("params", "count", "Params", share_of="params", meter="params",
+          doc="elements of every parameter in the subtree, each tensor once"),
+    Field("trainable_params", "count", "Trainable", meter="params", doc="of which requires_grad"),
+    Field("param_bytes", "bytes", "Param Size", share_of="param_bytes", meter="params",
+          doc="bytes of those parameters"),
+    Field("param_dtypes", "data", "Param dtypes", meter="params", doc="{dtype name: elements}"),
+    Field("own_params", "count", "Own Params", cost=False, meter="params",
+          doc="elements of the parameters registered on this module itself"),
+    Field("own_param_bytes", "bytes", "Own Param Size", cost=False, meter="params"),
+    Field("shared_params", "count", "Shared Params", meter="params",
+          doc="elements of own parameters that another module also holds (tied or shared)"),
+    Field("shared_with", "data", "Shared With", meter="params",
+          doc="{own parameter name: [qualified names of the same tensor elsewhere]}"),
+    Field("buffers", "count", "Buffers Elements", meter="params", doc="elements of every buffer in the subtree"),
+    Field("buffer_bytes", "bytes", "Buffers", meter="params", doc="bytes of those buffers"),
+    Field("frozen_params", "count", "Frozen", compute=_frozen, meter="params", doc="params - trainable_params"),
+    Field("size", "bytes", "Size", compute=_size, share_of="size", meter="params", doc="param_bytes + buffer_bytes"),
+)
+PARAM_FIELDS = ("params", "trainable_params", "param_bytes", "param_dtypes", "own_params", "own_param_bytes",
+                "shared_params", "shared_with", "buffers", "buffer_bytes")

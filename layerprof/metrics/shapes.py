@@ -19,16 +19,15 @@ Calls re-run by activation checkpointing during backward are skipped: they repea
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..record.records import ModuleRecord, register_fields
-from ..render.columns import Column, register_column
-from ..render.units import format_shapes
-from . import Meter, register_meter
+from .._tensors import iter_tensor_paths
+from ..record.fields import Field, declare
+from ..record.records import ModuleRecord
+from .meter import Meter, register_meter
 
 __all__ = ["ShapesMeter", "SHAPE_FIELDS", "tensor_specs", "MAX_VARIANTS"]
 
@@ -37,25 +36,18 @@ SHAPE_FIELDS = (
     "output_shapes", "output_dtypes", "output_paths",
     "shape_variants",
 )
-register_fields(*SHAPE_FIELDS)
+declare(
+    *(Field(f"{side}_{kind}", "shapes" if kind == "shapes" else "data", f"{label}{'' if kind == 'shapes' else ' ' + kind}",
+            combine="none", cost=False, meter="shapes", doc=f"{kind} of the tensors in the first call's {side}")
+      for side, label in (("input", "In"), ("output", "Out")) for kind in ("shapes", "dtypes", "paths")),
+    Field("shape_variants", "count", "Shape variants", combine="max", cost=False, meter="shapes",
+          doc="distinct input/output signatures seen (at most MAX_VARIANTS)"),
+)
 
 MAX_VARIANTS = 64
-_MAX_DEPTH = 16
-_LEAVES = (str, bytes, int, float, bool, type(None))
 
 # One tensor's entry: (path keys, shape, dtype). Shapes and dtypes hold no reference to the tensor.
 Spec = tuple[tuple[Any, ...], torch.Size, torch.dtype]
-
-
-def _items(obj: Any) -> Any:
-    """(key, value) pairs of a container, or None for anything else."""
-    if isinstance(obj, (list, tuple)):
-        return enumerate(obj)
-    if isinstance(obj, dict):
-        return obj.items()
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return ((field.name, getattr(obj, field.name, None)) for field in dataclasses.fields(obj))
-    return None
 
 
 def _spec(path: tuple[Any, ...], tensor: torch.Tensor) -> Spec:
@@ -65,37 +57,21 @@ def _spec(path: tuple[Any, ...], tensor: torch.Tensor) -> Spec:
         return path, torch.Size(), tensor.dtype
 
 
-def _walk(obj: Any, path: tuple[Any, ...], out: list[Spec], depth: int) -> None:
-    items = _items(obj)
-    if items is None:
-        return
-    for key, item in items:
-        if isinstance(item, torch.Tensor):
-            out.append(_spec((*path, key), item))
-        elif depth < _MAX_DEPTH and not isinstance(item, _LEAVES):
-            _walk(item, (*path, key), out, depth + 1)
-
-
 def tensor_specs(args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> tuple[Spec, ...]:
     """``(path, shape, dtype)`` of every tensor in ``args`` then ``kwargs``, depth first (see the module doc).
 
     >>> tensor_specs((torch.zeros(4, 10),), {"mask": [torch.zeros(2, dtype=torch.bool)]})
     (((0,), torch.Size([4, 10]), torch.float32), (('mask', 0), torch.Size([2]), torch.bool))
     """
-    out: list[Spec] = []
-    _walk(args, (), out, 0)
+    specs = [_spec(path, tensor) for path, tensor in iter_tensor_paths(args)]
     if kwargs:
-        _walk(kwargs, (), out, 0)
-    return tuple(out)
+        specs.extend(_spec(path, tensor) for path, tensor in iter_tensor_paths(kwargs))
+    return tuple(specs)
 
 
 def output_specs(output: Any) -> tuple[Spec, ...]:
     """``tensor_specs`` of a return value; a bare tensor has the empty path."""
-    if isinstance(output, torch.Tensor):
-        return (_spec((), output),)
-    out: list[Spec] = []
-    _walk(output, (), out, 0)
-    return tuple(out)
+    return tuple(_spec(path, tensor) for path, tensor in iter_tensor_paths(output))
 
 
 def _path_text(path: tuple[Any, ...]) -> str:
@@ -157,5 +133,3 @@ class ShapesMeter(Meter):
             record.shape_variants = len(variants)  # type: ignore[attr-defined]
 
 
-register_column(Column("input_shapes", "In", lambda r: getattr(r, "input_shapes", None), format_shapes))
-register_column(Column("output_shapes", "Out", lambda r: getattr(r, "output_shapes", None), format_shapes))

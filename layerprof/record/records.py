@@ -6,26 +6,16 @@ module tree, because the two differ when a module is shared or called from a sib
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 from anytree import NodeMixin, PreOrderIter
 from torch import nn
 
-__all__ = ["CallTiming", "ModuleRecord", "build_tree", "TIME_FIELDS", "STAT_FIELDS", "METRIC_FIELDS", "register_fields"]
+from .fields import FIELDS, stat_fields, stored_fields
 
-TIME_FIELDS = ("forward_ms", "backward_ms", "self_forward_ms", "self_backward_ms", "recompute_ms")
-# Statistics over steps, beside the means: forward_ms_median, ..., backward_ms_p95.
-STAT_FIELDS = tuple(f"{p}_{s}" for p in ("forward_ms", "backward_ms") for s in ("median", "std", "min", "max", "p95"))
+__all__ = ["CallTiming", "ModuleRecord", "build_tree"]
 
-# Fields that meters write onto records, in registration order. ``to_dict`` includes those a record carries, so a
-# meter that did not run adds no column.
-METRIC_FIELDS: dict[str, None] = {}
-
-
-def register_fields(*names: str) -> None:
-    """Declare record fields a meter fills (numbers, strings, and lists/dicts of them), for ``to_dict``."""
-    for name in names:
-        METRIC_FIELDS.setdefault(name)
+_STAT_FIELDS = tuple(stat_fields())
 
 
 @dataclass
@@ -38,6 +28,9 @@ class CallTiming:
     backward_ms: float | None = None
     recompute: bool = False
     step: int = 0
+    # Made inside a call of the same module (recursion): its time is inside that call's, so the module's
+    # inclusive time does not add it again.
+    recursive: bool = False
 
 
 class ModuleRecord(NodeMixin):
@@ -64,7 +57,7 @@ class ModuleRecord(NodeMixin):
         self.self_backward_ms: float | None = None
         self.recompute_ms: float | None = None
         self.steps = 0
-        for field in STAT_FIELDS:
+        for field in _STAT_FIELDS:
             setattr(self, field, None)
         self.parent = parent
 
@@ -75,28 +68,25 @@ class ModuleRecord(NodeMixin):
 
     @property
     def total_ms(self) -> float | None:
-        """Forward plus backward, where measured."""
-        if self.forward_ms is None and self.backward_ms is None:
-            return None
-        return (self.forward_ms or 0.0) + (self.backward_ms or 0.0)
+        """Forward plus backward, where measured (the catalogue's ``total_ms``)."""
+        return FIELDS["total_ms"].value(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The canonical row of this record: plain numbers and strings, JSON-serializable. Public attributes
         that meters set beyond the ones below (``params``, ``flops_forward``, ...) are part of the row too."""
-        row = {
+        row: dict[str, Any] = {
             "name": self.name,
             "type": self.type,
             "depth": self.depth,
             "parent": None if self.parent is None else self.parent.name,
-            "calls": self.calls,
-            **{field: getattr(self, field) for field in TIME_FIELDS},
-            "steps": self.steps,
-            **{field: getattr(self, field) for field in STAT_FIELDS},
-            **{field: self.__dict__[field] for field in METRIC_FIELDS if field in self.__dict__},
-            "aliases": list(self.aliases),
-            "extra_repr": self.extra_repr,
-            "call_times": [asdict(timing) for timing in self.call_times],
         }
+        own = self.__dict__
+        for field in stored_fields():  # the catalogue's order; a meter that did not run adds no column
+            if field.always or field.name in own:
+                row[field.name] = own.get(field.name)
+        row["aliases"] = list(self.aliases)
+        row["extra_repr"] = self.extra_repr
+        row["call_times"] = [asdict(timing) for timing in self.call_times]
         for key, value in vars(self).items():
             if key not in row and not key.startswith("_"):
                 row[key] = value
@@ -125,7 +115,3 @@ def build_tree(model: nn.Module) -> tuple[ModuleRecord, dict[str, ModuleRecord],
             records[first_name[id(module)]].aliases.append(name)
     return records[""], records, entries
 
-
-def iter_records(root: ModuleRecord, maxdepth: int | None = None) -> Iterable[ModuleRecord]:
-    """Records in ``named_modules()`` order, down to ``maxdepth`` (the root has depth 0)."""
-    return PreOrderIter(root, maxlevel=None if maxdepth is None else maxdepth + 1)

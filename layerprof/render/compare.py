@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .export import to_dataframe, to_text
-from .rows import DERIVED_FIELDS, is_number, numeric_fields, value_of
+from ..record.fields import FIELDS
+from .rows import derived_names, is_number, numeric_fields, value_of
 from .units import format_change, format_field, format_ratio
 
 if TYPE_CHECKING:
@@ -22,16 +23,18 @@ MODEL_FIELDS = (
     "forward_ms", "backward_ms", "total_ms", "recompute_ms", "activation_bytes", "saved_bytes",
     "cuda_forward_peak_bytes", "cuda_backward_peak_bytes", "cuda_peak_bytes",
 )
-# Fields that count or place rather than cost: never compared.
-# Own (non-inclusive) parameter counts say nothing about a whole model.
-_NOT_COSTS = ("depth", "calls", "own_params", "own_param_bytes")
+
+
+def _not_costs() -> list[str]:
+    """Fields that count or place rather than cost (the catalogue's ``cost=False``): never compared."""
+    return ["depth", *(field.name for field in FIELDS.values() if not field.cost)]
 # Per-module diffs show a few fields, where both profiles have them, so the table stays readable.
 MODULE_FIELDS = ("forward_ms", "backward_ms", "total_ms", "params", "flops_forward", "activation_bytes")
 
 
 def _ordered_fields(rows: Sequence[dict[str, Any]]) -> list[str]:
     # A root's self time is only what runs outside every child (often hook overhead): not a model-level cost.
-    found = [f for f in numeric_fields(rows, skip=_NOT_COSTS) if f not in DERIVED_FIELDS and not f.startswith("self_")]
+    found = [f for f in numeric_fields(rows, skip=_not_costs()) if f not in derived_names() and not f.startswith("self_")]
     known = [f for f in MODEL_FIELDS if f in found or f == "total_ms"]
     return known + [f for f in found if f not in known]
 
@@ -89,7 +92,7 @@ class Comparison:
             return list(chosen)
         rows_a = [self.a.records[n].to_dict() for n in self.matched]
         rows_b = [self.b.records[n].to_dict() for n in self.matched]
-        present = set(numeric_fields(rows_a, skip=_NOT_COSTS)) & set(numeric_fields(rows_b, skip=_NOT_COSTS))
+        present = set(numeric_fields(rows_a, skip=_not_costs())) & set(numeric_fields(rows_b, skip=_not_costs()))
         present.add("total_ms")
         return [f for f in MODULE_FIELDS if f in present]
 

@@ -14,7 +14,6 @@ timer noise) they are scaled down to fit it and its self value is 0. A container
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator
 
 from anytree import PostOrderIter
 
@@ -74,9 +73,6 @@ class Layout:
     @property
     def max_depth(self) -> int:
         return max(segment.depth for segment in self.segments)
-
-    def at_depth(self, depth: int) -> Iterator[Segment]:
-        return (segment for segment in self.segments if segment.depth == depth)
 
 
 def layout_tree(

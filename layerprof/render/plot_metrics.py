@@ -1,63 +1,45 @@
-"""What a plot can show: one small table from metric names to the record fields that hold them, with units.
+"""What a plot can show: any numeric field of the catalogue (``record.fields``), summed over its parts.
 
 Every field is an inclusive value (the module with its children); self values are derived over the tree by the
 layout (``plot_layout.py``), never read from the records.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Iterable
 
+from ..record.fields import ALIASES, FIELDS, canonical
 from ..record.records import ModuleRecord
-from .units import format_bytes, format_count, format_flops, format_ms
+from .columns import Column
+from .units import format_value
 
-__all__ = ["PlotMetric", "PLOT_METRICS", "resolve_metric", "root_of"]
+__all__ = ["PlotMetric", "resolve_metric", "metric_meters", "root_of", "PLOTTABLE_UNITS"]
+
+PLOTTABLE_UNITS = ("ms", "bytes", "flops", "macs", "count")
 
 
-@dataclass(frozen=True)
-class PlotMetric:
-    """A plottable quantity: the record fields summed into it, how to print it, and how to get it recorded.
+class PlotMetric(Column):
+    """A plottable quantity: a catalogue field (as a summary column shows it), and the stored fields summed
+    into it."""
 
-    ``fields`` are summed; ``alternatives`` are tried in order when a metric can be recorded under one of
-    several fields (memory: the first field that some record holds is used).
-    """
+    @property
+    def label(self) -> str:
+        return self.field.label
 
-    name: str
-    label: str
-    fields: tuple[str, ...]
-    format: Callable[[float | None], str]
-    hint: str
-    alternatives: tuple[tuple[str, ...], ...] = ()
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return self.field.parts or (self.field.name,)
+
+    def format(self, value: float | None) -> str:
+        return format_value(self.field.unit, value)
 
     def value(self, record: ModuleRecord, fields: tuple[str, ...] | None = None) -> float:
         """The record's inclusive value; a field that was not measured on this record counts as 0."""
         total = 0.0
-        for field in fields or self.fields:
-            value = getattr(record, field, None)
+        for name in fields or self.fields:
+            value = getattr(record, name, None)
             if value is not None:
                 total += float(value)
         return total
-
-
-_TIME_HINT = "call the model (and .backward() for backward time) inside the `with LayerProf(model)` block"
-
-PLOT_METRICS: dict[str, PlotMetric] = {
-    metric.name: metric
-    for metric in (
-        PlotMetric("forward", "forward time", ("forward_ms",), format_ms, _TIME_HINT),
-        PlotMetric("backward", "backward time", ("backward_ms",), format_ms, _TIME_HINT),
-        PlotMetric("total", "forward + backward time", ("forward_ms", "backward_ms"), format_ms, _TIME_HINT),
-        PlotMetric(
-            "flops", "FLOPs (forward + backward)", ("flops_forward", "flops_backward"), format_flops,
-            "run with LayerProf(model, metrics=('flops',))",
-        ),
-        PlotMetric("params", "parameters", ("params",), format_count, "run with LayerProf(model, metrics=('params',))"),
-        PlotMetric(
-            "memory", "memory", ("saved_bytes",), format_bytes, "run with LayerProf(model, metrics=('memory',))",
-            alternatives=(("saved_bytes",), ("activation_bytes",)),
-        ),
-    )
-}
 
 
 def root_of(profile: object) -> ModuleRecord:
@@ -77,21 +59,41 @@ def _recorded(records: Iterable[ModuleRecord], field: str) -> bool:
     return any(getattr(record, field, None) is not None for record in records)
 
 
+def _plottable() -> list[str]:
+    """Short names first (``forward``, ``total``, ``memory``...), then every numeric stored or summed field."""
+    fields = [f.name for f in FIELDS.values() if f.unit in PLOTTABLE_UNITS and not f.detail
+              and (not f.derived or f.parts)]
+    return [alias for alias, targets in ALIASES.items() if targets[0] in fields] + fields
+
+
+def metric_meters(name: str) -> tuple[str, ...]:
+    """The meters that record plot metric ``name`` (empty for times), before any profile exists: the command line
+    checks ``--plot-metric`` against ``--metrics`` with it. A ValueError for an unknown name."""
+    resolved = canonical(name)
+    if resolved is None or resolved not in _plottable():
+        raise ValueError(f"unknown plot metric {name!r}; choose from: {', '.join(_plottable())}")
+    metric = PlotMetric(FIELDS[resolved])
+    meters = (FIELDS[part].meter for part in metric.fields if part in FIELDS)
+    return tuple(dict.fromkeys(meter for meter in meters if meter is not None))
+
+
 def resolve_metric(name: str, root: ModuleRecord) -> tuple[PlotMetric, tuple[str, ...]]:
-    """The metric called ``name`` and the fields it reads on this tree.
+    """The metric called ``name`` (a field name or a short one: ``total``, ``flops``, ``memory``) and the stored
+    fields it reads on this tree.
 
     Raises ValueError for an unknown name (listing the known ones) and for a metric that this profile did not
     record (naming the missing field and how to record it).
     """
-    metric = PLOT_METRICS.get(name)
-    if metric is None:
-        raise ValueError(f"unknown plot metric {name!r}; choose from: {', '.join(PLOT_METRICS)}")
-    records = list(root.descendants) + [root]
-    for fields in metric.alternatives or (metric.fields,):
-        present = tuple(field for field in fields if _recorded(records, field))
-        if present:
-            return metric, present
-    missing = " or ".join(repr(fields[0]) for fields in metric.alternatives) or repr(metric.fields[0])
+    records = [root, *root.descendants]
+    resolved = canonical(name, present=lambda field: _recorded(records, field))
+    if resolved is None or resolved not in _plottable():
+        raise ValueError(f"unknown plot metric {name!r}; choose from: {', '.join(_plottable())}")
+    metric = PlotMetric(FIELDS[resolved])
+    present = tuple(field for field in metric.fields if _recorded(records, field))
+    if present:
+        return metric, present
+    targets = ALIASES.get(name) if name in ALIASES and len(ALIASES[name]) > 1 else metric.fields
+    missing = " or ".join(repr(target) for target in targets)
     raise ValueError(
-        f"cannot plot metric {name!r}: no record of this profile holds the field {missing}; {metric.hint}"
+        f"cannot plot metric {name!r}: no record of this profile holds the field {missing}; {metric.field.hint}"
     )

@@ -9,17 +9,11 @@ from fnmatch import fnmatchcase
 from typing import Any, Iterable
 
 from .._check import check_bool, check_int, check_names
-from ..record.records import STAT_FIELDS, ModuleRecord
+from ..record.fields import FIELDS, derived_fields, detail_fields
+from ..record.records import ModuleRecord
 
-__all__ = [
-    "STRUCTURE_FIELDS", "DERIVED_FIELDS", "FILTERS", "is_number", "numeric_fields", "select", "record_rows", "value_of",
-    "aggregate_by_type", "top_records",
-]
-
-# Keys of a row that describe where a module sits rather than what it cost.
-STRUCTURE_FIELDS = ("name", "type", "depth", "parent", "aliases", "extra_repr", "call_times")
-# Fields computed from a record but not stored in its row (see ``value_of``).
-DERIVED_FIELDS = ("total_ms", "self_total_ms")
+__all__ = ["is_number", "numeric_fields", "derived_names", "FILTERS", "select", "record_rows", "value_of",
+           "aggregate_by_type", "top_records"]
 
 
 def is_number(value: Any) -> bool:
@@ -27,14 +21,15 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-# Per-step statistics sit beside the means in every row, but tables, comparisons and aggregates show the means
-# unless these are asked for by name.
-DETAIL_FIELDS = ("steps", *STAT_FIELDS)
+def derived_names() -> list[str]:
+    """Fields computed from a record but not stored in its row (``total_ms``, ``flops``...)."""
+    return [field.name for field in derived_fields()]
 
 
 def numeric_fields(rows: Iterable[dict[str, Any]], skip: Iterable[str] = ("depth",)) -> list[str]:
-    """Keys holding a number in at least one row, in the order they first appear (``DETAIL_FIELDS`` left out)."""
-    skipped = set(skip) | set(DETAIL_FIELDS)
+    """Keys holding a number in at least one row, in the order they first appear. Detail fields (statistics
+    over steps, ``steps``) sit beside the means in every row but are left out: shown only when asked by name."""
+    skipped = set(skip) | set(detail_fields())
     seen: dict[str, None] = {}
     for row in rows:
         for key, value in row.items():
@@ -44,17 +39,12 @@ def numeric_fields(rows: Iterable[dict[str, Any]], skip: Iterable[str] = ("depth
 
 
 def value_of(record: ModuleRecord, field: str, row: dict[str, Any] | None = None) -> Any:
-    """A field of a record: from its row, else a derived field (``total_ms``, ``self_total_ms``), else None."""
-    row = record.to_dict() if row is None else row
-    if field in row:
+    """A field of a record: from its row, else computed by its catalogue entry (derived fields), else None."""
+    if row is not None and field in row:
         return row[field]
-    if field == "total_ms":
-        return record.total_ms
-    if field == "self_total_ms":
-        forward, backward = row.get("self_forward_ms"), row.get("self_backward_ms")
-        if forward is None and backward is None:
-            return None
-        return (forward or 0.0) + (backward or 0.0)
+    declared = FIELDS.get(field)
+    if declared is not None:
+        return declared.value(record, record.root)
     return getattr(record, field, None)
 
 
@@ -119,9 +109,13 @@ def record_rows(records: Iterable[ModuleRecord]) -> list[dict[str, Any]]:
     return [record.to_dict() for record in records]
 
 
-def _combine(field: str, values: list[float]) -> float:
+def _combine(field: str, values: list[float]) -> float | None:
     # A peak of several modules is the largest of them, not their sum; every other cost adds up.
-    return max(values) if "peak" in field else sum(values)
+    declared = FIELDS.get(field)
+    how = "sum" if declared is None else declared.combine
+    if how == "none":
+        return None
+    return max(values) if how == "max" else sum(values)
 
 
 def aggregate_by_type(records: Iterable[ModuleRecord]) -> list[dict[str, Any]]:
@@ -137,7 +131,7 @@ def aggregate_by_type(records: Iterable[ModuleRecord]) -> list[dict[str, Any]]:
     result = []
     for type_name, members in grouped.items():
         rows = [row for _, row in members]
-        fields = [f for f in numeric_fields(rows, skip=("depth", "calls")) if f not in DERIVED_FIELDS]
+        fields = [f for f in numeric_fields(rows, skip=("depth", "calls")) if f not in derived_names()]
         out: dict[str, Any] = {"type": type_name, "modules": len(members), "calls": sum(r["calls"] for r in rows)}
         for field in [*fields, "total_ms"]:
             values = [value_of(record, field, row) for record, row in members]

@@ -11,7 +11,7 @@ from .._check import check_int
 from ..record.records import ModuleRecord
 from .columns import Column, resolve_columns
 from .footer import summary_footer
-from .units import format_ms
+from .units import format_count, format_ms
 
 __all__ = ["annotated_repr", "summary_header"]
 
@@ -24,11 +24,13 @@ def _indent(text: str, spaces: int) -> str:
 
 
 def _annotation(record: ModuleRecord, root: ModuleRecord, columns: list[Column]) -> str:
+    if not columns:  # columns=(): the model's plain repr
+        return ""
     if record.calls == 0 and record.recompute_ms is None:
         return "【not run】"
     parts = [column.text(record, root) for column in columns]
-    if record.calls > 1:
-        parts.append(f"{record.calls} calls")
+    if record.calls not in (0, 1) and all(column.name != "calls" for column in columns):
+        parts.append(f"{format_count(record.calls)} calls")
     return "【" + " | ".join(parts) + "】"
 
 

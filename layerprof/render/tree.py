@@ -27,14 +27,14 @@ def render_tree(root: ModuleRecord, maxdepth: int | None = None) -> str:
 
 
 def timepool(record: ModuleRecord) -> dict[str, Any]:
-    """``{name: {forward_cost, backward_cost, depth, children: {...}}}`` in milliseconds, keyed by attribute name
+    """``{name: {forward_ms, backward_ms, depth, children: {...}}}`` in milliseconds, keyed by attribute name
     (the root by its class name)."""
 
     def entry(node: ModuleRecord) -> dict[str, Any]:
         return {
             "type": node.type,
-            "forward_cost": node.forward_ms,
-            "backward_cost": node.backward_ms,
+            "forward_ms": node.forward_ms,
+            "backward_ms": node.backward_ms,
             "depth": node.depth,
             "calls": node.calls,
             "children": {child.short_name: entry(child) for child in node.children},

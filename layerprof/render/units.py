@@ -1,9 +1,11 @@
-"""The one place that turns numbers into human-readable text."""
+"""The one place that turns numbers into human-readable text. A field's unit comes from the catalogue."""
 from __future__ import annotations
+
+from ..record.fields import FIELDS
 
 __all__ = [
     "format_ms", "format_count", "format_bytes", "format_flops", "format_percent", "format_change", "format_ratio",
-    "format_plain", "format_field", "field_label", "format_shapes", "MISSING",
+    "format_plain", "format_field", "format_value", "field_label", "format_shapes", "MISSING",
 ]
 
 MISSING = "—"
@@ -32,9 +34,12 @@ def _scaled(value: float, base: float, units: tuple[str, ...], suffix: str) -> s
 
 
 def format_count(value: float | None) -> str:
-    """Counts with k/M/G/T: ``format_count(11_689_512) == '11.7M'``."""
+    """Counts with k/M/G/T: ``format_count(11_689_512) == '11.7M'``; a mean count below 1000 keeps three
+    digits: ``format_count(4 / 3) == '1.33'``."""
     if value is None:
         return MISSING
+    if abs(value) < 1000 and value != int(value):
+        return f"{value:.3g}"
     return _scaled(float(value), 1000.0, ("", "k", "M", "G", "T", "P"), "")
 
 
@@ -83,39 +88,35 @@ def format_plain(value: object) -> str:
     return str(value)
 
 
-def _field_kind(field: str) -> str:
-    # Field names carry their unit (forward_ms, param_bytes, flops_forward): the name alone says how to print.
-    if field.endswith("_ms"):
-        return "ms"
-    if field.endswith("_bytes") or field == "bytes":
-        return "bytes"
-    if "flop" in field:
-        return "flop/s" if field.endswith(("_per_s", "_per_second", "flop_s")) else "flops"
-    if field.endswith("_percent"):
-        return "percent"
-    return "count"
+def format_value(unit: str, value: object) -> str:
+    """A value in a catalogue unit (``record.fields.UNITS``): ``format_value('bytes', 2048) == '2 KiB'``."""
+    if value is None:
+        return MISSING
+    if unit == "shapes":
+        return format_shapes(value)  # type: ignore[arg-type]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if unit == "ms":
+        return format_ms(value)
+    if unit == "bytes":
+        return format_bytes(value)
+    if unit == "flops":
+        return format_flops(value)
+    if unit == "flop/s":
+        return format_flops(value, "FLOP/s")
+    if unit == "macs":
+        return format_flops(value, "MACs")
+    if unit == "percent":
+        return f"{value:.1f}%"
+    return format_count(value)
 
 
 def format_field(field: str, value: object) -> str:
-    """A row value in the unit its field name states: ``format_field('param_bytes', 2048) == '2 KiB'``.
-
-    Times end in ``_ms``, memory in ``_bytes``, FLOPs contain ``flop``; other numbers are counts; text is kept."""
-    if value is None:
-        return MISSING
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
-    kind = _field_kind(field)
-    if kind == "ms":
-        return format_ms(value)
-    if kind == "bytes":
-        return format_bytes(value)
-    if kind == "flops":
-        return format_flops(value)
-    if kind == "flop/s":
-        return format_flops(value, "FLOP/s")
-    if kind == "percent":
-        return f"{value:.1f}%"
-    return format_count(value)
+    """A row value in the unit the catalogue declares for ``field``: ``format_field('param_bytes', 2048) ==
+    '2 KiB'``. A field the catalogue does not know (a loaded file's, from a meter not imported here) prints as a
+    count, text as is."""
+    declared = FIELDS.get(field)
+    return format_value("count" if declared is None else declared.unit, value)
 
 
 def field_label(field: str) -> str:
