@@ -17,6 +17,7 @@ from typing import Any
 from anytree import PreOrderIter
 
 from .._version import __version__
+from .fields import FIELDS
 from .records import CallTiming, ModuleRecord
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "document", "dumps", "read_document", "parse"]
@@ -46,18 +47,23 @@ def dumps(tree: ModuleRecord, meta: dict[str, Any], indent: int | None = 1) -> s
 
 
 def _kind(key: str) -> str:
-    """What a row field must hold, from its name: "number" (or null), "list", "dict", or "any" for fields of
-    meters this version does not know."""
-    if key in _NUMBER_FIELDS or key.endswith(("_ms", "_bytes", "_params")) or key.startswith(("flops_", "forward_ms_",
-                                                                                                "backward_ms_")):
+    """What a row field must hold, from its unit in the catalogue: "number" (or null), "list", "dict", or "any"
+    for fields this version does not declare (a meter of another program)."""
+    declared = FIELDS.get(key)
+    if declared is None:
+        return "any"
+    if declared.unit in _NUMBER_UNITS:
         return "number"
+    if declared.unit == "shapes":
+        return "list"
     return _CONTAINER_FIELDS.get(key, "any")
 
 
-_NUMBER_FIELDS = {"calls", "steps", "depth", "params", "buffers", "shape_variants"}
+_NUMBER_UNITS = ("ms", "bytes", "flops", "flop/s", "macs", "count", "percent")
+# Fields of unit "data" whose shape renderers rely on.
 _CONTAINER_FIELDS = {
     "param_dtypes": "dict", "shared_with": "dict", "unknown_ops": "dict",
-    **{f"{side}_{what}": "list" for side in ("input", "output") for what in ("shapes", "dtypes", "paths")},
+    **{f"{side}_{what}": "list" for side in ("input", "output") for what in ("dtypes", "paths")},
 }
 # What the entries of the known object fields hold: counts by name, or lists of qualified names.
 _ENTRY_KINDS = {"param_dtypes": "number!", "unknown_ops": "number!", "shared_with": "list!"}
