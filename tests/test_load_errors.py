@@ -206,3 +206,12 @@ def test_entries_of_known_object_fields_are_checked(saved: dict[str, Any], field
                                                     message: str) -> None:
     with pytest.raises(ValueError, match=r"^cannot load the profile text: record '0': " + re.escape(message)):
         layerprof.loads(_edit(saved, ("records", 1, field), value))
+
+
+def test_every_call_timing_field_is_checked() -> None:
+    from dataclasses import fields
+
+    from layerprof.record import io
+    from layerprof.record.records import CallTiming
+
+    assert set(io._CALL_KINDS) == {f.name for f in fields(CallTiming)}

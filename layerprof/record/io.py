@@ -67,8 +67,9 @@ _CONTAINER_FIELDS = {
 }
 # What the entries of the known object fields hold: counts by name, or lists of qualified names.
 _ENTRY_KINDS = {"param_dtypes": "number!", "unknown_ops": "number!", "shared_with": "list!"}
+# Every CallTiming field, and what it holds (``!``: required).
 _CALL_KINDS = {"forward_start_ms": "number!", "forward_ms": "number!", "backward_start_ms": "number",
-               "backward_ms": "number", "recompute": "bool", "step": "int"}
+               "backward_ms": "number", "recompute": "bool", "step": "int", "recursive": "bool"}
 
 
 def _shown(value: Any) -> str:
