@@ -67,7 +67,7 @@ _CONTAINER_FIELDS = {
 }
 # What the entries of the known object fields hold: counts by name, or lists of qualified names.
 _ENTRY_KINDS = {"param_dtypes": "number!", "unknown_ops": "number!", "shared_with": "list!"}
-# Every CallTiming field, and what it holds (``!``: required).
+# Every CallTiming field, and what it holds (a kind ending in ``!`` refuses null).
 _CALL_KINDS = {"forward_start_ms": "number!", "forward_ms": "number!", "backward_start_ms": "number",
                "backward_ms": "number", "recompute": "bool", "step": "int", "recursive": "bool"}
 
