@@ -137,6 +137,13 @@ def test_ctrl_c_while_torch_imports_is_quiet(tmp_path: Path) -> None:
     command = subprocess.run([sys.executable, "-m", "layerprof", "x:y", "-i", "2"], env=env, capture_output=True,
                              text=True, timeout=60)
     assert (command.returncode, command.stdout, command.stderr) == (130, "", "layerprof: interrupted\n")
+    # the console script: what pip writes as bin/layerprof
+    script = tmp_path / "bin" / "layerprof"
+    script.parent.mkdir()
+    script.write_text("import sys\nfrom layerprof.cli import main\nsys.exit(main())\n")
+    console = subprocess.run([sys.executable, str(script), "x:y", "-i", "2"], env=env, capture_output=True, text=True,
+                             timeout=60)
+    assert (console.returncode, console.stdout, console.stderr) == (130, "", "layerprof: interrupted\n")
     # a program that imports layerprof gets its KeyboardInterrupt as usual
     library = subprocess.run([sys.executable, "-c", "import layerprof"], env=env, capture_output=True, text=True,
                              timeout=60)

@@ -36,7 +36,7 @@ from .clock import Clock, CpuClock, make_clock
 from .._tensors import first_tensor, iter_tensors
 from .._torch import graph_task_id as _graph_task_id
 from .._torch import next_sequence_nr as _next_sequence_nr
-from .._torch import queue_engine_callback
+from .._torch import escaped_backward, queue_engine_callback
 from .._torch import sequence_nr
 
 __all__ = ["CallTrace", "Tracker"]
@@ -249,22 +249,10 @@ def has_note(error: BaseException) -> bool:
     return any(isinstance(note, str) and note.startswith(NOTE_PREFIX) for note in getattr(error, "__notes__", ()))
 
 
-def _from_backward(traceback: Any) -> bool:
-    """Whether the traceback passes through torch's autograd engine (the exception escaped a backward pass)."""
-    while traceback is not None:
-        code = traceback.tb_frame.f_code
-        if code.co_name == "_engine_run_backward" or (
-            code.co_name in ("backward", "grad") and "autograd" in code.co_filename.replace("\\", "/")
-        ):
-            return True
-        traceback = traceback.tb_next
-    return False
-
-
 def backward_note(tracker: Tracker, error: BaseException, traceback: Any) -> str | None:
     """The note for an exception that escaped a backward pass, naming the module whose backward ran last."""
     call = tracker.backward_in
-    if call is None or has_note(error) or not _from_backward(traceback):
+    if call is None or has_note(error) or not escaped_backward(traceback):
         return None
     return raised_note(call.name, tracker.types.get(call.name, "?"), ", during its backward")
 
