@@ -360,7 +360,7 @@ def test_user_hooks_registered_inside_the_block() -> None:
         model[0].register_forward_pre_hook(_sleeps(0.03))  # after layerprof's pre-hook: inside the module's time
         model[0].register_forward_hook(_sleeps(0.03))  # after layerprof's (prepended) hook: outside
         model(torch.randn(2, 4))
-    assert 30 <= prof.records["0"].forward_ms < 50
+    assert 30 <= prof.records["0"].forward_ms < 55  # one 30 ms sleep in, not two
     assert prof.tree.forward_ms >= 60
 
 
