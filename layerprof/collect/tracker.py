@@ -27,7 +27,7 @@ from __future__ import annotations
 import sys
 import threading
 from bisect import bisect_right
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -36,6 +36,7 @@ from .clock import Clock, CpuClock, make_clock
 from .._tensors import first_tensor, iter_tensors
 from .._torch import graph_task_id as _graph_task_id
 from .._torch import next_sequence_nr as _next_sequence_nr
+from .._torch import escaped_backward, queue_engine_callback
 from .._torch import sequence_nr
 
 __all__ = ["CallTrace", "Tracker"]
@@ -84,9 +85,11 @@ class Tracker:
         self.sync = sync
         self.calls: list[CallTrace] = []
         self.active = False
-        # The innermost call that raised, and id() of its exception: never the exception itself, whose traceback
-        # holds the forward's frames and tensors (and, through our graph hooks, would keep them alive).
-        self.raised_in: tuple[CallTrace, int] | None = None
+        # The call whose backward ran last, for the note on an exception that escapes backward (``backward_note``);
+        # cleared when a backward pass completes and when a new top-level forward begins.
+        self.backward_in: CallTrace | None = None
+        self.backward_task = -1
+        self.types: dict[str, str] = {}  # module name -> class name, for the notes
         self.cpu_clock = CpuClock()
         self.cuda_clocks: dict[int, Clock] = {}
         self.observers: tuple[Any, ...] = ()  # set between steps by the profiler
@@ -101,6 +104,7 @@ class Tracker:
         """Hook every module; if hooking fails half way, remove what was added and re-raise."""
         try:
             for name, module in modules:
+                self.types[name] = type(module).__name__
                 hooks = self._hook_cache.get(name)
                 if hooks is None:  # made once, reused when a schedule hooks the model again
                     hooks = self._hook_cache[name] = self._make_hooks(name)
@@ -170,6 +174,8 @@ class Tracker:
                 stack = tracker._stack()
             clock = tracker._clock_for(module, args, kwargs) if cuda_initialized() else cpu_clock
             call = CallTrace(name, stack[-1] if stack else None, clock, _graph_task_id() != -1)
+            if not stack and not call.recompute:
+                tracker.backward_in = None  # a new forward: an older backward's failure is no longer news
             handling = sys.exc_info()[1]
             if handling is not None:  # called from an except block: its exception is not this call's
                 call.handling = handling
@@ -208,8 +214,11 @@ class Tracker:
             if error is not None and error is not handling:
                 # always_call ran us because forward raised: remember the innermost module for the error note.
                 call.raised = True
-                if tracker.raised_in is None or tracker.raised_in[1] != id(error):
-                    tracker.raised_in = (call, id(error))
+                # The note goes on the exception now, at the innermost module it leaves: the exception itself then
+                # says it was noted, so no identity is kept here (id() is reused, and holding the exception would
+                # keep its traceback's frames and tensors alive).
+                if not has_note(error):
+                    error.add_note(raised_note(name, tracker.types.get(name, type(module).__name__)))
                 return None
             if call.seq_end > call.seq_start:
                 if stack:
@@ -219,13 +228,33 @@ class Tracker:
                     _add_roots(own, output, call.seq_start, call.seq_end)
                     _watch_backward(call, local.tree, own, local.roots, tracker)
             if not stack:
-                tracker.raised_in = None  # the outermost call returned: any exception inside it was handled
                 local.tree, local.roots = [], []
             for observer in tracker.observers:
                 observer.forward_post(call, module, args, kwargs, output)
             return None
 
         return forward_pre, forward_post
+
+
+NOTE_PREFIX = "layerprof: "
+
+
+def raised_note(name: str, type_name: str, during: str = "") -> str:
+    """The note added to an exception raised inside a profiled module."""
+    shown = f"module '{name}'" if name else "the model"
+    return f"{NOTE_PREFIX}raised inside {shown} ({type_name}){during}"
+
+
+def has_note(error: BaseException) -> bool:
+    return any(isinstance(note, str) and note.startswith(NOTE_PREFIX) for note in getattr(error, "__notes__", ()))
+
+
+def backward_note(tracker: Tracker, error: BaseException, traceback: Any) -> str | None:
+    """The note for an exception that escaped a backward pass, naming the module whose backward ran last."""
+    call = tracker.backward_in
+    if call is None or has_note(error) or not escaped_backward(traceback):
+        return None
+    return raised_note(call.name, tracker.types.get(call.name, "?"), ", during its backward")
 
 
 def _unwind_to(stack: list[CallTrace], name: str) -> CallTrace | None:
@@ -237,6 +266,21 @@ def _unwind_to(stack: list[CallTrace], name: str) -> CallTrace | None:
 
 
 # -- backward: hooks on the graph nodes a call created ------------------------------------------------------
+def _backward_enters(tracker: Tracker, call: CallTrace, task: int) -> None:
+    """Remember the innermost call whose backward begins, for the note on an exception that escapes the pass."""
+    if task != tracker.backward_task:
+        tracker.backward_task = task
+        # Runs once per backward pass, after everything else in it, and not when the pass fails: a failed pass
+        # leaves its last module for the note.
+        queue_engine_callback(lambda: _backward_done(tracker))
+    tracker.backward_in = call
+
+
+def _backward_done(tracker: Tracker) -> None:
+    tracker.backward_in = None
+    tracker.backward_task = -1
+
+
 def _add_roots(roots: list[Any], output: Any, lo: int, hi: int) -> None:
     """The graph nodes of ``output``'s tensors made inside ``[lo, hi)`` (a tensor passed through is not ours)."""
     if isinstance(output, torch.Tensor):
@@ -264,6 +308,7 @@ class _Starts:
         if not tracker.active:
             return None
         task = _graph_task_id()
+        _backward_enters(tracker, self.calls[0], task)
         opening = [call for call in self.calls if call.bwd_task != task]
         if not opening:
             return None
@@ -299,6 +344,9 @@ class _Ends:
         for call in closing:
             call.bwd_end = stamp
         if closing:
+            # Backward goes on in the enclosing call, if its pass is running (for the note on an exception).
+            outer = closing[-1].parent
+            tracker.backward_in = outer if outer is not None and outer.bwd_task == task else None
             for observer in tracker.backward_observers:
                 observer.backward_end(closing)
         return None
