@@ -44,7 +44,8 @@ def _render(record: ModuleRecord, root: ModuleRecord, columns: list[Column], dep
             child_text = _render(child, root, columns, depth, aliases)
             entries.append((child.short_name, f"({child.short_name}): " + _indent(child_text, 2)))
         for key, target in aliases.get(record.name, ()):
-            line = f"({key}): {target.type}【same module as '{target.name}', counted there】()"
+            note = f"same module as '{target.name}'"
+            line = f"({key}): {target.type}【{note}, counted there】()" if columns else f"({key}): {target.type}({note})"
             _insert_in_order(entries, key, line)
         lines.extend(line for _, line in entries)
     elif record.children:
