@@ -5,6 +5,7 @@ torch breaks something, and one place to add a fallback. Everything else in laye
 """
 from __future__ import annotations
 
+from operator import methodcaller
 from typing import Any, Callable
 
 import torch
@@ -26,9 +27,9 @@ graph_task_id: Callable[[], int] = torch._C._current_graph_task_id
 current_autograd_node: Callable[[], Any] = torch._C._current_autograd_node
 
 
-def sequence_nr(node: Any) -> int:
-    """An autograd node's sequence number (AccumulateGrad nodes get the largest possible)."""
-    return node._sequence_nr()
+# An autograd node's sequence number (AccumulateGrad nodes get the largest possible). A C-level caller rather
+# than a function: the tracker reads it once per graph node per step.
+sequence_nr: Callable[[Any], int] = methodcaller("_sequence_nr")
 
 
 def has_decomposition(op: Any) -> bool:
