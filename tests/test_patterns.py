@@ -288,3 +288,40 @@ def test_cuda_event_path_follows_the_same_rules(fake_events: list[FakeEventClock
     check_truth(prof, model, wall, reference)
     if pattern == "retain_graph":
         assert prof.tree.backward_ms < 10.0
+
+
+# -- modules registered during the profiled forward ------------------------------------------------------------
+class Lazy(nn.Module):
+    """Creates its projection on the first call, as lazily built heads do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not hasattr(self, "proj"):
+            self.proj = nn.Sequential(nn.Linear(8, 4), nn.ReLU())
+        return self.proj(self.body(x))
+
+
+def test_module_registered_during_the_forward_gets_a_record_and_hooks() -> None:
+    model = Lazy()
+    with LayerProf(model) as prof:
+        for _ in range(2):
+            model(torch.randn(4, 8)).sum().backward()
+            prof.step()
+    assert [name for name in prof.records] == [name for name, _ in model.named_modules()]
+    check_truth(prof, model, reference=None)
+    proj = prof.records["proj"]
+    # Hooked from the step it appeared in: both steps, one call each.
+    assert proj.calls == 1 and proj.steps_run == 2 and prof.records["proj.0"].backward_ms > 0
+    assert prof.tree.params == 8 * 8 + 8 + 8 * 4 + 4  # the root's count includes the new Linear
+    assert prof.records["proj.0"].params == 8 * 4 + 4
+
+
+def test_module_added_without_registration_is_named_in_a_warning() -> None:
+    model = nn.Sequential(nn.Linear(4, 4))
+    with pytest.warns(RuntimeWarning, match=r"'sneaky' \(Linear\)"):
+        with LayerProf(model):
+            model(torch.randn(2, 4)).sum().backward()
+            model._modules["sneaky"] = nn.Linear(4, 4)
