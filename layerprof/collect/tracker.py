@@ -37,17 +37,35 @@ from .._torch import sequence_nr as _sequence_nr
 __all__ = ["CallTrace", "Tracker"]
 
 _Tensor = torch.Tensor
+_ACCUMULATOR = 2**64 - 1  # the sequence number of every AccumulateGrad node
+
+
+class _Pending(threading.local):
+    """Per backward thread: the call whose node finished last, until the engine starts the next node."""
+
+    call: CallTrace | None = None
 
 
 class _Step:
     """What the graph hooks of one step share: whether the step is still open (hooks on a graph that outlives
-    its step do nothing) and the backward observers to tell."""
+    its step do nothing), the backward observers to tell, and the call whose end waits for the next node."""
 
-    __slots__ = ("open", "observers")
+    __slots__ = ("open", "observers", "pending")
 
     def __init__(self, observers: tuple[Any, ...] = ()) -> None:
         self.open = True
         self.observers = observers
+        self.pending = _Pending()
+
+    def accumulator_started(self, grad_outputs: Any) -> None:
+        """Pre-hook of a parameter's AccumulateGrad node: ends the call whose node ran just before it."""
+        if self.open:
+            pending = self.pending
+            call = pending.call
+            if call is not None:
+                pending.call = None
+                call.close(_graph_task_id())
+        return None
 
 
 class CallTrace:
@@ -84,6 +102,11 @@ class CallTrace:
         step = self.step
         if step.open:
             task = _graph_task_id()
+            pending = step.pending
+            previous = pending.call
+            if previous is not None:
+                pending.call = None
+                previous.close(task)
             if step.observers:
                 self._observe_start(task)
             if task != self.task:
@@ -104,6 +127,10 @@ class CallTrace:
         if step.open:
             stamp = self.clock.now()
             self.bwd_end = stamp if type(stamp) is int else (perf_counter_ns(), stamp)
+            # The engine's work for this node is not over: it adds the gradients into its successors' input
+            # buffers (for a weight shared by several modules, a full-size add) before it starts the next node.
+            # The next node's pre-hook moves this end there.
+            step.pending.call = self
             if step.observers:
                 chain = []
                 call: CallTrace | None = self
@@ -113,6 +140,12 @@ class CallTrace:
                 for observer in step.observers:
                     observer.backward_end(chain)
         return None
+
+    def close(self, task: int) -> None:
+        """End the current interval now, if it belongs to backward pass ``task``."""
+        if task == self.task:
+            stamp = self.clock.now()
+            self.bwd_end = stamp if type(stamp) is int else (perf_counter_ns(), stamp)
 
     def _observe_start(self, task: int) -> None:
         """Tell observers which calls (this one and the enclosing ones) begin their backward in this pass; before
@@ -131,7 +164,7 @@ class CallTrace:
 class _ThreadState:
     """Per thread: the open calls, and which call owned each range of sequence numbers during the step."""
 
-    __slots__ = ("stack", "bounds", "owners", "walked")
+    __slots__ = ("stack", "bounds", "owners", "walked", "accumulators")
 
     def __init__(self) -> None:
         self.stack: list[CallTrace] = []
@@ -140,12 +173,14 @@ class _ThreadState:
         self.bounds: list[int] = []
         self.owners: list[CallTrace | None] = []
         self.walked: set[int] = set()  # sequence numbers of the nodes walked this step (ints: no node kept alive)
+        self.accumulators: set[int] = set()  # id() of the AccumulateGrad nodes hooked this step
 
     def clear(self) -> None:
         self.stack.clear()
         self.bounds.clear()
         self.owners.clear()
         self.walked.clear()
+        self.accumulators.clear()
 
 
 class Tracker:
@@ -351,6 +386,8 @@ def _walk(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState) 
     walked = state.walked
     bounds = state.bounds
     owners = state.owners
+    accumulators = state.accumulators
+    step = call.step
     while todo:
         node = todo.pop()
         number = _sequence_nr(node)
@@ -368,5 +405,8 @@ def _walk(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState) 
                         last = False
                     if next_number not in walked:
                         todo.append(successor)
+                elif next_number == _ACCUMULATOR and id(successor) not in accumulators:
+                    accumulators.add(id(successor))
+                    successor.register_prehook(step.accumulator_started)
         if last:
             node.register_hook(owner.node_ended)
