@@ -37,7 +37,6 @@ from .._torch import sequence_nr as _sequence_nr
 __all__ = ["CallTrace", "Tracker"]
 
 _Tensor = torch.Tensor
-_ACCUMULATOR = 2**64 - 1  # the sequence number of every AccumulateGrad node
 
 
 class _Pending(threading.local):
@@ -56,16 +55,6 @@ class _Step:
         self.open = True
         self.observers = observers
         self.pending = _Pending()
-
-    def accumulator_started(self, grad_outputs: Any) -> None:
-        """Pre-hook of a parameter's AccumulateGrad node: ends the call whose node ran just before it."""
-        if self.open:
-            pending = self.pending
-            call = pending.call
-            if call is not None:
-                pending.call = None
-                call.close(_graph_task_id())
-        return None
 
 
 class CallTrace:
@@ -128,8 +117,9 @@ class CallTrace:
             stamp = self.clock.now()
             self.bwd_end = stamp if type(stamp) is int else (perf_counter_ns(), stamp)
             # The engine's work for this node is not over: it adds the gradients into its successors' input
-            # buffers (for a weight shared by several modules, a full-size add) before it starts the next node.
-            # The next node's pre-hook moves this end there.
+            # buffers (for a weight shared by several modules, a full-size add) and runs the AccumulateGrad nodes
+            # of the call's parameters before it starts the next node. The next node's pre-hook moves this end
+            # there (every node a walk reached has one; the end stays here if none follows in this pass).
             step.pending.call = self
             if step.observers:
                 chain = []
@@ -164,7 +154,7 @@ class CallTrace:
 class _ThreadState:
     """Per thread: the open calls, and which call owned each range of sequence numbers during the step."""
 
-    __slots__ = ("stack", "bounds", "owners", "walked", "accumulators")
+    __slots__ = ("stack", "bounds", "owners", "walked")
 
     def __init__(self) -> None:
         self.stack: list[CallTrace] = []
@@ -173,14 +163,12 @@ class _ThreadState:
         self.bounds: list[int] = []
         self.owners: list[CallTrace | None] = []
         self.walked: set[int] = set()  # sequence numbers of the nodes walked this step (ints: no node kept alive)
-        self.accumulators: set[int] = set()  # id() of the AccumulateGrad nodes hooked this step
 
     def clear(self) -> None:
         self.stack.clear()
         self.bounds.clear()
         self.owners.clear()
         self.walked.clear()
-        self.accumulators.clear()
 
 
 class Tracker:
@@ -386,8 +374,6 @@ def _walk(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState) 
     walked = state.walked
     bounds = state.bounds
     owners = state.owners
-    accumulators = state.accumulators
-    step = call.step
     while todo:
         node = todo.pop()
         number = _sequence_nr(node)
@@ -405,8 +391,5 @@ def _walk(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState) 
                         last = False
                     if next_number not in walked:
                         todo.append(successor)
-                elif next_number == _ACCUMULATOR and id(successor) not in accumulators:
-                    accumulators.add(id(successor))
-                    successor.register_prehook(step.accumulator_started)
         if last:
             node.register_hook(owner.node_ended)
