@@ -325,3 +325,17 @@ def test_module_added_without_registration_is_named_in_a_warning() -> None:
         with LayerProf(model):
             model(torch.randn(2, 4)).sum().backward()
             model._modules["sneaky"] = nn.Linear(4, 4)
+
+
+def test_a_pass_that_prunes_weight_gradients_still_ends_every_call() -> None:
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
+    x = torch.randn(8, 16, requires_grad=True)
+    with LayerProf(model) as prof:
+        out = model(x).sum()
+        start = time.perf_counter()
+        torch.autograd.grad(out, x)  # only the input's gradient: the weights' nodes (TBackward) never run
+        wall = (time.perf_counter() - start) * 1e3
+    check_truth(prof, model, wall)
+    # The last Linear's addmm has a same-module successor that this pass prunes; its end comes from the next node.
+    for name in ("2", "1"):
+        assert prof.records[name].backward_ms is not None and prof.records[name].backward_ms > 0, name

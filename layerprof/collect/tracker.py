@@ -91,10 +91,13 @@ class CallTrace:
         step = self.step
         if step.open:
             task = _graph_task_id()
+            # This node's start ends the previous node's owner (its gradient bookkeeping included), and this
+            # node's owner runs until the next node starts: so a pass that prunes a call's exit nodes
+            # (``autograd.grad(loss, x)`` skips the weight-gradient nodes) still ends it.
             pending = step.pending
             previous = pending.call
+            pending.call = self
             if previous is not None:
-                pending.call = None
                 previous.close(task)
             if step.observers:
                 self._observe_start(task)
