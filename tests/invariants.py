@@ -27,16 +27,18 @@ def count_calls(model: nn.Module) -> Iterator[Counter]:
             handle.remove()
 
 
-def check_profile(prof: LayerProf, model: nn.Module, backward: bool = True) -> None:
-    """Structure and numbers that must hold for any profile of ``model``."""
+def check_profile(prof: LayerProf, model: nn.Module, backward: bool = True,
+                  backward_wall_ms: float | None = None) -> None:
+    """Structure and numbers that must hold for any profile of ``model``; ``backward_wall_ms``: the wall time of
+    the step's backward calls, which the root's backward must fit in."""
     rows = prof.to_dict()
     assert list(rows) == [name for name, _ in model.named_modules()], "records must mirror named_modules()"
     for name, record in prof.records.items():
         assert record.calls == len([t for t in record.call_times if not t.recompute])
         if record.calls:
             assert record.forward_ms is not None and record.forward_ms >= 0
-            # Equal without recursion; a call nested in a call of the same module is inside the outer one's time.
-            assert record.forward_ms <= sum(t.forward_ms for t in record.call_times if not t.recompute) + 1e-6
+            outermost = [t for t in record.call_times if not t.recompute and not t.recursive]
+            assert abs(record.forward_ms - sum(t.forward_ms for t in outermost)) < 1e-6
             assert record.self_forward_ms is not None and record.self_forward_ms >= -TOLERANCE_MS
         else:
             assert record.forward_ms is None and record.backward_ms is None
@@ -48,10 +50,29 @@ def check_profile(prof: LayerProf, model: nn.Module, backward: bool = True) -> N
             if child.backward_ms is not None and record.backward_ms is not None:
                 assert child.backward_ms <= record.backward_ms + TOLERANCE_MS, (name, child.name)
     root = prof.tree
+    # No module costs more than the whole step (no share above 100 %), in either pass.
+    for name, record in prof.records.items():
+        for field in ("forward_ms", "backward_ms"):
+            value, whole = getattr(record, field), getattr(root, field)
+            if value is not None and whole is not None:
+                assert value <= whole + TOLERANCE_MS, (name, field)
+    if backward_wall_ms is not None and root.backward_ms is not None:
+        assert root.backward_ms <= backward_wall_ms, (root.backward_ms, backward_wall_ms)
     if backward:
         assert root.backward_ms is not None and root.backward_ms > 0
     else:
         assert all(record.backward_ms is None for record in prof.records.values())
+
+
+def parameter_modules_have_backward(prof: LayerProf, model: nn.Module) -> None:
+    """Every module that ran and owns a parameter that received a gradient has a backward time above 0."""
+    for name, module in model.named_modules():
+        record = prof.records.get(name)
+        if record is None or not record.calls:
+            continue
+        own = [p for p in module.parameters(recurse=False) if p.requires_grad]
+        if own and any(p.grad is not None for p in own):
+            assert record.backward_ms is not None and record.backward_ms > 0, name
 
 
 STEP_STATISTICS = ("", "_median", "_min", "_max", "_p95")

@@ -163,7 +163,8 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
             times = result[call.name] = StepTimes()
         times.call_times.append(timing)
         # A call inside another call of the same module is already inside that call's inclusive time.
-        outermost = not _nested_in_itself(call)
+        timing.recursive = _nested_in_itself(call)
+        outermost = not timing.recursive
         if timing.recompute:
             if outermost:
                 times.recompute_ms = (times.recompute_ms or 0.0) + timing.forward_ms

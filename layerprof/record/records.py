@@ -28,6 +28,9 @@ class CallTiming:
     backward_ms: float | None = None
     recompute: bool = False
     step: int = 0
+    # Made inside a call of the same module (recursion): its time is inside that call's, so the module's
+    # inclusive time does not add it again.
+    recursive: bool = False
 
 
 class ModuleRecord(NodeMixin):
