@@ -13,7 +13,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = [
-    "next_sequence_nr", "graph_task_id", "sequence_nr", "current_autograd_node", "has_decomposition",
+    "next_sequence_nr", "graph_task_id", "queue_backward_callback", "sequence_nr", "current_autograd_node", "has_decomposition",
     "nested_sizes", "storage_key", "tensor_version", "outer_saved_tensors_hooks", "compiled_module_type",
     "TorchDispatchMode", "StorageWeakRef",
 ]
@@ -23,6 +23,8 @@ __all__ = [
 next_sequence_nr: Callable[[], int] = torch._C._autograd._get_sequence_nr
 # The id of the backward pass (graph task) running on this thread, -1 outside backward.
 graph_task_id: Callable[[], int] = torch._C._current_graph_task_id
+# Run a callable when the running backward pass (graph task) finishes; only inside backward.
+queue_backward_callback: Callable[[Callable[[], None]], None] = torch.autograd.Variable._execution_engine.queue_callback
 # The autograd node executing on this thread, None outside backward.
 current_autograd_node: Callable[[], Any] = torch._C._current_autograd_node
 

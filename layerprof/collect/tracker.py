@@ -5,20 +5,26 @@ nodes that the module's forward *created*, never from what it returned: every no
 pre-hook and post-hook has a sequence number in ``[seq_start, seq_end)``, and the innermost call open when a node
 was made is its *owner*. At each call's post-hook the tracker walks the graph from the call's outputs (or, for a
 call that returns nothing with a graph, from the tensors it left on its module) through the nodes of its range
-that no earlier walk reached, so each node is walked once per step. Every walked node gets a pre-hook that starts
-its owner's backward (the first node of the owner to run in a backward pass); a node with no successor of the same
-owner also gets a post-hook that ends it (the last of them to finish). A call's interval in a pass is then the
-span of its own nodes and of its sub-calls' intervals in that pass, merged after the step (``timing.py``).
+that no earlier walk reached, so each node is walked once per step, and puts one pre-hook on each.
 
-Because every created node carries a start hook, in-place ops that rewrite an output view's history
-(``h.relu_()`` after a Linear on 3-D input), outputs that are views, None, or tensors made elsewhere do not lose
-the call's backward. Each backward pass (graph task) gives its own interval. Nothing is wrapped: no tensor, no
-``BackwardHookFunction``, so outputs and gradients are bitwise those of an unprofiled run.
+In backward, a node's pre-hook starts its owner's interval for the running pass (graph task) if not started
+yet, and ends the interval of the owner of the node that started before it in the same pass: a node's work lasts
+until the engine starts the next node, gradient bookkeeping (input-buffer adds, the AccumulateGrad nodes of its
+parameters) included. The last owner of a pass ends when the pass finishes (a callback queued on the graph task).
+So there is one hook per node and no post-hook; a call's interval in a pass is the span of its own nodes, widened
+after the step to its sub-calls' intervals (``timing.py``).
+
+Because every created node carries a hook, in-place ops that rewrite an output view's history (``h.relu_()``
+after a Linear on 3-D input), outputs that are views, None, or tensors made elsewhere do not lose the call's
+backward, and a pass that prunes some nodes (``autograd.grad(loss, x)``) still ends every call. Each backward
+pass gives its own interval. Nothing is wrapped: no tensor, no ``BackwardHookFunction``, so outputs and
+gradients are bitwise those of an unprofiled run.
 
 The tracker only stamps instants; turning stamps into milliseconds happens after the step (``timing.py``).
 """
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from bisect import bisect_right
@@ -32,6 +38,7 @@ from .clock import Clock, CpuClock, make_clock
 from .._tensors import first_tensor, iter_tensors
 from .._torch import graph_task_id as _graph_task_id
 from .._torch import next_sequence_nr as _next_sequence_nr
+from .._torch import queue_backward_callback as _queue_backward_callback
 from .._torch import sequence_nr as _sequence_nr
 
 __all__ = ["CallTrace", "Tracker"]
@@ -39,22 +46,23 @@ __all__ = ["CallTrace", "Tracker"]
 _Tensor = torch.Tensor
 
 
-class _Pending(threading.local):
-    """Per backward thread: the call whose node finished last, until the engine starts the next node."""
-
-    call: CallTrace | None = None
-
-
 class _Step:
     """What the graph hooks of one step share: whether the step is still open (hooks on a graph that outlives
-    its step do nothing), the backward observers to tell, and the call whose end waits for the next node."""
+    its step do nothing), the backward observers to tell, and per backward pass (graph task) the call whose
+    node started last, which ends when the next node of the pass starts or the pass finishes."""
 
     __slots__ = ("open", "observers", "pending")
 
     def __init__(self, observers: tuple[Any, ...] = ()) -> None:
         self.open = True
         self.observers = observers
-        self.pending = _Pending()
+        self.pending: dict[int, CallTrace] = {}
+
+    def pass_finished(self, task: int) -> None:
+        """Run by the engine when backward pass ``task`` is over: ends the call whose node ran last."""
+        call = self.pending.pop(task, None)
+        if call is not None and self.open:
+            call.close(task)
 
 
 class CallTrace:
@@ -91,13 +99,17 @@ class CallTrace:
         step = self.step
         if step.open:
             task = _graph_task_id()
-            # This node's start ends the previous node's owner (its gradient bookkeeping included), and this
-            # node's owner runs until the next node starts: so a pass that prunes a call's exit nodes
+            # This node's start ends the previous node's owner (with the engine's work after that node: adding
+            # gradients into input buffers, a full-size add for a weight shared by several modules, and the
+            # AccumulateGrad nodes of its parameters), and this node's owner runs until the next node of the pass
+            # starts or the pass finishes. No post-hook needed, and a pass that prunes some of a call's nodes
             # (``autograd.grad(loss, x)`` skips the weight-gradient nodes) still ends it.
             pending = step.pending
-            previous = pending.call
-            pending.call = self
-            if previous is not None:
+            previous = pending.get(task)
+            if previous is None and task not in pending:
+                _queue_backward_callback(functools.partial(step.pass_finished, task))
+            pending[task] = self
+            if previous is not None and previous is not self:
                 previous.close(task)
             if step.observers:
                 self._observe_start(task)
@@ -115,23 +127,16 @@ class CallTrace:
         return None
 
     def node_ended(self, grad_inputs: Any, grad_outputs: Any) -> None:
+        """Post-hook of a node with no successor of the same owner, only while observers want ends as they come."""
         step = self.step
-        if step.open:
-            stamp = self.clock.now()
-            self.bwd_end = stamp if type(stamp) is int else (perf_counter_ns(), stamp)
-            # The engine's work for this node is not over: it adds the gradients into its successors' input
-            # buffers (for a weight shared by several modules, a full-size add) and runs the AccumulateGrad nodes
-            # of the call's parameters before it starts the next node. The next node's pre-hook moves this end
-            # there (every node a walk reached has one; the end stays here if none follows in this pass).
-            step.pending.call = self
-            if step.observers:
-                chain = []
-                call: CallTrace | None = self
-                while call is not None:
-                    chain.append(call)
-                    call = call.parent
-                for observer in step.observers:
-                    observer.backward_end(chain)
+        if step.open and step.observers:
+            chain = []
+            call: CallTrace | None = self
+            while call is not None:
+                chain.append(call)
+                call = call.parent
+            for observer in step.observers:
+                observer.backward_end(chain)
         return None
 
     def close(self, task: int) -> None:
@@ -377,6 +382,27 @@ def _walk(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState) 
     walked = state.walked
     bounds = state.bounds
     owners = state.owners
+    if call.step.observers:  # observers (the memory meter) want each call's end as it happens
+        _walk_observed(todo, lo, hi, walked, bounds, owners)
+        return
+    while todo:
+        node = todo.pop()
+        number = _sequence_nr(node)
+        if number in walked:
+            continue
+        walked.add(number)
+        node.register_prehook(owners[bisect_right(bounds, number) - 1].node_started)
+        for successor, _ in node.next_functions:
+            if successor is not None:
+                next_number = _sequence_nr(successor)
+                if lo <= next_number < hi and next_number not in walked:
+                    todo.append(successor)
+
+
+def _walk_observed(todo: list[Any], lo: int, hi: int, walked: set[int], bounds: list[int],
+                   owners: list[CallTrace | None]) -> None:
+    """``_walk`` plus a post-hook on each node with no successor of the same owner, where a call's backward may
+    end, to tell observers."""
     while todo:
         node = todo.pop()
         number = _sequence_nr(node)
@@ -385,7 +411,7 @@ def _walk(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState) 
         walked.add(number)
         owner = owners[bisect_right(bounds, number) - 1]
         node.register_prehook(owner.node_started)
-        last = True  # no successor of the same owner: the owner's backward may end here
+        last = True
         for successor, _ in node.next_functions:
             if successor is not None:
                 next_number = _sequence_nr(successor)
