@@ -17,7 +17,7 @@ import math
 import random
 from array import array
 
-from ..record.records import CallTiming, ModuleRecord
+from ..record.records import ModuleRecord
 from .timing import StepTimes
 
 __all__ = ["RunningStat", "StepStats", "STATISTICS", "STAT_PASSES", "quantile"]
@@ -108,7 +108,7 @@ class _Pass:
 
 
 class _Module:
-    __slots__ = ("calls", "steps_run", "forward", "backward", "sums", "call_times", "last_step")
+    __slots__ = ("calls", "steps_run", "forward", "backward", "sums", "last_times", "last_step")
 
     def __init__(self, filled: int) -> None:
         self.calls = 0
@@ -116,7 +116,7 @@ class _Module:
         self.forward = _Pass(filled)
         self.backward = _Pass(filled)
         self.sums = [0.0, 0.0, 0.0]  # _MEAN_ONLY, in order
-        self.call_times: list[CallTiming] = []
+        self.last_times: StepTimes | None = None  # its call timings are built only for the last step
         self.last_step = 0
 
 
@@ -174,7 +174,7 @@ class StepStats:
             module.last_step = steps
             module.calls += times.calls
             module.steps_run += 1
-            module.call_times = times.call_times
+            module.last_times = times
             value = times.forward_ms
             if value is None:
                 _put_zero(module.forward, slot)
@@ -216,7 +216,7 @@ class StepStats:
             calls = module.calls
             record.calls = calls // steps if calls % steps == 0 else calls / steps
             record.steps_run = module.steps_run
-            record.call_times = list(module.call_times)
+            record.call_times = list(module.last_times.call_times) if module.last_times is not None else []
             for field, values in (("forward_ms", module.forward), ("backward_ms", module.backward)):
                 if not values.runs:
                     continue

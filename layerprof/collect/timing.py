@@ -20,10 +20,11 @@ __all__ = ["StepTimes", "step_times"]
 
 
 class StepTimes:
-    """One module's times in one step; ``None`` where a pass was not measured."""
+    """One module's times in one step; ``None`` where a pass was not measured. ``call_times`` (every call's
+    ``CallTiming``) is built when read: only the last step's are kept, so the other steps never pay for them."""
 
     __slots__ = ("calls", "forward_ms", "backward_ms", "self_forward_ms", "self_backward_ms", "recompute_ms",
-                 "call_times")
+                 "_timings", "_call_times")
 
     def __init__(self) -> None:
         self.calls = 0
@@ -32,10 +33,17 @@ class StepTimes:
         self.self_forward_ms: float | None = None
         self.self_backward_ms: float | None = None
         self.recompute_ms: float | None = None
-        self.call_times: list[CallTiming] = []
+        self._timings: list[tuple[Any, ...]] = []  # CallTiming's fields, in order
+        self._call_times: list[CallTiming] | None = None
+
+    @property
+    def call_times(self) -> list[CallTiming]:
+        if self._call_times is None:
+            self._call_times = [CallTiming(*fields) for fields in self._timings]
+        return self._call_times
 
     def __repr__(self) -> str:
-        shown = ", ".join(f"{field}={getattr(self, field)!r}" for field in self.__slots__[:-1])
+        shown = ", ".join(f"{field}={getattr(self, field)!r}" for field in self.__slots__[:6])
         return f"StepTimes({shown})"
 
 
@@ -133,50 +141,53 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
     _merge_into_parents(calls)
     children_forward: dict[int, float] = {}
     children_backward: dict[int, float] = {}
-    ordered: list[tuple[CallTrace, CallTiming]] = []
+    # (call, forward start ms, forward ms, backward start ms, backward ms) of the calls that count
+    ordered: list[tuple[CallTrace, float, float, float | None, float | None]] = []
     for call in calls:
-        if call.fwd_start is None or call.fwd_end is None:
+        start, end = call.fwd_start, call.fwd_end
+        if start is None or end is None:
             continue
         if call.raised and not call.recompute:
             # A forward that raised is not a call; a recompute that raised is checkpointing stopping early
             # once it has what backward needs, and its time was spent all the same.
             continue
         clock = call.clock
-        timing = CallTiming(clock.offset_ms(call.fwd_start), clock.ms(call.fwd_start, call.fwd_end),
-                            recompute=call.recompute, step=step)
+        if type(start) is int:  # wall clocks: nanoseconds, read without a method call per stamp
+            origin = clock.origin
+            forward_start, forward_ms = (start - origin) / 1e6, (end - start) / 1e6
+        else:
+            forward_start, forward_ms = clock.offset_ms(start), clock.ms(start, end)
         backward_ms, backward_start = _backward(call)
-        if backward_ms is not None:
-            timing.backward_ms = backward_ms
-            timing.backward_start_ms = clock.offset_ms(_raw(backward_start))
-        ordered.append((call, timing))
+        backward_start_ms = None if backward_ms is None else clock.offset_ms(_raw(backward_start))
+        ordered.append((call, forward_start, forward_ms, backward_start_ms, backward_ms))
         parent = call.parent
         if parent is not None:
             key = id(parent)
-            children_forward[key] = children_forward.get(key, 0.0) + timing.forward_ms
+            children_forward[key] = children_forward.get(key, 0.0) + forward_ms
             if backward_ms is not None:
                 children_backward[key] = children_backward.get(key, 0.0) + backward_ms
 
     result: dict[str, StepTimes] = {}
-    for call, timing in ordered:
+    for call, forward_start, forward_ms, backward_start_ms, backward_ms in ordered:
         times = result.get(call.name)
         if times is None:
             times = result[call.name] = StepTimes()
-        times.call_times.append(timing)
         # A call inside another call of the same module is already inside that call's inclusive time.
-        timing.recursive = _nested_in_itself(call)
-        outermost = not timing.recursive
-        if timing.recompute:
-            if outermost:
-                times.recompute_ms = (times.recompute_ms or 0.0) + timing.forward_ms
+        recursive = _nested_in_itself(call)
+        times._timings.append((forward_start, forward_ms, backward_start_ms, backward_ms, call.recompute, step,
+                               recursive))
+        if call.recompute:
+            if not recursive:
+                times.recompute_ms = (times.recompute_ms or 0.0) + forward_ms
         else:
             times.calls += 1
-            if outermost:
-                times.forward_ms = (times.forward_ms or 0.0) + timing.forward_ms
-            own = timing.forward_ms - children_forward.get(id(call), 0.0)
+            if not recursive:
+                times.forward_ms = (times.forward_ms or 0.0) + forward_ms
+            own = forward_ms - children_forward.get(id(call), 0.0)
             times.self_forward_ms = (times.self_forward_ms or 0.0) + own
-        if timing.backward_ms is not None:
-            if outermost:
-                times.backward_ms = (times.backward_ms or 0.0) + timing.backward_ms
-            own = max(0.0, timing.backward_ms - children_backward.get(id(call), 0.0))
-            times.self_backward_ms = (times.self_backward_ms or 0.0) + own
+        if backward_ms is not None:
+            if not recursive:
+                times.backward_ms = (times.backward_ms or 0.0) + backward_ms
+            own = backward_ms - children_backward.get(id(call), 0.0)
+            times.self_backward_ms = (times.self_backward_ms or 0.0) + (own if own > 0.0 else 0.0)
     return result
