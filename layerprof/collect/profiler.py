@@ -1,10 +1,12 @@
 """LayerProf: puts the tracker's hooks on a model while profiling, and hands back a Profile of records."""
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import warnings
 import weakref
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import torch
 from torch import nn
@@ -43,6 +45,20 @@ def _check_model(model: Any) -> None:
         )
     if not isinstance(model, nn.Module):
         raise TypeError(f"LayerProf expects a torch.nn.Module, got {type(model).__module__}.{type(model).__qualname__}")
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No garbage collection while layerprof builds or reads its own records: the thousands of objects a large
+    model's records take would trigger full collections (over the whole heap, the model's tensors included) that
+    cost more than the work itself. Collection resumes as it was; nothing is collected here."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _stop_all(meters: list[Meter]) -> None:
@@ -134,6 +150,10 @@ class LayerProf:
 
     def start(self) -> LayerProf:
         """Begin profiling (what ``with`` does on entry); pair with ``stop()``."""
+        with _gc_paused():
+            return self._start()
+
+    def _start(self) -> LayerProf:
         if self._state != "new":
             raise RuntimeError("this LayerProf was already used; create a new LayerProf(model) for each profile")
         root, records, entries = build_tree(self.model)
@@ -171,9 +191,10 @@ class LayerProf:
         """Mark the end of a step (call it after each training step) and begin the next one."""
         if self._state != "running":
             raise RuntimeError("prof.step() is for inside a running profile: after start() or inside `with`")
-        self._end_step()
-        self.step_num += 1
-        self._begin_step()
+        with _gc_paused():
+            self._end_step()
+            self.step_num += 1
+            self._begin_step()
 
     def stop(self) -> None:
         """End profiling (what ``with`` does on exit) and compute the profile."""
@@ -182,6 +203,10 @@ class LayerProf:
         self.__exit__(None, None, None)
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, traceback: Any) -> bool:
+        with _gc_paused():
+            return self._exit(exc)
+
+    def _exit(self, exc: BaseException | None) -> bool:
         tracker = self._tracker
         assert tracker is not None
         try:

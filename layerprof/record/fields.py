@@ -98,6 +98,7 @@ class Field:
 
 FIELDS: dict[str, Field] = {}
 _stored: list[Field] = []  # cache of stored_fields(), emptied by declare
+_version = [0]  # bumped by declare: caches of what the catalogue holds compare it
 # Short spellings accepted at the boundary, to one canonical name or to candidates tried in order.
 ALIASES: dict[str, tuple[str, ...]] = {}
 
@@ -108,6 +109,7 @@ def declare(*fields: Field, aliases: dict[str, str | tuple[str, ...]] | None = N
     for new in fields:
         FIELDS[new.name] = new
     _stored.clear()
+    _version[0] += 1
     for alias, target in (aliases or {}).items():
         ALIASES[alias] = (target,) if isinstance(target, str) else tuple(target)
 
@@ -125,6 +127,11 @@ def canonical(name: str, present: Callable[[str], bool] | None = None) -> str | 
             if present(target):
                 return target
     return targets[0]
+
+
+def catalogue_version() -> int:
+    """A number that changes whenever a field is declared (for caches built from the catalogue)."""
+    return _version[0]
 
 
 def field(name: str) -> Field | None:
