@@ -184,6 +184,9 @@ def test_module_that_skips_steps_is_averaged_over_every_step() -> None:
     assert aux.forward_ms_min == 0.0 and aux.forward_ms_median == 0.0  # 8 of 10 steps did not run it
     assert aux.forward_ms <= root.forward_ms and aux.backward_ms <= root.backward_ms
     assert aux.to_dict()["steps_run"] == 2
+    lines = prof.layerwise_summary().splitlines()
+    assert "ran in 2 of 10 steps" in next(line for line in lines if line.strip().startswith("(aux)"))
+    assert not any("ran in" in line for line in lines if line.strip().startswith("(body)"))
 
 
 # -- recursion -------------------------------------------------------------------------------------------------
