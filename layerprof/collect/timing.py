@@ -82,7 +82,8 @@ def _merge_into_parents(calls: list[CallTrace]) -> None:
     for call in reversed(calls):
         parent = call.parent
         task = call.task
-        if parent is None or task is None:
+        if parent is None or task is None or parent.clock is not call.clock:
+            # Stamps of two clocks (a CPU-stamped parent around CUDA-stamped children) cannot be compared.
             continue
         if call.passes is None and parent.passes is None and parent.task in (None, task):
             if parent.task is None:  # the common case: one pass, the parent's own nodes did not run first
