@@ -73,3 +73,44 @@ def parameter_modules_have_backward(prof: LayerProf, model: nn.Module) -> None:
         own = [p for p in module.parameters(recurse=False) if p.requires_grad]
         if own and any(p.grad is not None for p in own):
             assert record.backward_ms is not None and record.backward_ms > 0, name
+
+
+STEP_STATISTICS = ("", "_median", "_min", "_max", "_p95")
+
+
+def check_truth(prof: LayerProf, model: nn.Module, backward_wall_ms: float | None = None,
+                reference: Counter | None = None) -> None:
+    """The invariants of issue 12, for any training pattern: backward time wherever a module's own parameters got
+    a gradient, children within their parent in every statistic, the root's backward within the wall time of
+    the backward calls, no share above 100 %, exact call counts."""
+    records = prof.records
+    root = prof.tree
+    steps = root.steps
+    for name, module in model.named_modules():
+        record = records.get(name)
+        if record is None or not record.calls:
+            continue
+        own = [p for p in module.parameters(recurse=False) if p.requires_grad]
+        if own and all(p.grad is not None for p in own):
+            assert record.backward_ms is not None and record.backward_ms > 0, name
+    for name, record in records.items():
+        assert record.steps == steps and 0 <= record.steps_run <= steps, name
+        # A container that is never called (ModuleList) has no interval to hold its children's.
+        for child in record.children if record.calls else ():
+            if not child.calls or child.aliases:
+                continue
+            for field in ("forward_ms", "backward_ms"):
+                for statistic in STEP_STATISTICS:
+                    theirs = getattr(child, field + statistic)
+                    ours = getattr(record, field + statistic)
+                    if theirs is not None:
+                        # A child that ran inside its parent cannot outlast it, in any step or statistic.
+                        assert ours is not None and theirs <= ours + TOLERANCE_MS, (name, child.name, field + statistic)
+        total = record.total_ms
+        if total is not None and record is not root:
+            assert total <= root.total_ms + TOLERANCE_MS, name  # no share above 100 %
+    if backward_wall_ms is not None:
+        assert root.backward_ms is not None and root.backward_ms <= backward_wall_ms, (root.backward_ms, backward_wall_ms)
+    if reference is not None:
+        for name, record in records.items():
+            assert record.calls * steps == reference[name], name

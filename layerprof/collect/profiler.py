@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import torch
 from torch import nn
+from torch.nn.modules.module import register_module_module_registration_hook
 
 from .environment import environment
 from .._check import check_bool, check_int
@@ -151,6 +152,8 @@ class LayerProf:
         self._tracker: Tracker | None = None
         self._entries: list[tuple[str, nn.Module]] = []
         self._probe: Any = None
+        self._registration: Any = None  # the global hook that sees submodules registered while profiling
+        self._names: dict[int, str] = {}
         self._example: dict[str, Any] = {}
         self._profile: Profile | None = None
         self._state = "new"  # new -> running -> done, or failed when the block raised
@@ -197,6 +200,8 @@ class LayerProf:
                     meter.start(self.model, records, entries)
                     started.append(meter)
             self._probe = self.model.register_forward_pre_hook(self._record_example, with_kwargs=True)
+            self._names = {id(module): name for name, module in entries}
+            self._registration = register_module_module_registration_hook(self._module_registered)
             self._begin_step()
         except BaseException:
             self._teardown(started + self._counting)
@@ -245,6 +250,8 @@ class LayerProf:
         tracker = self._tracker
         assert tracker is not None  # set by start() while running
         self._state = "failed"  # until the profile is made
+        # Read before the hooks come off: ending the step forgets which module's backward ran last.
+        note = backward_note(tracker, exc, traceback) if exc is not None else None
         try:
             if exc is None:
                 self._end_step()
@@ -255,7 +262,6 @@ class LayerProf:
             self._teardown(self._running_meters())
         if exc is not None:
             self._failure = f"the block raised {type(exc).__name__}"
-            note = backward_note(tracker, exc, traceback)
             if note is not None:
                 exc.add_note(note)
             self._tracker = None
@@ -282,6 +288,9 @@ class LayerProf:
             if self._probe is not None:
                 self._probe.remove()
                 self._probe = None
+            if self._registration is not None:
+                self._registration.remove()
+                self._registration = None
         finally:
             try:
                 _stop_all(meters)
@@ -344,6 +353,41 @@ class LayerProf:
         self._tracker.observers = tuple(m for m in running if m.wants_forward_hooks)
         self._tracker.backward_observers = tuple(m for m in running if m.wants_backward_hooks)
 
+    def _module_registered(self, parent: nn.Module, name: str, submodule: Any) -> None:
+        """A submodule registered on a profiled module while profiling (made lazily in a forward): give it and
+        its own submodules records and hooks at once, so its calls count from the step it appears in."""
+        parent_name = self._names.get(id(parent))
+        if parent_name is None or not isinstance(submodule, nn.Module) or self._tracker is None:
+            return None
+        prefix = f"{parent_name}.{name}" if parent_name else name
+        added = []
+        for qualified, module in submodule.named_modules(prefix=prefix):
+            if id(module) in self._names:
+                continue  # already profiled under another name: one record, as for any shared module
+            if qualified not in self.records:  # a replaced submodule keeps the record of its name
+                holder = self.records[qualified.rsplit(".", 1)[0] if "." in qualified else ""]
+                self.records[qualified] = ModuleRecord(qualified, type(module).__name__, module.extra_repr(), holder)
+            self._names[id(module)] = qualified
+            self._entries.append((qualified, module))
+            _PROFILED[module] = self
+            added.append((qualified, module))
+        if added and self._tracker.active:
+            self._tracker.attach(added)
+        return None
+
+    def _warn_unseen_modules(self) -> None:
+        """Modules in the model now that were never hooked (put into ``_modules`` without registration)."""
+        unseen = [(name, module) for name, module in self.model.named_modules() if id(module) not in self._names]
+        if unseen:
+            shown = ", ".join(f"'{name}' ({type(module).__name__})" for name, module in unseen[:5])
+            warnings.warn(
+                f"layerprof: {len(unseen)} module(s) joined the model while profiling without nn.Module registration "
+                f"and were not profiled: {shown}. Create submodules with attribute assignment or add_module, or "
+                "before profiling.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
     def _record_example(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         if not self._example:
             tensor = first_tensor(args, kwargs)
@@ -355,6 +399,7 @@ class LayerProf:
     def _finish(self) -> None:
         tracker = self._tracker
         assert tracker is not None and self.tree is not None
+        self._warn_unseen_modules()
         meta: dict[str, Any] = {"environment": {**environment(self.model), **self._example}}
         distorting = [m.name for m in self.metrics if m.distorts_timing]
         if self._stats.steps == 0 and self._counting_step is not None:

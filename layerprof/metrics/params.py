@@ -187,6 +187,7 @@ class ParamsMeter(Meter):
         self._entries: list[tuple[str, nn.Module]] = []
         self._values: dict[str, dict[str, Any]] = {}
         self._lazy = False
+        self._measured = 0  # entries measured: the profiler appends modules registered while profiling
 
     def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: list[tuple[str, nn.Module]]) -> None:
         self._entries = entries
@@ -195,10 +196,11 @@ class ParamsMeter(Meter):
     def _measure(self) -> None:
         self._values = measure_params(self._entries)
         self._lazy = any(_is_lazy(p) for _, module in self._entries for p in module._parameters.values())
+        self._measured = len(self._entries)
 
     def stop(self) -> None:
-        if self._lazy:
-            self._measure()  # lazy modules got their shapes on the first forward
+        if self._lazy or len(self._entries) != self._measured:
+            self._measure()  # lazy modules got their shapes on the first forward; new modules joined
         self._entries = []
 
     def fill(self, records: dict[str, ModuleRecord]) -> None:

@@ -42,8 +42,9 @@ class ModuleRecord(NodeMixin):
     """What was measured for one module. ``None`` means "not measured" (never 0 for a pass that did not run).
 
     ``forward_ms``/``backward_ms`` include children and are summed over the calls of a step, then averaged over
-    the measured steps in which the module ran (``forward_ms_median``, ``..._std``, ``..._min``, ``..._max``,
-    ``..._p95`` beside them); ``calls`` is calls per step; ``self_*`` exclude the time of
+    all ``steps`` recorded, a step in which the module did not run counting 0 (``forward_ms_median``,
+    ``..._std``, ``..._min``, ``..._max``, ``..._p95`` beside them); ``steps_run`` is the number of those steps
+    in which it ran; ``calls`` is calls per step; ``self_*`` exclude the time of
     the calls made from inside this module's calls. ``recompute_ms`` is forward time re-run during backward by
     activation checkpointing; it happens inside the backward of the enclosing modules and so is part of their
     ``backward_ms``.
@@ -62,6 +63,7 @@ class ModuleRecord(NodeMixin):
         self.self_backward_ms: float | None = None
         self.recompute_ms: float | None = None
         self.steps = 0
+        self.steps_run = 0
         if parent is not None:
             self.parent = parent
 

@@ -31,6 +31,9 @@ def _annotation(record: ModuleRecord, root: ModuleRecord, columns: list[Column])
     parts = [column.text(record, root) for column in columns]
     if record.calls not in (0, 1) and all(column.name != "calls" for column in columns):
         parts.append(f"{format_count(record.calls)} calls")
+    steps, steps_run = getattr(record, "steps", 0), getattr(record, "steps_run", 0)
+    if steps and 0 < steps_run < steps:  # its figures count 0 in the other steps: say so where they are read
+        parts.append(f"ran in {steps_run} of {steps} steps")
     return "【" + " | ".join(parts) + "】"
 
 
