@@ -110,7 +110,7 @@ def test_schedule_profiles_exactly_the_steps_asked_for_and_unhooks_the_rest(step
 
 
 def test_schedule_validation() -> None:
-    with pytest.raises(ValueError, match="active must be >= 1"):
+    with pytest.raises(ValueError, match="schedule active must be >= 1, got 0"):
         layerprof.schedule(active=0)
     with pytest.raises(ValueError, match="either warmup= or schedule="):
         LayerProf(MLP(), warmup=1, schedule=layerprof.schedule())

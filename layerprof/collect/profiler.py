@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn.modules.module import register_module_module_registration_hook
 
 from .environment import environment
+from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters
 from .._tensors import first_tensor
 from .._torch import compiled_module_type
@@ -21,7 +22,7 @@ from ..record.records import ModuleRecord, build_tree
 from .schedule import Action, Schedule
 from .statistics import StepStats
 from .timing import StepTimes, step_times
-from .tracker import Tracker
+from .tracker import Tracker, backward_note
 
 __all__ = ["LayerProf"]
 
@@ -45,6 +46,19 @@ def _check_model(model: Any) -> None:
         )
     if not isinstance(model, nn.Module):
         raise TypeError(f"LayerProf expects a torch.nn.Module, got {type(model).__module__}.{type(model).__qualname__}")
+    for name, child in model.named_modules():
+        if isinstance(child, torch.jit.ScriptModule):
+            raise TypeError(
+                f"LayerProf cannot profile module '{name}' ({type(child).__name__}): it is TorchScript, whose "
+                "submodules' hooks never run. Profile with the eager module in its place (before torch.jit.script/"
+                "trace), or profile the parts of the model around it separately."
+            )
+        if compiled is not None and isinstance(child, compiled):
+            raise TypeError(
+                f"LayerProf cannot see inside module '{name}': it is torch.compile'd, and compiled graphs skip "
+                "module hooks, so its modules would show as not run. Profile with the eager module in its place "
+                "(the compiled module's ._orig_mod), and compile after profiling."
+            )
 
 
 @contextlib.contextmanager
@@ -114,14 +128,16 @@ class LayerProf:
     def __init__(self, model: nn.Module, *, sync: bool = False, metrics: Iterable[str] | None = None,
                  warmup: int = 0, schedule: Schedule | None = None, max_samples: int = 1024) -> None:
         _check_model(model)
-        if warmup < 0:
-            raise ValueError(f"warmup must be >= 0, got {warmup}")
+        warmup = check_int("warmup", warmup)
+        max_samples = check_int("max_samples", max_samples, minimum=1)
+        if schedule is not None and not isinstance(schedule, Schedule):
+            raise TypeError(
+                f"schedule must be a layerprof.schedule(wait=, warmup=, active=, repeat=), got {schedule!r}"
+            )
         if schedule is not None and warmup:
             raise ValueError("give either warmup= or schedule= (which has its own warmup), not both")
-        if schedule is not None and not callable(schedule):
-            raise TypeError(f"schedule must be a layerprof.schedule(...), got {type(schedule).__name__}")
         self.model = model
-        self.sync = bool(sync)
+        self.sync = check_bool("sync", sync)
         self.warmup = warmup
         self.schedule = schedule
         self.metrics: list[Meter] = make_meters(metrics)
@@ -140,7 +156,9 @@ class LayerProf:
         self._names: dict[int, str] = {}
         self._example: dict[str, Any] = {}
         self._profile: Profile | None = None
-        self._state = "new"
+        self._state = "new"  # new -> running -> done, or failed when the block raised
+        self._in_block = False  # inside `with`: stop() is the block's job
+        self._failure = ""
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def _action(self, step: int) -> Action:
@@ -154,8 +172,15 @@ class LayerProf:
             return self._start()
 
     def _start(self) -> LayerProf:
+        if self._state == "running":
+            raise RuntimeError(
+                "this LayerProf is already running: it was started (start() or `with`) and not stopped yet; "
+                "profile again after stop() or the end of the block, with a new LayerProf(model)"
+            )
         if self._state != "new":
-            raise RuntimeError("this LayerProf was already used; create a new LayerProf(model) for each profile")
+            raise RuntimeError(
+                "this LayerProf was already used; create a new LayerProf(model) for each profile"
+            )
         root, records, entries = build_tree(self.model)
         for name, module in entries:
             if _PROFILED.get(module) is not None:
@@ -185,7 +210,9 @@ class LayerProf:
         return self
 
     def __enter__(self) -> LayerProf:
-        return self.start()
+        self.start()
+        self._in_block = True
+        return self
 
     def step(self) -> None:
         """Mark the end of a step (call it after each training step) and begin the next one."""
@@ -198,31 +225,59 @@ class LayerProf:
 
     def stop(self) -> None:
         """End profiling (what ``with`` does on exit) and compute the profile."""
+        if self._in_block:
+            # Refused before anything changes: the block goes on profiling and stops when it exits.
+            raise RuntimeError(
+                "prof.stop() was called inside `with LayerProf(model) as prof:`; the block stops profiling when it "
+                "exits: remove the stop() call, or use prof.start() ... prof.stop() without `with`"
+            )
         if self._state != "running":
-            raise RuntimeError("prof.stop() needs a running profile: call prof.start() first")
-        self.__exit__(None, None, None)
+            raise RuntimeError(f"prof.stop() needs a running profile, and this one {self._state_text()}")
+        self._stop(None, None)
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, traceback: Any) -> bool:
-        with _gc_paused():
-            return self._exit(exc)
+        if self._state != "running":
+            raise RuntimeError(f"LayerProf.__exit__ needs a running profile, and this one {self._state_text()}")
+        self._in_block = False
+        self._stop(exc, traceback)
+        return False
 
-    def _exit(self, exc: BaseException | None) -> bool:
+    def _stop(self, exc: BaseException | None, traceback: Any) -> None:
+        with _gc_paused():
+            self._stop_profiling(exc, traceback)
+
+    def _stop_profiling(self, exc: BaseException | None, traceback: Any) -> None:
         tracker = self._tracker
-        assert tracker is not None
+        assert tracker is not None  # set by start() while running
+        self._state = "failed"  # until the profile is made
         try:
             if exc is None:
                 self._end_step()
+        except BaseException as error:
+            self._failure = f"ending the last step raised {type(error).__name__}"
+            raise
         finally:
             self._teardown(self._running_meters())
-        self._state = "done"
         if exc is not None:
-            if tracker.raised_in is not None and tracker.raised_in[1] == id(exc):
-                call = tracker.raised_in[0]
-                shown = f"'{call.name}'" if call.name else "the root"
-                exc.add_note(f"layerprof: raised inside module {shown} ({self.records[call.name].type})")
-            return False
-        self._finish()
-        return False
+            self._failure = f"the block raised {type(exc).__name__}"
+            note = backward_note(tracker, exc, traceback)
+            if note is not None:
+                exc.add_note(note)
+            self._tracker = None
+            return
+        try:
+            self._finish()
+        except BaseException as error:
+            self._failure = f"computing the profile raised {type(error).__name__}"
+            raise
+        self._state = "done"
+
+    def _state_text(self) -> str:
+        if self._state == "new":
+            return "was never started: call prof.start() first"
+        if self._state == "failed":
+            return f"has stopped ({self._failure})"
+        return "has already stopped"
 
     def _teardown(self, meters: list[Meter]) -> None:
         """Take everything off the model; runs on every exit path."""
@@ -354,8 +409,13 @@ class LayerProf:
                 f"only one step was profiled, and metrics {distorting} slowed it down: its times include their "
                 "overhead. Profile several steps (call prof.step() after each) for clean times.",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
+        for name, module in self._entries:
+            # Read after the step, not at enter: a lazy module shows what it materialised as (LazyLinear becomes
+            # a Linear with its in_features), as the model's own repr does.
+            record = self.records[name]
+            record.type, record.extra_repr = type(module).__name__, module.extra_repr()
         self._stats.fill(self.records)
         for meter in self.metrics:
             meter.fill(self.records)
@@ -370,7 +430,7 @@ class LayerProf:
                 "LayerProf recorded no step: call the model inside the block"
                 + (" (all steps were warm-up or outside the schedule)" if self.step_num else ""),
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
         self._tracker = None
         self._profile = Profile(self.tree, meta)
@@ -379,8 +439,17 @@ class LayerProf:
     @property
     def profile(self) -> Profile:
         """The result; available once profiling has stopped."""
+        if self._state == "failed":
+            raise RuntimeError(
+                f"no profile: {self._failure} before profiling finished, so nothing was recorded. "
+                "Fix the error and profile again with a new LayerProf(model)"
+            )
         if self._state != "done" or self._profile is None:
-            raise RuntimeError("the profile is ready after the `with LayerProf(model) as prof:` block has exited")
+            when = "has not started" if self._state == "new" else "is still running"
+            raise RuntimeError(
+                f"the profile is not ready: profiling {when}. It is ready after the `with LayerProf(model) as prof:` "
+                "block has exited (or after prof.stop())"
+            )
         return self._profile
 
     @property
