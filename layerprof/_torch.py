@@ -13,9 +13,10 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = [
-    "next_sequence_nr", "graph_task_id", "sequence_nr", "current_autograd_node", "has_decomposition",
-    "nested_sizes", "storage_key", "submodules", "tensor_version", "outer_saved_tensors_hooks", "compiled_module_type",
-    "TorchDispatchMode", "StorageWeakRef", "queue_engine_callback", "escaped_backward",
+    "next_sequence_nr", "graph_task_id", "queue_backward_callback", "sequence_nr", "current_autograd_node",
+    "has_decomposition", "nested_sizes", "storage_key", "submodules", "tensor_version", "outer_saved_tensors_hooks",
+    "compiled_module_type",
+    "TorchDispatchMode", "StorageWeakRef", "escaped_backward",
 ]
 
 # The sequence number the next autograd node created on this thread will get: a module call owns the nodes
@@ -23,13 +24,10 @@ __all__ = [
 next_sequence_nr: Callable[[], int] = torch._C._autograd._get_sequence_nr
 # The id of the backward pass (graph task) running on this thread, -1 outside backward.
 graph_task_id: Callable[[], int] = torch._C._current_graph_task_id
+# Run a callable when the running backward pass (graph task) finishes; only inside backward.
+queue_backward_callback: Callable[[Callable[[], None]], None] = torch.autograd.Variable._execution_engine.queue_callback
 # The autograd node executing on this thread, None outside backward.
 current_autograd_node: Callable[[], Any] = torch._C._current_autograd_node
-
-
-def queue_engine_callback(callback: Callable[[], None]) -> None:
-    """Run ``callback`` when the backward pass running on this thread completes (not when it fails)."""
-    torch.autograd.Variable._execution_engine.queue_callback(callback)
 
 
 def escaped_backward(traceback: Any) -> bool:

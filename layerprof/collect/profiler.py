@@ -250,6 +250,8 @@ class LayerProf:
         tracker = self._tracker
         assert tracker is not None  # set by start() while running
         self._state = "failed"  # until the profile is made
+        # Read before the hooks come off: ending the step forgets which module's backward ran last.
+        note = backward_note(tracker, exc, traceback) if exc is not None else None
         try:
             if exc is None:
                 self._end_step()
@@ -260,7 +262,6 @@ class LayerProf:
             self._teardown(self._running_meters())
         if exc is not None:
             self._failure = f"the block raised {type(exc).__name__}"
-            note = backward_note(tracker, exc, traceback)
             if note is not None:
                 exc.add_note(note)
             self._tracker = None

@@ -39,7 +39,7 @@ from .._tensors import first_tensor, iter_tensors
 from .._torch import graph_task_id as _graph_task_id
 from .._torch import next_sequence_nr as _next_sequence_nr
 from .._torch import escaped_backward
-from .._torch import queue_engine_callback as _queue_engine_callback
+from .._torch import queue_backward_callback as _queue_backward_callback
 from .._torch import sequence_nr as _sequence_nr
 
 __all__ = ["CallTrace", "Tracker"]
@@ -52,20 +52,15 @@ class _Step:
     its step do nothing), the backward observers to tell, and per backward pass (graph task) the call whose
     node started last, which ends when the next node of the pass starts or the pass finishes."""
 
-    __slots__ = ("open", "observers", "pending", "last")
+    __slots__ = ("open", "observers", "pending")
 
-    def __init__(self, observers: tuple[Any, ...] = (), last: CallTrace | None = None) -> None:
+    def __init__(self, observers: tuple[Any, ...] = ()) -> None:
         self.open = True
         self.observers = observers
         self.pending: dict[int, CallTrace] = {}
-        # The call whose node started last in any pass, for the note on an exception that escapes backward
-        # (``backward_note``); cleared when a pass completes (the engine runs no callback for a failed pass) and
-        # when a new top-level forward begins.
-        self.last = last
 
     def pass_finished(self, task: int) -> None:
         """Run by the engine when backward pass ``task`` is over: ends the call whose node ran last."""
-        self.last = None
         call = self.pending.pop(task, None)
         if call is not None and self.open:
             call.close(task)
@@ -113,9 +108,8 @@ class CallTrace:
             pending = step.pending
             previous = pending.get(task)
             if previous is None and task not in pending:
-                _queue_engine_callback(functools.partial(step.pass_finished, task))
+                _queue_backward_callback(functools.partial(step.pass_finished, task))
             pending[task] = self
-            step.last = self
             if previous is not None and previous is not self:
                 previous.close(task)
             if step.observers:
@@ -193,7 +187,7 @@ class Tracker:
         self.sync = sync
         self.calls: list[CallTrace] = []
         self.active = False
-        self.types: dict[str, str] = {}  # module name -> class name, for the notes
+        self.types: dict[str, str] = {}  # module name -> class name, for the notes on exceptions
         self.cpu_clock = CpuClock()
         self.cuda_clocks: dict[int, Clock] = {}
         self.observers = tuple(observers)  # replaced between steps by the profiler
@@ -203,11 +197,6 @@ class Tracker:
         self._threads_lock = threading.Lock()
         self._handles: list[Any] = []
         self._hook_cache: dict[str, tuple[Callable[..., None], Callable[..., None]]] = {}
-
-    @property
-    def backward_in(self) -> CallTrace | None:
-        """The call whose backward ran last, while its pass has not completed (see ``backward_note``)."""
-        return self.step_state.last
 
     @property
     def backward_observers(self) -> tuple[Any, ...]:
@@ -250,7 +239,7 @@ class Tracker:
         """Close the step: graph hooks still on live nodes stop stamping, and per-thread state starts clean
         (a KeyboardInterrupt inside a forward skips its post-hook)."""
         self.step_state.open = False
-        self.step_state = _Step(self.step_state.observers, self.step_state.last)
+        self.step_state = _Step(self.step_state.observers)
         with self._threads_lock:
             for state in self._threads:
                 state.clear()
@@ -306,8 +295,6 @@ class Tracker:
             stack = state.stack
             clock = tracker._clock_for(module, args, kwargs) if cuda_initialized() else cpu_clock
             call = CallTrace(name, stack[-1] if stack else None, clock, _graph_task_id() != -1, tracker.step_state)
-            if not stack and not call.recompute:
-                tracker.step_state.last = None  # a new forward: an older backward's failure is no longer news
             handling = exc_info()[1]
             if handling is not None:  # called from an except block: its exception is not this call's
                 call.handling = handling
@@ -346,7 +333,7 @@ class Tracker:
             if error is not None and error is not handling:
                 # always_call ran us because forward raised. The note goes on the exception now, at the innermost
                 # module it leaves: the exception itself then says it was noted, so no identity is kept here
-                # (id() is reused, and holding the exception would keep its traceback's frames and tensors alive).
+                # (id() is reused, and holding the exception would keep its traceback's frames alive).
                 call.raised = True
                 if not has_note(error):
                     error.add_note(raised_note(name, tracker.types.get(name, type(module).__name__)))
@@ -374,8 +361,10 @@ def has_note(error: BaseException) -> bool:
 
 
 def backward_note(tracker: Tracker, error: BaseException, traceback: Any) -> str | None:
-    """The note for an exception that escaped a backward pass, naming the module whose backward ran last."""
-    call = tracker.backward_in
+    """The note for an exception that escaped a backward pass: the module whose node started last in a pass that
+    did not finish (a finished pass drops its entry), if the exception came out of the autograd engine."""
+    pending = tracker.step_state.pending
+    call = next(reversed(pending.values()), None) if pending else None
     if call is None or has_note(error) or not escaped_backward(traceback):
         return None
     return raised_note(call.name, tracker.types.get(call.name, "?"), ", during its backward")
