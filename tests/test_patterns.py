@@ -11,7 +11,7 @@ from torch import nn
 
 import layerprof.collect.profiler as profiler_module
 from layerprof import LayerProf
-from layerprof.collect.clock import Clock
+from layerprof.collect.clock import CudaEventClock
 from layerprof.collect.tracker import Tracker
 
 from .invariants import check_profile, check_truth, count_calls
@@ -225,28 +225,32 @@ def test_recursion_counts_the_outermost_call_in_inclusive_time() -> None:
 
 # -- the CUDA event path, with a fake event clock on CPU ------------------------------------------------------
 class FakeEvent:
-    """A stamp that, like a CUDA event, cannot be compared with another: only the clock reads it."""
+    """Stands in for ``torch.cuda.Event``: recorded on a stream, read only through ``elapsed_time``, never
+    comparable with another stamp."""
 
     __slots__ = ("ns",)
+    made = 0
 
     def __init__(self) -> None:
+        FakeEvent.made += 1
+        self.ns: int | None = None
+
+    def record(self, stream: Any) -> None:
         self.ns = time.perf_counter_ns()
 
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert self.ns is not None and end.ns is not None, "read before it was recorded"
+        return (end.ns - self.ns) / 1e6
 
-class FakeEventClock(Clock):
-    kind = "cuda_event"
+
+class FakeEventClock(CudaEventClock):
+    """layerprof's CUDA event clock (its event pool included), with fake events and no synchronize."""
+
     device = "cuda:0"
 
     def __init__(self) -> None:
         self.settled = 0
-        super().__init__()
-
-    def now(self) -> FakeEvent:
-        return FakeEvent()
-
-    def ms(self, start: FakeEvent, end: FakeEvent) -> float:
-        assert isinstance(start, FakeEvent) and isinstance(end, FakeEvent)
-        return (end.ns - start.ns) / 1e6
+        super().__init__(torch.device("cuda", 0), events=FakeEvent, stream=lambda: None)
 
     def settle(self) -> None:
         self.settled += 1
@@ -291,6 +295,22 @@ def test_cuda_event_path_follows_the_same_rules(fake_events: list[FakeEventClock
     check_truth(prof, model, wall, reference)
     if pattern == "retain_graph":
         assert prof.tree.backward_ms < 10.0
+
+
+def test_cuda_events_come_from_a_pool_reused_step_after_step(fake_events: list[FakeEventClock]) -> None:
+    model = _mlp()
+    made = []
+    with LayerProf(model) as prof:
+        for _ in range(4):
+            model(torch.randn(8, 16)).sum().backward()
+            prof.step()
+            made.append(FakeEvent.made)
+    clock = fake_events[0]
+    assert clock.settled == 4  # one synchronize per step, none in a hook
+    # The first step makes its events; the same steps after it record into the same ones.
+    assert made[1] == made[2] == made[3] == made[0]
+    assert 0 < clock.pool_size <= made[0]
+    assert prof.tree.steps == 4 and prof.tree.forward_ms > 0 and prof.tree.backward_ms > 0
 
 
 # -- modules registered during the profiled forward ------------------------------------------------------------

@@ -6,7 +6,7 @@ so that no hook waits for the GPU unless ``sync=True`` asks for it.
 from __future__ import annotations
 
 from time import perf_counter_ns
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -35,6 +35,9 @@ class Clock:
     def settle(self) -> None:
         """Make every stamp handed out so far readable (a no-op except for CUDA events)."""
 
+    def recycle(self) -> None:
+        """The step's stamps have been read: their resources may be reused (CUDA events go back to the pool)."""
+
 
 class CpuClock(Clock):
     """Wall clock. ``perf_counter_ns`` rather than ``process_time``: the latter bills every thread's CPU and misses waits."""
@@ -49,25 +52,46 @@ class CpuClock(Clock):
 
 
 class CudaEventClock(Clock):
-    """CUDA events recorded on the current stream; read once after the step, never synchronized in a hook."""
+    """CUDA events recorded on the current stream; read once after the step (one synchronize), never in a hook.
+
+    Events come from a pool: a step records into events the earlier steps used, so a hook costs one
+    ``record`` and no allocation. ``events`` and ``stream`` (callables making an event and giving the stream to
+    record on) exist for tests without a GPU."""
 
     kind = "cuda_event"
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, events: Callable[[], Any] | None = None,
+                 stream: Callable[[], Any] | None = None) -> None:
         self.device = str(device)
         self._index = device.index if device.index is not None else torch.cuda.current_device()
+        self._new_event = events or (lambda: torch.cuda.Event(enable_timing=True))
+        index = self._index
+        self._stream = stream or (lambda: torch.cuda.current_stream(index))
+        self._free: list[Any] = []  # recorded and read in an earlier step
+        self._used: list[Any] = []  # handed out since the last recycle
         super().__init__()
+        self._used.clear()  # the origin is read by every step's offsets: never recycled
 
-    def now(self) -> torch.cuda.Event:
-        event = torch.cuda.Event(enable_timing=True)
-        event.record(torch.cuda.current_stream(self._index))
+    def now(self) -> Any:
+        event = self._free.pop() if self._free else self._new_event()
+        event.record(self._stream())
+        self._used.append(event)
         return event
 
-    def ms(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+    def ms(self, start: Any, end: Any) -> float:
         return float(start.elapsed_time(end))
 
     def settle(self) -> None:
         torch.cuda.synchronize(self._index)
+
+    def recycle(self) -> None:
+        self._free.extend(self._used)
+        self._used.clear()
+
+    @property
+    def pool_size(self) -> int:
+        """Events made so far, in use or free (the origin not counted)."""
+        return len(self._free) + len(self._used)
 
 
 class CudaSyncClock(CpuClock):

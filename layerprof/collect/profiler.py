@@ -326,6 +326,8 @@ class LayerProf:
             for clock in tracker.clocks():
                 clock.settle()
             times = step_times(tracker.calls, self.step_num)
+            for clock in tracker.clocks():
+                clock.recycle()  # every stamp of the step is read: CUDA events go back to their pool
             if action is Action.RECORD:
                 if self._counting:
                     self._counting_step = times
