@@ -362,3 +362,19 @@ def test_a_pass_that_prunes_weight_gradients_still_ends_every_call() -> None:
     # The last Linear's addmm has a same-module successor that this pass prunes; its end comes from the next node.
     for name in ("2", "1"):
         assert prof.records[name].backward_ms is not None and prof.records[name].backward_ms > 0, name
+
+
+def test_many_steps_keep_no_per_step_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Hooks stay on across steps without a schedule: what the tracker keeps per thread (calls, walked nodes, owners)
+    # must start clean at every prof.step(), or a long run grows without bound.
+    model = _mlp()
+    with LayerProf(model) as prof:
+        sizes = []
+        for _ in range(30):
+            model(torch.randn(8, 16)).sum().backward()
+            prof.step()
+            tracker = prof._tracker
+            sizes.append(sum(len(state.walked) + len(state.owners) + len(state.bounds) for state in tracker._threads)
+                         + len(tracker.calls))
+    assert sizes == [0] * 30
+    assert prof.tree.steps == 30

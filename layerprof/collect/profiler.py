@@ -335,7 +335,10 @@ class LayerProf:
                     self._stats.add(times)
             tracker.calls.clear()
             self._steps_with_calls += 1
-        tracker.reset_stack()  # a KeyboardInterrupt inside a forward skips its post-hook: start clean
+        # Close the step: its graph hooks stop stamping, and every thread's call stack, walked nodes and owners
+        # start clean (kept across steps they grew without bound; a KeyboardInterrupt inside a forward skips its
+        # post-hook).
+        tracker.end_step()
         # A step slowed by counting meters is left out of the timings (when others exist): out of meters' too.
         recorded = action is Action.RECORD and bool(times) and not self._counting
         for meter in self._running_meters():
