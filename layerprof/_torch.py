@@ -65,3 +65,13 @@ def compiled_module_type() -> type | None:
     dynamo = getattr(torch, "_dynamo", None)
     eval_frame = getattr(dynamo, "eval_frame", None) if dynamo is not None else None
     return getattr(eval_frame, "OptimizedModule", None)
+
+
+def queue_backward_callback(callback: Callable[[], None]) -> bool:
+    """Run ``callback`` when the running backward pass finishes (the autograd engine's final callbacks, as FSDP
+    uses them); False when no backward pass is running here, so nothing was queued."""
+    try:
+        torch.autograd.Variable._execution_engine.queue_callback(callback)  # type: ignore[attr-defined]
+    except RuntimeError:
+        return False
+    return True

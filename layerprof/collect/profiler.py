@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterable, TypeVar
 import torch
 from torch import nn
 
+from .annotate import Annotator
 from .environment import environment
 from ..metrics import Meter, make_meters
 from .._tensors import first_tensor
@@ -92,10 +93,13 @@ class LayerProf:
         schedule: a ``layerprof.schedule(wait=, warmup=, active=, repeat=)``: hooks are off in ``wait`` steps and
             after the last cycle, so those steps cost nothing. Exclusive with ``warmup``.
         max_samples: step values kept per module and pass for the median and p95 (the memory bound).
+        annotate: open a ``torch.profiler.record_function`` range (and NVTX on CUDA) named after the module
+            around each forward call and backward interval, for torch.profiler traces and Nsight Systems.
     """
 
     def __init__(self, model: nn.Module, *, sync: bool = False, metrics: Iterable[str] | None = None,
-                 warmup: int = 0, schedule: Schedule | None = None, max_samples: int = 1024) -> None:
+                 warmup: int = 0, schedule: Schedule | None = None, max_samples: int = 1024,
+                 annotate: bool = False) -> None:
         _check_model(model)
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
@@ -108,6 +112,8 @@ class LayerProf:
         self.warmup = warmup
         self.schedule = schedule
         self.metrics: list[Meter] = make_meters(metrics)
+        if annotate:  # an observer on the meters' hooks: nothing runs for it when off
+            self.metrics.append(Annotator())
         self.tree: ModuleRecord | None = None
         self.records: dict[str, ModuleRecord] = {}
         self.step_num = 0
@@ -336,6 +342,9 @@ class LayerProf:
     to_html = _result(Profile.to_html)
     to_json = _result(Profile.to_json)
     to_trace = _result(Profile.to_trace)
+    to_speedscope = _result(Profile.to_speedscope)
+    to_report = _result(Profile.to_report)
+    to_tensorboard = _result(Profile.to_tensorboard)
     plot = _result(Profile.plot)
     gather = _result(Profile.gather)
     unknown_ops = _result(Profile.unknown_ops)
