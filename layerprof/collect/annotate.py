@@ -37,6 +37,14 @@ def _inside(call: Any, outer: Any) -> bool:
     return False
 
 
+def _nesting(call: Any) -> int:
+    """How many calls ``call`` was made inside."""
+    count = 0
+    while call.parent is not None:
+        call, count = call.parent, count + 1
+    return count
+
+
 class _Range:
     """One open range: the record_function handle and, on CUDA, an NVTX range on the same thread's stack."""
 
@@ -92,7 +100,7 @@ class Annotator(Meter):
     def backward_start(self, calls: Sequence[Any]) -> None:
         if not self._callback_queued:
             self._callback_queued = queue_backward_callback(self._end_of_pass)
-        for call in calls:
+        for call in sorted(calls, key=_nesting):  # outer calls first, so that the stack nests
             self._close_ended_outside(call)
             self._backward.append(_Range(call, self._labels.get(call.name, call.name) + BACKWARD_SUFFIX, self._nvtx))
 
