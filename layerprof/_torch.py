@@ -75,3 +75,12 @@ def queue_backward_callback(callback: Callable[[], None]) -> bool:
     except RuntimeError:
         return False
     return True
+
+
+def profiler_range(name: str) -> Any:
+    """A context manager that opens a torch.profiler range named ``name``: ``_RecordFunctionFast`` (about 0.5 µs
+    per range, what torch's own fast paths use) where torch has it, else the public ``record_function`` (~13 µs)."""
+    fast = getattr(torch._C._profiler, "_RecordFunctionFast", None)
+    if fast is not None:
+        return fast(name)
+    return torch.autograd.profiler.record_function(name)

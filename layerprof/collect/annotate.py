@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from .._torch import queue_backward_callback
+from .._torch import profiler_range, queue_backward_callback
 from ..metrics.meter import Meter
 from ..record.records import ModuleRecord
 
@@ -52,7 +52,7 @@ class _Range:
 
     def __init__(self, call: Any, name: str, nvtx: bool) -> None:
         self.call = call
-        self.handle = torch.autograd.profiler.record_function(name)
+        self.handle = profiler_range(name)
         self.handle.__enter__()
         self.nvtx = nvtx
         if nvtx:
