@@ -1,6 +1,7 @@
 """The cost of ``LayerProf(model, annotate=True)``: training-step time with and without the annotations.
 
-Usage: python benchmarks/annotate_cost.py [--steps 20] [--repeats 5]. Prints the median step time of an
+Usage: python benchmarks/annotate_cost.py [--steps 20] [--repeats 5]. Prints the median step CPU time (process
+time, so that other processes on a shared machine count less) of an
 unprofiled run, of LayerProf, and of LayerProf(annotate=True), on CPU (one thread) for ResNet-18 and a BERT
 built from a config; the ratio annotated / plain LayerProf is the cost of the annotations alone.
 """
@@ -35,11 +36,11 @@ def _median_step(model, inputs, steps: int, mode: str) -> float:
     times = []
     if mode == "none":
         for _ in range(steps):
-            start = time.perf_counter(); _step(model, inputs); times.append(time.perf_counter() - start)
+            start = time.process_time(); _step(model, inputs); times.append(time.process_time() - start)
         return statistics.median(times)
     with LayerProf(model, annotate=(mode == "annotate")) as prof:
         for _ in range(steps):
-            start = time.perf_counter(); _step(model, inputs); times.append(time.perf_counter() - start)
+            start = time.process_time(); _step(model, inputs); times.append(time.process_time() - start)
             prof.step()
     return statistics.median(times)
 
