@@ -148,12 +148,30 @@ class Profile:
 
     def to_speedscope(self, path: str | Path | None = None) -> str:
         """The speedscope format (speedscope.app): evented forward and backward timelines and a flame graph of
-        self time over the module tree; written to ``path`` if given."""
+        self time over the module tree; written to ``path`` if given.
+
+        >>> import json, torch, layerprof
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
+        >>> with layerprof.LayerProf(net) as prof:
+        ...     net(torch.randn(2, 4)).sum().backward()
+        >>> doc = json.loads(prof.to_speedscope())
+        >>> [frame["name"] for frame in doc["shared"]["frames"]], [p["type"] for p in doc["profiles"]]
+        (['Sequential', '0 (Linear)', '1 (ReLU)'], ['evented', 'evented', 'sampled'])
+        """
         return export.write_text(speedscope_json(self.tree, self.meta), path)
 
     def to_report(self, path: str | Path | None = None) -> str:
         """One self-contained interactive HTML page (icicle with zoom and a metric switch, sortable table,
-        timeline of a step; nothing fetched, opens from file://); written to ``path`` if given."""
+        timeline of a step; nothing fetched, opens from file://); written to ``path`` if given.
+
+        >>> import torch, layerprof
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
+        >>> with layerprof.LayerProf(net) as prof:
+        ...     net(torch.randn(2, 4)).sum().backward()
+        >>> page = prof.to_report()
+        >>> page.startswith("<!DOCTYPE html>"), "<script src" in page
+        (True, False)
+        """
         return export.write_text(report_html(self.tree, self.meta), path)
 
     def to_tensorboard(self, writer_or_logdir: Any, step: int | None = None, depth: int | None = None,

@@ -166,3 +166,23 @@ def test_transformers_trainer_callback(tmp_path: Path) -> None:
     events = _events(tmp_path / "runs" / "layerprof")
     assert "layerprof/forward_ms/bert.encoder" in events.Tags()["scalars"]
     assert "layerprof/icicle" in events.Tags()["images"]
+
+
+# -- optional packages --------------------------------------------------------------------------------------------
+def test_a_missing_package_names_the_extra() -> None:
+    from layerprof.integrations import require
+
+    with pytest.raises(ImportError) as raised:
+        require("lightning_that_is_not_installed.pytorch", "lightning", "layerprof.integrations.lightning")
+    message = str(raised.value)
+    assert message == ("layerprof.integrations.lightning needs the 'lightning_that_is_not_installed' package: "
+                       'pip install "layerprof[lightning]"')
+    assert "\n" not in message
+
+
+def test_to_tensorboard_rejects_what_is_not_a_writer() -> None:
+    net = _small_net()
+    with LayerProf(net) as prof:
+        net(torch.randn(4, 8)).sum().backward()
+    with pytest.raises(TypeError, match="SummaryWriter or a log directory"):
+        prof.to_tensorboard(42)

@@ -67,10 +67,7 @@ def write_tensorboard(profile: Any, writer_or_logdir: Any, step: int | None = No
 
 
 def _write_figures(profile: Any, writer: Any, step: int | None, depth: int | None, top: int | None) -> None:
-    import matplotlib.pyplot as plt  # the plots' own dependency, imported where they are drawn
-
     for kind in _PLOTS:
         options: dict[str, Any] = {"k": top or 10} if kind == "top" else ({"depth": depth} if depth else {})
         ax = profile.plot(kind, "total", **options)
-        writer.add_figure(f"layerprof/{kind}", ax.figure, global_step=step, close=True)
-        plt.close(ax.figure)
+        writer.add_figure(f"layerprof/{kind}", ax.figure, global_step=step, close=True)  # closes the figure
