@@ -1,10 +1,17 @@
-"""Overhead of LayerProf: median profiled step / median plain step, interleaved, one thread.
+"""Overhead of LayerProf and its peers: median profiled step / median plain step, interleaved, one thread.
 
-    python benchmarks/overhead.py [--repeats 30]
+    python benchmarks/overhead.py [--repeats 30] [--models resnet18,bert,deep]
 
 Models: torchvision resnet18 at batch 2 (224x224), a 2-layer BERT (hidden 128, sequence 32, batch 8) from a config,
-and a deep stack of tiny Linear layers for the cost per profiled module per step. A baseline that times modules
-the way nnprofiler does (forward hooks + register_full_backward_hook) is measured beside it.
+and 500 x Sequential(Linear(16, 16), ReLU) (1,501 modules) for the cost per module per step. Measured side by side
+in one run, each round interleaving a plain step with every variant:
+
+- layerprof steady: one LayerProf whose schedule alternates hook-free and profiled steps (what a loop pays);
+- layerprof one-shot: a fresh ``with LayerProf(model)`` around the step, set-up and tear-down included (the
+  design card's usage);
+- the peers, each around one step the way their users run them: torch.profiler (CPU activity, with_stack=True),
+  DeepSpeed's flops profiler (start/stop/end_profile; skipped when deepspeed is not installed), and the seed
+  tool's mechanism (forward hooks plus register_full_backward_(pre_)hook per module).
 """
 from __future__ import annotations
 
@@ -77,10 +84,51 @@ def bert() -> tuple[nn.Module, Callable[[], torch.Tensor]]:
     return model, lambda: model(input_ids=ids).last_hidden_state.sum()
 
 
-def deep_stack(depth: int = 300) -> tuple[nn.Module, Callable[[], torch.Tensor]]:
-    model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(depth)])
-    x = torch.randn(1, 4)
+def deep_stack(depth: int = 500) -> tuple[nn.Module, Callable[[], torch.Tensor]]:
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(depth)])
+    x = torch.randn(4, 16)
     return model, lambda: model(x).sum()
+
+
+class TorchProfiler:
+    """torch.profiler around the step, CPU activity and Python stacks (what gives module-level attribution)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True)
+
+    def __enter__(self) -> TorchProfiler:
+        self.profiler.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.profiler.__exit__(*exc)
+
+
+class DeepSpeedFlops:
+    """DeepSpeed's flops profiler around the step: start_profile, the step, stop_profile, end_profile."""
+
+    def __init__(self, model: nn.Module) -> None:
+        from deepspeed.profiling.flops_profiler import FlopsProfiler
+
+        self.profiler = FlopsProfiler(model)
+
+    def __enter__(self) -> DeepSpeedFlops:
+        self.profiler.start_profile()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.profiler.stop_profile()
+        self.profiler.get_total_flops()
+        self.profiler.end_profile()
+
+
+def _deepspeed_available() -> bool:
+    try:
+        import deepspeed.profiling.flops_profiler  # noqa: F401
+    except Exception as error:  # noqa: BLE001 - an optional peer: any import failure means "not measured"
+        print(f"DeepSpeed's flops profiler is not measured: {type(error).__name__}: {str(error)[:80]}")
+        return False
+    return True
 
 
 def step_time(model: nn.Module, loss_fn: Callable[[], torch.Tensor], wrapper: Callable[[nn.Module], Any] | None) -> float:
@@ -115,6 +163,7 @@ def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch
     twin, twin_loss = factory()
     twin.load_state_dict(model.state_dict())
     wrappers = dict(wrappers)
+    raised: list[str] = []
     for key, wrapper in list(wrappers.items()):
         try:
             for _ in range(3):
@@ -122,6 +171,7 @@ def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch
         except RuntimeError as error:
             print(f"{name}: {key} raises {str(error)[:90]}...", flush=True)
             del wrappers[key]
+            raised.append(key)
     samples: dict[str, list[float]] = {key: [] for key in ["plain", "layerprof_steady", *wrappers]}
     # A profiled model cannot be profiled twice at once: the other variants run on an identical twin.
     steady = LayerProf(model, schedule=layerprof.schedule(wait=1, active=1), metrics=metrics)
@@ -144,6 +194,8 @@ def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch
         if key != "plain":
             result[f"{key}_ratio"] = medians[key] / medians["plain"]
             result[f"{key}_us_per_module"] = (medians[key] - medians["plain"]) / modules * 1e6
+    for key in raised:
+        result[f"{key}_ratio"] = float("nan")  # raised on this model
     print(name, {k: round(v, 3) for k, v in result.items()}, flush=True)
     return result
 
@@ -163,14 +215,17 @@ def main() -> None:
         "plain": None,
         "layerprof_oneshot": LayerProf,
         "full_backward_hooks": FullBackwardHookTimer,
+        "torch_profiler_stack": TorchProfiler,
     }
+    if _deepspeed_available():
+        wrappers["deepspeed_flops"] = DeepSpeedFlops
     print(f"torch {torch.__version__}, 1 thread, median of {args.repeats} interleaved steps, metrics={metrics}")
     if "resnet18" in chosen:
         measure("resnet18 b2", resnet18, args.repeats, wrappers, metrics)
     if "bert" in chosen:
         measure("bert 2x128 s32 b8", bert, args.repeats, wrappers, metrics)
     if "deep" in chosen:
-        measure("deep stack 300 x Linear(4,4)", deep_stack, args.repeats * 3, wrappers, metrics)
+        measure("500 x Sequential(Linear(16,16), ReLU)", deep_stack, args.repeats, wrappers, metrics)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ torch breaks something, and one place to add a fallback. Everything else in laye
 """
 from __future__ import annotations
 
+from operator import methodcaller
 from typing import Any, Callable
 
 import torch
@@ -12,9 +13,10 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = [
-    "next_sequence_nr", "graph_task_id", "sequence_nr", "current_autograd_node", "has_decomposition",
-    "nested_sizes", "storage_key", "tensor_version", "outer_saved_tensors_hooks", "compiled_module_type",
-    "TorchDispatchMode", "StorageWeakRef",
+    "next_sequence_nr", "graph_task_id", "queue_backward_callback", "sequence_nr", "current_autograd_node",
+    "has_decomposition", "nested_sizes", "storage_key", "submodules", "tensor_version", "outer_saved_tensors_hooks",
+    "compiled_module_type",
+    "TorchDispatchMode", "StorageWeakRef", "escaped_backward",
 ]
 
 # The sequence number the next autograd node created on this thread will get: a module call owns the nodes
@@ -22,13 +24,34 @@ __all__ = [
 next_sequence_nr: Callable[[], int] = torch._C._autograd._get_sequence_nr
 # The id of the backward pass (graph task) running on this thread, -1 outside backward.
 graph_task_id: Callable[[], int] = torch._C._current_graph_task_id
+# Run a callable when the running backward pass (graph task) finishes; only inside backward.
+queue_backward_callback: Callable[[Callable[[], None]], None] = torch.autograd.Variable._execution_engine.queue_callback
 # The autograd node executing on this thread, None outside backward.
 current_autograd_node: Callable[[], Any] = torch._C._current_autograd_node
 
 
-def sequence_nr(node: Any) -> int:
-    """An autograd node's sequence number (AccumulateGrad nodes get the largest possible)."""
-    return node._sequence_nr()
+def escaped_backward(traceback: Any) -> bool:
+    """Whether an exception's traceback passes through torch's autograd engine (it escaped a backward pass):
+    ``Tensor.backward`` and ``autograd.grad`` both run the engine from ``_engine_run_backward``."""
+    while traceback is not None:
+        code = traceback.tb_frame.f_code
+        if code.co_name == "_engine_run_backward" or (
+            code.co_name in ("backward", "grad") and "autograd" in code.co_filename.replace("\\", "/")
+        ):
+            return True
+        traceback = traceback.tb_next
+    return False
+
+
+# An autograd node's sequence number (AccumulateGrad nodes get the largest possible). A C-level caller rather
+# than a function: the tracker reads it once per graph node per step.
+sequence_nr: Callable[[Any], int] = methodcaller("_sequence_nr")
+
+
+def submodules(module: Any) -> dict[str, Any]:
+    """A module's registered children by attribute name (None where a child slot is empty): what
+    ``named_modules()`` walks, without a generator per level (which costs microseconds per module)."""
+    return module._modules
 
 
 def has_decomposition(op: Any) -> bool:

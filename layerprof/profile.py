@@ -19,7 +19,7 @@ from .render.compare import Comparison
 from .render.html import html_table, notebook_style
 from .render.plot import save_plot
 from .record.fields import canonical
-from .render.rows import derived_names, numeric_fields, select, top_records, value_of
+from .render.rows import FILTERS, derived_names, numeric_fields, select, top_records, value_of
 from .render.summary import annotated_repr
 from .render.table import Table
 from .render.report import report_html
@@ -62,6 +62,9 @@ class Profile:
     # -- queries ---------------------------------------------------------------------------------------------
     def select(self, **filters: Any) -> list[ModuleRecord]:
         """The records that pass the filters, in ``named_modules()`` order."""
+        unknown = [key for key in filters if key not in FILTERS]
+        if unknown:
+            raise TypeError(f"unknown filter {unknown[0]!r}; filters are: {', '.join(FILTERS)}")
         return select(self.records.values(), **filters)
 
     def rows(self, **filters: Any) -> Table:
@@ -218,13 +221,29 @@ class Profile:
 
 # -- files ---------------------------------------------------------------------------------------------------
 def loads(text: str) -> Profile:
-    """A Profile from JSON text written by ``save``/``Profile.to_json``."""
-    tree, meta = io.parse(text)
+    """A Profile from JSON text written by ``save``/``Profile.to_json``; a ValueError saying what is wrong with
+    any other text."""
+    return _parsed(text, "the profile text")
+
+
+def _parsed(text: Any, source: str) -> Profile:
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"cannot load {source}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    if not isinstance(text, str):
+        raise TypeError(f"loads takes the JSON text of a profile, got {type(text).__name__}")
+    try:
+        tree, meta = io.parse(text)
+    except ValueError as error:
+        raise ValueError(f"cannot load {source}: {error}") from None
     return Profile(tree, meta)
 
 
 def load(source: str | Path | IO[str]) -> Profile:
-    """Load a profile saved with ``prof.to_json(path)`` or ``layerprof.save(prof, path)``.
+    """Load a profile saved with ``prof.to_json(path)`` or ``layerprof.save(prof, path)`` (a path or an open file).
+    Anything else is a ValueError naming the file and the first thing wrong with it.
 
     >>> import torch, tempfile, os, layerprof
     >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
@@ -236,8 +255,11 @@ def load(source: str | Path | IO[str]) -> Profile:
     True
     """
     if hasattr(source, "read"):
-        return loads(source.read())  # type: ignore[union-attr]
-    return loads(Path(source).read_text(encoding="utf-8"))  # type: ignore[arg-type]
+        name = getattr(source, "name", None)
+        return _parsed(source.read(), repr(name) if isinstance(name, str) else "the stream")  # type: ignore[union-attr]
+    if not isinstance(source, (str, Path)):
+        raise TypeError(f"load takes a path or an open file, got {type(source).__name__}; for JSON text use loads")
+    return _parsed(Path(source).read_bytes(), repr(str(source)))
 
 
 def as_profile(value: Any) -> Profile:

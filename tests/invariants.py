@@ -27,15 +27,18 @@ def count_calls(model: nn.Module) -> Iterator[Counter]:
             handle.remove()
 
 
-def check_profile(prof: LayerProf, model: nn.Module, backward: bool = True) -> None:
-    """Structure and numbers that must hold for any profile of ``model``."""
+def check_profile(prof: LayerProf, model: nn.Module, backward: bool = True,
+                  backward_wall_ms: float | None = None) -> None:
+    """Structure and numbers that must hold for any profile of ``model``; ``backward_wall_ms``: the wall time of
+    the step's backward calls, which the root's backward must fit in."""
     rows = prof.to_dict()
     assert list(rows) == [name for name, _ in model.named_modules()], "records must mirror named_modules()"
     for name, record in prof.records.items():
         assert record.calls == len([t for t in record.call_times if not t.recompute])
         if record.calls:
             assert record.forward_ms is not None and record.forward_ms >= 0
-            assert abs(record.forward_ms - sum(t.forward_ms for t in record.call_times if not t.recompute)) < 1e-6
+            outermost = [t for t in record.call_times if not t.recompute and not t.recursive]
+            assert abs(record.forward_ms - sum(t.forward_ms for t in outermost)) < 1e-6
             assert record.self_forward_ms is not None and record.self_forward_ms >= -TOLERANCE_MS
         else:
             assert record.forward_ms is None and record.backward_ms is None
@@ -47,7 +50,67 @@ def check_profile(prof: LayerProf, model: nn.Module, backward: bool = True) -> N
             if child.backward_ms is not None and record.backward_ms is not None:
                 assert child.backward_ms <= record.backward_ms + TOLERANCE_MS, (name, child.name)
     root = prof.tree
+    # No module costs more than the whole step (no share above 100 %), in either pass.
+    for name, record in prof.records.items():
+        for field in ("forward_ms", "backward_ms"):
+            value, whole = getattr(record, field), getattr(root, field)
+            if value is not None and whole is not None:
+                assert value <= whole + TOLERANCE_MS, (name, field)
+    if backward_wall_ms is not None and root.backward_ms is not None:
+        assert root.backward_ms <= backward_wall_ms, (root.backward_ms, backward_wall_ms)
     if backward:
         assert root.backward_ms is not None and root.backward_ms > 0
     else:
         assert all(record.backward_ms is None for record in prof.records.values())
+
+
+def parameter_modules_have_backward(prof: LayerProf, model: nn.Module) -> None:
+    """Every module that ran and owns a parameter that received a gradient has a backward time above 0."""
+    for name, module in model.named_modules():
+        record = prof.records.get(name)
+        if record is None or not record.calls:
+            continue
+        own = [p for p in module.parameters(recurse=False) if p.requires_grad]
+        if own and any(p.grad is not None for p in own):
+            assert record.backward_ms is not None and record.backward_ms > 0, name
+
+
+STEP_STATISTICS = ("", "_median", "_min", "_max", "_p95")
+
+
+def check_truth(prof: LayerProf, model: nn.Module, backward_wall_ms: float | None = None,
+                reference: Counter | None = None) -> None:
+    """The invariants of issue 12, for any training pattern: backward time wherever a module's own parameters got
+    a gradient, children within their parent in every statistic, the root's backward within the wall time of
+    the backward calls, no share above 100 %, exact call counts."""
+    records = prof.records
+    root = prof.tree
+    steps = root.steps
+    for name, module in model.named_modules():
+        record = records.get(name)
+        if record is None or not record.calls:
+            continue
+        own = [p for p in module.parameters(recurse=False) if p.requires_grad]
+        if own and all(p.grad is not None for p in own):
+            assert record.backward_ms is not None and record.backward_ms > 0, name
+    for name, record in records.items():
+        assert record.steps == steps and 0 <= record.steps_run <= steps, name
+        # A container that is never called (ModuleList) has no interval to hold its children's.
+        for child in record.children if record.calls else ():
+            if not child.calls or child.aliases:
+                continue
+            for field in ("forward_ms", "backward_ms"):
+                for statistic in STEP_STATISTICS:
+                    theirs = getattr(child, field + statistic)
+                    ours = getattr(record, field + statistic)
+                    if theirs is not None:
+                        # A child that ran inside its parent cannot outlast it, in any step or statistic.
+                        assert ours is not None and theirs <= ours + TOLERANCE_MS, (name, child.name, field + statistic)
+        total = record.total_ms
+        if total is not None and record is not root:
+            assert total <= root.total_ms + TOLERANCE_MS, name  # no share above 100 %
+    if backward_wall_ms is not None:
+        assert root.backward_ms is not None and root.backward_ms <= backward_wall_ms, (root.backward_ms, backward_wall_ms)
+    if reference is not None:
+        for name, record in records.items():
+            assert record.calls * steps == reference[name], name

@@ -213,13 +213,18 @@ def test_exports_call_the_profile_methods(models: Path, tmp_path: Path, monkeypa
         monkeypatch.setattr(layerprof.Profile, method,
                             lambda self, *args, _m=method: calls.append((_m, len(self.records), *args)), raising=False)
     argv = [f"{models}:Net", "-i", "2,20", "--steps", "1", "--plot-kind", "top", "--plot-metric", "forward"]
+    names = {flag: f"out.{'png' if flag == 'plot' else flag}" for flag in EXPORTS}
     for flag in EXPORTS:
-        argv += [f"--{flag}", str(tmp_path / flag)]
+        argv += [f"--{flag}", str(tmp_path / names[flag])]
     assert main(argv) == 0
-    # Net has 2 modules (the root and fc); the plot gets kind, metric and path
-    assert calls == [("to_csv", 2, str(tmp_path / "csv")), ("to_json", 2, str(tmp_path / "json")),
-                     ("to_html", 2, str(tmp_path / "html")), ("to_trace", 2, str(tmp_path / "trace")),
-                     ("plot", 2, "top", "forward", str(tmp_path / "plot"))]
+    # Net has 2 modules (the root and fc); the plot gets kind, metric and path. Each method writes a temporary
+    # file beside its output (same suffix), renamed into place once all are written.
+    assert [call[:-1] for call in calls] == [("to_csv", 2), ("to_json", 2), ("to_html", 2), ("to_trace", 2),
+                                             ("plot", 2, "top", "forward")]
+    for call, name in zip(calls, names.values()):
+        written = Path(call[-1])
+        assert written.parent == tmp_path and written.name.startswith(".out.") and written.suffix == Path(name).suffix
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names.values())
     assert capsys.readouterr().err.count("layerprof: wrote ") == 5
     # a missing folder fails before the model is built or run
     assert main([f"{models}:broken", "-i", "2", "--json", str(tmp_path / "no" / "p.json")]) == 2

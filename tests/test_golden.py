@@ -49,6 +49,7 @@ def fixed_profile() -> Profile:
         parent = None if name == "" else records[name.rpartition(".")[0]]
         record = ModuleRecord(name, type_name, extra, parent)
         record.steps = 4
+        record.steps_run = 4 if values.get("calls") else 0
         for key, value in values.items():
             setattr(record, key, value)
         if record.forward_ms is not None:

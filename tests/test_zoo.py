@@ -11,7 +11,7 @@ from torch import nn
 from layerprof import LayerProf
 
 from .conftest import hook_state
-from .invariants import check_profile, count_calls
+from .invariants import check_profile, check_truth, count_calls
 
 torchvision = pytest.importorskip("torchvision")
 transformers = pytest.importorskip("transformers")
@@ -117,6 +117,7 @@ def test_zoo_profile_is_complete_correct_and_clean(name: str) -> None:
     assert hook_state(model) == before_hooks and repr(model) == before_repr
 
     check_profile(prof, model)
+    check_truth(prof, model, reference=reference)
     # Every module that ran is present with the exact number of calls.
     for module_name, record in prof.records.items():
         assert record.calls == reference[module_name], module_name

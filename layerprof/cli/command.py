@@ -12,7 +12,7 @@ from ..metrics import make_meters
 from ..render.columns import resolve_columns
 from ..render.units import format_count
 from .errors import CLIError, RunError, UsageError, one_line
-from .inputs import InputSpec, make_inputs, parse_dtype, parse_input
+from .inputs import InputSpec, check_input_sizes, make_inputs, parse_dtype, parse_input
 from .outputs import requested_outputs, write_outputs
 from .parser import build_parser
 from .run import run_profile
@@ -67,6 +67,7 @@ def _run(options: argparse.Namespace) -> int:
     if dtype is not None and not dtype.is_floating_point:
         raise UsageError(f"--dtype {options.dtype}: the model's dtype must be a floating type such as bfloat16")
     device = _device(options.device)
+    check_input_sizes(inputs, dtype or torch.float32, device)
     _check_names(options)
     outputs = requested_outputs(options)
     if options.threads:

@@ -1,14 +1,17 @@
 """``--input`` specs (``[name=]2,3,224,224[:dtype]``) and the random tensors built from them."""
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .errors import UsageError
+from ..render.units import format_bytes
+from .errors import RunError, UsageError, one_line
 
-__all__ = ["InputSpec", "parse_input", "parse_dtype", "make_inputs"]
+__all__ = ["InputSpec", "parse_input", "parse_dtype", "make_inputs", "check_input_sizes"]
 
 _ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}
 
@@ -51,7 +54,10 @@ def parse_input(text: str) -> InputSpec:
             f"--input {text!r} is not a shape: give positive sizes separated by commas, "
             "e.g. 2,3,224,224 or 2,32:int64"
         )
-    return InputSpec(tuple(int(part) for part in parts), dtype, name or None)
+    shape = tuple(int(part) for part in parts)
+    if math.prod(shape) >= 2**63:
+        raise UsageError(f"--input {text!r} has {math.prod(shape):.3g} elements, more than a tensor can hold (2^63)")
+    return InputSpec(shape, dtype, name or None)
 
 
 def _random(spec: InputSpec, float_dtype: torch.dtype, vocab: int, device: torch.device) -> torch.Tensor:
@@ -63,6 +69,28 @@ def _random(spec: InputSpec, float_dtype: torch.dtype, vocab: int, device: torch
     return torch.randint(0, vocab, spec.shape, dtype=dtype, device=device)  # token ids, class labels...
 
 
+def _memory_of(device: torch.device) -> int | None:
+    """Bytes of memory on ``device`` (physical RAM for the CPU), None where unknown."""
+    try:
+        if device.type == "cuda":
+            return int(torch.cuda.get_device_properties(device.index or 0).total_memory)
+        if device.type == "cpu":
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError, RuntimeError):
+        pass
+    return None
+
+
+def check_input_sizes(specs: list[InputSpec], float_dtype: torch.dtype, device: torch.device) -> None:
+    """A UsageError, before the model is built, when the inputs alone cannot fit in the device's memory."""
+    sizes = [math.prod(spec.shape) * (spec.dtype or float_dtype).itemsize for spec in specs]
+    memory = _memory_of(device)
+    if memory is not None and sum(sizes) > memory:
+        largest = specs[sizes.index(max(sizes))]
+        raise UsageError(f"--input {largest}: the inputs need {format_bytes(sum(sizes))}, more than the "
+                         f"{format_bytes(memory)} of memory on {device}; give smaller shapes")
+
+
 def make_inputs(specs: list[InputSpec], *, float_dtype: torch.dtype = torch.float32, vocab: int = 100,
                 device: torch.device | str = "cpu") -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
     """Random ``(args, kwargs)`` for the model: floats from randn, integers in ``[0, vocab)``.
@@ -71,7 +99,14 @@ def make_inputs(specs: list[InputSpec], *, float_dtype: torch.dtype = torch.floa
     >>> args[0].shape, args[0].dtype, kwargs["mask"].dtype, int(kwargs["mask"].max()) < 5
     (torch.Size([2, 3]), torch.float32, torch.int64, True)
     """
-    tensors = [_random(spec, float_dtype, vocab, torch.device(device)) for spec in specs]
+    tensors = []
+    for spec in specs:
+        try:
+            tensors.append(_random(spec, float_dtype, vocab, torch.device(device)))
+        except (RuntimeError, MemoryError) as exc:  # out of memory, most often: one line, not torch's C++ stack
+            size = math.prod(spec.shape) * (spec.dtype or float_dtype).itemsize
+            raise RunError(f"cannot make the input {spec} ({format_bytes(size)}): "
+                           f"{one_line(exc)}") from exc
     args = tuple(t for spec, t in zip(specs, tensors) if spec.name is None)
     kwargs = {spec.name: t for spec, t in zip(specs, tensors) if spec.name is not None}
     return args, kwargs

@@ -1,11 +1,15 @@
-"""The files the command writes, each through a Profile method; checked before the run, written after it."""
+"""The files the command writes, each through a Profile method; checked before the run, written after it, all or
+none."""
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._files import move_into_place, temporary_beside
+from ..metrics import DEFAULT_METRICS
 from ..profile import Profile
+from ..render.plot_metrics import metric_meters
 from .errors import RunError, UsageError, one_line
 
 __all__ = ["Output", "requested_outputs", "write_outputs"]
@@ -23,32 +27,76 @@ class Output:
     path: Path
 
 
+_PLOT_SUFFIXES = (".png", ".svg")
+
+
+def _check_writable(flag: str, path: Path) -> None:
+    if path.is_dir():
+        raise UsageError(f"--{flag} {str(path)!r} is a folder; give the path of a file, e.g. {str(path / ('profile.' + flag))!r}")
+    if not path.parent.is_dir():
+        raise UsageError(f"--{flag} {str(path)!r}: folder {str(path.parent)!r} does not exist")
+    try:
+        temporary_beside(path).unlink()  # where the output will be written first, so a real test of the folder
+    except OSError as exc:
+        raise UsageError(f"--{flag} {str(path)!r}: cannot write in folder {str(path.parent)!r} ({exc.strerror})") from None
+
+
+def _check_plot(options: argparse.Namespace, path: Path) -> None:
+    if path.suffix.lower() not in _PLOT_SUFFIXES:
+        raise UsageError(f"--plot {str(path)!r}: a plot is saved as .png or .svg; give a path ending in one of them")
+    metric = options.plot_metric
+    try:
+        needed = metric_meters(metric)
+    except ValueError as exc:
+        raise UsageError(f"--plot-metric: {exc}") from None
+    chosen = DEFAULT_METRICS if options.metrics is None else options.metrics
+    missing = [meter for meter in needed if meter not in chosen]
+    if missing:
+        asked = ",".join([*(options.metrics or ()), *missing])
+        raise UsageError(f"--plot-metric {metric} needs the {' and '.join(missing)} meter: add --metrics {asked}")
+
+
 def requested_outputs(options: argparse.Namespace) -> list[Output]:
-    """The outputs asked for, after checking that their folders exist."""
+    """The outputs asked for, checked before anything is built: this version can write them, each path is a file
+    in a folder that exists and can be written, and a plot's format and metric can be made."""
     outputs = []
     for flag, method in _METHODS.items():
         path = getattr(options, flag, None)
         if path is None:
             continue
         path = Path(path).expanduser()
-        if not path.parent.is_dir():
-            raise UsageError(f"--{flag} {str(path)!r}: folder {str(path.parent)!r} does not exist")
+        _check_writable(flag, path)
+        if flag == "plot":
+            _check_plot(options, path)
         outputs.append(Output(flag, method, path))
+    targets = [output.path.resolve() for output in outputs]
+    for index, target in enumerate(targets):
+        if target in targets[:index]:
+            raise UsageError(f"--{outputs[index].flag} {str(outputs[index].path)!r}: another output writes there too")
     return outputs
 
 
 def write_outputs(profile: Profile, outputs: list[Output], plot_kind: str = "sunburst",
                   plot_metric: str = "total") -> list[Path]:
-    """Write each output; returns the paths written."""
-    written = []
-    for output in outputs:
-        method = getattr(profile, output.method)
-        try:
-            if output.flag == "plot":
-                method(plot_kind, plot_metric, str(output.path))
-            else:
-                method(str(output.path))
-        except Exception as exc:
-            raise RunError(f"writing --{output.flag} {str(output.path)!r} raised {one_line(exc)}") from exc
-        written.append(output.path)
-    return written
+    """Write every output, or none: each into a temporary file beside its path, all renamed into place only once
+    every one has succeeded. Returns the paths written."""
+    staged: list[Path] = []
+    try:
+        for output in outputs:
+            temporary = temporary_beside(output.path)
+            staged.append(temporary)
+            method = getattr(profile, output.method)
+            try:
+                if output.flag == "plot":
+                    method(plot_kind, plot_metric, str(temporary))
+                else:
+                    method(str(temporary))
+            except Exception as exc:
+                raise RunError(f"writing --{output.flag} {str(output.path)!r} raised {one_line(exc)}; "
+                               "no output file was written") from exc
+        for temporary, output in zip(staged, outputs):
+            move_into_place(temporary, output.path)
+    finally:
+        for temporary in staged:
+            temporary.unlink(missing_ok=True)
+    return [output.path for output in outputs]

@@ -1,16 +1,20 @@
 """LayerProf: puts the tracker's hooks on a model while profiling, and hands back a Profile of records."""
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import warnings
 import weakref
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import torch
 from torch import nn
+from torch.nn.modules.module import register_module_module_registration_hook
 
 from .annotate import Annotator
 from .environment import environment
+from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters
 from .._tensors import first_tensor
 from .._torch import compiled_module_type
@@ -19,7 +23,7 @@ from ..record.records import ModuleRecord, build_tree
 from .schedule import Action, Schedule
 from .statistics import StepStats
 from .timing import StepTimes, step_times
-from .tracker import Tracker
+from .tracker import Tracker, backward_note
 
 __all__ = ["LayerProf"]
 
@@ -43,6 +47,33 @@ def _check_model(model: Any) -> None:
         )
     if not isinstance(model, nn.Module):
         raise TypeError(f"LayerProf expects a torch.nn.Module, got {type(model).__module__}.{type(model).__qualname__}")
+    for name, child in model.named_modules():
+        if isinstance(child, torch.jit.ScriptModule):
+            raise TypeError(
+                f"LayerProf cannot profile module '{name}' ({type(child).__name__}): it is TorchScript, whose "
+                "submodules' hooks never run. Profile with the eager module in its place (before torch.jit.script/"
+                "trace), or profile the parts of the model around it separately."
+            )
+        if compiled is not None and isinstance(child, compiled):
+            raise TypeError(
+                f"LayerProf cannot see inside module '{name}': it is torch.compile'd, and compiled graphs skip "
+                "module hooks, so its modules would show as not run. Profile with the eager module in its place "
+                "(the compiled module's ._orig_mod), and compile after profiling."
+            )
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No garbage collection while layerprof builds or reads its own records: the thousands of objects a large
+    model's records take would trigger full collections (over the whole heap, the model's tensors included) that
+    cost more than the work itself. Collection resumes as it was; nothing is collected here."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _stop_all(meters: list[Meter]) -> None:
@@ -101,14 +132,16 @@ class LayerProf:
                  warmup: int = 0, schedule: Schedule | None = None, max_samples: int = 1024,
                  annotate: bool = False) -> None:
         _check_model(model)
-        if warmup < 0:
-            raise ValueError(f"warmup must be >= 0, got {warmup}")
+        warmup = check_int("warmup", warmup)
+        max_samples = check_int("max_samples", max_samples, minimum=1)
+        if schedule is not None and not isinstance(schedule, Schedule):
+            raise TypeError(
+                f"schedule must be a layerprof.schedule(wait=, warmup=, active=, repeat=), got {schedule!r}"
+            )
         if schedule is not None and warmup:
             raise ValueError("give either warmup= or schedule= (which has its own warmup), not both")
-        if schedule is not None and not callable(schedule):
-            raise TypeError(f"schedule must be a layerprof.schedule(...), got {type(schedule).__name__}")
         self.model = model
-        self.sync = bool(sync)
+        self.sync = check_bool("sync", sync)
         self.warmup = warmup
         self.schedule = schedule
         self.metrics: list[Meter] = make_meters(metrics)
@@ -125,9 +158,13 @@ class LayerProf:
         self._tracker: Tracker | None = None
         self._entries: list[tuple[str, nn.Module]] = []
         self._probe: Any = None
+        self._registration: Any = None  # the global hook that sees submodules registered while profiling
+        self._names: dict[int, str] = {}
         self._example: dict[str, Any] = {}
         self._profile: Profile | None = None
-        self._state = "new"
+        self._state = "new"  # new -> running -> done, or failed when the block raised
+        self._in_block = False  # inside `with`: stop() is the block's job
+        self._failure = ""
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def _action(self, step: int) -> Action:
@@ -137,8 +174,19 @@ class LayerProf:
 
     def start(self) -> LayerProf:
         """Begin profiling (what ``with`` does on entry); pair with ``stop()``."""
+        with _gc_paused():
+            return self._start()
+
+    def _start(self) -> LayerProf:
+        if self._state == "running":
+            raise RuntimeError(
+                "this LayerProf is already running: it was started (start() or `with`) and not stopped yet; "
+                "profile again after stop() or the end of the block, with a new LayerProf(model)"
+            )
         if self._state != "new":
-            raise RuntimeError("this LayerProf was already used; create a new LayerProf(model) for each profile")
+            raise RuntimeError(
+                "this LayerProf was already used; create a new LayerProf(model) for each profile"
+            )
         root, records, entries = build_tree(self.model)
         for name, module in entries:
             if _PROFILED.get(module) is not None:
@@ -158,6 +206,8 @@ class LayerProf:
                     meter.start(self.model, records, entries)
                     started.append(meter)
             self._probe = self.model.register_forward_pre_hook(self._record_example, with_kwargs=True)
+            self._names = {id(module): name for name, module in entries}
+            self._registration = register_module_module_registration_hook(self._module_registered)
             self._begin_step()
         except BaseException:
             self._teardown(started + self._counting)
@@ -166,39 +216,75 @@ class LayerProf:
         return self
 
     def __enter__(self) -> LayerProf:
-        return self.start()
+        self.start()
+        self._in_block = True
+        return self
 
     def step(self) -> None:
         """Mark the end of a step (call it after each training step) and begin the next one."""
         if self._state != "running":
             raise RuntimeError("prof.step() is for inside a running profile: after start() or inside `with`")
-        self._end_step()
-        self.step_num += 1
-        self._begin_step()
+        with _gc_paused():
+            self._end_step()
+            self.step_num += 1
+            self._begin_step()
 
     def stop(self) -> None:
         """End profiling (what ``with`` does on exit) and compute the profile."""
+        if self._in_block:
+            # Refused before anything changes: the block goes on profiling and stops when it exits.
+            raise RuntimeError(
+                "prof.stop() was called inside `with LayerProf(model) as prof:`; the block stops profiling when it "
+                "exits: remove the stop() call, or use prof.start() ... prof.stop() without `with`"
+            )
         if self._state != "running":
-            raise RuntimeError("prof.stop() needs a running profile: call prof.start() first")
-        self.__exit__(None, None, None)
+            raise RuntimeError(f"prof.stop() needs a running profile, and this one {self._state_text()}")
+        self._stop(None, None)
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, traceback: Any) -> bool:
+        if self._state != "running":
+            raise RuntimeError(f"LayerProf.__exit__ needs a running profile, and this one {self._state_text()}")
+        self._in_block = False
+        self._stop(exc, traceback)
+        return False
+
+    def _stop(self, exc: BaseException | None, traceback: Any) -> None:
+        with _gc_paused():
+            self._stop_profiling(exc, traceback)
+
+    def _stop_profiling(self, exc: BaseException | None, traceback: Any) -> None:
         tracker = self._tracker
-        assert tracker is not None
+        assert tracker is not None  # set by start() while running
+        self._state = "failed"  # until the profile is made
+        # Read before the hooks come off: ending the step forgets which module's backward ran last.
+        note = backward_note(tracker, exc, traceback) if exc is not None else None
         try:
             if exc is None:
                 self._end_step()
+        except BaseException as error:
+            self._failure = f"ending the last step raised {type(error).__name__}"
+            raise
         finally:
             self._teardown(self._running_meters())
-        self._state = "done"
         if exc is not None:
-            if tracker.raised_in is not None and tracker.raised_in[1] == id(exc):
-                call = tracker.raised_in[0]
-                shown = f"'{call.name}'" if call.name else "the root"
-                exc.add_note(f"layerprof: raised inside module {shown} ({self.records[call.name].type})")
-            return False
-        self._finish()
-        return False
+            self._failure = f"the block raised {type(exc).__name__}"
+            if note is not None:
+                exc.add_note(note)
+            self._tracker = None
+            return
+        try:
+            self._finish()
+        except BaseException as error:
+            self._failure = f"computing the profile raised {type(error).__name__}"
+            raise
+        self._state = "done"
+
+    def _state_text(self) -> str:
+        if self._state == "new":
+            return "was never started: call prof.start() first"
+        if self._state == "failed":
+            return f"has stopped ({self._failure})"
+        return "has already stopped"
 
     def _teardown(self, meters: list[Meter]) -> None:
         """Take everything off the model; runs on every exit path."""
@@ -208,6 +294,9 @@ class LayerProf:
             if self._probe is not None:
                 self._probe.remove()
                 self._probe = None
+            if self._registration is not None:
+                self._registration.remove()
+                self._registration = None
         finally:
             try:
                 _stop_all(meters)
@@ -270,6 +359,41 @@ class LayerProf:
         self._tracker.observers = tuple(m for m in running if m.wants_forward_hooks)
         self._tracker.backward_observers = tuple(m for m in running if m.wants_backward_hooks)
 
+    def _module_registered(self, parent: nn.Module, name: str, submodule: Any) -> None:
+        """A submodule registered on a profiled module while profiling (made lazily in a forward): give it and
+        its own submodules records and hooks at once, so its calls count from the step it appears in."""
+        parent_name = self._names.get(id(parent))
+        if parent_name is None or not isinstance(submodule, nn.Module) or self._tracker is None:
+            return None
+        prefix = f"{parent_name}.{name}" if parent_name else name
+        added = []
+        for qualified, module in submodule.named_modules(prefix=prefix):
+            if id(module) in self._names:
+                continue  # already profiled under another name: one record, as for any shared module
+            if qualified not in self.records:  # a replaced submodule keeps the record of its name
+                holder = self.records[qualified.rsplit(".", 1)[0] if "." in qualified else ""]
+                self.records[qualified] = ModuleRecord(qualified, type(module).__name__, module.extra_repr(), holder)
+            self._names[id(module)] = qualified
+            self._entries.append((qualified, module))
+            _PROFILED[module] = self
+            added.append((qualified, module))
+        if added and self._tracker.active:
+            self._tracker.attach(added)
+        return None
+
+    def _warn_unseen_modules(self) -> None:
+        """Modules in the model now that were never hooked (put into ``_modules`` without registration)."""
+        unseen = [(name, module) for name, module in self.model.named_modules() if id(module) not in self._names]
+        if unseen:
+            shown = ", ".join(f"'{name}' ({type(module).__name__})" for name, module in unseen[:5])
+            warnings.warn(
+                f"layerprof: {len(unseen)} module(s) joined the model while profiling without nn.Module registration "
+                f"and were not profiled: {shown}. Create submodules with attribute assignment or add_module, or "
+                "before profiling.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
     def _record_example(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         if not self._example:
             tensor = first_tensor(args, kwargs)
@@ -281,6 +405,7 @@ class LayerProf:
     def _finish(self) -> None:
         tracker = self._tracker
         assert tracker is not None and self.tree is not None
+        self._warn_unseen_modules()
         meta: dict[str, Any] = {"environment": {**environment(self.model), **self._example}}
         distorting = [m.name for m in self.metrics if m.distorts_timing]
         if self._stats.steps == 0 and self._counting_step is not None:
@@ -291,8 +416,13 @@ class LayerProf:
                 f"only one step was profiled, and metrics {distorting} slowed it down: its times include their "
                 "overhead. Profile several steps (call prof.step() after each) for clean times.",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
+        for name, module in self._entries:
+            # Read after the step, not at enter: a lazy module shows what it materialised as (LazyLinear becomes
+            # a Linear with its in_features), as the model's own repr does.
+            record = self.records[name]
+            record.type, record.extra_repr = type(module).__name__, module.extra_repr()
         self._stats.fill(self.records)
         for meter in self.metrics:
             meter.fill(self.records)
@@ -307,7 +437,7 @@ class LayerProf:
                 "LayerProf recorded no step: call the model inside the block"
                 + (" (all steps were warm-up or outside the schedule)" if self.step_num else ""),
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
         self._tracker = None
         self._profile = Profile(self.tree, meta)
@@ -316,8 +446,17 @@ class LayerProf:
     @property
     def profile(self) -> Profile:
         """The result; available once profiling has stopped."""
+        if self._state == "failed":
+            raise RuntimeError(
+                f"no profile: {self._failure} before profiling finished, so nothing was recorded. "
+                "Fix the error and profile again with a new LayerProf(model)"
+            )
         if self._state != "done" or self._profile is None:
-            raise RuntimeError("the profile is ready after the `with LayerProf(model) as prof:` block has exited")
+            when = "has not started" if self._state == "new" else "is still running"
+            raise RuntimeError(
+                f"the profile is not ready: profiling {when}. It is ready after the `with LayerProf(model) as prof:` "
+                "block has exited (or after prof.stop())"
+            )
         return self._profile
 
     @property

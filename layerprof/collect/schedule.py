@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from .._check import check_int
+
 __all__ = ["Action", "Schedule", "schedule"]
 
 
@@ -25,11 +27,8 @@ class Schedule:
     skip_first: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("wait", "warmup", "repeat", "skip_first"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"schedule {name} must be >= 0, got {getattr(self, name)}")
-        if self.active < 1:
-            raise ValueError(f"schedule active must be >= 1, got {self.active}")
+        for name in ("wait", "warmup", "active", "repeat", "skip_first"):
+            check_int(f"schedule {name}", getattr(self, name), minimum=1 if name == "active" else 0)
 
     def __call__(self, step: int) -> Action:
         """The action for step number ``step`` (0-based, counted by ``prof.step()``)."""

@@ -1,10 +1,15 @@
-"""Statistics over many steps, in bounded memory.
+"""Statistics over many steps, in bounded memory, with one denominator: every recorded step.
 
-Per module and per pass: exact running mean, std, min and max (Welford), and a reservoir of at most
-``max_samples`` step values for the median and p95, exact while the number of steps is at most ``max_samples``
-and a uniform random sample of the steps beyond that. Memory is therefore bounded by
-``modules x 2 passes x max_samples`` floats (8 bytes each): 16 MiB for 1,000 modules at the default 1,024,
-however many steps run.
+A module's per-step figures are over all recorded steps; a step in which it did not run (or ran without a
+backward pass) counts as 0 for that pass, so a module that runs every fifth step shows a fifth of its per-run
+time, and ``steps_run`` says in how many steps it ran. The root and every module share the denominator, so a
+share of the root is a share of the same steps, and a child that runs inside its parent is never above it.
+
+Per module and pass: exact mean, sample std, min and max, and a reservoir of at most ``max_samples`` step values
+for the median and p95, exact while the number of steps is at most ``max_samples`` and a uniform random sample
+of the steps beyond that. The reservoir keeps the *same* steps for every module (one draw per step), so a
+quantile of a child is never above the same quantile of its parent. Memory is bounded by
+``modules x 2 passes x max_samples`` floats (8 bytes each): 16 MiB for 1,000 modules at the default 1,024.
 """
 from __future__ import annotations
 
@@ -12,16 +17,18 @@ import math
 import random
 from array import array
 
-from ..record.fields import STAT_PASSES, STATISTICS
 from ..record.records import ModuleRecord
 from .timing import StepTimes
 
-__all__ = ["RunningStat", "StepStats", "quantile"]
+__all__ = ["RunningStat", "StepStats", "STATISTICS", "STAT_PASSES", "quantile"]
+
+STATISTICS = ("median", "std", "min", "max", "p95")
+STAT_PASSES = ("forward_ms", "backward_ms")
 _MEAN_ONLY = ("self_forward_ms", "self_backward_ms", "recompute_ms")
 
 
 class RunningStat:
-    """Mean, sample std, min, max of a stream, plus a bounded reservoir of its values for quantiles."""
+    """Mean, sample std, min, max of one stream, plus a bounded reservoir of its values for quantiles."""
 
     __slots__ = ("count", "mean", "_m2", "min", "max", "_samples", "_max_samples", "_rng")
 
@@ -71,6 +78,71 @@ def quantile(ordered: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
+class _Pass:
+    """One module's values of one pass over the steps: sums for the mean and std, extremes over the steps that
+    had a value (0 joins them in ``summary`` when some steps had none), and the shared reservoir."""
+
+    __slots__ = ("runs", "total", "total_sq", "min", "max", "samples")
+
+    def __init__(self, filled: int) -> None:
+        self.runs = 0
+        self.total = 0.0
+        self.total_sq = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+        self.samples = array("d", bytes(8 * filled))  # the steps before this module first ran: zeros
+
+    def summary(self, steps: int) -> dict[str, float]:
+        mean = self.total / steps
+        variance = (self.total_sq - steps * mean * mean) / (steps - 1) if steps > 1 else 0.0
+        ordered = sorted(self.samples) or [0.0]
+        zeros = self.runs < steps
+        return {
+            "mean": mean,
+            "median": quantile(ordered, 0.5),
+            "std": math.sqrt(max(0.0, variance)),
+            "min": min(self.min, 0.0) if zeros else self.min,
+            "max": max(self.max, 0.0) if zeros else self.max,
+            "p95": quantile(ordered, 0.95),
+        }
+
+
+class _Module:
+    __slots__ = ("calls", "steps_run", "forward", "backward", "sums", "last_times", "last_step")
+
+    def __init__(self, filled: int) -> None:
+        self.calls = 0
+        self.steps_run = 0
+        self.forward = _Pass(filled)
+        self.backward = _Pass(filled)
+        self.sums = [0.0, 0.0, 0.0]  # _MEAN_ONLY, in order
+        self.last_times: StepTimes | None = None  # its call timings are built only for the last step
+        self.last_step = 0
+
+
+def _put(values: _Pass, value: float, slot: int | None) -> None:
+    values.runs += 1
+    values.total += value
+    values.total_sq += value * value
+    if value < values.min:
+        values.min = value
+    if value > values.max:
+        values.max = value
+    if slot is not None:
+        if slot < 0:
+            values.samples.append(value)
+        else:
+            values.samples[slot] = value
+
+
+def _put_zero(values: _Pass, slot: int | None) -> None:
+    if slot is not None:
+        if slot < 0:
+            values.samples.append(0.0)
+        else:
+            values.samples[slot] = 0.0
+
+
 class StepStats:
     """Accumulates per-module ``StepTimes`` over steps and writes means and statistics onto records."""
 
@@ -80,49 +152,81 @@ class StepStats:
         self.max_samples = max_samples
         self.steps = 0
         self._rng = random.Random(seed)
-        self._stats: dict[tuple[str, str], RunningStat] = {}
-        self._sums: dict[tuple[str, str], tuple[int, float]] = {}
-        self._calls: dict[str, int] = {}
-        self._last_call_times: dict[str, list] = {}
+        self._modules: dict[str, _Module] = {}
+        self._sampled = 0  # reservoir length, the same for every module
 
     def add(self, step: dict[str, StepTimes]) -> None:
-        """One measured step. A module absent from it did not run in that step."""
+        """One measured step. A module absent from it did not run in that step: it counts 0."""
         self.steps += 1
+        steps = self.steps
+        # One reservoir draw per step, shared by every module: -1 appends, an index replaces, None skips.
+        slot: int | None
+        if self._sampled < self.max_samples:
+            slot = -1
+        else:
+            drawn = self._rng.randrange(steps)
+            slot = drawn if drawn < self.max_samples else None
+        modules = self._modules
         for name, times in step.items():
-            self._calls[name] = self._calls.get(name, 0) + times.calls
-            self._last_call_times[name] = times.call_times
-            for field in STAT_PASSES:
-                value = getattr(times, field)
-                if value is not None:
-                    key = (name, field)
-                    stat = self._stats.get(key)
-                    if stat is None:
-                        stat = self._stats[key] = RunningStat(self.max_samples, self._rng)
-                    stat.add(value)
-            for field in _MEAN_ONLY:
-                value = getattr(times, field)
-                if value is not None:
-                    count, total = self._sums.get((name, field), (0, 0.0))
-                    self._sums[(name, field)] = (count + 1, total + value)
+            module = modules.get(name)
+            if module is None:
+                module = modules[name] = _Module(self._sampled)
+            module.last_step = steps
+            module.calls += times.calls
+            module.steps_run += 1
+            module.last_times = times
+            value = times.forward_ms
+            if value is None:
+                _put_zero(module.forward, slot)
+            else:
+                _put(module.forward, value, slot)
+            value = times.backward_ms
+            if value is None:
+                _put_zero(module.backward, slot)
+            else:
+                _put(module.backward, value, slot)
+            sums = module.sums
+            if times.self_forward_ms is not None:
+                sums[0] += times.self_forward_ms
+            if times.self_backward_ms is not None:
+                sums[1] += times.self_backward_ms
+            if times.recompute_ms is not None:
+                sums[2] += times.recompute_ms
+        if slot is not None:
+            if len(step) < len(modules):
+                for module in modules.values():
+                    if module.last_step != steps:
+                        _put_zero(module.forward, slot)
+                        _put_zero(module.backward, slot)
+            if slot < 0:
+                self._sampled += 1
 
     def fill(self, records: dict[str, ModuleRecord]) -> None:
-        """Means per step in ``forward_ms`` etc., the other statistics beside them (``forward_ms_p95``...)."""
+        """Means per recorded step in ``forward_ms`` etc., the other statistics beside them (``forward_ms_p95``...),
+        ``steps`` and ``steps_run``. A pass that never ran stays None."""
+        steps = self.steps
         for name, record in records.items():
-            calls = self._calls.get(name, 0)
-            record.steps = self.steps
-            record.calls = calls // self.steps if self.steps and calls % self.steps == 0 else (
-                calls / self.steps if self.steps else 0
-            )
-            record.call_times = list(self._last_call_times.get(name, []))
-            for field in STAT_PASSES:
-                stat = self._stats.get((name, field))
-                if stat is None:
+            record.steps = steps
+            module = self._modules.get(name)
+            if module is None or not steps:
+                record.calls = 0
+                record.steps_run = 0
+                record.call_times = []
+                continue
+            calls = module.calls
+            record.calls = calls // steps if calls % steps == 0 else calls / steps
+            record.steps_run = module.steps_run
+            record.call_times = list(module.last_times.call_times) if module.last_times is not None else []
+            for field, values in (("forward_ms", module.forward), ("backward_ms", module.backward)):
+                if not values.runs:
                     continue
-                summary = stat.summary()
+                summary = values.summary(steps)
                 setattr(record, field, summary["mean"])
                 for statistic in STATISTICS:
                     setattr(record, f"{field}_{statistic}", summary[statistic])
-            for field in _MEAN_ONLY:
-                count, total = self._sums.get((name, field), (0, 0.0))
-                if count:
-                    setattr(record, field, total / count)
+            for field, total, values in zip(_MEAN_ONLY, module.sums, (module.forward, module.backward, None)):
+                if field == "recompute_ms":
+                    if total:
+                        record.recompute_ms = total / steps
+                elif values.runs:
+                    setattr(record, field, total / steps)

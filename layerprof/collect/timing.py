@@ -1,9 +1,17 @@
-"""Turn the tracker's raw stamps of one step into per-call and per-module milliseconds."""
+"""Turn the tracker's raw stamps of one step into per-call and per-module milliseconds.
+
+Backward intervals, per backward pass (graph task): the tracker stamps, for each call, the first of its own graph
+nodes to start and the last to finish in each pass. Here each call's interval in a pass is widened to cover its
+sub-calls' intervals in that pass (children first), so a call's backward in a pass runs from the first node of
+its whole subtree to start to the last one to finish, and a child's interval lies inside its parent's. A call's
+backward is the sum of its intervals over passes, never the span between two passes.
+
+Recursion: a module's inclusive time counts only its outermost call in a call chain (as cProfile's cumulative
+time does); ``calls`` counts every call and self times count every call's own time.
+"""
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 from ..record.records import CallTiming
 from .tracker import CallTrace
@@ -11,93 +19,176 @@ from .tracker import CallTrace
 __all__ = ["StepTimes", "step_times"]
 
 
-@dataclass
 class StepTimes:
-    """One module's times in one step; ``None`` where a pass was not measured."""
+    """One module's times in one step; ``None`` where a pass was not measured. ``call_times`` (every call's
+    ``CallTiming``) is built when read: only the last step's are kept, so the other steps never pay for them."""
 
-    calls: int = 0
-    forward_ms: float | None = None
-    backward_ms: float | None = None
-    self_forward_ms: float | None = None
-    self_backward_ms: float | None = None
-    recompute_ms: float | None = None
-    call_times: list[CallTiming] = field(default_factory=list)
+    __slots__ = ("calls", "forward_ms", "backward_ms", "self_forward_ms", "self_backward_ms", "recompute_ms",
+                 "_timings", "_call_times")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.forward_ms: float | None = None
+        self.backward_ms: float | None = None
+        self.self_forward_ms: float | None = None
+        self.self_backward_ms: float | None = None
+        self.recompute_ms: float | None = None
+        self._timings: list[tuple[Any, ...]] = []  # CallTiming's fields, in order
+        self._call_times: list[CallTiming] | None = None
+
+    @property
+    def call_times(self) -> list[CallTiming]:
+        if self._call_times is None:
+            self._call_times = [CallTiming(*fields) for fields in self._timings]
+        return self._call_times
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{field}={getattr(self, field)!r}" for field in self.__slots__[:6])
+        return f"StepTimes({shown})"
 
 
-def _add(total: float | None, value: float) -> float:
-    return value if total is None else total + value
+def _key(stamp: Any) -> int:
+    # Host nanoseconds: the stamp itself on wall clocks, the first item of an (ns, event) pair on CUDA events.
+    return stamp if type(stamp) is int else stamp[0]
 
 
-def _call_timing(call: CallTrace, step: int) -> CallTiming | None:
-    if call.fwd_start is None or call.fwd_end is None:
-        return None
-    if call.raised and not call.recompute:
-        # A forward that raised is not a call; a recompute that raised is checkpointing stopping early
-        # once it has what backward needs, and its time was spent all the same.
-        return None
+def _raw(stamp: Any) -> Any:
+    return stamp if type(stamp) is int else stamp[1]
+
+
+def _passes(call: CallTrace) -> dict[int, list[Any]]:
+    """``{task: [start, end]}`` of every pass of the call, same-task fragments joined."""
+    result: dict[int, list[Any]] = {}
+    fragments = [*(call.passes or ()), (call.task, call.bwd_start, call.bwd_end)]
+    for task, start, end in fragments:
+        known = result.get(task)
+        if known is None:
+            result[task] = [start, end]
+        else:
+            _widen(known, start, end)
+    return result
+
+
+def _widen(interval: list[Any], start: Any, end: Any) -> None:
+    if start is not None and (interval[0] is None or _key(start) < _key(interval[0])):
+        interval[0] = start
+    if end is not None and (interval[1] is None or _key(end) > _key(interval[1])):
+        interval[1] = end
+
+
+def _merge_into_parents(calls: list[CallTrace]) -> None:
+    """Widen every call's per-pass intervals to its sub-calls'. Calls are in creation order, so a parent comes
+    before its children, and going backwards completes each child before it is merged."""
+    for call in reversed(calls):
+        parent = call.parent
+        task = call.task
+        if parent is None or task is None or parent.clock is not call.clock:
+            # Stamps of two clocks (a CPU-stamped parent around CUDA-stamped children) cannot be compared.
+            continue
+        if call.passes is None and parent.passes is None and parent.task in (None, task):
+            if parent.task is None:  # the common case: one pass, the parent's own nodes did not run first
+                parent.task, parent.bwd_start, parent.bwd_end = task, call.bwd_start, call.bwd_end
+            else:
+                interval = [parent.bwd_start, parent.bwd_end]
+                _widen(interval, call.bwd_start, call.bwd_end)
+                parent.bwd_start, parent.bwd_end = interval
+            continue
+        merged = _passes(parent) if parent.task is not None else {}
+        for child_task, (start, end) in _passes(call).items():
+            known = merged.get(child_task)
+            if known is None:
+                merged[child_task] = [start, end]
+            else:
+                _widen(known, start, end)
+        tasks = list(merged)
+        parent.task = tasks[-1]
+        parent.bwd_start, parent.bwd_end = merged[tasks[-1]]
+        parent.passes = [(t, *merged[t]) for t in tasks[:-1]] or None
+
+
+def _backward(call: CallTrace) -> tuple[float | None, Any]:
+    """The call's backward milliseconds summed over passes, and the start of its first pass."""
+    if call.task is None:
+        return None, None
     clock = call.clock
-    timing = CallTiming(
-        forward_start_ms=clock.offset_ms(call.fwd_start),
-        forward_ms=clock.ms(call.fwd_start, call.fwd_end),
-        recompute=call.recompute,
-        step=step,
-    )
-    intervals = call.backward_intervals()
-    if intervals:
-        # One interval per backward pass through the call: their sum, never the span between passes.
-        timing.backward_start_ms = clock.offset_ms(intervals[0][0])
-        timing.backward_ms = sum(max(0.0, clock.ms(start, end)) for start, end in intervals)
-    return timing
+    if call.passes is None:
+        if call.bwd_start is None or call.bwd_end is None:
+            return None, None
+        return max(0.0, clock.ms(_raw(call.bwd_start), _raw(call.bwd_end))), call.bwd_start
+    total: float | None = None
+    first = None
+    for start, end in _passes(call).values():
+        if start is None or end is None:
+            continue
+        total = (total or 0.0) + max(0.0, clock.ms(_raw(start), _raw(end)))
+        if first is None or _key(start) < _key(first):
+            first = start
+    return total, first
 
 
 def _nested_in_itself(call: CallTrace) -> bool:
-    """Whether a call of the same module encloses this one (recursion): its time is already in that call's."""
+    name = call.name
     parent = call.parent
     while parent is not None:
-        if parent.name == call.name:
+        if parent.name == name:
             return True
         parent = parent.parent
     return False
 
 
 def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes]:
-    """Per-module times of one step: calls, inclusive, self and recompute times, and every call's timing.
-
-    Inclusive times add up the outermost calls of a module only (a recursive call is inside the time of the call
-    that made it, as in cProfile's cumulative time); ``calls`` counts every call; self times add up every call's
-    own part."""
-    children_forward: dict[int, float] = defaultdict(float)
-    children_backward: dict[int, float] = defaultdict(float)
-    ordered: list[tuple[CallTrace, CallTiming]] = []
+    """Per-module times of one step: calls, inclusive, self and recompute times, and every call's timing."""
+    calls = list(calls)
+    _merge_into_parents(calls)
+    children_forward: dict[int, float] = {}
+    children_backward: dict[int, float] = {}
+    # (call, forward start ms, forward ms, backward start ms, backward ms) of the calls that count
+    ordered: list[tuple[CallTrace, float, float, float | None, float | None]] = []
     for call in calls:
-        timing = _call_timing(call, step)
-        if timing is None:
+        start, end = call.fwd_start, call.fwd_end
+        if start is None or end is None:
             continue
-        ordered.append((call, timing))
+        if call.raised and not call.recompute:
+            # A forward that raised is not a call; a recompute that raised is checkpointing stopping early
+            # once it has what backward needs, and its time was spent all the same.
+            continue
+        clock = call.clock
+        if type(start) is int:  # wall clocks: nanoseconds, read without a method call per stamp
+            origin = clock.origin
+            forward_start, forward_ms = (start - origin) / 1e6, (end - start) / 1e6
+        else:
+            forward_start, forward_ms = clock.offset_ms(start), clock.ms(start, end)
+        backward_ms, backward_start = _backward(call)
+        backward_start_ms = None if backward_ms is None else clock.offset_ms(_raw(backward_start))
+        ordered.append((call, forward_start, forward_ms, backward_start_ms, backward_ms))
         parent = call.parent
         if parent is not None:
-            children_forward[id(parent)] += timing.forward_ms
-            if timing.backward_ms is not None:
-                children_backward[id(parent)] += timing.backward_ms
+            key = id(parent)
+            children_forward[key] = children_forward.get(key, 0.0) + forward_ms
+            if backward_ms is not None:
+                children_backward[key] = children_backward.get(key, 0.0) + backward_ms
 
     result: dict[str, StepTimes] = {}
-    for call, timing in ordered:
+    for call, forward_start, forward_ms, backward_start_ms, backward_ms in ordered:
         times = result.get(call.name)
         if times is None:
             times = result[call.name] = StepTimes()
-        times.call_times.append(timing)
+        # A call inside another call of the same module is already inside that call's inclusive time.
         recursive = _nested_in_itself(call)
-        if timing.recompute:
-            times.recompute_ms = _add(times.recompute_ms, timing.forward_ms)
+        times._timings.append((forward_start, forward_ms, backward_start_ms, backward_ms, call.recompute, step,
+                               recursive))
+        if call.recompute:
+            if not recursive:
+                times.recompute_ms = (times.recompute_ms or 0.0) + forward_ms
         else:
             times.calls += 1
             if not recursive:
-                times.forward_ms = _add(times.forward_ms, timing.forward_ms)
-            own = timing.forward_ms - children_forward.get(id(call), 0.0)
-            times.self_forward_ms = _add(times.self_forward_ms, own)
-        if timing.backward_ms is not None:
+                times.forward_ms = (times.forward_ms or 0.0) + forward_ms
+            own = forward_ms - children_forward.get(id(call), 0.0)
+            times.self_forward_ms = (times.self_forward_ms or 0.0) + own
+        if backward_ms is not None:
             if not recursive:
-                times.backward_ms = _add(times.backward_ms, timing.backward_ms)
-            own = max(0.0, timing.backward_ms - children_backward.get(id(call), 0.0))
-            times.self_backward_ms = _add(times.self_backward_ms, own)
+                times.backward_ms = (times.backward_ms or 0.0) + backward_ms
+            own = backward_ms - children_backward.get(id(call), 0.0)
+            times.self_backward_ms = (times.self_backward_ms or 0.0) + (own if own > 0.0 else 0.0)
     return result

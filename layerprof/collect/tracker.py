@@ -1,31 +1,34 @@
 """Collection: which module runs and when, in the forward and in the backward pass.
 
 Forward boundaries come from module pre/post hooks. Backward boundaries come from hooks on the autograd graph
-nodes that a call's forward *created*: every node created between a module's pre-hook and post-hook has a
-sequence number in ``[seq_start, seq_end)``, so the calls own nodes by number, whatever they returned.
+nodes that the module's forward *created*, never from what it returned: every node created between a module's
+pre-hook and post-hook has a sequence number in ``[seq_start, seq_end)``, and the innermost call open when a node
+was made is its *owner*. At each call's post-hook the tracker walks the graph from the call's outputs (or, for a
+call that returns nothing with a graph, from the tensors it left on its module) through the nodes of its range
+that no earlier walk reached, so each node is walked once per step, and puts one pre-hook on each.
 
-When an outermost call returns, its graph is walked once, from its outputs (and those of the calls inside it)
-down through the nodes it created, each node visited once. A node is an *entry* of a call when a node outside
-the call leads to it (the first of a call's nodes to run must be one), and a *frontier* node when none of its
-successors is the call's (the last to finish must be one). Entries get a pre-hook that starts the call's
-backward, frontier nodes a post-hook that ends it. Nodes replaced by in-place ops after the call (a view
-output rewritten by ``relu_``: the view node never runs) are therefore not needed, nor is the output at all
-(a module returning None, its result kept on ``self`` and read by its parent, is found through the parent's
-graph).
+In backward, a node's pre-hook starts its owner's interval for the running pass (graph task) if not started
+yet, and ends the interval of the owner of the node that started before it in the same pass: a node's work lasts
+until the engine starts the next node, gradient bookkeeping (input-buffer adds, the AccumulateGrad nodes of its
+parameters) included. The last owner of a pass ends when the pass finishes (a callback queued on the graph task).
+So there is one hook per node and no post-hook; a call's interval in a pass is the span of its own nodes, widened
+after the step to its sub-calls' intervals (``timing.py``).
 
-Each backward pass (graph task) through a call gives its own interval; a call's backward time is the sum of its
-intervals, so ``retain_graph=True`` and ``autograd.grad(create_graph=True)`` followed by another backward never
-count the time between passes. Nodes created by a backward pass (double backward) belong to no call: they are
-timed by no module. Nothing is wrapped: no tensor, no ``BackwardHookFunction``, so in-place ops, inputs that
-need no grad, keyword arguments and dict/dataclass outputs all work, and outputs and gradients are bitwise those
-of an unprofiled run. The tracker only stamps instants; turning stamps into milliseconds happens after the step
-(``timing.py``).
+Because every created node carries a hook, in-place ops that rewrite an output view's history (``h.relu_()``
+after a Linear on 3-D input), outputs that are views, None, or tensors made elsewhere do not lose the call's
+backward, and a pass that prunes some nodes (``autograd.grad(loss, x)``) still ends every call. Each backward
+pass gives its own interval. Nothing is wrapped: no tensor, no ``BackwardHookFunction``, so outputs and
+gradients are bitwise those of an unprofiled run.
+
+The tracker only stamps instants; turning stamps into milliseconds happens after the step (``timing.py``).
 """
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from bisect import bisect_right
+from time import perf_counter_ns
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -35,71 +38,181 @@ from .clock import Clock, CpuClock, make_clock
 from .._tensors import first_tensor, iter_tensors
 from .._torch import graph_task_id as _graph_task_id
 from .._torch import next_sequence_nr as _next_sequence_nr
-from .._torch import sequence_nr
+from .._torch import escaped_backward
+from .._torch import queue_backward_callback as _queue_backward_callback
+from .._torch import sequence_nr as _sequence_nr
 
 __all__ = ["CallTrace", "Tracker"]
 
+_Tensor = torch.Tensor
+
+
+class _Step:
+    """What the graph hooks of one step share: whether the step is still open (hooks on a graph that outlives
+    its step do nothing), the backward observers to tell, and per backward pass (graph task) the call whose
+    node started last, which ends when the next node of the pass starts or the pass finishes."""
+
+    __slots__ = ("open", "observers", "pending")
+
+    def __init__(self, observers: tuple[Any, ...] = ()) -> None:
+        self.open = True
+        self.observers = observers
+        self.pending: dict[int, CallTrace] = {}
+
+    def pass_finished(self, task: int) -> None:
+        """Run by the engine when backward pass ``task`` is over: ends the call whose node ran last."""
+        call = self.pending.pop(task, None)
+        if call is not None and self.open:
+            call.close(task)
 
 
 class CallTrace:
     """Raw stamps of one call of one module. ``recompute`` marks a forward run during backward (checkpointing).
 
-    The backward interval being filled is ``bwd_start``/``bwd_end`` in graph task ``bwd_task``; intervals of
-    earlier passes through the same call are kept in ``bwd_done``."""
+    Backward: ``task`` is the backward pass (graph task id) of the current interval ``[bwd_start, bwd_end]``, the
+    span of this call's *own* nodes (not its sub-calls') in that pass; ``passes`` keeps ``(task, start, end)`` of
+    the earlier passes, None while there is one."""
 
     __slots__ = (
-        "name", "parent", "clock", "recompute", "seq_start", "seq_end",
-        "fwd_start", "fwd_end", "bwd_task", "bwd_start", "bwd_end", "bwd_done", "raised", "handling",
+        "name", "parent", "clock", "recompute", "seq_start", "seq_end", "fwd_start", "fwd_end",
+        "task", "bwd_start", "bwd_end", "passes", "observed_task", "raised", "handling", "step",
     )
 
-    def __init__(self, name: str, parent: CallTrace | None, clock: Clock, recompute: bool) -> None:
+    def __init__(self, name: str, parent: CallTrace | None, clock: Clock, recompute: bool, step: _Step) -> None:
         self.name = name
         self.parent = parent
         self.clock = clock
         self.recompute = recompute
-        self.seq_start = self.seq_end = 0  # seq_end stays 0 until the call returns: it owns no node before that
+        self.seq_start = self.seq_end = 0
         self.fwd_start: Any = None
         self.fwd_end: Any = None
-        self.bwd_task = -1
+        self.task: int | None = None
         self.bwd_start: Any = None
         self.bwd_end: Any = None
-        self.bwd_done: list[tuple[Any, Any]] | None = None
+        self.passes: list[tuple[int, Any, Any]] | None = None
+        self.observed_task: int | None = None
         self.raised = False
         self.handling: BaseException | None = None  # an exception already being handled when the call began
+        self.step = step
+
+    # -- graph node hooks: bound methods, so that a node holds the call and never the other way round ---------
+    def node_started(self, grad_outputs: Any) -> None:
+        step = self.step
+        if step.open:
+            task = _graph_task_id()
+            # This node's start ends the previous node's owner (with the engine's work after that node: adding
+            # gradients into input buffers, a full-size add for a weight shared by several modules, and the
+            # AccumulateGrad nodes of its parameters), and this node's owner runs until the next node of the pass
+            # starts or the pass finishes. No post-hook needed, and a pass that prunes some of a call's nodes
+            # (``autograd.grad(loss, x)`` skips the weight-gradient nodes) still ends it.
+            pending = step.pending
+            previous = pending.get(task)
+            if previous is None and task not in pending:
+                _queue_backward_callback(functools.partial(step.pass_finished, task))
+            pending[task] = self
+            if previous is not None and previous is not self:
+                previous.close(task)
+            if step.observers:
+                self._observe_start(task)
+            if task != self.task:
+                if self.task is not None:
+                    if self.passes is None:
+                        self.passes = []
+                    self.passes.append((self.task, self.bwd_start, self.bwd_end))
+                    self.bwd_end = None
+                self.task = task
+                stamp = self.clock.now()
+                # Stamps that do not order themselves (CUDA events) carry the host time at which they were recorded:
+                # merging sub-calls' intervals after the step needs the first start and the last end.
+                self.bwd_start = stamp if type(stamp) is int else (perf_counter_ns(), stamp)
+        return None
+
+    def node_ended(self, grad_inputs: Any, grad_outputs: Any) -> None:
+        """Post-hook of a node with no successor of the same owner, only while observers want ends as they come."""
+        step = self.step
+        if step.open and step.observers:
+            chain = []
+            call: CallTrace | None = self
+            while call is not None:
+                chain.append(call)
+                call = call.parent
+            for observer in step.observers:
+                observer.backward_end(chain)
+        return None
+
+    def close(self, task: int) -> None:
+        """End the current interval now, if it belongs to backward pass ``task``."""
+        if task == self.task:
+            stamp = self.clock.now()
+            self.bwd_end = stamp if type(stamp) is int else (perf_counter_ns(), stamp)
+
+    def _observe_start(self, task: int) -> None:
+        """Tell observers which calls (this one and the enclosing ones) begin their backward in this pass; before
+        our stamp, so that their own cost is not timed as the calls' backward."""
+        starting = []
+        call: CallTrace | None = self
+        while call is not None and call.observed_task != task:
+            call.observed_task = task
+            starting.append(call)
+            call = call.parent
+        if starting:
+            for observer in self.step.observers:
+                observer.backward_start(starting)
 
 
-    def backward_intervals(self) -> list[tuple[Any, Any]]:
-        """Every complete (start, end) stamp pair of this call's backward, one per backward pass."""
-        done = list(self.bwd_done) if self.bwd_done else []
-        if self.bwd_start is not None and self.bwd_end is not None:
-            done.append((self.bwd_start, self.bwd_end))
-        return done
+class _ThreadState:
+    """Per thread: the open calls, and which call owned each range of sequence numbers during the step."""
+
+    __slots__ = ("stack", "bounds", "owners", "walked")
+
+    def __init__(self) -> None:
+        self.stack: list[CallTrace] = []
+        # bounds[i] is the sequence number the next node had at the i-th pre/post hook, owners[i] the innermost
+        # call open just after it: a node numbered s was made under owners[bisect_right(bounds, s) - 1].
+        self.bounds: list[int] = []
+        self.owners: list[CallTrace | None] = []
+        self.walked: set[int] = set()  # sequence numbers of the nodes walked this step (ints: no node kept alive)
+
+    def clear(self) -> None:
+        self.stack.clear()
+        self.bounds.clear()
+        self.owners.clear()
+        self.walked.clear()
 
 
 class Tracker:
     """Puts forward hooks on modules, graph hooks on the nodes their forward creates, and collects CallTraces."""
 
-    def __init__(self, sync: bool = False) -> None:
+    def __init__(self, sync: bool = False, observers: Sequence[Any] = (), backward_observers: Sequence[Any] = ()) -> None:
         self.sync = sync
         self.calls: list[CallTrace] = []
         self.active = False
-        # The innermost call that raised, and id() of its exception: never the exception itself, whose traceback
-        # holds the forward's frames and tensors (and, through our graph hooks, would keep them alive).
-        self.raised_in: tuple[CallTrace, int] | None = None
+        self.types: dict[str, str] = {}  # module name -> class name, for the notes on exceptions
         self.cpu_clock = CpuClock()
         self.cuda_clocks: dict[int, Clock] = {}
-        self.observers: tuple[Any, ...] = ()  # set between steps by the profiler
-        # Told ``backward_start(calls)``/``backward_end(calls)`` from the graph hooks; empty on the default path.
-        self.backward_observers: tuple[Any, ...] = ()
+        self.observers = tuple(observers)  # replaced between steps by the profiler
+        self.step_state = _Step(tuple(backward_observers))
         self._local = threading.local()
+        self._threads: list[_ThreadState] = []
+        self._threads_lock = threading.Lock()
         self._handles: list[Any] = []
         self._hook_cache: dict[str, tuple[Callable[..., None], Callable[..., None]]] = {}
+
+    @property
+    def backward_observers(self) -> tuple[Any, ...]:
+        """Told ``backward_start(calls)``/``backward_end(calls)`` from the graph hooks; empty on the default path."""
+        return self.step_state.observers
+
+    @backward_observers.setter
+    def backward_observers(self, observers: Sequence[Any]) -> None:
+        self.step_state.observers = tuple(observers)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def attach(self, modules: Iterable[tuple[str, nn.Module]]) -> None:
         """Hook every module; if hooking fails half way, remove what was added and re-raise."""
         try:
             for name, module in modules:
+                self.types[name] = type(module).__name__
                 hooks = self._hook_cache.get(name)
                 if hooks is None:  # made once, reused when a schedule hooks the model again
                     hooks = self._hook_cache[name] = self._make_hooks(name)
@@ -115,30 +228,41 @@ class Tracker:
         self.active = True
 
     def detach(self) -> None:
-        """Remove every module hook. Graph hooks die with the graph and do nothing once ``active`` is False."""
+        """Remove every module hook. Graph hooks die with the graph and do nothing once their step has ended."""
         self.active = False
+        self.end_step()
         handles, self._handles = self._handles, []
         for handle in handles:
             handle.remove()
+
+    def end_step(self) -> None:
+        """Close the step: graph hooks still on live nodes stop stamping, and per-thread state starts clean
+        (a KeyboardInterrupt inside a forward skips its post-hook)."""
+        self.step_state.open = False
+        self.step_state = _Step(self.step_state.observers)
+        with self._threads_lock:
+            for state in self._threads:
+                state.clear()
 
     def clocks(self) -> list[Clock]:
         return [self.cpu_clock, *self.cuda_clocks.values()]
 
     # -- forward hooks ---------------------------------------------------------------------------------------
-    def _stack(self) -> list[CallTrace]:
+    def _thread(self) -> _ThreadState:
         try:
-            return self._local.stack
+            return self._local.state
         except AttributeError:
-            self._local.stack = []
-            self._local.tree = []  # the calls of the current outermost call, in creation (sequence) order
-            self._local.roots = []  # output nodes of the calls inside it, walked with its own
-            return self._local.stack
+            state = self._local.state = _ThreadState()
+            with self._threads_lock:
+                self._threads.append(state)
+            return state
+
+    def _stack(self) -> list[CallTrace]:
+        return self._thread().stack
 
     def reset_stack(self) -> None:
         """Forget calls left open on this thread (between steps, no forward is running)."""
-        self._stack().clear()
-        self._local.tree = []
-        self._local.roots = []
+        self._thread().stack.clear()
 
     def _clock_for(self, module: nn.Module, args: Any, kwargs: Any) -> Clock:
         tensor = first_tensor(args, kwargs)
@@ -155,40 +279,40 @@ class Tracker:
     def _make_hooks(self, name: str) -> tuple[Callable[..., None], Callable[..., None]]:
         tracker = self
         calls = self.calls
-
         local = self._local
         cpu_clock = self.cpu_clock
         cuda_initialized = torch.cuda.is_initialized
+        exc_info = sys.exc_info
+        next_seq = _next_sequence_nr
 
         def forward_pre(module: nn.Module, args: Any, kwargs: Any) -> None:
             if not tracker.active:
                 return None
             try:
-                stack = local.stack
+                state = local.state
             except AttributeError:
-                stack = tracker._stack()
+                state = tracker._thread()
+            stack = state.stack
             clock = tracker._clock_for(module, args, kwargs) if cuda_initialized() else cpu_clock
-            call = CallTrace(name, stack[-1] if stack else None, clock, _graph_task_id() != -1)
-            handling = sys.exc_info()[1]
+            call = CallTrace(name, stack[-1] if stack else None, clock, _graph_task_id() != -1, tracker.step_state)
+            handling = exc_info()[1]
             if handling is not None:  # called from an except block: its exception is not this call's
                 call.handling = handling
             calls.append(call)
-            if stack:
-                local.tree.append(call)
-            else:
-                local.tree = [call]
-                local.roots = []
             stack.append(call)
             for observer in tracker.observers:
                 observer.forward_pre(call, module, args, kwargs)
-            call.seq_start = _next_sequence_nr()
+            call.seq_start = seq = next_seq()
+            state.bounds.append(seq)
+            state.owners.append(call)
             call.fwd_start = clock.now()
             return None
 
         def forward_post(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
             if not tracker.active:
                 return None
-            stack = getattr(local, "stack", None)
+            state = getattr(local, "state", None)
+            stack = state.stack if state is not None else None
             if not stack:
                 return None  # the call began before profiling did
             call = stack[-1]
@@ -201,30 +325,49 @@ class Tracker:
                 end = call.clock.now()
             stack.pop()
             call.fwd_end = end
-            call.seq_end = _next_sequence_nr()
-            error = sys.exc_info()[1] if output is None else None
+            call.seq_end = seq = next_seq()
+            state.bounds.append(seq)
+            state.owners.append(stack[-1] if stack else None)
+            error = exc_info()[1] if output is None else None
             handling, call.handling = call.handling, None
             if error is not None and error is not handling:
-                # always_call ran us because forward raised: remember the innermost module for the error note.
+                # always_call ran us because forward raised. The note goes on the exception now, at the innermost
+                # module it leaves: the exception itself then says it was noted, so no identity is kept here
+                # (id() is reused, and holding the exception would keep its traceback's frames alive).
                 call.raised = True
-                if tracker.raised_in is None or tracker.raised_in[1] != id(error):
-                    tracker.raised_in = (call, id(error))
+                if not has_note(error):
+                    error.add_note(raised_note(name, tracker.types.get(name, type(module).__name__)))
                 return None
-            if call.seq_end > call.seq_start:
-                if stack:
-                    _add_roots(local.roots, output, call.seq_start, call.seq_end)
-                else:
-                    own: list[Any] = []
-                    _add_roots(own, output, call.seq_start, call.seq_end)
-                    _watch_backward(call, local.tree, own, local.roots, tracker)
-            if not stack:
-                tracker.raised_in = None  # the outermost call returned: any exception inside it was handled
-                local.tree, local.roots = [], []
+            if seq > call.seq_start:
+                _walk(call, output, module, state)
             for observer in tracker.observers:
                 observer.forward_post(call, module, args, kwargs, output)
             return None
 
         return forward_pre, forward_post
+
+
+NOTE_PREFIX = "layerprof: "
+
+
+def raised_note(name: str, type_name: str, during: str = "") -> str:
+    """The note added to an exception raised inside a profiled module."""
+    shown = f"module '{name}'" if name else "the model"
+    return f"{NOTE_PREFIX}raised inside {shown} ({type_name}){during}"
+
+
+def has_note(error: BaseException) -> bool:
+    return any(isinstance(note, str) and note.startswith(NOTE_PREFIX) for note in getattr(error, "__notes__", ()))
+
+
+def backward_note(tracker: Tracker, error: BaseException, traceback: Any) -> str | None:
+    """The note for an exception that escaped a backward pass: the module whose node started last in a pass that
+    did not finish (a finished pass drops its entry), if the exception came out of the autograd engine."""
+    pending = tracker.step_state.pending
+    call = next(reversed(pending.values()), None) if pending else None
+    if call is None or has_note(error) or not escaped_backward(traceback):
+        return None
+    return raised_note(call.name, tracker.types.get(call.name, "?"), ", during its backward")
 
 
 def _unwind_to(stack: list[CallTrace], name: str) -> CallTrace | None:
@@ -236,137 +379,69 @@ def _unwind_to(stack: list[CallTrace], name: str) -> CallTrace | None:
 
 
 # -- backward: hooks on the graph nodes a call created ------------------------------------------------------
-def _add_roots(roots: list[Any], output: Any, lo: int, hi: int) -> None:
-    """The graph nodes of ``output``'s tensors made inside ``[lo, hi)`` (a tensor passed through is not ours)."""
-    if isinstance(output, torch.Tensor):
+def _roots(output: Any, lo: int, hi: int) -> list[Any]:
+    if isinstance(output, _Tensor):
         node = output.grad_fn
-        if node is not None and lo <= sequence_nr(node) < hi:
-            roots.append(node)
-        return
+        return [node] if node is not None and lo <= _sequence_nr(node) < hi else []
+    roots = []
     for tensor in iter_tensors(output):
         node = tensor.grad_fn
-        if node is not None and lo <= sequence_nr(node) < hi:
+        if node is not None and lo <= _sequence_nr(node) < hi:
             roots.append(node)
+    return roots
 
 
-class _Starts:
-    """Pre-hook of an entry node: opens, in the running backward pass, the interval of the calls it enters."""
+def _walk(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState) -> None:
+    """Hook the nodes of ``[seq_start, seq_end)`` reachable from the call's outputs that no walk reached yet.
 
-    __slots__ = ("tracker", "calls")
-
-    def __init__(self, tracker: Tracker, calls: list[CallTrace]) -> None:
-        self.tracker = tracker
-        self.calls = calls
-
-    def __call__(self, grad_outputs: Any) -> None:
-        tracker = self.tracker
-        if not tracker.active:
-            return None
-        task = _graph_task_id()
-        opening = [call for call in self.calls if call.bwd_task != task]
-        if not opening:
-            return None
-        for observer in tracker.backward_observers:
-            # Before the stamp, so that the observers' own cost is not timed as the calls' backward.
-            observer.backward_start(opening)
-        stamp = opening[0].clock.now()
-        for call in opening:
-            if call.bwd_start is not None and call.bwd_end is not None:  # an earlier pass through this call
-                if call.bwd_done is None:
-                    call.bwd_done = []
-                call.bwd_done.append((call.bwd_start, call.bwd_end))
-            call.bwd_task, call.bwd_start, call.bwd_end = task, stamp, None
-        return None
-
-
-class _Ends:
-    """Post-hook of a frontier node: the latest end of the calls it closes, in the running backward pass."""
-
-    __slots__ = ("tracker", "calls")
-
-    def __init__(self, tracker: Tracker, calls: list[CallTrace]) -> None:
-        self.tracker = tracker
-        self.calls = calls
-
-    def __call__(self, grad_inputs: Any, grad_outputs: Any) -> None:
-        tracker = self.tracker
-        if not tracker.active:
-            return None
-        task = _graph_task_id()
-        stamp = self.calls[0].clock.now()
-        closing = [call for call in self.calls if call.bwd_task == task]
-        for call in closing:
-            call.bwd_end = stamp
-        if closing:
-            for observer in tracker.backward_observers:
-                observer.backward_end(closing)
-        return None
-
-
-def _outside(call: CallTrace, seq: int) -> list[CallTrace]:
-    """``call`` and its enclosing calls, innermost first, up to the first that owns node number ``seq``."""
-    chain = []
-    while call is not None and not call.seq_start <= seq < call.seq_end:
-        chain.append(call)
-        call = call.parent  # type: ignore[assignment]
-    return chain
-
-
-def _watch_backward(outer: CallTrace, tree: list[CallTrace], own: list[Any], nested: list[Any],
-                    tracker: Tracker) -> None:
-    """Walk the nodes that ``outer`` (an outermost call) and the calls inside it created, once each, from its
-    output nodes (``own``) and those of the calls inside it (``nested``), and hook the entry and frontier nodes
-    of every call (see the module docstring)."""
-    lo, hi = outer.seq_start, outer.seq_end
-    starts = [call.seq_start for call in tree]  # ascending: calls are made in sequence-number order
-
-    def owner(seq: int) -> CallTrace:  # the innermost call that created node number ``seq``
-        call = tree[bisect_right(starts, seq) - 1]
-        while not seq < call.seq_end:
-            call = call.parent  # type: ignore[assignment]
-        return call
-
-    entries: dict[Any, list[CallTrace]] = {}
-    owners: dict[Any, CallTrace] = {}
-    todo = []
-    for root in (*own, *nested):
-        if root in owners:
-            continue
-        owners[root] = call = owner(sequence_nr(root))
-        entries[root] = _outside(call, -1)  # backward enters here from outside every call
-        todo.append(root)
-    outermost_roots = set(own)
-    frontier: list[tuple[Any, list[CallTrace]]] = []
+    A call whose outputs lead to none of its nodes (it returns None, or keeps its result on ``self``) is walked
+    from the tensors on its module instead."""
+    lo, hi = call.seq_start, call.seq_end
+    todo = _roots(output, lo, hi)
+    if not todo:
+        todo = _roots([value for value in vars(module).values() if not isinstance(value, dict)], lo, hi)
+        if not todo:
+            return
+    walked = state.walked
+    bounds = state.bounds
+    owners = state.owners
+    if call.step.observers:  # observers (the memory meter) want each call's end as it happens
+        _walk_observed(todo, lo, hi, walked, bounds, owners)
+        return
     while todo:
         node = todo.pop()
-        call = owners[node]
-        seq = sequence_nr(node)
-        closes = _outside(call, -1)  # the calls for which no successor is theirs: it ends their backward
-        from_outside = node in outermost_roots
+        number = _sequence_nr(node)
+        if number in walked:
+            continue
+        walked.add(number)
+        node.register_prehook(owners[bisect_right(bounds, number) - 1].node_started)
         for successor, _ in node.next_functions:
-            if successor is None:
-                continue
-            successor_seq = sequence_nr(successor)
-            if not lo <= successor_seq < hi:
-                continue  # made before the outermost call (its inputs), or an AccumulateGrad
-            if len(closes) > 0:
-                closes = [c for c in closes if not c.seq_start <= successor_seq < c.seq_end]
-            successor_owner = owners.get(successor)
-            if successor_owner is None:
-                successor_owner = owners[successor] = owner(successor_seq)
-                entries[successor] = []
-                todo.append(successor)
-            # The calls the successor belongs to and this node does not: the chain enters them here. A root of
-            # the outermost output may be replaced by an in-place op after the call and never run: its
-            # successors then count as entries too.
-            entered = _outside(successor_owner, -1 if from_outside else seq)
-            known = entries[successor]
-            known.extend(c for c in entered if c not in known)
-        if closes:
-            frontier.append((node, closes))
-    for node, calls in entries.items():
-        if calls:
-            node.register_prehook(_Starts(tracker, calls))
-    for node, calls in frontier:
-        node.register_hook(_Ends(tracker, calls))
+            if successor is not None:
+                next_number = _sequence_nr(successor)
+                if lo <= next_number < hi and next_number not in walked:
+                    todo.append(successor)
 
+
+def _walk_observed(todo: list[Any], lo: int, hi: int, walked: set[int], bounds: list[int],
+                   owners: list[CallTrace | None]) -> None:
+    """``_walk`` plus a post-hook on each node with no successor of the same owner, where a call's backward may
+    end, to tell observers."""
+    while todo:
+        node = todo.pop()
+        number = _sequence_nr(node)
+        if number in walked:
+            continue
+        walked.add(number)
+        owner = owners[bisect_right(bounds, number) - 1]
+        node.register_prehook(owner.node_started)
+        last = True
+        for successor, _ in node.next_functions:
+            if successor is not None:
+                next_number = _sequence_nr(successor)
+                if lo <= next_number < hi:
+                    if last and owners[bisect_right(bounds, next_number) - 1] is owner:
+                        last = False
+                    if next_number not in walked:
+                        todo.append(successor)
+        if last:
+            node.register_hook(owner.node_ended)

@@ -10,6 +10,7 @@ from typing import Any, Iterable, Sequence
 
 from torch import nn
 
+from .._check import check_names
 from ..record.records import ModuleRecord
 
 __all__ = ["Meter", "METERS", "register_meter", "make_meters", "DEFAULT_METRICS"]
@@ -71,9 +72,7 @@ def register_meter(cls: type[Meter]) -> type[Meter]:
 
 def make_meters(names: Iterable[str] | None) -> list[Meter]:
     """Instantiate meters by name; an unknown name is a ValueError listing the known ones."""
-    chosen = DEFAULT_METRICS if names is None else tuple(names)
-    if isinstance(names, str):
-        raise TypeError(f"metrics must be a sequence of names, e.g. metrics=({names!r},), not a string")
+    chosen = DEFAULT_METRICS if names is None else check_names("metrics", names, "('flops', 'memory')")
     meters = []
     for name in chosen:
         if name not in METERS:

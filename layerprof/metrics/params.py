@@ -2,7 +2,7 @@
 
 Static: read from the model when profiling starts (and again when it stops if a lazy module was uninitialized),
 no hook runs per call. Every inclusive total counts a tensor once however many modules hold it (tied embeddings,
-shared blocks), because it walks ``module.parameters()``, which yields each tensor once.
+shared blocks); ``measure_params`` does so in time linear in the model's size.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ..record.fields import Field, declare
 from ..record.records import ModuleRecord
 from .meter import Meter, register_meter
 
-__all__ = ["ParamsMeter", "PARAM_FIELDS", "module_params"]
+__all__ = ["ParamsMeter", "PARAM_FIELDS", "module_params", "measure_params"]
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 
@@ -35,73 +35,146 @@ def _bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _own(module: nn.Module, attr: str) -> dict[int, torch.Tensor]:
+def _tensors(table: dict[str, Any]) -> dict[int, torch.Tensor]:
     # ``_parameters``/``_buffers`` are what ``parameters()``/``buffers()`` walk, without their generator machinery.
-    return {id(t): t for t in getattr(module, attr).values() if t is not None and not _is_lazy(t)}
+    return {id(t): t for t in table.values() if t is not None and not _is_lazy(t)}
 
 
-def _inclusive(module: nn.Module, attr: str, memo: dict[int, dict[int, torch.Tensor]]) -> dict[int, torch.Tensor]:
-    """Every tensor of ``attr`` in the subtree, by identity; ``memo`` shares subtrees between calls (a module
-    reachable from several parents is read once)."""
-    found = memo.get(id(module))
-    if found is None:
-        found = memo[id(module)] = _own(module, attr)
+class _Totals:
+    """Inclusive sums of one module: parameters (all, trainable, bytes, by dtype) and buffers."""
+
+    __slots__ = ("params", "trainable", "param_bytes", "dtypes", "buffers", "buffer_bytes")
+
+    def __init__(self) -> None:
+        self.params = self.trainable = self.param_bytes = self.buffers = self.buffer_bytes = 0
+        self.dtypes: dict[str, int] = {}
+
+    def add_param(self, param: torch.Tensor) -> None:
+        count = param.numel()
+        self.params += count
+        if param.requires_grad:
+            self.trainable += count
+        self.param_bytes += count * param.element_size()
+        key = _dtype_name(param.dtype)
+        self.dtypes[key] = self.dtypes.get(key, 0) + count
+
+    def add_buffer(self, buffer: torch.Tensor) -> None:
+        self.buffers += buffer.numel()
+        self.buffer_bytes += _bytes(buffer)
+
+    def add(self, other: _Totals) -> None:
+        self.params += other.params
+        self.trainable += other.trainable
+        self.param_bytes += other.param_bytes
+        self.buffers += other.buffers
+        self.buffer_bytes += other.buffer_bytes
+        for key, count in other.dtypes.items():
+            self.dtypes[key] = self.dtypes.get(key, 0) + count
+
+
+def measure_params(entries: list[tuple[str, nn.Module]]) -> dict[str, dict[str, Any]]:
+    """The ``PARAM_FIELDS`` of every module in ``entries`` (unique modules, parents before children, as
+    ``named_modules()`` gives them), in time linear in the model's size.
+
+    A tensor held by one module, under one path from the root, is added up the tree once. A tensor held by
+    several modules (tied weights) or by a module reachable under several names (a shared block) is added to
+    every module above any of its holders, once each: inclusive totals count each tensor once."""
+    index = {id(module): i for i, (_, module) in enumerate(entries)}
+    parents: list[list[int]] = [[] for _ in entries]
+    for i, (_, module) in enumerate(entries):
         for child in module._modules.values():
-            if child is not None:
-                found.update(_inclusive(child, attr, memo))
-    return found
+            j = index.get(id(child)) if child is not None else None
+            if j is not None and i not in parents[j]:
+                parents[j].append(i)
+    # A module whose every ancestor has one parent sits in a plain tree: its sums can simply be added upwards.
+    single = [True] * len(entries)
+    for j in range(1, len(entries)):
+        single[j] = len(parents[j]) == 1 and single[parents[j][0]]
+    holders: dict[int, list[int]] = {}
+    tensors: dict[int, tuple[torch.Tensor, bool]] = {}  # id -> (tensor, is a parameter)
+    own = []
+    for i, (_, module) in enumerate(entries):
+        params, buffers = _tensors(module._parameters), _tensors(module._buffers)
+        own.append(params)
+        for key, tensor in params.items():
+            holders.setdefault(key, []).append(i)
+            tensors[key] = (tensor, True)
+        for key, tensor in buffers.items():
+            holders.setdefault(key, []).append(i)
+            tensors[key] = (tensor, False)
+    totals = [_Totals() for _ in entries]  # tensors added upwards, child to parent
+    shared = [_Totals() for _ in entries]  # tensors added to each module above their holders directly
+    for key, held_by in holders.items():
+        tensor, is_param = tensors[key]
+        if len(held_by) == 1 and single[held_by[0]]:
+            target, reached = totals, held_by
+        else:
+            target, reached = shared, _ancestors(held_by, parents)
+        for i in reached:
+            (target[i].add_param if is_param else target[i].add_buffer)(tensor)
+    for j in range(len(entries) - 1, 0, -1):  # children after parents: a child's sums are final here
+        if single[j]:
+            totals[parents[j][0]].add(totals[j])
+    for total, extra in zip(totals, shared):
+        total.add(extra)
+    names = [name for name, _ in entries]
+    values = {}
+    for i, (name, module) in enumerate(entries):
+        mine = own[i]
+        shared_with: dict[str, list[str]] = {}
+        shared_params = 0
+        table = module._parameters
+        one_name_each = len(mine) == sum(1 for t in table.values() if t is not None and not _is_lazy(t))
+        for param_name, param in table.items():
+            if param is None or _is_lazy(param):
+                continue
+            held_by = holders[id(param)]
+            if len(held_by) == 1 and one_name_each:
+                continue  # one holder, under one name: nothing shared (the common case, checked cheaply)
+            others = [f"{names[h]}.{n}" if names[h] else n for h in held_by for n in
+                      _param_names(entries[h][1], param) if h != i or n != param_name]
+            if others:
+                shared_with[param_name] = others
+                shared_params += param.numel()
+        total = totals[i]
+        values[name] = {
+            "params": total.params,
+            "trainable_params": total.trainable,
+            "param_bytes": total.param_bytes,
+            "param_dtypes": dict(total.dtypes),
+            "own_params": sum(p.numel() for p in mine.values()),
+            "own_param_bytes": sum(_bytes(p) for p in mine.values()),
+            "shared_params": shared_params,
+            "shared_with": shared_with,
+            "buffers": total.buffers,
+            "buffer_bytes": total.buffer_bytes,
+        }
+    return values
 
 
-def module_params(module: nn.Module, holders: dict[int, list[str]] | None = None, name: str = "",
-                  memo: dict[str, dict[int, dict[int, torch.Tensor]]] | None = None) -> dict[str, Any]:
-    """The ``PARAM_FIELDS`` of one module. ``holders`` maps ``id(parameter)`` to the qualified names under which
-    it is registered (one per holding module); without it ``shared_params`` is 0 and ``shared_with`` empty.
-    ``memo`` (an empty dict to start) makes measuring every module of a model linear in its size.
+def _param_names(module: nn.Module, param: torch.Tensor) -> list[str]:
+    return [name for name, held in module._parameters.items() if held is param]
+
+
+def _ancestors(held_by: list[int], parents: list[list[int]]) -> list[int]:
+    """The holders and every module above any of them, each once."""
+    seen = set(held_by)
+    todo = list(held_by)
+    while todo:
+        for parent in parents[todo.pop()]:
+            if parent not in seen:
+                seen.add(parent)
+                todo.append(parent)
+    return sorted(seen)
+
+
+def module_params(module: nn.Module) -> dict[str, Any]:
+    """The ``PARAM_FIELDS`` of one module.
 
     >>> module_params(nn.Linear(10, 20))["params"]  # 10*20 weights + 20 biases
     220
     """
-    memo = {} if memo is None else memo
-    params = _inclusive(module, "_parameters", memo.setdefault("_parameters", {})).values()
-    buffers = _inclusive(module, "_buffers", memo.setdefault("_buffers", {})).values()
-    own = params if not module._modules else _own(module, "_parameters").values()  # a leaf owns all it has
-    dtypes: dict[str, int] = {}
-    for param in params:
-        key = _dtype_name(param.dtype)
-        dtypes[key] = dtypes.get(key, 0) + param.numel()
-    shared_with: dict[str, list[str]] = {}
-    shared_params = 0
-    if holders is not None:
-        prefix = f"{name}." if name else ""
-        for param_name, param in module._parameters.items():
-            others = [held for held in holders.get(id(param), ()) if held != prefix + param_name]
-            if others and param is not None and not _is_lazy(param):
-                shared_with[param_name] = others
-                shared_params += param.numel()
-    return {
-        "params": sum(p.numel() for p in params),
-        "trainable_params": sum(p.numel() for p in params if p.requires_grad),
-        "param_bytes": sum(_bytes(p) for p in params),
-        "param_dtypes": dtypes,
-        "own_params": sum(p.numel() for p in own),
-        "own_param_bytes": sum(_bytes(p) for p in own),
-        "shared_params": shared_params,
-        "shared_with": shared_with,
-        "buffers": sum(b.numel() for b in buffers),
-        "buffer_bytes": sum(_bytes(b) for b in buffers),
-    }
-
-
-def _holders(entries: list[tuple[str, nn.Module]]) -> dict[int, list[str]]:
-    """``id(parameter)`` -> every ``module.param`` name holding it, one name per module object (a module reachable
-    under two names is one holder: that is module sharing, already shown as an alias)."""
-    holders: dict[int, list[str]] = {}
-    for name, module in entries:
-        prefix = f"{name}." if name else ""
-        for param_name, param in module._parameters.items():
-            if param is not None:
-                holders.setdefault(id(param), []).append(prefix + param_name)
-    return holders
+    return measure_params(list(module.named_modules()))[""]
 
 
 @register_meter
@@ -114,20 +187,20 @@ class ParamsMeter(Meter):
         self._entries: list[tuple[str, nn.Module]] = []
         self._values: dict[str, dict[str, Any]] = {}
         self._lazy = False
+        self._measured = 0  # entries measured: the profiler appends modules registered while profiling
 
     def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: list[tuple[str, nn.Module]]) -> None:
         self._entries = entries
         self._measure()
 
     def _measure(self) -> None:
-        holders = _holders(self._entries)
-        memo: dict[str, dict[int, dict[int, torch.Tensor]]] = {}
-        self._values = {name: module_params(module, holders, name, memo) for name, module in self._entries}
+        self._values = measure_params(self._entries)
         self._lazy = any(_is_lazy(p) for _, module in self._entries for p in module._parameters.values())
+        self._measured = len(self._entries)
 
     def stop(self) -> None:
-        if self._lazy:
-            self._measure()  # lazy modules got their shapes on the first forward
+        if self._lazy or len(self._entries) != self._measured:
+            self._measure()  # lazy modules got their shapes on the first forward; new modules joined
         self._entries = []
 
     def fill(self, records: dict[str, ModuleRecord]) -> None:

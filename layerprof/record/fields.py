@@ -98,6 +98,7 @@ class Field:
 
 FIELDS: dict[str, Field] = {}
 _stored: list[Field] = []  # cache of stored_fields(), emptied by declare
+_version = [0]  # bumped by declare: caches of what the catalogue holds compare it
 # Short spellings accepted at the boundary, to one canonical name or to candidates tried in order.
 ALIASES: dict[str, tuple[str, ...]] = {}
 
@@ -108,6 +109,7 @@ def declare(*fields: Field, aliases: dict[str, str | tuple[str, ...]] | None = N
     for new in fields:
         FIELDS[new.name] = new
     _stored.clear()
+    _version[0] += 1
     for alias, target in (aliases or {}).items():
         ALIASES[alias] = (target,) if isinstance(target, str) else tuple(target)
 
@@ -125,6 +127,11 @@ def canonical(name: str, present: Callable[[str], bool] | None = None) -> str | 
             if present(target):
                 return target
     return targets[0]
+
+
+def catalogue_version() -> int:
+    """A number that changes whenever a field is declared (for caches built from the catalogue)."""
+    return _version[0]
 
 
 def field(name: str) -> Field | None:
@@ -167,9 +174,9 @@ declare(
     Field("calls", "count", "Calls", cost=False, always=True,
           doc="forward calls per step (every call of a shared module or a recursive one)"),
     Field("forward_ms", "ms", "Forward Time", share_of="total_ms", always=True,
-          doc="inclusive forward time per step"),
+          doc="inclusive forward time per recorded step (0 in steps it did not run)"),
     Field("backward_ms", "ms", "Backward Time", share_of="total_ms", always=True,
-          doc="inclusive backward time per step"),
+          doc="inclusive backward time per recorded step, summed over backward passes"),
     Field("self_forward_ms", "ms", "Self Forward", share_of="total_ms", always=True,
           doc="forward time minus the calls made from inside this module's calls"),
     Field("self_backward_ms", "ms", "Self Backward", share_of="total_ms", always=True,
@@ -178,6 +185,8 @@ declare(
           doc="forward re-run during backward by activation checkpointing (inside the enclosing backward)"),
     Field("steps", "count", "Steps", cost=False, detail=True, always=True, combine="max",
           doc="profiled steps the figures are over"),
+    Field("steps_run", "count", "Steps Run", cost=False, detail=True, always=True, combine="max",
+          doc="of those steps, how many ran the module (figures count 0 for the others)"),
     *(Field(f"{p}_{s}", "ms", f"{'Forward' if p == 'forward_ms' else 'Backward'} {s}", combine="none",
             detail=True, always=True, doc=f"{s} over steps of {p}")
       for p in STAT_PASSES for s in STATISTICS),

@@ -17,6 +17,7 @@ from typing import Any
 from anytree import PreOrderIter
 
 from .._version import __version__
+from .fields import FIELDS
 from .records import CallTiming, ModuleRecord
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "document", "dumps", "read_document", "parse"]
@@ -41,51 +42,194 @@ def document(tree: ModuleRecord, meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def dumps(tree: ModuleRecord, meta: dict[str, Any], indent: int | None = 1) -> str:
-    """The document as JSON text. Values ``json`` cannot encode in ``meta`` are written as their ``str``."""
-    return json.dumps(document(tree, meta), indent=indent, default=str, ensure_ascii=False)
+    """The document as JSON text. Values ``json`` cannot encode in ``meta`` are written as their ``str``.
+
+    With an ``indent``, the header and ``meta`` are indented and each record is one line: readable, diffable
+    line by line, and written by json's C encoder (an indented encoding is pure Python, several times slower).
+    ``indent=None`` gives one line."""
+    doc = document(tree, meta)
+    if indent is None:
+        return json.dumps(doc, default=str, ensure_ascii=False)
+    rows = doc.pop("records")
+    head = json.dumps({**doc, "records": []}, indent=indent, default=str, ensure_ascii=False)
+    encode = json.JSONEncoder(default=str, ensure_ascii=False).encode
+    body = ",\n".join(" " * (2 * indent) + encode(row) for row in rows)
+    return head[: head.rindex("[]")] + "[\n" + body + "\n" + " " * indent + "]\n}"
 
 
-def _settable(record: ModuleRecord, key: str) -> bool:
-    attribute = getattr(type(record), key, None)
-    return not (isinstance(attribute, property) and attribute.fset is None)
+def _kind(key: str) -> str:
+    """What a row field must hold, from its unit in the catalogue: "number" (or null), "list", "dict", or "any"
+    for fields this version does not declare (a meter of another program)."""
+    declared = FIELDS.get(key)
+    if declared is None:
+        return "any"
+    if declared.unit in _NUMBER_UNITS:
+        return "number"
+    if declared.unit == "shapes":
+        return "list"
+    return _CONTAINER_FIELDS.get(key, "any")
 
 
-def read_document(doc: dict[str, Any]) -> tuple[ModuleRecord, dict[str, Any]]:
-    """The record tree and meta of a parsed document (see ``document``)."""
+_NUMBER_UNITS = ("ms", "bytes", "flops", "flop/s", "macs", "count", "percent")
+# Fields of unit "data" whose shape renderers rely on.
+_CONTAINER_FIELDS = {
+    "param_dtypes": "dict", "shared_with": "dict", "unknown_ops": "dict",
+    **{f"{side}_{what}": "list" for side in ("input", "output") for what in ("dtypes", "paths")},
+}
+# What the entries of the known object fields hold: counts by name, or lists of qualified names.
+_ENTRY_KINDS = {"param_dtypes": "number!", "unknown_ops": "number!", "shared_with": "list!"}
+# Every CallTiming field, and what it holds (a kind ending in ``!`` refuses null).
+_CALL_KINDS = {"forward_start_ms": "number!", "forward_ms": "number!", "backward_start_ms": "number",
+               "backward_ms": "number", "recompute": "bool", "step": "int", "recursive": "bool"}
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return (text if len(text) <= 40 else text[:37] + "...") + f" ({_JSON_NAMES.get(type(value), type(value).__name__)})"
+
+
+_JSON_NAMES = {str: "a string", int: "a number", float: "a number", bool: "a boolean", list: "a list",
+               dict: "an object", type(None): "null"}
+
+
+def _check_value(where: str, kind: str, value: Any) -> None:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = {
+        "number": number or value is None,
+        "number!": number,
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "bool": isinstance(value, bool),
+        "list": isinstance(value, list) or value is None,
+        "list!": isinstance(value, list),
+        "dict": isinstance(value, dict) or value is None,
+        "text": isinstance(value, str),
+        "any": True,
+    }[kind]
+    if not ok:
+        wanted = {"number": "a number or null", "number!": "a number", "int": "an integer", "bool": "true or false",
+                  "list": "a list or null", "list!": "a list", "dict": "an object or null", "text": "a string"}[kind]
+        raise ValueError(f"{where} must be {wanted}, got {_shown(value)}")
+
+
+def _settable(key: str) -> bool:
+    # Keys that would overwrite the tree's own machinery (parent, children, private state) are not row fields;
+    # a stored field of the catalogue is one, even where the class gives it a default.
+    if key.startswith("_"):
+        return False
+    declared = FIELDS.get(key)
+    return (declared is not None and not declared.derived) or not hasattr(ModuleRecord, key)
+
+
+def _check_header(doc: Any) -> list[Any]:
+    if not isinstance(doc, dict):
+        raise ValueError(f"not a layerprof profile: the JSON holds {_shown(doc)}, not an object")
     if doc.get("format") != FORMAT:
         raise ValueError(f"not a layerprof profile: 'format' is {doc.get('format')!r}, expected {FORMAT!r}")
     version = doc.get("version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise ValueError(f"'version' must be an integer, got {_shown(version)}; the file is damaged")
+    if version < 1:
+        raise ValueError(f"unsupported version {version}: profile versions start at 1; the file is damaged")
+    if version > FORMAT_VERSION:
         raise ValueError(
-            f"profile format version {version!r} is newer than this layerprof reads ({FORMAT_VERSION}); "
-            "upgrade layerprof to load it"
+            f"unsupported version {version}: this layerprof ({__version__}) reads profile versions up to "
+            f"{FORMAT_VERSION}; upgrade layerprof to load it"
         )
-    by_name: dict[str, ModuleRecord] = {}
-    root: ModuleRecord | None = None
-    for row in doc["records"]:
-        parent_name = row.get("parent")
-        if parent_name is not None and parent_name not in by_name:
-            raise ValueError(f"record {row['name']!r} comes before its parent {parent_name!r}; the file is damaged")
-        parent = None if parent_name is None else by_name[parent_name]
-        record = ModuleRecord(row["name"], row["type"], row.get("extra_repr", ""), parent)
-        record.aliases = list(row.get("aliases", ()))
-        record.call_times = [
-            CallTiming(**{k: v for k, v in timing.items() if k in _CALL_FIELDS}) for timing in row.get("call_times", ())
-        ]
-        for key, value in row.items():
-            # Fields added by meters come back as attributes, whatever their names.
-            if key not in _REBUILT and _settable(record, key):
-                setattr(record, key, value)
-        by_name[record.name] = record
-        if parent is None:
-            if root is not None:
-                raise ValueError(f"two roots in one profile: {root.name!r} and {record.name!r}")
-            root = record
-    if root is None:
+    if "records" not in doc:
+        raise ValueError("the profile has no 'records'; the file is damaged")
+    records = doc["records"]
+    if not isinstance(records, list):
+        raise ValueError(f"'records' must be a list, got {_shown(records)}")
+    if not records:
         raise ValueError("the profile holds no records")
-    return root, doc.get("meta") or {}
+    meta = doc.get("meta")
+    if meta is not None and not isinstance(meta, dict):
+        raise ValueError(f"'meta' must be an object, got {_shown(meta)}")
+    return records
+
+
+def _read_row(index: int, row: Any, by_name: dict[str, ModuleRecord]) -> ModuleRecord:
+    if not isinstance(row, dict):
+        raise ValueError(f"record {index} must be an object, got {_shown(row)}")
+    for key in ("name", "type"):
+        if key not in row:
+            raise ValueError(f"record {index} has no {key!r}")
+        _check_value(f"record {index}: {key!r}", "text", row[key])
+    name = row["name"]
+    where = f"record {name!r}"
+    if name in by_name:
+        raise ValueError(f"{where} appears twice")
+    parent_name = row.get("parent")
+    if index == 0:
+        if parent_name is not None:
+            raise ValueError(f"the first record must be the root (parent null), got {where} with parent {parent_name!r}")
+        parent = None
+    else:
+        if parent_name is None:
+            raise ValueError(f"two roots in one profile: {next(iter(by_name))!r} and {name!r}")
+        _check_value(f"{where}: 'parent'", "text", parent_name)
+        if parent_name not in by_name:
+            raise ValueError(f"{where} comes before its parent {parent_name!r}; the file is damaged")
+        prefix = f"{parent_name}." if parent_name else ""
+        short = name[len(prefix):]
+        if not name.startswith(prefix) or not short or "." in short:
+            raise ValueError(f"{where} cannot be a child of {parent_name!r}: names are the parent's plus one part")
+        parent = by_name[parent_name]
+    extra = row.get("extra_repr", "")
+    _check_value(f"{where}: 'extra_repr'", "text", extra)
+    aliases = row.get("aliases", [])
+    _check_value(f"{where}: 'aliases'", "list", aliases)
+    for alias in aliases or ():
+        _check_value(f"{where}: an alias", "text", alias)
+    timings = row.get("call_times", [])
+    _check_value(f"{where}: 'call_times'", "list", timings)
+    for timing in timings or ():
+        _check_value(f"{where}: a call_times entry", "dict", timing)
+        if timing is None:
+            raise ValueError(f"{where}: a call_times entry must be an object, got null")
+        for key, kind in _CALL_KINDS.items():
+            if key in timing or kind.endswith("!"):
+                _check_value(f"{where}: call_times {key!r}", kind, timing.get(key))
+    for key, value in row.items():
+        if key in _REBUILT:
+            continue
+        _check_value(f"{where}: field {key!r}", _kind(key), value)
+        if key in _ENTRY_KINDS and value:
+            for entry_key, entry in value.items():
+                _check_value(f"{where}: field {key!r} entry {entry_key!r}", _ENTRY_KINDS[key], entry)
+                for item in entry if isinstance(entry, list) else ():
+                    _check_value(f"{where}: field {key!r} entry {entry_key!r}", "text", item)
+        if key == "calls" and (value is None or value < 0):
+            raise ValueError(f"{where}: field 'calls' must be a number >= 0, got {_shown(value)}")
+    record = ModuleRecord(name, row["type"], extra, parent)
+    record.aliases = list(aliases or ())
+    record.call_times = [CallTiming(**{k: v for k, v in t.items() if k in _CALL_FIELDS}) for t in timings or ()]
+    for key, value in row.items():
+        # Fields added by meters come back as attributes, whatever their names.
+        if key not in _REBUILT and not key.startswith("_") and (key in record.__dict__ or _settable(key)):
+            setattr(record, key, value)
+    return record
+
+
+def read_document(doc: Any) -> tuple[ModuleRecord, dict[str, Any]]:
+    """The record tree and meta of a parsed document (see ``document``). Anything that is not a profile this
+    version reads is a ValueError naming the first thing wrong, before any record is used."""
+    records = _check_header(doc)
+    by_name: dict[str, ModuleRecord] = {}
+    for index, row in enumerate(records):
+        record = _read_row(index, row, by_name)
+        by_name[record.name] = record
+    return next(iter(by_name.values())), doc.get("meta") or {}
 
 
 def parse(text: str) -> tuple[ModuleRecord, dict[str, Any]]:
-    """The record tree and meta of JSON text written by ``dumps``."""
-    return read_document(json.loads(text))
+    """The record tree and meta of JSON text written by ``dumps``; a ValueError when it is not one."""
+    if not text.strip():
+        raise ValueError("the file is empty, not a layerprof profile")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not a layerprof profile: invalid JSON ({error})") from None
+    except RecursionError:
+        raise ValueError("not a layerprof profile: JSON nested too deeply") from None
+    return read_document(doc)

@@ -5,13 +5,14 @@ module tree, because the two differ when a module is shared or called from a sib
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Iterator
 
 from anytree import NodeMixin, PreOrderIter
 from torch import nn
 
-from .fields import FIELDS, stat_fields, stored_fields
+from .._torch import submodules
+from .fields import FIELDS, catalogue_version, stat_fields, stored_fields
 
 __all__ = ["CallTiming", "ModuleRecord", "build_tree"]
 
@@ -28,14 +29,22 @@ class CallTiming:
     backward_ms: float | None = None
     recompute: bool = False
     step: int = 0
+    # Made inside a call of the same module (recursion): its time is inside that call's, so the module's
+    # inclusive time does not add it again.
+    recursive: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a dict (what ``dataclasses.asdict`` gives, without its deep copy: ten times faster)."""
+        return {name: getattr(self, name) for name in _CALL_FIELDS}
 
 
 class ModuleRecord(NodeMixin):
     """What was measured for one module. ``None`` means "not measured" (never 0 for a pass that did not run).
 
     ``forward_ms``/``backward_ms`` include children and are summed over the calls of a step, then averaged over
-    the measured steps in which the module ran (``forward_ms_median``, ``..._std``, ``..._min``, ``..._max``,
-    ``..._p95`` beside them); ``calls`` is calls per step; ``self_*`` exclude the time of
+    all ``steps`` recorded, a step in which the module did not run counting 0 (``forward_ms_median``,
+    ``..._std``, ``..._min``, ``..._max``, ``..._p95`` beside them); ``steps_run`` is the number of those steps
+    in which it ran; ``calls`` is calls per step; ``self_*`` exclude the time of
     the calls made from inside this module's calls. ``recompute_ms`` is forward time re-run during backward by
     activation checkpointing; it happens inside the backward of the enclosing modules and so is part of their
     ``backward_ms``.
@@ -54,9 +63,9 @@ class ModuleRecord(NodeMixin):
         self.self_backward_ms: float | None = None
         self.recompute_ms: float | None = None
         self.steps = 0
-        for field in _STAT_FIELDS:
-            setattr(self, field, None)
-        self.parent = parent
+        self.steps_run = 0
+        if parent is not None:
+            self.parent = parent
 
     @property
     def short_name(self) -> str:
@@ -78,12 +87,12 @@ class ModuleRecord(NodeMixin):
             "parent": None if self.parent is None else self.parent.name,
         }
         own = self.__dict__
-        for field in stored_fields():  # the catalogue's order; a meter that did not run adds no column
-            if field.always or field.name in own:
-                row[field.name] = own.get(field.name)
+        for name, always in _row_fields():  # the catalogue's order; a meter that did not run adds no column
+            if always or name in own:
+                row[name] = own.get(name)
         row["aliases"] = list(self.aliases)
         row["extra_repr"] = self.extra_repr
-        row["call_times"] = [asdict(timing) for timing in self.call_times]
+        row["call_times"] = [timing.to_dict() for timing in self.call_times]
         for key, value in vars(self).items():
             if key not in row and not key.startswith("_"):
                 row[key] = value
@@ -97,18 +106,64 @@ class ModuleRecord(NodeMixin):
         return f"ModuleRecord({shown!r}, {self.type}, calls={self.calls}, forward_ms={self.forward_ms}, backward_ms={self.backward_ms})"
 
 
+_CALL_FIELDS = tuple(f.name for f in fields(CallTiming))
+
+# Statistics over steps default to "not measured" on the class, so that a new record sets none of them.
+for _field in _STAT_FIELDS:
+    setattr(ModuleRecord, _field, None)
+
+
+_ROW_FIELDS: dict[int, tuple[tuple[str, bool], ...]] = {}
+
+
+def _row_fields() -> tuple[tuple[str, bool], ...]:
+    """(name, always) of the stored fields, computed once per state of the catalogue (a row is built for every
+    record of every export: this keeps it to a dict lookup per field)."""
+    key = catalogue_version()
+    cached = _ROW_FIELDS.get(key)
+    if cached is None:
+        _ROW_FIELDS.clear()
+        cached = _ROW_FIELDS[key] = tuple((field.name, field.always) for field in stored_fields())
+    return cached
+
+
+def _link(child: ModuleRecord, parent: ModuleRecord) -> None:
+    """``child.parent = parent`` without anytree's checks for loops and duplicates, which scan the parent's
+    children and make building a wide tree quadratic; a tree built from ``named_modules()`` has neither."""
+    child.__dict__["_NodeMixin__parent"] = parent
+    parent.__dict__.setdefault("_NodeMixin__children", []).append(child)
+
+
+def module_paths(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Every (qualified name, module), parents first, a module reachable under several names once per name:
+    ``named_modules(remove_duplicate=False)``, walked with a stack instead of a generator per level."""
+    found: list[tuple[str, nn.Module]] = []
+    stack = [("", model)]
+    while stack:
+        name, module = stack.pop()
+        found.append((name, module))
+        prefix = f"{name}." if name else ""
+        children = [(prefix + key, child) for key, child in submodules(module).items() if child is not None]
+        stack.extend(reversed(children))
+    return found
+
+
 def build_tree(model: nn.Module) -> tuple[ModuleRecord, dict[str, ModuleRecord], list[tuple[str, nn.Module]]]:
     """One record per unique module in ``named_modules()`` order; a module reachable under several names is
     one record, its other names kept in ``aliases``. Returns the root, records by name, and (name, module)."""
     records: dict[str, ModuleRecord] = {}
     entries: list[tuple[str, nn.Module]] = []
-    for name, module in model.named_modules():
-        parent = records[name.rsplit(".", 1)[0] if "." in name else ""] if name else None
-        records[name] = ModuleRecord(name, type(module).__name__, module.extra_repr(), parent)
+    first_name: dict[int, str] = {}
+    for name, module in module_paths(model):
+        known = first_name.get(id(module))
+        if known is not None:
+            records[known].aliases.append(name)
+            continue
+        first_name[id(module)] = name
+        record = ModuleRecord(name, type(module).__name__, module.extra_repr())
+        if name:
+            _link(record, records[name.rpartition(".")[0]])
+        records[name] = record
         entries.append((name, module))
-    first_name = {id(module): name for name, module in reversed(entries)}
-    for name, module in model.named_modules(remove_duplicate=False):
-        if name and first_name[id(module)] != name:
-            records[first_name[id(module)]].aliases.append(name)
     return records[""], records, entries
 

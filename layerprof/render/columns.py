@@ -51,6 +51,14 @@ def _undeclared(name: str, records: list[ModuleRecord]) -> Field | None:
     return Field(name, "count", field_label(name))
 
 
+def _available(records: list[ModuleRecord]) -> list[str]:
+    """What a summary of these records can show: the short names, then every field some record has a value of
+    (all declared fields when no records are given)."""
+    shown = [f.name for f in FIELDS.values() if f.unit not in ("data", "text") and not f.detail
+             and (not records or any(f.value(r, records[0]) is not None for r in records))]
+    return [alias for alias, targets in ALIASES.items() if targets[0] in shown] + shown
+
+
 def resolve_columns(names: Iterable[str] | None, default: tuple[str, ...] = DEFAULT_SUMMARY_COLUMNS,
                     root: ModuleRecord | None = None) -> list[Column]:
     """Columns by name (canonical or short). A string is refused (``columns="forward"`` would otherwise read as
@@ -65,8 +73,7 @@ def resolve_columns(names: Iterable[str] | None, default: tuple[str, ...] = DEFA
         resolved = canonical(name, present=lambda f: any(getattr(r, f, None) is not None for r in records))
         field = FIELDS.get(resolved) if resolved is not None else _undeclared(name, records)
         if field is None:
-            shown = sorted({*FIELDS, *ALIASES})
-            raise ValueError(f"unknown column {name!r}; choose from: {', '.join(shown)}")
+            raise ValueError(f"unknown column {name!r}; choose from: {', '.join(_available(records))}")
         if all(column.field.name != field.name for column in chosen):
             chosen.append(Column(field))
     return chosen

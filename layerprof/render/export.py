@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from .._files import write_text_atomic
 from .rows import is_number, numeric_fields
 from .units import field_label, format_field, format_plain
 
@@ -43,9 +44,9 @@ def display_columns(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def write_text(text: str, path: str | Path | None) -> str:
-    """Write ``text`` to ``path`` when one is given; return the text either way."""
+    """Write ``text`` to ``path`` when one is given (completely or not at all); return the text either way."""
     if path is not None:
-        Path(path).write_text(text, encoding="utf-8")
+        write_text_atomic(path, text)
     return text
 
 

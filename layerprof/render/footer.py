@@ -33,14 +33,14 @@ def tied_groups(root: ModuleRecord) -> list[list[str]]:
 
 
 def _params_line(root: ModuleRecord) -> str | None:
-    params = _get(root, "params")
-    if params is None:
-        return None
-    frozen = params - root.trainable_params  # type: ignore[attr-defined]
-    size = root.param_bytes + root.buffer_bytes  # type: ignore[attr-defined]
+    params, trainable, param_bytes, buffer_bytes = (
+        _get(root, field) for field in ("params", "trainable_params", "param_bytes", "buffer_bytes")
+    )
+    if params is None or trainable is None or param_bytes is None or buffer_bytes is None:
+        return None  # the params meter did not run (or a loaded file lacks its fields)
     line = (
-        f"Model size: {format_bytes(size)} = {format_bytes(root.param_bytes)} of parameters "  # type: ignore[attr-defined]
-        f"({format_count(params)}, {format_count(frozen)} frozen) + {format_bytes(root.buffer_bytes)} of buffers"  # type: ignore[attr-defined]
+        f"Model size: {format_bytes(param_bytes + buffer_bytes)} = {format_bytes(param_bytes)} of parameters "
+        f"({format_count(params)}, {format_count(params - trainable)} frozen) + {format_bytes(buffer_bytes)} of buffers"
     )
     groups = tied_groups(root)
     if groups:

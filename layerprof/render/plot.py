@@ -11,6 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from .._files import move_into_place, temporary_beside
 from ..record.records import ModuleRecord
 from .plot_layout import Layout, Segment, exclusive_values, layout_tree
 from .plot_metrics import PlotMetric, resolve_metric, root_of
@@ -235,9 +236,15 @@ def save_plot(profile: Any, kind: str, metric: str = "total", path: str | Path |
     ax = PLOT_KINDS[kind](profile, metric=metric, **kwargs)
     if path is not None:
         figure = ax.figure
+        target = Path(path)
+        temporary: Path | None = None
         try:
-            figure.savefig(path, format=suffix, dpi=110, bbox_inches="tight")
+            temporary = temporary_beside(target)  # complete or not at all, like every file layerprof writes
+            figure.savefig(temporary, format=suffix, dpi=110, bbox_inches="tight")
+            move_into_place(temporary, target)
         finally:
+            if temporary is not None:
+                temporary.unlink(missing_ok=True)
             if created:
                 import matplotlib.pyplot as plt
 

@@ -12,7 +12,7 @@ from ..record.records import ModuleRecord
 from .columns import Column
 from .units import format_value
 
-__all__ = ["PlotMetric", "resolve_metric", "root_of", "PLOTTABLE_UNITS"]
+__all__ = ["PlotMetric", "resolve_metric", "metric_meters", "root_of", "PLOTTABLE_UNITS"]
 
 PLOTTABLE_UNITS = ("ms", "bytes", "flops", "macs", "count")
 
@@ -64,6 +64,17 @@ def _plottable() -> list[str]:
     fields = [f.name for f in FIELDS.values() if f.unit in PLOTTABLE_UNITS and not f.detail
               and (not f.derived or f.parts)]
     return [alias for alias, targets in ALIASES.items() if targets[0] in fields] + fields
+
+
+def metric_meters(name: str) -> tuple[str, ...]:
+    """The meters that record plot metric ``name`` (empty for times), before any profile exists: the command line
+    checks ``--plot-metric`` against ``--metrics`` with it. A ValueError for an unknown name."""
+    resolved = canonical(name)
+    if resolved is None or resolved not in _plottable():
+        raise ValueError(f"unknown plot metric {name!r}; choose from: {', '.join(_plottable())}")
+    metric = PlotMetric(FIELDS[resolved])
+    meters = (FIELDS[part].meter for part in metric.fields if part in FIELDS)
+    return tuple(dict.fromkeys(meter for meter in meters if meter is not None))
 
 
 def resolve_metric(name: str, root: ModuleRecord) -> tuple[PlotMetric, tuple[str, ...]]:

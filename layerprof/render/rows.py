@@ -8,10 +8,11 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 from typing import Any, Iterable
 
+from .._check import check_bool, check_int, check_names
 from ..record.fields import FIELDS, derived_fields, detail_fields
 from ..record.records import ModuleRecord
 
-__all__ = ["is_number", "numeric_fields", "derived_names", "select", "record_rows", "value_of",
+__all__ = ["is_number", "numeric_fields", "derived_names", "FILTERS", "select", "record_rows", "value_of",
            "aggregate_by_type", "top_records"]
 
 
@@ -47,10 +48,19 @@ def value_of(record: ModuleRecord, field: str, row: dict[str, Any] | None = None
     return getattr(record, field, None)
 
 
+# The keyword filters of ``select`` (and of every Profile table method).
+FILTERS = ("depth", "max_depth", "type", "name", "leaves", "called")
+
+
 def _as_set(value: str | Iterable[str] | None) -> set[str] | None:
     if value is None:
         return None
-    return {value} if isinstance(value, str) else set(value)
+    if isinstance(value, str):
+        return {value}
+    if isinstance(value, type):
+        raise TypeError(f"type= takes class names, e.g. type={value.__name__!r}, not the class {value.__name__}")
+    names = check_names("type", value, "('Linear', 'Conv2d')")
+    return set(names)
 
 
 def select(
@@ -70,6 +80,11 @@ def select(
         type: a class name (``"Conv2d"``) or several. name: a glob on the qualified name (``"layer1.*"``).
         leaves: only modules without children. called: only modules that ran at least once.
     """
+    depth = check_int("depth", depth, none=True)
+    max_depth = check_int("max_depth", max_depth, none=True)
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be a glob on qualified names such as 'layer1.*', got {name!r}")
+    leaves, called = check_bool("leaves", leaves), check_bool("called", called)
     types = _as_set(type)
     chosen = []
     for record in records:
@@ -128,8 +143,7 @@ def aggregate_by_type(records: Iterable[ModuleRecord]) -> list[dict[str, Any]]:
 
 def top_records(records: Iterable[ModuleRecord], k: int, by: str) -> list[ModuleRecord]:
     """The ``k`` records with the largest ``by`` (a row field or ``total_ms``); records without it are left out."""
-    if k < 0:
-        raise ValueError(f"k must be >= 0, got {k}")
+    k = check_int("k", k)
     scored = []
     for record in records:
         value = value_of(record, by)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from .._check import check_int
 from ..record.records import ModuleRecord
 from .columns import Column, resolve_columns
 from .footer import summary_footer
@@ -30,6 +31,9 @@ def _annotation(record: ModuleRecord, root: ModuleRecord, columns: list[Column])
     parts = [column.text(record, root) for column in columns]
     if record.calls not in (0, 1) and all(column.name != "calls" for column in columns):
         parts.append(f"{format_count(record.calls)} calls")
+    steps, steps_run = getattr(record, "steps", 0), getattr(record, "steps_run", 0)
+    if steps and 0 < steps_run < steps:  # its figures count 0 in the other steps: say so where they are read
+        parts.append(f"ran in {steps_run} of {steps} steps")
     return "【" + " | ".join(parts) + "】"
 
 
@@ -38,11 +42,15 @@ def _render(record: ModuleRecord, root: ModuleRecord, columns: list[Column], dep
     lines = record.extra_repr.split("\n") if record.extra_repr else []
     expand = depth is None or record.depth < depth
     if expand:
+        entries: list[tuple[str, str]] = []
         for child in record.children:
             child_text = _render(child, root, columns, depth, aliases)
-            lines.append(f"({child.short_name}): " + _indent(child_text, 2))
+            entries.append((child.short_name, f"({child.short_name}): " + _indent(child_text, 2)))
         for key, target in aliases.get(record.name, ()):
-            lines.append(f"({key}): {target.type}【same module as '{target.name}', counted there】()")
+            note = f"same module as '{target.name}'"
+            line = f"({key}): {target.type}【{note}, counted there】()" if columns else f"({key}): {target.type}({note})"
+            _insert_in_order(entries, key, line)
+        lines.extend(line for _, line in entries)
     elif record.children:
         lines.append(f"... {len(record.children)} children")
     head = record.type + _annotation(record, root, columns) + "("
@@ -51,6 +59,18 @@ def _render(record: ModuleRecord, root: ModuleRecord, columns: list[Column], dep
     if len(lines) == 1 and not record.children:
         return head + lines[0] + ")"
     return head + "\n  " + "\n  ".join(lines) + "\n)"
+
+
+def _insert_in_order(entries: list[tuple[str, str]], key: str, line: str) -> None:
+    """Put an alias line among its siblings: before the first one with a larger index when the keys are indices
+    (Sequential, ModuleList), so that ``(0)`` comes before ``(1)``; after them otherwise (records keep no other
+    order of a module's attributes)."""
+    if key.isdigit():
+        for index, (other, _) in enumerate(entries):
+            if other.isdigit() and int(other) > int(key):
+                entries.insert(index, (key, line))
+                return
+    entries.append((key, line))
 
 
 def _alias_positions(root: ModuleRecord) -> dict[str, list[tuple[str, ModuleRecord]]]:
@@ -74,9 +94,8 @@ def annotated_repr(root: ModuleRecord, columns: Iterable[str] | None = None, dep
                    header: bool = True, footer: bool = False) -> str:
     """The model's repr with each module's costs; ``depth`` limits how deep modules are expanded (root = 0).
     ``footer`` adds totals below it: model size, activation and saved memory, the largest modules."""
+    depth = check_int("depth", depth, none=True)
     chosen = resolve_columns(columns, root=root)
-    if depth is not None and depth < 0:
-        raise ValueError(f"depth must be >= 0 or None, got {depth}")
     body = _render(root, root, chosen, depth, _alias_positions(root))
     text = (summary_header(root) + "\n" + body) if header else body
     totals = summary_footer(root) if footer else ""

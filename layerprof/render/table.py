@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence, overload
 
+from ..record.fields import canonical
 from ..record.records import ModuleRecord
 from . import export
 from .html import html_table, notebook_style, to_html
@@ -80,16 +81,32 @@ class Table(Sequence[dict[str, Any]]):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.rows)
 
-    def _chosen(self, columns: Sequence[str] | None) -> list[str]:
-        return list(columns) if columns is not None else self.columns
+    def _chosen(self, columns: Sequence[str] | None, rows: Sequence[dict[str, Any]] | None = None) -> list[str]:
+        """``columns`` checked against what the rows hold (short names such as ``forward`` resolved), or the
+        default columns. A name the rows do not hold is a ValueError that lists those they do."""
+        if columns is None:
+            return self.columns
+        if isinstance(columns, str):
+            raise TypeError(f"columns must be a list of names, e.g. columns=[{columns!r}], not a string")
+        rows = self.human_rows() if rows is None else rows
+        present = {key: None for row in rows for key in row}
+        chosen = []
+        for name in columns:
+            resolved = name if name in present else canonical(name, present=lambda key: key in present)
+            if resolved not in present:
+                raise ValueError(f"unknown column {name!r}: the rows hold {', '.join(present)}")
+            chosen.append(resolved)
+        return chosen
 
     def to_dataframe(self, columns: Sequence[str] | None = None) -> Any:
         """A pandas DataFrame of every field (or ``columns``), raw numbers, units in the column names."""
-        return export.to_dataframe(self.rows, columns)
+        return export.to_dataframe(self.human_rows() if columns else self.rows,
+                                   None if columns is None else self._chosen(columns))
 
     def to_csv(self, path: str | Path | None = None, columns: Sequence[str] | None = None) -> str:
         """CSV of every field (or ``columns``); written to ``path`` if given."""
-        return export.write_text(export.to_csv(self.rows, columns), path)
+        chosen = None if columns is None else self._chosen(columns)
+        return export.write_text(export.to_csv(self.human_rows() if columns else self.rows, chosen), path)
 
     def to_markdown(self, path: str | Path | None = None, columns: Sequence[str] | None = None,
                     raw: bool = False) -> str:

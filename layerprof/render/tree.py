@@ -6,6 +6,7 @@ from typing import Any
 from anytree import RenderTree
 from anytree.render import ContStyle
 
+from .._check import check_int
 from ..record.records import ModuleRecord
 from .units import format_ms
 
@@ -14,6 +15,7 @@ __all__ = ["render_tree", "timepool"]
 
 def render_tree(root: ModuleRecord, maxdepth: int | None = None) -> str:
     """``RenderTree`` lines: name, type, forward and backward time, calls."""
+    maxdepth = check_int("maxdepth", maxdepth, none=True)
     lines = []
     for prefix, _, record in RenderTree(root, style=ContStyle(), maxlevel=None if maxdepth is None else maxdepth + 1):
         label = record.short_name or record.type

@@ -1,0 +1,59 @@
+"""Argument checks at the public boundary: one message shape everywhere, naming the argument and what is allowed.
+
+``True`` is an int to Python, a string compares badly with numbers, and a float silently truncates: each of
+those is refused here, once, rather than failing later with Python's own message (or not at all).
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+__all__ = ["check_int", "check_bool", "check_names"]
+
+
+def _shown(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def check_int(name: str, value: Any, *, minimum: int | None = 0, none: bool = False) -> Any:
+    """``value`` as an int >= ``minimum`` (None passes when ``none``); a TypeError or ValueError naming ``name``.
+
+    >>> check_int("warmup", 2)
+    2
+    >>> check_int("warmup", "2")
+    Traceback (most recent call last):
+    ...
+    TypeError: warmup must be an int >= 0, got '2' (str)
+    """
+    allowed = "an int" + ("" if minimum is None else f" >= {minimum}") + (" or None" if none else "")
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be {allowed}, got {_shown(value)}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}" + (" or None" if none else "") + f", got {value}")
+    return value
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """``value`` if it is True or False (numpy bools too); a TypeError naming ``name`` otherwise."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {_shown(value)}")
+
+
+def check_names(name: str, value: Any, example: str) -> tuple[str, ...]:
+    """A tuple of names from an iterable of strings. A single string is refused with a hint that splits it on
+    commas (``"flops,params"`` -> ``("flops", "params")``), the likely intent."""
+    if isinstance(value, str):
+        parts = tuple(part.strip() for part in value.split(",") if part.strip()) or (value,)
+        raise TypeError(f"{name} must be a sequence of names, not a string: write {name}={parts!r}")
+    try:
+        names = tuple(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a sequence of names such as {example}, got {_shown(value)}") from None
+    for item in names:
+        if not isinstance(item, str):
+            raise TypeError(f"{name} must hold names (strings) such as {example}, got {_shown(item)} among them")
+    return names

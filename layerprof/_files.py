@@ -1,0 +1,41 @@
+"""Writing files all-or-nothing: into a temporary file beside the target, renamed onto it only when complete, so
+that a failure (or Ctrl-C) half way leaves the old file, or none, and never a partial one."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+__all__ = ["temporary_beside", "move_into_place", "write_text_atomic"]
+
+
+def temporary_beside(path: Path) -> Path:
+    """A new empty file in ``path``'s folder, hidden, with the same suffix (writers pick a format by suffix)."""
+    if path.is_dir():
+        raise IsADirectoryError(f"{str(path)!r} is a folder; give the path of a file in it")
+    handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}")
+    os.close(handle)
+    return Path(name)
+
+
+def move_into_place(temporary: Path, target: Path) -> None:
+    """Rename the finished ``temporary`` onto ``target``, with the mode a plain write would have given it."""
+    if target.exists():
+        mode = target.stat().st_mode & 0o777  # replacing a file keeps its permissions
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask  # mkstemp makes 0600; a new file gets the usual mode
+    os.chmod(temporary, mode)
+    os.replace(temporary, target)
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path``: complete, or not at all."""
+    target = Path(path)
+    temporary = temporary_beside(target)
+    try:
+        temporary.write_text(text, encoding="utf-8")
+        move_into_place(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)

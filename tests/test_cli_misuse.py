@@ -1,0 +1,150 @@
+"""The command line misused: every option checked before the model is built (exit 2, one line), run failures one
+line (exit 1), outputs written all or none, Ctrl-C while torch imports quiet."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import layerprof
+from layerprof.cli import main
+from layerprof.cli.errors import RunError
+from layerprof.cli.inputs import make_inputs, parse_input
+
+ROOT = Path(__file__).resolve().parent.parent
+
+MODELS = textwrap.dedent('''
+    from torch import nn
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(20, 5)
+
+        def forward(self, x):
+            return self.fc(x)
+
+
+    def broken():
+        raise AssertionError("the model was built: options must be checked first")
+''')
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("misuse") / "models.py"
+    path.write_text(MODELS)
+    return path
+
+
+def one_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err and "internal error" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--plot", "{d}/p.png", "--plot-metric", "flops"],
+     "--plot-metric flops needs the flops meter: add --metrics flops"),
+    (["--plot", "{d}/p.png", "--plot-metric", "memory", "--metrics", "params"],
+     "--plot-metric memory needs the memory meter: add --metrics params,memory"),
+    (["--plot", "{d}/p.png", "--plot-metric", "speed"],
+     "--plot-metric: unknown plot metric 'speed'; choose from: forward, backward, total,"),
+    (["--plot", "{d}/p.pdf"], "--plot '{d}/p.pdf': a plot is saved as .png or .svg; give a path ending in one of them"),
+    (["--csv", "{d}"], "--csv '{d}' is a folder; give the path of a file, e.g. '{d}/profile.csv'"),
+    (["--json", "/proc/p.json"], "--json '/proc/p.json': cannot write in folder '/proc' ("),
+    (["--json", "{d}/p.json", "--trace", "{d}/p.json"], "--trace '{d}/p.json': another output writes there too"),
+    (["-i", "99999999999999999999"], "--input '99999999999999999999' has 1e+20 elements, more than a tensor can hold"),
+    (["-i", "3037000500,3037000500"], "--input '3037000500,3037000500' has 9.22e+18 elements, more than a tensor"),
+])
+def test_options_are_checked_before_the_model_is_built(extra: list[str], message: str, models: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [f"{models}:broken", "-i", "2,20", *(arg.replace("{d}", str(tmp_path)) for arg in extra)]
+    assert main(argv) == 2  # `broken` raises if it is built: exit 2 proves the check came first
+    assert one_line(capsys).startswith("layerprof: error: " + message.replace("{d}", str(tmp_path)))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_plot_metric_whose_meter_runs_is_accepted(models: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "p.svg"
+    argv = [f"{models}:Net", "-i", "2,20", "--steps", "1", "--warmup", "0", "--plot", str(path), "--plot-metric",
+            "params"]  # params is a default meter
+    assert main(argv) == 0, capsys.readouterr().err
+    assert path.read_text().startswith("<?xml")
+
+
+def test_an_absurd_input_is_one_line(models: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([f"{models}:broken", "-i", "2,20", "-i", "100000,100000,100000", "--steps", "1"]) == 2
+    err = one_line(capsys)
+    assert err.startswith("layerprof: error: --input 100000x100000x100000: the inputs need ")
+    assert err.endswith(" of memory on cpu; give smaller shapes")
+
+
+def test_an_input_that_cannot_be_made_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    def out_of_memory(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory\nException raised from ... (C++ frames)")
+
+    monkeypatch.setattr(torch, "randn", out_of_memory)
+    with pytest.raises(RunError) as info:
+        make_inputs([parse_input("1000,1000")])
+    assert str(info.value) == ("cannot make the input 1000x1000 (3.81 MiB): RuntimeError: DefaultCPUAllocator: "
+                               "can't allocate memory")
+
+
+def test_outputs_are_all_or_nothing(models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "old.json").write_text("old")
+
+    def fails(self: layerprof.Profile, path: str, *args: object) -> str:
+        Path(path).write_text("half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(layerprof.Profile, "to_html", fails)
+    argv = [f"{models}:Net", "-i", "2,20", "--steps", "1", "--csv", str(tmp_path / "p.csv"), "--json",
+            str(tmp_path / "old.json"), "--html", str(tmp_path / "p.html"), "--trace", str(tmp_path / "p.trace")]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"layerprof: error: writing --html {str(tmp_path / 'p.html')!r} raised OSError: [Errno 28] No "
+                       "space left on device; no output file was written")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.json"]  # nothing new, no temporary file left
+    assert (tmp_path / "old.json").read_text() == "old"  # and the old file untouched
+    monkeypatch.undo()
+    assert main(argv) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.json", "p.csv", "p.html", "p.trace"]
+    assert layerprof.load(tmp_path / "old.json").records["fc"].calls == 1
+
+
+def test_debug_shows_the_traceback_of_a_run_error(models: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([f"{models}:broken", "-i", "2,20", "--debug"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and 'raise AssertionError("the model was built' in err
+    assert err.strip().splitlines()[-1] == (
+        "layerprof: error: calling broken() raised AssertionError: the model was built: options must be checked first")
+
+
+def test_ctrl_c_while_torch_imports_is_quiet(tmp_path: Path) -> None:
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise KeyboardInterrupt  # as if Ctrl-C landed while torch imports\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    command = subprocess.run([sys.executable, "-m", "layerprof", "x:y", "-i", "2"], env=env, capture_output=True,
+                             text=True, timeout=60)
+    assert (command.returncode, command.stdout, command.stderr) == (130, "", "layerprof: interrupted\n")
+    # the console script: what pip writes as bin/layerprof
+    script = tmp_path / "bin" / "layerprof"
+    script.parent.mkdir()
+    script.write_text("import sys\nfrom layerprof.cli import main\nsys.exit(main())\n")
+    console = subprocess.run([sys.executable, str(script), "x:y", "-i", "2"], env=env, capture_output=True, text=True,
+                             timeout=60)
+    assert (console.returncode, console.stdout, console.stderr) == (130, "", "layerprof: interrupted\n")
+    # a program that imports layerprof gets its KeyboardInterrupt as usual
+    library = subprocess.run([sys.executable, "-c", "import layerprof"], env=env, capture_output=True, text=True,
+                             timeout=60)
+    assert library.returncode != 0 and library.stderr.strip().endswith("KeyboardInterrupt")

@@ -1,0 +1,344 @@
+"""Numbers that hold in every training pattern (issue 12): in-place ops on output views, several backward
+passes through one forward, modules that skip steps, recursion, modules that return nothing, CUDA-event stamps."""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import pytest
+import torch
+from torch import nn
+
+import layerprof.collect.profiler as profiler_module
+from layerprof import LayerProf
+from layerprof.collect.clock import Clock
+from layerprof.collect.tracker import Tracker
+
+from .invariants import check_profile, check_truth, count_calls
+
+
+def _timed_backward(loss: torch.Tensor, **kwargs: Any) -> float:
+    start = time.perf_counter()
+    loss.backward(**kwargs)
+    return (time.perf_counter() - start) * 1e3
+
+
+# -- in-place ops on outputs that are views ----------------------------------------------------------------------
+class InplaceOnViews(nn.Module):
+    """A Linear on 3-D input returns a view of its addmm result; each in-place op below rewrites that view's
+    history, so the node that created the output never runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 8)
+        self.fc2 = nn.Linear(8, 8)
+        self.fc3 = nn.Linear(8, 8)
+        self.flatten = nn.Flatten()
+        self.head = nn.Linear(32, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc1(x)
+        h.relu_()
+        r = self.fc2(h)
+        r += h
+        s = self.fc3(r)
+        s.mul_(0.5)
+        flat = self.flatten(s.transpose(1, 2))
+        flat.add_(1.0)
+        return self.head(flat)
+
+
+def test_inplace_ops_on_view_outputs_keep_every_backward() -> None:
+    model = InplaceOnViews()
+    with count_calls(model) as reference, LayerProf(model) as prof:
+        loss = model(torch.randn(3, 4, 8)).pow(2).sum()
+        wall = _timed_backward(loss)
+    check_profile(prof, model)
+    check_truth(prof, model, wall, reference)
+    for name in ("fc1", "fc2", "fc3", "head"):
+        assert prof.records[name].backward_ms > 0, name
+
+
+class ReturnsNothing(nn.Module):
+    """Keeps its result on ``self`` and returns None."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.result: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> None:
+        self.result = self.fc(x).tanh()
+
+
+class ResultOnSelf(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stash = ReturnsNothing()
+        self.out = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.stash(x)
+        result, self.stash.result = self.stash.result, None
+        return self.out(result.detach() * 0 + result)
+
+
+def test_module_returning_none_gets_backward_from_the_nodes_it_created() -> None:
+    model = ResultOnSelf()
+    with count_calls(model) as reference, LayerProf(model) as prof:
+        wall = _timed_backward(model(torch.randn(4, 8)).sum())
+    check_truth(prof, model, wall, reference)
+    stash, fc = prof.records["stash"], prof.records["stash.fc"]
+    assert fc.backward_ms > 0 and stash.backward_ms >= fc.backward_ms
+
+
+class NoGraphOutput(nn.Module):
+    """Returns a tensor that does not carry its graph (detached), while an auxiliary loss kept on self does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.aux_loss: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        self.aux_loss = h.pow(2).mean()
+        return h.detach()
+
+
+def test_output_without_graph_and_aux_loss_on_self() -> None:
+    model = NoGraphOutput()
+    with LayerProf(model) as prof:
+        model(torch.randn(4, 8))
+        aux, model.aux_loss = model.aux_loss, None
+        wall = _timed_backward(aux)
+    check_truth(prof, model, wall)
+    assert prof.records["fc"].backward_ms > 0 and prof.tree.backward_ms >= prof.records["fc"].backward_ms
+
+
+# -- several backward passes ----------------------------------------------------------------------------------
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
+
+
+def test_retain_graph_passes_are_summed_never_spanned() -> None:
+    model = _mlp()
+    with count_calls(model) as reference, LayerProf(model) as prof:
+        loss = model(torch.randn(8, 16)).sum()
+        wall = _timed_backward(loss, retain_graph=True)
+        time.sleep(0.030)  # user code between the passes: in no module's backward
+        wall += _timed_backward(loss)
+    check_truth(prof, model, wall, reference)
+    assert prof.tree.backward_ms < 10.0  # two tiny passes, not the 30 ms between them
+    for name in ("0", "2"):
+        # One call, two passes: its backward is the sum of two intervals.
+        assert prof.records[name].backward_ms > 0
+
+
+def test_gradient_penalty_double_backward_counts_nothing_twice() -> None:
+    model = _mlp()
+    x = torch.randn(8, 16, requires_grad=True)
+    with count_calls(model) as reference, LayerProf(model) as prof:
+        out = model(x)
+        start = time.perf_counter()
+        grad, = torch.autograd.grad(out.sum(), x, create_graph=True)
+        wall = (time.perf_counter() - start) * 1e3
+        wall += _timed_backward(out.pow(2).mean() + grad.pow(2).sum())
+    check_profile(prof, model)
+    check_truth(prof, model, wall, reference)
+    children = sum(prof.records[name].backward_ms for name in ("0", "1", "2"))
+    # Children's intervals lie inside the root's in each pass; sequential layers barely overlap.
+    assert children <= 1.5 * prof.tree.backward_ms
+
+
+# -- modules that run in some steps only ---------------------------------------------------------------------
+class AuxHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 1)
+        self.aux = nn.Sequential(nn.Linear(16, 256), nn.ReLU(), nn.Linear(256, 1))
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(x)
+        out = self.head(h).sum()
+        if self.calls % 5 == 0:  # an auxiliary loss every fifth step
+            for _ in range(20):
+                out = out + self.aux(h).sum()
+        self.calls += 1
+        return out
+
+
+def test_module_that_skips_steps_is_averaged_over_every_step() -> None:
+    model = AuxHead()
+    with count_calls(model) as reference, LayerProf(model) as prof:
+        for _ in range(10):
+            model.zero_grad(set_to_none=True)
+            model(torch.randn(64, 16)).backward()
+            prof.step()
+    check_truth(prof, model, reference=reference)
+    aux, root = prof.records["aux"], prof.tree
+    assert root.steps == 10 and aux.steps_run == 2 and prof.records["body"].steps_run == 10
+    assert aux.calls == 4  # 2 steps x 20 calls over 10 steps
+    assert aux.forward_ms_min == 0.0 and aux.forward_ms_median == 0.0  # 8 of 10 steps did not run it
+    assert aux.forward_ms <= root.forward_ms and aux.backward_ms <= root.backward_ms
+    assert aux.to_dict()["steps_run"] == 2
+    lines = prof.layerwise_summary().splitlines()
+    assert "ran in 2 of 10 steps" in next(line for line in lines if line.strip().startswith("(aux)"))
+    assert not any("ran in" in line for line in lines if line.strip().startswith("(body)"))
+
+
+# -- recursion -------------------------------------------------------------------------------------------------
+class Recursive(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, depth: int = 3) -> torch.Tensor:
+        x = torch.tanh(self.fc(x))
+        return self(x, depth - 1) if depth > 1 else x
+
+
+class HoldsRecursive(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = Recursive()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x)
+
+
+def test_recursion_counts_the_outermost_call_in_inclusive_time() -> None:
+    model = HoldsRecursive()
+    with count_calls(model) as reference, LayerProf(model) as prof:
+        wall = _timed_backward(model(torch.randn(4, 8)).sum())
+    check_truth(prof, model, wall, reference)
+    block = prof.records["block"]
+    assert block.calls == 3 and prof.records["block.fc"].calls == 3
+    outer = max(block.call_times, key=lambda timing: timing.forward_ms)
+    assert block.forward_ms == pytest.approx(outer.forward_ms)
+    assert block.forward_ms <= prof.tree.forward_ms
+    # Self time still adds every level's own time: block + fc self times fill the outermost call.
+    assert block.self_forward_ms + prof.records["block.fc"].forward_ms <= block.forward_ms + 1e-6
+
+
+# -- the CUDA event path, with a fake event clock on CPU ------------------------------------------------------
+class FakeEvent:
+    """A stamp that, like a CUDA event, cannot be compared with another: only the clock reads it."""
+
+    __slots__ = ("ns",)
+
+    def __init__(self) -> None:
+        self.ns = time.perf_counter_ns()
+
+
+class FakeEventClock(Clock):
+    kind = "cuda_event"
+    device = "cuda:0"
+
+    def __init__(self) -> None:
+        self.settled = 0
+        super().__init__()
+
+    def now(self) -> FakeEvent:
+        return FakeEvent()
+
+    def ms(self, start: FakeEvent, end: FakeEvent) -> float:
+        assert isinstance(start, FakeEvent) and isinstance(end, FakeEvent)
+        return (end.ns - start.ns) / 1e6
+
+    def settle(self) -> None:
+        self.settled += 1
+
+
+@pytest.fixture
+def fake_events(monkeypatch: pytest.MonkeyPatch) -> list[FakeEventClock]:
+    clocks: list[FakeEventClock] = []
+
+    class EventTracker(Tracker):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.cpu_clock = FakeEventClock()
+            clocks.append(self.cpu_clock)
+
+    monkeypatch.setattr(profiler_module, "Tracker", EventTracker)
+    return clocks
+
+
+@pytest.mark.parametrize("pattern", ["inplace", "retain_graph", "recursion"])
+def test_cuda_event_path_follows_the_same_rules(fake_events: list[FakeEventClock], pattern: str) -> None:
+    model: nn.Module
+    run: Callable[[], float]
+    if pattern == "inplace":
+        model = InplaceOnViews()
+        run = lambda: _timed_backward(model(torch.randn(3, 4, 8)).sum())  # noqa: E731
+    elif pattern == "retain_graph":
+        model = _mlp()
+
+        def run() -> float:
+            loss = model(torch.randn(8, 16)).sum()
+            wall = _timed_backward(loss, retain_graph=True)
+            time.sleep(0.020)
+            return wall + _timed_backward(loss)
+    else:
+        model = HoldsRecursive()
+        run = lambda: _timed_backward(model(torch.randn(4, 8)).sum())  # noqa: E731
+    with count_calls(model) as reference, LayerProf(model) as prof:
+        wall = run()
+    assert fake_events and fake_events[0].settled == 1
+    check_profile(prof, model)
+    check_truth(prof, model, wall, reference)
+    if pattern == "retain_graph":
+        assert prof.tree.backward_ms < 10.0
+
+
+# -- modules registered during the profiled forward ------------------------------------------------------------
+class Lazy(nn.Module):
+    """Creates its projection on the first call, as lazily built heads do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not hasattr(self, "proj"):
+            self.proj = nn.Sequential(nn.Linear(8, 4), nn.ReLU())
+        return self.proj(self.body(x))
+
+
+def test_module_registered_during_the_forward_gets_a_record_and_hooks() -> None:
+    model = Lazy()
+    with LayerProf(model) as prof:
+        for _ in range(2):
+            model(torch.randn(4, 8)).sum().backward()
+            prof.step()
+    assert [name for name in prof.records] == [name for name, _ in model.named_modules()]
+    check_truth(prof, model, reference=None)
+    proj = prof.records["proj"]
+    # Hooked from the step it appeared in: both steps, one call each.
+    assert proj.calls == 1 and proj.steps_run == 2 and prof.records["proj.0"].backward_ms > 0
+    assert prof.tree.params == 8 * 8 + 8 + 8 * 4 + 4  # the root's count includes the new Linear
+    assert prof.records["proj.0"].params == 8 * 4 + 4
+
+
+def test_module_added_without_registration_is_named_in_a_warning() -> None:
+    model = nn.Sequential(nn.Linear(4, 4))
+    with pytest.warns(RuntimeWarning, match=r"'sneaky' \(Linear\)"):
+        with LayerProf(model):
+            model(torch.randn(2, 4)).sum().backward()
+            model._modules["sneaky"] = nn.Linear(4, 4)
+
+
+def test_a_pass_that_prunes_weight_gradients_still_ends_every_call() -> None:
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
+    x = torch.randn(8, 16, requires_grad=True)
+    with LayerProf(model) as prof:
+        out = model(x).sum()
+        start = time.perf_counter()
+        torch.autograd.grad(out, x)  # only the input's gradient: the weights' nodes (TBackward) never run
+        wall = (time.perf_counter() - start) * 1e3
+    check_truth(prof, model, wall)
+    # The last Linear's addmm has a same-module successor that this pass prunes; its end comes from the next node.
+    for name in ("2", "1"):
+        assert prof.records[name].backward_ms is not None and prof.records[name].backward_ms > 0, name

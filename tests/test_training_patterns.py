@@ -1,0 +1,162 @@
+"""Ordinary training patterns that break other profilers' numbers: in-place ops on view outputs, several backward
+passes through one forward, recursion, modules that return nothing. Each asserts the invariants of a true
+profile: every module that ran and owns a parameter that got a gradient has backward time, children never exceed
+their parent, the root's backward fits in the wall time of the backward calls, exact call counts."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import pytest
+import torch
+from torch import nn
+
+from layerprof import LayerProf
+
+from .conftest import hook_state
+from .invariants import check_profile, count_calls, parameter_modules_have_backward
+
+INPLACE = {
+    "relu_": lambda h, x: h.relu_(),
+    "add_ (residual)": lambda h, x: h.add_(x),
+    "mul_": lambda h, x: h.mul_(0.5),
+}
+
+
+class ViewOutputs(nn.Module):
+    """A Linear on a 3-D input returns a view of its addmm result; an in-place op on it rewrites the view's
+    history, so the view node made inside the Linear never runs. Flatten and transpose return views too."""
+
+    def __init__(self, inplace: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.inplace = inplace
+        self.fc = nn.Linear(16, 16)
+        self.fc2 = nn.Linear(16, 16)
+        self.flatten = nn.Flatten(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        self.inplace(h, x)
+        h = self.fc2(h).transpose(1, 2)
+        return self.flatten(h)
+
+
+def _timed_backward(loss: torch.Tensor, **kwargs: bool) -> float:
+    start = time.perf_counter()
+    loss.backward(**kwargs)
+    return (time.perf_counter() - start) * 1e3
+
+
+@pytest.mark.parametrize("op", list(INPLACE))
+def test_inplace_op_on_a_view_output_keeps_the_modules_backward(op: str) -> None:
+    model = ViewOutputs(INPLACE[op])
+    x = torch.randn(4, 8, 16, requires_grad=True)
+    plain = model(x).sum()
+    plain.backward()
+    plain_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    before = hook_state(model)
+    with count_calls(model) as reference, LayerProf(model) as prof:
+        out = model(x).sum()
+        wall = _timed_backward(out)
+    assert torch.equal(out, plain) and all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), plain_grads))
+    assert hook_state(model) == before
+    check_profile(prof, model, backward_wall_ms=wall)
+    assert {name: r.calls for name, r in prof.records.items()} == {name: reference[name] for name in prof.records}
+    parameter_modules_have_backward(prof, model)
+    assert prof.records["fc"].backward_ms > 0  # None before: its hooked output node never ran
+    assert prof.records["flatten"].backward_ms is not None
+
+
+def test_two_backward_passes_through_one_forward_count_each_pass_not_the_gap() -> None:
+    model = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1))
+    x = torch.randn(256, 64)
+    with LayerProf(model) as prof:
+        loss = model(x).sum()
+        first = _timed_backward(loss, retain_graph=True)
+        time.sleep(0.03)  # user code between the passes: in no module's backward
+        second = _timed_backward(loss)
+    check_profile(prof, model, backward_wall_ms=first + second)
+    root = prof.records[""]
+    assert root.backward_ms < 30.0 <= first + second + 30.0
+    assert all(len([t for t in r.call_times]) == 1 for r in prof.records.values())
+    parameter_modules_have_backward(prof, model)
+
+
+def test_gradient_penalty_children_fit_in_the_parent() -> None:
+    # WGAN-GP style: a gradient with create_graph=True, then a backward through the loss and the penalty.
+    model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 1))
+    x = torch.randn(128, 32, requires_grad=True)
+    with LayerProf(model) as prof:
+        out = model(x)
+        start = time.perf_counter()
+        grad, = torch.autograd.grad(out.sum(), x, create_graph=True)
+        (out.sum() + grad.pow(2).sum()).backward()
+        wall = (time.perf_counter() - start) * 1e3
+    check_profile(prof, model, backward_wall_ms=wall)
+    children = sum(r.backward_ms for r in prof.tree.children)
+    assert children <= prof.tree.backward_ms + 1e-6  # was 3x the root
+    parameter_modules_have_backward(prof, model)
+
+
+class Recursive(nn.Module):
+    """Calls itself ``depth`` levels deep, each level through its Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, depth: int = 3) -> torch.Tensor:
+        x = torch.tanh(self.fc(x))
+        return self(x, depth - 1) if depth > 1 else x
+
+
+def test_recursion_counts_the_outermost_call_only() -> None:
+    model = nn.Sequential(Recursive())
+    with count_calls(model) as reference, LayerProf(model) as prof:
+        model(torch.randn(64, 8)).sum().backward()
+    check_profile(prof, model)
+    inner = prof.records["0"]
+    assert inner.calls == reference["0"] == 3 and prof.records["0.fc"].calls == 3
+    # Inclusive time is the outermost call's: at most the parent's (it was 111 % of it), and equal to that call.
+    outermost = inner.call_times[0]
+    assert inner.forward_ms == pytest.approx(outermost.forward_ms)
+    assert inner.forward_ms <= prof.tree.forward_ms and inner.backward_ms <= prof.tree.backward_ms
+    # Self time adds every call's own part: the three levels' self times plus fc's make the outermost call.
+    assert inner.self_forward_ms + prof.records["0.fc"].forward_ms == pytest.approx(inner.forward_ms, rel=1e-9)
+
+
+class KeepsResult(nn.Module):
+    """Returns nothing: keeps its result on itself for the parent to read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.result: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> None:
+        self.result = self.fc(x) * 2
+
+
+class ReadsResult(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.keep = KeepsResult()
+        self.detached = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.keep(x)
+        side = self.detached(x)
+        return self.keep.result.sum() + side.detach().sum() * 0  # its output does not carry its graph
+
+
+def test_module_returning_none_gets_its_backward_from_the_nodes_it_created() -> None:
+    model = ReadsResult()
+    with LayerProf(model) as prof:
+        loss = model(torch.randn(16, 8))
+        wall = _timed_backward(loss)
+    model.keep.result = None
+    check_profile(prof, model, backward_wall_ms=wall)
+    assert prof.records["keep"].backward_ms > 0 and prof.records["keep.fc"].backward_ms > 0
+    assert prof.records["keep.fc"].backward_ms <= prof.records["keep"].backward_ms
+    assert prof.records["detached"].backward_ms is None  # no gradient reached it: nothing ran
