@@ -60,7 +60,8 @@ class LayerProfProfiler(_profilers.Profiler):
         if self._prof is None:
             if self.profile_result is not None:
                 return  # a later stage (another fit) of the same profiler: the first profile stands
-            self._prof = LayerProf(self._module(), metrics=self.metrics, schedule=GapSchedule(self.schedule))
+            self._prof = LayerProf(self._module(), metrics=self.metrics,
+                                   schedule=GapSchedule.around(self.schedule))
             self._prof.start()
         else:
             self._prof.step()  # the gap since the last batch ends; this batch begins

@@ -53,7 +53,7 @@ class LayerProfCallback(_transformers.TrainerCallback):
         if self._prof is None:
             if self.profile is not None or model is None:
                 return
-            self._prof = LayerProf(model, metrics=self.metrics, schedule=GapSchedule(self.schedule))
+            self._prof = LayerProf(model, metrics=self.metrics, schedule=GapSchedule.around(self.schedule))
             self._prof.start()
         else:
             self._prof.step()  # the gap since the last optimizer step ends
