@@ -23,7 +23,8 @@ class GapSchedule(Schedule):
         if per_step is None:
             return cls(every_step=True)
         if not isinstance(per_step, Schedule):
-            raise TypeError(f"schedule must be a layerprof.schedule(wait=, warmup=, active=, repeat=), got {per_step!r}")
+            raise TypeError(
+                f"schedule must be a layerprof.schedule(wait=, warmup=, active=, repeat=), got {per_step!r}")
         return cls(**{f.name: getattr(per_step, f.name) for f in fields(Schedule)})
 
     def __call__(self, step: int) -> Action:

@@ -5,7 +5,8 @@ only, ``on_step_end`` after the optimizer step); the time between steps (evaluat
 with the hooks off, never recorded. ``schedule`` (``layerprof.schedule(...)``) counts optimizer steps. At the end
 of training, ``layerprof.json`` and ``layerprof.txt`` (the annotated summary) go to ``output_dir`` (default:
 ``args.output_dir``), and, when TensorBoard is among ``args.report_to``, the scalars, figures and top table go
-to the TensorBoard log folder too (``<output_dir>/runs/layerprof`` unless set). Needs ``transformers`` (``pip install "layerprof[transformers]"``).
+to the TensorBoard log folder too (``<output_dir>/runs/layerprof`` unless set). Needs ``transformers``
+(``pip install "layerprof[transformers]"``).
 """
 from __future__ import annotations
 

@@ -35,7 +35,9 @@ def _present(records: list[ModuleRecord], root: ModuleRecord, names: tuple[str, 
     fields = []
     for name in names:
         resolved = canonical(name, lambda n: any(getattr(r, n, None) is not None for r in records))
-        if resolved in FIELDS and resolved not in fields and any(_value(r, resolved, root) is not None for r in records):
+        if resolved not in FIELDS or resolved in fields:
+            continue
+        if any(_value(r, resolved, root) is not None for r in records):
             fields.append(resolved)
     return fields
 
@@ -120,7 +122,9 @@ def report_html(root: ModuleRecord, meta: dict[str, Any] | None = None) -> str:
 </section>
 <section id="table-section">
   <h2>Modules</h2>
-  <div class="controls"><input id="filter" type="search" placeholder="filter by name or type"> <span id="count"></span></div>
+  <div class="controls">
+    <input id="filter" type="search" placeholder="filter by name or type"> <span id="count"></span>
+  </div>
   <table id="records"><thead></thead><tbody></tbody></table>
 </section>
 <div id="tooltip" hidden></div>
