@@ -76,5 +76,7 @@ def test_report_in_headless_chromium(tmp_path: Path) -> None:
     assert check["zoomedTo"] == "0" and check["cellsAfterZoom"] == 1  # a click on Linear "0" zoomed to it
     assert [m for m, _ in check["metrics"]] == ["forward_ms", "backward_ms", "total_ms", "flops", "params"]
     assert check["rows"] == 6 and check["sortedFirst"] == "Sequential"  # sorted by forward time: the root first
-    for name in (">1.0<", ">GELU<", "Linear"):
-        assert name in dom
+    assert check["filtered"] == 3  # "linear" matches the three Linear modules by type
+    assert check["tooltip"].startswith("Sequential Sequential") and "Forward Time" in check["tooltip"]
+    assert "<title>0</title>" in dom  # the zoomed icicle, in the final DOM
+    assert dom.count('<td class="type">Linear</td>') == 3  # the filtered table

@@ -172,8 +172,13 @@
 
   // A check a headless browser can run: open the file with #selftest and read #selftest from the DOM.
   if (location.hash === "#selftest") {
-    const result = { names: [], zoomedTo: null, cellsAfterZoom: 0, metrics: [], rows: 0, sortedFirst: null };
+    const result = { names: [], tooltip: null, zoomedTo: null, cellsAfterZoom: 0, metrics: [], rows: 0,
+                     sortedFirst: null, filtered: 0 };
     document.querySelectorAll("#icicle g.cell").forEach((g) => result.names.push(g.getAttribute("data-name")));
+    const first = document.querySelector("#icicle g.cell");
+    first.dispatchEvent(new MouseEvent("mousemove", { bubbles: true, clientX: 20, clientY: 20 }));
+    result.tooltip = tooltip.hidden ? null : tooltip.textContent;
+    first.dispatchEvent(new MouseEvent("mouseleave"));
     const target = Array.from(document.querySelectorAll("#icicle g.cell")).find((g) => g.getAttribute("data-name") !== root.name);
     if (target) target.dispatchEvent(new MouseEvent("click", { bubbles: true }));
     result.zoomedTo = document.getElementById("icicle").getAttribute("data-zoom");
@@ -184,6 +189,9 @@
     if (header) header.dispatchEvent(new MouseEvent("click", { bubbles: true }));
     result.sortedFirst = (document.querySelector("#records tbody td.name") || {}).textContent || null;
     result.rows = document.querySelectorAll("#records tbody tr").length;
+    const filter = document.getElementById("filter");
+    filter.value = "linear"; filter.dispatchEvent(new Event("input"));
+    result.filtered = document.querySelectorAll("#records tbody tr").length;
     const pre = document.createElement("pre"); pre.id = "selftest"; pre.textContent = JSON.stringify(result);
     document.body.appendChild(pre);
   }
