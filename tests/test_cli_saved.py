@@ -59,3 +59,13 @@ def test_errors_are_usage_errors(saved, tmp_path, capsys) -> None:
     bad.write_text('{"format": "something else"}')
     assert main(["show", str(bad)]) == 1
     assert "not a layerprof profile" in capsys.readouterr().err
+
+
+def test_spec_run_writes_report_and_speedscope(tmp_path, capsys) -> None:
+    report, speedscope = tmp_path / "r.html", tmp_path / "s.json"
+    status = main(["torch.nn:Linear", "--kwargs", '{"in_features": 8, "out_features": 4}', "--input", "2,8",
+                   "--warmup", "0", "--steps", "1", "--report", str(report), "--speedscope", str(speedscope)])
+    assert status == 0
+    assert '"type": "Linear"' in report.read_text()  # the page's data: the root module
+    profiles = json.loads(speedscope.read_text())["profiles"]
+    assert [len(p.get("events", p.get("samples"))) for p in profiles] == [2, 2, 1]  # open+close, once each
