@@ -221,23 +221,47 @@ def test_exception_raised_by_user_code_in_block_gets_no_module_note() -> None:
     assert not getattr(raised.value, "__notes__", [])
 
 
-def test_hooking_failure_half_way_leaves_no_hook() -> None:
+def test_hooking_failure_half_way_leaves_no_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    import layerprof.collect.tracker as tracker_module
+
     model = MLP()
     before = hook_state(model)
+    real = tracker_module.add_forward_hooks
 
-    def refuse(*args: object, **kwargs: object) -> None:
-        raise RuntimeError("cannot hook")
+    def refuse_body_2(module: nn.Module, pre: object, post: object) -> object:
+        if module is model.body[2]:
+            raise RuntimeError("cannot hook")
+        return real(module, pre, post)
 
     # The root, body and body.0 are hooked before body.2 refuses.
-    model.body[2].register_forward_pre_hook = refuse
-    try:
-        with pytest.raises(RuntimeError, match="cannot hook"):
-            with LayerProf(model):
-                pass
-    finally:
-        del model.body[2].register_forward_pre_hook
+    monkeypatch.setattr(tracker_module, "add_forward_hooks", refuse_body_2)
+    with pytest.raises(RuntimeError, match="cannot hook"):
+        with LayerProf(model):
+            pass
     assert hook_state(model) == before
     assert not _PROFILED
+
+
+def test_hooks_written_directly_behave_as_torchs_own() -> None:
+    # Our pre-hook runs after the user's, our post-hook before the user's and also when forward raises; taking
+    # them off leaves every hook dict as it was, the user's hooks in place.
+    from layerprof._torch import add_forward_hooks, remove_forward_hooks
+
+    order: list[str] = []
+    module = nn.Linear(2, 2)
+    module.register_forward_pre_hook(lambda m, a: order.append("user pre"))
+    module.register_forward_hook(lambda m, a, o: order.append("user post"))
+    before = hook_state(module)
+    added = add_forward_hooks(module, lambda m, a, k: order.append("our pre"),
+                              lambda m, a, k, o: order.append("our post"))
+    module(torch.randn(1, 2))
+    assert order == ["user pre", "our pre", "our post", "user post"]
+    order.clear()
+    with pytest.raises(RuntimeError):
+        module(torch.randn(1, 3))
+    assert order == ["user pre", "our pre", "our post"]
+    remove_forward_hooks(module, added)
+    assert hook_state(module) == before
 
 
 def test_reentering_and_nesting_are_refused() -> None:

@@ -38,7 +38,7 @@ from .clock import Clock, CpuClock, make_clock
 from .._tensors import first_tensor, iter_tensors
 from .._torch import graph_task_id as _graph_task_id
 from .._torch import next_sequence_nr as _next_sequence_nr
-from .._torch import escaped_backward
+from .._torch import add_forward_hooks, escaped_backward, remove_forward_hooks
 from .._torch import queue_backward_callback as _queue_backward_callback
 from .._torch import sequence_nr as _sequence_nr
 
@@ -218,10 +218,7 @@ class Tracker:
                     hooks = self._hook_cache[name] = self._make_hooks(name)
                 pre, post = hooks
                 # Our pre-hook runs last and our post-hook first, so the user's own hooks are not timed.
-                self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-                self._handles.append(
-                    module.register_forward_hook(post, with_kwargs=True, always_call=True, prepend=True)
-                )
+                self._handles.append((module, add_forward_hooks(module, pre, post)))
         except BaseException:
             self.detach()
             raise
@@ -232,8 +229,8 @@ class Tracker:
         self.active = False
         self.end_step()
         handles, self._handles = self._handles, []
-        for handle in handles:
-            handle.remove()
+        for module, added in handles:
+            remove_forward_hooks(module, added)
 
     def end_step(self) -> None:
         """Close the step: graph hooks still on live nodes stop stamping, and per-thread state starts clean

@@ -94,7 +94,8 @@ def measure_params(entries: list[tuple[str, nn.Module]]) -> dict[str, dict[str, 
     tensors: dict[int, tuple[torch.Tensor, bool]] = {}  # id -> (tensor, is a parameter)
     own = []
     for i, (_, module) in enumerate(entries):
-        params, buffers = _tensors(module._parameters), _tensors(module._buffers)
+        params = _tensors(module._parameters) if module._parameters else {}
+        buffers = _tensors(module._buffers) if module._buffers else {}
         own.append(params)
         for key, tensor in params.items():
             holders.setdefault(key, []).append(i)
@@ -103,27 +104,27 @@ def measure_params(entries: list[tuple[str, nn.Module]]) -> dict[str, dict[str, 
             holders.setdefault(key, []).append(i)
             tensors[key] = (tensor, False)
     totals = [_Totals() for _ in entries]  # tensors added upwards, child to parent
-    shared = [_Totals() for _ in entries]  # tensors added to each module above their holders directly
+    shared: dict[int, _Totals] = {}  # tensors added to each module above their holders directly
     for key, held_by in holders.items():
         tensor, is_param = tensors[key]
         if len(held_by) == 1 and single[held_by[0]]:
-            target, reached = totals, held_by
+            targets = [totals[held_by[0]]]
         else:
-            target, reached = shared, _ancestors(held_by, parents)
-        for i in reached:
-            (target[i].add_param if is_param else target[i].add_buffer)(tensor)
+            targets = [shared.setdefault(i, _Totals()) for i in _ancestors(held_by, parents)]
+        for target in targets:
+            (target.add_param if is_param else target.add_buffer)(tensor)
     for j in range(len(entries) - 1, 0, -1):  # children after parents: a child's sums are final here
-        if single[j]:
+        if single[j] and totals[j].params | totals[j].buffers:
             totals[parents[j][0]].add(totals[j])
-    for total, extra in zip(totals, shared):
-        total.add(extra)
+    for i, extra in shared.items():
+        totals[i].add(extra)
     names = [name for name, _ in entries]
     values = {}
     for i, (name, module) in enumerate(entries):
         mine = own[i]
         shared_with: dict[str, list[str]] = {}
         shared_params = 0
-        table = module._parameters
+        table = module._parameters if module._parameters else {}
         one_name_each = len(mine) == sum(1 for t in table.values() if t is not None and not _is_lazy(t))
         for param_name, param in table.items():
             if param is None or _is_lazy(param):
@@ -142,8 +143,8 @@ def measure_params(entries: list[tuple[str, nn.Module]]) -> dict[str, dict[str, 
             "trainable_params": total.trainable,
             "param_bytes": total.param_bytes,
             "param_dtypes": dict(total.dtypes),
-            "own_params": sum(p.numel() for p in mine.values()),
-            "own_param_bytes": sum(_bytes(p) for p in mine.values()),
+            "own_params": sum(p.numel() for p in mine.values()) if mine else 0,
+            "own_param_bytes": sum(_bytes(p) for p in mine.values()) if mine else 0,
             "shared_params": shared_params,
             "shared_with": shared_with,
             "buffers": total.buffers,
