@@ -22,7 +22,10 @@ from .record.fields import canonical
 from .render.rows import FILTERS, derived_names, numeric_fields, select, top_records, value_of
 from .render.summary import annotated_repr
 from .render.table import Table
+from .render.report import report_html
+from .render.speedscope import speedscope_json
 from .render.trace import trace_json
+from .integrations.tensorboard import write_tensorboard
 from .render.tree import render_tree, timepool
 from .render.units import format_ms
 
@@ -145,6 +148,41 @@ class Profile:
         """Chrome trace-event JSON of every call's forward and backward, for ui.perfetto.dev or
         chrome://tracing; written to ``path`` if given."""
         return export.write_text(trace_json(self.tree, self.meta), path)
+
+    def to_speedscope(self, path: str | Path | None = None) -> str:
+        """The speedscope format (speedscope.app): evented forward and backward timelines and a flame graph of
+        self time over the module tree; written to ``path`` if given.
+
+        >>> import json, torch, layerprof
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
+        >>> with layerprof.LayerProf(net) as prof:
+        ...     net(torch.randn(2, 4)).sum().backward()
+        >>> doc = json.loads(prof.to_speedscope())
+        >>> [frame["name"] for frame in doc["shared"]["frames"]], [p["type"] for p in doc["profiles"]]
+        (['Sequential', '0 (Linear)', '1 (ReLU)'], ['evented', 'evented', 'sampled'])
+        """
+        return export.write_text(speedscope_json(self.tree, self.meta), path)
+
+    def to_report(self, path: str | Path | None = None) -> str:
+        """One self-contained interactive HTML page (icicle with zoom and a metric switch, sortable table,
+        timeline of a step; nothing fetched, opens from file://); written to ``path`` if given.
+
+        >>> import torch, layerprof
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
+        >>> with layerprof.LayerProf(net) as prof:
+        ...     net(torch.randn(2, 4)).sum().backward()
+        >>> page = prof.to_report()
+        >>> page.startswith("<!DOCTYPE html>"), "<script src" in page
+        (True, False)
+        """
+        return export.write_text(report_html(self.tree, self.meta), path)
+
+    def to_tensorboard(self, writer_or_logdir: Any, step: int | None = None, depth: int | None = None,
+                       top: int | None = None) -> list[str]:
+        """Scalars per module under ``layerprof/<field>/<module name>``, the plots as figures and the top table
+        as Markdown text, through one SummaryWriter (or a new one on a log directory); returns the scalar tags.
+        Needs ``pip install "layerprof[tensorboard]"``."""
+        return write_tensorboard(self, writer_or_logdir, step=step, depth=depth, top=top)
 
     # -- plots, distributed, FLOPs ---------------------------------------------------------------------------
     def plot(self, kind: str, metric: str = "total", path: str | None = None, **kwargs: Any) -> Any:

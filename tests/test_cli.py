@@ -306,7 +306,7 @@ def test_help_has_three_examples(capsys) -> None:
     out = capsys.readouterr().out
     assert EPILOG in out
     assert [line.split()[1] for line in EPILOG.splitlines() if line.startswith("  layerprof ")] == [
-        "torchvision.models:resnet18", "torchvision.models:vit_b_16", "my_models.py:TinyLM"]
+        "torchvision.models:resnet18", "torchvision.models:vit_b_16", "my_models.py:TinyLM", "show", "compare"]
 
 
 def test_console_script_points_at_main() -> None:

@@ -16,6 +16,7 @@ from .inputs import InputSpec, check_input_sizes, make_inputs, parse_dtype, pars
 from .outputs import requested_outputs, write_outputs
 from .parser import build_parser
 from .run import run_profile
+from .saved import SUBCOMMANDS, run_saved
 from .spec import load_model, parse_kwargs
 
 __all__ = ["main"]
@@ -93,12 +94,16 @@ def _run(options: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None, prog: str = "layerprof") -> int:
     """Entry point of ``layerprof`` and ``python -m layerprof``; returns the exit status.
 
-    0: done; 1: the model, its factory or an export failed; 2: a usage error. Errors are one line on stderr,
+    ``layerprof show PROFILE.json`` and ``layerprof compare A.json B.json`` work on saved profiles (``saved.py``).
+    0: done; 1: the model, its factory or an export failed, or ``compare --fail-if-slower`` found B slower;
+    2: a usage error. Errors are one line on stderr,
     with the traceback above it only under ``--debug``.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     try:
+        if argv and argv[0] in SUBCOMMANDS:  # a SPEC always has a ':', so these names are free
+            return run_saved(argv, prog)
         options = build_parser(prog).parse_args(argv)
         return _run(options)
     except CLIError as exc:

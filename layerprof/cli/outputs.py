@@ -14,7 +14,8 @@ from .errors import RunError, UsageError, one_line
 
 __all__ = ["Output", "requested_outputs", "write_outputs"]
 
-_METHODS = {"csv": "to_csv", "json": "to_json", "html": "to_html", "trace": "to_trace", "plot": "plot"}
+_METHODS = {"csv": "to_csv", "json": "to_json", "html": "to_html", "trace": "to_trace",
+            "speedscope": "to_speedscope", "report": "to_report", "plot": "plot"}
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,10 @@ examples:
       inference only (eval + inference_mode) on the GPU in bfloat16
   layerprof my_models.py:TinyLM --kwargs '{"vocab": 1000}' --input 4,128:int64 --vocab 1000 --steps 10
       a model from a file, built with keyword arguments, fed random token ids in [0, 1000)
+  layerprof show resnet.json --depth 3 --report resnet.html
+      render a saved profile (written with --json PATH or prof.to_json(path))
+  layerprof compare before.json after.json --fail-if-slower 10
+      compare two saved profiles; exit 1 when after's total time is more than 10 % above before's
 """
 
 
@@ -50,6 +54,19 @@ def _count(minimum: int) -> Callable[[str], int]:
 
 def _names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def add_output_options(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """The ``--csv/--json/--html/--trace/--speedscope/--report/--plot`` options (``layerprof SPEC`` and ``show``)."""
+    for flag, what in (("csv", "a CSV table"), ("json", "JSON"), ("html", "an HTML table"),
+                       ("trace", "a Chrome/Perfetto trace"), ("speedscope", "a speedscope file"),
+                       ("report", "an interactive HTML report (icicle, table, timeline)")):
+        group.add_argument(f"--{flag}", metavar="PATH", help=f"write the profile as {what}")
+    group.add_argument("--plot", metavar="PATH", help="write a figure of the profile (see --plot-kind)")
+    group.add_argument("--plot-kind", choices=("sunburst", "icicle", "top"), default="sunburst",
+                       help="the figure --plot draws (default sunburst)")
+    group.add_argument("--plot-metric", default="total", metavar="NAME",
+                       help="the quantity --plot shows (default total)")
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -89,14 +106,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                        help="expand modules down to this depth, root = 0; 'all' for every level (default 2)")
     shown.add_argument("--columns", type=_names, metavar="A,B",
                        help="columns of the annotated tree (default forward,backward)")
-    for flag, what in (("csv", "a CSV table"), ("json", "JSON"), ("html", "an HTML report"),
-                       ("trace", "a Chrome/Perfetto trace")):
-        shown.add_argument(f"--{flag}", metavar="PATH", help=f"write the profile as {what}")
-    shown.add_argument("--plot", metavar="PATH", help="write a figure of the profile (see --plot-kind)")
-    shown.add_argument("--plot-kind", choices=("sunburst", "icicle", "top"), default="sunburst",
-                       help="the figure --plot draws (default sunburst)")
-    shown.add_argument("--plot-metric", default="total", metavar="NAME",
-                       help="the quantity --plot shows (default total)")
+    add_output_options(shown)
     shown.add_argument("--debug", action="store_true", help="show the traceback of an error")
     shown.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.nn.modules.module import register_module_module_registration_hook
 
+from .annotate import Annotator
 from .environment import environment
 from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters
@@ -123,10 +124,13 @@ class LayerProf:
         schedule: a ``layerprof.schedule(wait=, warmup=, active=, repeat=)``: hooks are off in ``wait`` steps and
             after the last cycle, so those steps cost nothing. Exclusive with ``warmup``.
         max_samples: step values kept per module and pass for the median and p95 (the memory bound).
+        annotate: open a ``torch.profiler.record_function`` range (and NVTX on CUDA) named after the module
+            around each forward call and backward interval, for torch.profiler traces and Nsight Systems.
     """
 
     def __init__(self, model: nn.Module, *, sync: bool = False, metrics: Iterable[str] | None = None,
-                 warmup: int = 0, schedule: Schedule | None = None, max_samples: int = 1024) -> None:
+                 warmup: int = 0, schedule: Schedule | None = None, max_samples: int = 1024,
+                 annotate: bool = False) -> None:
         _check_model(model)
         warmup = check_int("warmup", warmup)
         max_samples = check_int("max_samples", max_samples, minimum=1)
@@ -141,6 +145,8 @@ class LayerProf:
         self.warmup = warmup
         self.schedule = schedule
         self.metrics: list[Meter] = make_meters(metrics)
+        if annotate:  # an observer on the meters' hooks: nothing runs for it when off
+            self.metrics.append(Annotator())
         self.tree: ModuleRecord | None = None
         self.records: dict[str, ModuleRecord] = {}
         self.step_num = 0
@@ -480,6 +486,9 @@ class LayerProf:
     to_html = _result(Profile.to_html)
     to_json = _result(Profile.to_json)
     to_trace = _result(Profile.to_trace)
+    to_speedscope = _result(Profile.to_speedscope)
+    to_report = _result(Profile.to_report)
+    to_tensorboard = _result(Profile.to_tensorboard)
     plot = _result(Profile.plot)
     gather = _result(Profile.gather)
     unknown_ops = _result(Profile.unknown_ops)

@@ -1,0 +1,71 @@
+"""``layerprof show`` and ``layerprof compare`` on saved profiles, through ``main(argv)``."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from layerprof import LayerProf
+from layerprof.cli import main
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A profile and a copy of it made 30 % slower in every forward and backward time."""
+    folder = tmp_path_factory.mktemp("saved")
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    with LayerProf(net) as prof:
+        net(torch.randn(2, 4)).sum().backward()
+    a, b = folder / "a.json", folder / "b.json"
+    prof.to_json(a)
+    doc = json.loads(a.read_text())
+    for row in doc["records"]:
+        for key in ("forward_ms", "backward_ms"):
+            row[key] *= 1.3
+    b.write_text(json.dumps(doc))
+    return a, b
+
+
+def test_show_prints_the_summary_and_writes_files(saved, tmp_path, capsys) -> None:
+    a, _ = saved
+    report, speedscope = tmp_path / "r.html", tmp_path / "s.json"
+    assert main(["show", str(a), "--depth", "1", "--report", str(report), "--speedscope", str(speedscope)]) == 0
+    out = capsys.readouterr().out
+    assert "(0): Linear【Forward Time:" in out and "(2): Linear" in out
+    assert report.read_text().startswith("<!DOCTYPE html>")
+    assert json.loads(speedscope.read_text())["shared"]["frames"][1]["name"] == "0 (Linear)"
+
+
+def test_compare_exit_codes(saved, capsys) -> None:
+    a, b = saved
+    assert main(["compare", str(a), str(b)]) == 0  # no gate: prints only
+    assert "total_ms" in capsys.readouterr().out
+    assert main(["compare", str(a), str(b), "--fail-if-slower", "10"]) == 1  # 30 % > 10 %
+    assert "FAIL: B is slower" in capsys.readouterr().err
+    assert main(["compare", str(a), str(b), "--fail-if-slower", "40"]) == 0  # 30 % <= 40 %
+    assert main(["compare", str(a), str(b), "--by", "backward", "--fail-if-slower", "29"]) == 1
+    assert main(["compare", str(b), str(a), "--fail-if-slower", "0"]) == 0  # faster passes
+
+
+def test_errors_are_usage_errors(saved, tmp_path, capsys) -> None:
+    a, _ = saved
+    assert main(["show", str(tmp_path / "missing.json")]) == 2
+    assert main(["compare", str(a)]) == 2
+    assert main(["compare", str(a), str(a), "--by", "sideways"]) == 2
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "something else"}')
+    assert main(["show", str(bad)]) == 1
+    assert "not a layerprof profile" in capsys.readouterr().err
+
+
+def test_spec_run_writes_report_and_speedscope(tmp_path, capsys) -> None:
+    report, speedscope = tmp_path / "r.html", tmp_path / "s.json"
+    status = main(["torch.nn:Linear", "--kwargs", '{"in_features": 8, "out_features": 4}', "--input", "2,8",
+                   "--warmup", "0", "--steps", "1", "--report", str(report), "--speedscope", str(speedscope)])
+    assert status == 0
+    assert '"type": "Linear"' in report.read_text()  # the page's data: the root module
+    profiles = json.loads(speedscope.read_text())["profiles"]
+    assert [len(p.get("events", p.get("samples"))) for p in profiles] == [2, 2, 1]  # open+close, once each

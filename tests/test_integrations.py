@@ -1,0 +1,188 @@
+"""Lightning, the Hugging Face Trainer and TensorBoard, for real, on CPU, a few steps each."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import layerprof
+from layerprof import LayerProf
+
+
+def _small_net() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+
+
+# -- TensorBoard --------------------------------------------------------------------------------------------------
+def _events(logdir: Path):
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    events = accumulator.EventAccumulator(str(logdir), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
+    events.Reload()
+    return events
+
+
+def test_tensorboard_scalars_figures_and_text(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    net = _small_net()
+    with LayerProf(net) as prof:
+        net(torch.randn(4, 8)).sum().backward()
+    tags = prof.to_tensorboard(tmp_path, step=7)
+    events = _events(tmp_path)
+    scalars = set(events.Tags()["scalars"])
+    assert set(tags) == scalars
+    for field in ("forward_ms", "backward_ms", "total_ms", "params"):
+        for module in ("Sequential", "0", "1", "2"):
+            assert f"layerprof/{field}/{module}" in scalars
+    (point,) = events.Scalars("layerprof/forward_ms/0")
+    assert point.step == 7 and point.value == pytest.approx(prof.profile.records["0"].forward_ms, rel=1e-6)
+    (params,) = events.Scalars("layerprof/params/2")
+    assert params.value == 17  # Linear(16, 1): 16 weights + 1 bias
+    assert set(events.Tags()["images"]) == {"layerprof/sunburst", "layerprof/icicle", "layerprof/top"}
+    (text,) = events.Tensors("layerprof/top/text_summary")
+    assert text.tensor_proto.string_val[0].startswith(b"| Name | Type | Calls | Total |")
+    assert len(list(tmp_path.iterdir())) == 1  # one writer, one event file
+
+
+def test_tensorboard_depth_and_top_and_a_given_writer(tmp_path: Path) -> None:
+    summary = pytest.importorskip("torch.utils.tensorboard")
+    net = nn.Sequential(_small_net(), nn.Linear(1, 1))
+    with LayerProf(net) as prof:
+        net(torch.randn(4, 8)).sum().backward()
+    writer = summary.SummaryWriter(str(tmp_path))
+    tags = prof.to_tensorboard(writer, depth=1, top=1)
+    writer.close()
+    modules = {tag.rsplit("/", 1)[1] for tag in tags}
+    assert len(modules) == 2 and "Sequential" in modules  # the root and the top module at depth <= 1
+
+
+# -- Lightning ----------------------------------------------------------------------------------------------------
+try:  # at module level, like a real LightningModule (picklable for DDP workers)
+    import lightning.pytorch as pl
+except ImportError:  # the Lightning tests skip
+    pl = None
+else:
+    class Regressor(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _small_net()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return nn.functional.mse_loss(self(x), y)
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("val", nn.functional.mse_loss(self(x), y))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _lightning_module():
+    if pl is None:
+        pytest.skip("needs lightning: pip install \"layerprof[lightning]\"")
+    return pl, Regressor()
+
+
+def _loader(batches: int):
+    data = torch.utils.data.TensorDataset(torch.randn(4 * batches, 8), torch.randn(4 * batches, 1))
+    return torch.utils.data.DataLoader(data, batch_size=4)
+
+
+@pytest.mark.parametrize("accumulate", [1, 3])
+def test_lightning_profiler(tmp_path: Path, accumulate: int) -> None:
+    pl, module = _lightning_module()
+    from layerprof.integrations.lightning import LayerProfProfiler
+
+    profiler = LayerProfProfiler(schedule=layerprof.schedule(wait=1, active=4))
+    trainer = pl.Trainer(max_epochs=1, profiler=profiler, accumulate_grad_batches=accumulate, default_root_dir=tmp_path,
+                         limit_val_batches=2, val_check_interval=3, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+    trainer.fit(module, _loader(6), _loader(2))
+    profile = profiler.profile_result
+    # 6 batches: batch 0 waits, batches 1-4 recorded; validation between batches is never recorded.
+    assert profile.meta["steps"] == 4
+    assert profile.tree.calls == 1 and profile.records["net.0"].calls == 1  # one forward per batch
+    assert profile.tree.forward_ms > 0 and profile.tree.backward_ms > 0
+    saved = tmp_path / "layerprof-rank0.json"  # default dirpath: the trainer's log dir (default_root_dir)
+    assert layerprof.load(saved).records["net.2"].type == "Linear"
+    assert (tmp_path / "layerprof-rank0.txt").read_text().startswith("Step: forward")
+    assert profiler.summary().startswith("Step: forward") and "(net): Sequential" in profiler.summary()
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in module.modules())  # nothing left on
+
+
+def test_lightning_ddp_on_cpu(tmp_path: Path) -> None:
+    pl, module = _lightning_module()
+    from layerprof.integrations.lightning import LayerProfProfiler
+
+    trainer = pl.Trainer(max_epochs=1, profiler=LayerProfProfiler(dirpath=tmp_path, filename="ddp"),
+                         strategy="ddp_fork", accelerator="cpu", devices=2, limit_val_batches=0,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    trainer.fit(module, _loader(4))
+    for rank in (0, 1):
+        profile = layerprof.load(tmp_path / f"ddp-rank{rank}.json")
+        assert profile.meta["lightning"]["rank"] == rank
+        assert profile.meta["steps"] == 2  # 4 batches split over 2 ranks
+        assert profile.records["net.0"].backward_ms > 0
+
+
+# -- Hugging Face Trainer -----------------------------------------------------------------------------------------
+class _Tokens(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int) -> dict:
+        generator = torch.Generator().manual_seed(index)
+        return {"input_ids": torch.randint(0, 100, (8,), generator=generator), "labels": torch.tensor(index % 2)}
+
+
+def test_transformers_trainer_callback(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from layerprof.integrations.transformers import LayerProfCallback
+
+    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=32)
+    model = transformers.BertForSequenceClassification(config)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=3,
+        report_to=["tensorboard"], use_cpu=True, save_strategy="no", disable_tqdm=True, logging_steps=100)
+    callback = LayerProfCallback(schedule=layerprof.schedule(warmup=1, active=2))
+    transformers.Trainer(model=model, args=args, train_dataset=_Tokens(), callbacks=[callback]).train()
+    profile = callback.profile
+    assert profile.meta["steps"] == 2  # 3 optimizer steps: 1 warm-up, 2 recorded
+    assert profile.tree.calls == 2  # two micro-batches per optimizer step
+    assert profile.records["bert.encoder.layer.1.attention"].calls == 2
+    assert profile.records["classifier"].backward_ms > 0
+    assert json.loads((tmp_path / "layerprof.json").read_text())["format"] == "layerprof.profile"
+    assert "(bert): BertModel" in (tmp_path / "layerprof.txt").read_text()
+    events = _events(tmp_path / "runs" / "layerprof")
+    assert "layerprof/forward_ms/bert.encoder" in events.Tags()["scalars"]
+    assert "layerprof/icicle" in events.Tags()["images"]
+
+
+# -- optional packages --------------------------------------------------------------------------------------------
+def test_a_missing_package_names_the_extra() -> None:
+    from layerprof.integrations import require
+
+    with pytest.raises(ImportError) as raised:
+        require("lightning_that_is_not_installed.pytorch", "lightning", "layerprof.integrations.lightning")
+    message = str(raised.value)
+    assert message == ("layerprof.integrations.lightning needs the 'lightning_that_is_not_installed' package: "
+                       'pip install "layerprof[lightning]"')
+    assert "\n" not in message
+
+
+def test_to_tensorboard_rejects_what_is_not_a_writer() -> None:
+    net = _small_net()
+    with LayerProf(net) as prof:
+        net(torch.randn(4, 8)).sum().backward()
+    with pytest.raises(TypeError, match="SummaryWriter or a log directory"):
+        prof.to_tensorboard(42)
