@@ -25,8 +25,6 @@ __all__ = [
 next_sequence_nr: Callable[[], int] = torch._C._autograd._get_sequence_nr
 # The id of the backward pass (graph task) running on this thread, -1 outside backward.
 graph_task_id: Callable[[], int] = torch._C._current_graph_task_id
-# Run a callable when the running backward pass (graph task) finishes; only inside backward.
-queue_backward_callback: Callable[[Callable[[], None]], None] = torch.autograd.Variable._execution_engine.queue_callback
 # The autograd node executing on this thread, None outside backward.
 current_autograd_node: Callable[[], Any] = torch._C._current_autograd_node
 

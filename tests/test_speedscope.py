@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 
 import torch
-from torch import nn
 
 from layerprof import LayerProf
 from layerprof.record.records import CallTiming, ModuleRecord
