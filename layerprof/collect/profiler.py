@@ -19,7 +19,7 @@ from ..metrics import Meter, make_meters
 from .._tensors import first_tensor
 from .._torch import compiled_module_type
 from ..profile import Profile
-from ..record.records import ModuleRecord, build_tree
+from ..record.records import ModuleRecord, build_tree, module_paths
 from .schedule import Action, Schedule
 from .statistics import StepStats
 from .timing import StepTimes, step_times
@@ -47,7 +47,7 @@ def _check_model(model: Any) -> None:
         )
     if not isinstance(model, nn.Module):
         raise TypeError(f"LayerProf expects a torch.nn.Module, got {type(model).__module__}.{type(model).__qualname__}")
-    for name, child in model.named_modules():
+    for name, child in module_paths(model):
         if isinstance(child, torch.jit.ScriptModule):
             raise TypeError(
                 f"LayerProf cannot profile module '{name}' ({type(child).__name__}): it is TorchScript, whose "
@@ -388,7 +388,7 @@ class LayerProf:
 
     def _warn_unseen_modules(self) -> None:
         """Modules in the model now that were never hooked (put into ``_modules`` without registration)."""
-        unseen = [(name, module) for name, module in self.model.named_modules() if id(module) not in self._names]
+        unseen = [(name, module) for name, module in module_paths(self.model) if id(module) not in self._names]
         if unseen:
             shown = ", ".join(f"'{name}' ({type(module).__name__})" for name, module in unseen[:5])
             warnings.warn(

@@ -78,6 +78,9 @@ def quantile(ordered: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
+_STAT_KEYS = {field: tuple(f"{field}_{statistic}" for statistic in STATISTICS) for field in ("forward_ms", "backward_ms")}
+
+
 class _Pass:
     """One module's values of one pass over the steps: sums for the mean and std, extremes over the steps that
     had a value (0 joins them in ``summary`` when some steps had none), and the shared reservoir."""
@@ -93,6 +96,9 @@ class _Pass:
         self.samples = array("d", bytes(8 * filled))  # the steps before this module first ran: zeros
 
     def summary(self, steps: int) -> dict[str, float]:
+        if steps == 1:  # one step (the one-shot profile): every statistic is its value, nothing to sort
+            value = self.total
+            return {"mean": value, "median": value, "std": 0.0, "min": value, "max": value, "p95": value}
         mean = self.total / steps
         variance = (self.total_sq - steps * mean * mean) / (steps - 1) if steps > 1 else 0.0
         ordered = sorted(self.samples) or [0.0]
@@ -221,9 +227,10 @@ class StepStats:
                 if not values.runs:
                     continue
                 summary = values.summary(steps)
-                setattr(record, field, summary["mean"])
-                for statistic in STATISTICS:
-                    setattr(record, f"{field}_{statistic}", summary[statistic])
+                own = record.__dict__
+                own[field] = summary["mean"]
+                for statistic, key in zip(STATISTICS, _STAT_KEYS[field]):
+                    own[key] = summary[statistic]
             for field, total, values in zip(_MEAN_ONLY, module.sums, (module.forward, module.backward, None)):
                 if field == "recompute_ms":
                     if total:
