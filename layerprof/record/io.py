@@ -17,7 +17,7 @@ from typing import Any
 from anytree import PreOrderIter
 
 from .._version import __version__
-from .fields import FIELDS
+from .fields import FIELDS, catalogue_version
 from .records import CallTiming, ModuleRecord
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "document", "dumps", "read_document", "parse"]
@@ -92,23 +92,44 @@ _JSON_NAMES = {str: "a string", int: "a number", float: "a number", bool: "a boo
                dict: "an object", type(None): "null"}
 
 
+_NUMBERS = (int, float)  # by exact type: a bool is an int to isinstance, and not a number here
+_ACCEPTS: dict[str, Any] = {
+    "number": lambda value: value is None or type(value) in _NUMBERS or (
+        isinstance(value, _NUMBERS) and not isinstance(value, bool)),
+    "number!": lambda value: type(value) in _NUMBERS or (isinstance(value, _NUMBERS) and not isinstance(value, bool)),
+    "int": lambda value: isinstance(value, int) and not isinstance(value, bool),
+    "bool": lambda value: isinstance(value, bool),
+    "list": lambda value: value is None or isinstance(value, list),
+    "list!": lambda value: isinstance(value, list),
+    "dict": lambda value: value is None or isinstance(value, dict),
+    "text": lambda value: isinstance(value, str),
+    "any": lambda value: True,
+}
+
+
 def _check_value(where: str, kind: str, value: Any) -> None:
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = {
-        "number": number or value is None,
-        "number!": number,
-        "int": isinstance(value, int) and not isinstance(value, bool),
-        "bool": isinstance(value, bool),
-        "list": isinstance(value, list) or value is None,
-        "list!": isinstance(value, list),
-        "dict": isinstance(value, dict) or value is None,
-        "text": isinstance(value, str),
-        "any": True,
-    }[kind]
-    if not ok:
+    if not _ACCEPTS[kind](value):
         wanted = {"number": "a number or null", "number!": "a number", "int": "an integer", "bool": "true or false",
                   "list": "a list or null", "list!": "a list", "dict": "an object or null", "text": "a string"}[kind]
         raise ValueError(f"{where} must be {wanted}, got {_shown(value)}")
+
+
+_CACHES: dict[str, Any] = {"version": -1, "kinds": {}, "settable": {}}
+
+
+def _cached(name: str) -> dict[str, Any]:
+    """A per-key cache of what the catalogue says, emptied when a field is declared."""
+    if _CACHES["version"] != catalogue_version():
+        _CACHES.update(version=catalogue_version(), kinds={}, settable={})
+    return _CACHES[name]
+
+
+def _field_kinds() -> dict[str, str]:
+    return _cached("kinds")
+
+
+def _settable_keys() -> dict[str, bool]:
+    return _cached("settable")
 
 
 def _settable(key: str) -> bool:
@@ -190,10 +211,13 @@ def _read_row(index: int, row: Any, by_name: dict[str, ModuleRecord]) -> ModuleR
         for key, kind in _CALL_KINDS.items():
             if key in timing or kind.endswith("!"):
                 _check_value(f"{where}: call_times {key!r}", kind, timing.get(key))
+    kinds = _field_kinds()
     for key, value in row.items():
         if key in _REBUILT:
             continue
-        _check_value(f"{where}: field {key!r}", _kind(key), value)
+        kind = kinds.get(key) or kinds.setdefault(key, _kind(key))
+        if not _ACCEPTS[kind](value):  # the message (and its text) only for a value that is wrong
+            _check_value(f"{where}: field {key!r}", kind, value)
         if key in _ENTRY_KINDS and value:
             for entry_key, entry in value.items():
                 _check_value(f"{where}: field {key!r} entry {entry_key!r}", _ENTRY_KINDS[key], entry)
@@ -204,10 +228,17 @@ def _read_row(index: int, row: Any, by_name: dict[str, ModuleRecord]) -> ModuleR
     record = ModuleRecord(name, row["type"], extra, parent)
     record.aliases = list(aliases or ())
     record.call_times = [CallTiming(**{k: v for k, v in t.items() if k in _CALL_FIELDS}) for t in timings or ()]
+    settable = _settable_keys()
+    own = record.__dict__
     for key, value in row.items():
         # Fields added by meters come back as attributes, whatever their names.
-        if key not in _REBUILT and not key.startswith("_") and (key in record.__dict__ or _settable(key)):
-            setattr(record, key, value)
+        if key in _REBUILT:
+            continue
+        allowed = settable.get(key)
+        if allowed is None:
+            allowed = settable[key] = _settable(key)
+        if allowed or (key in own and not key.startswith("_")):
+            own[key] = value
     return record
 
 
