@@ -15,6 +15,7 @@ from layerprof import LayerProf
 
 from .conftest import hook_state
 from .invariants import check_profile, count_calls, parameter_modules_have_backward
+from .test_patterns import ReturnsNothing
 
 INPLACE = {
     "relu_": lambda h, x: h.relu_(),
@@ -126,22 +127,10 @@ def test_recursion_counts_the_outermost_call_only() -> None:
     assert inner.self_forward_ms + prof.records["0.fc"].forward_ms == pytest.approx(inner.forward_ms, rel=1e-9)
 
 
-class KeepsResult(nn.Module):
-    """Returns nothing: keeps its result on itself for the parent to read."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(8, 8)
-        self.result: torch.Tensor | None = None
-
-    def forward(self, x: torch.Tensor) -> None:
-        self.result = self.fc(x) * 2
-
-
 class ReadsResult(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.keep = KeepsResult()
+        self.keep = ReturnsNothing()
         self.detached = nn.Linear(8, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

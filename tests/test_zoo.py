@@ -11,7 +11,7 @@ from torch import nn
 from layerprof import LayerProf
 
 from .conftest import hook_state
-from .invariants import check_profile, check_truth, count_calls
+from .invariants import check_profile, check_truth, count_calls, parameter_modules_have_backward
 
 torchvision = pytest.importorskip("torchvision")
 transformers = pytest.importorskip("transformers")
@@ -124,13 +124,7 @@ def test_zoo_profile_is_complete_correct_and_clean(name: str) -> None:
     ran = [r for r in prof.records.values() if r.calls]
     assert len(ran) >= 0.9 * len(prof.records) or name == "t5"
     # Modules with parameters that took part in the loss got a real backward time.
-    for module_name, module in model.named_modules():
-        record = prof.records.get(module_name)
-        if record is None or not record.calls:
-            continue
-        own = [p for p in module.parameters(recurse=False) if p.requires_grad]
-        if own and all(p.grad is not None for p in own):
-            assert record.backward_ms is not None and record.backward_ms > 0, module_name
+    parameter_modules_have_backward(prof, model)
 
 
 def test_first_layer_and_root_backward_are_real_on_resnet() -> None:

@@ -402,27 +402,7 @@ def _walk(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState) 
     walked = state.walked
     bounds = state.bounds
     owners = state.owners
-    if call.step.observers:  # observers (the memory meter) want each call's end as it happens
-        _walk_observed(todo, lo, hi, walked, bounds, owners)
-        return
-    while todo:
-        node = todo.pop()
-        number = _sequence_nr(node)
-        if number in walked:
-            continue
-        walked.add(number)
-        node.register_prehook(owners[bisect_right(bounds, number) - 1].node_started)
-        for successor, _ in node.next_functions:
-            if successor is not None:
-                next_number = _sequence_nr(successor)
-                if lo <= next_number < hi and next_number not in walked:
-                    todo.append(successor)
-
-
-def _walk_observed(todo: list[Any], lo: int, hi: int, walked: set[int], bounds: list[int],
-                   owners: list[CallTrace | None]) -> None:
-    """``_walk`` plus a post-hook on each node with no successor of the same owner, where a call's backward may
-    end, to tell observers."""
+    observed = bool(call.step.observers)  # observers (the memory meter) want each call's end as it happens
     while todo:
         node = todo.pop()
         number = _sequence_nr(node)
@@ -431,7 +411,7 @@ def _walk_observed(todo: list[Any], lo: int, hi: int, walked: set[int], bounds: 
         walked.add(number)
         owner = owners[bisect_right(bounds, number) - 1]
         node.register_prehook(owner.node_started)
-        last = True
+        last = observed  # for observers: no successor of the same owner, so the owner's backward may end here
         for successor, _ in node.next_functions:
             if successor is not None:
                 next_number = _sequence_nr(successor)
