@@ -435,3 +435,15 @@ def test_a_plot_is_saved_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest
     prof.plot("top", path=str(tmp_path / "p.png"))
     assert [p.name for p in tmp_path.iterdir()] == ["p.png"]
     assert (tmp_path / "p.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_warnings_point_at_the_users_line() -> None:
+    # However deep inside layerprof a warning is raised (exit, step end), it names the user's `with` line.
+    net = nn.Linear(2, 2)
+    with pytest.warns(RuntimeWarning, match="recorded no step") as caught:
+        with LayerProf(net):
+            pass
+    with pytest.warns(RuntimeWarning, match="only one step was profiled") as distorted:
+        with LayerProf(net, metrics=("memory",)):
+            net(torch.randn(1, 2)).sum().backward()
+    assert {w.filename for w in (*caught, *distorted)} == {__file__}

@@ -4,6 +4,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import os
+import sys
 import warnings
 import weakref
 from typing import Any, Callable, Iterable, Iterator, TypeVar
@@ -74,6 +76,18 @@ def _gc_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _warn_user(message: str) -> None:
+    """A RuntimeWarning attributed to the first frame outside layerprof (the user's ``with`` or ``prof.step()``
+    line), however deep inside layerprof it is raised."""
+    frame, level = sys._getframe(0), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, RuntimeWarning, stacklevel=level)
 
 
 def _stop_all(meters: list[Meter]) -> None:
@@ -391,12 +405,10 @@ class LayerProf:
         unseen = [(name, module) for name, module in module_paths(self.model) if id(module) not in self._names]
         if unseen:
             shown = ", ".join(f"'{name}' ({type(module).__name__})" for name, module in unseen[:5])
-            warnings.warn(
+            _warn_user(
                 f"layerprof: {len(unseen)} module(s) joined the model while profiling without nn.Module registration "
                 f"and were not profiled: {shown}. Create submodules with attribute assignment or add_module, or "
                 "before profiling.",
-                RuntimeWarning,
-                stacklevel=4,
             )
 
     def _record_example(self, module: nn.Module, args: Any, kwargs: Any) -> None:
@@ -417,11 +429,9 @@ class LayerProf:
             # Only set while a distorting meter counted, so ``distorting`` is not empty here.
             self._stats.add(self._counting_step)
             meta["timing_distorted_by"] = distorting
-            warnings.warn(
+            _warn_user(
                 f"only one step was profiled, and metrics {distorting} slowed it down: its times include their "
                 "overhead. Profile several steps (call prof.step() after each) for clean times.",
-                RuntimeWarning,
-                stacklevel=4,
             )
         for name, module in self._entries:
             # Read after the step, not at enter: a lazy module shows what it materialised as (LazyLinear becomes
@@ -438,11 +448,9 @@ class LayerProf:
                     schedule=None if self.schedule is None else vars(self.schedule).copy(),
                     clock=sorted({clock.kind for clock in tracker.clocks()}))
         if self._stats.steps == 0:
-            warnings.warn(
+            _warn_user(
                 "LayerProf recorded no step: call the model inside the block"
                 + (" (all steps were warm-up or outside the schedule)" if self.step_num else ""),
-                RuntimeWarning,
-                stacklevel=4,
             )
         self._tracker = None
         self._profile = Profile(self.tree, meta)
