@@ -35,9 +35,13 @@ __all__ = ["Profile", "load", "loads", "save", "as_profile", "compare"]
 class Profile:
     """Records of one profiled model: ``tree`` (anytree root), ``records`` by qualified name, ``meta``."""
 
-    def __init__(self, tree: ModuleRecord, meta: dict[str, Any] | None = None) -> None:
+    def __init__(self, tree: ModuleRecord, meta: dict[str, Any] | None = None,
+                 records: dict[str, ModuleRecord] | None = None) -> None:
+        """``records`` (by qualified name, in tree order) saves walking the tree where the caller has them."""
         self.tree = tree
-        self.records: dict[str, ModuleRecord] = {record.name: record for record in (tree, *tree.descendants)}
+        self.records: dict[str, ModuleRecord] = (
+            dict(records) if records is not None else {record.name: record for record in (tree, *tree.descendants)}
+        )
         self.meta: dict[str, Any] = dict(meta or {})
 
     def to_dict(self) -> dict[str, dict[str, Any]]:

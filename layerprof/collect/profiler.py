@@ -210,6 +210,7 @@ class LayerProf:
                     "nesting profilers on one model is not supported: exit the other one first."
                 )
         self.tree, self.records, self._entries = root, records, entries
+        self._built = len(records)
         self._tracker = Tracker(sync=self.sync)
         for _, module in entries:
             _PROFILED[module] = self
@@ -453,7 +454,9 @@ class LayerProf:
                 + (" (all steps were warm-up or outside the schedule)" if self.step_num else ""),
             )
         self._tracker = None
-        self._profile = Profile(self.tree, meta)
+        # The records are in tree order unless modules joined while profiling (then the tree is walked again).
+        in_order = len(self.records) == self._built
+        self._profile = Profile(self.tree, meta, self.records if in_order else None)
 
     # -- results: after the block, a LayerProf answers for its Profile ----------------------------------------
     @property
