@@ -201,7 +201,7 @@ class LayerProf:
             raise RuntimeError(
                 "this LayerProf was already used; create a new LayerProf(model) for each profile"
             )
-        root, records, entries = build_tree(self.model)
+        root, records, entries = build_tree(self.model, reprs=False)  # read in _finish, after the run
         for name, module in entries:
             if _PROFILED.get(module) is not None:
                 shown = f"module '{name}'" if name else "the model"

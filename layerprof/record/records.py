@@ -148,9 +148,12 @@ def module_paths(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
-def build_tree(model: nn.Module) -> tuple[ModuleRecord, dict[str, ModuleRecord], list[tuple[str, nn.Module]]]:
+def build_tree(model: nn.Module, reprs: bool = True
+               ) -> tuple[ModuleRecord, dict[str, ModuleRecord], list[tuple[str, nn.Module]]]:
     """One record per unique module in ``named_modules()`` order; a module reachable under several names is
-    one record, its other names kept in ``aliases``. Returns the root, records by name, and (name, module)."""
+    one record, its other names kept in ``aliases``. Returns the root, records by name, and (name, module).
+    ``reprs=False`` leaves ``extra_repr`` empty, for a caller that reads it later (the profiler does, after the
+    run, so that lazy modules show what they became)."""
     records: dict[str, ModuleRecord] = {}
     entries: list[tuple[str, nn.Module]] = []
     first_name: dict[int, str] = {}
@@ -160,7 +163,7 @@ def build_tree(model: nn.Module) -> tuple[ModuleRecord, dict[str, ModuleRecord],
             records[known].aliases.append(name)
             continue
         first_name[id(module)] = name
-        record = ModuleRecord(name, type(module).__name__, module.extra_repr())
+        record = ModuleRecord(name, type(module).__name__, module.extra_repr() if reprs else "")
         if name:
             _link(record, records[name.rpartition(".")[0]])
         records[name] = record
