@@ -183,15 +183,15 @@ class _ThreadState:
 class Tracker:
     """Puts forward hooks on modules, graph hooks on the nodes their forward creates, and collects CallTraces."""
 
-    def __init__(self, sync: bool = False, observers: Sequence[Any] = (), backward_observers: Sequence[Any] = ()) -> None:
+    def __init__(self, sync: bool = False) -> None:
         self.sync = sync
         self.calls: list[CallTrace] = []
         self.active = False
         self.types: dict[str, str] = {}  # module name -> class name, for the notes on exceptions
         self.cpu_clock = CpuClock()
         self.cuda_clocks: dict[int, Clock] = {}
-        self.observers = tuple(observers)  # replaced between steps by the profiler
-        self.step_state = _Step(tuple(backward_observers))
+        self.observers: tuple[Any, ...] = ()  # set between steps by the profiler, as are backward_observers
+        self.step_state = _Step()
         self._local = threading.local()
         self._threads: list[_ThreadState] = []
         self._threads_lock = threading.Lock()
