@@ -160,9 +160,22 @@ class StepStats:
         self._rng = random.Random(seed)
         self._modules: dict[str, _Module] = {}
         self._sampled = 0  # reservoir length, the same for every module
+        # The first step is kept as it came and only folded into the sums when a second one arrives: a one-shot
+        # profile (one step, the usual case) writes its values straight onto the records.
+        self._first: dict[str, StepTimes] | None = None
 
     def add(self, step: dict[str, StepTimes]) -> None:
         """One measured step. A module absent from it did not run in that step: it counts 0."""
+        if self.steps == 0:
+            self.steps, self._first = 1, step
+            return
+        first, self._first = self._first, None
+        if first is not None:
+            self.steps = 0
+            self._add(first)
+        self._add(step)
+
+    def _add(self, step: dict[str, StepTimes]) -> None:
         self.steps += 1
         steps = self.steps
         # One reservoir draw per step, shared by every module: -1 appends, an index replaces, None skips.
@@ -211,6 +224,9 @@ class StepStats:
         """Means per recorded step in ``forward_ms`` etc., the other statistics beside them (``forward_ms_p95``...),
         ``steps`` and ``steps_run``. A pass that never ran stays None."""
         steps = self.steps
+        if self._first is not None:
+            self._fill_one(self._first, records)
+            return
         for name, record in records.items():
             record.steps = steps
             module = self._modules.get(name)
@@ -237,3 +253,29 @@ class StepStats:
                         record.recompute_ms = total / steps
                 elif values.runs:
                     setattr(record, field, total / steps)
+
+    @staticmethod
+    def _fill_one(step: dict[str, StepTimes], records: dict[str, ModuleRecord]) -> None:
+        """``fill`` for a single recorded step: every statistic is the step's value (std 0)."""
+        for name, record in records.items():
+            own = record.__dict__
+            times = step.get(name)
+            if times is None:
+                own.update(steps=1, calls=0, steps_run=0, call_times=[])
+                continue
+            own.update(steps=1, calls=times.calls, steps_run=1, call_times=list(times.call_times))
+            for field, value, keys in (("forward_ms", times.forward_ms, _STAT_KEYS["forward_ms"]),
+                                       ("backward_ms", times.backward_ms, _STAT_KEYS["backward_ms"])):
+                if value is None:
+                    continue
+                own[field] = value
+                median, std, low, high, p95 = keys
+                own[median] = own[low] = own[high] = own[p95] = value
+                own[std] = 0.0
+            # As ``fill`` does: a self time where its pass has a value, recompute where it is not 0.
+            if times.forward_ms is not None:
+                own["self_forward_ms"] = times.self_forward_ms or 0.0
+            if times.backward_ms is not None:
+                own["self_backward_ms"] = times.self_backward_ms or 0.0
+            if times.recompute_ms:
+                own["recompute_ms"] = times.recompute_ms
