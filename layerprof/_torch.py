@@ -56,8 +56,6 @@ def submodules(module: Any) -> dict[str, Any]:
 # Keys of the hooks layerprof puts in a module's hook dicts: negative, so never one of torch's own (its
 # RemovableHandle ids count up from 0).
 _HOOK_KEYS = itertools.count(-1, -1)
-_PRE_DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs")
-_POST_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
 
 
 def add_forward_hooks(module: Any, pre: Callable[..., None], post: Callable[..., None]) -> Any:
@@ -67,28 +65,34 @@ def add_forward_hooks(module: Any, pre: Callable[..., None], post: Callable[...,
     public calls build two RemovableHandles per module, ten times the cost, which made set-up the largest part
     of a one-shot profile. Returns what ``remove_forward_hooks`` takes. Falls back to the public calls where a
     torch has other internals."""
-    if not all(hasattr(module, attr) for attr in (*_PRE_DICTS, *_POST_DICTS)):
+    try:  # every dict is read before any is written: a module without one is left untouched
+        pre_hooks, pre_kwargs = module._forward_pre_hooks, module._forward_pre_hooks_with_kwargs
+        hooks, kwargs, always = (module._forward_hooks, module._forward_hooks_with_kwargs,
+                                 module._forward_hooks_always_called)
+    except AttributeError:
         return (module.register_forward_pre_hook(pre, with_kwargs=True),
                 module.register_forward_hook(post, with_kwargs=True, always_call=True, prepend=True))
     key = next(_HOOK_KEYS)
-    module._forward_pre_hooks[key] = pre
-    module._forward_pre_hooks_with_kwargs[key] = True
-    hooks = module._forward_hooks
+    pre_hooks[key] = pre
+    pre_kwargs[key] = True
     hooks[key] = post
     hooks.move_to_end(key, last=False)
-    module._forward_hooks_with_kwargs[key] = True
-    module._forward_hooks_always_called[key] = True
+    kwargs[key] = True
+    always[key] = True
     return key
 
 
 def remove_forward_hooks(module: Any, added: Any) -> None:
     """Take off what ``add_forward_hooks`` put on ``module``."""
-    if isinstance(added, tuple):
+    if type(added) is tuple:
         for handle in added:
             handle.remove()
         return
-    for attr in (*_PRE_DICTS, *_POST_DICTS):
-        getattr(module, attr).pop(added, None)
+    module._forward_pre_hooks.pop(added, None)
+    module._forward_pre_hooks_with_kwargs.pop(added, None)
+    module._forward_hooks.pop(added, None)
+    module._forward_hooks_with_kwargs.pop(added, None)
+    module._forward_hooks_always_called.pop(added, None)
 
 
 def has_decomposition(op: Any) -> bool:

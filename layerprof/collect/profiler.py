@@ -19,7 +19,7 @@ from .environment import environment
 from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters
 from .._tensors import first_tensor
-from .._torch import compiled_module_type
+from .._torch import compiled_module_type, submodules
 from ..profile import Profile
 from ..record.records import ModuleRecord, build_tree, module_paths
 from .schedule import Action, Schedule
@@ -35,7 +35,8 @@ _T = TypeVar("_T")
 _PROFILED: "weakref.WeakKeyDictionary[nn.Module, LayerProf]" = weakref.WeakKeyDictionary()
 
 
-def _check_model(model: Any) -> None:
+def _check_model(model: Any) -> list[tuple[str, nn.Module]]:
+    """Refuse what LayerProf cannot profile (with what to do instead); the model's ``module_paths``."""
     if isinstance(model, torch.jit.ScriptModule):
         raise TypeError(
             "LayerProf cannot profile a TorchScript module: its submodules' hooks never run. "
@@ -49,8 +50,15 @@ def _check_model(model: Any) -> None:
         )
     if not isinstance(model, nn.Module):
         raise TypeError(f"LayerProf expects a torch.nn.Module, got {type(model).__module__}.{type(model).__qualname__}")
-    for name, child in module_paths(model):
-        if isinstance(child, torch.jit.ScriptModule):
+    paths = module_paths(model)
+    _check_children(paths, compiled)
+    return paths
+
+
+def _check_children(paths: list[tuple[str, nn.Module]], compiled: type | None) -> None:
+    script = torch.jit.ScriptModule
+    for name, child in paths:
+        if isinstance(child, script):
             raise TypeError(
                 f"LayerProf cannot profile module '{name}' ({type(child).__name__}): it is TorchScript, whose "
                 "submodules' hooks never run. Profile with the eager module in its place (before torch.jit.script/"
@@ -62,6 +70,19 @@ def _check_model(model: Any) -> None:
                 "module hooks, so its modules would show as not run. Profile with the eager module in its place "
                 "(the compiled module's ._orig_mod), and compile after profiling."
             )
+
+
+def _modules_in(model: nn.Module) -> list[nn.Module]:
+    """Every module reachable from ``model`` (a shared one once per path), without names: a quick walk."""
+    found = []
+    stack = [model]
+    while stack:
+        module = stack.pop()
+        found.append(module)
+        children = submodules(module)
+        if children:
+            stack.extend(child for child in children.values() if child is not None)
+    return found
 
 
 @contextlib.contextmanager
@@ -145,7 +166,7 @@ class LayerProf:
     def __init__(self, model: nn.Module, *, sync: bool = False, metrics: Iterable[str] | None = None,
                  warmup: int = 0, schedule: Schedule | None = None, max_samples: int = 1024,
                  annotate: bool = False) -> None:
-        _check_model(model)
+        self._paths = _check_model(model)
         warmup = check_int("warmup", warmup)
         max_samples = check_int("max_samples", max_samples, minimum=1)
         if schedule is not None and not isinstance(schedule, Schedule):
@@ -201,7 +222,11 @@ class LayerProf:
             raise RuntimeError(
                 "this LayerProf was already used; create a new LayerProf(model) for each profile"
             )
-        root, records, entries = build_tree(self.model, reprs=False)  # read in _finish, after the run
+        paths = module_paths(self.model)
+        if paths != self._paths:  # changed since __init__ checked it (the same modules compare equal at once)
+            _check_children(paths, compiled_module_type())
+        self._paths = []
+        root, records, entries = build_tree(self.model, reprs=False, paths=paths)  # reprs: read in _finish
         for name, module in entries:
             if _PROFILED.get(module) is not None:
                 shown = f"module '{name}'" if name else "the model"
@@ -403,7 +428,10 @@ class LayerProf:
 
     def _warn_unseen_modules(self) -> None:
         """Modules in the model now that were never hooked (put into ``_modules`` without registration)."""
-        unseen = [(name, module) for name, module in module_paths(self.model) if id(module) not in self._names]
+        names = self._names
+        if all(id(module) in names for module in _modules_in(self.model)):
+            return
+        unseen = [(name, module) for name, module in module_paths(self.model) if id(module) not in names]
         if unseen:
             shown = ", ".join(f"'{name}' ({type(module).__name__})" for name, module in unseen[:5])
             _warn_user(

@@ -187,7 +187,8 @@ class Tracker:
         self.sync = sync
         self.calls: list[CallTrace] = []
         self.active = False
-        self.types: dict[str, str] = {}  # module name -> class name, for the notes on exceptions
+        self.names: dict[int, str] = {}  # id(module) -> qualified name, for every module ever attached
+        self._modules: dict[str, nn.Module] = {}  # and back, for the class names in the notes on exceptions
         self.cpu_clock = CpuClock()
         self.cuda_clocks: dict[int, Clock] = {}
         self.observers: tuple[Any, ...] = ()  # set between steps by the profiler, as are backward_observers
@@ -196,7 +197,9 @@ class Tracker:
         self._threads: list[_ThreadState] = []
         self._threads_lock = threading.Lock()
         self._handles: list[Any] = []
-        self._hook_cache: dict[str, tuple[Callable[..., None], Callable[..., None]]] = {}
+        # One pre-hook and one post-hook for every module (the name is looked up from the module), so hooking a
+        # module is writing two functions into its hook dicts, with no closure made per module.
+        self._hooks: tuple[Callable[..., None], Callable[..., None]] | None = None  # made at the first attach
 
     @property
     def backward_observers(self) -> tuple[Any, ...]:
@@ -210,15 +213,16 @@ class Tracker:
     # -- lifecycle -------------------------------------------------------------------------------------------
     def attach(self, modules: Iterable[tuple[str, nn.Module]]) -> None:
         """Hook every module; if hooking fails half way, remove what was added and re-raise."""
+        if self._hooks is None:
+            self._hooks = self._make_hooks()
+        pre, post = self._hooks
+        names, by_name, handles = self.names, self._modules, self._handles
         try:
             for name, module in modules:
-                self.types[name] = type(module).__name__
-                hooks = self._hook_cache.get(name)
-                if hooks is None:  # made once, reused when a schedule hooks the model again
-                    hooks = self._hook_cache[name] = self._make_hooks(name)
-                pre, post = hooks
+                names[id(module)] = name
+                by_name[name] = module
                 # Our pre-hook runs last and our post-hook first, so the user's own hooks are not timed.
-                self._handles.append((module, add_forward_hooks(module, pre, post)))
+                handles.append((module, add_forward_hooks(module, pre, post)))
         except BaseException:
             self.detach()
             raise
@@ -273,8 +277,14 @@ class Tracker:
             clock = self.cuda_clocks[index] = make_clock(torch.device("cuda", index), self.sync)
         return clock
 
-    def _make_hooks(self, name: str) -> tuple[Callable[..., None], Callable[..., None]]:
+    def type_name(self, name: str) -> str:
+        """The class name of the module attached under ``name``, for notes."""
+        module = self._modules.get(name)
+        return "?" if module is None else type(module).__name__
+
+    def _make_hooks(self) -> tuple[Callable[..., None], Callable[..., None]]:
         tracker = self
+        names = self.names
         calls = self.calls
         local = self._local
         cpu_clock = self.cpu_clock
@@ -285,6 +295,7 @@ class Tracker:
         def forward_pre(module: nn.Module, args: Any, kwargs: Any) -> None:
             if not tracker.active:
                 return None
+            name = names[id(module)]
             try:
                 state = local.state
             except AttributeError:
@@ -314,6 +325,7 @@ class Tracker:
                 return None  # the call began before profiling did
             call = stack[-1]
             end = call.clock.now()
+            name = names[id(module)]
             if call.name != name:
                 # An inner call never reached its post-hook (a pre-hook raised before forward ran): unwind to ours.
                 call = _unwind_to(stack, name)
@@ -333,7 +345,7 @@ class Tracker:
                 # (id() is reused, and holding the exception would keep its traceback's frames alive).
                 call.raised = True
                 if not has_note(error):
-                    error.add_note(raised_note(name, tracker.types.get(name, type(module).__name__)))
+                    error.add_note(raised_note(name, type(module).__name__))
                 return None
             if seq > call.seq_start:
                 _walk(call, output, module, state)
@@ -364,7 +376,7 @@ def backward_note(tracker: Tracker, error: BaseException, traceback: Any) -> str
     call = next(reversed(pending.values()), None) if pending else None
     if call is None or has_note(error) or not escaped_backward(traceback):
         return None
-    return raised_note(call.name, tracker.types.get(call.name, "?"), ", during its backward")
+    return raised_note(call.name, tracker.type_name(call.name), ", during its backward")
 
 
 def _unwind_to(stack: list[CallTrace], name: str) -> CallTrace | None:

@@ -148,16 +148,16 @@ def module_paths(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
-def build_tree(model: nn.Module, reprs: bool = True
+def build_tree(model: nn.Module, reprs: bool = True, paths: list[tuple[str, nn.Module]] | None = None
                ) -> tuple[ModuleRecord, dict[str, ModuleRecord], list[tuple[str, nn.Module]]]:
     """One record per unique module in ``named_modules()`` order; a module reachable under several names is
     one record, its other names kept in ``aliases``. Returns the root, records by name, and (name, module).
     ``reprs=False`` leaves ``extra_repr`` empty, for a caller that reads it later (the profiler does, after the
-    run, so that lazy modules show what they became)."""
+    run, so that lazy modules show what they became). ``paths``: the model's ``module_paths``, if at hand."""
     records: dict[str, ModuleRecord] = {}
     entries: list[tuple[str, nn.Module]] = []
     first_name: dict[int, str] = {}
-    for name, module in module_paths(model):
+    for name, module in module_paths(model) if paths is None else paths:
         known = first_name.get(id(module))
         if known is not None:
             records[known].aliases.append(name)
