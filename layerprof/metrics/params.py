@@ -6,6 +6,7 @@ shared blocks); ``measure_params`` does so in time linear in the model's size.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -178,6 +179,48 @@ def module_params(module: nn.Module) -> dict[str, Any]:
     return measure_params(list(module.named_modules()))[""]
 
 
+def _fingerprint(entries: list[tuple[str, nn.Module]]) -> tuple[Any, ...] | None:
+    """Everything ``measure_params`` reads, by value and identity, holding no module or tensor: each module's
+    name and id, its children's ids, and each parameter's and buffer's name, id, dtype, size and requires_grad.
+    Equal fingerprints give equal figures. None when a parameter is lazy (its shape is still to come)."""
+    key: list[Any] = []
+    append = key.append
+    for name, module in entries:
+        append(name)
+        append(id(module))
+        append(tuple(map(id, module._modules.values())))
+        for table in (module._parameters, module._buffers):
+            append(len(table))
+            for tensor_name, tensor in table.items():
+                append(tensor_name)
+                if tensor is None:
+                    append(None)
+                elif _is_lazy(tensor):
+                    return None
+                else:
+                    append((id(tensor), tensor.dtype, tensor.numel(), tensor.requires_grad))
+    return tuple(key)
+
+
+# The last figures measured per model, with the fingerprint they were measured at: a model profiled again
+# (a fresh ``with LayerProf(model)`` around every step) is measured once while nothing it holds changes.
+_MEASURED: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple[Any, ...], dict[str, dict[str, Any]]]]" = (
+    weakref.WeakKeyDictionary())
+
+
+def _measure_cached(entries: list[tuple[str, nn.Module]]) -> dict[str, dict[str, Any]]:
+    key = _fingerprint(entries) if entries else None
+    if key is None:
+        return measure_params(entries)
+    model = entries[0][1]
+    cached = _MEASURED.get(model)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    values = measure_params(entries)
+    _MEASURED[model] = (key, values)
+    return values
+
+
 @register_meter
 class ParamsMeter(Meter):
     """Parameter and buffer counts and bytes per module (own and inclusive), dtypes, sharing. No per-call cost."""
@@ -195,7 +238,7 @@ class ParamsMeter(Meter):
         self._measure()
 
     def _measure(self) -> None:
-        self._values = measure_params(self._entries)
+        self._values = _measure_cached(self._entries)
         self._lazy = any(_is_lazy(p) for _, module in self._entries for p in module._parameters.values())
         self._measured = len(self._entries)
 
@@ -206,9 +249,12 @@ class ParamsMeter(Meter):
 
     def fill(self, records: dict[str, ModuleRecord]) -> None:
         for name, values in self._values.items():
-            record = records[name]
-            for field, value in values.items():
-                setattr(record, field, value)
+            own = records[name].__dict__
+            own.update(values)
+            # Figures may be shared with another profile of the same model: its records get their own containers.
+            own["param_dtypes"] = dict(values["param_dtypes"])
+            shared = values["shared_with"]
+            own["shared_with"] = {key: list(names) for key, names in shared.items()} if shared else {}
 
 
 def _frozen(record: ModuleRecord) -> float | None:
