@@ -186,19 +186,16 @@ def _fingerprint(entries: list[tuple[str, nn.Module]]) -> tuple[Any, ...] | None
     key: list[Any] = []
     append = key.append
     for name, module in entries:
-        append(name)
-        append(id(module))
-        append(tuple(map(id, module._modules.values())))
-        for table in (module._parameters, module._buffers):
-            append(len(table))
+        children, params, buffers = module._modules, module._parameters, module._buffers
+        append((name, id(module), tuple(map(id, children.values())) if children else (), len(params), len(buffers)))
+        for table in (params, buffers) if params or buffers else ():
             for tensor_name, tensor in table.items():
-                append(tensor_name)
                 if tensor is None:
-                    append(None)
+                    append((tensor_name, None))
                 elif _is_lazy(tensor):
                     return None
                 else:
-                    append((id(tensor), tensor.dtype, tensor.numel(), tensor.requires_grad))
+                    append((tensor_name, id(tensor), tensor.dtype, tensor.numel(), tensor.requires_grad))
     return tuple(key)
 
 

@@ -139,12 +139,17 @@ def module_paths(model: nn.Module) -> list[tuple[str, nn.Module]]:
     ``named_modules(remove_duplicate=False)``, walked with a stack instead of a generator per level."""
     found: list[tuple[str, nn.Module]] = []
     stack = [("", model)]
+    pop, push, add = stack.pop, stack.append, found.append
     while stack:
-        name, module = stack.pop()
-        found.append((name, module))
-        prefix = f"{name}." if name else ""
-        children = [(prefix + key, child) for key, child in submodules(module).items() if child is not None]
-        stack.extend(reversed(children))
+        entry = pop()
+        add(entry)
+        name, module = entry
+        children = submodules(module)
+        if children:
+            prefix = f"{name}." if name else ""
+            for key, child in reversed(children.items()):
+                if child is not None:
+                    push((prefix + key, child))
     return found
 
 
