@@ -159,3 +159,65 @@ def test_params_are_a_default_and_can_be_turned_off() -> None:
     with LayerProf(model, metrics=()) as prof:
         model(torch.randn(2, 8))
     assert "params" not in prof.to_dict()[""]
+
+
+
+class TwoLinears(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 4)  # 8*4 + 4 = 36
+        self.b = nn.Linear(4, 4)  # 4*4 + 4 = 20
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x).to(self.b.weight.dtype))
+
+
+def _params_of(model: nn.Module) -> dict[str, dict]:
+    with LayerProf(model) as prof:
+        model(torch.randn(2, 8)).sum().backward()
+    return {name: {field: getattr(record, field) for field in PARAM_FIELDS} for name, record in prof.records.items()}
+
+
+def test_figures_follow_every_change_between_profiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A model profiled again is measured once while nothing it holds changes; after each change below the next
+    # profile shows exactly what a first profile of the changed model (a deep copy) shows.
+    import copy
+
+    import layerprof.metrics.params as params_module
+
+    measured = []
+    real = params_module.measure_params
+    monkeypatch.setattr(params_module, "measure_params", lambda entries: measured.append(1) or real(entries))
+    model = TwoLinears()
+    first = _params_of(model)
+    assert _params_of(model) == first and len(measured) == 1  # the second profile reused the figures
+    assert first[""]["params"] == 56 and first[""]["param_bytes"] == 56 * 4
+    changes = [  # (change, root params, trainable, param_bytes, buffers)
+        ("freeze a", lambda m: m.a.requires_grad_(False), 56, 20, 224, 0),
+        ("b to float64, same tensors", lambda m: m.b.double(), 56, 20, 36 * 4 + 20 * 8, 0),
+        ("new weight on b", lambda m: setattr(m.b, "weight", nn.Parameter(torch.zeros(4, 4, dtype=torch.float64))),
+         56, 20, 304, 0),
+        ("a replaced without bias", lambda m: setattr(m, "a", nn.Linear(8, 4, bias=False)), 52, 52, 32 * 4 + 160, 0),
+        ("a's weight tied onto b", lambda m: setattr(m.b, "extra", m.a.weight), 52, 52, 288, 0),
+        ("buffer on a", lambda m: m.a.register_buffer("scale", torch.ones(3)), 52, 52, 288, 3),
+        ("b shared under a second name", lambda m: m.add_module("again", m.b), 52, 52, 288, 3),
+    ]
+    for change, apply, params, trainable, param_bytes, buffers in changes:
+        apply(model)
+        now = _params_of(model)
+        assert now == _params_of(copy.deepcopy(model)), change
+        root = now[""]
+        assert (root["params"], root["trainable_params"], root["param_bytes"], root["buffers"]) == (
+            params, trainable, param_bytes, buffers), change
+    assert now["a"]["shared_with"] == {"weight": ["b.extra"]}
+    assert len(measured) == 1 + 2 * len(changes)  # each changed model measured afresh, and each copy
+
+
+def test_records_of_two_profiles_do_not_share_containers() -> None:
+    model = TwoLinears()
+    model.b.extra = model.a.weight
+    first, second = _params_of(model), _params_of(model)
+    first[""]["param_dtypes"]["float32"] = -1
+    first["a"]["shared_with"]["weight"].append("elsewhere")
+    assert second[""]["param_dtypes"] == {"float32": 56}
+    assert second["a"]["shared_with"] == {"weight": ["b.extra"]}

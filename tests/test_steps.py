@@ -217,3 +217,32 @@ def test_benchmark_latency_throughput_and_per_module() -> None:
     assert trained.environment["batch_size"] == 16
     with pytest.raises(ValueError, match="iters >= 1"):
         layerprof.benchmark(model, x, iters=0)
+
+
+def test_one_step_profile_writes_what_the_general_statistics_write() -> None:
+    # A one-step profile skips the running sums; its records must equal those the general path writes for the
+    # same step (folded into the sums by hand here), on a model with a shared module and a sibling call.
+    from layerprof.collect.statistics import StepStats
+    from layerprof.record.records import build_tree
+    from .models import SharedLoop
+
+    model = SharedLoop()
+    with LayerProf(model) as prof:
+        model(torch.randn(2, 8)).sum().backward()
+    stats = prof._stats
+    assert stats.steps == 1 and stats._first is not None
+    step = stats._first
+    _, fast, _ = build_tree(model)
+    stats.fill(fast)
+    general = StepStats()
+    general.steps = 0
+    general._add(step)
+    _, slow, _ = build_tree(model)
+    general.fill(slow)
+    for name in fast:
+        mine, theirs = dict(vars(fast[name])), dict(vars(slow[name]))
+        for row in (mine, theirs):
+            row.pop("_NodeMixin__children", None)
+            row.pop("_NodeMixin__parent", None)
+        assert mine == theirs, name
+    assert any(record.backward_ms for record in fast.values())
