@@ -43,9 +43,8 @@ class CpuClock(Clock):
     """Wall clock. ``perf_counter_ns`` rather than ``process_time``: the latter bills every thread's CPU and misses waits."""
 
     kind = "wall"
-
-    def now(self) -> int:
-        return perf_counter_ns()
+    # The builtin itself: a stamp in a hook costs no Python frame.
+    now = staticmethod(perf_counter_ns)
 
     def ms(self, start: int, end: int) -> float:
         return (end - start) / 1e6

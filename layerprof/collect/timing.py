@@ -158,8 +158,16 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
             forward_start, forward_ms = (start - origin) / 1e6, (end - start) / 1e6
         else:
             forward_start, forward_ms = clock.offset_ms(start), clock.ms(start, end)
-        backward_ms, backward_start = _backward(call)
-        backward_start_ms = None if backward_ms is None else clock.offset_ms(_raw(backward_start))
+        backward_start_ms: float | None
+        b_start, b_end = call.bwd_start, call.bwd_end
+        if call.passes is None and type(b_start) is int and b_end is not None:  # one pass, wall clock: inline
+            backward_ms = (b_end - b_start) / 1e6
+            if backward_ms < 0.0:
+                backward_ms = 0.0
+            backward_start_ms = (b_start - clock.origin) / 1e6
+        else:
+            backward_ms, backward_start = _backward(call)
+            backward_start_ms = None if backward_ms is None else clock.offset_ms(_raw(backward_start))
         ordered.append((call, forward_start, forward_ms, backward_start_ms, backward_ms))
         parent = call.parent
         if parent is not None:

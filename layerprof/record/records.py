@@ -19,7 +19,7 @@ __all__ = ["CallTiming", "ModuleRecord", "build_tree"]
 _STAT_FIELDS = tuple(stat_fields())
 
 
-@dataclass
+@dataclass(slots=True)
 class CallTiming:
     """One call of a module: start offsets are milliseconds from the start of profiling on the module's clock."""
 
