@@ -205,17 +205,20 @@ _MEASURED: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple[Any, ...], dict[str
     weakref.WeakKeyDictionary())
 
 
-def _measure_cached(entries: list[tuple[str, nn.Module]]) -> dict[str, dict[str, Any]]:
-    key = _fingerprint(entries) if entries else None
-    if key is None:
-        return measure_params(entries)
+def _measure_cached(entries: list[tuple[str, nn.Module]]) -> tuple[dict[str, dict[str, Any]], bool]:
+    """The figures, and whether a parameter is lazy (then they are measured again once it has run)."""
+    if not entries:
+        return measure_params(entries), False
+    key = _fingerprint(entries)
+    if key is None:  # a lazy parameter or buffer
+        return measure_params(entries), True
     model = entries[0][1]
     cached = _MEASURED.get(model)
     if cached is not None and cached[0] == key:
-        return cached[1]
+        return cached[1], False
     values = measure_params(entries)
     _MEASURED[model] = (key, values)
-    return values
+    return values, False
 
 
 @register_meter
@@ -235,8 +238,7 @@ class ParamsMeter(Meter):
         self._measure()
 
     def _measure(self) -> None:
-        self._values = _measure_cached(self._entries)
-        self._lazy = any(_is_lazy(p) for _, module in self._entries for p in module._parameters.values())
+        self._values, self._lazy = _measure_cached(self._entries)
         self._measured = len(self._entries)
 
     def stop(self) -> None:
