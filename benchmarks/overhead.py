@@ -151,7 +151,8 @@ def timed(loss_fn: Callable[[], torch.Tensor], model: nn.Module) -> float:
 
 def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch.Tensor]]], repeats: int,
             wrappers: dict[str, Callable[[nn.Module], Any] | None], metrics: tuple[str, ...] | None = None) -> dict[str, float]:
-    """Interleaved rounds: plain step, steady-state profiled step, one-shot profiled step, baseline step.
+    """Interleaved rounds: plain step, steady-state profiled step, then on the twin a plain step and one step under
+    each other variant (each ratio is to the plain step of the model it ran on).
 
     Steady state: one LayerProf whose schedule alternates hook-free and profiled steps (wait=1, active=1), so the
     plain and the profiled step of a round run back to back; hooks go on and off in prof.step(), outside the
@@ -172,7 +173,11 @@ def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch
             print(f"{name}: {key} raises {str(error)[:90]}...", flush=True)
             del wrappers[key]
             raised.append(key)
-    samples: dict[str, list[float]] = {key: [] for key in ["plain", "layerprof_steady", *wrappers]}
+    # The peers run on the twin, so the twin's own plain step is their baseline ("plain" in wrappers): two copies
+    # of a model can differ by a few percent in speed (where their tensors landed in memory).
+    samples: dict[str, list[float]] = {
+        key: [] for key in ["plain", "layerprof_steady", "twin_plain", *(k for k in wrappers if k != "plain")]
+    }
     # A profiled model cannot be profiled twice at once: the other variants run on an identical twin.
     steady = LayerProf(model, schedule=layerprof.schedule(wait=1, active=1), metrics=metrics)
     steady.start()
@@ -183,17 +188,17 @@ def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch
             samples["layerprof_steady"].append(timed(loss_fn, model))
             steady.step()
             for key, wrapper in wrappers.items():
-                if key != "plain":
-                    samples[key].append(step_time(twin, twin_loss, wrapper))
+                samples["twin_plain" if key == "plain" else key].append(step_time(twin, twin_loss, wrapper))
     finally:
         steady.stop()
     medians = {key: statistics.median(values) for key, values in samples.items()}
     modules = len(list(model.modules()))
-    result = {"modules": modules, "plain_ms": medians["plain"] * 1e3}
+    result = {"modules": modules, "plain_ms": medians["plain"] * 1e3, "twin_plain_ms": medians["twin_plain"] * 1e3}
     for key in samples:
-        if key != "plain":
-            result[f"{key}_ratio"] = medians[key] / medians["plain"]
-            result[f"{key}_us_per_module"] = (medians[key] - medians["plain"]) / modules * 1e6
+        if key not in ("plain", "twin_plain"):
+            base = medians["plain" if key == "layerprof_steady" else "twin_plain"]
+            result[f"{key}_ratio"] = medians[key] / base
+            result[f"{key}_us_per_module"] = (medians[key] - base) / modules * 1e6
     for key in raised:
         result[f"{key}_ratio"] = float("nan")  # raised on this model
     print(name, {k: round(v, 3) for k, v in result.items()}, flush=True)
