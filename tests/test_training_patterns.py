@@ -149,3 +149,23 @@ def test_module_returning_none_gets_its_backward_from_the_nodes_it_created() -> 
     assert prof.records["keep"].backward_ms > 0 and prof.records["keep.fc"].backward_ms > 0
     assert prof.records["keep.fc"].backward_ms <= prof.records["keep"].backward_ms
     assert prof.records["detached"].backward_ms is None  # no gradient reached it: nothing ran
+
+
+def test_a_copy_made_inside_the_block_runs_and_is_not_counted() -> None:
+    # An EMA or teacher copy taken with deepcopy inside the block copies the hook dicts too: the copy must run
+    # normally, its calls must not count as the model's, and the model must be left as it was found.
+    import copy
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    before = hook_state(model)
+    x = torch.randn(3, 4)
+    with LayerProf(model) as prof:
+        ema = copy.deepcopy(model)
+        loss = model(x).sum()
+        with torch.no_grad():
+            teacher = ema(x)
+        loss.backward()
+    assert {name: record.calls for name, record in prof.records.items()} == {"": 1, "0": 1, "1": 1, "2": 1}
+    assert torch.equal(teacher, model(x).detach())
+    assert hook_state(model) == before
+    ema(x).sum().backward()  # the copy still works after the block

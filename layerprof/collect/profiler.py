@@ -127,6 +127,22 @@ def _stop_all(meters: list[Meter]) -> None:
         raise error
 
 
+def _example_probe(example: dict[str, Any]) -> Callable[..., None]:
+    """A forward pre-hook for the model that notes the batch size and dtype of its first input in ``example``.
+    A plain function, not a bound method: ``copy.deepcopy`` of the model inside the block copies its hook dicts,
+    and would try to copy the profiler behind a bound method."""
+
+    def probe(module: nn.Module, args: Any, kwargs: Any) -> None:
+        if not example:
+            tensor = first_tensor(args, kwargs)
+            if tensor is not None:
+                example.update(batch_size=int(tensor.shape[0]) if tensor.dim() else None,
+                               input_dtype=str(tensor.dtype).replace("torch.", ""))
+        return None
+
+    return probe
+
+
 def _result(method: Callable[..., _T]) -> Callable[..., _T]:
     """A LayerProf method that calls ``method`` on the finished profile (``prof.profile``)."""
 
@@ -249,7 +265,7 @@ class LayerProf:
                 if not meter.distorts_timing:
                     meter.start(self.model, records, entries)
                     started.append(meter)
-            self._probe = self.model.register_forward_pre_hook(self._record_example, with_kwargs=True)
+            self._probe = self.model.register_forward_pre_hook(_example_probe(self._example), with_kwargs=True)
             self._names = {id(module): name for name, module in entries}
             self._registration = register_module_module_registration_hook(self._module_registered)
             self._begin_step()
@@ -443,14 +459,6 @@ class LayerProf:
                 f"and were not profiled: {shown}. Create submodules with attribute assignment or add_module, or "
                 "before profiling.",
             )
-
-    def _record_example(self, module: nn.Module, args: Any, kwargs: Any) -> None:
-        if not self._example:
-            tensor = first_tensor(args, kwargs)
-            if tensor is not None:
-                self._example = {"batch_size": int(tensor.shape[0]) if tensor.dim() else None,
-                                 "input_dtype": str(tensor.dtype).replace("torch.", "")}
-        return None
 
     def _finish(self) -> None:
         tracker = self._tracker

@@ -110,8 +110,9 @@ class CallTrace:
             if previous is None and task not in pending:
                 _queue_backward_callback(functools.partial(step.pass_finished, task))
             pending[task] = self
-            if previous is not None and previous is not self:
-                previous.close(task)
+            if previous is not None and previous is not self and previous.task == task:
+                stamp = previous.clock.now()  # previous.close(task), inline: this runs for every graph node
+                previous.bwd_end = stamp if type(stamp) is int else (perf_counter_ns(), stamp)
             if step.observers:
                 self._observe_start(task)
             if task != self.task:
@@ -295,7 +296,9 @@ class Tracker:
         def forward_pre(module: nn.Module, args: Any, kwargs: Any) -> None:
             if not tracker.active:
                 return None
-            name = names[id(module)]
+            name = names.get(id(module))
+            if name is None:  # a copy of a profiled module (deepcopy copies hook dicts): not profiled
+                return None
             try:
                 state = local.state
             except AttributeError:
@@ -325,7 +328,9 @@ class Tracker:
                 return None  # the call began before profiling did
             call = stack[-1]
             end = call.clock.now()
-            name = names[id(module)]
+            name = names.get(id(module))
+            if name is None:
+                return None
             if call.name != name:
                 # An inner call never reached its post-hook (a pre-hook raised before forward ran): unwind to ours.
                 call = _unwind_to(stack, name)
