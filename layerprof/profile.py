@@ -13,7 +13,7 @@ from typing import IO, Any, Iterable, Sequence
 
 from .distributed.gather import gather_profile
 from .record import io
-from .record.records import ModuleRecord
+from .record.records import ModuleRecord, preorder
 from .render import export
 from .render.compare import Comparison
 from .render.html import html_table, notebook_style
@@ -40,7 +40,7 @@ class Profile:
         """``records`` (by qualified name, in tree order) saves walking the tree where the caller has them."""
         self.tree = tree
         self.records: dict[str, ModuleRecord] = (
-            dict(records) if records is not None else {record.name: record for record in (tree, *tree.descendants)}
+            dict(records) if records is not None else {record.name: record for record in preorder(tree)}
         )
         self.meta: dict[str, Any] = dict(meta or {})
 

@@ -211,7 +211,7 @@ def test_entries_of_known_object_fields_are_checked(saved: dict[str, Any], field
 def test_every_call_timing_field_is_checked() -> None:
     from dataclasses import fields
 
-    from layerprof.record import io
+    from layerprof.record import checks
     from layerprof.record.records import CallTiming
 
-    assert set(io._CALL_KINDS) == {f.name for f in fields(CallTiming)}
+    assert set(checks.CALL_KINDS) == {f.name for f in fields(CallTiming)}

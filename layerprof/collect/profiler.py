@@ -1,20 +1,19 @@
 """LayerProf: puts the tracker's hooks on a model while profiling, and hands back a Profile of records."""
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import os
 import sys
 import warnings
 import weakref
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 import torch
 from torch import nn
 from torch.nn.modules.module import register_module_module_registration_hook
 
 from .annotate import Annotator
+from .._gc import gc_paused
 from .environment import environment
 from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters
@@ -83,22 +82,6 @@ def _modules_in(model: nn.Module) -> list[nn.Module]:
         if children:
             stack.extend(child for child in children.values() if child is not None)
     return found
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """No garbage collection while layerprof builds or reads its own records: the thousands of objects a large
-    model's records take would trigger full collections (over the whole heap, the model's tensors included) that
-    cost more than the work itself. Collection resumes as it was; nothing is collected here (collecting the young
-    generation on the way out was tried: it promotes the live records, whose tree is a reference cycle, to older
-    generations, where dropped profiles then wait for a rare full collection: 20 KB kept per one-shot profile)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -227,7 +210,7 @@ class LayerProf:
 
     def start(self) -> LayerProf:
         """Begin profiling (what ``with`` does on entry); pair with ``stop()``."""
-        with _gc_paused():
+        with gc_paused():
             return self._start()
 
     def _start(self) -> LayerProf:
@@ -282,7 +265,7 @@ class LayerProf:
         """Mark the end of a step (call it after each training step) and begin the next one."""
         if self._state != "running":
             raise RuntimeError("prof.step() is for inside a running profile: after start() or inside `with`")
-        with _gc_paused():
+        with gc_paused():
             self._end_step()
             self.step_num += 1
             self._begin_step()
@@ -307,7 +290,7 @@ class LayerProf:
         return False
 
     def _stop(self, exc: BaseException | None, traceback: Any) -> None:
-        with _gc_paused():
+        with gc_paused():
             self._stop_profiling(exc, traceback)
 
     def _stop_profiling(self, exc: BaseException | None, traceback: Any) -> None:

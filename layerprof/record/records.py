@@ -6,6 +6,7 @@ module tree, because the two differ when a module is shared or called from a sib
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Any, Iterator
 
 from anytree import NodeMixin, PreOrderIter
@@ -14,7 +15,7 @@ from torch import nn
 from .._torch import submodules
 from .fields import FIELDS, catalogue_version, stat_fields, stored_fields
 
-__all__ = ["CallTiming", "ModuleRecord", "build_tree"]
+__all__ = ["CallTiming", "ModuleRecord", "build_tree", "tree_rows", "preorder", "attach"]
 
 _STAT_FIELDS = tuple(stat_fields())
 
@@ -35,7 +36,7 @@ class CallTiming:
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a dict (what ``dataclasses.asdict`` gives, without its deep copy: ten times faster)."""
-        return {name: getattr(self, name) for name in _CALL_FIELDS}
+        return dict(zip(_CALL_FIELDS, _call_values(self)))
 
 
 class ModuleRecord(NodeMixin):
@@ -80,22 +81,19 @@ class ModuleRecord(NodeMixin):
     def to_dict(self) -> dict[str, Any]:
         """The canonical row of this record: plain numbers and strings, JSON-serializable. Public attributes
         that meters set beyond the ones below (``params``, ``flops_forward``, ...) are part of the row too."""
-        row: dict[str, Any] = {
-            "name": self.name,
-            "type": self.type,
-            "depth": self.depth,
-            "parent": None if self.parent is None else self.parent.name,
-        }
+        parent = self.parent
+        return self._row(self.depth, None if parent is None else parent.name)
+
+    def _row(self, depth: int, parent_name: str | None) -> dict[str, Any]:
         own = self.__dict__
-        for name, always in _row_fields():  # the catalogue's order; a meter that did not run adds no column
-            if always or name in own:
-                row[name] = own.get(name)
+        stored, extras = _row_plan(tuple(own))
+        row: dict[str, Any] = {"name": self.name, "type": self.type, "depth": depth, "parent": parent_name}
+        row.update(zip(stored, map(own.get, stored)))
         row["aliases"] = list(self.aliases)
         row["extra_repr"] = self.extra_repr
         row["call_times"] = [timing.to_dict() for timing in self.call_times]
-        for key, value in vars(self).items():
-            if key not in row and not key.startswith("_"):
-                row[key] = value
+        if extras:
+            row.update(zip(extras, map(own.get, extras)))
         return row
 
     def __iter__(self) -> Iterator[ModuleRecord]:
@@ -107,27 +105,66 @@ class ModuleRecord(NodeMixin):
 
 
 _CALL_FIELDS = tuple(f.name for f in fields(CallTiming))
+_call_values = attrgetter(*_CALL_FIELDS)
 
 # Statistics over steps default to "not measured" on the class, so that a new record sets none of them.
 for _field in _STAT_FIELDS:
     setattr(ModuleRecord, _field, None)
 
 
-_ROW_FIELDS: dict[int, tuple[tuple[str, bool], ...]] = {}
+# The keys a row takes from a record, by the record's attribute names: records of one model share a few shapes.
+_ROW_PLANS: dict[tuple[str, ...], tuple[tuple[str, ...], tuple[str, ...]]] = {}
+_ROW_PLANS_VERSION = [-1]
+_OWN_KEYS = ("name", "type", "depth", "parent", "aliases", "extra_repr", "call_times")
 
 
-def _row_fields() -> tuple[tuple[str, bool], ...]:
-    """(name, always) of the stored fields, computed once per state of the catalogue (a row is built for every
-    record of every export: this keeps it to a dict lookup per field)."""
-    key = catalogue_version()
-    cached = _ROW_FIELDS.get(key)
-    if cached is None:
-        _ROW_FIELDS.clear()
-        cached = _ROW_FIELDS[key] = tuple((field.name, field.always) for field in stored_fields())
-    return cached
+def _row_plan(attributes: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the catalogue's stored fields in its order: every ``always`` one and the others the record has; then the
+    record's other public attributes in the order they were set) for a record with these attribute names,
+    worked out once per shape and state of the catalogue (a row is built for every record of every export)."""
+    if _ROW_PLANS_VERSION[0] != catalogue_version() or len(_ROW_PLANS) > 256:
+        _ROW_PLANS.clear()
+        _ROW_PLANS_VERSION[0] = catalogue_version()
+    plan = _ROW_PLANS.get(attributes)
+    if plan is None:
+        present = set(attributes)
+        stored = tuple(f.name for f in stored_fields() if f.always or f.name in present)
+        taken = {*_OWN_KEYS, *stored}
+        extras = tuple(key for key in attributes if key not in taken and not key.startswith("_"))
+        plan = _ROW_PLANS[attributes] = (stored, extras)
+    return plan
 
 
-def _link(child: ModuleRecord, parent: ModuleRecord) -> None:
+def tree_rows(root: ModuleRecord) -> list[dict[str, Any]]:
+    """``[record.to_dict() for record in PreOrderIter(root)]`` in one walk that carries each record's depth and
+    parent down, instead of anytree walking up to the root for every record's ``depth``."""
+    parent = root.parent
+    rows: list[dict[str, Any]] = []
+    stack = [(root, root.depth, None if parent is None else parent.name)]
+    while stack:
+        record, depth, parent_name = stack.pop()
+        rows.append(record._row(depth, parent_name))
+        children = record.__dict__.get("_NodeMixin__children")
+        if children:
+            stack.extend((child, depth + 1, record.name) for child in reversed(children))
+    return rows
+
+
+def preorder(root: ModuleRecord) -> list[ModuleRecord]:
+    """``[root, *root.descendants]`` (anytree's pre-order) reading the children lists directly, without an
+    iterator object and a property call per record."""
+    found: list[ModuleRecord] = []
+    stack = [root]
+    while stack:
+        record = stack.pop()
+        found.append(record)
+        children = record.__dict__.get("_NodeMixin__children")
+        if children:
+            stack.extend(reversed(children))
+    return found
+
+
+def attach(child: ModuleRecord, parent: ModuleRecord) -> None:
     """``child.parent = parent`` without anytree's checks for loops and duplicates, which scan the parent's
     children and make building a wide tree quadratic; a tree built from ``named_modules()`` has neither."""
     child.__dict__["_NodeMixin__parent"] = parent
@@ -170,7 +207,7 @@ def build_tree(model: nn.Module, reprs: bool = True, paths: list[tuple[str, nn.M
         first_name[id(module)] = name
         record = ModuleRecord(name, type(module).__name__, module.extra_repr() if reprs else "")
         if name:
-            _link(record, records[name.rpartition(".")[0]])
+            attach(record, records[name.rpartition(".")[0]])
         records[name] = record
         entries.append((name, module))
     return records[""], records, entries
