@@ -1,6 +1,6 @@
 """Overhead of LayerProf and its peers: median profiled step / median plain step, interleaved, one thread.
 
-    python benchmarks/overhead.py [--repeats 30] [--models resnet18,bert,deep]
+    python benchmarks/overhead.py [--repeats 30] [--models resnet18,bert,deep] [--clock cpu|wall]
 
 Models: torchvision resnet18 at batch 2 (224x224), a 2-layer BERT (hidden 128, sequence 32, batch 8) from a config,
 and 500 x Sequential(Linear(16, 16), ReLU) (1,501 modules) for the cost per module per step. Measured side by side
@@ -12,6 +12,10 @@ in one run, each round interleaving a plain step with every variant:
 - the peers, each around one step the way their users run them: torch.profiler (CPU activity, with_stack=True),
   DeepSpeed's flops profiler (start/stop/end_profile; skipped when deepspeed is not installed), and the seed
   tool's mechanism (forward hooks plus register_full_backward_(pre_)hook per module).
+
+Steps are timed with this process's CPU time by default (``--clock cpu``, ``time.process_time``): on a shared
+machine other work steals the CPU in bursts, which moves wall-clock ratios by tens of percent, while the CPU a
+step takes on one thread stays put; ``--clock wall`` times with ``time.perf_counter``.
 """
 from __future__ import annotations
 
@@ -131,22 +135,25 @@ def _deepspeed_available() -> bool:
     return True
 
 
+_clock: Callable[[], float] = time.process_time
+
+
 def step_time(model: nn.Module, loss_fn: Callable[[], torch.Tensor], wrapper: Callable[[nn.Module], Any] | None) -> float:
     model.zero_grad(set_to_none=True)
-    start = time.perf_counter()
+    start = _clock()
     if wrapper is None:
         loss_fn().backward()
     else:
         with wrapper(model):
             loss_fn().backward()
-    return time.perf_counter() - start
+    return _clock() - start
 
 
 def timed(loss_fn: Callable[[], torch.Tensor], model: nn.Module) -> float:
     model.zero_grad(set_to_none=True)
-    start = time.perf_counter()
+    start = _clock()
     loss_fn().backward()
-    return time.perf_counter() - start
+    return _clock() - start
 
 
 def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch.Tensor]]], repeats: int,
@@ -211,7 +218,11 @@ def main() -> None:
     parser.add_argument("--metrics", default=None,
                         help="comma-separated metrics for the steady-state profiler, e.g. flops (default: the defaults)")
     parser.add_argument("--models", default="resnet18,bert,deep", help="comma-separated subset of resnet18,bert,deep")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                        help="time steps with this process's CPU time (default) or the wall clock")
     args = parser.parse_args()
+    global _clock
+    _clock = time.process_time if args.clock == "cpu" else time.perf_counter
     metrics = None if args.metrics is None else tuple(m for m in args.metrics.split(",") if m)
     chosen = set(args.models.split(","))
     torch.set_num_threads(1)
@@ -224,7 +235,8 @@ def main() -> None:
     }
     if _deepspeed_available():
         wrappers["deepspeed_flops"] = DeepSpeedFlops
-    print(f"torch {torch.__version__}, 1 thread, median of {args.repeats} interleaved steps, metrics={metrics}")
+    print(f"torch {torch.__version__}, 1 thread, median of {args.repeats} interleaved steps, {args.clock} clock, "
+          f"metrics={metrics}")
     if "resnet18" in chosen:
         measure("resnet18 b2", resnet18, args.repeats, wrappers, metrics)
     if "bert" in chosen:

@@ -5,7 +5,6 @@ import functools
 import os
 import sys
 import warnings
-import weakref
 from typing import Any, Callable, Iterable, TypeVar
 
 import torch
@@ -31,7 +30,9 @@ __all__ = ["LayerProf"]
 _T = TypeVar("_T")
 
 # Modules currently hooked by some LayerProf: two profilers on one module would time each other's hooks.
-_PROFILED: "weakref.WeakKeyDictionary[nn.Module, LayerProf]" = weakref.WeakKeyDictionary()
+# Keyed by id(module): a running profiler holds its modules (``_entries``) until its teardown removes them here,
+# so an id cannot be reused while it is a key (a plain dict costs a tenth of a WeakKeyDictionary per module).
+_PROFILED: dict[int, LayerProf] = {}
 
 
 def _check_model(model: Any) -> list[tuple[str, nn.Module]]:
@@ -229,7 +230,7 @@ class LayerProf:
         self._paths = []
         root, records, entries = build_tree(self.model, reprs=False, paths=paths)  # reprs: read in _finish
         for name, module in entries:
-            if _PROFILED.get(module) is not None:
+            if id(module) in _PROFILED:
                 shown = f"module '{name}'" if name else "the model"
                 raise RuntimeError(
                     f"{shown} ({type(module).__name__}) is already being profiled by another active LayerProf; "
@@ -239,7 +240,7 @@ class LayerProf:
         self._built = len(records)
         self._tracker = Tracker(sync=self.sync)
         for _, module in entries:
-            _PROFILED[module] = self
+            _PROFILED[id(module)] = self
         started: list[Meter] = []
         try:
             for meter in self.metrics:
@@ -344,8 +345,8 @@ class LayerProf:
             finally:
                 self._counting = []
                 for _, module in self._entries:
-                    if _PROFILED.get(module) is self:
-                        del _PROFILED[module]
+                    if _PROFILED.get(id(module)) is self:
+                        del _PROFILED[id(module)]
 
     # -- steps -----------------------------------------------------------------------------------------------
     def _begin_step(self) -> None:
@@ -421,7 +422,7 @@ class LayerProf:
                 self.records[qualified] = ModuleRecord(qualified, type(module).__name__, module.extra_repr(), holder)
             self._names[id(module)] = qualified
             self._entries.append((qualified, module))
-            _PROFILED[module] = self
+            _PROFILED[id(module)] = self
             added.append((qualified, module))
         if added and self._tracker.active:
             self._tracker.attach(added)
