@@ -37,8 +37,21 @@ def iter_tensor_paths(obj: Any, _path: tuple[Any, ...] = (), _depth: int = 0) ->
 
 
 def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """Yield every tensor in ``obj`` and its containers, depth first."""
-    return (tensor for _, tensor in iter_tensor_paths(obj))
+    """Yield every tensor in ``obj`` and its containers, depth first (``iter_tensor_paths``' order, without
+    the paths or a generator per level: the tracker reads every module call's output with it)."""
+    if isinstance(obj, torch.Tensor):
+        return iter((obj,))
+    found: list[torch.Tensor] = []
+    stack = [(obj, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif depth < _MAX_DEPTH and not isinstance(item, _LEAVES):
+            items = children(item)
+            if items is not None:
+                stack.extend([(value, depth + 1) for _, value in items][::-1])
+    return iter(found)
 
 
 def first_tensor(*objs: Any) -> torch.Tensor | None:

@@ -141,3 +141,42 @@ def test_tensor_specs_hold_only_sizes_and_dtypes() -> None:
     specs = tensor_specs((torch.zeros(2, 3), 5, "text"), {"k": (torch.zeros(1),)})
     assert specs == (((0,), torch.Size([2, 3]), torch.float32), (("k", 0), torch.Size([1]), torch.float32))
     assert all(not isinstance(part, torch.Tensor) for spec in specs for part in spec)
+
+
+def test_iter_tensors_finds_what_iter_tensor_paths_finds_in_the_same_order() -> None:
+    # The tracker reads every call's output with iter_tensors (a stack, no generator per level); the shapes meter
+    # with iter_tensor_paths. Both must see the same tensors, in the same order, down to the same depth limit.
+    import dataclasses
+    import random
+
+    from layerprof._tensors import iter_tensor_paths, iter_tensors
+
+    @dataclasses.dataclass
+    class Pair:
+        a: object
+        b: object
+
+    def nest(depth: int) -> object:
+        roll = rng.random()
+        if depth > 18 or roll < 0.3:  # deeper than the limit of 16 on some branches
+            return torch.zeros(1) if rng.random() < 0.6 else rng.choice([1, "x", None, 2.0])
+        if roll < 0.5:
+            return [nest(depth + 1) for _ in range(rng.randint(0, 3))]
+        if roll < 0.7:
+            return tuple(nest(depth + 1) for _ in range(rng.randint(0, 3)))
+        if roll < 0.85:
+            return {str(i): nest(depth + 1) for i in range(rng.randint(0, 3))}
+        return Pair(nest(depth + 1), nest(depth + 1))
+
+    rng = random.Random(0)
+    found = 0
+    for _ in range(2000):
+        value = nest(0)
+        fast = [id(t) for t in iter_tensors(value)]
+        assert fast == [id(t) for _, t in iter_tensor_paths(value)]
+        found += len(fast)
+    assert found > 1000
+    deep: object = torch.ones(1)
+    for _ in range(20):
+        deep = [deep]
+    assert list(iter_tensors(deep)) == [] and list(iter_tensors([[torch.ones(1)]]))[0].item() == 1.0
