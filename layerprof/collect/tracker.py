@@ -233,6 +233,9 @@ class Tracker:
         """Remove every module hook. Graph hooks die with the graph and do nothing once their step has ended."""
         self.active = False
         self.end_step()
+        # Hooks copied onto a deep copy of a module outlive the detach and hold this tracker: it must not hold
+        # the modules (attach fills this again; a note needs it only while hooked).
+        self._modules = {}
         handles, self._handles = self._handles, []
         for module, added in handles:
             remove_forward_hooks(module, added)
