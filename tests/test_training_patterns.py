@@ -169,3 +169,36 @@ def test_a_copy_made_inside_the_block_runs_and_is_not_counted() -> None:
     assert torch.equal(teacher, model(x).detach())
     assert hook_state(model) == before
     ema(x).sum().backward()  # the copy still works after the block
+
+
+def test_a_copy_made_inside_the_block_does_not_keep_the_model_alive() -> None:
+    # The copy carries the profiler's hook functions (copied with the hook dicts), and so the tracker behind them:
+    # the tracker must not hold the profiled modules once the block is over, or the copy pins the whole model.
+    import copy
+    import gc
+    import weakref
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    model_ref, weight_ref = weakref.ref(model), weakref.ref(model[0].weight)
+    with LayerProf(model) as prof:
+        ema = copy.deepcopy(model)
+        model(torch.randn(2, 4)).sum().backward()
+    del prof, model
+    gc.collect()
+    assert model_ref() is None and weight_ref() is None
+    assert ema(torch.randn(2, 4)).shape == (2, 1)
+
+
+def test_a_copy_registered_on_the_model_inside_the_block_counts_once_and_is_left_clean() -> None:
+    # A teacher or EMA block copied from a profiled submodule carries the profiler's hooks (copied with the hook
+    # dicts); registered on the model, it gets hooked as a new module: its calls must count once, and no hook may
+    # be left on it after the block.
+    import copy
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    with LayerProf(model) as prof:
+        model(torch.randn(2, 4)).sum().backward()
+        model.add_module("teacher", copy.deepcopy(model[0]))
+        model.teacher(torch.randn(2, 4)).sum().backward()
+    assert {name: record.calls for name, record in prof.records.items()} == {"": 1, "0": 1, "1": 1, "teacher": 1}
+    assert hook_state(model)["teacher"] == hook_state(nn.Sequential(nn.Linear(4, 4)))["0"]

@@ -420,6 +420,7 @@ class LayerProf:
             if qualified not in self.records:  # a replaced submodule keeps the record of its name
                 holder = self.records[qualified.rsplit(".", 1)[0] if "." in qualified else ""]
                 self.records[qualified] = ModuleRecord(qualified, type(module).__name__, module.extra_repr(), holder)
+            self._tracker.drop_copied_hooks(module)  # a copy of a profiled module (deepcopy inside the block)
             self._names[id(module)] = qualified
             self._entries.append((qualified, module))
             _PROFILED[id(module)] = self

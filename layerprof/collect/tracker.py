@@ -229,10 +229,25 @@ class Tracker:
             raise
         self.active = True
 
+    def drop_copied_hooks(self, module: nn.Module) -> None:
+        """Take off the hooks of this tracker that ``module`` carries without having been attached: a deep copy
+        of a hooked module copies its hook dicts. Else a copy that joins the model is hooked twice (its calls
+        counted twice) and keeps the copied pair after the block."""
+        if self._hooks is None:
+            return
+        pre, post = self._hooks
+        copied = {key for key, hook in getattr(module, "_forward_pre_hooks", {}).items() if hook is pre}
+        copied.update(key for key, hook in getattr(module, "_forward_hooks", {}).items() if hook is post)
+        for key in copied:
+            remove_forward_hooks(module, key)
+
     def detach(self) -> None:
         """Remove every module hook. Graph hooks die with the graph and do nothing once their step has ended."""
         self.active = False
         self.end_step()
+        # Hooks copied onto a deep copy of a module outlive the detach and hold this tracker: it must not hold
+        # the modules (attach fills this again; a note needs it only while hooked).
+        self._modules = {}
         handles, self._handles = self._handles, []
         for module, added in handles:
             remove_forward_hooks(module, added)
