@@ -444,12 +444,6 @@ def _walk(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState) 
         owner = owners[bisect_right(bounds, number) - 1]
         node.register_prehook(owner.node_started)
         last = observed  # for observers: no successor of the same owner, so the owner's backward may end here
-        if number == lo:
-            # The call's first node: its successors were made before the call began (a node's inputs exist
-            # before it does), so none is in the range and their wrappers need not be built.
-            if last:
-                node.register_hook(owner.node_ended)
-            continue
         for successor, _ in node.next_functions:
             if successor is not None:
                 next_number = _sequence_nr(successor)
