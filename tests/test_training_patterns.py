@@ -202,3 +202,36 @@ def test_a_copy_registered_on_the_model_inside_the_block_counts_once_and_is_left
         model.teacher(torch.randn(2, 4)).sum().backward()
     assert {name: record.calls for name, record in prof.records.items()} == {"": 1, "0": 1, "1": 1, "teacher": 1}
     assert hook_state(model)["teacher"] == hook_state(nn.Sequential(nn.Linear(4, 4)))["0"]
+
+
+def test_data_parallel_replicas_count_as_their_originals() -> None:
+    # nn.DataParallel runs a replica of the model on each GPU, in a thread each; a replica shares its original's
+    # hook dicts (Module._replicate_for_data_parallel), so its calls are the original module's calls. Emulated on
+    # CPU the way torch.nn.parallel.replicate builds replicas.
+    import threading
+
+    def replicate(module: nn.Module) -> nn.Module:
+        replica = module._replicate_for_data_parallel()
+        for key, param in module._parameters.items():
+            setattr(replica, key, param)
+        for key, child in module._modules.items():
+            replica._modules[key] = replicate(child)
+        return replica
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    before = hook_state(model)
+    x = torch.randn(3, 4)
+    with LayerProf(model) as prof:
+        replicas = [replicate(model), replicate(model)]
+        outputs: list[torch.Tensor] = []
+        threads = [threading.Thread(target=lambda r=r: outputs.append(r(x))) for r in replicas]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        sum(out.sum() for out in outputs).backward()
+    assert {name: record.calls for name, record in prof.records.items()} == {"": 2, "0": 2, "1": 2, "2": 2}
+    for record in prof.records.values():
+        assert record.forward_ms > 0 and record.backward_ms is not None and record.backward_ms > 0, record.name
+    check_profile(prof, model)
+    assert hook_state(model) == before

@@ -190,6 +190,9 @@ class Tracker:
         self.active = False
         self.names: dict[int, str] = {}  # id(module) -> qualified name, for every module ever attached
         self._modules: dict[str, nn.Module] = {}  # and back, for the class names in the notes on exceptions
+        # id of a module's forward pre-hook dict -> its name: a DataParallel replica (or a copy.copy) shares its
+        # original's hook dicts and is the original's call; a deep copy has dicts of its own and is not profiled.
+        self.names_by_hooks: dict[int, str] = {}
         self.cpu_clock = CpuClock()
         self.cuda_clocks: dict[int, Clock] = {}
         self.observers: tuple[Any, ...] = ()  # set between steps by the profiler, as are backward_observers
@@ -217,11 +220,12 @@ class Tracker:
         if self._hooks is None:
             self._hooks = self._make_hooks()
         pre, post = self._hooks
-        names, by_name, handles = self.names, self._modules, self._handles
+        names, by_name, by_hooks, handles = self.names, self._modules, self.names_by_hooks, self._handles
         try:
             for name, module in modules:
                 names[id(module)] = name
                 by_name[name] = module
+                by_hooks[id(module.__dict__.get("_forward_pre_hooks"))] = name
                 # Our pre-hook runs last and our post-hook first, so the user's own hooks are not timed.
                 handles.append((module, add_forward_hooks(module, pre, post)))
         except BaseException:
@@ -301,6 +305,7 @@ class Tracker:
     def _make_hooks(self) -> tuple[Callable[..., None], Callable[..., None]]:
         tracker = self
         names = self.names
+        by_hooks = self.names_by_hooks
         calls = self.calls
         local = self._local
         cpu_clock = self.cpu_clock
@@ -312,8 +317,10 @@ class Tracker:
             if not tracker.active:
                 return None
             name = names.get(id(module))
-            if name is None:  # a copy of a profiled module (deepcopy copies hook dicts): not profiled
-                return None
+            if name is None:  # a replica shares its original's hook dicts; a deep copy does not: not profiled
+                name = by_hooks.get(id(module.__dict__.get("_forward_pre_hooks")))
+                if name is None:
+                    return None
             try:
                 state = local.state
             except AttributeError:
@@ -345,7 +352,9 @@ class Tracker:
             end = call.clock.now()
             name = names.get(id(module))
             if name is None:
-                return None
+                name = by_hooks.get(id(module.__dict__.get("_forward_pre_hooks")))
+                if name is None:
+                    return None
             if call.name != name:
                 # An inner call never reached its post-hook (a pre-hook raised before forward ran): unwind to ours.
                 call = _unwind_to(stack, name)
