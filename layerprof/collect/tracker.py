@@ -225,7 +225,9 @@ class Tracker:
             for name, module in modules:
                 names[id(module)] = name
                 by_name[name] = module
-                by_hooks[id(module.__dict__.get("_forward_pre_hooks"))] = name
+                pre_hooks = module.__dict__.get("_forward_pre_hooks")
+                if pre_hooks is not None:
+                    by_hooks[id(pre_hooks)] = name
                 # Our pre-hook runs last and our post-hook first, so the user's own hooks are not timed.
                 handles.append((module, add_forward_hooks(module, pre, post)))
         except BaseException:
