@@ -188,11 +188,11 @@ class Tracker:
         self.sync = sync
         self.calls: list[CallTrace] = []
         self.active = False
-        self.names: dict[int, str] = {}  # id(module) -> qualified name, for every module ever attached
-        self._modules: dict[str, nn.Module] = {}  # and back, for the class names in the notes on exceptions
-        # id of a module's forward pre-hook dict -> its name: a DataParallel replica (or a copy.copy) shares its
-        # original's hook dicts and is the original's call; a deep copy has dicts of its own and is not profiled.
-        self.names_by_hooks: dict[int, str] = {}
+        # id of a module's forward pre-hook dict -> the module's qualified name, for every module ever attached.
+        # Keyed by the dict, not the module: a DataParallel replica (or a copy.copy) shares its original's hook
+        # dicts and its calls are the original's; a deep copy has dicts of its own and is not profiled.
+        self.names: dict[int, str] = {}
+        self._modules: dict[str, nn.Module] = {}  # name -> module, for the class names in the notes on exceptions
         self.cpu_clock = CpuClock()
         self.cuda_clocks: dict[int, Clock] = {}
         self.observers: tuple[Any, ...] = ()  # set between steps by the profiler, as are backward_observers
@@ -220,14 +220,11 @@ class Tracker:
         if self._hooks is None:
             self._hooks = self._make_hooks()
         pre, post = self._hooks
-        names, by_name, by_hooks, handles = self.names, self._modules, self.names_by_hooks, self._handles
+        names, by_name, handles = self.names, self._modules, self._handles
         try:
             for name, module in modules:
-                names[id(module)] = name
+                names[id(module._forward_pre_hooks)] = name
                 by_name[name] = module
-                pre_hooks = module.__dict__.get("_forward_pre_hooks")
-                if pre_hooks is not None:
-                    by_hooks[id(pre_hooks)] = name
                 # Our pre-hook runs last and our post-hook first, so the user's own hooks are not timed.
                 handles.append((module, add_forward_hooks(module, pre, post)))
         except BaseException:
@@ -307,7 +304,6 @@ class Tracker:
     def _make_hooks(self) -> tuple[Callable[..., None], Callable[..., None]]:
         tracker = self
         names = self.names
-        by_hooks = self.names_by_hooks
         calls = self.calls
         local = self._local
         cpu_clock = self.cpu_clock
@@ -318,11 +314,9 @@ class Tracker:
         def forward_pre(module: nn.Module, args: Any, kwargs: Any) -> None:
             if not tracker.active:
                 return None
-            name = names.get(id(module))
-            if name is None:  # a replica shares its original's hook dicts; a deep copy does not: not profiled
-                name = by_hooks.get(id(module.__dict__.get("_forward_pre_hooks")))
-                if name is None:
-                    return None
+            name = names.get(id(module._forward_pre_hooks))
+            if name is None:  # a deep copy of a profiled module (it copied our hooks): not profiled
+                return None
             try:
                 state = local.state
             except AttributeError:
@@ -352,11 +346,9 @@ class Tracker:
                 return None  # the call began before profiling did
             call = stack[-1]
             end = call.clock.now()
-            name = names.get(id(module))
+            name = names.get(id(module._forward_pre_hooks))
             if name is None:
-                name = by_hooks.get(id(module.__dict__.get("_forward_pre_hooks")))
-                if name is None:
-                    return None
+                return None
             if call.name != name:
                 # An inner call never reached its post-hook (a pre-hook raised before forward ran): unwind to ours.
                 call = _unwind_to(stack, name)
