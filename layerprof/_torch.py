@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 __all__ = [
     "next_sequence_nr", "graph_task_id", "queue_backward_callback", "sequence_nr", "current_autograd_node",
     "has_decomposition", "nested_sizes", "storage_key", "submodules", "tensor_version", "outer_saved_tensors_hooks",
-    "compiled_module_type",
+    "compiled_module_type", "compiled_call", "is_compiled_function",
     "TorchDispatchMode", "StorageWeakRef", "escaped_backward", "add_forward_hooks", "remove_forward_hooks",
 ]
 
@@ -129,6 +129,20 @@ def compiled_module_type() -> type | None:
     dynamo = getattr(torch, "_dynamo", None)
     eval_frame = getattr(dynamo, "eval_frame", None) if dynamo is not None else None
     return getattr(eval_frame, "OptimizedModule", None)
+
+
+def compiled_call(module: Any) -> Any:
+    """What ``module.compile()`` stored on ``module`` for its ``__call__`` to run instead of ``_call_impl`` (a
+    ``torch.compile`` of it, hooks included), None where the module was never compiled in place."""
+    return module.__dict__.get("_compiled_call_impl")
+
+
+def is_compiled_function(function: Any) -> bool:
+    """Whether ``function`` (or the function of a bound method) is a ``torch.compile`` wrapper: dynamo marks the
+    wrappers it makes with the function they wrap, and a ``torch.compiler.disable`` wrapper, marked the same way,
+    also as disabled. ``torch.compile(fn, disable=True)`` returns ``fn`` itself: not compiled."""
+    return (getattr(function, "_torchdynamo_orig_callable", None) is not None
+            and not getattr(function, "_torchdynamo_disable", False))
 
 
 def queue_backward_callback(callback: Callable[[], None]) -> bool:

@@ -12,6 +12,7 @@ from torch import nn
 from torch.nn.modules.module import register_module_module_registration_hook
 
 from .annotate import Annotator
+from .compiled import compiled_while_profiling, refuse_compiled_in_place
 from .._gc import gc_paused
 from .environment import environment
 from .._check import check_bool, check_int
@@ -70,6 +71,7 @@ def _check_children(paths: list[tuple[str, nn.Module]], compiled: type | None) -
                 "module hooks, so its modules would show as not run. Profile with the eager module in its place "
                 "(the compiled module's ._orig_mod), and compile after profiling."
             )
+    refuse_compiled_in_place(paths)
 
 
 def _modules_in(model: nn.Module) -> list[nn.Module]:
@@ -229,6 +231,7 @@ class LayerProf:
             _check_children(paths, compiled_module_type())
         self._paths = []
         root, records, entries = build_tree(self.model, reprs=False, paths=paths)  # reprs: read in _finish
+        refuse_compiled_in_place(entries)  # .compile() called since __init__ changes no path
         for name, module in entries:
             if id(module) in _PROFILED:
                 shown = f"module '{name}'" if name else "the model"
@@ -314,6 +317,11 @@ class LayerProf:
                 exc.add_note(note)
             self._tracker = None
             return
+        compiled = compiled_while_profiling(self._entries)
+        if compiled is not None:  # its times are partial: no profile rather than a wrong one
+            self._failure = "a module was compiled in place while it was profiled"
+            self._tracker = None
+            raise RuntimeError(compiled)
         try:
             self._finish()
         except BaseException as error:
