@@ -12,37 +12,15 @@ from typing import Iterable
 
 from torch import nn
 
-from .._torch import compiled_call, is_compiled_function
+from .._torch import compiled_in_place
 
-__all__ = ["compiled_in_place", "compiled_while_profiling", "refuse_compiled_in_place"]
+__all__ = ["compiled_while_profiling", "refuse_compiled_in_place"]
 
 _WHAT_TO_DO = {
     "compile": "Profile the eager model: before calling .compile(), or an eager copy (copy.deepcopy(model) leaves "
                "the .compile() out); compile after profiling.",
     "forward": "Profile the model with its eager forward, and compile after profiling.",
 }
-
-
-def compiled_in_place(paths: Iterable[tuple[str, nn.Module]]) -> tuple[str, nn.Module, str] | None:
-    """The first module compiled in place as ``(name, module, how)``, ``how`` being ``"compile"`` (``.compile()``
-    was called on it) or ``"forward"`` (its forward is a compiled function); None when there is none."""
-    compiled_forward: dict[type, bool] = {}  # per class: a compiled ``forward`` method (``@torch.compile``)
-    for name, module in paths:
-        impl = compiled_call(module)
-        if impl is not None and is_compiled_function(impl):
-            return name, module, "compile"
-        own_forward = module.__dict__.get("forward")
-        if own_forward is not None:
-            if is_compiled_function(own_forward):
-                return name, module, "forward"
-            continue
-        cls = type(module)
-        known = compiled_forward.get(cls)
-        if known is None:
-            known = compiled_forward[cls] = is_compiled_function(getattr(cls, "forward", None))
-        if known:
-            return name, module, "forward"
-    return None
 
 
 def _describe(name: str, module: nn.Module, how: str) -> str:
