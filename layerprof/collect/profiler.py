@@ -13,6 +13,7 @@ from torch.nn.modules.module import register_module_module_registration_hook
 
 from .annotate import Annotator
 from .compiled import compiled_while_profiling, refuse_compiled_in_place
+from .recompute import roll_up_recompute
 from .._gc import gc_paused
 from .environment import environment
 from .._check import check_bool, check_int
@@ -471,6 +472,7 @@ class LayerProf:
             record = self.records[name]
             record.type, record.extra_repr = type(module).__name__, module.extra_repr()
         self._stats.fill(self.records)
+        roll_up_recompute(self.records, self.tree)
         for meter in self.metrics:
             meter.fill(self.records)
             extra = meter.meta()
