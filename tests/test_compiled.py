@@ -149,3 +149,19 @@ def test_a_compiled_child_run_under_dynamo_is_still_seen() -> None:
     eager = copy.deepcopy(model)  # the advice: a deep copy leaves the .compile() out, and is profiled in full
     prof = profile_step(eager)
     assert all(prof.records[name].backward_ms > 0 for name in ("2", "2.0", "2.0.0", "2.0.2"))
+
+
+def test_a_compiled_wrapper_put_in_the_model_inside_the_block_fails_the_profile() -> None:
+    model = model_with_block()
+    before = hook_state(model)
+    with pytest.raises(RuntimeError) as info:
+        with LayerProf(model):
+            model(torch.randn(2, 4)).sum().backward()
+            model[2] = torch.compile(model[2], backend="eager")  # registered while profiling: not called here
+    assert str(info.value).startswith("the profile is refused: module '2' became a torch.compile'd module while it "
+                                      "was being profiled, and dynamo traces its calls")
+    assert not _PROFILED
+    model[2] = model[2]._orig_mod
+    # every hook dict as found (torch.compile itself marks the module it wraps with an attribute)
+    assert {name: state[:-1] for name, state in hook_state(model).items()} == {
+        name: state[:-1] for name, state in before.items()}

@@ -12,7 +12,7 @@ from typing import Iterable
 
 from torch import nn
 
-from .._torch import compiled_in_place
+from .._torch import compiled_in_place, compiled_module_type
 
 __all__ = ["compiled_while_profiling", "refuse_compiled_in_place"]
 
@@ -45,7 +45,15 @@ def refuse_compiled_in_place(paths: Iterable[tuple[str, nn.Module]]) -> None:
 
 
 def compiled_while_profiling(paths: Iterable[tuple[str, nn.Module]]) -> str | None:
-    """The error message for a module compiled in place while it was being profiled; None when there is none."""
+    """The error message for a module compiled while it was being profiled (in place, or put in the model as a
+    ``torch.compile`` wrapper); None when there is none."""
+    paths = list(paths)
+    wrapper = compiled_module_type()
+    if wrapper is not None:
+        for name, module in paths:
+            if isinstance(module, wrapper):
+                return (f"the profile is refused: module '{name}' became a torch.compile'd module while it was being "
+                        f"profiled, and {_CONSEQUENCE} Profile the eager module, and compile after profiling.")
     found = compiled_in_place(paths)
     if found is None:
         return None
