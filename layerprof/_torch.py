@@ -6,6 +6,7 @@ torch breaks something, and one place to add a fallback. Everything else in laye
 from __future__ import annotations
 
 import itertools
+import sys
 from operator import methodcaller
 from typing import Any, Callable, Iterable
 
@@ -144,7 +145,10 @@ def compiled_in_place(paths: Iterable[tuple[str, Any]]) -> tuple[str, Any, str] 
     ``module.compile()`` (which stores a ``torch.compile`` of the module's ``_call_impl``, hooks included, in
     ``_compiled_call_impl`` for ``__call__`` to run), ``"forward"`` when its forward is a compiled function (put on
     the instance, or a decorated method). None when there is none. About 0.3 µs per module: most modules have
-    neither attribute of their own, and a class's forward is looked at once."""
+    neither attribute of their own, and a class's forward is looked at once; nothing while dynamo is not loaded."""
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is None or getattr(getattr(dynamo, "config", None), "disable", False):
+        return None  # never imported, so nothing was compiled; or off (TORCH_COMPILE_DISABLE=1): all runs eagerly
     by_class: dict[type, bool] = {}
     for name, module in paths:
         own = module.__dict__
