@@ -6,9 +6,8 @@ torch breaks something, and one place to add a fallback. Everything else in laye
 from __future__ import annotations
 
 import itertools
-import sys
 from operator import methodcaller
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -17,8 +16,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 __all__ = [
     "next_sequence_nr", "graph_task_id", "queue_backward_callback", "sequence_nr", "current_autograd_node",
     "has_decomposition", "nested_sizes", "storage_key", "submodules", "tensor_version", "outer_saved_tensors_hooks",
-    "compiled_module_type", "compiled_in_place", "is_compiled_function",
+    "compiled_module_type",
     "TorchDispatchMode", "StorageWeakRef", "escaped_backward", "add_forward_hooks", "remove_forward_hooks",
+    "compiled_in_place", "is_compiled_function",
 ]
 
 # The sequence number the next autograd node created on this thread will get: a module call owns the nodes
@@ -140,13 +140,13 @@ def is_compiled_function(function: Any) -> bool:
             and not getattr(function, "_torchdynamo_disable", False))
 
 
-def compiled_in_place(paths: Iterable[tuple[str, Any]]) -> tuple[str, Any, str] | None:
+def compiled_in_place(paths: list[tuple[str, Any]]) -> tuple[str, Any, str] | None:
     """The first module of ``paths`` compiled in place, as ``(name, module, how)``: ``how`` is ``"compile"`` after
     ``module.compile()`` (which stores a ``torch.compile`` of the module's ``_call_impl``, hooks included, in
     ``_compiled_call_impl`` for ``__call__`` to run), ``"forward"`` when its forward is a compiled function (put on
     the instance, or a decorated method). None when there is none. About 0.3 µs per module: most modules have
     neither attribute of their own, and a class's forward is looked at once; nothing while dynamo is not loaded."""
-    dynamo = sys.modules.get("torch._dynamo")
+    dynamo = vars(torch).get("_dynamo")  # set when torch._dynamo is imported; reading it imports nothing
     if dynamo is None or getattr(getattr(dynamo, "config", None), "disable", False):
         return None  # never imported, so nothing was compiled; or off (TORCH_COMPILE_DISABLE=1): all runs eagerly
     by_class: dict[type, bool] = {}

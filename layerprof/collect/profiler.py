@@ -12,8 +12,6 @@ from torch import nn
 from torch.nn.modules.module import register_module_module_registration_hook
 
 from .annotate import Annotator
-from .compiled import compiled_while_profiling, refuse_compiled_in_place
-from .recompute import roll_up_recompute
 from .._gc import gc_paused
 from .environment import environment
 from .._check import check_bool, check_int
@@ -26,6 +24,8 @@ from .schedule import Action, Schedule
 from .statistics import StepStats
 from .timing import StepTimes, step_times
 from .tracker import Tracker, backward_note
+from .compiled import compiled_while_profiling, refuse_compiled_in_place
+from .recompute import roll_up_recompute
 
 __all__ = ["LayerProf"]
 
@@ -318,11 +318,6 @@ class LayerProf:
                 exc.add_note(note)
             self._tracker = None
             return
-        compiled = compiled_while_profiling(self._entries)
-        if compiled is not None:  # its times are partial: no profile rather than a wrong one
-            self._failure = "a module was compiled in place while it was profiled"
-            self._tracker = None
-            raise RuntimeError(compiled)
         try:
             self._finish()
         except BaseException as error:
@@ -455,6 +450,9 @@ class LayerProf:
     def _finish(self) -> None:
         tracker = self._tracker
         assert tracker is not None and self.tree is not None
+        compiled = compiled_while_profiling(self._entries)
+        if compiled is not None:  # its times are partial: no profile rather than a wrong one
+            raise RuntimeError(compiled)
         self._warn_unseen_modules()
         meta: dict[str, Any] = {"environment": {**environment(self.model), **self._example}}
         distorting = [m.name for m in self.metrics if m.distorts_timing]
