@@ -14,11 +14,11 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = [
+    "compiled_in_place", "is_compiled_function",
     "next_sequence_nr", "graph_task_id", "queue_backward_callback", "sequence_nr", "current_autograd_node",
     "has_decomposition", "nested_sizes", "storage_key", "submodules", "tensor_version", "outer_saved_tensors_hooks",
     "compiled_module_type",
     "TorchDispatchMode", "StorageWeakRef", "escaped_backward", "add_forward_hooks", "remove_forward_hooks",
-    "compiled_in_place", "is_compiled_function",
 ]
 
 # The sequence number the next autograd node created on this thread will get: a module call owns the nodes

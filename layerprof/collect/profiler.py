@@ -232,7 +232,8 @@ class LayerProf:
             _check_children(paths, compiled_module_type())
         self._paths = []
         root, records, entries = build_tree(self.model, reprs=False, paths=paths)  # reprs: read in _finish
-        refuse_compiled_in_place(entries)  # .compile() called since __init__ changes no path
+        # Whatever checked the model before (here, or a reused plan): .compile() since then changes no path.
+        refuse_compiled_in_place(entries)
         for name, module in entries:
             if id(module) in _PROFILED:
                 shown = f"module '{name}'" if name else "the model"
