@@ -24,6 +24,8 @@ from .schedule import Action, Schedule
 from .statistics import StepStats
 from .timing import StepTimes, step_times
 from .tracker import Tracker, backward_note
+from .compiled import compiled_while_profiling, refuse_compiled_in_place
+from .recompute import roll_up_recompute
 
 __all__ = ["LayerProf"]
 
@@ -70,6 +72,7 @@ def _check_children(paths: list[tuple[str, nn.Module]], compiled: type | None) -
                 "module hooks, so its modules would show as not run. Profile with the eager module in its place "
                 "(the compiled module's ._orig_mod), and compile after profiling."
             )
+    refuse_compiled_in_place(paths)
 
 
 def _modules_in(model: nn.Module) -> list[nn.Module]:
@@ -229,6 +232,8 @@ class LayerProf:
             _check_children(paths, compiled_module_type())
         self._paths = []
         root, records, entries = build_tree(self.model, reprs=False, paths=paths)  # reprs: read in _finish
+        # Whatever checked the model before (here, or a reused plan): .compile() since then changes no path.
+        refuse_compiled_in_place(entries)
         for name, module in entries:
             if id(module) in _PROFILED:
                 shown = f"module '{name}'" if name else "the model"
@@ -446,6 +451,9 @@ class LayerProf:
     def _finish(self) -> None:
         tracker = self._tracker
         assert tracker is not None and self.tree is not None
+        compiled = compiled_while_profiling(self._entries)
+        if compiled is not None:  # its times are partial: no profile rather than a wrong one
+            raise RuntimeError(compiled)
         self._warn_unseen_modules()
         meta: dict[str, Any] = {"environment": {**environment(self.model), **self._example}}
         distorting = [m.name for m in self.metrics if m.distorts_timing]
@@ -463,6 +471,7 @@ class LayerProf:
             record = self.records[name]
             record.type, record.extra_repr = type(module).__name__, module.extra_repr()
         self._stats.fill(self.records)
+        roll_up_recompute(self.records, self.tree)
         for meter in self.metrics:
             meter.fill(self.records)
             extra = meter.meta()

@@ -5,7 +5,11 @@ nodes that the module's forward *created*, never from what it returned: every no
 pre-hook and post-hook has a sequence number in ``[seq_start, seq_end)``, and the innermost call open when a node
 was made is its *owner*. At each call's post-hook the tracker walks the graph from the call's outputs (or, for a
 call that returns nothing with a graph, from the tensors it left on its module) through the nodes of its range
-that no earlier walk reached, so each node is walked once per step, and puts one pre-hook on each.
+that no earlier walk reached, so each node is walked once per step, and puts one pre-hook on each. A walk stops at
+its range's lower end; a node below it that no walk reached yet is the enclosing call's own (a parent's code
+between two children, which the parent's walk cannot reach through the children's walked nodes): it is handed to
+the innermost open call whose range holds it, and that call's walk hooks it. A node no profiled call made (the
+user's code before the model) gets a hook that only ends the previous owner's interval.
 
 In backward, a node's pre-hook starts its owner's interval for the running pass (graph task) if not started
 yet, and ends the interval of the owner of the node that started before it in the same pass: a node's work lasts
@@ -52,18 +56,54 @@ class _Step:
     its step do nothing), the backward observers to tell, and per backward pass (graph task) the call whose
     node started last, which ends when the next node of the pass starts or the pass finishes."""
 
-    __slots__ = ("open", "observers", "pending")
+    __slots__ = ("open", "observers", "pending", "_outside")
 
     def __init__(self, observers: tuple[Any, ...] = ()) -> None:
         self.open = True
         self.observers = observers
-        self.pending: dict[int, CallTrace] = {}
+        self.pending: dict[int, CallTrace | Outside] = {}
+        self._outside: Outside | None = None
 
     def pass_finished(self, task: int) -> None:
         """Run by the engine when backward pass ``task`` is over: ends the call whose node ran last."""
         call = self.pending.pop(task, None)
         if call is not None and self.open:
             call.close(task)
+
+    def outside(self) -> Outside:
+        """The stand-in owner of this step's nodes made outside every profiled call."""
+        if self._outside is None:
+            self._outside = Outside(self)
+        return self._outside
+
+
+class Outside:
+    """The owner, in backward, of a node that a profiled call's graph leads to but that no profiled call made (the
+    user's code before the model, or between two top-level modules): its start ends the previous owner's interval,
+    so that work is not timed as that module's backward, and an exception raised from it is not blamed on one."""
+
+    __slots__ = ("step",)
+    task = None  # never has an interval of its own: not timed
+    name = None
+
+    def __init__(self, step: _Step) -> None:
+        self.step = step
+
+    def node_started(self, grad_outputs: Any) -> None:
+        step = self.step
+        if step.open:
+            task = _graph_task_id()
+            pending = step.pending
+            previous = pending.get(task)
+            if previous is None and task not in pending:
+                _queue_backward_callback(functools.partial(step.pass_finished, task))
+            pending[task] = self
+            if previous is not None and previous is not self:
+                previous.close(task)
+        return None
+
+    def close(self, task: int) -> None:
+        return None
 
 
 class CallTrace:
@@ -75,7 +115,7 @@ class CallTrace:
 
     __slots__ = (
         "name", "parent", "clock", "recompute", "seq_start", "seq_end", "fwd_start", "fwd_end",
-        "task", "bwd_start", "bwd_end", "passes", "observed_task", "raised", "handling", "step",
+        "task", "bwd_start", "bwd_end", "passes", "observed_task", "raised", "handling", "step", "deferred",
     )
 
     def __init__(self, name: str, parent: CallTrace | None, clock: Clock, recompute: bool, step: _Step) -> None:
@@ -94,6 +134,9 @@ class CallTrace:
         self.raised = False
         self.handling: BaseException | None = None  # an exception already being handled when the call began
         self.step = step
+        # Nodes of this call's range that a sub-call's walk met but does not own (this call's own code between
+        # sub-calls): hooked by this call's walk, which cannot reach them through the sub-calls' walked nodes.
+        self.deferred: list[Any] | None = None
 
     # -- graph node hooks: bound methods, so that a node holds the call and never the other way round ---------
     def node_started(self, grad_outputs: Any) -> None:
@@ -393,12 +436,16 @@ def has_note(error: BaseException) -> bool:
 
 
 def backward_note(tracker: Tracker, error: BaseException, traceback: Any) -> str | None:
-    """The note for an exception that escaped a backward pass: the module whose node started last in a pass that
-    did not finish (a finished pass drops its entry), if the exception came out of the autograd engine."""
+    """The note for an exception that escaped a backward pass, if it came out of the autograd engine: the owner of
+    the node that started last in a pass that did not finish (a finished pass drops its entry), which is the
+    innermost module whose own code made that node, or none when no profiled module made it."""
     pending = tracker.step_state.pending
     call = next(reversed(pending.values()), None) if pending else None
     if call is None or has_note(error) or not escaped_backward(traceback):
         return None
+    if call.name is None:
+        return (f"{NOTE_PREFIX}raised during backward, in a part of the graph that no profiled module made (code "
+                "outside the modules' calls)")
     return raised_note(call.name, tracker.type_name(call.name), ", during its backward")
 
 
@@ -432,8 +479,12 @@ def _walk(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState) 
     todo = _roots(output, lo, hi)
     if not todo:
         todo = _roots([value for value in vars(module).values() if not isinstance(value, dict)], lo, hi)
-        if not todo:
-            return
+    deferred = call.deferred
+    if deferred is not None:  # own nodes met by sub-calls' walks: behind their nodes, which are walked already
+        call.deferred = None
+        todo.extend(deferred)
+    if not todo:
+        return
     walked = state.walked
     bounds = state.bounds
     owners = state.owners
@@ -455,5 +506,26 @@ def _walk(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState) 
                         last = False
                     if next_number not in walked:
                         todo.append(successor)
+                elif next_number < lo and next_number not in walked:
+                    _defer(successor, next_number, state, call.step)
         if last:
             node.register_hook(owner.node_ended)
+
+
+def _defer(node: Any, number: int, state: _ThreadState, step: _Step) -> None:
+    """A node made before the walking call began, not walked yet: hand it to the innermost open call whose range
+    holds it (its walk hooks it, with the owner the ranges say); a node that no open call made is hooked now, with
+    its owner if a finished call made it, else as made outside every profiled call."""
+    stack = state.stack
+    for index in range(len(stack) - 1, -1, -1):
+        holder = stack[index]
+        if holder.seq_start <= number:
+            if holder.deferred is None:
+                holder.deferred = [node]
+            else:
+                holder.deferred.append(node)
+            return
+    state.walked.add(number)
+    index = bisect_right(state.bounds, number) - 1
+    owner = state.owners[index] if index >= 0 else None
+    node.register_prehook(owner.node_started if owner is not None else step.outside().node_started)

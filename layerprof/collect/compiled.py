@@ -1,0 +1,61 @@
+"""Modules compiled in place: ``module.compile()``, or a ``forward`` that is a ``torch.compile``'d function.
+
+Unlike ``torch.compile(module)`` (an ``OptimizedModule`` wrapper, refused in ``profiler.py``), these leave the
+module itself in the model, so nothing in its type says it is compiled. From its next call on, dynamo traces the
+module's call, layerprof's hooks included: the hooks break the graph into pieces and recompile, the modules inside
+get no backward time, and the times around them are partial. So such a module is refused, by name, before any
+hook is placed, and a profile during which a module was compiled is refused when it stops.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from torch import nn
+
+from .._torch import compiled_in_place, compiled_module_type
+
+__all__ = ["compiled_while_profiling", "refuse_compiled_in_place"]
+
+_WHAT_TO_DO = {
+    "compile": "Profile the eager model: before calling .compile(), or an eager copy (copy.deepcopy(model) leaves "
+               "the .compile() out); compile after profiling.",
+    "forward": "Profile the model with its eager forward, and compile after profiling.",
+}
+
+
+def _describe(name: str, module: nn.Module, how: str) -> str:
+    shown = f"module '{name}'" if name else "the model"
+    if how == "compile":
+        return f"{shown} ({type(module).__name__}) was compiled in place with .compile()"
+    return f"the forward of {shown} ({type(module).__name__}) is a torch.compile'd function"
+
+
+_CONSEQUENCE = (
+    "dynamo traces its calls, layerprof's hooks included, so its modules would get partial times (no backward, "
+    "graphs broken and recompiled at every hook) instead of the eager model's."
+)
+
+
+def refuse_compiled_in_place(paths: Iterable[tuple[str, nn.Module]]) -> None:
+    """Raise a TypeError naming the first module compiled in place, before anything is hooked."""
+    found = compiled_in_place(paths)
+    if found is not None:
+        raise TypeError(f"LayerProf cannot profile a module compiled in place: {_describe(*found)}: {_CONSEQUENCE} "
+                        + _WHAT_TO_DO[found[2]])
+
+
+def compiled_while_profiling(paths: Iterable[tuple[str, nn.Module]]) -> str | None:
+    """The error message for a module compiled while it was being profiled (in place, or put in the model as a
+    ``torch.compile`` wrapper); None when there is none."""
+    paths = list(paths)
+    wrapper = compiled_module_type()
+    if wrapper is not None:
+        for name, module in paths:
+            if isinstance(module, wrapper):
+                return (f"the profile is refused: module '{name}' became a torch.compile'd module while it was being "
+                        f"profiled, and {_CONSEQUENCE} Profile the eager module, and compile after profiling.")
+    found = compiled_in_place(paths)
+    if found is None:
+        return None
+    return (f"the profile is refused: {_describe(*found)} while it was being profiled, and {_CONSEQUENCE} "
+            + _WHAT_TO_DO[found[2]])

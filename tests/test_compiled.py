@@ -1,0 +1,177 @@
+"""Modules compiled in place (``module.compile()``, a compiled ``forward``) are refused by name, before anything is
+hooked, and a module compiled while profiling makes the profile fail rather than be partial. Detection needs no
+compiling: ``.compile()`` only stores a wrapper, which compiles at its first call."""
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from layerprof import LayerProf
+from layerprof.collect.profiler import _PROFILED
+
+from .conftest import hook_state
+
+_CONSEQUENCE = (
+    "dynamo traces its calls, layerprof's hooks included, so its modules would get partial times (no backward, "
+    "graphs broken and recompiled at every hook) instead of the eager model's. Profile the eager model: before "
+    "calling .compile(), or an eager copy (copy.deepcopy(model) leaves the .compile() out); compile after profiling."
+)
+
+
+def model_with_block() -> nn.Sequential:
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Sequential(block), nn.Linear(8, 1))
+
+
+def profile_step(model: nn.Module) -> LayerProf:
+    with LayerProf(model) as prof:
+        model(torch.randn(2, 4)).sum().backward()
+    return prof
+
+
+def test_child_compiled_in_place_is_refused_by_name_before_any_hook() -> None:
+    model = model_with_block()
+    model[2][0].compile()  # nothing is compiled until its first call: detection must not need it
+    impl = model[2][0]._compiled_call_impl
+    before = hook_state(model)
+    with pytest.raises(TypeError) as info:
+        LayerProf(model)
+    assert str(info.value) == (
+        "LayerProf cannot profile a module compiled in place: module '2.0' (Sequential) was compiled in place with "
+        ".compile(): " + _CONSEQUENCE
+    )
+    assert hook_state(model) == before and not _PROFILED
+    assert model[2][0]._compiled_call_impl is impl  # the user's compile is kept
+
+
+def test_root_compiled_in_place_is_refused() -> None:
+    model = model_with_block()
+    model.compile(mode="reduce-overhead")
+    with pytest.raises(TypeError, match=re.escape("module compiled in place: the model (Sequential) was compiled in "
+                                                  "place with .compile(): dynamo traces")):
+        LayerProf(model)
+
+
+class CompiledForward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    @torch.compile
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+class DisabledForward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    @torch.compiler.disable
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def test_compiled_forward_is_refused() -> None:
+    # a compiled method of the class
+    model = nn.Sequential(nn.Linear(4, 4), CompiledForward())
+    with pytest.raises(TypeError) as info:
+        LayerProf(model)
+    assert str(info.value).startswith("LayerProf cannot profile a module compiled in place: the forward of module '1' "
+                                      "(CompiledForward) is a torch.compile'd function: dynamo traces its calls")
+    assert str(info.value).endswith("instead of the eager model's. Profile the model with its eager forward, and "
+                                    "compile after profiling.")
+    # a compiled function put on the instance
+    model = model_with_block()
+    model[3].forward = torch.compile(model[3].forward)
+    with pytest.raises(TypeError, match=re.escape("the forward of module '3' (Linear) is a torch.compile'd")):
+        LayerProf(model)
+
+
+def test_what_is_not_compiled_is_profiled_in_full() -> None:
+    # compile(disable=True) stores the plain _call_impl, and torch.compiler.disable marks a wrapper that never
+    # compiles: both run eagerly, hooks and all, so every module gets its forward and backward.
+    model = nn.Sequential(nn.Linear(4, 4), DisabledForward(), model_with_block())
+    model[2][2].compile(disable=True)
+    prof = profile_step(model)
+    for name in ("", "0", "1", "1.fc", "2", "2.2", "2.2.0", "2.2.0.0", "2.2.0.2"):
+        record = prof.records[name]
+        assert record.calls == 1 and record.forward_ms > 0 and record.backward_ms > 0, name
+
+
+def test_compile_between_init_and_start_is_refused_at_start() -> None:
+    model = model_with_block()
+    prof = LayerProf(model)
+    model[3].compile()
+    before = hook_state(model)
+    with pytest.raises(TypeError, match=re.escape("module '3' (Linear) was compiled in place with .compile()")):
+        prof.start()
+    assert hook_state(model) == before and not _PROFILED
+
+
+def test_compile_inside_the_block_fails_the_profile_and_leaves_the_model_clean() -> None:
+    model = model_with_block()
+    before = hook_state(model)
+    with pytest.raises(RuntimeError) as info:
+        with LayerProf(model) as prof:
+            model(torch.randn(2, 4)).sum().backward()
+            model[2].compile(backend="eager")
+    assert str(info.value) == (
+        "the profile is refused: module '2' (Sequential) was compiled in place with .compile() while it was being "
+        "profiled, and " + _CONSEQUENCE
+    )
+    assert not _PROFILED
+    assert {name: state[:-1] for name, state in hook_state(model).items()} == {
+        name: state[:-1] for name, state in before.items()}  # every hook dict as found (the compile added an attr)
+    with pytest.raises(RuntimeError, match="no profile: computing the profile raised RuntimeError"):
+        prof.profile
+    # A fresh instance with the same weights profiles in full, and the compiled model still runs.
+    fresh = model_with_block()
+    fresh.load_state_dict(model.state_dict())
+    assert profile_step(fresh).records["2.0.2"].backward_ms > 0
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(model(x), fresh(x))
+
+
+def test_a_compiled_child_run_under_dynamo_is_still_seen() -> None:
+    # After its first (compiling) call the module carries the same mark: a model compiled, trained and then
+    # handed to LayerProf is refused, not half-profiled. backend="eager" runs dynamo without a C compiler.
+    model = model_with_block()
+    model[2].compile(backend="eager")
+    model(torch.randn(2, 4)).sum().backward()
+    with pytest.raises(TypeError, match=re.escape("module '2' (Sequential) was compiled in place")):
+        LayerProf(model)
+    eager = copy.deepcopy(model)  # the advice: a deep copy leaves the .compile() out, and is profiled in full
+    prof = profile_step(eager)
+    assert all(prof.records[name].backward_ms > 0 for name in ("2", "2.0", "2.0.0", "2.0.2"))
+
+
+def test_a_compiled_wrapper_put_in_the_model_inside_the_block_fails_the_profile() -> None:
+    model = model_with_block()
+    before = hook_state(model)
+    with pytest.raises(RuntimeError) as info:
+        with LayerProf(model):
+            model(torch.randn(2, 4)).sum().backward()
+            model[2] = torch.compile(model[2], backend="eager")  # registered while profiling: not called here
+    assert str(info.value).startswith("the profile is refused: module '2' became a torch.compile'd module while it "
+                                      "was being profiled, and dynamo traces its calls")
+    assert not _PROFILED
+    model[2] = model[2]._orig_mod
+    # every hook dict as found (torch.compile itself marks the module it wraps with an attribute)
+    assert {name: state[:-1] for name, state in hook_state(model).items()} == {
+        name: state[:-1] for name, state in before.items()}
+
+
+def test_with_dynamo_disabled_a_compiled_module_runs_eagerly_and_is_profiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    # TORCH_COMPILE_DISABLE=1 sets this: compiled wrappers then run their function eagerly, hooks and all
+    monkeypatch.setattr(torch._dynamo.config, "disable", True)
+    model = model_with_block()
+    model[2].compile(backend="eager")
+    prof = profile_step(model)
+    for name in ("2", "2.0", "2.0.0", "2.0.2"):
+        assert prof.records[name].calls == 1 and prof.records[name].backward_ms > 0, name

@@ -1,0 +1,128 @@
+"""Which module owns a backward node: the innermost module whose own code made it. A node a parent makes between
+two children (a custom autograd Function, a functional op) is the parent's, though only the children's nodes lead
+to it; a node made outside every profiled module is nobody's. The timing and the note on a backward error both
+follow this ownership."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from layerprof import LayerProf
+from layerprof.collect.profiler import _PROFILED
+
+from .conftest import hook_state
+
+SLEEP_S = 0.05  # 50 ms of backward in one node: far above a 4x4 Linear's backward, even on a loaded machine
+
+
+class Raises(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        raise ValueError("bad backward")
+
+
+class Sleeps(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        time.sleep(SLEEP_S)
+        return grad * 2
+
+
+class Between(nn.Module):
+    """a, then the parent's own Function, then b: only b's nodes lead to the Function's node."""
+
+    def __init__(self, function: type[torch.autograd.Function]) -> None:
+        super().__init__()
+        self.function = function
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.function.apply(self.a(x)))
+
+
+def model_with(function: type[torch.autograd.Function]) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), Between(function), nn.Linear(4, 1))
+
+
+def notes(error: BaseException) -> list[str]:
+    return list(getattr(error, "__notes__", []))
+
+
+def test_a_backward_error_in_the_parents_own_code_names_the_parent_not_a_sibling() -> None:
+    model = model_with(Raises)
+    before = hook_state(model)
+    with pytest.raises(ValueError, match="bad backward") as info:
+        with LayerProf(model):
+            model(torch.randn(2, 4)).sum().backward()
+    # b's backward ran last before the failing node, but the Function's node was made by Between's own forward
+    assert notes(info.value) == ["layerprof: raised inside module '1' (Between), during its backward"]
+    assert hook_state(model) == before and not _PROFILED
+
+
+def test_a_backward_error_outside_every_module_blames_none() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    x = torch.randn(2, 4, requires_grad=True)
+    with pytest.raises(ValueError, match="bad backward") as info:
+        with LayerProf(model):
+            model(Raises.apply(x)).sum().backward()  # the failing node is the user's, made before the model ran
+    assert notes(info.value) == [
+        "layerprof: raised during backward, in a part of the graph that no profiled module made (code outside the "
+        "modules' calls)"
+    ]
+
+
+def test_the_parents_own_backward_is_timed_as_its_own_not_a_siblings() -> None:
+    model = model_with(Sleeps)
+    x = torch.randn(2, 4)
+    expected = model(x)
+    expected.sum().backward()
+    expected_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    with LayerProf(model) as prof:
+        out = model(x)
+        out.sum().backward()
+    assert torch.equal(out, expected)
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), expected_grads))
+    parent, a, b = prof.records["1"], prof.records["1.a"], prof.records["1.b"]
+    # The 50 ms node is Between's own: in its self backward, in neither child (each a 4x4 Linear: microseconds).
+    assert parent.self_backward_ms >= SLEEP_S * 1e3
+    assert a.backward_ms < SLEEP_S * 1e3 / 2 and b.backward_ms < SLEEP_S * 1e3 / 2
+    assert parent.backward_ms >= parent.self_backward_ms + a.backward_ms + b.backward_ms - 1e-6
+    assert prof.records["2"].backward_ms < SLEEP_S * 1e3 / 2 and prof.records["0"].backward_ms < SLEEP_S * 1e3 / 2
+
+
+def test_backward_made_outside_the_model_is_not_timed_as_a_module() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    x = torch.randn(2, 4, requires_grad=True)
+    with LayerProf(model) as prof:
+        model(Sleeps.apply(x)).sum().backward()  # 50 ms of backward after the model's, in the user's node
+    # The first layer's backward ends when the user's node starts: before, it ran on to the end of the pass.
+    assert prof.records["0"].backward_ms < SLEEP_S * 1e3 / 2
+    assert prof.records[""].backward_ms < SLEEP_S * 1e3 / 2
+
+
+def test_a_full_backward_pre_hook_counts_in_the_parents_own_backward() -> None:
+    # torch makes the node that runs a module's backward pre-hooks just after the module's call returns: the
+    # parent's code, so the parent's own backward (before: the backward of whichever module's node ran before it).
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 4), nn.ReLU()), nn.Linear(4, 4))
+    handle = model[1].register_full_backward_pre_hook(lambda module, grad_output: time.sleep(SLEEP_S))
+    with LayerProf(model) as prof:
+        model(torch.randn(2, 4, requires_grad=True)).sum().backward()
+    handle.remove()
+    assert prof.records[""].self_backward_ms >= SLEEP_S * 1e3
+    assert all(prof.records[name].backward_ms < SLEEP_S * 1e3 / 2 for name in ("0", "1", "1.0", "1.1", "2"))
