@@ -255,3 +255,29 @@ def test_training_is_bitwise_the_same_with_the_profiler(tmp_path: Path) -> None:
         weights.append({k: v.clone() for k, v in module.state_dict().items()})
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+class Manual(Net):
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers()
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x), y)
+        optimizer.zero_grad()
+        self.manual_backward(loss)
+        optimizer.step()
+
+
+def test_manual_optimization_the_root_forward_is_the_whole_training_step(tmp_path: Path) -> None:
+    module = Manual()
+    before = _hooks(module)
+    profiler = LayerProfProfiler()
+    _trainer(tmp_path, profiler).fit(module, _loader(4))
+    root, net = profiler.profile_result.tree, profiler.profile_result.records["net"]
+    # training_step runs net's forward, then its backward, then the optimizer: all inside the root's forward.
+    assert root.calls == 1 and root.forward_ms > net.forward_ms + net.backward_ms
+    assert root.backward_ms == pytest.approx(net.backward_ms)  # the span of its modules' backward
+    _clean(module, before)
