@@ -281,3 +281,19 @@ def test_manual_optimization_the_root_forward_is_the_whole_training_step(tmp_pat
     assert root.calls == 1 and root.forward_ms > net.forward_ms + net.backward_ms
     assert root.backward_ms == pytest.approx(net.backward_ms)  # the span of its modules' backward
     _clean(module, before)
+
+
+class Cancelling(Net):
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 2:  # the user frees the model by hand in the middle of the run
+            LayerProf.running_on(self).cancel()
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_profiler_cancelled_by_hand_mid_run(tmp_path: Path) -> None:
+    module = Cancelling()
+    before = _hooks(module)
+    profiler = LayerProfProfiler()
+    _trainer(tmp_path, profiler).fit(module, _loader(4))  # training goes on, unprofiled
+    assert profiler.profile_result is None and not list(tmp_path.glob("layerprof*"))
+    _clean(module, before)

@@ -71,7 +71,7 @@ class LayerProfProfiler(_profilers.Profiler):
         if action_name == ACTION:
             if self._prof is None:
                 self._begin()
-            else:
+            elif self._prof.running:  # not cancelled by hand (LayerProf.running_on(model).cancel())
                 self._prof.step()  # the gap since the last batch ends; this batch begins
         elif self._root is not None:
             # The root's backward: the strategy's backward call, less the hooks that Lightning runs around the
@@ -91,7 +91,7 @@ class LayerProfProfiler(_profilers.Profiler):
             if error is not None and not isinstance(error, StopIteration):
                 where = "a training batch" if action_name == ACTION else "the training epoch, between batches"
                 self._finish(partial=f"{type(error).__name__} raised in {where}")
-            elif action_name == ACTION:
+            elif action_name == ACTION and self._prof.running:
                 assert self._root is not None
                 self._root.fold()
                 self._prof.step()  # this batch ends; the gap until the next one begins, hooks off

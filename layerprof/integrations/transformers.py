@@ -138,11 +138,11 @@ class LayerProfCallback(_transformers.TrainerCallback):
             prof.start()
             self._prof = prof
             self._check = model.register_forward_pre_hook(_run_check(weakref.ref(self)))
-        else:
+        elif self._prof.running:  # not cancelled by hand (LayerProf.running_on(model).cancel())
             self._prof.step()  # the gap since the last optimizer step ends
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._prof is not None:
+        if self._prof is not None and self._prof.running:
             self._prof.step()  # the optimizer step is done; hooks off until the next one
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
