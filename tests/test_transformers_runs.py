@@ -50,8 +50,8 @@ def _model() -> torch.nn.Module:
 
 
 def _trainer(model, folder: Path, data: Tokens, callback: LayerProfCallback | None, **options):
-    settings = {"per_device_train_batch_size": 2, "max_steps": 4, **options}
-    args = transformers.TrainingArguments(output_dir=str(folder), report_to=[], use_cpu=True, save_strategy="no",
+    settings = {"per_device_train_batch_size": 2, "max_steps": 4, "report_to": [], **options}
+    args = transformers.TrainingArguments(output_dir=str(folder), use_cpu=True, save_strategy="no",
                                           disable_tqdm=True, logging_steps=100, **settings)
     return transformers.Trainer(model=model, args=args, train_dataset=data,
                                 callbacks=[callback] if callback is not None else [])
@@ -156,9 +156,15 @@ def test_the_partial_profile_of_a_run_that_raised_is_written_at_exit(tmp_path: P
     model = _model()
     before = _hooks(model)
     with pytest.raises(IndexError):
-        _trainer(model, tmp_path, Tokens(fail_after=6), LayerProfCallback()).train()
+        _trainer(model, tmp_path, Tokens(fail_after=6), LayerProfCallback(), report_to=["tensorboard"]).train()
     assert not (tmp_path / "layerprof.json").exists()
     _end_runs_at_exit()
     saved = layerprof.load(tmp_path / "layerprof.json")
     assert saved.meta["steps"] == 2 and saved.meta["partial"] == OVER
+    # TensorBoard says it too, beside the numbers.
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    events = accumulator.EventAccumulator(str(tmp_path / "runs" / "layerprof"), size_guidance={"tensors": 0})
+    events.Reload()
+    (text,) = events.Tensors("layerprof/partial/text_summary")
+    assert text.tensor_proto.string_val[0].decode() == f"Partial profile (2 steps recorded): {OVER}"
     assert _hooks(model) == before and not _PROFILED
