@@ -172,6 +172,20 @@ def test_an_exception_after_the_last_batch_gives_way_to_the_next_profiler(tmp_pa
     _clean(module, before)
 
 
+def test_the_same_profiler_after_a_run_that_raised_after_its_last_batch(tmp_path: Path) -> None:
+    module = Net()
+    before = _hooks(module)
+    module.fail_on_train_end = True
+    profiler = LayerProfProfiler()
+    with pytest.raises(RuntimeError, match="failed after training"):
+        _trainer(tmp_path, profiler).fit(module, _loader(3))
+    module.fail_on_train_end = False
+    _trainer(tmp_path, profiler).fit(module, _loader(2))  # the earlier run's profile ends before this one starts
+    assert [(p.meta["steps"], p.meta.get("partial")) for p in profiler.profiles] == [
+        (3, "the trainer stopped without ending the profile"), (2, None)]
+    _clean(module, before)
+
+
 def test_a_graceful_stop_is_a_whole_profile(tmp_path: Path) -> None:
     module = Net()
     before = _hooks(module)

@@ -33,6 +33,7 @@ __all__ = ["LayerProfProfiler"]
 
 ACTION = "run_training_batch"
 EPOCH = "run_training_epoch"  # around every batch, and the gaps between them (fetching, validation)
+_STOPPED = "the trainer stopped without ending the profile"
 
 
 class LayerProfProfiler(_profilers.Profiler):
@@ -66,6 +67,12 @@ class LayerProfProfiler(_profilers.Profiler):
         self._rank = int(getattr(trainer, "global_rank", 0))
         self._trainer = weakref.ref(trainer)
         return trainer.lightning_module  # the module itself: LayerProf keys its hooks by module
+
+    def setup(self, stage: str, local_rank: int | None = None, log_dir: str | None = None) -> None:
+        """A run begins (Lightning calls it): a profile left running by an earlier run that raised ends first."""
+        super().setup(stage, local_rank=local_rank, log_dir=log_dir)
+        if self._prof is not None:
+            self._finish(partial=_STOPPED)
 
     def start(self, action_name: str) -> None:
         if action_name == ACTION:
@@ -116,7 +123,7 @@ class LayerProfProfiler(_profilers.Profiler):
         status = getattr(getattr(trainer, "state", None), "status", None)
         if status is not None and getattr(status, "value", status) == "running":
             return False
-        self._finish(partial="the trainer stopped without ending the profile")
+        self._finish(partial=_STOPPED)
         return True
 
     def _finish(self, partial: str | None = None) -> None:
