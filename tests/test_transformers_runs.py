@@ -145,8 +145,13 @@ def test_max_steps_ends_inside_an_epoch_with_accumulation(tmp_path: Path) -> Non
     trainer = _trainer(model, tmp_path, Tokens(), callback, max_steps=2, gradient_accumulation_steps=3)
     trainer.train()
     assert trainer.state.global_step == 2
-    assert callback.profile.meta["steps"] == 2 and callback.profile.tree.calls == 3
-    assert "partial" not in callback.profile.meta
+    profile = callback.profile
+    assert profile.meta["steps"] == 2 and profile.tree.calls == 3
+    assert "partial" not in profile.meta
+    # The root is the model the Trainer calls (with the labels, so the loss is inside it): it spans its modules.
+    bert = profile.records["bert"]
+    assert profile.tree.forward_ms >= bert.forward_ms > 0 and profile.tree.backward_ms >= bert.backward_ms > 0
+    assert profile.layerwise_summary().startswith("Step: forward ") and "—" not in profile.layerwise_summary()[:80]
 
 
 def test_the_partial_profile_of_a_run_that_raised_is_written_at_exit(tmp_path: Path) -> None:
