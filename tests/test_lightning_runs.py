@@ -311,3 +311,19 @@ def test_a_profiler_cancelled_by_hand_mid_run(tmp_path: Path) -> None:
     _trainer(tmp_path, profiler).fit(module, _loader(4))  # training goes on, unprofiled
     assert profiler.profile_result is None and not list(tmp_path.glob("layerprof*"))
     _clean(module, before)
+
+
+def test_a_retry_from_an_except_block_is_a_whole_profile(tmp_path: Path) -> None:
+    # The retry runs while the first error is being handled: that error is not the retry's.
+    module = Net()
+    before = _hooks(module)
+    module.fail_at = 1
+    retry = LayerProfProfiler(dirpath=tmp_path / "retry")
+    try:
+        _trainer(tmp_path, LayerProfProfiler()).fit(module, _loader(3))
+    except ValueError:
+        module.fail_at = None
+        _trainer(tmp_path, retry).fit(module, _loader(3))
+    assert retry.profile_result.meta["steps"] == 3 and "partial" not in retry.profile_result.meta
+    assert retry.profile_result.tree.calls == 1
+    _clean(module, before)

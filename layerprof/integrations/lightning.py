@@ -36,6 +36,11 @@ EPOCH = "run_training_epoch"  # around every batch, and the gaps between them (f
 _STOPPED = "the trainer stopped without ending the profile"
 
 
+def _watched(action_name: str) -> bool:
+    return action_name in (ACTION, EPOCH) or (action_name.startswith("[Strategy]")
+                                             and action_name.endswith(".training_step"))
+
+
 class LayerProfProfiler(_profilers.Profiler):
     """A Lightning profiler that runs LayerProf on ``trainer.lightning_module``, one step per training batch.
 
@@ -53,6 +58,7 @@ class LayerProfProfiler(_profilers.Profiler):
         self.metrics = None if metrics is None else tuple(metrics)
         self._prof: LayerProf | None = None
         self._root: RootStep | None = None
+        self._handling: dict[str, BaseException | None] = {}  # per watched action, the exception handled at its start
         self._trainer: Any = None  # a weak reference to the trainer of the run being profiled
         self._rank = 0
         self.profiles: list[Profile] = []  # one per run (fit) that recorded a batch, in order
@@ -74,7 +80,16 @@ class LayerProfProfiler(_profilers.Profiler):
         if self._prof is not None:
             self._finish(partial=_STOPPED)
 
+    def _raised(self, action_name: str) -> BaseException | None:
+        """The exception leaving this action, if it raised: ``stop`` runs in the action's ``finally``, where
+        ``sys.exc_info()`` holds it; an exception that was being handled when the action began (a fit run from
+        an ``except`` block, retrying) is not the action's."""
+        error = sys.exc_info()[1]
+        return None if error is None or error is self._handling.pop(action_name, None) else error
+
     def start(self, action_name: str) -> None:
+        if _watched(action_name):
+            self._handling[action_name] = sys.exc_info()[1]
         if action_name == ACTION:
             if self._prof is None:
                 self._begin()
@@ -94,7 +109,7 @@ class LayerProfProfiler(_profilers.Profiler):
         if self._prof is None:
             return
         if action_name in (ACTION, EPOCH):
-            error = sys.exc_info()[1]  # the action's exception, when it raised (stop runs in its `finally`)
+            error = self._raised(action_name)
             if error is not None and not isinstance(error, StopIteration):
                 where = "a training batch" if action_name == ACTION else "the training epoch, between batches"
                 self._finish(partial=f"{type(error).__name__} raised in {where}")
@@ -104,7 +119,7 @@ class LayerProfProfiler(_profilers.Profiler):
                 self._prof.step()  # this batch ends; the gap until the next one begins, hooks off
         elif self._root is not None:
             if action_name.startswith("[Strategy]") and action_name.endswith(".training_step"):
-                self._root.forward_ends(failed=sys.exc_info()[1] is not None)
+                self._root.forward_ends(failed=self._raised(action_name) is not None)
             elif action_name.endswith(".on_before_backward"):
                 self._root.backward_begins()  # the backward pass begins after the last of these hooks
             elif action_name.startswith("[Strategy]") and action_name.endswith(".backward"):
