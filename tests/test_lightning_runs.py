@@ -327,3 +327,13 @@ def test_a_retry_from_an_except_block_is_a_whole_profile(tmp_path: Path) -> None
     assert retry.profile_result.meta["steps"] == 3 and "partial" not in retry.profile_result.meta
     assert retry.profile_result.tree.calls == 1
     _clean(module, before)
+
+
+def test_the_profiler_pickles_after_a_run(tmp_path: Path) -> None:
+    # ddp_spawn pickles the trainer's profiler to start each run's workers.
+    import pickle
+
+    profiler = LayerProfProfiler()
+    _trainer(tmp_path, profiler).fit(Net(), _loader(2))
+    copy = pickle.loads(pickle.dumps(profiler))
+    assert copy.profiles[0].meta["steps"] == 2

@@ -143,6 +143,7 @@ class LayerProfProfiler(_profilers.Profiler):
 
     def _finish(self, partial: str | None = None) -> None:
         prof, self._prof, self._root = self._prof, None, None
+        self._trainer = None  # a weak reference does not pickle (ddp_spawn pickles the profiler for the next run)
         if prof is None or not prof.running:
             return
         prof.stop(partial=partial)
