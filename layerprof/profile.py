@@ -52,8 +52,11 @@ class Profile:
     def layerwise_summary(self, columns: Iterable[str] | None = None, depth: int | None = None,
                           footer: bool = False) -> str:
         """The model's repr, each module annotated with its costs and share of the step; ``footer=True`` adds
-        the totals (model size, activation and saved memory, the largest modules)."""
-        return annotated_repr(self.tree, columns=columns, depth=depth, footer=footer)
+        the totals (model size, activation and saved memory, the largest modules). A partial profile (a run
+        that ended early) says so in its first line."""
+        text = annotated_repr(self.tree, columns=columns, depth=depth, footer=footer)
+        partial = self.meta.get("partial")
+        return f"Partial profile ({self.meta.get('steps')} steps recorded): {partial}.\n{text}" if partial else text
 
     def layerwise_timepool(self) -> dict[str, Any]:
         """The nested-dict form: ``{name: {forward_ms, backward_ms, depth, calls, children}}``."""

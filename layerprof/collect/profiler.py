@@ -22,6 +22,7 @@ from ..profile import Profile
 from ..record.records import ModuleRecord, build_tree, module_paths
 from .schedule import Action, Schedule
 from .statistics import StepStats
+from .stepcall import RootStep
 from .timing import StepTimes, step_times
 from .tracker import Tracker, backward_note
 from .compiled import compiled_while_profiling, refuse_compiled_in_place
@@ -91,13 +92,18 @@ def _modules_in(model: nn.Module) -> list[nn.Module]:
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _warn_user(message: str) -> None:
-    """A RuntimeWarning attributed to the first frame outside layerprof (the user's ``with`` or ``prof.step()``
-    line), however deep inside layerprof it is raised."""
-    frame, level = sys._getframe(0), 1
+def _user_frame() -> tuple[Any, int]:
+    """The first frame outside layerprof (the user's ``with`` or ``prof.step()`` line), and its stack level."""
+    frame, level = sys._getframe(1), 1
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1
-    warnings.warn(message, RuntimeWarning, stacklevel=level)
+    return frame, level
+
+
+def _warn_user(message: str) -> None:
+    """A RuntimeWarning attributed to the first frame outside layerprof, however deep inside layerprof it is
+    raised."""
+    warnings.warn(message, RuntimeWarning, stacklevel=_user_frame()[1])
 
 
 def _stop_all(meters: list[Meter]) -> None:
@@ -205,6 +211,10 @@ class LayerProf:
         self._state = "new"  # new -> running -> done, or failed when the block raised
         self._in_block = False  # inside `with`: stop() is the block's job
         self._failure = ""
+        self._started_at = ""  # where start() was called, for the error of a second profiler on the model
+        # Set by an integration: ends this profiler, and returns True, when the run that owns it is over (a trainer
+        # that raised never calls its profiler again), so that a new profiler on the model need not wait for it.
+        self._give_way: Callable[[], bool] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def _action(self, step: int) -> Action:
@@ -235,11 +245,14 @@ class LayerProf:
         # Whatever checked the model before (here, or a reused plan): .compile() since then changes no path.
         refuse_compiled_in_place(entries)
         for name, module in entries:
-            if id(module) in _PROFILED:
+            holder = _PROFILED.get(id(module))
+            if holder is not None and not (holder._give_way is not None and holder._give_way()):
                 shown = f"module '{name}'" if name else "the model"
                 raise RuntimeError(
-                    f"{shown} ({type(module).__name__}) is already being profiled by another active LayerProf; "
-                    "nesting profilers on one model is not supported: exit the other one first."
+                    f"{shown} ({type(module).__name__}) is already being profiled by another active LayerProf "
+                    f"(started {holder._started_at}); two profilers on one model would time each other's hooks. "
+                    "Stop that one first: prof.stop() for its profile, or prof.cancel() to drop it; if you no "
+                    "longer hold it (a notebook cell run again), LayerProf.running_on(model).cancel()."
                 )
         self.tree, self.records, self._entries = root, records, entries
         self._built = len(records)
@@ -260,6 +273,8 @@ class LayerProf:
             self._teardown(started + self._counting)
             raise
         self._state = "running"
+        frame = _user_frame()[0]
+        self._started_at = "at ?" if frame is None else f"at {frame.f_code.co_filename}:{frame.f_lineno}"
         return self
 
     def __enter__(self) -> LayerProf:
@@ -276,8 +291,13 @@ class LayerProf:
             self.step_num += 1
             self._begin_step()
 
-    def stop(self) -> None:
-        """End profiling (what ``with`` does on exit) and compute the profile."""
+    def stop(self, *, partial: str | None = None) -> None:
+        """End profiling (what ``with`` does on exit) and compute the profile.
+
+        ``partial``: why profiling ends before the run did (an exception in a training step, an interrupt): the
+        step under way is dropped, and the profile of the steps completed so far says it is partial
+        (``meta["partial"]``, and the summary's first line). With no step recorded there is no profile, and
+        ``prof.profile`` says why; the hooks come off either way."""
         if self._in_block:
             # Refused before anything changes: the block goes on profiling and stops when it exits.
             raise RuntimeError(
@@ -286,27 +306,66 @@ class LayerProf:
             )
         if self._state != "running":
             raise RuntimeError(f"prof.stop() needs a running profile, and this one {self._state_text()}")
-        self._stop(None, None)
+        self._stop(None, None, partial)
+
+    def cancel(self) -> None:
+        """Take everything off the model and keep no profile (a run that crashed, a notebook cell run again).
+        Does nothing unless running; inside ``with``, the block then exits without a profile."""
+        if self._state != "running":
+            return
+        with gc_paused():
+            self._state, self._failure = "failed", "it was cancelled"
+            try:
+                self._teardown(self._running_meters())
+            finally:
+                self._tracker = None
+
+    @property
+    def running(self) -> bool:
+        """Whether this LayerProf is profiling now (started and not stopped)."""
+        return self._state == "running"
+
+    def root_step(self) -> RootStep:
+        """For a trainer integration, while running: times the trainer's step as one call of the model's root,
+        for trainers whose step never calls the root (``collect/stepcall.py``)."""
+        if self._tracker is None:
+            raise RuntimeError("prof.root_step() is for a running profile: after start()")
+        return RootStep(self._tracker, self.model)
+
+    @staticmethod
+    def running_on(model: nn.Module) -> LayerProf | None:
+        """The LayerProf running on ``model`` (or on one of its modules), None if none: to stop or cancel one
+        whose variable is lost."""
+        for module in _modules_in(model):
+            holder = _PROFILED.get(id(module))
+            if holder is not None:
+                return holder
+        return None
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, traceback: Any) -> bool:
+        if self._state == "failed" and self._failure == "it was cancelled":
+            self._in_block = False
+            return False
         if self._state != "running":
             raise RuntimeError(f"LayerProf.__exit__ needs a running profile, and this one {self._state_text()}")
         self._in_block = False
         self._stop(exc, traceback)
         return False
 
-    def _stop(self, exc: BaseException | None, traceback: Any) -> None:
+    def _stop(self, exc: BaseException | None, traceback: Any, partial: str | None = None) -> None:
         with gc_paused():
-            self._stop_profiling(exc, traceback)
+            self._stop_profiling(exc, traceback, partial)
 
-    def _stop_profiling(self, exc: BaseException | None, traceback: Any) -> None:
+    def _stop_profiling(self, exc: BaseException | None, traceback: Any, partial: str | None = None) -> None:
         tracker = self._tracker
         assert tracker is not None  # set by start() while running
         self._state = "failed"  # until the profile is made
         # Read before the hooks come off: ending the step forgets which module's backward ran last.
         note = backward_note(tracker, exc, traceback) if exc is not None else None
         try:
-            if exc is None:
+            if partial is not None:
+                self._drop_step()
+            elif exc is None:
                 self._end_step()
         except BaseException as error:
             self._failure = f"ending the last step raised {type(error).__name__}"
@@ -319,8 +378,12 @@ class LayerProf:
                 exc.add_note(note)
             self._tracker = None
             return
+        if partial is not None and self._stats.steps == 0 and self._counting_step is None:
+            self._failure = partial
+            self._tracker = None
+            return
         try:
-            self._finish()
+            self._finish(partial)
         except BaseException as error:
             self._failure = f"computing the profile raised {type(error).__name__}"
             raise
@@ -401,6 +464,13 @@ class LayerProf:
             _stop_all(counting)
         self._set_observers()
 
+    def _drop_step(self) -> None:
+        """Forget the step under way (it did not complete): its calls, and the meters' numbers for it."""
+        assert self._tracker is not None
+        self._tracker.calls.clear()
+        for meter in self._running_meters():
+            meter.end_step(False)
+
     def _running_meters(self) -> list[Meter]:
         """Meters on now: the ones that run throughout, then the timing-distorting ones while they count."""
         return [m for m in self.metrics if not m.distorts_timing] + self._counting
@@ -448,7 +518,7 @@ class LayerProf:
                 "before profiling.",
             )
 
-    def _finish(self) -> None:
+    def _finish(self, partial: str | None = None) -> None:
         tracker = self._tracker
         assert tracker is not None and self.tree is not None
         compiled = compiled_while_profiling(self._entries)
@@ -477,6 +547,8 @@ class LayerProf:
             extra = meter.meta()
             if extra:
                 meta[meter.name] = extra
+        if partial is not None:
+            meta["partial"] = partial
         meta.update(steps=self._stats.steps, steps_seen=self._steps_with_calls, warmup=self.warmup,
                     schedule=None if self.schedule is None else vars(self.schedule).copy(),
                     clock=sorted({clock.kind for clock in tracker.clocks()}))

@@ -3,18 +3,26 @@
 Each ``run_training_batch`` action (the forward, backward and optimizer step of one batch) is one layerprof step;
 the time between batches (validation, logging, data loading) is a step with the hooks off, so it costs nothing
 and is never recorded. ``schedule`` (``layerprof.schedule(wait=, warmup=, active=, repeat=)``) counts batches.
+The LightningModule (the root) is timed over ``training_step``, up to the loss, and the trainer's backward call,
+whether ``training_step`` calls ``self(x)`` or ``self.net(x)``.
+
 At the end of the run each rank writes ``<filename>-rank<k>.json`` (``layerprof show`` reads it) and
-``<filename>-rank<k>.txt`` (the annotated summary) into ``dirpath``, by default the trainer's log dir.
-Needs ``lightning`` (``pip install "layerprof[lightning]"``).
+``<filename>-rank<k>.txt`` (the annotated summary) into ``dirpath``, by default the trainer's log dir; a later
+``fit`` with the same profiler is profiled too, into ``<filename>-rank<k>-<n>.json`` for the n-th. A run that ends
+on an exception or an interrupt takes every hook off at once and writes the batches completed before it as a
+partial profile (``meta["partial"]`` says why). Needs ``lightning`` (``pip install "layerprof[lightning]"``).
 """
 from __future__ import annotations
 
 import os
+import sys
+import weakref
 from pathlib import Path
 from typing import Any, Iterable
 
 from ..collect.profiler import LayerProf
 from ..collect.schedule import Schedule
+from ..collect.stepcall import RootStep
 from ..profile import Profile
 from ._optional import require
 from .steps import GapSchedule
@@ -24,6 +32,13 @@ _profilers = require("lightning.pytorch.profilers", "lightning", "layerprof.inte
 __all__ = ["LayerProfProfiler"]
 
 ACTION = "run_training_batch"
+EPOCH = "run_training_epoch"  # around every batch, and the gaps between them (fetching, validation)
+_STOPPED = "the trainer stopped without ending the profile"
+
+
+def _watched(action_name: str) -> bool:
+    return action_name in (ACTION, EPOCH) or (action_name.startswith("[Strategy]")
+                                             and action_name.endswith(".training_step"))
 
 
 class LayerProfProfiler(_profilers.Profiler):
@@ -42,8 +57,12 @@ class LayerProfProfiler(_profilers.Profiler):
         self.schedule = schedule
         self.metrics = None if metrics is None else tuple(metrics)
         self._prof: LayerProf | None = None
+        self._root: RootStep | None = None
+        self._handling: dict[str, BaseException | None] = {}  # per watched action, the exception handled at its start
+        self._trainer: Any = None  # a weak reference to the trainer of the run being profiled
         self._rank = 0
-        self.profile_result: Profile | None = None
+        self.profiles: list[Profile] = []  # one per run (fit) that recorded a batch, in order
+        self.profile_result: Profile | None = None  # the last of them
         self.paths: list[Path] = []
 
     def _module(self) -> Any:
@@ -52,40 +71,99 @@ class LayerProfProfiler(_profilers.Profiler):
             raise RuntimeError("LayerProfProfiler runs inside a Trainer: Trainer(profiler=LayerProfProfiler())")
         trainer = proxy.trainer
         self._rank = int(getattr(trainer, "global_rank", 0))
+        self._trainer = weakref.ref(trainer)
         return trainer.lightning_module  # the module itself: LayerProf keys its hooks by module
 
+    def setup(self, stage: str, local_rank: int | None = None, log_dir: str | None = None) -> None:
+        """A run begins (Lightning calls it): a profile left running by an earlier run that raised ends first."""
+        super().setup(stage, local_rank=local_rank, log_dir=log_dir)
+        if self._prof is not None:
+            self._finish(partial=_STOPPED)
+
+    def _raised(self, action_name: str) -> BaseException | None:
+        """The exception leaving this action, if it raised: ``stop`` runs in the action's ``finally``, where
+        ``sys.exc_info()`` holds it; an exception that was being handled when the action began (a fit run from
+        an ``except`` block, retrying) is not the action's."""
+        error = sys.exc_info()[1]
+        return None if error is None or error is self._handling.pop(action_name, None) else error
+
     def start(self, action_name: str) -> None:
-        if action_name != ACTION:
-            return
-        if self._prof is None:
-            if self.profile_result is not None:
-                return  # a later stage (another fit) of the same profiler: the first profile stands
-            self._prof = LayerProf(self._module(), metrics=self.metrics,
-                                   schedule=GapSchedule.around(self.schedule))
-            self._prof.start()
-        else:
-            self._prof.step()  # the gap since the last batch ends; this batch begins
+        if _watched(action_name):
+            self._handling[action_name] = sys.exc_info()[1]
+        if action_name == ACTION:
+            if self._prof is None:
+                self._begin()
+            elif self._prof.running:  # not cancelled by hand (LayerProf.running_on(model).cancel())
+                self._prof.step()  # the gap since the last batch ends; this batch begins
+        elif self._root is not None:
+            # The root's backward: the strategy's backward call, less the hooks that Lightning runs around the
+            # backward pass inside it (on_before_backward, on_after_backward), which are Lightning's time.
+            if action_name.startswith("[Strategy]") and action_name.endswith(".training_step"):
+                self._root.forward_begins()
+            elif action_name.startswith("[Strategy]") and action_name.endswith(".backward"):
+                self._root.backward_begins()
+            elif action_name.endswith(".on_after_backward"):
+                self._root.backward_ends()
 
     def stop(self, action_name: str) -> None:
-        if action_name == ACTION and self._prof is not None:
-            self._prof.step()  # this batch ends; the gap until the next one begins, hooks off
-
-    def _finish(self) -> None:
-        prof, self._prof = self._prof, None
-        if prof is None:
+        if self._prof is None:
             return
-        prof.stop()
-        self.profile_result = prof.profile
-        self.profile_result.meta["lightning"] = {"rank": self._rank, "step": "run_training_batch"}
+        if action_name in (ACTION, EPOCH):
+            error = self._raised(action_name)
+            if error is not None and not isinstance(error, StopIteration):
+                where = "a training batch" if action_name == ACTION else "the training epoch, between batches"
+                self._finish(partial=f"{type(error).__name__} raised in {where}")
+            elif action_name == ACTION and self._prof.running:
+                assert self._root is not None
+                self._root.fold()
+                self._prof.step()  # this batch ends; the gap until the next one begins, hooks off
+        elif self._root is not None:
+            if action_name.startswith("[Strategy]") and action_name.endswith(".training_step"):
+                self._root.forward_ends(failed=self._raised(action_name) is not None)
+            elif action_name.endswith(".on_before_backward"):
+                self._root.backward_begins()  # the backward pass begins after the last of these hooks
+            elif action_name.startswith("[Strategy]") and action_name.endswith(".backward"):
+                self._root.backward_ends()
+
+    def _begin(self) -> None:
+        prof = LayerProf(self._module(), metrics=self.metrics, schedule=GapSchedule.around(self.schedule))
+        prof._give_way = self._give_way
+        prof.start()
+        self._prof, self._root = prof, prof.root_step()
+
+    def _give_way(self) -> bool:
+        """A new profiler wants the model: end this one if its trainer is no longer running (it stopped on an
+        exception outside the training epoch, which no action of this profiler saw)."""
+        trainer = self._trainer() if self._trainer is not None else None
+        status = getattr(getattr(trainer, "state", None), "status", None)
+        if status is not None and getattr(status, "value", status) == "running":
+            return False
+        self._finish(partial=_STOPPED)
+        return True
+
+    def _finish(self, partial: str | None = None) -> None:
+        prof, self._prof, self._root = self._prof, None, None
+        self._trainer = None  # a weak reference does not pickle (ddp_spawn pickles the profiler for the next run)
+        if prof is None or not prof.running:
+            return
+        prof.stop(partial=partial)
+        try:
+            profile = prof.profile
+        except RuntimeError:  # nothing recorded before the run ended
+            return
+        profile.meta["lightning"] = {"rank": self._rank, "step": "run_training_batch"}
+        self.profiles.append(profile)
+        self.profile_result = profile
         dirpath = Path(self.dirpath if self.dirpath is not None else os.getcwd())
         dirpath.mkdir(parents=True, exist_ok=True)
-        stem = dirpath / f"{self.filename}-rank{self._rank}"
-        self.profile_result.to_json(stem.with_suffix(".json"))
-        stem.with_suffix(".txt").write_text(self.summary() + "\n", encoding="utf-8")
+        run = len(self.profiles)
+        stem = dirpath / (f"{self.filename}-rank{self._rank}" + (f"-{run}" if run > 1 else ""))
+        profile.to_json(stem.with_suffix(".json"))
+        stem.with_suffix(".txt").write_text(profile.layerwise_summary(footer=True) + "\n", encoding="utf-8")
         self.paths = [stem.with_suffix(".json"), stem.with_suffix(".txt")]
 
     def summary(self) -> str:
-        """The annotated summary of the profiled batches ("" before any batch ran)."""
+        """The annotated summary of the last run's profiled batches ("" before any batch ran)."""
         if self._prof is not None:
             self._finish()
         if self.profile_result is None:
@@ -94,8 +172,9 @@ class LayerProfProfiler(_profilers.Profiler):
 
     def describe(self) -> None:
         """End of the run (Lightning calls it): stop profiling, write the files, log the summary on rank 0."""
+        running = self._prof is not None
         summary = self.summary()
-        if summary:
+        if running and summary:
             self._rank_zero_info("layerprof, per training batch:\n%s", summary)
         self.teardown(stage=self._stage)
 

@@ -2,7 +2,8 @@
 
 Scalars per module under ``layerprof/<field>/<module name>``, written with ``add_scalar`` through one writer
 (``add_scalars`` would open a writer, and an event file, per key); the sunburst, icicle and top plots as
-figures; the top-k table as Markdown text. Needs ``tensorboard`` (``pip install "layerprof[tensorboard]"``).
+figures; the top-k table as Markdown text; for a partial profile (a run that ended early), why, as text.
+Needs ``tensorboard`` (``pip install "layerprof[tensorboard]"``).
 """
 from __future__ import annotations
 
@@ -59,6 +60,10 @@ def write_tensorboard(profile: Any, writer_or_logdir: Any, step: int | None = No
         _write_figures(profile, writer, step, depth, top)
         table = profile.top(top or 10, by="total_ms", max_depth=depth)
         writer.add_text("layerprof/top", table.to_markdown(), global_step=step)
+        partial = profile.meta.get("partial")
+        if partial:  # a run that ended early: said beside its numbers
+            writer.add_text("layerprof/partial", f"Partial profile ({profile.meta.get('steps')} steps recorded): "
+                                                 f"{partial}", global_step=step)
         writer.flush()
     finally:
         if owned:

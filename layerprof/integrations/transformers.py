@@ -5,12 +5,21 @@ only, ``on_step_end`` after the optimizer step); the time between steps (evaluat
 with the hooks off, never recorded. ``schedule`` (``layerprof.schedule(...)``) counts optimizer steps. At the end
 of training, ``layerprof.json`` and ``layerprof.txt`` (the annotated summary) go to ``output_dir`` (default:
 ``args.output_dir``), and, when TensorBoard is among ``args.report_to``, the scalars, figures and top table go
-to the TensorBoard log folder too (``<output_dir>/runs/layerprof`` unless set). Needs ``transformers``
+to the TensorBoard log folder too (``<output_dir>/runs/layerprof`` unless set). A later ``train()`` with the same
+callback is profiled too, into ``layerprof-<n>.json`` for the n-th.
+
+The Trainer tells its callbacks nothing when ``train()`` raises. The callback notices that the run is over the
+first time anything touches the model or the callback again (the model called, ``callback.profile`` read, another
+``train()`` or ``LayerProf`` on the model, the interpreter exiting), and then takes every hook off and writes the
+optimizer steps completed before the failure as a partial profile (``meta["partial"]``). Needs ``transformers``
 (``pip install "layerprof[transformers]"``).
 """
 from __future__ import annotations
 
+import atexit
 import os
+import sys
+import weakref
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -23,6 +32,55 @@ from .steps import GapSchedule
 _transformers = require("transformers", "transformers", "layerprof.integrations.transformers")
 
 __all__ = ["LayerProfCallback"]
+
+_OVER = "Trainer.train() ended before on_train_end: it raised or was interrupted"
+
+
+def _train_frame() -> Any:
+    """The frame of the running ``Trainer.train()`` (callbacks are called from inside it), or None."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "train" and isinstance(frame.f_locals.get("self"), _transformers.Trainer):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def _on_a_stack(frame: Any) -> bool:
+    """Whether ``frame`` is still executing: on this thread's stack, or another thread's."""
+    current = sys._getframe(1)
+    while current is not None:
+        if current is frame:
+            return True
+        current = current.f_back
+    for top in sys._current_frames().values():
+        while top is not None:
+            if top is frame:
+                return True
+            top = top.f_back
+    return False
+
+
+def _run_check(callback: weakref.ref) -> Any:
+    """A forward pre-hook for the model: a call after the run ended (it raised) ends the callback's profile.
+    A plain function holding a weak reference, so that a deep copy of the model copies no callback."""
+
+    def check(module: Any, args: Any) -> None:
+        owner = callback()
+        if owner is not None:
+            owner._end_if_over()
+        return None
+
+    return check
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # callbacks, for the partial profiles of runs that raised, at exit
+
+
+@atexit.register
+def _end_runs_at_exit() -> None:
+    for callback in list(_LIVE):
+        callback._end_if_over()
 
 
 def _tensorboard_dir(args: Any) -> str:
@@ -47,40 +105,90 @@ class LayerProfCallback(_transformers.TrainerCallback):
         self.schedule = schedule
         self.metrics = None if metrics is None else tuple(metrics)
         self._prof: LayerProf | None = None
-        self.profile: Profile | None = None
+        self._run: Any = None  # the frame of the Trainer.train() being profiled
+        self._context: tuple[Any, Any] | None = None  # its (args, state)
+        self._check: Any = None  # the model's pre-hook that notices when the run is over
+        self._profiles: list[Profile] = []
         self.paths: list[Path] = []
+        _LIVE.add(self)
+
+    @property
+    def profile(self) -> Profile | None:
+        """The last run's profile; None before a run recorded a step. A run that raised gives its partial one."""
+        self._end_if_over()
+        return self._profiles[-1] if self._profiles else None
+
+    @property
+    def profiles(self) -> list[Profile]:
+        """One profile per ``train()`` that recorded a step, in order."""
+        self._end_if_over()
+        return list(self._profiles)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._prof is not None:  # an earlier run (or attempt, with auto_find_batch_size) that raised
+            self._finish(partial=_OVER)
+        self._run, self._context = _train_frame(), (args, state)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         if self._prof is None:
-            if self.profile is not None or model is None:
-                return
-            self._prof = LayerProf(model, metrics=self.metrics, schedule=GapSchedule.around(self.schedule))
-            self._prof.start()
-        else:
+            if self._context is None or model is None:
+                return  # outside a train() this callback saw begin
+            prof = LayerProf(model, metrics=self.metrics, schedule=GapSchedule.around(self.schedule))
+            prof._give_way = self._give_way
+            prof.start()
+            self._prof = prof
+            self._check = model.register_forward_pre_hook(_run_check(weakref.ref(self)))
+        elif self._prof.running:  # not cancelled by hand (LayerProf.running_on(model).cancel())
             self._prof.step()  # the gap since the last optimizer step ends
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._prof is not None:
+        if self._prof is not None and self._prof.running:
             self._prof.step()  # the optimizer step is done; hooks off until the next one
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        prof, self._prof = self._prof, None
-        if prof is None:
+        self._finish()
+
+    def _end_if_over(self) -> None:
+        """If the train() being profiled is no longer running (it raised), end its profile as partial."""
+        if self._run is not None and not _on_a_stack(self._run):
+            self._finish(partial=_OVER)
+
+    def _give_way(self) -> bool:
+        """A new profiler wants the model: this one ends if its run is over."""
+        self._end_if_over()
+        return self._prof is None
+
+    def _finish(self, partial: str | None = None) -> None:
+        prof, self._prof, self._run = self._prof, None, None
+        context, self._context = self._context, None
+        if self._check is not None:
+            self._check.remove()
+            self._check = None
+        if prof is None or context is None or not prof.running:
             return
-        prof.stop()
-        self.profile = prof.profile
-        self.profile.meta["transformers"] = {"step": "optimizer step",
-                                             "gradient_accumulation_steps": args.gradient_accumulation_steps,
-                                             "global_step": state.global_step}
-        if not state.is_world_process_zero:
+        prof.stop(partial=partial)
+        try:
+            profile = prof.profile
+        except RuntimeError:  # the run ended before a step was recorded
             return
+        args, state = context
+        profile.meta["transformers"] = {"step": "optimizer step",
+                                        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+                                        "global_step": state.global_step}
+        self._profiles.append(profile)
+        if state.is_world_process_zero:
+            self._write(profile, args, state)
+
+    def _write(self, profile: Profile, args: Any, state: Any) -> None:
         folder = Path(self.output_dir if self.output_dir is not None else args.output_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        self.profile.to_json(folder / "layerprof.json")
-        (folder / "layerprof.txt").write_text(self.profile.layerwise_summary(footer=True) + "\n", encoding="utf-8")
-        self.paths = [folder / "layerprof.json", folder / "layerprof.txt"]
+        run = len(self._profiles)
+        stem = folder / ("layerprof" + (f"-{run}" if run > 1 else ""))
+        profile.to_json(stem.with_suffix(".json"))
+        stem.with_suffix(".txt").write_text(profile.layerwise_summary(footer=True) + "\n", encoding="utf-8")
+        self.paths = [stem.with_suffix(".json"), stem.with_suffix(".txt")]
         report_to = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
         if "tensorboard" in report_to or "all" in report_to:
             logdir = Path(_tensorboard_dir(args))
-            self.profile.to_tensorboard(logdir, step=state.global_step)
+            profile.to_tensorboard(logdir, step=state.global_step)
             self.paths.append(logdir)

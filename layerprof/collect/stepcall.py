@@ -1,0 +1,105 @@
+"""A trainer's step as one call of the model's root, for trainers whose step never calls the root itself.
+
+Lightning's ``training_step`` usually calls ``self.net(x)``: the LightningModule, the profiled root, is never
+called, so it would show no time and the summary no totals. A trainer integration knows where its step's parts
+begin and end, and tells a ``RootStep``: the training step opens a call of the root that the modules called inside
+it nest under (its forward is the training step up to the loss), and the trainer's backward call gives that call
+its backward (the loss's own gradient, every module's, and the engine's work between them). A call of the root
+made inside the step (a ``training_step`` that calls ``self(x)``) is folded into it, so the root counts one call per
+training step either way.
+"""
+from __future__ import annotations
+
+from time import perf_counter_ns
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._torch import next_sequence_nr
+from .tracker import CallTrace, Tracker
+
+__all__ = ["RootStep"]
+
+
+def _stamp(clock: Any) -> Any:
+    stamp = clock.now()  # CUDA stamps carry the host time beside them, as the tracker's do
+    return stamp if type(stamp) is int else (perf_counter_ns(), stamp)
+
+
+class RootStep:
+    """One call of ``module`` (the profiled root) per trainer step, opened and closed by the integration."""
+
+    def __init__(self, tracker: Tracker, module: nn.Module) -> None:
+        self.tracker = tracker
+        self.module = module
+        self.call: CallTrace | None = None
+        self._first = 0  # index in tracker.calls of the open call
+        self._backward_start: Any = None
+        self._backward: list[tuple[Any, Any]] = []
+
+    def forward_begins(self) -> None:
+        """The training step begins (hooks on in this step): open the root's call."""
+        tracker = self.tracker
+        name = tracker.names.get(id(self.module._forward_pre_hooks))
+        if not tracker.active or name is None or self.call is not None:
+            return
+        state = tracker._thread()
+        stack = state.stack
+        clock = tracker._clock_for(self.module, (), {}) if torch.cuda.is_initialized() else tracker.cpu_clock
+        call = CallTrace(name, stack[-1] if stack else None, clock, False, tracker.step_state)
+        self._first = len(tracker.calls)
+        tracker.calls.append(call)
+        stack.append(call)
+        call.seq_start = seq = next_sequence_nr()
+        state.bounds.append(seq)
+        state.owners.append(call)
+        self.call = call
+        call.fwd_start = clock.now()
+
+    def forward_ends(self, failed: bool) -> None:
+        """The training step has returned its loss (or raised: ``failed``, and the call does not count)."""
+        call = self.call
+        if call is None or call.fwd_end is not None or not self.tracker.active:
+            return
+        end = call.clock.now()
+        state = self.tracker._thread()
+        stack = state.stack
+        if call in stack:  # calls left open inside it by an exception close with it
+            del stack[stack.index(call):]
+        call.fwd_end = end
+        call.seq_end = seq = next_sequence_nr()
+        state.bounds.append(seq)
+        state.owners.append(stack[-1] if stack else None)
+        call.raised = failed
+
+    def backward_begins(self) -> None:
+        """The trainer's backward pass begins (again: a later stamp replaces an earlier one)."""
+        if self.call is not None and self.call.fwd_end is not None:
+            self._backward_start = _stamp(self.call.clock)
+
+    def backward_ends(self) -> None:
+        """The trainer's backward pass has ended (once per begin; a second end does nothing)."""
+        if self.call is not None and self._backward_start is not None:
+            self._backward.append((self._backward_start, _stamp(self.call.clock)))
+            self._backward_start = None
+
+    def fold(self) -> None:
+        """Before the step ends: fold the root's own calls made inside the step into the step's call, and give it
+        the trainer's backward call as its backward when there was one (several: the span of its modules')."""
+        call, self.call = self.call, None
+        backward, self._backward = self._backward, []
+        if call is None:
+            return
+        calls = self.tracker.calls  # the hooks append to this very list: changed in place
+        inner = [c for c in calls[self._first + 1:] if c.parent is call and c.name == call.name]
+        task = next((c.task for c in calls[self._first + 1:] if c.task is not None), None)
+        if inner:
+            folded = set(map(id, inner))
+            for other in calls:
+                if other.parent is not None and id(other.parent) in folded:
+                    other.parent = call
+            calls[:] = [c for c in calls if id(c) not in folded]
+        if len(backward) == 1 and task is not None:
+            call.task = task
+            call.bwd_start, call.bwd_end = backward[0]
