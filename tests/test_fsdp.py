@@ -232,3 +232,25 @@ def test_pausable_clock_leaves_out_paused_time_and_nests() -> None:
     assert (clock.now() - end) / 1e6 >= 10.0  # runs again, behind the wall clock by the paused time
     clock.resume()  # an unmatched resume changes nothing
     assert clock.paused_ms < 100.0
+
+
+def test_summary_footer_totals_the_units_communication() -> None:
+    from layerprof import ModuleRecord
+    from layerprof.render.footer import summary_footer
+
+    root = ModuleRecord("", "FSDPMLP")
+    figures = {"": (1.0, 2.0, 4096, 4096), "fc1": (3.0, 5.0, 2 << 20, 1 << 20), "act": None,
+               "fc2": (0.5, 0.25, 1024, 1024)}
+    for name, values in figures.items():
+        record = root if not name else ModuleRecord(name, "FSDPLinear", parent=root)
+        if values is not None:
+            for field, value in zip(("comm_forward_ms", "comm_backward_ms", "all_gather_bytes",
+                                     "reduce_scatter_bytes"), values):
+                setattr(record, field, value)
+    # forward 1 + 3 + 0.5 = 4.5 ms, backward 2 + 5 + 0.25 = 7.25 ms; gathered 4096 + 2 MiB + 1024 B, reduced 4096
+    # + 1 MiB + 1024 B; by time fc1 8 ms, the model 3 ms, fc2 0.75 ms
+    assert summary_footer(root, top=2) == (
+        "FSDP communication, in no module's time: forward 4.5 ms, backward 7.25 ms; all-gathered 2 MiB, "
+        "reduce-scattered 1 MiB; most: 'fc1' 8 ms, the model 3 ms."
+    )
+    assert summary_footer(ModuleRecord("", "MLP")) == ""  # no unit: no line
