@@ -81,7 +81,8 @@ def _profile(model: nn.Module) -> dict[str, Any]:
             if step >= WARMUP:
                 walls.append(((mid - start) * 1e3, (end - mid) * 1e3))
             prof.step()
-    fields = ("forward_ms", "backward_ms", "forward_ms_median", "backward_ms_median", "comm_forward_ms",
+    fields = ("forward_ms", "backward_ms", "forward_ms_median", "backward_ms_median", "forward_ms_min",
+              "backward_ms_min", "comm_forward_ms",
               "comm_backward_ms", "all_gather_bytes", "reduce_scatter_bytes")
     return {
         "records": {name: {f: getattr(record, f, None) for f in fields} for name, record in prof.records.items()},
@@ -153,9 +154,13 @@ def test_no_module_time_holds_communication(ranks: dict[int, dict[str, Any]], sc
         plain, sharded = result["plain"]["records"], result[scenario]["records"]
         for name, row in sharded.items():
             reference = plain[name]
-            # Each sleep is 20 ms; a module's times stay within half of one of its unsharded times.
-            for field in ("forward_ms_median", "backward_ms_median"):
-                assert row[field] < reference[field] + SLEEP_MS / 2, (rank, scenario, name, field, row, reference)
+            # Every step sleeps 20 ms per collective: one billed to a module would be in each of its steps, so its
+            # fastest step would hold it too. That stays within a quarter of a sleep of the module's unsharded
+            # median (the fastest step, not the median: another process preempting a step on a loaded machine
+            # adds as much, but not to every step).
+            for field, reference_field in (("forward_ms_min", "forward_ms_median"),
+                                           ("backward_ms_min", "backward_ms_median")):
+                assert row[field] < reference[reference_field] + SLEEP_MS / 4, (rank, scenario, name, row, reference)
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
@@ -185,11 +190,12 @@ def test_module_times_plus_communication_make_the_step(ranks: dict[int, dict[str
         root, meta = run["records"][""], run["meta"]
         # forward: the root's call (FSDP's own hooks on the root run outside it, and are communication) plus every
         # unit's communication is model(x) as timed around it; backward likewise, with the loss's own graph node,
-        # the engine's start and end and FSDP's bookkeeping outside its param groups left over (tenths of a
-        # millisecond alone, a few ms on a machine loaded by other processes: 5 % of the step allowed)
+        # the engine's start and end and FSDP's bookkeeping outside its param groups left over: 0.3-0.4 ms
+        # measured, a few ms when another process preempts the step. A quarter of one collective's sleep allowed:
+        # a collective missing from the accounting would leave 20 ms.
         for wall, module, comm in (("wall_forward_ms", "forward_ms", "comm_forward_ms"),
                                    ("wall_backward_ms", "backward_ms", "comm_backward_ms")):
-            assert root[module] + meta[comm] == pytest.approx(run[wall], abs=2.0, rel=0.05), (rank, scenario, wall, root, meta)
+            assert root[module] + meta[comm] == pytest.approx(run[wall], abs=SLEEP_MS / 4), (rank, scenario, wall, root, meta)
 
 
 def test_profiling_leaves_gradients_and_fsdp_as_found(ranks: dict[int, dict[str, Any]]) -> None:
