@@ -5,6 +5,7 @@ torch breaks something, and one place to add a fallback. Everything else in laye
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from operator import methodcaller
 from typing import Any, Callable
@@ -161,14 +162,20 @@ FSDP2_HOOK_POINTS = ("pre_forward", "post_forward", "pre_backward", "post_backwa
                      "reshard", "finalize_backward")
 
 
-def fsdp2_param_groups(module: Any) -> list[Any]:
-    """The FSDPParamGroups of a module ``fully_shard`` was applied to ([] for any other module, and where this
-    torch has no FSDP2)."""
+@functools.cache
+def _fsdp2_module_type() -> type | None:
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:
-        return []
-    if not isinstance(module, FSDPModule):
+        return None
+    return FSDPModule
+
+
+def fsdp2_param_groups(module: Any) -> list[Any]:
+    """The FSDPParamGroups of a module ``fully_shard`` was applied to ([] for any other module, and where this
+    torch has no FSDP2)."""
+    fsdp_module = _fsdp2_module_type()
+    if fsdp_module is None or not isinstance(module, fsdp_module):
         return []
     state = module._get_fsdp_state()
     return list(getattr(state, "_fsdp_param_groups", None) or ())

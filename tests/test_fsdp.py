@@ -20,9 +20,9 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
-from layerprof import LayerProf
+from layerprof import LayerProf, loads
 from layerprof._torch import FSDP2_HOOK_POINTS, fsdp2_param_groups
-from layerprof.distributed.fsdp import FsdpCommMeter
+from layerprof.distributed.fsdp import FSDP_FIELDS, FsdpCommMeter
 
 from .ranks import run_ranks
 
@@ -119,6 +119,12 @@ def _worker(rank: int) -> dict[str, Any]:
     results["groups_untouched"] = before == [sorted(vars(group)) for group in groups]
     results["patched_points"] = sorted(set(FSDP2_HOOK_POINTS) & set(vars(groups[0])))
     results["per_layer"] = _profile(model)
+    with LayerProf(model) as prof:
+        model(x).sum().backward()
+    saved, loaded = prof.profile, loads(prof.profile.to_json())
+    results["saved_fields_survive"] = all(
+        getattr(loaded.records[name], field, None) == getattr(saved.records[name], field, None) is not None
+        for name in ("fc1", "fc2", "fc3") for field in FSDP_FIELDS)
 
     torch.manual_seed(0)
     model = MLP()
@@ -202,6 +208,7 @@ def test_profiling_leaves_gradients_and_fsdp_as_found(ranks: dict[int, dict[str,
     for result in ranks.values():
         assert result["groups"] == 3  # fc1, fc2, fc3; the root's fully_shard has no parameter left to group
         assert result["grads_equal"] and result["groups_untouched"] and result["patched_points"] == []
+        assert result["saved_fields_survive"]  # the unit's fields through to_json and loads
 
 
 def test_meter_runs_by_itself_only_on_fsdp2_models() -> None:
