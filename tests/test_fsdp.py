@@ -28,6 +28,7 @@ from .ranks import run_ranks
 
 SLEEP_MS = 20.0
 STEPS, WARMUP = 5, 2
+SINGLE_STEPS = 3  # steps profiled one by one, for the sum of each step's figures against its wall time
 BATCH = 32
 # Parameter bytes of each Linear, float32: fc1 256*512 + 512, fc2 512*512 + 512, fc3 512*16 + 16 elements, 4 bytes
 # each. All even, so FSDP pads nothing and an all-gather's output (both shards) is the whole parameter set.
@@ -67,28 +68,34 @@ def _shard(model: MLP, units: list[nn.Module], **options: Any) -> MLP:
     return model
 
 
-def _profile(model: nn.Module) -> dict[str, Any]:
-    """Profile STEPS steps (WARMUP dropped); per module the figures, and the wall time of forward and backward."""
+def _profile(model: nn.Module, sharded: bool = True) -> dict[str, Any]:
+    """Profile STEPS steps (WARMUP dropped): per module the figures; then, when sharded, SINGLE_STEPS steps one by
+    one: each step's root times, communication and wall times."""
     x = torch.randn(BATCH, 256, generator=torch.Generator().manual_seed(1))
-    walls: list[tuple[float, float]] = []
     with LayerProf(model, warmup=WARMUP) as prof:
-        for step in range(STEPS):
+        for _ in range(STEPS):
+            model(x).sum().backward()
+            prof.step()
+    fields = ("forward_ms", "backward_ms", "forward_ms_median", "backward_ms_median", "forward_ms_min",
+              "backward_ms_min", "comm_forward_ms",
+              "comm_backward_ms", "all_gather_bytes", "reduce_scatter_bytes")
+    # Single steps, each its own profile, for the step's own figures beside its wall times.
+    single_steps = []
+    for _ in range(SINGLE_STEPS if sharded else 0):
+        with LayerProf(model) as single:
             start = time.perf_counter()
             out = model(x)
             mid = time.perf_counter()
             out.sum().backward()
             end = time.perf_counter()
-            if step >= WARMUP:
-                walls.append(((mid - start) * 1e3, (end - mid) * 1e3))
-            prof.step()
-    fields = ("forward_ms", "backward_ms", "forward_ms_median", "backward_ms_median", "forward_ms_min",
-              "backward_ms_min", "comm_forward_ms",
-              "comm_backward_ms", "all_gather_bytes", "reduce_scatter_bytes")
+        root, comm = single.records[""], single.profile.meta["fsdp_comm"]
+        single_steps.append({"wall_forward_ms": (mid - start) * 1e3, "wall_backward_ms": (end - mid) * 1e3,
+                             "forward_ms": root.forward_ms, "backward_ms": root.backward_ms,
+                             "comm_forward_ms": comm["comm_forward_ms"], "comm_backward_ms": comm["comm_backward_ms"]})
     return {
         "records": {name: {f: getattr(record, f, None) for f in fields} for name, record in prof.records.items()},
         "meta": prof.profile.meta.get("fsdp_comm"),
-        "wall_forward_ms": sum(w[0] for w in walls) / len(walls),
-        "wall_backward_ms": sum(w[1] for w in walls) / len(walls),
+        "single_steps": single_steps,
     }
 
 
@@ -100,7 +107,7 @@ def _grads(model: nn.Module) -> list[torch.Tensor]:
 def _worker(rank: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
     torch.manual_seed(0)
-    results["plain"] = _profile(MLP())
+    results["plain"] = _profile(MLP(), sharded=False)
 
     torch.manual_seed(0)
     model = MLP()
@@ -192,16 +199,18 @@ def test_communication_is_on_the_unit_it_serves(ranks: dict[int, dict[str, Any]]
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_module_times_plus_communication_make_the_step(ranks: dict[int, dict[str, Any]], scenario: str) -> None:
     for rank, result in ranks.items():
-        run = result[scenario]
-        root, meta = run["records"][""], run["meta"]
+        steps = result[scenario]["single_steps"]
         # forward: the root's call (FSDP's own hooks on the root run outside it, and are communication) plus every
         # unit's communication is model(x) as timed around it; backward likewise, with the loss's own graph node,
         # the engine's start and end and FSDP's bookkeeping outside its param groups left over: 0.3-0.4 ms
-        # measured, a few ms when another process preempts the step. A quarter of one collective's sleep allowed:
-        # a collective missing from the accounting would leave 20 ms.
+        # measured. The step closest to its wall time must be within a quarter of one collective's sleep: one
+        # missing from the accounting (or counted twice) would be 20 ms off in every step, while another process
+        # preempting a step on a loaded machine adds a few ms to that step only.
         for wall, module, comm in (("wall_forward_ms", "forward_ms", "comm_forward_ms"),
                                    ("wall_backward_ms", "backward_ms", "comm_backward_ms")):
-            assert root[module] + meta[comm] == pytest.approx(run[wall], abs=SLEEP_MS / 4), (rank, scenario, wall, root, meta)
+            gaps = [step[wall] - (step[module] + step[comm]) for step in steps]
+            assert min(abs(gap) for gap in gaps) < SLEEP_MS / 4, (rank, scenario, wall, gaps)
+            assert all(step[comm] >= SLEEP_MS for step in steps)  # every step communicated, in this pass
 
 
 def test_profiling_leaves_gradients_and_fsdp_as_found(ranks: dict[int, dict[str, Any]]) -> None:
