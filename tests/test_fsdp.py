@@ -129,6 +129,8 @@ def _worker(rank: int) -> dict[str, Any]:
     with LayerProf(model) as prof:
         model(x).sum().backward()
     saved, loaded = prof.profile, loads(prof.profile.to_json())
+    gathered = prof.gather()  # a collective: both ranks; rank 0 gets the view
+    results["table"] = None if gathered is None else gathered.table()
     results["saved_fields_survive"] = all(
         getattr(loaded.records[name], field, None) == getattr(saved.records[name], field, None) is not None
         for name in ("fc1", "fc2", "fc3") for field in FSDP_FIELDS)
@@ -218,6 +220,7 @@ def test_profiling_leaves_gradients_and_fsdp_as_found(ranks: dict[int, dict[str,
         assert result["groups"] == 3  # fc1, fc2, fc3; the root's fully_shard has no parameter left to group
         assert result["grads_equal"] and result["groups_untouched"] and result["patched_points"] == []
         assert result["saved_fields_survive"]  # the unit's fields through to_json and loads
+    assert ranks[1]["table"] is None and "FSDP2 communication (in no module's time): forward " in ranks[0]["table"]
 
 
 def test_meter_runs_by_itself_only_on_fsdp2_models() -> None:
@@ -277,3 +280,21 @@ def test_summary_footer_totals_the_units_communication() -> None:
         "reduce-scattered 1 MiB; most: 'fc1' 8 ms, the model 3 ms."
     )
     assert summary_footer(ModuleRecord("", "MLP")) == ""  # no unit: no line
+
+
+def test_gathered_profile_spreads_fsdp_communication_over_ranks() -> None:
+    from layerprof import GatheredProfile
+
+    rows = {"": {"type": "FSDPMLP", "forward_ms": 1.0, "backward_ms": 2.0}}
+    payloads = [{"rank": rank, "rows": rows,
+                 "meta": {"fsdp_comm": {"comm_forward_ms": forward, "comm_backward_ms": backward}}}
+                for rank, (forward, backward) in enumerate([(10.0, 40.0), (30.0, 20.0), (20.0, 60.0)])]
+    gathered = GatheredProfile(payloads)
+    forward, backward = gathered.fsdp_communication["comm_forward_ms"], gathered.fsdp_communication["comm_backward_ms"]
+    # forward 10, 30, 20: median 20, slowest rank 1; backward 40, 20, 60: median 40, slowest rank 2
+    assert (forward.min, forward.median, forward.max, forward.slowest_rank) == (10.0, 20.0, 30.0, 1)
+    assert (backward.min, backward.median, backward.max, backward.slowest_rank) == (20.0, 40.0, 60.0, 2)
+    assert gathered.communication == {}  # no ddp_comm
+    assert ("FSDP2 communication (in no module's time): forward 10 ms / 20 ms / 30 ms; backward 20 ms / 40 ms / 60 ms"
+            in gathered.table().splitlines())
+    assert GatheredProfile([{"rank": 0, "rows": rows, "meta": {}}]).fsdp_communication == {}
