@@ -193,7 +193,7 @@ class Tracker:
         # dicts and its calls are the original's; a deep copy has dicts of its own and is not profiled.
         self.names: dict[int, str] = {}
         self._modules: dict[str, nn.Module] = {}  # name -> module, for the class names in the notes on exceptions
-        # The wall clock of CPU modules; a meter may supply one it can pause (``Meter.clock``).
+        # The wall clock of CPU modules: a PausableClock when a meter must stop it (``Meter.pauses_clock``).
         self.cpu_clock = cpu_clock if cpu_clock is not None else CpuClock()
         self.cuda_clocks: dict[int, Clock] = {}
         self.observers: tuple[Any, ...] = ()  # set between steps by the profiler, as are backward_observers
