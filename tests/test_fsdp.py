@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+from torch.utils.checkpoint import checkpoint
 
 from layerprof import LayerProf, loads
 from layerprof._torch import FSDP2_HOOK_POINTS, fsdp2_param_groups
@@ -37,15 +38,19 @@ assert FC_BYTES == {"fc1": 526336, "fc2": 1050624, "fc3": 32832}
 
 
 class MLP(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, checkpointed: bool = False) -> None:
         super().__init__()
         self.fc1 = nn.Linear(256, 512)
         self.act = nn.ReLU()
         self.fc2 = nn.Linear(512, 512)
         self.fc3 = nn.Linear(512, 16)
+        self.checkpointed = checkpointed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc3(self.fc2(self.act(self.fc1(x))))
+        hidden = self.act(self.fc1(x))
+        if self.checkpointed:  # fc2's forward runs again in backward, its parameters gathered for it
+            return self.fc3(checkpoint(self.fc2, hidden, use_reentrant=False))
+        return self.fc3(self.fc2(hidden))
 
 
 class SlowAllGather(DefaultAllGather):
@@ -77,7 +82,7 @@ def _profile(model: nn.Module, sharded: bool = True) -> dict[str, Any]:
             model(x).sum().backward()
             prof.step()
     fields = ("forward_ms", "backward_ms", "forward_ms_median", "backward_ms_median", "forward_ms_min",
-              "backward_ms_min", "comm_forward_ms",
+              "backward_ms_min", "recompute_ms", "comm_forward_ms",
               "comm_backward_ms", "all_gather_bytes", "reduce_scatter_bytes")
     # Single steps, each its own profile, for the step's own figures beside its wall times.
     single_steps = []
@@ -108,6 +113,8 @@ def _worker(rank: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
     torch.manual_seed(0)
     results["plain"] = _profile(MLP(), sharded=False)
+    torch.manual_seed(0)
+    results["plain_checkpointed"] = _profile(MLP(checkpointed=True), sharded=False)
 
     torch.manual_seed(0)
     model = MLP()
@@ -143,6 +150,10 @@ def _worker(rank: int) -> dict[str, Any]:
     model = MLP()
     results["no_reshard"] = _profile(_shard(model, [model.fc1, model.fc2, model.fc3, model],
                                             reshard_after_forward=False))
+
+    torch.manual_seed(0)
+    model = MLP(checkpointed=True)
+    results["checkpointed"] = _profile(_shard(model, [model.fc1, model.fc2, model.fc3, model]))
     return results
 
 
@@ -159,6 +170,8 @@ SCENARIOS = {
     # end-of-backward callback (the model's input needs no gradient)
     "root_only": {"": (1, 0, 1)},
     "no_reshard": {"fc1": (1, 0, 1), "fc2": (1, 0, 1), "fc3": (1, 0, 1)},
+    # per layer, fc2 under activation checkpointing: its recompute in backward finds it gathered already
+    "checkpointed": {"fc1": (1, 1, 1), "fc2": (1, 1, 1), "fc3": (1, 1, 1)},
 }
 UNIT_BYTES = {**FC_BYTES, "": sum(FC_BYTES.values())}
 
@@ -166,7 +179,10 @@ UNIT_BYTES = {**FC_BYTES, "": sum(FC_BYTES.values())}
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_no_module_time_holds_communication(ranks: dict[int, dict[str, Any]], scenario: str) -> None:
     for rank, result in ranks.items():
-        plain, sharded = result["plain"]["records"], result[scenario]["records"]
+        baseline = "plain_checkpointed" if scenario == "checkpointed" else "plain"
+        plain, sharded = result[baseline]["records"], result[scenario]["records"]
+        if scenario == "checkpointed":  # fc2 ran again in backward, inside its backward time
+            assert sharded["fc2"]["recompute_ms"] > 0 and plain["fc2"]["recompute_ms"] > 0
         for name, row in sharded.items():
             reference = plain[name]
             # Every step sleeps 20 ms per collective: one billed to a module would be in each of its steps, so its
