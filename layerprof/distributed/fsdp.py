@@ -142,14 +142,17 @@ class FsdpCommMeter(Meter):
         elif self._clock is not None:
             self._clock.resume()
 
-    def _bill(self, frame: _Frame, now: int) -> None:
-        totals = self._step.get(frame.unit)
+    def _totals(self, unit: str) -> list[float]:
+        totals = self._step.get(unit)
         if totals is None:
-            totals = self._step[frame.unit] = [0.0, 0.0, 0.0, 0.0]
-        totals[1 if frame.backward else 0] += now - frame.since
+            totals = self._step[unit] = [0.0, 0.0, 0.0, 0.0]
+        return totals
+
+    def _bill(self, frame: _Frame, now: int) -> None:
+        self._totals(frame.unit)[1 if frame.backward else 0] += now - frame.since
 
     def _count_bytes(self, unit: str, point: str, before: tuple[Any, Any], after: tuple[Any, Any]) -> None:
-        totals = self._step.setdefault(unit, [0.0, 0.0, 0.0, 0.0])
+        totals = self._totals(unit)
         if point == "unshard":  # an all-gather issued now: its output is in flight
             if after[0] is not None and after[0] is not before[0]:
                 totals[2] += _bytes(after[0])
