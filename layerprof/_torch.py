@@ -5,6 +5,7 @@ torch breaks something, and one place to add a fallback. Everything else in laye
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from operator import methodcaller
 from typing import Any, Callable
@@ -17,7 +18,8 @@ __all__ = [
     "compiled_in_place", "is_compiled_function",
     "next_sequence_nr", "graph_task_id", "queue_backward_callback", "sequence_nr", "current_autograd_node",
     "has_decomposition", "nested_sizes", "storage_key", "submodules", "tensor_version", "outer_saved_tensors_hooks",
-    "compiled_module_type",
+    "compiled_module_type", "fsdp2_param_groups", "FSDP2_HOOK_POINTS", "fsdp2_comm_buffers",
+    "patch_fsdp2_group", "unpatch_fsdp2_group",
     "TorchDispatchMode", "StorageWeakRef", "escaped_backward", "add_forward_hooks", "remove_forward_hooks",
 ]
 
@@ -184,3 +186,71 @@ def profiler_range(name: str) -> Any:
     if fast is not None:
         return fast(name)
     return torch.autograd.profiler.record_function(name)
+
+
+# -- FSDP2 (torch.distributed.fsdp.fully_shard) ------------------------------------------------------------------
+# The methods of an FSDPParamGroup (one per fully_shard unit) that FSDP2's module hooks, tensor hooks, autograd
+# Function and final backward callback call by attribute, so that an attribute of the same name on the instance
+# runs in their place: the all-gather (``unshard``, its copy-out ``wait_for_unshard``, and the ``pre_forward`` /
+# ``pre_backward`` hooks that call them, prefetching other units), ``reshard``, the reduce-scatter in
+# ``post_backward``, and the final waits of ``finalize_backward``.
+FSDP2_HOOK_POINTS = ("pre_forward", "post_forward", "pre_backward", "post_backward", "unshard", "wait_for_unshard",
+                     "reshard", "finalize_backward")
+
+
+@functools.cache
+def _fsdp2_module_type() -> type | None:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return None
+    return FSDPModule
+
+
+def fsdp2_param_groups(module: Any) -> list[Any]:
+    """The FSDPParamGroups of a module ``fully_shard`` was applied to ([] for any other module, and where this
+    torch has no FSDP2)."""
+    fsdp_module = _fsdp2_module_type()
+    if fsdp_module is None or not isinstance(module, fsdp_module):
+        return []
+    state = module._get_fsdp_state()
+    return list(getattr(state, "_fsdp_param_groups", None) or ())
+
+
+def fsdp2_comm_buffers(group: Any) -> tuple[Any, Any]:
+    """The output of the all-gather a param group has in flight (every rank's shard; None when none: unsharded
+    already) and the input of the last reduce-scatter issued on its communication context (every rank's
+    gradients in the reduce dtype; None if none is kept). Compared before and after a call, they tell which
+    collectives the call issued."""
+    gathering = getattr(getattr(group, "_all_gather_result", None), "all_gather_output", None)
+    states = getattr(getattr(group, "comm_ctx", None), "reduce_scatter_states", None)
+    reducing = getattr(states[-1], "reduce_scatter_input", None) if states else None
+    return gathering, reducing
+
+
+_ABSENT = object()
+
+
+def patch_fsdp2_group(group: Any, wrap: Callable[[str, Callable[..., Any]], Callable[..., Any]]) -> dict[str, Any]:
+    """Put ``wrap(point, method)`` on the param group instance in place of each of ``FSDP2_HOOK_POINTS`` it has
+    (FSDP2 calls them by attribute); returns what ``unpatch_fsdp2_group`` needs to put things back."""
+    saved: dict[str, Any] = {}
+    try:
+        for point in FSDP2_HOOK_POINTS:
+            method = getattr(group, point, None)
+            if callable(method):
+                saved[point] = vars(group).get(point, _ABSENT)
+                setattr(group, point, wrap(point, method))
+    except BaseException:
+        unpatch_fsdp2_group(group, saved)
+        raise
+    return saved
+
+
+def unpatch_fsdp2_group(group: Any, saved: dict[str, Any]) -> None:
+    """Undo ``patch_fsdp2_group``: the class's methods (or what the instance had before) are called again."""
+    for point, previous in saved.items():
+        if previous is _ABSENT:
+            vars(group).pop(point, None)
+        else:
+            setattr(group, point, previous)

@@ -1,29 +1,26 @@
 """torch.distributed: per-rank profiles gathered on rank 0, cross-rank statistics, stragglers, DDP communication.
 
-The multi-process tests spawn 2 CPU processes on the gloo backend; each writes its results to a JSON file and the
-parent asserts. Every wait has a timeout so that a hang fails the test instead of stalling CI.
+The multi-process tests spawn 2 CPU processes on the gloo backend (``tests/ranks.py``); each returns its results as
+JSON and the parent asserts. Every wait has a timeout so that a hang fails the test instead of stalling CI.
 """
 from __future__ import annotations
 
 import json
-import os
-import socket
 import time
-import traceback
-from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 
 from layerprof import GatheredProfile, LayerProf, register_timed_comm_hook
 from layerprof.distributed.crossrank import cross_rank_stats, shown_names, spread
 from layerprof.distributed.gather import rank_payload
 from layerprof.metrics import METERS, Meter, register_meter
+
+from .ranks import run_ranks
 
 SLEEP_S = 0.05  # rank 1's Sleepy module sleeps 50 ms in every forward
 HOOK_SLEEP_S = 0.03  # the slow communication hook sleeps 30 ms per bucket
@@ -230,73 +227,39 @@ def _view(gathered: GatheredProfile | None) -> dict[str, Any] | None:
     }
 
 
-def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+def _worker(rank: int) -> dict[str, Any]:
     result: dict[str, Any] = {}
-    try:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
-        try:
-            torch.manual_seed(0)
-            ddp = nn.parallel.DistributedDataParallel(Net(slow_rank=1))
-            prof = _profile(ddp, metrics=("ddp_comm",))
-            result["ddp"] = {"names": list(prof.records), "comm": prof.profile.meta["ddp_comm"], "view": _view(prof.gather())}
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(Net(slow_rank=1))
+    prof = _profile(ddp, metrics=("ddp_comm",))
+    result["ddp"] = {"names": list(prof.records), "comm": prof.profile.meta["ddp_comm"], "view": _view(prof.gather())}
 
-            # a communication hook that takes 30 ms per bucket, one parameter per bucket after DDP's rebuild
-            torch.manual_seed(0)
-            slow_comm = nn.parallel.DistributedDataParallel(Net(), bucket_cap_mb=1e-6)
-            register_timed_comm_hook(slow_comm, _slow_allreduce)
-            prof = _profile(slow_comm, metrics=("ddp_comm",))
-            result["slow_hook"] = {"comm": prof.profile.meta["ddp_comm"],
-                                   "backward_ms": {name: r.backward_ms for name, r in prof.records.items()}}
+    # a communication hook that takes 30 ms per bucket, one parameter per bucket after DDP's rebuild
+    torch.manual_seed(0)
+    slow_comm = nn.parallel.DistributedDataParallel(Net(), bucket_cap_mb=1e-6)
+    register_timed_comm_hook(slow_comm, _slow_allreduce)
+    prof = _profile(slow_comm, metrics=("ddp_comm",))
+    result["slow_hook"] = {"comm": prof.profile.meta["ddp_comm"],
+                           "backward_ms": {name: r.backward_ms for name, r in prof.records.items()}}
 
-            torch.manual_seed(0)
-            accumulating = nn.parallel.DistributedDataParallel(Net())
-            result["accumulate"] = {"comm": _profile(accumulating, metrics=("ddp_comm",), backwards=2).profile.meta["ddp_comm"]}
+    torch.manual_seed(0)
+    accumulating = nn.parallel.DistributedDataParallel(Net())
+    result["accumulate"] = {"comm": _profile(accumulating, metrics=("ddp_comm",), backwards=2).profile.meta["ddp_comm"]}
 
-            from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
-
-            torch.manual_seed(0)
-            fsdp1 = FullyShardedDataParallel(Net(), device_id=torch.device("cpu"))
-            result["fsdp1"] = {"view": _view(_profile(fsdp1, steps=2).gather())}
-            torch.manual_seed(0)
-            fsdp2 = Net()
-            fully_shard(fsdp2.fc1)
-            fully_shard(fsdp2)
-            result["fsdp2"] = {"view": _view(_profile(fsdp2, steps=2).gather())}
-        finally:
-            dist.destroy_process_group()
-    except BaseException:
-        result["error"] = traceback.format_exc()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    torch.manual_seed(0)
+    fsdp1 = FullyShardedDataParallel(Net(), device_id=torch.device("cpu"))
+    result["fsdp1"] = {"view": _view(_profile(fsdp1, steps=2).gather())}
+    torch.manual_seed(0)
+    fsdp2 = Net()
+    fully_shard(fsdp2.fc1)
+    fully_shard(fsdp2)
+    result["fsdp2"] = {"view": _view(_profile(fsdp2, steps=2).gather())}
+    return result
 
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("needs torch.distributed with gloo")
-    out_dir = tmp_path_factory.mktemp("ranks")
-    context = mp.start_processes(_worker, args=(2, _free_port(), str(out_dir)), nprocs=2, join=False,
-                                 start_method="spawn")
-    deadline = time.monotonic() + 120
-    try:
-        while not context.join(timeout=5):
-            if time.monotonic() > deadline:
-                pytest.fail("the 2-rank gloo run did not finish in 120 s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.terminate()
-    results = {rank: json.loads(Path(out_dir, f"rank{rank}.json").read_text()) for rank in (0, 1)}
-    for rank, result in results.items():
-        assert "error" not in result, f"rank {rank} failed:\n{result['error']}"
-    return results
+    return run_ranks(_worker, tmp_path_factory.mktemp("ranks"))
 
 
 def test_both_ranks_records_arrive_on_rank_0_with_the_same_structure(two_ranks: dict[int, dict[str, Any]]) -> None:

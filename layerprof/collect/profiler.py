@@ -12,6 +12,7 @@ from torch import nn
 from torch.nn.modules.module import register_module_module_registration_hook
 
 from .annotate import Annotator
+from .clock import PausableClock
 from .._gc import gc_paused
 from .environment import environment
 from .._check import check_bool, check_int
@@ -190,7 +191,7 @@ class LayerProf:
         self.sync = check_bool("sync", sync)
         self.warmup = warmup
         self.schedule = schedule
-        self.metrics: list[Meter] = make_meters(metrics)
+        self.metrics: list[Meter] = make_meters(metrics, model)
         if annotate:  # an observer on the meters' hooks: nothing runs for it when off
             self.metrics.append(Annotator())
         self.tree: ModuleRecord | None = None
@@ -256,7 +257,11 @@ class LayerProf:
                 )
         self.tree, self.records, self._entries = root, records, entries
         self._built = len(records)
-        self._tracker = Tracker(sync=self.sync)
+        pausing = [meter for meter in self.metrics if meter.pauses_clock]
+        clock = PausableClock() if pausing else None
+        for meter in pausing:
+            meter.use_clock(clock)
+        self._tracker = Tracker(sync=self.sync, cpu_clock=clock)
         for _, module in entries:
             _PROFILED[id(module)] = self
         started: list[Meter] = []

@@ -227,7 +227,7 @@ class _ThreadState:
 class Tracker:
     """Puts forward hooks on modules, graph hooks on the nodes their forward creates, and collects CallTraces."""
 
-    def __init__(self, sync: bool = False) -> None:
+    def __init__(self, sync: bool = False, cpu_clock: CpuClock | None = None) -> None:
         self.sync = sync
         self.calls: list[CallTrace] = []
         self.active = False
@@ -236,7 +236,8 @@ class Tracker:
         # dicts and its calls are the original's; a deep copy has dicts of its own and is not profiled.
         self.names: dict[int, str] = {}
         self._modules: dict[str, nn.Module] = {}  # name -> module, for the class names in the notes on exceptions
-        self.cpu_clock = CpuClock()
+        # The wall clock of CPU modules: a PausableClock when a meter must stop it (``Meter.pauses_clock``).
+        self.cpu_clock = cpu_clock if cpu_clock is not None else CpuClock()
         self.cuda_clocks: dict[int, Clock] = {}
         self.observers: tuple[Any, ...] = ()  # set between steps by the profiler, as are backward_observers
         self.step_state = _Step()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from .crossrank import Spread, cross_rank_stats, spread, straggler_floor, stragglers
 from ..render.table import Table
 from .comm import CommMeter, register_timed_comm_hook
+from .fsdp import FsdpCommMeter
 from .table import rank_table
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ class GatheredProfile:
             ``layerprof.crossrank``).
         communication: ``{"comm_ms"|"exposed_ms"|"launch_ms": Spread}`` over ranks, from the ``ddp_comm``
             meter (empty when it did not run).
+        fsdp_communication: ``{"comm_forward_ms"|"comm_backward_ms": Spread}`` over ranks, FSDP2's communication
+            per step summed over units, from the ``fsdp_comm`` meter (empty when it did not run).
         margin, min_ms: the straggler rule: slower than the median by more than ``margin`` (a fraction) and
             ``min_ms`` milliseconds (by default 1 % of the median step time; the value used is kept here).
     """
@@ -57,12 +60,18 @@ class GatheredProfile:
         rows_by_rank = {rank: payload["rows"] for rank, payload in self.per_rank.items()}
         self.step, self.modules = cross_rank_stats(rows_by_rank, margin, min_ms)
         self.min_ms = straggler_floor(self.step, min_ms)
-        self.communication: dict[str, Spread] = {}
-        for name in COMM_FIELDS:
-            values = {rank: (p["meta"].get(CommMeter.name) or {}).get(name) for rank, p in self.per_rank.items()}
+        self.communication = self._meta_spreads(CommMeter.name, COMM_FIELDS)
+        self.fsdp_communication = self._meta_spreads(FsdpCommMeter.name, ("comm_forward_ms", "comm_backward_ms"))
+
+    def _meta_spreads(self, meter: str, names: Sequence[str]) -> dict[str, Spread]:
+        """``{name: Spread}`` over ranks of the figures a meter left in each rank's meta, where any rank has one."""
+        found = {}
+        for name in names:
+            values = {rank: (p["meta"].get(meter) or {}).get(name) for rank, p in self.per_rank.items()}
             measured = spread(values)
             if measured is not None:
-                self.communication[name] = measured
+                found[name] = measured
+        return found
 
     @property
     def world_size(self) -> int:
@@ -98,7 +107,7 @@ class GatheredProfile:
 
     def table(self, depth: int | None = None) -> str:
         """A text table: per module, forward/backward/total min, median and max over ranks, slowest rank,
-        stragglers; the step and DDP communication above it."""
+        stragglers; the step and DDP or FSDP2 communication above it."""
         return rank_table(self, depth=depth)
 
     def __str__(self) -> str:

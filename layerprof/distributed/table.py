@@ -53,6 +53,10 @@ def rank_table(gathered: GatheredProfile, depth: int | None = None) -> str:
                  (("comm_ms", "in flight (summed over buckets)"), ("exposed_ms", "exposed after the last backward node"),
                   ("launch_ms", "launching (inside module backward)"))]
         lines.append("DDP gradient all-reduce: " + "; ".join(parts))
+    fsdp = gathered.fsdp_communication
+    if fsdp:
+        lines.append(f"FSDP2 communication (in no module's time): forward {_three(fsdp.get('comm_forward_ms'))}; "
+                     f"backward {_three(fsdp.get('comm_backward_ms'))}")
     header = ["module", "type", "forward min / median / max", "backward min / median / max",
               "total min / median / max", "slowest", "stragglers"]
     rows = [dict(zip(header, _row(m))) for m in gathered.modules.values() if depth is None or m.depth <= depth]

@@ -26,6 +26,19 @@ class Meter:
     wants_backward_hooks = False
     # A meter that slows the step (dispatch modes, saved-tensor hooks) says so, so timing can stay clean.
     distorts_timing = False
+    # A meter that must stop the module clocks while something not the modules' own runs (FSDP's collectives)
+    # says so: CPU modules are then stamped with a clock it can pause, handed to it in ``use_clock``.
+    pauses_clock = False
+
+    @classmethod
+    def needed_by(cls, model: nn.Module) -> bool:
+        """Whether ``model``'s times are wrong without this meter, so that it runs even when not asked for
+        (the FSDP meter on a ``fully_shard`` model). Called once per ``LayerProf``; keep it cheap."""
+        return False
+
+    def use_clock(self, clock: Any) -> None:
+        """Only for a meter with ``pauses_clock``: the clock CPU module boundaries are stamped with this profile,
+        given before ``start``; ``clock.pause()``/``clock.resume()`` stop it and let it run on."""
 
     def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: list[tuple[str, nn.Module]]) -> None:
         """Profiling begins (``__enter__``): hooks are about to go on."""
@@ -70,8 +83,9 @@ def register_meter(cls: type[Meter]) -> type[Meter]:
     return cls
 
 
-def make_meters(names: Iterable[str] | None) -> list[Meter]:
-    """Instantiate meters by name; an unknown name is a ValueError listing the known ones."""
+def make_meters(names: Iterable[str] | None, model: nn.Module | None = None) -> list[Meter]:
+    """Instantiate meters by name; an unknown name is a ValueError listing the known ones. With ``model``, the
+    meters it needs (``Meter.needed_by``) are added when not named."""
     chosen = DEFAULT_METRICS if names is None else check_names("metrics", names, "('flops', 'memory')")
     meters = []
     for name in chosen:
@@ -79,4 +93,7 @@ def make_meters(names: Iterable[str] | None) -> list[Meter]:
             known = ", ".join(sorted(METERS)) or "(none registered)"
             raise ValueError(f"unknown metric {name!r}; choose from: {known}")
         meters.append(METERS[name]())
+    if model is not None:
+        named = {meter.name for meter in meters}
+        meters.extend(cls() for name, cls in METERS.items() if name not in named and cls.needed_by(model))
     return meters

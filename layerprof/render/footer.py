@@ -1,4 +1,5 @@
-"""Totals under the annotated summary: model size, tied parameters, activation and saved memory, largest modules.
+"""Totals under the annotated summary: model size, tied parameters, activation and saved memory, largest modules,
+FSDP communication.
 
 Reads whatever fields the records carry; a line whose meter did not run is left out.
 """
@@ -7,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..record.records import ModuleRecord
-from .units import format_bytes, format_count
+from .units import format_bytes, format_count, format_ms
 
 __all__ = ["summary_footer", "largest", "tied_groups"]
 
@@ -73,8 +74,31 @@ def _cuda_line(root: ModuleRecord) -> str | None:
     return f"CUDA allocated above the start: forward peak {format_bytes(forward)}, backward peak {format_bytes(backward)}."
 
 
+def _comm_line(root: ModuleRecord, top: int) -> str | None:
+    units = [record for record in (root, *root.descendants) if _get(record, "comm_forward_ms") is not None]
+    if not units:
+        return None
+
+    def total(field: str) -> float:
+        return sum(_get(record, field) or 0.0 for record in units)
+
+    line = (
+        f"FSDP communication, in no module's time: forward {format_ms(total('comm_forward_ms'))}, backward "
+        f"{format_ms(total('comm_backward_ms'))}; all-gathered {format_bytes(total('all_gather_bytes'))}, "
+        f"reduce-scattered {format_bytes(total('reduce_scatter_bytes'))}"
+    )
+    busiest = sorted(units, key=lambda r: -((_get(r, "comm_forward_ms") or 0) + (_get(r, "comm_backward_ms") or 0)))
+    line += "; most: " + ", ".join(
+        f"{repr(record.name) if record.name else 'the model'} "
+        f"{format_ms((_get(record, 'comm_forward_ms') or 0) + (_get(record, 'comm_backward_ms') or 0))}"
+        for record in busiest[:top]
+    )
+    return line + "."
+
+
 def summary_footer(root: ModuleRecord, top: int = 3) -> str:
     """Lines of totals for the fields present on ``root`` ("" when none): model size and shared parameters,
-    activation and saved bytes with the ``top`` modules by self saved bytes, CUDA peaks."""
-    lines = [_params_line(root), _memory_line(root, top), _cuda_line(root)]
+    activation and saved bytes with the ``top`` modules by self saved bytes, CUDA peaks, FSDP communication
+    (summed over units, with the ``top`` units by communication time)."""
+    lines = [_params_line(root), _memory_line(root, top), _cuda_line(root), _comm_line(root, top)]
     return "\n".join(line for line in lines if line)
