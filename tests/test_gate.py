@@ -91,7 +91,7 @@ def test_a_change_within_the_noise_passes_and_says_so(tmp_path: Path, capsys: py
     b = make_profile(model([34, 36, 37]))  # median 36: +16.1 % over 31, but below A's p95
     assert main(gate_run(tmp_path, a, b, "--fail-if-slower", "10")) == 0
     line = verdict_line(capsys)
-    assert "(+16.1 %)" in line and "noise 40.6 %" in line  # (43.6 - 31) / 31
+    assert "(+16.1 %)" in line and "noise 46.2 %" in line  # (43.6 - 31) / 31 + (36 - 34) / 36
     assert line.endswith("the change is within the noise of the two profiles, not a regression")
 
 
@@ -106,8 +106,9 @@ def test_by_picks_the_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 
 def _layered(root: list[float], first: list[float], inner: list[float], tiny: list[float]) -> dict:
-    return model(root, None, **{"0": ("Sequential", first, None), "0.0": ("Linear", inner, None),
-                                "1": ("ReLU", [20.0] * len(root), None), "2": ("Identity", tiny, None)})
+    """These 3 steps 4 times over: 12 steps, as --per-module needs 10 (medians as of the 3, p95 the largest)."""
+    return model(root * 4, None, **{"0": ("Sequential", first * 4, None), "0.0": ("Linear", inner * 4, None),
+                                    "1": ("ReLU", [20.0] * 12, None), "2": ("Identity", tiny * 4, None)})
 
 
 def test_per_module_gate_names_the_innermost_slower_module(tmp_path: Path,
@@ -119,13 +120,16 @@ def test_per_module_gate_names_the_innermost_slower_module(tmp_path: Path,
     assert main(gate_run(tmp_path, a, b, "--fail-if-slower", "10")) == 0
     line = verdict_line(capsys)
     assert line.startswith("ok: total time per step (median) 30.1 ms -> 32.1 ms (+6.6 %)")
-    assert line.endswith("slower beyond the limit but not gated (add --per-module): 0.0 2.5 ms -> 4.5 ms (+80.0 %)")
+    # Against the rest of the model: 2.5 / (30.1 - 2.5) -> 4.5 / (32.1 - 4.5), the rest 27.6 ms both times: +80 %
+    assert line.endswith("slower (against the rest of the model) beyond the limit but not gated (add --per-module): "
+                         "0.0 2.5 ms -> 4.5 ms (+80.0 %)")
     assert main(gate_run(tmp_path, a, b, "--fail-if-slower", "10", "--per-module")) == 1
     line = verdict_line(capsys)
-    assert line.startswith("FAIL: modules of B are slower: total time per step (median) 30.1 ms -> 32.1 ms")
-    assert line.endswith("; slower: 0.0 2.5 ms -> 4.5 ms (+80.0 %)")
+    assert line.startswith("FAIL: modules of B are slower: total time per step (median) 30.1 ms -> 32.1 ms (+6.6 %), "
+                           "limit +10 %, noise 0.6 % (12 and 12 steps)")  # (30.2 - 30.1) / 30.1 + 0.1 / 32.1
+    assert line.endswith("; slower (against the rest of the model): 0.0 2.5 ms -> 4.5 ms (+80.0 %)")
     gate = Gate(make_profile(_layered([30] * 3, [3] * 3, [2.5] * 3, [0.1] * 3)), b, 10)
-    assert [verdict.name for verdict in gate.modules] == ["0", "0.0", "1"]  # "2" under the floor
+    assert [verdict.name for verdict in gate.modules] == ["0", "0.0"]  # "2" under the 1 % floor, "1" over 50 %
 
 
 def test_a_failing_total_names_the_modules_that_got_slower(tmp_path: Path,
@@ -133,8 +137,20 @@ def test_a_failing_total_names_the_modules_that_got_slower(tmp_path: Path,
     a = make_profile(_layered([30, 30.1, 30.2], [3, 3, 3], [2.5, 2.5, 2.5], [0.1] * 3))
     b = make_profile(_layered([40, 40.1, 40.2], [13, 13, 13], [12.5, 12.5, 12.5], [0.1] * 3))
     assert main(gate_run(tmp_path, a, b, "--fail-if-slower", "10")) == 1
-    assert verdict_line(capsys).endswith("(+33.2 %), limit +10 %, noise 0.3 % (3 and 3 steps); "  # (30.19 - 30.1) / 30.1
-                                         "slower: 0.0 2.5 ms -> 12.5 ms (+400.0 %)")
+    # noise: (30.2 - 30.1) / 30.1 + (40.1 - 40) / 40.1 = 0.58 %
+    assert verdict_line(capsys).endswith("(+33.2 %), limit +10 %, noise 0.6 % (12 and 12 steps); "
+                                         "slower (against the rest of the model): 0.0 2.5 ms -> 12.5 ms (+400.0 %)")
+
+
+def test_a_machine_slower_for_every_module_fails_the_model_but_names_no_module(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scaled = [[value * 1.3 for value in values] for values in ([30, 30.1, 30.2], [3] * 3, [2.5] * 3, [0.1] * 3)]
+    a = make_profile(_layered([30, 30.1, 30.2], [3] * 3, [2.5] * 3, [0.1] * 3))
+    b = make_profile(_layered(*scaled))  # "1" stays at 20 ms: its share drops, so none of the others rises
+    assert main(gate_run(tmp_path, a, b, "--fail-if-slower", "10", "--per-module")) == 1
+    line = verdict_line(capsys)
+    assert line.startswith("FAIL: B is slower: total time per step (median) 30.1 ms -> 39.1 ms (+30.0 %)")
+    assert "against the rest" not in line
 
 
 def test_two_different_models_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -166,10 +182,13 @@ def test_a_limit_that_is_not_a_percentage_is_a_usage_error(limit: str, tmp_path:
     assert f"argument --fail-if-slower: expected {expected} such as 10, got {limit!r}" in capsys.readouterr().err
 
 
-def test_per_module_needs_a_limit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_per_module_needs_a_limit_and_ten_steps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a = make_profile(model([10] * 3))
     assert main(gate_run(tmp_path, a, a, "--per-module")) == 2
     assert "--per-module applies the --fail-if-slower limit to each module" in capsys.readouterr().err
+    assert main(gate_run(tmp_path, make_profile(model([10] * 12)), a, "--fail-if-slower", "5", "--per-module")) == 2
+    assert "--per-module needs at least 10 recorded steps in each profile, and B has 3" in capsys.readouterr().err
+    assert Gate(a, a, 5).modules == [] and Gate(a, a, 5).failed(per_module=True) is False
 
 
 def test_a_profile_without_the_pass_is_unreadable_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

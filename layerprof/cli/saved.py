@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..profile import Profile, compare, load
-from ..render.gate import MIN_SHARE, PASSES, Gate, different_models
+from ..render.gate import MAX_SHARE, MIN_MODULE_STEPS, MIN_SHARE, PASSES, Gate, different_models
 from ..render.plot_metrics import resolve_metric
 from .errors import EXIT_OK, EXIT_SLOWER, NotComparable, UnreadableInput, UsageError, one_line
 from .outputs import requested_outputs, write_outputs
@@ -27,10 +27,10 @@ SUBCOMMANDS = ("show", "compare")
 _GATE_HELP = f"""\
 the gate (--fail-if-slower PCT):
   Each profile is a distribution over its recorded steps. B fails when its median step is more than PCT %
-  above A's, and that change stands outside the noise of both: B's median above A's 95th percentile step
-  and A's median below B's fastest step. A single slow step moves neither median. With --per-module the
-  same test runs on every module taking at least {MIN_SHARE:g} % of the model's time, and the failing line
-  names the modules that got slower. Profile several steps (--steps 20): one step has no spread.
+  above A's and the two stand apart: B's fastest step is slower than A's 95th percentile step. A single
+  slow step moves neither. With --per-module the same test runs on every module taking {MIN_SHARE:g} to
+  {MAX_SHARE:g} % of the model's time, judged against the rest of the model (profiles of at least
+  {MIN_MODULE_STEPS} steps); the failing line names the modules that got slower. Profile 20 steps or more.
 
 exit status:
   0 ok, 1 B is slower, 2 usage error, 3 a profile is missing or unreadable, 4 the two profiles are of
@@ -118,6 +118,11 @@ def _compare(options: argparse.Namespace) -> int:
         gate = Gate(a, b, options.fail_if_slower, options.by)
     except ValueError as exc:
         raise UnreadableInput(f"--fail-if-slower: {exc}") from exc
+    steps = min(gate.model.a.steps, gate.model.b.steps)
+    if options.per_module and steps < MIN_MODULE_STEPS:
+        raise UsageError(f"--per-module needs at least {MIN_MODULE_STEPS} recorded steps in each profile, and "
+                         f"{'A' if gate.model.a.steps == steps else 'B'} has {steps}: with fewer, some of the "
+                         "dozens of modules judged stand apart by chance. Profile with --steps 20")
     print(f"layerprof compare: {gate.line(options.per_module)}", file=sys.stderr)
     return EXIT_SLOWER if gate.failed(options.per_module) else EXIT_OK
 

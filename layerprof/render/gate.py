@@ -2,20 +2,26 @@
 
 Each side is a distribution over the recorded steps, summarised by its median and the edges of its noise: its
 fastest step (``low``) and its 95th percentile (``high``). Interference on a busy machine only adds time, so the
-median is the typical step and the fastest step the least disturbed one. B is *slower* only when all three hold:
+median is the typical step and the fastest step the least disturbed one. B is *slower* only when both hold:
 
 1. its median is more than ``limit`` % above A's median (the change the gate reports);
-2. B's median is above A's noise: above A's 95th percentile step;
-3. A's median is below B's noise: below B's fastest step.
+2. the two stand apart: B's fastest step is slower than A's 95th percentile step.
 
-So a single slow step (a page fault, another job) moves neither median, and a change smaller than the step-to-step
-spread of either profile is reported as within the noise, not as a regression. What no gate on two runs can tell
+So a single slow step (a page fault, another job) moves neither median nor B's fastest step, and a change smaller
+than the step-to-step spread of the two profiles is reported as within the noise, not as a regression. One
+recorded step has no spread: the medians alone decide. What no gate on two runs can tell
 apart: the whole of B measured while the machine was busier than during A (every step of B slower); profile both
 on the same idle machine, or several times.
 
 The model's time is read from ``meta["step_ms"]`` (per-step forward and backward, written since this version),
 else from the root's stored statistics (older files). A module's from its own statistics (median, min, p95 per
 pass; a total sums the passes, which bounds rather than measures its minimum and p95).
+
+A module (``--per-module``) is judged on its time *relative to the rest of the model* (the model's median less
+the module's): a busier machine slows every module alike and leaves that ratio where it was, while a module that
+got 25 % slower moves it by 25 % whatever its share. Modules under ``MIN_SHARE`` % of the model (timer
+resolution) and over ``MAX_SHARE`` % (the rest is then too small to measure against; the model's own verdict
+covers them) are not judged, nor any module of a profile with fewer than ``MIN_MODULE_STEPS`` steps.
 """
 from __future__ import annotations
 
@@ -31,11 +37,15 @@ if TYPE_CHECKING:
     from ..profile import Profile
     from ..record.records import ModuleRecord
 
-__all__ = ["Spread", "Verdict", "Gate", "gate", "model_spread", "module_spread", "different_models", "PASSES",
-           "MIN_SHARE"]
+__all__ = ["Spread", "Verdict", "Gate", "model_spread", "module_spread", "different_models", "PASSES", "MIN_SHARE",
+           "MAX_SHARE", "MIN_MODULE_STEPS"]
 
 PASSES = ("forward", "backward", "total")
 MIN_SHARE = 1.0  # percent of the model's median: smaller modules are below the timer's resolution and noise
+MAX_SHARE = 50.0  # percent: above it the rest of the model is too small a yardstick
+# Steps each profile needs for a per-module verdict: with n steps a side, B's fastest above A's p95 happens by
+# chance about once in C(2n, n) for one module (1 in 20 at 3 steps, in 184,756 at 10), and dozens are judged.
+MIN_MODULE_STEPS = 10
 
 
 @dataclass(frozen=True)
@@ -114,12 +124,15 @@ def model_spread(profile: Profile, by: str = "total") -> Spread | None:
 
 @dataclass(frozen=True)
 class Verdict:
-    """A's and B's spreads of one time (the model's: ``name`` None) and whether B is slower beyond ``limit``."""
+    """A's and B's spreads of one time (the model's: ``name`` None) and whether B is slower beyond ``limit``.
+
+    For a module the spreads are relative to the rest of the model, and ``times`` holds its medians in ms."""
 
     name: str | None
     a: Spread
     b: Spread
     limit: float
+    times: tuple[float, float] | None = None
 
     @property
     def change(self) -> float:
@@ -128,23 +141,28 @@ class Verdict:
 
     @property
     def noise(self) -> float:
-        """How far the noise of either profile reaches, in percent of its median: A's p95 above it, B's fastest
-        step below it."""
+        """The spread of the two profiles, in percent: A's p95 above its median plus B's fastest step below its
+        median, about the change it takes for B's fastest step to clear A's p95."""
         above = (self.a.high - self.a.median) / self.a.median if self.a.median > 0 else 0.0
         below = (self.b.median - self.b.low) / self.b.median if self.b.median > 0 else 0.0
-        return 100.0 * max(above, below)
+        return 100.0 * (above + below)
 
     @property
     def beyond_noise(self) -> bool:
-        return self.b.median > self.a.high and self.b.low > self.a.median
+        return self.b.low > self.a.high
 
     @property
     def slower(self) -> bool:
         return self.change > self.limit and self.beyond_noise
 
     def describe(self) -> str:
-        what = "" if self.name is None else f"{self.name or '(root)'} "
-        return f"{what}{format_ms(self.a.median)} -> {format_ms(self.b.median)} ({self.change:+.1f} %)"
+        what = "" if self.name is None else f"{self.name} "
+        a, b = self.times or (self.a.median, self.b.median)
+        return f"{what}{format_ms(a)} -> {format_ms(b)} ({self.change:+.1f} %)"
+
+
+def _per(spread: Spread, rest: float) -> Spread:
+    return Spread(spread.median / rest, spread.low / rest, spread.high / rest, spread.steps)
 
 
 def different_models(a: Profile, b: Profile) -> str | None:
@@ -169,9 +187,12 @@ def _environment(profile: Profile) -> dict[str, Any]:
     return environment if isinstance(environment, dict) else {}
 
 
+_AGAINST = " (against the rest of the model)"
+
+
 class Gate:
-    """The verdict on the model's time (``model``) and, for modules of at least ``MIN_SHARE`` % of the model's
-    median in A, on each of theirs (``modules``, by name, in A's order)."""
+    """The verdict on the model's time (``model``) and, for modules of ``MIN_SHARE`` to ``MAX_SHARE`` % of the
+    model's median in A, on each of theirs relative to the rest of the model (``modules``, in A's order)."""
 
     def __init__(self, a: Profile, b: Profile, limit: float, by: str = "total") -> None:
         if by not in PASSES:
@@ -186,14 +207,22 @@ class Gate:
         self.by, self.limit = by, limit
         self.model = Verdict(None, spread_a, spread_b, limit)
         self.modules: list[Verdict] = []
-        floor = spread_a.median * MIN_SHARE / 100.0
+        if min(spread_a.steps, spread_b.steps) < MIN_MODULE_STEPS:
+            return
         for name, record in a.records.items():
             other = b.records.get(name)
             if not name or other is None or other.type != record.type:
                 continue
             module_a, module_b = module_spread(record, by), module_spread(other, by)
-            if module_a is not None and module_b is not None and module_a.median >= floor:
-                self.modules.append(Verdict(name, module_a, module_b, limit))
+            if module_a is None or module_b is None:
+                continue
+            if not MIN_SHARE <= 100.0 * module_a.median / spread_a.median <= MAX_SHARE:
+                continue
+            rest_a, rest_b = spread_a.median - module_a.median, spread_b.median - module_b.median
+            if rest_b <= 0:
+                continue
+            self.modules.append(Verdict(name, _per(module_a, rest_a), _per(module_b, rest_b), limit,
+                                        (module_a.median, module_b.median)))
 
     def slower_modules(self) -> list[Verdict]:
         """Modules slower beyond the limit and the noise, innermost only (a parent of one is left out: its
@@ -201,7 +230,7 @@ class Gate:
         slower = [verdict for verdict in self.modules if verdict.slower]
         names = [verdict.name or "" for verdict in slower]
         innermost = [v for v in slower if not any(other.startswith(f"{v.name}.") for other in names)]
-        return sorted(innermost, key=lambda v: v.b.median - v.a.median, reverse=True)
+        return sorted(innermost, key=lambda v: v.times[1] - v.times[0] if v.times else 0.0, reverse=True)
 
     def failed(self, per_module: bool = False) -> bool:
         """B is slower: the model's time, or with ``per_module`` any module's."""
@@ -219,8 +248,8 @@ class Gate:
         more = f" and {len(slower) - shown} more" if len(slower) > shown else ""
         if self.failed(per_module):
             who = "B is slower" if model.slower else "modules of B are slower"
-            return f"FAIL: {who}: {head}" + (f"; slower: {named}{more}" if named else "")
+            return f"FAIL: {who}: {head}" + (f"; slower{_AGAINST}: {named}{more}" if named else "")
         if model.change > self.limit:
             return f"ok: {head}: the change is within the noise of the two profiles, not a regression"
-        return f"ok: {head}" + (f"; slower beyond the limit but not gated (add --per-module): {named}{more}"
-                                if named else "")
+        return f"ok: {head}" + (f"; slower{_AGAINST} beyond the limit but not gated (add --per-module): "
+                                f"{named}{more}" if named else "")
