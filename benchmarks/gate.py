@@ -12,7 +12,7 @@ A+10 %, A+25 %), so that the load of the machine drifts over all four kinds alik
 
 Each pair is judged by three gates at ``--limit`` %: the old one (change of the *mean* total time, what
 ``compare`` did before), the new gate on the model's time (median step beyond the noise of both profiles), and
-the new gate with ``--per-module``. The changes are medians over the pairs (min .. max): the model's median step,
+the new gate with ``--per-module`` (which refuses profiles of fewer than 10 steps). The changes are medians over the pairs (min .. max): the model's median step,
 and the slowed module's median against the rest of the model (what ``--per-module`` judges). A model's total grows by much less than the module's 10 % or 25 %, so the
 total gates are not expected to catch it; the per-module gate is.
 """
@@ -27,7 +27,7 @@ from torch import nn
 
 from layerprof import LayerProf
 from layerprof.profile import Profile
-from layerprof.render.gate import Gate, model_spread
+from layerprof.render.gate import MIN_MODULE_STEPS, Gate, model_spread
 
 MODELS = {
     # name: (factory, input shape, the module slowed down)
@@ -120,6 +120,12 @@ def _range(values: list[float]) -> str:
     return f"{middle:+.1f} % ({ordered[0]:+.1f} .. {ordered[-1]:+.1f})"
 
 
+def per_module(row: dict[str, Any]) -> str:
+    if row["steps"] < MIN_MODULE_STEPS:
+        return f"refused (< {MIN_MODULE_STEPS} steps)"
+    return f"{row['per-module']}/{row['pairs']}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=12)
@@ -139,7 +145,7 @@ def main() -> None:
                 target = MODELS[name][2]
                 print(f"| {name} ({target}, {row['share']:.0f} %) | {steps} | {row['pair']} | "
                       f"{row['old']}/{row['pairs']} | {row['total']}/{row['pairs']} | "
-                      f"{row['per-module']}/{row['pairs']} | {row['model change']} | {row['module change']} |", flush=True)
+                      f"{per_module(row)} | {row['model change']} | {row['module change']} |", flush=True)
 
 
 if __name__ == "__main__":
