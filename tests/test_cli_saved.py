@@ -76,3 +76,29 @@ def test_spec_run_writes_report_and_speedscope(tmp_path, capsys) -> None:
     assert '"type": "Linear"' in report.read_text()  # the page's data: the root module
     profiles = json.loads(speedscope.read_text())["profiles"]
     assert [len(p.get("events", p.get("samples"))) for p in profiles] == [2, 2, 1]  # open+close, once each
+
+
+def test_an_internal_error_has_its_own_exit_status(saved, monkeypatch, capsys) -> None:
+    a, _ = saved
+
+    def bug(*args, **kwargs):
+        raise AttributeError("'Namespace' object has no attribute 'metrics'")  # as `show --plot` did
+
+    monkeypatch.setattr("layerprof.cli.saved.compare", bug)
+    assert main(["compare", str(a), str(a)]) == 70
+    assert capsys.readouterr().err == ("layerprof: internal error: AttributeError: 'Namespace' object has no attribute "
+                                       "'metrics' (rerun with --debug for the traceback)\n")
+    assert main(["compare", str(a), str(a), "--debug"]) == 70
+    assert "Traceback (most recent call last)" in capsys.readouterr().err
+
+
+def test_show_plot_draws_a_saved_profile(saved, tmp_path, capsys) -> None:
+    """It failed with an internal AttributeError (the plot check read --metrics, which `show` has not)."""
+    a, _ = saved
+    path = tmp_path / "p.png"
+    assert main(["show", str(a), "--plot", str(path)]) == 0
+    assert path.read_bytes().startswith(b"\x89PNG")
+    assert main(["show", str(a), "--plot", str(tmp_path / "f.png"), "--plot-metric", "flops"]) == 2
+    assert ("layerprof: error: --plot-metric: cannot plot metric 'flops': no record of this profile holds the field"
+            in capsys.readouterr().err)
+    assert not (tmp_path / "f.png").exists()

@@ -21,7 +21,12 @@ examples:
       render a saved profile (written with --json PATH or prof.to_json(path))
   layerprof compare before.json after.json --fail-if-slower 10
       compare two saved profiles; exit 1 when after's median step is more than 10 % above before's, beyond the
-      noise of both (see layerprof compare --help for the gate and every exit status)
+      noise of both (see layerprof compare --help for the gate)
+
+exit status:
+  0 ok, 1 compare found B slower, 2 usage error, 3 a profile is missing or unreadable, 4 compare was given
+  profiles of two different models, 5 the run failed (the model, its factory or an export raised),
+  70 internal error (a bug of layerprof: rerun with --debug), 130 interrupted
 """
 
 
