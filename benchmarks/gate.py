@@ -1,6 +1,7 @@
 """How often ``layerprof compare --fail-if-slower`` cries wolf, and how often it catches a real slowdown.
 
     python benchmarks/gate.py [--pairs 12] [--steps 3,20] [--limit 10] [--models mlp,resnet18]
+                              [--slowdowns 0.1,0.25] [--whole 0]
 
 For each model and number of steps, ``4 x pairs`` profiles are taken one after the other, in rounds (A, B,
 A+10 %, A+25 %), so that the load of the machine drifts over all four kinds alike:
@@ -77,7 +78,8 @@ def module_total(profile_: Profile, name: str) -> float:
     return record.forward_ms_median + (record.backward_ms_median or 0)
 
 
-def run(name: str, steps: int, pairs: int, limit: float) -> list[dict[str, Any]]:
+def run(name: str, steps: int, pairs: int, limit: float, slowdowns: list[float],
+        whole: float = 0.0) -> list[dict[str, Any]]:
     factory, shape, target = MODELS[name]
     torch.manual_seed(0)
     model = factory()
@@ -85,14 +87,19 @@ def run(name: str, steps: int, pairs: int, limit: float) -> list[dict[str, Any]]
     calibration = profile(model, x, 20)
     module_ms = module_total(calibration, target)
     share = 100 * module_ms / model_spread(calibration).median
-    kinds = {"same model": 0.0, "+10 % on one module": 0.10, "+25 % on one module": 0.25}
+    model_ms = model_spread(calibration).median
+    # kind: (the module slowed, by how many ms)
+    kinds = {"same model": (target, 0.0)}
+    kinds.update({f"+{100 * s:g} % on one module": (target, s * module_ms) for s in slowdowns})
+    if whole:
+        kinds[f"+{100 * whole:g} % on the whole model"] = ("", whole * model_ms)
     verdicts: dict[str, dict[str, int]] = {kind: {"old": 0, "total": 0, "per-module": 0} for kind in kinds}
     changes: dict[str, list[float]] = {kind: [] for kind in kinds}
     module_changes: dict[str, list[float]] = {kind: [] for kind in kinds}
     for _ in range(pairs):
         a = profile(model, x, steps)
-        for kind, fraction in kinds.items():
-            undo = slowed(dict(model.named_modules())[target], fraction * module_ms) if fraction else None
+        for kind, (slowed_name, extra_ms) in kinds.items():
+            undo = slowed(dict(model.named_modules())[slowed_name], extra_ms) if extra_ms else None
             try:
                 b = profile(model, x, steps)
             finally:
@@ -132,6 +139,8 @@ def main() -> None:
     parser.add_argument("--steps", default="3,20")
     parser.add_argument("--limit", type=float, default=10.0)
     parser.add_argument("--models", default="mlp,resnet18")
+    parser.add_argument("--slowdowns", default="0.1,0.25", help="fractions of the slowed module's own time")
+    parser.add_argument("--whole", type=float, default=0.0, help="also slow the whole model by this fraction")
     options = parser.parse_args()
     torch.set_num_threads(1)
     print(f"gate at --fail-if-slower {options.limit:g}; failures out of {options.pairs} pairs "
@@ -141,7 +150,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for name in options.models.split(","):
         for steps in map(int, options.steps.split(",")):
-            for row in run(name, steps, options.pairs, options.limit):
+            slowdowns = [float(s) for s in options.slowdowns.split(",") if s]
+            for row in run(name, steps, options.pairs, options.limit, slowdowns, options.whole):
                 target = MODELS[name][2]
                 print(f"| {name} ({target}, {row['share']:.0f} %) | {steps} | {row['pair']} | "
                       f"{row['old']}/{row['pairs']} | {row['total']}/{row['pairs']} | "
