@@ -166,7 +166,7 @@ def test_eval_runs_forward_only_under_inference_mode(runs) -> None:
 
 def test_model_error_is_one_line_naming_the_module(runs) -> None:
     result = runs["error"]()  # Net (a Linear(20, 5)) --input 1,10
-    assert result.returncode == 1
+    assert result.returncode == 5  # the run failed (errors.EXIT_RUN)
     assert result.stderr.strip().splitlines() == [
         "python -m layerprof: error: the model raised RuntimeError: mat1 and mat2 shapes cannot be multiplied "
         "(1x10 and 20x5) [raised inside module 'fc' (Linear)]"
@@ -179,7 +179,7 @@ def test_debug_shows_the_traceback(models: Path, capsys) -> None:
     assert err.startswith("Traceback") and "ModuleNotFoundError: No module named 'layerprof.nosuch'" in err
     assert err.strip().splitlines()[-1] == (
         "layerprof: error: no module named 'layerprof.nosuch' (from the spec's module part 'layerprof.nosuch')")
-    assert main([f"{models}:Net", "--input", "1,10", "--debug"]) == 1
+    assert main([f"{models}:Net", "--input", "1,10", "--debug"]) == 5
     err = capsys.readouterr().err
     assert err.startswith("Traceback") and "RuntimeError: mat1 and mat2 shapes cannot be multiplied" in err
     assert err.strip().splitlines()[-1].endswith("[raised inside module 'fc' (Linear)]")
@@ -244,8 +244,8 @@ BAD = [
     (["{m}x:Net", "-i", "2"], 2, "not found"),
     (["{m}:not_a_model", "-i", "2"], 2, ":not_a_model' returned builtins.int, not a torch.nn.Module"),
     (["{m}:CONSTANT", "-i", "2"], 2, ":CONSTANT' is not callable (it is of type int)"),
-    (["{m}:broken", "-i", "2"], 1, "calling broken() raised ValueError: bad config"),
-    (["{m}:Net", "--kwargs", '{"widht": 3}', "-i", "2"], 1, "calling Net(widht=3) raised TypeError"),
+    (["{m}:broken", "-i", "2"], 5, "calling broken() raised ValueError: bad config"),
+    (["{m}:Net", "--kwargs", '{"widht": 3}', "-i", "2"], 5, "calling Net(widht=3) raised TypeError"),
     (["{m}:Net", "--kwargs", "{width: 3}", "-i", "2"], 2, "--kwargs is not valid JSON"),
     (["{m}:Net", "--kwargs", "[3]", "-i", "2"], 2, "--kwargs must be a JSON object"),
     (["{m}:INSTANCE", "--kwargs", '{"width": 3}', "-i", "2"], 2, "is already a module instance: it takes no"),
@@ -259,9 +259,9 @@ BAD = [
     (["{m}:Net", "-i", "2,20", "--metrics", "nosuchmetric"], 2, "unknown metric 'nosuchmetric'; choose from"),
     (["{m}:Net", "-i", "2,20", "--columns", "forward,nope"], 2, "unknown column 'nope'; choose from"),
     (["{m}:Net", "-i", "2,20", "--device", "nonsense"], 2, "--device 'nonsense' is not a device"),
-    (["{m}:Net", "-i", "1,10"], 1, "shapes cannot be multiplied (1x10 and 20x5) [raised inside module 'fc' (Linear)]"),
-    (["{m}:Net", "-i", "1,20:int64"], 1, "[raised inside module 'fc' (Linear)]"),
-    (["{m}:ArgMax", "-i", "2,4"], 1, "nothing to backpropagate: profile the forward pass only with --no-backward"),
+    (["{m}:Net", "-i", "1,10"], 5, "shapes cannot be multiplied (1x10 and 20x5) [raised inside module 'fc' (Linear)]"),
+    (["{m}:Net", "-i", "1,20:int64"], 5, "[raised inside module 'fc' (Linear)]"),
+    (["{m}:ArgMax", "-i", "2,4"], 5, "nothing to backpropagate: profile the forward pass only with --no-backward"),
 ]
 
 

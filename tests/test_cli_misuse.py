@@ -1,5 +1,5 @@
 """The command line misused: every option checked before the model is built (exit 2, one line), run failures one
-line (exit 1), outputs written all or none, Ctrl-C while torch imports quiet."""
+line (exit 5), outputs written all or none, Ctrl-C while torch imports quiet."""
 from __future__ import annotations
 
 import os
@@ -109,7 +109,7 @@ def test_outputs_are_all_or_nothing(models: Path, tmp_path: Path, monkeypatch: p
     monkeypatch.setattr(layerprof.Profile, "to_html", fails)
     argv = [f"{models}:Net", "-i", "2,20", "--steps", "1", "--csv", str(tmp_path / "p.csv"), "--json",
             str(tmp_path / "old.json"), "--html", str(tmp_path / "p.html"), "--trace", str(tmp_path / "p.trace")]
-    assert main(argv) == 1
+    assert main(argv) == 5
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == (f"layerprof: error: writing --html {str(tmp_path / 'p.html')!r} raised OSError: [Errno 28] No "
                        "space left on device; no output file was written")
@@ -122,7 +122,7 @@ def test_outputs_are_all_or_nothing(models: Path, tmp_path: Path, monkeypatch: p
 
 
 def test_debug_shows_the_traceback_of_a_run_error(models: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([f"{models}:broken", "-i", "2,20", "--debug"]) == 1
+    assert main([f"{models}:broken", "-i", "2,20", "--debug"]) == 5
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err and 'raise AssertionError("the model was built' in err
     assert err.strip().splitlines()[-1] == (

@@ -14,17 +14,23 @@ from layerprof.cli import main
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A profile and a copy of it made 30 % slower in every forward and backward time."""
+    """A profile of 3 steps (3.0, 3.06, 3.03 ms) and a copy of it made 30 % slower in every time of every step."""
     folder = tmp_path_factory.mktemp("saved")
     net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
     with LayerProf(net) as prof:
-        net(torch.randn(2, 4)).sum().backward()
+        for step in range(3):
+            net(torch.randn(2, 4)).sum().backward()
+            if step < 2:
+                prof.step()
     a, b = folder / "a.json", folder / "b.json"
+    # Fixed per-step times: the gate reads these, and steps timed on a busy machine would make the test flaky.
+    prof.meta["step_ms"] = {"forward": [1.0, 1.02, 1.01], "backward": [2.0, 2.04, 2.02]}
     prof.to_json(a)
     doc = json.loads(a.read_text())
     for row in doc["records"]:
-        for key in ("forward_ms", "backward_ms"):
+        for key in [key for key in row if key.startswith(("forward_ms", "backward_ms")) and not key.endswith("_std")]:
             row[key] *= 1.3
+    doc["meta"]["step_ms"] = {key: [v * 1.3 for v in values] for key, values in doc["meta"]["step_ms"].items()}
     b.write_text(json.dumps(doc))
     return a, b
 
@@ -43,22 +49,23 @@ def test_compare_exit_codes(saved, capsys) -> None:
     a, b = saved
     assert main(["compare", str(a), str(b)]) == 0  # no gate: prints only
     assert "total_ms" in capsys.readouterr().out
-    assert main(["compare", str(a), str(b), "--fail-if-slower", "10"]) == 1  # 30 % > 10 %
+    assert main(["compare", str(a), str(b), "--fail-if-slower", "10"]) == 1  # 30 % > 10 %, every step slower
     assert "FAIL: B is slower" in capsys.readouterr().err
     assert main(["compare", str(a), str(b), "--fail-if-slower", "40"]) == 0  # 30 % <= 40 %
     assert main(["compare", str(a), str(b), "--by", "backward", "--fail-if-slower", "29"]) == 1
     assert main(["compare", str(b), str(a), "--fail-if-slower", "0"]) == 0  # faster passes
 
 
-def test_errors_are_usage_errors(saved, tmp_path, capsys) -> None:
+def test_errors_have_their_own_exit_status(saved, tmp_path, capsys) -> None:
     a, _ = saved
-    assert main(["show", str(tmp_path / "missing.json")]) == 2
-    assert main(["compare", str(a)]) == 2
+    assert main(["show", str(tmp_path / "missing.json")]) == 3  # unreadable input
+    assert main(["compare", str(a)]) == 2  # usage
     assert main(["compare", str(a), str(a), "--by", "sideways"]) == 2
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "something else"}')
-    assert main(["show", str(bad)]) == 1
+    assert main(["show", str(bad)]) == 3
     assert "not a layerprof profile" in capsys.readouterr().err
+    assert main(["compare", str(a), str(tmp_path)]) == 3  # a folder is not a profile
 
 
 def test_spec_run_writes_report_and_speedscope(tmp_path, capsys) -> None:
@@ -69,3 +76,29 @@ def test_spec_run_writes_report_and_speedscope(tmp_path, capsys) -> None:
     assert '"type": "Linear"' in report.read_text()  # the page's data: the root module
     profiles = json.loads(speedscope.read_text())["profiles"]
     assert [len(p.get("events", p.get("samples"))) for p in profiles] == [2, 2, 1]  # open+close, once each
+
+
+def test_an_internal_error_has_its_own_exit_status(saved, monkeypatch, capsys) -> None:
+    a, _ = saved
+
+    def bug(*args, **kwargs):
+        raise AttributeError("'Namespace' object has no attribute 'metrics'")  # as `show --plot` did
+
+    monkeypatch.setattr("layerprof.cli.saved.compare", bug)
+    assert main(["compare", str(a), str(a)]) == 70
+    assert capsys.readouterr().err == ("layerprof: internal error: AttributeError: 'Namespace' object has no attribute "
+                                       "'metrics' (rerun with --debug for the traceback)\n")
+    assert main(["compare", str(a), str(a), "--debug"]) == 70
+    assert "Traceback (most recent call last)" in capsys.readouterr().err
+
+
+def test_show_plot_draws_a_saved_profile(saved, tmp_path, capsys) -> None:
+    """It failed with an internal AttributeError (the plot check read --metrics, which `show` has not)."""
+    a, _ = saved
+    path = tmp_path / "p.png"
+    assert main(["show", str(a), "--plot", str(path)]) == 0
+    assert path.read_bytes().startswith(b"\x89PNG")
+    assert main(["show", str(a), "--plot", str(tmp_path / "f.png"), "--plot-metric", "flops"]) == 2
+    assert ("layerprof: error: --plot-metric: cannot plot metric 'flops': no record of this profile holds the field"
+            in capsys.readouterr().err)
+    assert not (tmp_path / "f.png").exists()

@@ -97,6 +97,9 @@ _DELETE = object()
      'got "fast" (a string)'),
     (("records", 1, "calls"), True, "record '0': field 'calls' must be a number or null, got true (a boolean)"),
     (("records", 1, "calls"), -1, "record '0': field 'calls' must be a number >= 0, got -1 (a number)"),
+    # A null count loaded, and the summary then failed comparing it (found by the fuzz test below)
+    (("records", 1, "steps_run"), None, "record '0': field 'steps_run' must be a number >= 0, got null (null)"),
+    (("records", 1, "steps"), -2, "record '0': field 'steps' must be a number >= 0, got -2 (a number)"),
     (("records", 1, "params"), "40", "record '0': field 'params' must be a number or null, got \"40\" (a string)"),
     (("records", 1, "input_shapes"), 5, "record '0': field 'input_shapes' must be a list or null, got 5 (a number)"),
     (("records", 1, "param_dtypes"), [], "record '0': field 'param_dtypes' must be an object or null, got []"),

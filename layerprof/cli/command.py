@@ -11,7 +11,7 @@ import torch
 from ..metrics import make_meters
 from ..render.columns import resolve_columns
 from ..render.units import format_count
-from .errors import CLIError, RunError, UsageError, one_line
+from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, CLIError, RunError, UsageError, one_line
 from .inputs import InputSpec, check_input_sizes, make_inputs, parse_dtype, parse_input
 from .outputs import requested_outputs, write_outputs
 from .parser import build_parser
@@ -95,9 +95,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "layerprof") -> int:
     """Entry point of ``layerprof`` and ``python -m layerprof``; returns the exit status.
 
     ``layerprof show PROFILE.json`` and ``layerprof compare A.json B.json`` work on saved profiles (``saved.py``).
-    0: done; 1: the model, its factory or an export failed, or ``compare --fail-if-slower`` found B slower;
-    2: a usage error. Errors are one line on stderr,
-    with the traceback above it only under ``--debug``.
+    Each kind of failure has its own exit status (``errors.py``: 1 slower, 2 usage, 3 unreadable profile,
+    4 different models, 5 run failed, 70 internal error). Errors are one line on stderr, with the traceback above
+    it only under ``--debug`` (accepted by every subcommand).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
@@ -113,10 +113,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "layerprof") -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as exc:  # a bug of layerprof itself: still one line, the traceback with --debug
         if debug:
             traceback.print_exc()
         print(f"{prog}: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
               file=sys.stderr)
-        return 1
+        return EXIT_INTERNAL

@@ -49,6 +49,8 @@ def _check_plot(options: argparse.Namespace, path: Path) -> None:
         needed = metric_meters(metric)
     except ValueError as exc:
         raise UsageError(f"--plot-metric: {exc}") from None
+    if not hasattr(options, "metrics"):
+        return  # `show`: the saved profile decides what it holds (``check_plot_fields``, once it is loaded)
     chosen = DEFAULT_METRICS if options.metrics is None else options.metrics
     missing = [meter for meter in needed if meter not in chosen]
     if missing:

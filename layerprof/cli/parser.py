@@ -7,7 +7,7 @@ from typing import Callable, NoReturn
 from .._version import __version__
 from .errors import UsageError
 
-__all__ = ["build_parser", "EPILOG"]
+__all__ = ["build_parser", "add_common_options", "add_output_options", "EPILOG"]
 
 EPILOG = """\
 examples:
@@ -20,7 +20,13 @@ examples:
   layerprof show resnet.json --depth 3 --report resnet.html
       render a saved profile (written with --json PATH or prof.to_json(path))
   layerprof compare before.json after.json --fail-if-slower 10
-      compare two saved profiles; exit 1 when after's total time is more than 10 % above before's
+      compare two saved profiles; exit 1 when after's median step is more than 10 % above before's, beyond the
+      noise of both (see layerprof compare --help for the gate)
+
+exit status:
+  0 ok, 1 compare found B slower, 2 usage error, 3 a profile is missing or unreadable, 4 compare was given
+  profiles of two different models, 5 the run failed (the model, its factory or an export raised),
+  70 internal error (a bug of layerprof: rerun with --debug), 130 interrupted
 """
 
 
@@ -107,7 +113,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     shown.add_argument("--columns", type=_names, metavar="A,B",
                        help="columns of the annotated tree (default forward,backward)")
     add_output_options(shown)
-    shown.add_argument("--debug", action="store_true", help="show the traceback of an error")
-    shown.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_common_options(shown)
     return parser
+
+
+def add_common_options(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--debug`` and ``--version``, on the command and on every subcommand."""
+    group.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    group.add_argument("--version", action="version", version=f"layerprof {__version__}")
 

@@ -2,27 +2,50 @@
 
 ``show`` renders a profile written by ``prof.to_json(path)`` or ``layerprof SPEC --json PATH`` (the annotated
 summary, and any of the files ``layerprof SPEC`` writes). ``compare`` prints the comparison of two and, with
-``--fail-if-slower PCT``, exits 1 when B's time (``--by``: forward, backward or total) is more than PCT % above
-A's, so a CI job can gate on performance.
+``--fail-if-slower PCT``, gates on performance (``render/gate.py``): exit 1 when B's median step is more than
+PCT % above A's and beyond the noise of both, 4 when the two are profiles of different models.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Sequence
 
 from ..profile import Profile, compare, load
-from ..record.fields import FIELDS
-from ..render.units import format_value
-from .errors import RunError, UsageError, one_line
+from ..render.gate import MAX_SHARE, MIN_MODULE_STEPS, MIN_SHARE, PASSES, Gate, different_models
+from ..render.plot_metrics import resolve_metric
+from .errors import EXIT_OK, EXIT_SLOWER, NotComparable, UnreadableInput, UsageError, one_line
 from .outputs import requested_outputs, write_outputs
-from .parser import _Parser, _depth, _names, add_output_options
+from .parser import _Parser, _depth, _names, add_common_options, add_output_options
 
 __all__ = ["SUBCOMMANDS", "run_saved"]
 
 SUBCOMMANDS = ("show", "compare")
-EXIT_SLOWER = 1
+
+_GATE_HELP = f"""\
+the gate (--fail-if-slower PCT):
+  Each profile is a distribution over its recorded steps. B fails when its median step is more than PCT %
+  above A's and the two stand apart: B's fastest step is slower than A's 95th percentile step. A single
+  slow step moves neither. With --per-module the same test runs on every module taking {MIN_SHARE:g} to
+  {MAX_SHARE:g} % of the model's time, judged against the rest of the model (profiles of at least
+  {MIN_MODULE_STEPS} steps); the failing line names the modules that got slower. Profile 20 steps or more.
+
+exit status:
+  0 ok, 1 B is slower, 2 usage error, 3 a profile is missing or unreadable, 4 the two profiles are of
+  different models (another root type, under half the modules alike, another batch size), 70 internal error
+"""
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage such as 10, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite percentage >= 0 such as 10, got {text!r}")
+    return value
 
 
 def _show_parser(prog: str) -> argparse.ArgumentParser:
@@ -32,67 +55,76 @@ def _show_parser(prog: str) -> argparse.ArgumentParser:
                         help="expand modules down to this depth, root = 0; 'all' for every level (default 2)")
     parser.add_argument("--columns", type=_names, metavar="A,B", help="columns of the annotated tree")
     add_output_options(parser)
+    add_common_options(parser)
     return parser
 
 
 def _compare_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _Parser(prog=f"{prog} compare",
-                     description="Compare two saved profiles; with --fail-if-slower, exit 1 on a slowdown.")
+    parser = _Parser(prog=f"{prog} compare", epilog=_GATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+                     description="Compare two saved profiles; with --fail-if-slower, a performance gate for CI.")
     parser.add_argument("a", metavar="A.json", help="the reference profile")
     parser.add_argument("b", metavar="B.json", help="the profile compared with it")
-    parser.add_argument("--by", choices=("forward", "backward", "total"), default="total",
+    parser.add_argument("--by", choices=PASSES, default="total",
                         help="the time --fail-if-slower checks (default total)")
-    parser.add_argument("--fail-if-slower", type=float, metavar="PCT",
-                        help="exit 1 when B's time is more than PCT %% above A's")
+    parser.add_argument("--fail-if-slower", type=_percent, metavar="PCT",
+                        help="exit 1 when B's median step is more than PCT %% above A's, beyond the noise")
+    parser.add_argument("--per-module", action="store_true",
+                        help="with --fail-if-slower, also fail when any module is slower by the same test")
+    add_common_options(parser)
     return parser
 
 
 def _load(path: str, what: str) -> Profile:
     if not Path(path).is_file():
-        raise UsageError(f"{what} {path!r}: no such file")
+        raise UnreadableInput(f"{what} {path!r}: no such file")
     try:
         return load(path)
     except (ValueError, KeyError, TypeError) as exc:
-        raise RunError(f"{what} {path!r} is not a layerprof profile: {one_line(exc)}") from exc
+        raise UnreadableInput(f"{what} {path!r} is not a layerprof profile: {one_line(exc)}") from exc
+    except OSError as exc:
+        raise UnreadableInput(f"{what} {path!r} cannot be read: {exc.strerror or one_line(exc)}") from exc
 
 
 def _show(options: argparse.Namespace) -> int:
     outputs = requested_outputs(options)
     profile = _load(options.profile, "PROFILE")
+    if options.plot is not None:
+        try:
+            resolve_metric(options.plot_metric, profile.tree)
+        except ValueError as exc:
+            raise UsageError(f"--plot-metric: {exc}") from None
     try:
         print(profile.layerwise_summary(columns=options.columns, depth=options.depth), flush=True)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     for path in write_outputs(profile, outputs, options.plot_kind, options.plot_metric):
         print(f"layerprof: wrote {path}", file=sys.stderr)
-    return 0
-
-
-def slowdown_percent(a: Profile, b: Profile, by: str = "total") -> float | None:
-    """How much slower B is than A in ``by`` time (forward, backward, total), in percent; None when unknown."""
-    field = FIELDS[f"{by}_ms"]
-    time_a, time_b = field.value(a.tree), field.value(b.tree)
-    if time_a is None or time_b is None or time_a <= 0:
-        return None
-    return 100.0 * (time_b - time_a) / time_a
+    return EXIT_OK
 
 
 def _compare(options: argparse.Namespace) -> int:
+    if options.per_module and options.fail_if_slower is None:
+        raise UsageError("--per-module applies the --fail-if-slower limit to each module: give --fail-if-slower PCT")
     a, b = _load(options.a, "A"), _load(options.b, "B")
     print(compare(a, b, names=("A", "B")), flush=True)
-    change = slowdown_percent(a, b, options.by)
     if options.fail_if_slower is None:
-        return 0
-    if change is None:
-        raise RunError(f"--fail-if-slower: the profiles hold no {options.by} time to compare")
-    field = FIELDS[f"{options.by}_ms"]
-    shown = (f"{options.by} time {format_value('ms', field.value(a.tree))} -> {format_value('ms', field.value(b.tree))}"
-             f" ({change:+.1f} %, limit +{options.fail_if_slower:g} %)")
-    if change > options.fail_if_slower:
-        print(f"layerprof compare: FAIL: B is slower: {shown}", file=sys.stderr)
-        return EXIT_SLOWER
-    print(f"layerprof compare: ok: {shown}", file=sys.stderr)
-    return 0
+        return EXIT_OK
+    why = different_models(a, b)
+    if why is not None:
+        raise NotComparable(f"--fail-if-slower: A and B are not profiles of the same model ({why}); a gate "
+                            "compares one model before and after a change. Without --fail-if-slower the "
+                            "comparison is printed")
+    try:
+        gate = Gate(a, b, options.fail_if_slower, options.by)
+    except ValueError as exc:
+        raise UnreadableInput(f"--fail-if-slower: {exc}") from exc
+    steps = min(gate.model.a.steps, gate.model.b.steps)
+    if options.per_module and steps < MIN_MODULE_STEPS:
+        raise UsageError(f"--per-module needs at least {MIN_MODULE_STEPS} recorded steps in each profile, and "
+                         f"{'A' if gate.model.a.steps == steps else 'B'} has {steps}: with fewer, some of the "
+                         "dozens of modules judged stand apart by chance. Profile with --steps 20")
+    print(f"layerprof compare: {gate.line(options.per_module)}", file=sys.stderr)
+    return EXIT_SLOWER if gate.failed(options.per_module) else EXIT_OK
 
 
 def run_saved(argv: Sequence[str], prog: str = "layerprof") -> int:

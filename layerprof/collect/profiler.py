@@ -556,7 +556,7 @@ class LayerProf:
             meta["partial"] = partial
         meta.update(steps=self._stats.steps, steps_seen=self._steps_with_calls, warmup=self.warmup,
                     schedule=None if self.schedule is None else vars(self.schedule).copy(),
-                    clock=sorted({clock.kind for clock in tracker.clocks()}))
+                    clock=sorted({clock.kind for clock in tracker.clocks()}), step_ms=self._stats.step_totals())
         if self._stats.steps == 0:
             _warn_user(
                 "LayerProf recorded no step: call the model inside the block"

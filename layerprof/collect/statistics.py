@@ -126,6 +126,10 @@ class _Module:
         self.last_step = 0
 
 
+def _or_zero(value: float | None) -> float:
+    return 0.0 if value is None else value
+
+
 def _put(values: _Pass, value: float, slot: int | None) -> None:
     values.runs += 1
     values.total += value
@@ -253,6 +257,32 @@ class StepStats:
                         record.recompute_ms = total / steps
                 elif values.runs:
                     setattr(record, field, total / steps)
+
+    def step_totals(self) -> dict[str, list[float] | None]:
+        """The model's forward and backward time in each recorded step (of the reservoir's steps, the same ones
+        every module's median is taken over), for a gate on the distribution of steps (``render/gate.py``).
+
+        The root's own times where it ran; where it was never called (a trainer calls its children), the sum of
+        its top-level modules. A pass that never ran is None."""
+        if self._first is not None:  # one step: its own values
+            step = self._first
+            root_times = step.get("")
+            times = [root_times] if root_times is not None and root_times.forward_ms is not None else [
+                value for name, value in step.items() if name and "." not in name]
+            return {key: [round(sum(_or_zero(getattr(t, f"{key}_ms")) for t in times), 6)]
+                    if any(getattr(t, f"{key}_ms") is not None for t in times) else None
+                    for key in ("forward", "backward")}
+        root = self._modules.get("")
+        parts = [root] if root is not None and root.forward.runs else [
+            module for name, module in self._modules.items() if name and "." not in name]
+        totals: dict[str, list[float] | None] = {}
+        for key in ("forward", "backward"):
+            passes = [getattr(module, key) for module in parts]
+            if not any(values.runs for values in passes):
+                totals[key] = None
+                continue
+            totals[key] = [round(sum(values.samples[i] for values in passes), 6) for i in range(self._sampled)]
+        return totals
 
     @staticmethod
     def _fill_one(step: dict[str, StepTimes], records: dict[str, ModuleRecord]) -> None:

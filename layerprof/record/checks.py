@@ -152,8 +152,15 @@ def _values_good(index: int, row: dict[str, Any], by_name: dict[str, ModuleRecor
         if entries and (type(entries) is not dict or any(
                 type(entry) is not list or not set(map(type, entry)) <= _TEXT for entry in entries.values())):
             return False
-    calls = row.get("calls", 0)
-    return type(calls) in _NUMBERS and calls >= 0
+    for key in _COUNTERS:
+        value = row.get(key, 0)
+        if type(value) not in _NUMBERS or value < 0:
+            return False
+    return True
+
+
+# Counts every record has (0 where nothing ran): a null one is a damaged file, not "not measured".
+_COUNTERS = ("calls", "steps", "steps_run")
 
 
 def _check_each_value(index: int, row: Any, by_name: dict[str, ModuleRecord]) -> None:
@@ -207,5 +214,5 @@ def _check_each_value(index: int, row: Any, by_name: dict[str, ModuleRecord]) ->
                 _check_value(f"{where}: field {key!r} entry {entry_key!r}", _ENTRY_KINDS[key], entry)
                 for item in entry if isinstance(entry, list) else ():
                     _check_value(f"{where}: field {key!r} entry {entry_key!r}", "text", item)
-        if key == "calls" and (value is None or value < 0):
-            raise ValueError(f"{where}: field 'calls' must be a number >= 0, got {shown(value)}")
+        if key in _COUNTERS and (value is None or value < 0):
+            raise ValueError(f"{where}: field {key!r} must be a number >= 0, got {shown(value)}")

@@ -1,0 +1,255 @@
+"""A performance gate for CI: is profile B slower than profile A, beyond a limit and beyond the noise of both?
+
+Each side is a distribution over the recorded steps, summarised by its median and the edges of its noise: its
+fastest step (``low``) and its 95th percentile (``high``). Interference on a busy machine only adds time, so the
+median is the typical step and the fastest step the least disturbed one. B is *slower* only when both hold:
+
+1. its median is more than ``limit`` % above A's median (the change the gate reports);
+2. the two stand apart: B's fastest step is slower than A's 95th percentile step.
+
+So a single slow step (a page fault, another job) moves neither median nor B's fastest step, and a change smaller
+than the step-to-step spread of the two profiles is reported as within the noise, not as a regression. One
+recorded step has no spread: the medians alone decide. What no gate on two runs can tell
+apart: the whole of B measured while the machine was busier than during A (every step of B slower); profile both
+on the same idle machine, or several times.
+
+The model's time is read from ``meta["step_ms"]`` (per-step forward and backward, written since this version),
+else from the root's stored statistics (older files). A module's from its own statistics (median, min, p95 per
+pass; a total sums the passes, which bounds rather than measures its minimum and p95).
+
+A module (``--per-module``) is judged on its time *relative to the rest of the model* (the model's median less
+the module's): a busier machine slows every module alike and leaves that ratio where it was, while a module that
+got 25 % slower moves it by 25 % whatever its share. Modules under ``MIN_SHARE`` % of the model (timer
+resolution) and over ``MAX_SHARE`` % (the rest is then too small to measure against; the model's own verdict
+covers them) are not judged, nor any module of a profile with fewer than ``MIN_MODULE_STEPS`` steps.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .units import format_ms
+
+if TYPE_CHECKING:
+    from ..profile import Profile
+    from ..record.records import ModuleRecord
+
+__all__ = ["Spread", "Verdict", "Gate", "model_spread", "module_spread", "different_models", "PASSES", "MIN_SHARE",
+           "MAX_SHARE", "MIN_MODULE_STEPS"]
+
+PASSES = ("forward", "backward", "total")
+MIN_SHARE = 1.0  # percent of the model's median: smaller modules are below the timer's resolution and noise
+MAX_SHARE = 50.0  # percent: above it the rest of the model is too small a yardstick
+# Steps each profile needs for a per-module verdict: with n steps a side, B's fastest above A's p95 happens by
+# chance about once in C(2n, n) for one module (1 in 20 at 3 steps, in 184,756 at 10), and dozens are judged.
+MIN_MODULE_STEPS = 10
+
+
+@dataclass(frozen=True)
+class Spread:
+    """One time over the recorded steps, in ms: ``median``, the noise edges ``low`` (fastest step) and ``high``
+    (95th percentile), and ``steps``."""
+
+    median: float
+    low: float
+    high: float
+    steps: int
+
+    @classmethod
+    def of(cls, values: list[float]) -> Spread:
+        """The spread of per-step values."""
+        median, high = np.percentile(values, [50, 95])  # linear interpolation, as the stored statistics
+        return cls(float(median), float(min(values)), float(high), len(values))
+
+
+def _passes(by: str) -> tuple[str, ...]:
+    return ("forward", "backward") if by == "total" else (by,)
+
+
+def _step_series(profile: Profile, by: str) -> list[float] | None:
+    stored = profile.meta.get("step_ms")
+    if not isinstance(stored, dict):
+        return None
+    series = [stored.get(name) for name in _passes(by)]
+    series = [values for values in series if isinstance(values, list) and values]
+    if not series or len({len(values) for values in series}) != 1:
+        return None
+    return [sum(step) for step in zip(*series)]
+
+
+def module_spread(record: ModuleRecord, by: str = "total", steps: int = 1) -> Spread | None:
+    """A module's ``by`` time from its stored statistics; None where no pass of it ran.
+
+    A record written before the statistics existed has only its mean: all three are the mean then."""
+    median = low = high = 0.0
+    found = False
+    for name in _passes(by):
+        mean = getattr(record, f"{name}_ms", None)
+        if mean is None:
+            continue
+        found = True
+        median += _stat(record, name, "median", mean)
+        low += _stat(record, name, "min", mean)
+        high += _stat(record, name, "p95", mean)
+    if not found:
+        return None
+    return Spread(median, low, high, int(getattr(record, "steps", None) or steps))
+
+
+def _stat(record: ModuleRecord, name: str, statistic: str, default: float) -> float:
+    value = getattr(record, f"{name}_ms_{statistic}", None)
+    return float(default if value is None else value)
+
+
+def model_spread(profile: Profile, by: str = "total") -> Spread | None:
+    """The model's ``by`` time per step: from ``meta["step_ms"]`` where present, else the root's statistics, else
+    (a root never called) the sum of its top-level modules'."""
+    series = _step_series(profile, by)
+    if series is not None:
+        return Spread.of(series)
+    steps = int(profile.meta.get("steps") or 1)
+    root = profile.tree
+    spread = module_spread(root, by, steps)
+    if spread is not None:
+        return spread
+    parts = [module_spread(child, by, steps) for child in root.children]
+    known = [part for part in parts if part is not None]
+    if not known:
+        return None
+    return Spread(sum(p.median for p in known), sum(p.low for p in known), sum(p.high for p in known), steps)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A's and B's spreads of one time (the model's: ``name`` None) and whether B is slower beyond ``limit``.
+
+    For a module the spreads are relative to the rest of the model, and ``times`` holds its medians in ms."""
+
+    name: str | None
+    a: Spread
+    b: Spread
+    limit: float
+    times: tuple[float, float] | None = None
+
+    @property
+    def change(self) -> float:
+        """B's median relative to A's, in percent."""
+        return 100.0 * (self.b.median - self.a.median) / self.a.median if self.a.median > 0 else math.inf
+
+    @property
+    def noise(self) -> float:
+        """The spread of the two profiles, in percent: A's p95 above its median plus B's fastest step below its
+        median, about the change it takes for B's fastest step to clear A's p95."""
+        above = (self.a.high - self.a.median) / self.a.median if self.a.median > 0 else 0.0
+        below = (self.b.median - self.b.low) / self.b.median if self.b.median > 0 else 0.0
+        return 100.0 * (above + below)
+
+    @property
+    def beyond_noise(self) -> bool:
+        return self.b.low > self.a.high
+
+    @property
+    def slower(self) -> bool:
+        return self.change > self.limit and self.beyond_noise
+
+    def describe(self) -> str:
+        what = "" if self.name is None else f"{self.name} "
+        a, b = self.times or (self.a.median, self.b.median)
+        return f"{what}{format_ms(a)} -> {format_ms(b)} ({self.change:+.1f} %)"
+
+
+def _per(spread: Spread, rest: float) -> Spread:
+    return Spread(spread.median / rest, spread.low / rest, spread.high / rest, spread.steps)
+
+
+def different_models(a: Profile, b: Profile) -> str | None:
+    """Why A and B are not two profiles of one model (None when they are): another root type, fewer than half of
+    the modules alike by name and type, or another batch size."""
+    if a.tree.type != b.tree.type:
+        return f"A is a {a.tree.type} and B a {b.tree.type}"
+    modules_a = {(name, record.type) for name, record in a.records.items()}
+    modules_b = {(name, record.type) for name, record in b.records.items()}
+    alike = len(modules_a & modules_b)
+    if 2 * alike < len(modules_a | modules_b):
+        return (f"only {alike} of their {len(modules_a | modules_b)} modules are alike by name and type "
+                f"(A has {len(modules_a)}, B {len(modules_b)})")
+    batch_a, batch_b = (_environment(p).get("batch_size") for p in (a, b))
+    if batch_a is not None and batch_b is not None and batch_a != batch_b:
+        return f"A was profiled with batch size {batch_a} and B with {batch_b}"
+    return None
+
+
+def _environment(profile: Profile) -> dict[str, Any]:
+    environment = profile.meta.get("environment")
+    return environment if isinstance(environment, dict) else {}
+
+
+_AGAINST = " (against the rest of the model)"
+
+
+class Gate:
+    """The verdict on the model's time (``model``) and, for modules of ``MIN_SHARE`` to ``MAX_SHARE`` % of the
+    model's median in A, on each of theirs relative to the rest of the model (``modules``, in A's order)."""
+
+    def __init__(self, a: Profile, b: Profile, limit: float, by: str = "total") -> None:
+        if by not in PASSES:
+            raise ValueError(f"by must be one of {', '.join(PASSES)}, got {by!r}")
+        if not math.isfinite(limit) or limit < 0:
+            raise ValueError(f"the limit must be a finite percentage >= 0, got {limit}")
+        spread_a, spread_b = model_spread(a, by), model_spread(b, by)
+        if spread_a is None or spread_b is None or spread_a.median <= 0:
+            missing = "A" if spread_a is None or spread_a.median <= 0 else "B"
+            raise ValueError(f"profile {missing} holds no {by} time to compare; profile it with backward "
+                             f"for backward time, or gate on --by forward")
+        self.by, self.limit = by, limit
+        self.model = Verdict(None, spread_a, spread_b, limit)
+        self.modules: list[Verdict] = []
+        if min(spread_a.steps, spread_b.steps) < MIN_MODULE_STEPS:
+            return
+        for name, record in a.records.items():
+            other = b.records.get(name)
+            if not name or other is None or other.type != record.type:
+                continue
+            module_a, module_b = module_spread(record, by), module_spread(other, by)
+            if module_a is None or module_b is None:
+                continue
+            if not MIN_SHARE <= 100.0 * module_a.median / spread_a.median <= MAX_SHARE:
+                continue
+            rest_a, rest_b = spread_a.median - module_a.median, spread_b.median - module_b.median
+            if rest_b <= 0:
+                continue
+            self.modules.append(Verdict(name, _per(module_a, rest_a), _per(module_b, rest_b), limit,
+                                        (module_a.median, module_b.median)))
+
+    def slower_modules(self) -> list[Verdict]:
+        """Modules slower beyond the limit and the noise, innermost only (a parent of one is left out: its
+        change is its child's), the largest increase first."""
+        slower = [verdict for verdict in self.modules if verdict.slower]
+        names = [verdict.name or "" for verdict in slower]
+        innermost = [v for v in slower if not any(other.startswith(f"{v.name}.") for other in names)]
+        return sorted(innermost, key=lambda v: v.times[1] - v.times[0] if v.times else 0.0, reverse=True)
+
+    def failed(self, per_module: bool = False) -> bool:
+        """B is slower: the model's time, or with ``per_module`` any module's."""
+        return self.model.slower or (per_module and bool(self.slower_modules()))
+
+    def line(self, per_module: bool = False, shown: int = 5) -> str:
+        """One line for the log: the verdict, the model's change against the limit and the noise, and the modules
+        that got slower."""
+        model = self.model
+        steps = f"{model.a.steps} and {model.b.steps} steps"
+        head = (f"{self.by} time per step (median) {model.describe()}, limit +{self.limit:g} %, "
+                f"noise {model.noise:.1f} % ({steps})")
+        slower = self.slower_modules()
+        named = ", ".join(verdict.describe() for verdict in slower[:shown])
+        more = f" and {len(slower) - shown} more" if len(slower) > shown else ""
+        if self.failed(per_module):
+            who = "B is slower" if model.slower else "modules of B are slower"
+            return f"FAIL: {who}: {head}" + (f"; slower{_AGAINST}: {named}{more}" if named else "")
+        if model.change > self.limit:
+            return f"ok: {head}: the change is within the noise of the two profiles, not a regression"
+        return f"ok: {head}" + (f"; slower{_AGAINST} beyond the limit but not gated (add --per-module): "
+                                f"{named}{more}" if named else "")

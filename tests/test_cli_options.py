@@ -1,0 +1,405 @@
+"""Every option of every subcommand of ``layerprof``, run end to end through ``main(argv)`` with its effect checked.
+
+The options are read from the parsers themselves: an option added without a case here fails
+``test_every_option_has_an_end_to_end_test``.
+"""
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import matplotlib
+import pytest
+import torch
+
+import layerprof
+from layerprof.cli import main
+from layerprof.cli.parser import build_parser
+from layerprof.cli.saved import _compare_parser, _show_parser
+from tests.test_gate import make_profile
+
+MODELS = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class Tagged(nn.Module):
+        """Two layers; the repr shows the head's first weight, so the seed shows in the summary."""
+
+        def __init__(self, width=8):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(width, 4), nn.ReLU())
+            self.head = nn.Linear(4, 2)
+
+        def extra_repr(self):
+            return f"w00={self.head.weight[0, 0].item():.6f}"
+
+        def forward(self, x):
+            if not self.training:
+                assert torch.is_inference_mode_enabled(), "--eval must run under inference_mode"
+            return self.head(self.body(x))
+
+
+    class Tokens(nn.Module):
+        """Token ids (positional, int64, below 7) and a boolean mask (keyword)."""
+
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(100, 4)
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, ids, mask=None):
+            assert ids.dtype == torch.int64, ids.dtype
+            assert int(ids.max()) < 7, "an id >= 7"
+            assert mask is not None and mask.dtype == torch.bool, "no boolean mask"
+            return self.fc(self.embed(ids) * mask[..., None])
+
+
+    class Broken(nn.Module):
+        def forward(self, x):
+            raise ValueError("boom")
+''')
+
+PARSERS = {"layerprof": build_parser("layerprof"), "show": _show_parser("layerprof"),
+           "compare": _compare_parser("layerprof")}
+
+
+def declared_options() -> set[tuple[str, str]]:
+    """(subcommand, longest spelling) of every option the three parsers accept."""
+    return {(command, max(action.option_strings, key=len)) for command, parser in PARSERS.items()
+            for action in parser._actions if action.option_strings}
+
+
+@dataclass
+class Context:
+    tmp: Path
+    models: Path
+    saved: Path
+    capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch
+
+    def run(self, *argv: str, model: str = "Tagged", shape: str = "2,8") -> tuple[int, str, str]:
+        """``layerprof MODELS:model -i shape`` (1 step, no warm-up) with ``argv`` after it."""
+        return self.main(f"{self.models}:{model}", "-i", shape, "--warmup", "0", "--steps", "1", *argv)
+
+    def main(self, *argv: str) -> tuple[int, str, str]:
+        self.capsys.readouterr()
+        status = main(list(argv))
+        captured = self.capsys.readouterr()
+        return status, captured.out, captured.err
+
+    def path(self, name: str) -> str:
+        return str(self.tmp / name)
+
+    def json_of(self, *argv: str) -> dict:
+        status, _, err = self.run(*argv, "--json", self.path("p.json"))
+        assert status == 0, err
+        return json.loads((self.tmp / "p.json").read_text())
+
+    def exits(self, *argv: str) -> str:
+        """Run ``argv`` (help, version): argparse exits 0; what it printed."""
+        self.capsys.readouterr()
+        with pytest.raises(SystemExit) as info:
+            main(list(argv))
+        assert info.value.code == 0
+        return self.capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("options")
+    models = folder / "models.py"
+    models.write_text(MODELS)
+    saved = folder / "saved.json"
+    assert main([f"{models}:Tagged", "-i", "2,8", "--warmup", "0", "--steps", "2", "--metrics", "params,flops",
+                 "--json", str(saved)]) == 0
+    return models, saved
+
+
+@pytest.fixture
+def ctx(files: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> Context:
+    monkeypatch.setitem(matplotlib.rcParams, "svg.fonttype", "none")  # SVG text stays text: titles can be read
+    return Context(tmp_path, files[0], files[1], capsys, monkeypatch)
+
+
+# -- layerprof SPEC ----------------------------------------------------------------------------------------------
+def spec_kwargs(ctx: Context) -> None:
+    status, out, _ = ctx.run("--kwargs", '{"width": 6}', shape="2,6")
+    assert status == 0 and "in_features=6, out_features=4" in out
+
+
+def spec_input(ctx: Context) -> None:
+    status, out, err = ctx.main(f"{ctx.models}:Tokens", "--input", "2,8:int64", "-i", "mask=2,8:bool",
+                                "--vocab", "7", "--steps", "1")
+    assert status == 0, err
+    assert "input 2x8 int64, mask=2x8 bool" in out.splitlines()[0]
+
+
+def spec_vocab(ctx: Context) -> None:
+    argv = (f"{ctx.models}:Tokens", "-i", "2,8:int64", "-i", "mask=2,8:bool", "--steps", "1")
+    assert ctx.main(*argv, "--vocab", "7")[0] == 0
+    status, _, err = ctx.main(*argv)  # ids drawn from [0, 100): 16 of them all below 7 has odds 0.07^16
+    assert status == 5 and "an id >= 7" in err
+
+
+def spec_warmup(ctx: Context) -> None:
+    assert ctx.json_of("--warmup", "2")["meta"]["warmup"] == 2
+
+
+def spec_steps(ctx: Context) -> None:
+    meta = ctx.json_of("--steps", "3")["meta"]
+    assert meta["steps"] == 3 and len(meta["step_ms"]["forward"]) == len(meta["step_ms"]["backward"]) == 3
+
+
+def spec_no_backward(ctx: Context) -> None:
+    root = ctx.json_of("--no-backward")["records"][0]
+    assert root["forward_ms"] > 0 and root["backward_ms"] is None
+    assert "forward only" in ctx.run("--no-backward")[1].splitlines()[0]
+
+
+def spec_eval(ctx: Context) -> None:
+    root = ctx.json_of("--eval")["records"][0]  # Tagged asserts inference_mode when not training
+    assert root["forward_ms"] > 0 and root["backward_ms"] is None
+    assert "inference (eval)" in ctx.run("--eval")[1].splitlines()[0]
+
+
+def spec_device(ctx: Context) -> None:
+    status, out, _ = ctx.run("--device", "cpu")
+    assert status == 0 and "| cpu, float32 |" in out.splitlines()[0]
+    if not torch.cuda.is_available():
+        status, _, err = ctx.run("--device", "cuda")
+        assert status == 2 and "CUDA is not available here" in err
+
+
+def spec_dtype(ctx: Context) -> None:
+    doc = ctx.json_of("--dtype", "bfloat16")
+    assert doc["meta"]["environment"]["dtype"] == doc["meta"]["environment"]["input_dtype"] == "bfloat16"
+
+
+def spec_threads(ctx: Context) -> None:
+    before = torch.get_num_threads()
+    try:
+        assert ctx.json_of("--threads", "1")["meta"]["environment"]["threads"] == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def _weight(out: str) -> str:
+    return re.search(r"w00=(-?[0-9.]+)", out).group(1)
+
+
+def spec_seed(ctx: Context) -> None:
+    first, again, other = (_weight(ctx.run("--seed", seed)[1]) for seed in ("3", "3", "4"))
+    assert first == again != other
+
+
+def spec_metrics(ctx: Context) -> None:
+    root = ctx.json_of("--metrics", "flops,params", "--steps", "2")["records"][0]
+    # 2 FLOPs per multiply-add: 2 x (2 x 8 x 4) + 2 x (2 x 4 x 2) = 128 + 32
+    assert root["flops_forward"] == 160
+    assert root["params"] == 8 * 4 + 4 + 4 * 2 + 2
+
+
+def spec_sync(ctx: Context) -> None:
+    seen = []
+
+    class Recording(layerprof.LayerProf):
+        def __init__(self, *args, **kwargs) -> None:
+            seen.append(kwargs["sync"])
+            super().__init__(*args, **kwargs)
+
+    ctx.monkeypatch.setattr("layerprof.cli.run.LayerProf", Recording)
+    assert ctx.run("--sync")[0] == 0 and ctx.run()[0] == 0
+    assert seen == [True, False]
+
+
+def spec_depth(ctx: Context) -> None:
+    assert "... 2 children" in ctx.run("--depth", "0")[1]
+    assert "(0): Linear【" in ctx.run("--depth", "all")[1]  # body's first layer, at depth 2
+    assert "(0): Linear【" not in ctx.run("--depth", "1")[1]
+
+
+def spec_columns(ctx: Context) -> None:
+    out = ctx.run("--columns", "calls,params")[1]
+    assert "(head): Linear【Calls: 1 | Params: 10 (21.7%)】" in out  # 4 x 2 + 2 of 46
+
+
+def _check_output(flag: str, path: Path) -> None:
+    text = path.read_bytes()
+    checks: dict[str, Callable[[bytes], bool]] = {
+        "csv": lambda b: b.decode().splitlines()[0].startswith("name,"),
+        "json": lambda b: json.loads(b)["format"] == "layerprof.profile",
+        "html": lambda b: b"<table" in b,
+        "trace": lambda b: "traceEvents" in json.loads(b),
+        "speedscope": lambda b: json.loads(b)["$schema"].startswith("https://www.speedscope.app/"),
+        "report": lambda b: b.startswith(b"<!DOCTYPE html>"),
+        "plot": lambda b: b.startswith(b"\x89PNG\r\n\x1a\n"),
+    }
+    assert checks[flag](text), (flag, text[:200])
+
+
+def writes(flag: str, command: str) -> Callable[[Context], None]:
+    def case(ctx: Context) -> None:
+        path = ctx.tmp / f"out.{'png' if flag == 'plot' else flag}"
+        argv = (f"--{flag}", str(path))
+        status, _, err = ctx.run(*argv) if command == "layerprof" else ctx.main("show", str(ctx.saved), *argv)
+        assert status == 0, err
+        assert f"layerprof: wrote {path}" in err
+        _check_output(flag, path)
+    return case
+
+
+def _svg(ctx: Context, command: str, *argv: str) -> str:
+    path = ctx.tmp / "plot.svg"
+    status, _, err = (ctx.run("--plot", str(path), *argv) if command == "layerprof"
+                      else ctx.main("show", str(ctx.saved), "--plot", str(path), *argv))
+    assert status == 0, err
+    return path.read_text()
+
+
+def plot_kind(command: str) -> Callable[[Context], None]:
+    def case(ctx: Context) -> None:
+        sunburst, icicle, top = (_svg(ctx, command, "--plot-kind", kind) for kind in ("sunburst", "icicle", "top"))
+        assert 'id="module:body"' in sunburst and 'id="xtick_1"' not in sunburst  # wedges, no value axis
+        assert 'id="module:body"' in icicle and 'id="xtick_1"' in icicle  # bars along a time axis
+        assert 'id="top:body.0"' in top and 'id="module:' not in top
+    return case
+
+
+def plot_metric(command: str) -> Callable[[Context], None]:
+    def case(ctx: Context) -> None:
+        assert "Tagged: Total Time, total" in _svg(ctx, command)  # the default
+        assert "Tagged: Forward Time, total" in _svg(ctx, command, "--plot-metric", "forward")
+        flops = ("--plot-metric", "flops") + (("--metrics", "flops", "--steps", "2") if command == "layerprof" else ())
+        # forward 160 (see spec_metrics) + backward: weight gradients 128 + 32, head's input gradient 32
+        assert "Tagged: FLOPs, total 352 FLOPs" in _svg(ctx, command, *flops)
+    return case
+
+
+def debug(command: str) -> Callable[[Context], None]:
+    def case(ctx: Context) -> None:
+        argv = {"layerprof": (f"{ctx.models}:Broken", "-i", "2,8"),
+                "show": ("show", str(ctx.tmp / "missing.json")),
+                "compare": ("compare", str(ctx.saved), str(ctx.tmp / "missing.json"))}[command]
+        expected = 5 if command == "layerprof" else 3  # the model raised; a profile is missing
+        status, _, err = ctx.main(*argv)
+        assert status == expected and "Traceback" not in err
+        status, _, err = ctx.main(*argv, "--debug")
+        assert status == expected and "Traceback (most recent call last)" in err
+        assert err.rstrip().splitlines()[-1].startswith("layerprof: error:")
+    return case
+
+
+def version(command: str) -> Callable[[Context], None]:
+    def case(ctx: Context) -> None:
+        prefix = () if command == "layerprof" else (command,)
+        assert ctx.exits(*prefix, "--version") == f"layerprof {layerprof.__version__}\n"
+    return case
+
+
+def help_(command: str) -> Callable[[Context], None]:
+    def case(ctx: Context) -> None:
+        prefix = () if command == "layerprof" else (command,)
+        shown = ctx.exits(*prefix, "--help")
+        assert shown.startswith(f"usage: layerprof{' ' + command if prefix else ''} ")
+        for option in sorted(o for c, o in declared_options() if c == command):
+            assert option in shown, option
+        if command == "compare":
+            assert "exit status:" in shown and "4 the two profiles are of" in shown
+    return case
+
+
+# -- show ---------------------------------------------------------------------------------------------------------
+def show_depth(ctx: Context) -> None:
+    assert "... 2 children" in ctx.main("show", str(ctx.saved), "--depth", "0")[1]
+    assert "(0): Linear【" in ctx.main("show", str(ctx.saved), "--depth", "all")[1]
+
+
+def show_columns(ctx: Context) -> None:
+    out = ctx.main("show", str(ctx.saved), "--columns", "flops_forward")[1]
+    assert "(head): Linear【Forward FLOPs: 32 FLOPs (9.1%)】" in out  # 2 x (2 x 4 x 2), of 352
+
+
+# -- compare ------------------------------------------------------------------------------------------------------
+def _pair(ctx: Context, factor_forward: float, factor_backward: float, module: float = 1.0) -> tuple[str, str]:
+    """A and B of 12 steps: A's steps scaled, forward and backward separately; module ``fc`` by ``module``."""
+    def profile(f: float, b: float, m: float) -> layerprof.Profile:
+        return make_profile({"": ("Net", [10 * f, 10.1 * f, 10.2 * f] * 4, [20 * b, 20.1 * b, 20.2 * b] * 4),
+                             "fc": ("Linear", [2 * m] * 12, None)})
+    a, b = ctx.tmp / "a.json", ctx.tmp / "b.json"
+    profile(1, 1, 1).to_json(a)
+    profile(factor_forward, factor_backward, module).to_json(b)
+    return str(a), str(b)
+
+
+def compare_by(ctx: Context) -> None:
+    a, b = _pair(ctx, 1.0, 1.5)  # backward +50 %, total (10.1 + 30.15) / 30.2 = +33.3 %
+    assert ctx.main("compare", a, b, "--fail-if-slower", "40", "--by", "backward")[0] == 1
+    assert ctx.main("compare", a, b, "--fail-if-slower", "40", "--by", "total")[0] == 0
+    assert ctx.main("compare", a, b, "--fail-if-slower", "0", "--by", "forward")[0] == 0
+
+
+def compare_fail_if_slower(ctx: Context) -> None:
+    a, b = _pair(ctx, 1.25, 1.25)
+    status, out, err = ctx.main("compare", a, b, "--fail-if-slower", "20")
+    assert status == 1 and "Comparison A (Net) vs B (Net)" in out
+    assert "FAIL: B is slower: total time per step (median) 30.2 ms -> 37.8 ms (+25.0 %), limit +20 %" in err
+    assert ctx.main("compare", a, b, "--fail-if-slower", "30")[0] == 0
+    assert ctx.main("compare", a, b)[0] == 0  # no limit, no gate
+
+
+def compare_per_module(ctx: Context) -> None:
+    a, b = _pair(ctx, 1.0, 1.0, module=1.5)  # only fc: 2 -> 3 ms
+    assert ctx.main("compare", a, b, "--fail-if-slower", "10")[0] == 0
+    status, _, err = ctx.main("compare", a, b, "--fail-if-slower", "10", "--per-module")
+    # against the rest of the model: 2 / (30.2 - 2) -> 3 / (30.2 - 3), +55.5 %
+    assert status == 1 and err.strip().endswith("slower (against the rest of the model): fc 2 ms -> 3 ms (+55.5 %)")
+
+
+CASES: dict[tuple[str, str], Callable[[Context], None]] = {
+    ("layerprof", "--kwargs"): spec_kwargs,
+    ("layerprof", "--input"): spec_input,
+    ("layerprof", "--vocab"): spec_vocab,
+    ("layerprof", "--warmup"): spec_warmup,
+    ("layerprof", "--steps"): spec_steps,
+    ("layerprof", "--no-backward"): spec_no_backward,
+    ("layerprof", "--eval"): spec_eval,
+    ("layerprof", "--device"): spec_device,
+    ("layerprof", "--dtype"): spec_dtype,
+    ("layerprof", "--threads"): spec_threads,
+    ("layerprof", "--seed"): spec_seed,
+    ("layerprof", "--metrics"): spec_metrics,
+    ("layerprof", "--sync"): spec_sync,
+    ("layerprof", "--depth"): spec_depth,
+    ("layerprof", "--columns"): spec_columns,
+    ("show", "--depth"): show_depth,
+    ("show", "--columns"): show_columns,
+    ("compare", "--by"): compare_by,
+    ("compare", "--fail-if-slower"): compare_fail_if_slower,
+    ("compare", "--per-module"): compare_per_module,
+}
+for _command in ("layerprof", "show"):
+    for _flag in ("csv", "json", "html", "trace", "speedscope", "report", "plot"):
+        CASES[(_command, f"--{_flag}")] = writes(_flag, _command)
+    CASES[(_command, "--plot-kind")] = plot_kind(_command)
+    CASES[(_command, "--plot-metric")] = plot_metric(_command)
+for _command in PARSERS:
+    CASES[(_command, "--debug")] = debug(_command)
+    CASES[(_command, "--version")] = version(_command)
+    CASES[(_command, "--help")] = help_(_command)
+
+
+def test_every_option_has_an_end_to_end_test() -> None:
+    declared = declared_options()
+    assert not declared - set(CASES), f"options without a test: {sorted(declared - set(CASES))}"
+    assert not set(CASES) - declared, f"tests of options that no longer exist: {sorted(set(CASES) - declared)}"
+
+
+@pytest.mark.parametrize("command, option", sorted(CASES), ids=[" ".join(key) for key in sorted(CASES)])
+def test_option(command: str, option: str, ctx: Context) -> None:
+    CASES[(command, option)](ctx)

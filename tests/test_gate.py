@@ -1,0 +1,262 @@
+"""``layerprof compare --fail-if-slower``: a gate on the median step and the noise of both profiles
+(``render/gate.py``), its refusal of two different models, its exit statuses; the per-step times it reads."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import layerprof
+from layerprof import LayerProf
+from layerprof.cli import main
+from layerprof.profile import Profile
+from layerprof.record.records import ModuleRecord
+from layerprof.render.gate import Gate, model_spread
+
+
+def _set_stats(record: ModuleRecord, name: str, values: list[float]) -> None:
+    setattr(record, f"{name}_ms", float(np.mean(values)))
+    median, p95 = np.percentile(values, [50, 95])
+    stats = {"median": median, "min": min(values), "max": max(values), "p95": p95,
+             "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0}
+    for statistic, value in stats.items():
+        setattr(record, f"{name}_ms_{statistic}", float(value))
+
+
+def make_profile(modules: dict[str, tuple[str, list[float], list[float] | None]], series: bool = True,
+                 batch: int = 2) -> Profile:
+    """A profile whose modules took these forward (and backward) times in each step; ``series``: the model's
+    per-step times in ``meta["step_ms"]`` as this version writes them (else only the statistics, as older files)."""
+    records: dict[str, ModuleRecord] = {}
+    steps = len(next(iter(modules.values()))[1])
+    for name, (type_name, forward, backward) in modules.items():
+        parent = None if name == "" else records[name.rpartition(".")[0]]
+        record = records[name] = ModuleRecord(name, type_name, "", parent)
+        record.steps, record.steps_run, record.calls = steps, steps, 1
+        _set_stats(record, "forward", forward)
+        if backward is not None:
+            _set_stats(record, "backward", backward)
+    meta: dict = {"steps": steps, "environment": {"batch_size": batch}}
+    if series:
+        _, forward, backward = modules[""]
+        meta["step_ms"] = {"forward": forward, "backward": backward}
+    return Profile(records[""], meta)
+
+
+def write(tmp_path: Path, name: str, profile: Profile) -> str:
+    path = tmp_path / name
+    profile.to_json(path)
+    return str(path)
+
+
+def gate_run(tmp_path: Path, a: Profile, b: Profile, *options: str) -> list[str]:
+    return ["compare", write(tmp_path, "a.json", a), write(tmp_path, "b.json", b), *options]
+
+
+def model(forward: list[float], backward: list[float] | None = None, **children) -> dict:
+    return {"": ("Net", forward, backward), **children}
+
+
+def verdict_line(capsys: pytest.CaptureFixture[str]) -> str:
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("layerprof compare: ")]
+    assert len(lines) == 1, lines
+    return lines[0].removeprefix("layerprof compare: ")
+
+
+def test_one_slow_step_is_not_a_regression(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = make_profile(model([10, 10, 10], [20, 20, 20]))
+    b = make_profile(model([10, 10, 40], [20, 20, 80]))  # one step 4x slower: another job on the machine
+    # The old gate compared means: (30 + 30 + 120) / 3 = 60 ms against 30 ms, +100 %, exit 1. Medians: 30 -> 30.
+    assert main(gate_run(tmp_path, a, b, "--fail-if-slower", "10")) == 0
+    assert verdict_line(capsys).startswith("ok: total time per step (median) 30 ms -> 30 ms (+0.0 %), limit +10 %")
+
+
+def test_a_shift_beyond_the_noise_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = make_profile(model([30, 30.3, 30.6]))
+    b = make_profile(model([36, 36.36, 36.72]))  # every step 1.2x
+    # medians 30.3 -> 36.36: +20.0 %; A's p95 30.3 + 0.9 * 0.3 = 30.57 < 36.36; B's fastest 36 > 30.3
+    assert main(gate_run(tmp_path, a, b, "--fail-if-slower", "10")) == 1
+    line = verdict_line(capsys)
+    assert line.startswith("FAIL: B is slower: total time per step (median) 30.3 ms -> 36.4 ms (+20.0 %), limit +10 %")
+    assert main(gate_run(tmp_path, a, b, "--fail-if-slower", "20.5")) == 0  # +20.0 % is within +20.5 %
+    capsys.readouterr()
+
+
+def test_a_change_within_the_noise_passes_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = make_profile(model([30, 31, 45]))  # p95 = 31 + 0.9 * (45 - 31) = 43.6
+    b = make_profile(model([34, 36, 37]))  # median 36: +16.1 % over 31, but below A's p95
+    assert main(gate_run(tmp_path, a, b, "--fail-if-slower", "10")) == 0
+    line = verdict_line(capsys)
+    assert "(+16.1 %)" in line and "noise 46.2 %" in line  # (43.6 - 31) / 31 + (36 - 34) / 36
+    assert line.endswith("the change is within the noise of the two profiles, not a regression")
+
+
+def test_by_picks_the_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = make_profile(model([10, 10, 10], [20, 20, 20]))
+    b = make_profile(model([10, 10, 10], [30, 30, 30]))  # backward +50 %, total +33.3 %, forward +0 %
+    assert main(gate_run(tmp_path, a, b, "--fail-if-slower", "40", "--by", "backward")) == 1
+    assert "backward time per step (median) 20 ms -> 30 ms (+50.0 %)" in verdict_line(capsys)
+    assert main(gate_run(tmp_path, a, b, "--fail-if-slower", "40")) == 0  # total: +33.3 %
+    assert main(gate_run(tmp_path, a, b, "--fail-if-slower", "0", "--by", "forward")) == 0
+    capsys.readouterr()
+
+
+def _layered(root: list[float], first: list[float], inner: list[float], tiny: list[float]) -> dict:
+    """These 3 steps 4 times over: 12 steps, as --per-module needs 10 (medians as of the 3, p95 the largest)."""
+    return model(root * 4, None, **{"0": ("Sequential", first * 4, None), "0.0": ("Linear", inner * 4, None),
+                                    "1": ("ReLU", [20.0] * 12, None), "2": ("Identity", tiny * 4, None)})
+
+
+def test_per_module_gate_names_the_innermost_slower_module(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    a = make_profile(_layered([30, 30.1, 30.2], [3, 3, 3], [2.5, 2.5, 2.5], [0.1, 0.1, 0.1]))
+    b = make_profile(_layered([32, 32.1, 32.2], [5, 5, 5], [4.5, 4.5, 4.5], [0.5, 0.5, 0.5]))
+    # The model: 30.1 -> 32.1 ms, +6.6 %, under the limit. Module 0.0: 2.5 -> 4.5 ms, +80 %; its parent 0 is left
+    # out (its change is its child's); module 2 (+400 %) is 0.1 / 30.1 = 0.3 % of the model, under the 1 % floor.
+    assert main(gate_run(tmp_path, a, b, "--fail-if-slower", "10")) == 0
+    line = verdict_line(capsys)
+    assert line.startswith("ok: total time per step (median) 30.1 ms -> 32.1 ms (+6.6 %)")
+    # Against the rest of the model: 2.5 / (30.1 - 2.5) -> 4.5 / (32.1 - 4.5), the rest 27.6 ms both times: +80 %
+    assert line.endswith("slower (against the rest of the model) beyond the limit but not gated (add --per-module): "
+                         "0.0 2.5 ms -> 4.5 ms (+80.0 %)")
+    assert main(gate_run(tmp_path, a, b, "--fail-if-slower", "10", "--per-module")) == 1
+    line = verdict_line(capsys)
+    assert line.startswith("FAIL: modules of B are slower: total time per step (median) 30.1 ms -> 32.1 ms (+6.6 %), "
+                           "limit +10 %, noise 0.6 % (12 and 12 steps)")  # (30.2 - 30.1) / 30.1 + 0.1 / 32.1
+    assert line.endswith("; slower (against the rest of the model): 0.0 2.5 ms -> 4.5 ms (+80.0 %)")
+    gate = Gate(make_profile(_layered([30] * 3, [3] * 3, [2.5] * 3, [0.1] * 3)), b, 10)
+    assert [verdict.name for verdict in gate.modules] == ["0", "0.0"]  # "2" under the 1 % floor, "1" over 50 %
+
+
+def test_a_failing_total_names_the_modules_that_got_slower(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    a = make_profile(_layered([30, 30.1, 30.2], [3, 3, 3], [2.5, 2.5, 2.5], [0.1] * 3))
+    b = make_profile(_layered([40, 40.1, 40.2], [13, 13, 13], [12.5, 12.5, 12.5], [0.1] * 3))
+    assert main(gate_run(tmp_path, a, b, "--fail-if-slower", "10")) == 1
+    # noise: (30.2 - 30.1) / 30.1 + (40.1 - 40) / 40.1 = 0.58 %
+    assert verdict_line(capsys).endswith("(+33.2 %), limit +10 %, noise 0.6 % (12 and 12 steps); "
+                                         "slower (against the rest of the model): 0.0 2.5 ms -> 12.5 ms (+400.0 %)")
+
+
+def test_a_machine_slower_for_every_module_fails_the_model_but_names_no_module(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scaled = [[value * 1.3 for value in values] for values in ([30, 30.1, 30.2], [3] * 3, [2.5] * 3, [0.1] * 3)]
+    a = make_profile(_layered([30, 30.1, 30.2], [3] * 3, [2.5] * 3, [0.1] * 3))
+    b = make_profile(_layered(*scaled))  # "1" stays at 20 ms: its share drops, so none of the others rises
+    assert main(gate_run(tmp_path, a, b, "--fail-if-slower", "10", "--per-module")) == 1
+    line = verdict_line(capsys)
+    assert line.startswith("FAIL: B is slower: total time per step (median) 30.1 ms -> 39.1 ms (+30.0 %)")
+    assert "against the rest" not in line
+
+
+def test_two_different_models_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    small = make_profile(model([10] * 3, None, fc=("Linear", [9] * 3, None)))
+    other = make_profile({"": ("ResNet", [60] * 3, None), "fc": ("Linear", [1] * 3, None)})
+    # The old gate: "ok -83.9 %" on two different models.
+    assert main(gate_run(tmp_path, other, small, "--fail-if-slower", "10")) == 4
+    assert ("--fail-if-slower: A and B are not profiles of the same model (A is a ResNet and B a Net); a gate "
+            "compares one model before and after a change") in capsys.readouterr().err
+    wider = make_profile(model([10] * 3, None, fc=("Linear", [9] * 3, None), fc2=("Linear", [1] * 3, None),
+                               act=("ReLU", [1] * 3, None), out=("Linear", [1] * 3, None)))
+    assert main(gate_run(tmp_path, small, wider, "--fail-if-slower", "10")) == 4
+    assert "only 2 of their 5 modules are alike by name and type (A has 2, B 5)" in capsys.readouterr().err
+    bigger_batch = make_profile(model([10] * 3, None, fc=("Linear", [9] * 3, None)), batch=8)
+    assert main(gate_run(tmp_path, small, bigger_batch, "--fail-if-slower", "10")) == 4
+    assert "A was profiled with batch size 2 and B with 8" in capsys.readouterr().err
+    assert main(gate_run(tmp_path, other, small)) == 0  # without the gate: the comparison is printed
+    one_more = make_profile(model([10] * 3, None, fc=("Linear", [9] * 3, None), act=("ReLU", [1] * 3, None)))
+    assert main(gate_run(tmp_path, small, one_more, "--fail-if-slower", "10")) == 0  # 2 of 3 alike: one model
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("limit", ["nan", "inf", "-5", "ten", "-inf"])
+def test_a_limit_that_is_not_a_percentage_is_a_usage_error(limit: str, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    a = make_profile(model([10] * 3))
+    assert main(gate_run(tmp_path, a, a, f"--fail-if-slower={limit}")) == 2
+    expected = "a percentage" if limit == "ten" else "a finite percentage >= 0"
+    assert f"argument --fail-if-slower: expected {expected} such as 10, got {limit!r}" in capsys.readouterr().err
+
+
+def test_per_module_needs_a_limit_and_ten_steps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = make_profile(model([10] * 3))
+    assert main(gate_run(tmp_path, a, a, "--per-module")) == 2
+    assert "--per-module applies the --fail-if-slower limit to each module" in capsys.readouterr().err
+    assert main(gate_run(tmp_path, make_profile(model([10] * 12)), a, "--fail-if-slower", "5", "--per-module")) == 2
+    assert "--per-module needs at least 10 recorded steps in each profile, and B has 3" in capsys.readouterr().err
+    assert Gate(a, a, 5).modules == [] and Gate(a, a, 5).failed(per_module=True) is False
+
+
+def test_a_profile_without_the_pass_is_unreadable_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    forward_only = make_profile(model([10] * 3))
+    assert main(gate_run(tmp_path, forward_only, forward_only, "--fail-if-slower", "5", "--by", "backward")) == 3
+    assert "profile A holds no backward time to compare" in capsys.readouterr().err
+
+
+def test_files_without_step_times_use_the_root_statistics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = make_profile(model([10, 10.1, 10.2], [20, 20, 20]), series=False)
+    b = make_profile(model([10, 10.1, 40], [30, 30, 30]), series=False)
+    # No per-step totals: the median of the total is the sum of the passes' medians, 10.1 + 20 -> 10.1 + 30.
+    assert "step_ms" not in json.loads(Path(write(tmp_path, "old.json", a)).read_text())["meta"]
+    assert main(gate_run(tmp_path, a, b, "--fail-if-slower", "10")) == 1
+    assert "30.1 ms -> 40.1 ms (+33.2 %)" in verdict_line(capsys)
+
+
+# -- the per-step times a real profile keeps ----------------------------------------------------------------------
+class Wrapper(nn.Module):
+    """A trainer's module: its children are called, never the module itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+        self.head = nn.Linear(16, 1)
+
+
+def test_a_profile_keeps_the_model_time_of_every_step(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    with LayerProf(net) as prof:
+        for step in range(5):
+            net(torch.randn(4, 8)).sum().backward()
+            if step < 4:
+                prof.step()
+    series = prof.meta["step_ms"]
+    root = prof.tree
+    assert len(series["forward"]) == len(series["backward"]) == 5
+    # The series is what the root's statistics were taken over (rounded to the nanosecond).
+    assert float(np.median(series["forward"])) == pytest.approx(root.forward_ms_median, abs=1e-6)
+    assert min(series["backward"]) == pytest.approx(root.backward_ms_min, abs=1e-6)
+    assert float(np.mean(series["forward"])) == pytest.approx(root.forward_ms, abs=1e-6)
+    path = tmp_path / "p.json"
+    prof.to_json(path)
+    loaded = layerprof.load(path)
+    assert loaded.meta["step_ms"] == series
+    spread = model_spread(loaded)
+    totals = [f + b for f, b in zip(series["forward"], series["backward"])]
+    assert (spread.median, spread.low, spread.steps) == (pytest.approx(float(np.median(totals))), min(totals), 5)
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_a_root_never_called_totals_its_top_level_modules(steps: int) -> None:
+    wrapper = Wrapper()
+    with LayerProf(wrapper) as prof:
+        for step in range(steps):
+            wrapper.head(wrapper.body(torch.randn(4, 8))).sum().backward()
+            if step < steps - 1:
+                prof.step()
+    series = prof.meta["step_ms"]
+    body, head = prof.profile.records["body"], prof.profile.records["head"]
+    assert len(series["forward"]) == steps
+    assert float(np.mean(series["forward"])) == pytest.approx(body.forward_ms + head.forward_ms, abs=1e-5)
+    assert float(np.mean(series["backward"])) == pytest.approx(body.backward_ms + head.backward_ms, abs=1e-5)
+
+
+def test_forward_only_has_no_backward_series() -> None:
+    net = nn.Linear(4, 2)
+    with torch.no_grad(), LayerProf(net) as prof:
+        net(torch.randn(2, 4))
+    assert prof.meta["step_ms"]["backward"] is None and len(prof.meta["step_ms"]["forward"]) == 1
