@@ -16,6 +16,7 @@ from anytree import PreOrderIter
 
 from ..record.fields import FIELDS, canonical
 from ..record.records import ModuleRecord
+from ..record.summed import TreeValues
 from .trace import call_slices
 from .units import format_value
 
@@ -26,32 +27,36 @@ METRICS = ("forward_ms", "backward_ms", "total_ms", "flops", "params", "memory")
 _TABLE = ("calls", "forward_ms", "backward_ms", "self_forward_ms", "self_backward_ms", "total_ms", "time_percent")
 
 
-def _value(record: ModuleRecord, name: str, root: ModuleRecord) -> Any:
-    value = FIELDS[name].value(record, root)
+def _value(values: TreeValues, record: ModuleRecord, name: str) -> Any:
+    value = values.value(record, name)
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _present(records: list[ModuleRecord], root: ModuleRecord, names: tuple[str, ...]) -> list[str]:
+def _present(records: list[ModuleRecord], values: TreeValues, names: tuple[str, ...]) -> list[str]:
     fields = []
     for name in names:
         resolved = canonical(name, lambda n: any(getattr(r, n, None) is not None for r in records))
         if resolved not in FIELDS or resolved in fields:
             continue
-        if any(_value(r, resolved, root) is not None for r in records):
+        if any(_value(values, r, resolved) is not None for r in records):
             fields.append(resolved)
     return fields
 
 
-def _timeline(records: list[ModuleRecord]) -> dict[str, Any]:
-    """The forward and backward slices of the last profiled step, in ms from the step's first slice."""
+def _timeline(records: list[ModuleRecord], values: TreeValues) -> dict[str, Any]:
+    """The forward and backward slices of the last profiled step, in ms from the step's first slice; a row per
+    depth as a reader counts it (a ModuleList, never called, has no slices and takes no row)."""
     slices = [s for s in call_slices(records) if s.phase in ("forward", "backward")]
     if not slices:
         return {"step": None, "slices": []}
     step = max(s.step for s in slices)
     slices = [s for s in slices if s.step == step]
     origin = min(s.start_ns for s in slices)
+    depths = {record.name: values.shown_depth(record) for record in records}
+    top = min(depths[s.module] for s in slices)  # a root that was not called has no row either
+    depths = {name: depth - top for name, depth in depths.items()}
     return {"step": step, "slices": [
-        {"name": s.name, "type": s.type, "phase": s.phase, "depth": s.depth, "start": (s.start_ns - origin) / 1e6,
+        {"name": s.name, "type": s.type, "phase": s.phase, "depth": depths[s.module], "start": (s.start_ns - origin) / 1e6,
          "duration": s.duration_ns / 1e6, "shown": format_value("ms", s.duration_ns / 1e6)}
         for s in sorted(slices, key=lambda s: (s.start_ns, -s.duration_ns))
     ]}
@@ -61,17 +66,19 @@ def report_data(root: ModuleRecord, meta: dict[str, Any] | None = None) -> dict[
     """What the page draws: metrics and columns (name, label, unit), one node per module with its values and
     their printed forms, and a step's timeline."""
     records = list(PreOrderIter(root))
-    metrics = _present(records, root, METRICS)
-    columns = [c for c in _present(records, root, _TABLE + tuple(METRICS)) if c != "time_percent"] + (
-        ["time_percent"] if "time_percent" in _present(records, root, ("time_percent",)) else [])
+    tree = TreeValues(root)
+    metrics = _present(records, tree, METRICS)
+    columns = [c for c in _present(records, tree, _TABLE + tuple(METRICS)) if c != "time_percent"] + (
+        ["time_percent"] if "time_percent" in _present(records, tree, ("time_percent",)) else [])
     shown_fields = list(dict.fromkeys(metrics + columns))
     index = {record.name: i for i, record in enumerate(records)}
     nodes = []
     for record in records:
-        values = {name: _value(record, name, root) for name in shown_fields}
+        values = {name: _value(tree, record, name) for name in shown_fields}
         nodes.append({
             "name": record.name, "label": record.short_name or record.type, "type": record.type,
             "depth": record.depth, "parent": None if record.parent is None else index[record.parent.name],
+            "summed": tree.summed(record),
             "values": values,
             "shown": {name: format_value(FIELDS[name].unit, value) for name, value in values.items()},
         })
@@ -82,7 +89,7 @@ def report_data(root: ModuleRecord, meta: dict[str, Any] | None = None) -> dict[
         "metrics": [{"name": m, "label": FIELDS[m].label} for m in metrics],
         "columns": [{"name": c, "label": FIELDS[c].label, "numeric": True} for c in columns],
         "nodes": nodes,
-        "timeline": _timeline(records),
+        "timeline": _timeline(records, tree),
     }
 
 
@@ -126,6 +133,7 @@ def report_html(root: ModuleRecord, meta: dict[str, Any] | None = None) -> str:
     <input id="filter" type="search" placeholder="filter by name or type"> <span id="count"></span>
   </div>
   <table id="records"><thead></thead><tbody></tbody></table>
+  <button id="more" type="button" hidden></button>
 </section>
 <div id="tooltip" hidden></div>
 <script type="application/json" id="layerprof-data">{payload}</script>
