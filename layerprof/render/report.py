@@ -20,7 +20,7 @@ from ..record.summed import TreeValues
 from .trace import call_slices
 from .units import format_value
 
-__all__ = ["METRICS", "report_data", "report_html"]
+__all__ = ["METRICS", "report_data", "report_html", "script_json"]
 
 # The metric switch, in this order, each where the profile holds it ("memory": saved or activation bytes).
 METRICS = ("forward_ms", "backward_ms", "total_ms", "flops", "params", "memory")
@@ -97,11 +97,26 @@ def _asset(name: str) -> str:
     return resources.files(__package__).joinpath("report_assets", name).read_text(encoding="utf-8")
 
 
+# Inside <script>, "</script" ends the element and "<!--" followed by "<script" makes the tokenizer look for a
+# second "</script>" that never comes (the page goes blank); JSON may spell any character as \uXXXX, so none of
+# <, > or & reaches the HTML parser, and U+2028/U+2029 (line breaks to older JavaScript) are spelled out too.
+_SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
+                              "\u2029": "\\u2029"})
+
+
+def script_json(data: Any) -> str:
+    """``data`` as JSON text that is safe inside an HTML ``<script>`` element, whatever strings it holds.
+
+    >>> script_json({"name": "</script><!--<script>&"})
+    '{"name": "\\\\u003c/script\\\\u003e\\\\u003c!--\\\\u003cscript\\\\u003e\\\\u0026"}'
+    """
+    return json.dumps(data, ensure_ascii=False, allow_nan=False).translate(_SCRIPT_SAFE)
+
+
 def report_html(root: ModuleRecord, meta: dict[str, Any] | None = None) -> str:
     """The report page as HTML text."""
     data = report_data(root, meta)
-    # "</" inside a script element would end it; JSON allows "<\/".
-    payload = json.dumps(data, ensure_ascii=False, allow_nan=False).replace("</", "<\\/")
+    payload = script_json(data)
     title = html.escape(data["title"])
     return f"""<!DOCTYPE html>
 <html lang="en">
