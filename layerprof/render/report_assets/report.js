@@ -269,10 +269,12 @@
 
   // A check a headless browser can run: open the file with #selftest and read #selftest from the DOM.
   if (location.hash === "#selftest") {
-    const result = { names: [], others: 0, summed: [], tooltip: null, zoomedTo: null, cellsAfterZoom: 0, metrics: [],
-                     rows: 0, sortedFirst: null, filtered: 0, slices: document.querySelectorAll("#timeline g.slice").length };
+    const result = { names: [], others: [], summed: [], tooltip: null, zoomedTo: null, cellsAfterZoom: 0, metrics: [],
+                     rows: 0, sortedFirst: null, filtered: 0, slices: document.querySelectorAll("#timeline g.slice").length,
+                     tableNames: Array.from(document.querySelectorAll("#records tbody td.name")).map((td) => td.textContent) };
     document.querySelectorAll("#icicle g.cell").forEach((g) => {
-      if (g.classList.contains("other")) result.others += 1; else result.names.push(g.getAttribute("data-name"));
+      const cell = icicleCells[+g.getAttribute("data-cell")];
+      if (cell.other) result.others.push([cell.node.name, cell.other.length]); else result.names.push(cell.node.name);
       if (g.classList.contains("summed")) result.summed.push(g.getAttribute("data-name"));
     });
     const first = document.querySelector("#icicle g.cell");
