@@ -13,6 +13,7 @@ from layerprof.render.plot_layout import layout_tree
 from layerprof.render.plot_metrics import resolve_metric
 from layerprof.render.report import report_data
 from layerprof.render.summary import SUMMED_NOTE, annotated_repr
+from layerprof.render.tree import render_tree
 
 from .models import MLP
 
@@ -64,6 +65,13 @@ def test_summary_totals_a_root_that_did_not_run_and_says_so() -> None:
     ]
     assert "(heads): ModuleDict【not run】(" in text and "(x): Linear【not run】()" in text
     assert "(0): Linear【" in annotated_repr(_records(SPEC), depth=1)  # the list's items are at depth 1
+
+
+def test_tree_view_sums_containers_too() -> None:
+    lines = render_tree(_records(SPEC)).split("\n")
+    assert lines[0] == "Net (Net) fwd 9 ms bwd 4 ms (sum)"
+    assert lines[2] == "├── layers (ModuleList) fwd 7 ms bwd 3 ms (sum)"
+    assert lines[5] == "└── heads (ModuleDict) fwd — bwd —"
 
 
 def test_a_root_called_past_by_the_user_totals_what_ran() -> None:
