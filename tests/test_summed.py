@@ -51,6 +51,15 @@ def test_values_of_summed_containers_by_hand() -> None:
     assert [values.shown_depth(r) for r in (root, layers, *layers.children)] == [0, 1, 1, 1]
 
 
+def test_a_root_given_times_without_a_call_keeps_them() -> None:
+    root = _records(SPEC)
+    root.forward_ms, root.backward_ms = 10.0, 5.0  # an integration billing the trainer's step to the root
+    values = TreeValues(root)
+    assert not values.summed(root) and values.value(root, "total_ms") == 15.0
+    assert values.value(root.children[1], "time_percent") == pytest.approx(100 * 10 / 15)
+    assert annotated_repr(root).startswith("Step: forward 10 ms, backward 5 ms, total 15 ms; percentages are")
+
+
 def test_summary_totals_a_root_that_did_not_run_and_says_so() -> None:
     text = annotated_repr(_records(SPEC))
     assert text.split("\n")[:6] == [

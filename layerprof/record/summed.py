@@ -31,8 +31,10 @@ def summable(field: Field) -> bool:
 
 
 def ran(record: ModuleRecord) -> bool:
-    """Called at least once (or re-run by activation checkpointing)."""
-    return bool(record.calls) or record.recompute_ms is not None
+    """Called at least once, re-run by activation checkpointing, or given times otherwise (an integration that
+    bills a trainer's step to the root it did not call)."""
+    return bool(record.calls) or any(value is not None for value in (
+        record.forward_ms, record.backward_ms, record.recompute_ms))
 
 
 class _View:
