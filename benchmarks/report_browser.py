@@ -1,7 +1,8 @@
 """The interactive report on a 10,000-module model in headless Chromium: load, metric switch, filter keystroke.
 
-The model is a ModuleList of 100 blocks, each a ModuleList of 99 Linear(8, 8) (10,101 modules), the blocks and
-their layers iterated in the forward, so the report also draws the summed containers. One profiled step is
+The model (``--model list``) is a ModuleList of 100 blocks, each a ModuleList of 99 Linear(8, 8) (10,002
+modules), the blocks and their layers iterated in the forward, so the report also draws the summed containers;
+``--model sequential`` holds the same layers in nn.Sequential containers, all called. One profiled step is
 written as a report by each checkout given (``--checkout DIR``, default: this one), in a subprocess with that
 checkout first on ``sys.path``; Chromium then opens each page with a timing script appended after the page's own,
 which reads, with the same DOM events for every version of the page:
@@ -45,7 +46,10 @@ class Net(nn.Module):
         return x
 
 torch.manual_seed(0)
-net = Net()
+if sys.argv[2] == "list":
+    net = Net()
+else:  # the same layers in called containers: every module has times of its own
+    net = nn.Sequential(*(nn.Sequential(*(nn.Linear(8, 8) for _ in range(99))) for _ in range(100)))
 with LayerProf(net, metrics=("params", "flops")) as prof:
     net(torch.randn(4, 8)).sum().backward()
     prof.step()
@@ -83,10 +87,10 @@ def chromium() -> str:
     sys.exit("no Chromium on PATH (apt-get install chromium)")
 
 
-def write_page(checkout: Path, path: Path) -> int:
+def write_page(checkout: Path, path: Path, model: str) -> int:
     env = dict(os.environ, PYTHONPATH=str(checkout))
     # run from the page's folder: `python -c` puts the working directory first on sys.path
-    done = subprocess.run([sys.executable, "-c", WRITE, str(path)], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", WRITE, str(path), model], env=env, capture_output=True, text=True,
                           check=True, cwd=path.parent)
     print(done.stdout.split()[0], end=" ")  # which layerprof wrote it
     page = path.read_text(encoding="utf-8")
@@ -111,6 +115,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--checkout", action="append", type=Path, help="a layerprof checkout (repeatable)")
     parser.add_argument("--repeat", type=int, default=3, help="page loads per checkout, interleaved")
+    parser.add_argument("--model", choices=("list", "sequential"), default="list",
+                        help="list: ModuleLists iterated (summed containers); sequential: nn.Sequential, all called")
     args = parser.parse_args()
     checkouts = [c.resolve() for c in (args.checkout or [Path(__file__).resolve().parents[1]])]
     browser = chromium()
@@ -118,7 +124,7 @@ def main() -> None:
         pages = []
         for index, checkout in enumerate(checkouts):
             page = Path(folder) / f"report{index}.html"
-            modules = write_page(checkout, page)
+            modules = write_page(checkout, page, args.model)
             pages.append(page)
             print(f"{checkout}: {modules} modules, page {page.stat().st_size / 1e6:.2f} MB")
         runs: dict[int, list[dict]] = {index: [] for index in range(len(pages))}
