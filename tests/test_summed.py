@@ -92,6 +92,12 @@ def test_a_root_called_past_by_the_user_totals_what_ran() -> None:
     # The body is all that ran: 100 % of the step; the head did not run.
     assert lines[2].startswith("  (body): Sequential【Total Time: ") and lines[2].endswith("| Time: 100.0%】(")
     assert "(head): Linear【not run】" in "\n".join(lines)
+    # the report: the root's cell is the body's total, the body 100 % of it, and the timeline starts at row 0
+    data = report_data(prof.profile.tree)
+    root, body = data["nodes"][0], next(n for n in data["nodes"] if n["name"] == "body")
+    assert root["summed"] and root["values"]["total_ms"] == body["values"]["total_ms"] > 0
+    assert body["values"]["time_percent"] == 100.0
+    assert {s["depth"] for s in data["timeline"]["slices"] if s["name"] == "body"} == {0}
 
 
 def _bert() -> tuple[nn.Module, dict[str, torch.Tensor]]:

@@ -64,7 +64,8 @@ def _timeline(records: list[ModuleRecord], values: TreeValues) -> dict[str, Any]
 
 def report_data(root: ModuleRecord, meta: dict[str, Any] | None = None) -> dict[str, Any]:
     """What the page draws: metrics and columns (name, label, unit), one node per module with its values and
-    their printed forms, and a step's timeline."""
+    their printed forms (a container never called, ``summed``, with its children's totals: ``record/summed.py``),
+    and a step's timeline."""
     records = list(PreOrderIter(root))
     tree = TreeValues(root)
     metrics = _present(records, tree, METRICS)
