@@ -214,7 +214,7 @@
     columns.forEach((c) => {
       const td = document.createElement("td");
       td.className = c.name === "name" || c.name === "type" ? c.name : "";
-      if (c.name === "name") { td.textContent = fullName(n); td.style.paddingLeft = (8 + 12 * n.depth) + "px"; }
+      if (c.name === "name") { td.textContent = td.title = fullName(n); td.style.paddingLeft = (8 + 12 * n.depth) + "px"; }
       else td.textContent = c.name === "type" ? n.type : n.shown[c.name];
       row.appendChild(td);
     });
@@ -271,7 +271,8 @@
   if (location.hash === "#selftest") {
     const result = { names: [], others: [], summed: [], tooltip: null, zoomedTo: null, cellsAfterZoom: 0, metrics: [],
                      rows: 0, sortedFirst: null, filtered: 0, slices: document.querySelectorAll("#timeline g.slice").length,
-                     tableNames: Array.from(document.querySelectorAll("#records tbody td.name")).map((td) => td.textContent) };
+                     tableNames: Array.from(document.querySelectorAll("#records tbody td.name")).map((td) => td.textContent),
+                     elements: Array.from(new Set(Array.from(document.querySelectorAll("body *")).map((e) => e.localName))).sort() };
     document.querySelectorAll("#icicle g.cell").forEach((g) => {
       const cell = icicleCells[+g.getAttribute("data-cell")];
       if (cell.other) result.others.push([cell.node.name, cell.other.length]); else result.names.push(cell.node.name);
