@@ -429,7 +429,8 @@ def test_trace_of_resnet18_nests_every_call_like_the_module_tree(resnet: LayerPr
         parent = event["_parent"]
         # in the forward, the enclosing slice is the parent module's call
         assert (parent["args"]["module"] if parent else None) == (record.parent.name if record.parent else None)
-        assert event["dur"] == pytest.approx(record.call_times[event["args"]["call"]].forward_ms * 1000, abs=1e-3)
+        # within 2 ns: times round to whole ns, then to 2**-10 µs at each end (test below)
+        assert event["dur"] == pytest.approx(record.call_times[event["args"]["call"]].forward_ms * 1000, abs=2e-3)
     for event in backward:
         record = records[event["args"]["module"]]
         if event["_parent"] is not None:
@@ -556,3 +557,24 @@ def test_notebook_html_and_short_repr(resnet: LayerProf) -> None:
     with LayerProf(nn.Linear(2, 2)) as live:
         assert live._repr_html_() is None
         live.model(torch.randn(1, 2))
+
+
+def test_trace_times_nest_exactly_as_a_reader_adds_them(resnet: LayerProf) -> None:
+    """A reader (speedscope's Chrome importer, Perfetto) ends a slice at ``ts + dur`` in doubles: a child that
+    ends at its parent's instant must not end 6e-11 µs after it, or the reader closes the parent first."""
+    document = json.loads(resnet.to_trace())
+    slices = [e for e in document["traceEvents"] if e["ph"] == "X"]
+    stacks: dict[int, list[tuple[float, float]]] = {}
+    nested = shared_end = 0
+    for event in slices:
+        start, end = event["ts"], event["ts"] + event["dur"]  # float arithmetic, as JavaScript does it
+        stack = stacks.setdefault(event["tid"], [])
+        while stack and stack[-1][1] <= start:
+            stack.pop()
+        if stack:
+            assert stack[0][0] <= start and end <= stack[-1][1], event["name"]
+            nested += 1
+            shared_end += end == stack[-1][1]
+        stack.append((start, end))
+    assert nested == len(slices) - 2  # everything but the root's forward and backward sits inside a parent
+    assert shared_end > 0  # children that end at their parent's instant (ResNet's last ReLU in each block ...)

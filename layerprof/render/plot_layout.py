@@ -9,7 +9,7 @@ Shared modules: a module reachable under several names is one record, placed und
 ``named_modules()``; its whole value counts there. If another module calls it, that caller's self value absorbs
 the call, and if the children of a module add up to more than the module (a shared child, tied parameters, or
 timer noise) they are scaled down to fit it and its self value is 0. A container that is never called itself
-(ModuleList, ModuleDict) has no value of its own and counts as the sum of its children.
+(ModuleList, ModuleDict) counts as the sum of its children, by the rule of ``record/summed.py``.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from anytree import PostOrderIter
 
 from ..record.records import ModuleRecord
+from ..record.summed import TreeValues
 from .plot_metrics import PlotMetric
 
 __all__ = ["Segment", "Layout", "layout_tree", "exclusive_values"]
@@ -105,15 +106,10 @@ def layout_tree(
 
 
 def _values(root: ModuleRecord, metric: PlotMetric, fields: tuple[str, ...]) -> dict[int, float]:
-    """Inclusive values by record id. A record with none of the fields (a ModuleList or ModuleDict, never
-    called itself) holds the sum of its children, so the tree below it is still drawn."""
-    values: dict[int, float] = {}
-    for record in PostOrderIter(root):
-        if any(getattr(record, field, None) is not None for field in fields):
-            values[id(record)] = max(0.0, metric.value(record, fields))
-        else:
-            values[id(record)] = sum(values[id(child)] for child in record.children)
-    return values
+    """Inclusive values by record id; a container never called itself (a ModuleList) holds the sum of its
+    children (``record/summed.py``), so the tree below it is still drawn."""
+    tree = TreeValues(root)
+    return {id(record): max(0.0, metric.value(tree.view(record), fields)) for record in PostOrderIter(root)}
 
 
 def _trunk(root: ModuleRecord, values: dict[int, float]) -> set[int]:

@@ -16,42 +16,47 @@ from anytree import PreOrderIter
 
 from ..record.fields import FIELDS, canonical
 from ..record.records import ModuleRecord
+from ..record.summed import TreeValues
 from .trace import call_slices
 from .units import format_value
 
-__all__ = ["METRICS", "report_data", "report_html"]
+__all__ = ["METRICS", "report_data", "report_html", "script_json"]
 
 # The metric switch, in this order, each where the profile holds it ("memory": saved or activation bytes).
 METRICS = ("forward_ms", "backward_ms", "total_ms", "flops", "params", "memory")
 _TABLE = ("calls", "forward_ms", "backward_ms", "self_forward_ms", "self_backward_ms", "total_ms", "time_percent")
 
 
-def _value(record: ModuleRecord, name: str, root: ModuleRecord) -> Any:
-    value = FIELDS[name].value(record, root)
+def _value(values: TreeValues, record: ModuleRecord, name: str) -> Any:
+    value = values.value(record, name)
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _present(records: list[ModuleRecord], root: ModuleRecord, names: tuple[str, ...]) -> list[str]:
+def _present(records: list[ModuleRecord], values: TreeValues, names: tuple[str, ...]) -> list[str]:
     fields = []
     for name in names:
         resolved = canonical(name, lambda n: any(getattr(r, n, None) is not None for r in records))
         if resolved not in FIELDS or resolved in fields:
             continue
-        if any(_value(r, resolved, root) is not None for r in records):
+        if any(_value(values, r, resolved) is not None for r in records):
             fields.append(resolved)
     return fields
 
 
-def _timeline(records: list[ModuleRecord]) -> dict[str, Any]:
-    """The forward and backward slices of the last profiled step, in ms from the step's first slice."""
+def _timeline(records: list[ModuleRecord], values: TreeValues) -> dict[str, Any]:
+    """The forward and backward slices of the last profiled step, in ms from the step's first slice; a row per
+    depth as a reader counts it (a ModuleList, never called, has no slices and takes no row)."""
     slices = [s for s in call_slices(records) if s.phase in ("forward", "backward")]
     if not slices:
         return {"step": None, "slices": []}
     step = max(s.step for s in slices)
     slices = [s for s in slices if s.step == step]
     origin = min(s.start_ns for s in slices)
+    depths = {record.name: values.shown_depth(record) for record in records}
+    top = min(depths[s.module] for s in slices)  # a root that was not called has no row either
+    depths = {name: depth - top for name, depth in depths.items()}
     return {"step": step, "slices": [
-        {"name": s.name, "type": s.type, "phase": s.phase, "depth": s.depth, "start": (s.start_ns - origin) / 1e6,
+        {"name": s.name, "type": s.type, "phase": s.phase, "depth": depths[s.module], "start": (s.start_ns - origin) / 1e6,
          "duration": s.duration_ns / 1e6, "shown": format_value("ms", s.duration_ns / 1e6)}
         for s in sorted(slices, key=lambda s: (s.start_ns, -s.duration_ns))
     ]}
@@ -59,19 +64,22 @@ def _timeline(records: list[ModuleRecord]) -> dict[str, Any]:
 
 def report_data(root: ModuleRecord, meta: dict[str, Any] | None = None) -> dict[str, Any]:
     """What the page draws: metrics and columns (name, label, unit), one node per module with its values and
-    their printed forms, and a step's timeline."""
+    their printed forms (a container never called, ``summed``, with its children's totals: ``record/summed.py``),
+    and a step's timeline."""
     records = list(PreOrderIter(root))
-    metrics = _present(records, root, METRICS)
-    columns = [c for c in _present(records, root, _TABLE + tuple(METRICS)) if c != "time_percent"] + (
-        ["time_percent"] if "time_percent" in _present(records, root, ("time_percent",)) else [])
+    tree = TreeValues(root)
+    metrics = _present(records, tree, METRICS)
+    columns = [c for c in _present(records, tree, _TABLE + tuple(METRICS)) if c != "time_percent"] + (
+        ["time_percent"] if "time_percent" in _present(records, tree, ("time_percent",)) else [])
     shown_fields = list(dict.fromkeys(metrics + columns))
     index = {record.name: i for i, record in enumerate(records)}
     nodes = []
     for record in records:
-        values = {name: _value(record, name, root) for name in shown_fields}
+        values = {name: _value(tree, record, name) for name in shown_fields}
         nodes.append({
             "name": record.name, "label": record.short_name or record.type, "type": record.type,
             "depth": record.depth, "parent": None if record.parent is None else index[record.parent.name],
+            "summed": tree.summed(record),
             "values": values,
             "shown": {name: format_value(FIELDS[name].unit, value) for name, value in values.items()},
         })
@@ -82,7 +90,7 @@ def report_data(root: ModuleRecord, meta: dict[str, Any] | None = None) -> dict[
         "metrics": [{"name": m, "label": FIELDS[m].label} for m in metrics],
         "columns": [{"name": c, "label": FIELDS[c].label, "numeric": True} for c in columns],
         "nodes": nodes,
-        "timeline": _timeline(records),
+        "timeline": _timeline(records, tree),
     }
 
 
@@ -90,11 +98,26 @@ def _asset(name: str) -> str:
     return resources.files(__package__).joinpath("report_assets", name).read_text(encoding="utf-8")
 
 
+# Inside <script>, "</script" ends the element and "<!--" followed by "<script" makes the tokenizer look for a
+# second "</script>" that never comes (the page goes blank); JSON may spell any character as \uXXXX, so none of
+# <, > or & reaches the HTML parser, and U+2028/U+2029 (line breaks to older JavaScript) are spelled out too.
+_SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
+                              "\u2029": "\\u2029"})
+
+
+def script_json(data: Any) -> str:
+    """``data`` as JSON text that is safe inside an HTML ``<script>`` element, whatever strings it holds.
+
+    >>> script_json({"name": "</script><!--<script>&"})
+    '{"name": "\\\\u003c/script\\\\u003e\\\\u003c!--\\\\u003cscript\\\\u003e\\\\u0026"}'
+    """
+    return json.dumps(data, ensure_ascii=False, allow_nan=False).translate(_SCRIPT_SAFE)
+
+
 def report_html(root: ModuleRecord, meta: dict[str, Any] | None = None) -> str:
     """The report page as HTML text."""
     data = report_data(root, meta)
-    # "</" inside a script element would end it; JSON allows "<\/".
-    payload = json.dumps(data, ensure_ascii=False, allow_nan=False).replace("</", "<\\/")
+    payload = script_json(data)
     title = html.escape(data["title"])
     return f"""<!DOCTYPE html>
 <html lang="en">
@@ -126,6 +149,7 @@ def report_html(root: ModuleRecord, meta: dict[str, Any] | None = None) -> str:
     <input id="filter" type="search" placeholder="filter by name or type"> <span id="count"></span>
   </div>
   <table id="records"><thead></thead><tbody></tbody></table>
+  <button id="more" type="button" hidden></button>
 </section>
 <div id="tooltip" hidden></div>
 <script type="application/json" id="layerprof-data">{payload}</script>

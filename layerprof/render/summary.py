@@ -9,11 +9,15 @@ from typing import Iterable
 
 from .._check import check_int
 from ..record.records import ModuleRecord
+from ..record.summed import TreeValues, ran
 from .columns import Column, resolve_columns
 from .footer import summary_footer
 from .units import format_count, format_ms
 
-__all__ = ["annotated_repr", "summary_header"]
+__all__ = ["annotated_repr", "summary_header", "SUMMED_NOTE"]
+
+# Marks a module never called itself (a ModuleList) that shows the totals of its children (``record/summed.py``).
+SUMMED_NOTE = "sum of its children: not called itself"
 
 
 def _indent(text: str, spaces: int) -> str:
@@ -23,12 +27,15 @@ def _indent(text: str, spaces: int) -> str:
     return lines[0] + "\n" + "\n".join(" " * spaces + line for line in lines[1:])
 
 
-def _annotation(record: ModuleRecord, root: ModuleRecord, columns: list[Column]) -> str:
+def _annotation(record: ModuleRecord, values: TreeValues, columns: list[Column]) -> str:
     if not columns:  # columns=(): the model's plain repr
         return ""
-    if record.calls == 0 and record.recompute_ms is None:
+    summed = values.summed(record)
+    if not summed and not ran(record):
         return "【not run】"
-    parts = [column.text(record, root) for column in columns]
+    parts = [column.text(values.view(record), values.view(values.root)) for column in columns]
+    if summed:
+        parts.append(SUMMED_NOTE)
     if record.calls not in (0, 1) and all(column.name != "calls" for column in columns):
         parts.append(f"{format_count(record.calls)} calls")
     steps, steps_run = getattr(record, "steps", 0), getattr(record, "steps_run", 0)
@@ -37,14 +44,16 @@ def _annotation(record: ModuleRecord, root: ModuleRecord, columns: list[Column])
     return "【" + " | ".join(parts) + "】"
 
 
-def _render(record: ModuleRecord, root: ModuleRecord, columns: list[Column], depth: int | None,
+def _render(record: ModuleRecord, values: TreeValues, columns: list[Column], depth: int | None,
             aliases: dict[str, list[tuple[str, ModuleRecord]]]) -> str:
     lines = record.extra_repr.split("\n") if record.extra_repr else []
-    expand = depth is None or record.depth < depth
+    # A summed container takes no level: its children are at its depth, shown wherever it is.
+    shown = values.shown_depth(record)
+    expand = depth is None or shown < depth or (shown == depth and values.summed(record) and record.parent is not None)
     if expand:
         entries: list[tuple[str, str]] = []
         for child in record.children:
-            child_text = _render(child, root, columns, depth, aliases)
+            child_text = _render(child, values, columns, depth, aliases)
             entries.append((child.short_name, f"({child.short_name}): " + _indent(child_text, 2)))
         for key, target in aliases.get(record.name, ()):
             note = f"same module as '{target.name}'"
@@ -53,7 +62,7 @@ def _render(record: ModuleRecord, root: ModuleRecord, columns: list[Column], dep
         lines.extend(line for _, line in entries)
     elif record.children:
         lines.append(f"... {len(record.children)} children")
-    head = record.type + _annotation(record, root, columns) + "("
+    head = record.type + _annotation(record, values, columns) + "("
     if not lines:
         return head + ")"
     if len(lines) == 1 and not record.children:
@@ -82,21 +91,27 @@ def _alias_positions(root: ModuleRecord) -> dict[str, list[tuple[str, ModuleReco
     return positions
 
 
-def summary_header(root: ModuleRecord) -> str:
-    """One line with the step's totals and what the percentages are of."""
-    return (
-        f"Step: forward {format_ms(root.forward_ms)}, backward {format_ms(root.backward_ms)}, "
-        f"total {format_ms(root.total_ms)}; percentages are of the total (forward + backward of the model)."
-    )
+def summary_header(root: ModuleRecord, values: TreeValues | None = None) -> str:
+    """One line with the step's totals and what the percentages are of. A root that was not called (a trainer
+    calling ``model.net(x)``) totals its top-level modules that ran, and the line says so."""
+    values = values or TreeValues(root)
+    totals = [format_ms(values.value(root, name)) for name in ("forward_ms", "backward_ms", "total_ms")]
+    step = f"forward {totals[0]}, backward {totals[1]}, total {totals[2]}"
+    if values.summed(root):
+        return (f"Step: {step}, summed over the top-level modules that ran (the model itself was not called); "
+                "percentages are of that total.")
+    return f"Step: {step}; percentages are of the total (forward + backward of the model)."
 
 
 def annotated_repr(root: ModuleRecord, columns: Iterable[str] | None = None, depth: int | None = None,
                    header: bool = True, footer: bool = False) -> str:
-    """The model's repr with each module's costs; ``depth`` limits how deep modules are expanded (root = 0).
+    """The model's repr with each module's costs; ``depth`` limits how deep modules are expanded (root = 0; a
+    summed container such as a ModuleList takes no level, so ``depth=2`` shows BERT's ``encoder.layer.0``).
     ``footer`` adds totals below it: model size, activation and saved memory, the largest modules."""
     depth = check_int("depth", depth, none=True)
     chosen = resolve_columns(columns, root=root)
-    body = _render(root, root, chosen, depth, _alias_positions(root))
-    text = (summary_header(root) + "\n" + body) if header else body
+    values = TreeValues(root)
+    body = _render(root, values, chosen, depth, _alias_positions(root))
+    text = (summary_header(root, values) + "\n" + body) if header else body
     totals = summary_footer(root) if footer else ""
     return text + "\n" + totals if totals else text

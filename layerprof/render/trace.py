@@ -6,7 +6,8 @@ One process (the model); threads are tracks: ``forward``, ``backward`` and, unde
 slice is a complete event (``"ph": "X"``) in microseconds. Within a track, slices nest: a slice that would
 overlap a sibling without containing it (a clock from another device, an unusual graph) goes to an extra track
 of the same pass instead of breaking the nesting. Times are kept in integer nanoseconds while tracks are laid
-out, so containment is exact, and a child that outlasts its parent by under 1 ns is trimmed to fit.
+out, so containment is exact, and a child that outlasts its parent by under 1 ns is trimmed to fit; they are
+written as binary fractions of a microsecond, so that containment stays exact when a reader adds ``ts + dur``.
 """
 from __future__ import annotations
 
@@ -43,6 +44,13 @@ class TraceSlice:
 
 def _ns(ms: float) -> int:
     return int(round(ms * 1e6))
+
+
+def _us(ns: int) -> float:
+    """Microseconds in multiples of 2**-10 µs (about 1 ns). Such numbers, and sums of two of them, are exact in a
+    double up to 2**43 µs (100 days), so a reader's ``ts + dur`` is exactly the end written: with ``ns / 1000``
+    a child ending at its parent's instant could end 6e-11 µs after it, and a reader closes the parent first."""
+    return round(ns * 1024 / 1000) / 1024
 
 
 def call_slices(records: Iterable[ModuleRecord]) -> list[TraceSlice]:
@@ -124,8 +132,8 @@ def trace_document(root: ModuleRecord, meta: dict[str, Any] | None = None) -> di
             "name": piece.name,
             "cat": piece.phase,
             "ph": "X",
-            "ts": piece.start_ns / 1000.0,
-            "dur": piece.duration_ns / 1000.0,
+            "ts": _us(piece.start_ns),
+            "dur": _us(piece.end_ns) - _us(piece.start_ns),
             "pid": _PID,
             "tid": track.tid,
             "args": {"module": piece.module, "type": piece.type, "call": piece.call, "step": piece.step},

@@ -38,6 +38,7 @@
   function hideTooltip() { tooltip.hidden = true; }
   function nodeLines(node) {
     const lines = [[fullName(node), node.type]];
+    if (node.summed) lines.push(["sum of its children:", "not called itself"]);
     data.columns.concat(data.metrics).forEach((c) => {
       if (!lines.some((l) => l[0] === c.label)) lines.push([c.label, node.shown[c.name]]);
     });
@@ -45,50 +46,104 @@
   }
 
   // -- icicle: a row per depth below the zoomed node, widths in proportion to the metric ------------------
+  // Children narrower than MIN_CELL pixels are drawn as one "other" cell per parent: nothing is dropped, and
+  // the number of cells stays bounded by the width of the page, however many modules the model has.
+  const MIN_CELL = 1;
   function layout(node, x0, x1, out) {
-    out.push({ node: node, x0: x0, x1: x1 });
+    out.push({ node: node, depth: node.depth, x0: x0, x1: x1 });
     const kids = node.children.filter((c) => value(c) > 0);
     const total = Math.max(value(node), kids.reduce((s, c) => s + value(c), 0));
-    let x = x0;
+    if (!(total > 0)) return out;
+    const scale = (x1 - x0) / total, small = [];
+    let x = x0, rest = 0;
     kids.forEach((child) => {
-      const w = total > 0 ? (x1 - x0) * value(child) / total : 0;
-      if (w > 0.5) layout(child, x, x + w, out);
-      x += w;
+      const w = value(child) * scale;
+      if (w >= MIN_CELL) { layout(child, x, x + w, out); x += w; } else { small.push(child); rest += w; }
     });
+    if (small.length) out.push({ node: node, other: small, depth: node.depth + 1, x0: x, x1: x + rest });
     return out;
   }
+  function otherLines(cell) {
+    const ranked = cell.other.slice().sort((a, b) => value(b) - value(a));
+    const lines = [["other", cell.other.length + " modules of " + fullName(cell.node) + ", each under " + MIN_CELL + " px"]];
+    ranked.slice(0, 5).forEach((n) => lines.push([fullName(n), n.shown[state.metric]]));
+    if (ranked.length > 5) lines.push(["\u2026", (ranked.length - 5) + " more"]);
+    return lines;
+  }
+  let icicleCells = [];
   function drawIcicle() {
     const svg = document.getElementById("icicle");
     clear(svg);
     const width = svg.clientWidth || 1000, rowHeight = 22;
-    const cells = state.metric ? layout(state.zoom, 0, width, []) : [];
+    const cells = icicleCells = state.metric ? layout(state.zoom, 0, width, []) : [];
     const base = state.zoom.depth;
-    const depth = cells.reduce((d, c) => Math.max(d, c.node.depth - base), 0);
+    const depth = cells.reduce((d, c) => Math.max(d, c.depth - base), 0);
     svg.setAttribute("viewBox", "0 0 " + width + " " + (depth + 1) * rowHeight);
     svg.setAttribute("height", (depth + 1) * rowHeight);
     svg.setAttribute("data-zoom", state.zoom.name);
-    cells.forEach(({ node, x0, x1 }) => {
-      const g = el("g", { class: "cell", "data-name": node.name, transform: "translate(" + x0 + "," + (node.depth - base) * rowHeight + ")" }, svg);
-      el("rect", { width: Math.max(x1 - x0, 0), height: rowHeight, fill: color(node) }, g);
-      const text = el("text", { x: 4, y: 15 }, g);
-      const label = node === state.zoom ? fullName(node) : node.label;
-      const room = Math.floor((x1 - x0 - 8) / 6.5);
-      text.textContent = room >= label.length ? label : (room > 3 ? label.slice(0, room - 1) + "\u2026" : "");
-      const title = el("title", {}, g); title.textContent = fullName(node);  // the name, even where the box is narrow
-      g.addEventListener("click", () => zoomTo(node === state.zoom && node.parent !== null ? nodes[node.parent] : node));
-      g.addEventListener("mousemove", (event) => showTooltip(event, nodeLines(node)));
-      g.addEventListener("mouseleave", hideTooltip);
+    const fragment = document.createDocumentFragment();
+    cells.forEach((cell, i) => {
+      const node = cell.node, other = !!cell.other;
+      const g = el("g", { class: other ? "cell other" : node.summed ? "cell summed" : "cell", "data-cell": i,
+                          transform: "translate(" + cell.x0 + "," + (cell.depth - base) * rowHeight + ")" }, fragment);
+      if (!other) g.setAttribute("data-name", node.name);
+      el("rect", { width: Math.max(cell.x1 - cell.x0, 0), height: rowHeight, fill: other ? "#d5d9e0" : color(node) }, g);
+      const label = other ? "other (" + cell.other.length + ")" : node === state.zoom ? fullName(node) : node.label;
+      const room = Math.floor((cell.x1 - cell.x0 - 8) / 6.5);
+      if (room > 3) {
+        const text = el("text", { x: 4, y: 15 }, g);
+        text.textContent = room >= label.length ? label : label.slice(0, room - 1) + "\u2026";
+      }
+      // the name, even where the box is narrow
+      el("title", {}, g).textContent = other ? cell.other.length + " modules under " + fullName(node) : fullName(node);
     });
+    svg.appendChild(fragment);
     const crumbs = document.getElementById("crumbs");
     const path = []; for (let n = state.zoom; n; n = n.parent === null ? null : nodes[n.parent]) path.unshift(fullName(n));
     crumbs.textContent = path.join(" \u203A ") + " \u2014 " + (state.zoom.shown[state.metric] || "");
   }
+  function icicleCell(event) {
+    const g = event.target.closest ? event.target.closest("g.cell") : null;
+    return g ? icicleCells[+g.getAttribute("data-cell")] : null;
+  }
+  function wireIcicle() {
+    const svg = document.getElementById("icicle");
+    svg.addEventListener("click", (event) => {
+      const cell = icicleCell(event); if (!cell) return;
+      const node = cell.node;  // an "other" cell zooms to its parent, where its modules get wider
+      zoomTo(node === state.zoom && !cell.other && node.parent !== null ? nodes[node.parent] : node);
+    });
+    svg.addEventListener("mousemove", (event) => {
+      const cell = icicleCell(event);
+      if (cell) showTooltip(event, cell.other ? otherLines(cell) : nodeLines(cell.node)); else hideTooltip();
+    });
+    svg.addEventListener("mouseleave", hideTooltip);
+  }
   function zoomTo(node) { state.zoom = node; hideTooltip(); drawIcicle(); }
 
   // -- timeline: forward and backward lanes, a row per depth ----------------------------------------------
+  // Slices under MIN_SLICE pixels that follow one another in a row are drawn as one grey run ("N calls").
+  const MIN_SLICE = 1;
+  let timelineItems = [];
+  function timelineRuns(lane, scale) {
+    const rows = new Map(), items = [];
+    lane.forEach((s) => { if (!rows.has(s.depth)) rows.set(s.depth, []); rows.get(s.depth).push(s); });
+    rows.forEach((row) => {
+      let run = null;
+      const flush = () => { if (run) { items.push(run.slices.length === 1 ? { slice: run.slices[0] } : run); run = null; } };
+      row.forEach((s) => {
+        if (s.duration * scale >= MIN_SLICE) { flush(); items.push({ slice: s }); return; }
+        if (run && s.start * scale <= run.end * scale + MIN_SLICE) { run.slices.push(s); run.end = Math.max(run.end, s.start + s.duration); return; }
+        flush(); run = { slices: [s], start: s.start, end: s.start + s.duration, depth: s.depth };
+      });
+      flush();
+    });
+    return items;
+  }
   function drawTimeline() {
     const svg = document.getElementById("timeline");
     clear(svg);
+    timelineItems = [];
     const slices = data.timeline.slices;
     document.getElementById("timeline-caption").textContent = slices.length
       ? "(step " + data.timeline.step + ", one row per depth)" : "(no calls recorded)";
@@ -96,44 +151,88 @@
     const width = svg.clientWidth || 1000, left = 70, rowHeight = 14;
     const end = slices.reduce((m, s) => Math.max(m, s.start + s.duration), 0) || 1;
     const scale = (width - left - 4) / end;
+    const fragment = document.createDocumentFragment();
     let y = 0;
     ["forward", "backward"].forEach((phase) => {
       const lane = slices.filter((s) => s.phase === phase);
       if (!lane.length) return;
       const depths = lane.reduce((m, s) => Math.max(m, s.depth), 0) + 1;
-      const label = el("text", { x: 4, y: y + 12, class: "lane-label" }, svg); label.textContent = phase;
-      lane.forEach((s) => {
-        const g = el("g", { class: "slice" }, svg);
-        const x = left + s.start * scale, w = Math.max(s.duration * scale, 0.5);
-        el("rect", { x: x, y: y + s.depth * rowHeight, width: w, height: rowHeight - 1,
-                     fill: "hsl(" + hue(s.type) + ", 55%, " + (phase === "forward" ? 68 : 58) + "%)" }, g);
-        if (w > 40) { const t = el("text", { x: x + 3, y: y + s.depth * rowHeight + 11 }, g); t.textContent = s.name.split(".").pop(); }
-        g.addEventListener("mousemove", (event) => showTooltip(event, [[s.name, s.type], [phase, s.shown]]));
-        g.addEventListener("mouseleave", hideTooltip);
+      el("text", { x: 4, y: y + 12, class: "lane-label" }, fragment).textContent = phase;
+      timelineRuns(lane, scale).forEach((item) => {
+        const s = item.slice, i = timelineItems.push({ phase: phase, item: item }) - 1;
+        const g = el("g", { class: s ? "slice" : "slice run", "data-item": i }, fragment);
+        const start = s ? s.start : item.start, duration = s ? s.duration : item.end - item.start;
+        const depth = s ? s.depth : item.depth;
+        const x = left + start * scale, w = Math.max(duration * scale, 0.5);
+        el("rect", { x: x, y: y + depth * rowHeight, width: w, height: rowHeight - 1,
+                     fill: s ? "hsl(" + hue(s.type) + ", 55%, " + (phase === "forward" ? 68 : 58) + "%)" : "#c3c8d0" }, g);
+        if (s && w > 40) el("text", { x: x + 3, y: y + depth * rowHeight + 11 }, g).textContent = s.name.split(".").pop();
       });
       y += depths * rowHeight + 8;
     });
+    svg.appendChild(fragment);
     svg.setAttribute("viewBox", "0 0 " + width + " " + y);
     svg.setAttribute("height", y);
   }
+  function wireTimeline() {
+    const svg = document.getElementById("timeline");
+    svg.addEventListener("mousemove", (event) => {
+      const g = event.target.closest ? event.target.closest("g.slice") : null;
+      if (!g) { hideTooltip(); return; }
+      const { phase, item } = timelineItems[+g.getAttribute("data-item")];
+      if (item.slice) { showTooltip(event, [[item.slice.name, item.slice.type], [phase, item.slice.shown]]); return; }
+      const first = item.slices[0], last = item.slices[item.slices.length - 1];
+      showTooltip(event, [[item.slices.length + " calls", "each under " + MIN_SLICE + " px"],
+                          ["from", first.name], ["to", last.name]]);
+    });
+    svg.addEventListener("mouseleave", hideTooltip);
+  }
 
-  // -- table: click a header to sort, type to filter ------------------------------------------------------
+  // -- table: click a header to sort, type to filter; rows are added PAGE at a time (a 10,000-module model's
+  // full table would take seconds to lay out on every keystroke) --------------------------------------------
+  const PAGE = 200;
   const columns = [{ name: "name", label: "Name" }, { name: "type", label: "Type" }].concat(data.columns);
-  function drawTable() {
-    const head = document.querySelector("#records thead"), body = document.querySelector("#records tbody");
-    clear(head); clear(body);
+  const haystack = nodes.map((n) => fullName(n).toLowerCase() + "\n" + n.type.toLowerCase());
+  let tableRows = [];
+  function drawHead() {
+    const head = document.querySelector("#records thead");
+    clear(head);
     const tr = document.createElement("tr");
     columns.forEach((c) => {
       const th = document.createElement("th");
       th.textContent = c.label; th.className = c.name === "name" || c.name === "type" ? c.name : "";
       if (state.sortBy === c.name) th.classList.add(state.sortDesc ? "sorted-desc" : "sorted-asc");
       th.addEventListener("click", () => { state.sortDesc = state.sortBy === c.name ? !state.sortDesc : c.name !== "name" && c.name !== "type";
-                                           state.sortBy = c.name; drawTable(); });
+                                           state.sortBy = c.name; drawHead(); drawTable(); });
       tr.appendChild(th);
     });
     head.appendChild(tr);
+  }
+  function tableRow(n) {
+    const row = document.createElement("tr");
+    row.setAttribute("data-node", n.index);
+    columns.forEach((c) => {
+      const td = document.createElement("td");
+      td.className = c.name === "name" || c.name === "type" ? c.name : "";
+      if (c.name === "name") { td.textContent = td.title = fullName(n); td.style.paddingLeft = (8 + 12 * n.depth) + "px"; }
+      else td.textContent = c.name === "type" ? n.type : n.shown[c.name];
+      row.appendChild(td);
+    });
+    return row;
+  }
+  function showRows(count) {
+    const body = document.querySelector("#records tbody"), fragment = document.createDocumentFragment();
+    const shown = body.childElementCount;
+    tableRows.slice(shown, shown + count).forEach((n) => fragment.appendChild(tableRow(n)));
+    body.appendChild(fragment);
+    const left = tableRows.length - body.childElementCount, more = document.getElementById("more");
+    more.hidden = left <= 0;
+    more.textContent = "show " + Math.min(left, PAGE) + " more (" + left + " left)";
+  }
+  function drawTable() {
+    clear(document.querySelector("#records tbody"));
     const needle = state.filter.toLowerCase();
-    let rows = nodes.filter((n) => !needle || fullName(n).toLowerCase().includes(needle) || n.type.toLowerCase().includes(needle));
+    let rows = needle ? nodes.filter((n) => haystack[n.index].includes(needle)) : nodes;
     if (state.sortBy) {
       const key = state.sortBy, sign = state.sortDesc ? -1 : 1;
       const get = (n) => key === "name" ? fullName(n) : key === "type" ? n.type : n.values[key];
@@ -145,19 +244,16 @@
         return (x < y ? -1 : 1) * sign;
       });
     }
-    rows.forEach((n) => {
-      const row = document.createElement("tr");
-      columns.forEach((c) => {
-        const td = document.createElement("td");
-        td.className = c.name === "name" || c.name === "type" ? c.name : "";
-        if (c.name === "name") { td.textContent = fullName(n); td.style.paddingLeft = (8 + 12 * n.depth) + "px"; }
-        else td.textContent = c.name === "type" ? n.type : n.shown[c.name];
-        row.appendChild(td);
-      });
-      row.addEventListener("click", () => zoomTo(n));
-      body.appendChild(row);
-    });
+    tableRows = rows;
+    showRows(PAGE);
     document.getElementById("count").textContent = rows.length + " of " + nodes.length + " modules";
+  }
+  function wireTable() {
+    document.querySelector("#records tbody").addEventListener("click", (event) => {
+      const row = event.target.closest ? event.target.closest("tr") : null;
+      if (row) zoomTo(nodes[+row.getAttribute("data-node")]);
+    });
+    document.getElementById("more").addEventListener("click", () => showRows(PAGE));
   }
 
   // -- wiring ---------------------------------------------------------------------------------------------
@@ -168,13 +264,20 @@
   document.getElementById("zoom-out").addEventListener("click", () => zoomTo(root));
   document.getElementById("filter").addEventListener("input", (event) => { state.filter = event.target.value; drawTable(); });
   window.addEventListener("resize", () => { drawIcicle(); drawTimeline(); });
-  drawIcicle(); drawTimeline(); drawTable();
+  wireIcicle(); wireTimeline(); wireTable();
+  drawIcicle(); drawTimeline(); drawHead(); drawTable();
 
   // A check a headless browser can run: open the file with #selftest and read #selftest from the DOM.
   if (location.hash === "#selftest") {
-    const result = { names: [], tooltip: null, zoomedTo: null, cellsAfterZoom: 0, metrics: [], rows: 0,
-                     sortedFirst: null, filtered: 0 };
-    document.querySelectorAll("#icicle g.cell").forEach((g) => result.names.push(g.getAttribute("data-name")));
+    const result = { names: [], others: [], summed: [], tooltip: null, zoomedTo: null, cellsAfterZoom: 0, metrics: [],
+                     rows: 0, sortedFirst: null, filtered: 0, slices: document.querySelectorAll("#timeline g.slice").length,
+                     tableNames: Array.from(document.querySelectorAll("#records tbody td.name")).map((td) => td.textContent),
+                     elements: Array.from(new Set(Array.from(document.querySelectorAll("body *")).map((e) => e.localName))).sort() };
+    document.querySelectorAll("#icicle g.cell").forEach((g) => {
+      const cell = icicleCells[+g.getAttribute("data-cell")];
+      if (cell.other) result.others.push([cell.node.name, cell.other.length]); else result.names.push(cell.node.name);
+      if (g.classList.contains("summed")) result.summed.push(g.getAttribute("data-name"));
+    });
     const first = document.querySelector("#icicle g.cell");
     first.dispatchEvent(new MouseEvent("mousemove", { bubbles: true, clientX: 20, clientY: 20 }));
     result.tooltip = tooltip.hidden ? null : tooltip.textContent;
