@@ -165,7 +165,7 @@ def test_no_bytes_without_the_flops_meter() -> None:
 def test_resnet18_invariants() -> None:
     torchvision = pytest.importorskip("torchvision")
     model = torchvision.models.resnet18(weights=None)
-    prof = profile(model, torch.randn(1, 3, 32, 32))
+    prof = profile(model, torch.randn(2, 3, 32, 32))
     records = list(prof.records.values())
     for record in records:
         for field in ("bytes_forward", "bytes_backward"):
@@ -175,6 +175,6 @@ def test_resnet18_invariants() -> None:
     # every op is credited to exactly one module as its own: the self figures add up to the model's
     assert sum(record.self_bytes for record in records) == prof.tree.bytes_forward + prof.tree.bytes_backward
     assert sum(record.self_flops for record in records) == prof.tree.flops_forward + prof.tree.flops_backward
-    # the first conv's input 1*3*32*32*4 = 12288 bytes and weight 64*3*7*7*4 = 37632 are read, its output
-    # 1*64*16*16*4 = 65536 written
-    assert prof.records["conv1"].bytes_forward == 12288 + 37632 + 65536
+    # the first conv's input 2*3*32*32*4 = 24576 bytes and weight 64*3*7*7*4 = 37632 are read, its output
+    # 2*64*16*16*4 = 131072 written
+    assert prof.records["conv1"].bytes_forward == 24576 + 37632 + 131072
