@@ -24,7 +24,8 @@ __all__ = [
 ]
 
 # How a unit prints is units.py's business; this is the list of units a field may have.
-UNITS = ("ms", "bytes", "flops", "flop/s", "macs", "count", "percent", "shapes", "text", "data")
+UNITS = ("ms", "bytes", "flops", "flop/s", "macs", "count", "percent", "shapes", "text", "data", "flop/byte", "byte/s",
+         "ratio")
 COMBINES = ("sum", "max", "none")
 
 

@@ -1,0 +1,138 @@
+"""The roofline: machine peaks (measured or given), per-module attainable time, efficiency, bound, lost time.
+
+Classification runs on this CPU against its measured peaks. The machine is shared, so a module's mean time
+can be inflated by other processes while the peaks are the best of several repeats: the efficiency tests take
+the best of a few short profiles, as ``peaks()`` takes the best of a few repeats."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import layerprof
+from layerprof import LayerProf
+from layerprof.metrics.roofline import OVERHEAD_RATIO
+from layerprof.record.fields import FIELDS
+
+GIVEN = {"flops": 1e9, "bandwidth": 1e6}  # 1 GFLOP/s, 1 MB/s: round numbers for exact figures
+
+
+def profile(model: nn.Module, make_input, steps: int = 3, **kwargs) -> LayerProf:
+    """Several steps, so that times come from steps the flops meter did not slow down."""
+    with LayerProf(model, metrics=("flops",), **kwargs) as prof:
+        for _ in range(steps):
+            out = model(make_input())
+            if out.requires_grad:  # a dense gradient: the ones of .sum()'s backward are a stride-0 expand,
+                out.backward(torch.ones_like(out))  # which sends a matmul off its fast kernel
+            prof.step()
+    return prof
+
+
+def best_of(attempts: int, make_profile, name: str, enough: float = 1.0):
+    """The record of ``name`` with the highest efficiency over up to ``attempts`` profiles (the least disturbed
+    by the other processes on this machine), stopping at one that reaches ``enough``."""
+    best = None
+    for _ in range(attempts):
+        record = make_profile().profile.records[name]
+        if best is None or FIELDS["efficiency"].value(record) > FIELDS["efficiency"].value(best):
+            best = record
+        if FIELDS["efficiency"].value(best) >= enough:
+            break
+    return best
+
+
+def test_peaks_measured_once_and_cached() -> None:
+    roofs = layerprof.peaks("cpu")
+    assert roofs is layerprof.peaks("cpu") is layerprof.peaks(torch.device("cpu"), torch.float32)
+    assert roofs["device"] == "cpu" and roofs["dtype"] == "float32" and roofs["source"] == "measured"
+    assert roofs["threads"] == torch.get_num_threads() == 1  # conftest runs single-threaded
+    # a plausible CPU core: between 1 GFLOP/s and 10 TFLOP/s, between 100 MB/s and 1 TB/s
+    assert 1e9 < roofs["flops"] < 1e13 and 1e8 < roofs["bandwidth"] < 1e12
+
+
+def test_given_peaks_give_exact_figures_and_are_not_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(layerprof.profile, "measure_peaks", lambda *a, **k: pytest.fail("peaks were measured"))
+    net = nn.Linear(8, 16)
+    prof = profile(net, lambda: torch.randn(4, 8), peaks=GIVEN)
+    record = prof.tree
+    assert prof.meta["peaks"] == {**GIVEN, "source": "given"}
+    # forward only (no input needs a gradient; the sum's backward reaches the weight): own ops are the addmm
+    # (2*4*8*16 = 1024 FLOPs, 960 bytes, see test_bytes) and the weight and bias gradients: g^T @ x
+    # (2*16*4*8 = 1024 FLOPs; reads g 256 + x 128, writes 512) and g.sum(0) (reads 256, writes 64)
+    assert record.self_flops == 1024 + 1024 and record.self_bytes == 960 + 896 + 320
+    row, self_ms = prof.roofline()[0], record.self_forward_ms + record.self_backward_ms
+    # compute 2048 / 1e9 s = 0.002048 ms; memory 2176 / 1e6 s = 2.176 ms: memory is the larger term
+    assert row["attainable_ms"] == pytest.approx(2.176)
+    assert row["efficiency"] == pytest.approx(2.176 / self_ms)
+    assert row["intensity"] == pytest.approx(2048 / 2176)
+    assert row["lost_ms"] == pytest.approx(max(0.0, self_ms - 2.176))
+    assert row["bound"] == ("overhead" if self_ms > OVERHEAD_RATIO * 2.176 else "memory")
+
+
+def test_peaks_measured_only_when_a_roofline_figure_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    monkeypatch.setattr(layerprof.profile, "measure_peaks",
+                        lambda *args, **kwargs: calls.append(args) or {"flops": 1e9, "bandwidth": 1e9})
+    net = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    prof = profile(net, lambda: torch.randn(4, 8))
+    prof.layerwise_summary(), prof.top(3), prof.rows(), prof.to_json(), prof.to_report()
+    assert calls == [] and "peaks" not in prof.meta
+    assert prof.layerwise_summary(columns=("bound",)).count("Bound: ") == 3
+    assert calls == [("cpu", "float32")] and prof.meta["peaks"]["flops"] == 1e9
+    prof.roofline(), prof.top(2, by="lost_ms")
+    assert len(calls) == 1  # kept in meta: measured once per profile (and cached per process)
+
+
+def test_bad_peaks_are_refused_early() -> None:
+    net = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="'bandwidth'"):
+        LayerProf(net, peaks={"flops": 1e12})
+    with pytest.raises(ValueError, match=r"peaks\['flops'\] must be a positive"):
+        LayerProf(net, peaks={"flops": -1, "bandwidth": 1e9})
+    with pytest.raises(TypeError, match="peaks must be a dict"):
+        LayerProf(net, peaks=1e12)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        layerprof.peaks("cpu", "float7")
+
+
+def test_big_matmul_is_compute_bound_near_the_roof() -> None:
+    net = nn.Linear(512, 512, bias=False)  # the peak's own 512 x 512 x 512 matmul
+    x = torch.randn(512, 512)
+    # Forward only, many steps of one 3 ms kernel: on this shared machine the mean step is slowed by the other
+    # processes by a varying factor, the fastest step much less so (as the peaks are the fastest of repeats).
+    with torch.no_grad():
+        record = profile(net, lambda: x, steps=25).profile.records[""]
+    assert FIELDS["bound"].value(record) == "compute"
+    attainable = FIELDS["attainable_ms"].value(record)
+    assert attainable == pytest.approx(1000 * 2 * 512**3 / layerprof.peaks("cpu")["flops"])
+    # The efficiency of the least disturbed step: 0.7 to 1, and up to 10 % over where the peak itself was
+    # measured in a disturbed moment (the repeatability peaks() aims at on a shared machine).
+    assert 0.7 <= attainable / record.forward_ms_min <= 1.1
+    assert FIELDS["efficiency"].value(record) == pytest.approx(attainable / record.self_forward_ms)
+
+
+def test_layer_norm_and_relu_on_a_big_tensor_are_memory_bound() -> None:
+    x = torch.randn(2048, 1024, requires_grad=True)  # 8 MiB
+    for net in (nn.LayerNorm(1024), nn.ReLU()):
+        record = best_of(5, lambda: profile(net, lambda: x, steps=2), "", enough=1 / OVERHEAD_RATIO)
+        assert FIELDS["bound"].value(record) == "memory", (net, FIELDS["efficiency"].value(record))
+        assert FIELDS["intensity"].value(record) < 1
+
+
+def test_stack_of_tiny_linears_is_overhead_bound() -> None:
+    net = nn.Sequential(*[nn.Linear(4, 4) for _ in range(8)])
+    prof = profile(net, lambda: torch.randn(2, 4, requires_grad=True))
+    for index in range(8):
+        assert FIELDS["bound"].value(prof.records[str(index)]) == "overhead"
+    assert {row["bound"] for row in prof.roofline()} == {"overhead"}
+
+
+def test_roofline_survives_save_and_load() -> None:
+    net = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    prof = profile(net, lambda: torch.randn(4, 8), peaks=GIVEN)
+    loaded = layerprof.loads(prof.to_json())
+    assert loaded.meta["peaks"] == prof.meta["peaks"]
+    assert [row["bound"] for row in loaded.roofline()] == [row["bound"] for row in prof.roofline()]
+    assert json.loads(prof.to_json())["meta"]["peaks"]["bandwidth"] == 1e6
