@@ -28,6 +28,7 @@ from .profile import Profile, compare, load, loads, save
 from .record import CallTiming, ModuleRecord
 from .render.compare import Comparison
 from .render.plot import plot_icicle, plot_sunburst, plot_top
+from .render.plot_roofline import plot_roofline
 from .render.table import Table
 
 __all__ = [
@@ -36,5 +37,6 @@ __all__ = [
     "Meter", "register_meter", "register_flop_formula", "register_bytes_formula", "register_module_flops", "peaks",
     "ParamsMeter", "ShapesMeter", "MemoryMeter", "FlopMeter", "CommMeter",
     "GatheredProfile", "gather_profile", "register_timed_comm_hook", "plot_sunburst", "plot_icicle", "plot_top",
+    "plot_roofline",
     "__version__",
 ]

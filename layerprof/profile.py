@@ -17,6 +17,7 @@ from .distributed.gather import gather_profile
 from .metrics.peaks import peaks as measure_peaks
 from .record import io
 from .record.records import ModuleRecord, preorder
+from .record.roofs import attach_peaks
 from .render import export
 from .render.compare import Comparison
 from .render.html import html_table, notebook_style
@@ -48,7 +49,7 @@ class Profile:
         )
         self.meta: dict[str, Any] = dict(meta or {})
         # The roofline fields read the peaks through the root; measured only when one of them is first read.
-        tree.__dict__["_roofline_peaks"] = self.peaks
+        attach_peaks(tree, self.peaks)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """``{qualified name: row}`` in ``named_modules()`` order; the root's name is ``""``."""
@@ -214,7 +215,7 @@ class Profile:
 
     # -- plots, distributed, FLOPs ---------------------------------------------------------------------------
     def plot(self, kind: str, metric: str = "total", path: str | None = None, **kwargs: Any) -> Any:
-        """Draw a ``kind`` of plot ("sunburst", "icicle" or "top") of ``metric`` and return its Axes; saves a PNG
+        """Draw a ``kind`` of plot ("sunburst", "icicle", "top" or "roofline") of ``metric`` and return its Axes; saves a PNG
         or SVG only when ``path`` is given. Other keywords go to ``layerprof.plot_<kind>`` (ax, depth, k, ...)."""
         return save_plot(self, kind, metric=metric, path=path, **kwargs)
 

@@ -136,3 +136,56 @@ def test_roofline_survives_save_and_load() -> None:
     assert loaded.meta["peaks"] == prof.meta["peaks"]
     assert [row["bound"] for row in loaded.roofline()] == [row["bound"] for row in prof.roofline()]
     assert json.loads(prof.to_json())["meta"]["peaks"]["bandwidth"] == 1e6
+
+
+def test_top_by_lost_ms_ranks_modules_with_the_reason_beside() -> None:
+    net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
+    prof = profile(net, lambda: torch.randn(32, 64, requires_grad=True), peaks={"flops": 1e11, "bandwidth": 1e10})
+    table = prof.top(3, by="lost_ms")
+    lost = [row["lost_ms"] for row in table]
+    assert lost == sorted(lost, reverse=True) and len(lost) == 3
+    assert table.columns[:7] == ["name", "type", "calls", "lost_ms", "bound", "efficiency", "attainable_ms"]
+    for row in table:
+        record = prof.records[row["name"]]
+        assert row["lost_ms"] == pytest.approx(max(0.0, record.self_forward_ms + record.self_backward_ms
+                                                   - row["attainable_ms"]))
+    summary = prof.layerwise_summary(columns=("bound", "efficiency", "intensity"))
+    assert summary.count("Bound: ") == 4 and "Intensity: " in summary
+
+
+def test_plot_roofline_places_each_module_at_its_own_ops() -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    peaks = {"flops": 1e11, "bandwidth": 1e10}
+    net = nn.Sequential(nn.Linear(64, 64), nn.LayerNorm(64), nn.Linear(64, 8))
+    prof = profile(net, lambda: torch.randn(32, 64, requires_grad=True), peaks=peaks)
+    ax = prof.plot("roofline")
+    drawn = {}
+    for collection in ax.collections:
+        for x, y in collection.get_offsets():
+            drawn.setdefault(collection.get_gid(), []).append((float(x), float(y)))
+    points = [point for group, found in drawn.items() if group != "roofline:model" for point in found]
+    assert len(points) == 3  # the three leaves; the Sequential runs no op of its own
+    linear = prof.records["0"]
+    seconds = (linear.self_forward_ms + linear.self_backward_ms) / 1000
+    at = (linear.self_flops / linear.self_bytes, linear.self_flops / seconds)
+    assert any(x == pytest.approx(at[0]) and y == pytest.approx(at[1]) for x, y in points)
+    norm = prof.records["1"]  # no FLOPs: at the left edge, at its achieved bandwidth along the memory roof
+    edge = min(x for x, _ in points)
+    bandwidth = norm.self_bytes / ((norm.self_forward_ms + norm.self_backward_ms) / 1000)
+    assert any(x == edge and y == pytest.approx(edge * bandwidth) for x, y in points)
+    memory_roof = next(line for line in ax.lines if line.get_gid() == "roof:memory")
+    xs, ys = memory_roof.get_data()
+    assert ys[0] == pytest.approx(xs[0] * 1e10) and ys[-1] == pytest.approx(1e11)  # meets the compute roof
+    plt.close(ax.figure)
+
+
+def test_plot_roofline_needs_flops() -> None:
+    net = nn.Linear(4, 4)
+    with LayerProf(net) as prof:
+        net(torch.randn(2, 4))
+    with pytest.raises(ValueError, match="metrics=\\('flops',\\)"):
+        prof.plot("roofline")

@@ -13,14 +13,15 @@ From the flops meter's figures and the machine's peaks (``collect/peaks.py``, or
 * ``lost_ms``: measured self time minus attainable, the time a better implementation could win.
 
 Self figures (a module's own ops, not its children's) make a parent's point its own work, so the points of a
-tree add up to the step. Peaks come from the root record's ``_roofline_peaks``, a callable the Profile sets
-(peaks are measured only when one of these fields is first read); without it these fields are None.
+tree add up to the step. Peaks come from the tree (``record/roofs.py``), where the Profile attaches a callable
+that measures them only when one of these fields is first read; without peaks these fields are None.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from ..record.fields import FIELDS, Field, declare
+from ..record.roofs import peaks_of
 
 __all__ = ["OVERHEAD_RATIO", "roofline_point", "BOUNDS", "ROOFLINE_FIELDS"]
 
@@ -30,17 +31,6 @@ BOUNDS = ("compute", "memory", "overhead")
 ROOFLINE_FIELDS = ("attainable_ms", "efficiency", "bound", "lost_ms")
 
 
-def _peaks(record: Any) -> dict[str, Any] | None:
-    root = record
-    while True:  # record.root, without anytree's property and generator
-        parent = root.__dict__.get("_NodeMixin__parent")
-        if parent is None:
-            break
-        root = parent
-    source = root.__dict__.get("_roofline_peaks")
-    return source() if callable(source) else source
-
-
 def roofline_point(record: Any, peaks: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """``{flops, bytes, ms, compute_ms, memory_ms, attainable_ms}`` of a module's own ops, or None where
     FLOPs/bytes or its self time were not measured or no peaks are known."""
@@ -48,7 +38,7 @@ def roofline_point(record: Any, peaks: dict[str, Any] | None = None) -> dict[str
     ms = FIELDS["self_total_ms"].value(record)
     if flops is None or moved is None or not ms:
         return None
-    peaks = _peaks(record) if peaks is None else peaks
+    peaks = peaks_of(record) if peaks is None else peaks
     if not peaks:
         return None
     compute_ms, memory_ms = 1000.0 * flops / peaks["flops"], 1000.0 * moved / peaks["bandwidth"]
