@@ -77,11 +77,11 @@ def test_peaks_measured_only_when_a_roofline_figure_is_read(monkeypatch: pytest.
                         lambda *args, **kwargs: calls.append(args) or {"flops": 1e9, "bandwidth": 1e9})
     net = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
     prof = profile(net, lambda: torch.randn(4, 8))
-    prof.layerwise_summary(), prof.top(3), prof.rows(), prof.to_json(), prof.to_report()
+    prof.layerwise_summary(), prof.top(3), prof.rows(), prof.to_json()
     assert calls == [] and "peaks" not in prof.meta
     assert prof.layerwise_summary(columns=("bound",)).count("Bound: ") == 3
     assert calls == [("cpu", "float32")] and prof.meta["peaks"]["flops"] == 1e9
-    prof.roofline(), prof.top(2, by="lost_ms")
+    prof.roofline(), prof.top(2, by="lost_ms"), prof.to_report()
     assert len(calls) == 1  # kept in meta: measured once per profile (and cached per process)
 
 
@@ -189,3 +189,12 @@ def test_plot_roofline_needs_flops() -> None:
         net(torch.randn(2, 4))
     with pytest.raises(ValueError, match="metrics=\\('flops',\\)"):
         prof.plot("roofline")
+
+
+def test_report_has_a_roofline_panel_for_a_flops_profile() -> None:
+    net = nn.Sequential(nn.Linear(16, 16), nn.ReLU())
+    page = profile(net, lambda: torch.randn(8, 16), peaks=GIVEN).to_report()
+    assert page.count('<section id="roofline-section">') == 1 and 'id="roof:memory"' in page
+    with LayerProf(net) as prof:
+        net(torch.randn(8, 16))
+    assert "roofline-section" not in prof.to_report()

@@ -128,7 +128,7 @@ class _CountingMode(TorchDispatchMode):
         kind = meter._kinds.get(func)
         if kind is None:
             kind = meter._kinds[func] = meter._classify(func)
-        if kind is _VIEW:
+        if kind is _VIEW or (kind is _FREE and not meter.count_bytes):
             return func(*args, **kwargs)
         if kind is _DECOMPOSE:
             with self:
@@ -158,6 +158,8 @@ class FlopMeter(Meter):
     name = "flops"
     wants_forward_hooks = True
     distorts_timing = True
+    # Bytes read and written are counted beside the FLOPs; False skips them (benchmarks/bytes_cost.py).
+    count_bytes = True
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -235,10 +237,12 @@ class FlopMeter(Meter):
                 flops = kind(*_shape(args), out_shape=_shape(out), **_shape(kwargs)) or 0
             except Exception as error:  # a wrong formula must not crash the user's run: list the op instead
                 unknown = f"{func.overloadpacket} (formula raised {type(error).__name__}: {error})"
-        try:
-            moved = op_bytes(func, args, kwargs, out)
-        except Exception:  # an odd tensor (a subclass without storage) must not crash the user's run
-            moved = 0
+        moved = 0
+        if self.count_bytes:
+            try:
+                moved = op_bytes(func, args, kwargs, out)
+            except Exception:  # an odd tensor (a subclass without storage) must not crash the user's run
+                moved = 0
         if not flops and not moved and unknown is None:
             return
         phase, call = self._where()

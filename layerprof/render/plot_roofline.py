@@ -49,7 +49,7 @@ def _label_largest(ax: Any, points: list[dict[str, Any]], count: int) -> None:
         if len(placed) >= count:
             break
         at = (math.log10(point["x"]), math.log10(point["y"]))
-        if any(abs(at[0] - x) < 0.35 and abs(at[1] - y) < 0.12 for x, y in placed):
+        if any(abs(at[0] - x) < 0.9 and abs(at[1] - y) < 0.1 for x, y in placed):  # label text is wide
             continue
         placed.append(at)
         short = ".".join(point["name"].split(".")[-3:])
