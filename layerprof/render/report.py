@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from importlib import resources
 from typing import Any
 
@@ -103,7 +104,11 @@ def roofline_svg(root: ModuleRecord) -> str:
     text = StringIO()
     figure.savefig(text, format="svg", bbox_inches="tight")
     svg = text.getvalue()
-    return svg[svg.index("<svg"):]
+    svg = svg[svg.index("<svg"):]
+    # Inline SVG in HTML needs no namespace declarations (the HTML parser knows xlink:href) and no metadata:
+    # the page names no URL at all.
+    svg = re.sub(r"<metadata>.*?</metadata>", "", svg, flags=re.S)
+    return re.sub(r'\s+xmlns(:\w+)?="[^"]*"', "", svg)
 
 
 def _roofline_section(root: ModuleRecord) -> str:
