@@ -52,7 +52,7 @@ def _label_largest(ax: Any, points: list[dict[str, Any]], count: int) -> None:
         if any(abs(at[0] - x) < 0.9 and abs(at[1] - y) < 0.1 for x, y in placed):  # label text is wide
             continue
         placed.append(at)
-        short = ".".join(point["name"].split(".")[-3:])
+        short = ".".join(point["name"].split(".")[-4:])
         ax.annotate(f"{short} ({format_ms(point['ms'])})", (point["x"], point["y"]), fontsize=FONT_SIZE,
                     xytext=(5, 3), textcoords="offset points")
 
