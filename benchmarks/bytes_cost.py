@@ -65,7 +65,8 @@ def main() -> None:
     modes = ("plain", "timing", "flops", "flops+bytes")
     print("| model | plain step | timing only | flops (no bytes) | flops + bytes | bytes added to the counting step |")
     print("|---|---|---|---|---|---|")
-    for name, make in (("resnet18 (2x3x64x64)", resnet18), ("BERT 4x256 (2x64)", bert), ("300 x Linear(4, 4)", deep_stack)):
+    models = (("resnet18 (2x3x64x64)", resnet18), ("BERT 4x256 (2x64)", bert), ("300 x Linear(4, 4)", deep_stack))
+    for name, make in models:
         model, loss_fn = make()
         times: dict[str, list[float]] = {mode: [] for mode in modes}
         for mode in modes:

@@ -215,8 +215,9 @@ class Profile:
 
     # -- plots, distributed, FLOPs ---------------------------------------------------------------------------
     def plot(self, kind: str, metric: str = "total", path: str | None = None, **kwargs: Any) -> Any:
-        """Draw a ``kind`` of plot ("sunburst", "icicle", "top" or "roofline") of ``metric`` and return its Axes; saves a PNG
-        or SVG only when ``path`` is given. Other keywords go to ``layerprof.plot_<kind>`` (ax, depth, k, ...)."""
+        """Draw a ``kind`` of plot ("sunburst", "icicle", "top", "roofline") of ``metric`` and return its Axes;
+        saves a PNG or SVG only when ``path`` is given. Other keywords go to ``layerprof.plot_<kind>`` (ax, depth,
+        k, ...)."""
         return save_plot(self, kind, metric=metric, path=path, **kwargs)
 
     def gather(self, dst: int = 0, group: Any = None, margin: float = 0.2, min_ms: float | None = None) -> Any:

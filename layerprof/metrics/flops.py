@@ -16,8 +16,8 @@ Every op's bytes read and written (``bytes.py``) are counted in the same pass an
 Record fields, inclusive of children and summed over calls: ``flops_forward``, ``flops_backward`` (None where
 no backward ran, e.g. under no_grad), ``flops_recompute`` (None without checkpointing), ``unknown_ops``
 (``{op: calls}`` of ops that had no formula), ``bytes_forward``, ``bytes_backward``, ``bytes_recompute``; and
-``self_flops``, ``self_bytes``: the module's own ops only (the innermost call running them), every pass. The dispatch mode slows every op, so the meter says
-``distorts_timing``.
+``self_flops``, ``self_bytes``: the module's own ops only (the innermost call running them), every pass. The
+dispatch mode slows every op, so the meter says ``distorts_timing``.
 """
 from __future__ import annotations
 
