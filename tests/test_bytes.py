@@ -178,3 +178,18 @@ def test_resnet18_invariants() -> None:
     # the first conv's input 2*3*32*32*4 = 24576 bytes and weight 64*3*7*7*4 = 37632 are read, its output
     # 2*64*16*16*4 = 131072 written
     assert prof.records["conv1"].bytes_forward == 24576 + 37632 + 131072
+
+
+def test_checkpoint_recompute_bytes_kept_apart() -> None:
+    from torch.utils.checkpoint import checkpoint
+
+    block = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 8))
+    net = nn.Sequential(block)
+    net.forward = lambda x: checkpoint(block, x, use_reentrant=True)  # type: ignore[method-assign]
+    prof = profile(net, torch.randn(4, 8, requires_grad=True))
+    record = prof.records["0"]
+    # block forward: addmm reads 64 + 128 + 512, writes 256 (960); tanh reads and writes [4, 16] (512);
+    # addmm reads bias 32 + h 256 + w 512, writes 128 (928). The reentrant checkpoint re-runs all of it.
+    assert record.bytes_forward == 960 + 512 + 928
+    assert record.bytes_recompute == record.bytes_forward
+    assert prof.tree.bytes_recompute == record.bytes_forward

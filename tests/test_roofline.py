@@ -198,3 +198,9 @@ def test_report_has_a_roofline_panel_for_a_flops_profile() -> None:
     with LayerProf(net) as prof:
         net(torch.randn(8, 16))
     assert "roofline-section" not in prof.to_report()
+
+
+def test_peaks_on_cuda(cuda: torch.device) -> None:
+    roofs = layerprof.peaks(cuda)
+    assert roofs["device"].startswith("cuda") and roofs is layerprof.peaks(cuda)
+    assert roofs["flops"] > 1e12 and roofs["bandwidth"] > 1e11  # any GPU of the last decade
