@@ -132,7 +132,17 @@ class Profile:
     def roofline(self, **filters: Any) -> Table:
         """Each module's own ops against the machine's roofs (``peaks()``): self time, FLOPs, bytes, intensity,
         achieved bandwidth, attainable time, efficiency, bound and lost time; modules with own work only.
-        Needs ``metrics=("flops",)``."""
+        Needs ``metrics=("flops",)``.
+
+        >>> import torch, layerprof
+        >>> net = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(3)])
+        >>> with layerprof.LayerProf(net, metrics=("flops",), peaks={"flops": 1e12, "bandwidth": 1e11}) as prof:
+        ...     for _ in range(2):
+        ...         net(torch.randn(2, 4)).sum().backward()
+        ...         prof.step()
+        >>> [(row["name"], row["bound"]) for row in prof.roofline()]
+        [('0', 'overhead'), ('1', 'overhead'), ('2', 'overhead')]
+        """
         columns = ["name", "type", "self_total_ms", "self_flops", "self_bytes", "intensity", "achieved_bandwidth",
                    "attainable_ms", "efficiency", "bound", "lost_ms"]
         rows = []
