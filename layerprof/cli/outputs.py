@@ -45,11 +45,16 @@ def _check_plot(options: argparse.Namespace, path: Path) -> None:
     if path.suffix.lower() not in _PLOT_SUFFIXES:
         raise UsageError(f"--plot {str(path)!r}: a plot is saved as .png or .svg; give a path ending in one of them")
     metric = options.plot_metric
+    chosen = DEFAULT_METRICS if options.metrics is None else options.metrics
+    if options.plot_kind == "roofline":
+        if "flops" not in chosen:
+            asked = ",".join([*(options.metrics or ()), "flops"])
+            raise UsageError(f"--plot-kind roofline needs the flops meter (FLOPs and bytes): add --metrics {asked}")
+        return
     try:
         needed = metric_meters(metric)
     except ValueError as exc:
         raise UsageError(f"--plot-metric: {exc}") from None
-    chosen = DEFAULT_METRICS if options.metrics is None else options.metrics
     missing = [meter for meter in needed if meter not in chosen]
     if missing:
         asked = ",".join([*(options.metrics or ()), *missing])
