@@ -193,3 +193,26 @@ def test_checkpoint_recompute_bytes_kept_apart() -> None:
     assert record.bytes_forward == 960 + 512 + 928
     assert record.bytes_recompute == record.bytes_forward
     assert prof.tree.bytes_recompute == record.bytes_forward
+
+
+def test_counting_leaves_outputs_and_gradients_bitwise_identical() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=128, vocab_size=500, hidden_dropout_prob=0.0,
+                                     attention_probs_dropout_prob=0.0, attn_implementation="sdpa")
+    model = transformers.BertModel(config)
+    ids = torch.randint(0, 500, (2, 16))
+
+    def run() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        out = model(input_ids=ids).last_hidden_state
+        out.sum().backward()
+        return out.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    plain_out, plain_grads = run()
+    with LayerProf(model, metrics=("flops",)) as prof:
+        out, grads = run()
+    assert torch.equal(out, plain_out) and len(grads) == len(plain_grads)
+    assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads))
+    assert prof.tree.bytes_forward > 0 and prof.tree.bytes_backward > 0
+    assert all(not module._forward_hooks and not module._forward_pre_hooks for module in model.modules())
