@@ -195,6 +195,7 @@ def test_report_has_a_roofline_panel_for_a_flops_profile() -> None:
     net = nn.Sequential(nn.Linear(16, 16), nn.ReLU())
     page = profile(net, lambda: torch.randn(8, 16), peaks=GIVEN).to_report()
     assert page.count('<section id="roofline-section">') == 1 and 'id="roof:memory"' in page
+    assert '{"name": "efficiency", "label": "Efficiency"' in page  # a column of the modules table
     with LayerProf(net) as prof:
         net(torch.randn(8, 16))
     assert "roofline-section" not in prof.to_report()

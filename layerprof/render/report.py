@@ -27,7 +27,8 @@ __all__ = ["METRICS", "report_data", "report_html"]
 
 # The metric switch, in this order, each where the profile holds it ("memory": saved or activation bytes).
 METRICS = ("forward_ms", "backward_ms", "total_ms", "flops", "params", "memory")
-_TABLE = ("calls", "forward_ms", "backward_ms", "self_forward_ms", "self_backward_ms", "total_ms", "time_percent")
+_TABLE = ("calls", "forward_ms", "backward_ms", "self_forward_ms", "self_backward_ms", "total_ms", "time_percent",
+          "intensity", "efficiency", "lost_ms")
 
 
 def _value(record: ModuleRecord, name: str, root: ModuleRecord) -> Any:
