@@ -143,6 +143,8 @@ class Profile:
         >>> [(row["name"], row["bound"]) for row in prof.roofline()]
         [('0', 'overhead'), ('1', 'overhead'), ('2', 'overhead')]
         """
+        if all(getattr(record, "self_bytes", None) is None for record in self.records.values()):
+            raise ValueError("the roofline needs FLOPs and bytes: profile with LayerProf(model, metrics=('flops',))")
         columns = ["name", "type", "self_total_ms", "self_flops", "self_bytes", "intensity", "achieved_bandwidth",
                    "attainable_ms", "efficiency", "bound", "lost_ms"]
         rows = []

@@ -189,6 +189,8 @@ def test_plot_roofline_needs_flops() -> None:
         net(torch.randn(2, 4))
     with pytest.raises(ValueError, match="metrics=\\('flops',\\)"):
         prof.plot("roofline")
+    with pytest.raises(ValueError, match="the roofline needs FLOPs and bytes"):
+        prof.roofline()
 
 
 def test_report_has_a_roofline_panel_for_a_flops_profile() -> None:
