@@ -16,7 +16,9 @@ from .benchmark import BenchmarkResult, benchmark
 from .collect import LayerProf, schedule
 from .distributed import CommMeter, GatheredProfile, gather_profile, register_timed_comm_hook
 from .metrics import Meter, register_meter
+from .metrics.bytes import register_bytes_formula
 from .metrics.formulas import register_flop_formula
+from .metrics.peaks import peaks
 from .metrics.module_formulas import register_module_flops
 from .metrics.flops import FlopMeter
 from .metrics.memory import MemoryMeter
@@ -26,13 +28,15 @@ from .profile import Profile, compare, load, loads, save
 from .record import CallTiming, ModuleRecord
 from .render.compare import Comparison
 from .render.plot import plot_icicle, plot_sunburst, plot_top
+from .render.plot_roofline import plot_roofline
 from .render.table import Table
 
 __all__ = [
     "LayerProf", "Profile", "ModuleRecord", "CallTiming", "schedule", "benchmark", "BenchmarkResult",
     "Table", "Comparison", "compare", "load", "loads", "save",
-    "Meter", "register_meter", "register_flop_formula", "register_module_flops",
+    "Meter", "register_meter", "register_flop_formula", "register_bytes_formula", "register_module_flops", "peaks",
     "ParamsMeter", "ShapesMeter", "MemoryMeter", "FlopMeter", "CommMeter",
     "GatheredProfile", "gather_profile", "register_timed_comm_hook", "plot_sunburst", "plot_icicle", "plot_top",
+    "plot_roofline",
     "__version__",
 ]

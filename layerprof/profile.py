@@ -11,15 +11,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import IO, Any, Iterable, Sequence
 
+import torch
+
 from .distributed.gather import gather_profile
+from .metrics.peaks import peaks as measure_peaks
 from .record import io
 from .record.records import ModuleRecord, preorder
+from .record.roofs import attach_peaks
 from .render import export
 from .render.compare import Comparison
 from .render.html import html_table, notebook_style
 from .render.plot import save_plot
 from .record.fields import canonical
-from .render.rows import FILTERS, derived_names, numeric_fields, select, top_records, value_of
+from .render.rows import FILTERS, derived_names, is_number, numeric_fields, select, top_records, value_of
+from .metrics.roofline import ROOFLINE_FIELDS
 from .render.summary import annotated_repr
 from .render.table import Table
 from .render.report import report_html
@@ -43,6 +48,8 @@ class Profile:
             dict(records) if records is not None else {record.name: record for record in preorder(tree)}
         )
         self.meta: dict[str, Any] = dict(meta or {})
+        # The roofline fields read the peaks through the root; measured only when one of them is first read.
+        attach_peaks(tree, self.peaks)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """``{qualified name: row}`` in ``named_modules()`` order; the root's name is ``""``."""
@@ -106,19 +113,49 @@ class Profile:
         """
         by = canonical(by) or by
         records = self.records.values()
-        known = set(numeric_fields(self.to_dict().values())) | {
-            name for name in derived_names() if any(value_of(record, name) is not None for record in records)
-        }
+        known = set(numeric_fields(self.to_dict().values()))
+        if by not in known and by in derived_names() and any(is_number(value_of(record, by)) for record in records):
+            known.add(by)  # only ``by`` is computed: a roofline field would measure the machine's peaks
         if by not in known:
+            known |= {name for name in derived_names() if name not in ROOFLINE_FIELDS
+                      and any(is_number(value_of(record, name)) for record in records)}
             raise ValueError(f"cannot rank by {by!r}; numeric fields of this profile: {', '.join(sorted(known))}")
         candidates = self.select(depth=depth, **filters)
         if depth is None:
             candidates = [record for record in candidates if record is not self.tree]
         chosen = top_records(candidates, k, by)
         table = Table.of_records(chosen, self.tree)
-        rows = [{**row, by: value_of(record, by, row)} for record, row in zip(chosen, table.rows)]
-        rest = [c for c in export.display_columns(rows) if c not in ("name", "type", "calls", by)]
-        return Table(rows, ["name", "type", "calls", by, *rest])
+        # Ranked by a roofline field: the why (bound, efficiency) beside it.
+        beside = [by, "bound", "efficiency", "attainable_ms"] if by in ROOFLINE_FIELDS else [by]
+        rows = [{**row, **{name: value_of(record, name, row) for name in beside}}
+                for record, row in zip(chosen, table.rows)]
+        rest = [c for c in export.display_columns(rows) if c not in ("name", "type", "calls", *beside)]
+        return Table(rows, ["name", "type", "calls", *beside, *rest])
+
+    def roofline(self, **filters: Any) -> Table:
+        """Each module's own ops against the machine's roofs (``peaks()``): self time, FLOPs, bytes, intensity,
+        achieved bandwidth, attainable time, efficiency, bound and lost time; modules with own work only.
+        Needs ``metrics=("flops",)``.
+
+        >>> import torch, layerprof
+        >>> net = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(3)])
+        >>> with layerprof.LayerProf(net, metrics=("flops",), peaks={"flops": 1e12, "bandwidth": 1e11}) as prof:
+        ...     for _ in range(2):
+        ...         net(torch.randn(2, 4)).sum().backward()
+        ...         prof.step()
+        >>> [(row["name"], row["bound"]) for row in prof.roofline()]
+        [('0', 'overhead'), ('1', 'overhead'), ('2', 'overhead')]
+        """
+        if all(getattr(record, "self_bytes", None) is None for record in self.records.values()):
+            raise ValueError("the roofline needs FLOPs and bytes: profile with LayerProf(model, metrics=('flops',))")
+        columns = ["name", "type", "self_total_ms", "self_flops", "self_bytes", "intensity", "achieved_bandwidth",
+                   "attainable_ms", "efficiency", "bound", "lost_ms"]
+        rows = []
+        for record in self.select(**filters):
+            row = {name: value_of(record, name) for name in columns}
+            if row["bound"] is not None and (row["self_flops"] or row["self_bytes"]):
+                rows.append({**row, "depth": record.depth})
+        return Table(rows, columns)
 
     # -- exports: every table export is ``self.rows(**filters).to_*()`` ---------------------------------------
     def to_dataframe(self, columns: Sequence[str] | None = None, **filters: Any) -> Any:
@@ -193,8 +230,9 @@ class Profile:
 
     # -- plots, distributed, FLOPs ---------------------------------------------------------------------------
     def plot(self, kind: str, metric: str = "total", path: str | None = None, **kwargs: Any) -> Any:
-        """Draw a ``kind`` of plot ("sunburst", "icicle" or "top") of ``metric`` and return its Axes; saves a PNG
-        or SVG only when ``path`` is given. Other keywords go to ``layerprof.plot_<kind>`` (ax, depth, k, ...)."""
+        """Draw a ``kind`` of plot ("sunburst", "icicle", "top", "roofline") of ``metric`` and return its Axes;
+        saves a PNG or SVG only when ``path`` is given. Other keywords go to ``layerprof.plot_<kind>`` (ax, depth,
+        k, ...)."""
         return save_plot(self, kind, metric=metric, path=path, **kwargs)
 
     def gather(self, dst: int = 0, group: Any = None, margin: float = 0.2, min_ms: float | None = None) -> Any:
@@ -207,6 +245,21 @@ class Profile:
         called first; empty when every op was priced or FLOPs were not measured (``metrics=("flops",)``).
         Register a formula with ``layerprof.register_flop_formula``."""
         return dict(getattr(self.tree, "unknown_ops", None) or {})
+
+    def peaks(self) -> dict[str, Any] | None:
+        """The machine's roofs the roofline fields hold modules against: ``meta["peaks"]`` (given with
+        ``LayerProf(model, peaks=...)``), else measured now by ``layerprof.peaks`` on the profile's device,
+        dtype and thread count and kept in ``meta``. None for a profile of a device this process cannot use."""
+        found = self.meta.get("peaks")
+        if found is None:
+            environment = self.meta.get("environment") or {}
+            device = environment.get("device") or "cpu"
+            if device.startswith("cuda") and not torch.cuda.is_available():
+                return None
+            found = self.meta["peaks"] = dict(
+                measure_peaks(device, environment.get("dtype"), threads=environment.get("threads"))
+            )
+        return found
 
     # -- notebooks and repr ----------------------------------------------------------------------------------
     def _repr_html_(self) -> str:

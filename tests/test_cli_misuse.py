@@ -56,6 +56,8 @@ def one_line(capsys: pytest.CaptureFixture[str]) -> str:
      "--plot-metric memory needs the memory meter: add --metrics params,memory"),
     (["--plot", "{d}/p.png", "--plot-metric", "speed"],
      "--plot-metric: unknown plot metric 'speed'; choose from: forward, backward, total,"),
+    (["--plot", "{d}/p.png", "--plot-kind", "roofline"],
+     "--plot-kind roofline needs the flops meter (FLOPs and bytes): add --metrics flops"),
     (["--plot", "{d}/p.pdf"], "--plot '{d}/p.pdf': a plot is saved as .png or .svg; give a path ending in one of them"),
     (["--csv", "{d}"], "--csv '{d}' is a folder; give the path of a file, e.g. '{d}/profile.csv'"),
     (["--json", "/proc/p.json"], "--json '/proc/p.json': cannot write in folder '/proc' ("),
@@ -78,6 +80,16 @@ def test_a_plot_metric_whose_meter_runs_is_accepted(models: Path, tmp_path: Path
             "params"]  # params is a default meter
     assert main(argv) == 0, capsys.readouterr().err
     assert path.read_text().startswith("<?xml")
+
+
+def test_a_roofline_plot_with_the_flops_meter(models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(layerprof.profile, "measure_peaks", lambda *args, **kwargs: {"flops": 1e11, "bandwidth": 1e10})
+    path = tmp_path / "p.svg"
+    argv = [f"{models}:Net", "-i", "2,20", "--steps", "2", "--metrics", "flops", "--plot", str(path), "--plot-kind",
+            "roofline"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert 'id="roof:memory"' in path.read_text()
 
 
 def test_an_absurd_input_is_one_line(models: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -45,13 +45,20 @@ def _check_plot(options: argparse.Namespace, path: Path) -> None:
     if path.suffix.lower() not in _PLOT_SUFFIXES:
         raise UsageError(f"--plot {str(path)!r}: a plot is saved as .png or .svg; give a path ending in one of them")
     metric = options.plot_metric
-    try:
-        needed = metric_meters(metric)
-    except ValueError as exc:
-        raise UsageError(f"--plot-metric: {exc}") from None
+    kind = getattr(options, "plot_kind", None)
+    if kind != "roofline":
+        try:
+            needed = metric_meters(metric)
+        except ValueError as exc:
+            raise UsageError(f"--plot-metric: {exc}") from None
     if not hasattr(options, "metrics"):
         return  # `show`: the saved profile decides what it holds (``check_plot_fields``, once it is loaded)
     chosen = DEFAULT_METRICS if options.metrics is None else options.metrics
+    if kind == "roofline":
+        if "flops" not in chosen:
+            asked = ",".join([*(options.metrics or ()), "flops"])
+            raise UsageError(f"--plot-kind roofline needs the flops meter (FLOPs and bytes): add --metrics {asked}")
+        return
     missing = [meter for meter in needed if meter not in chosen]
     if missing:
         asked = ",".join([*(options.metrics or ()), *missing])

@@ -69,7 +69,7 @@ def add_output_options(group: argparse.ArgumentParser | argparse._ArgumentGroup)
                        ("report", "an interactive HTML report (icicle, table, timeline)")):
         group.add_argument(f"--{flag}", metavar="PATH", help=f"write the profile as {what}")
     group.add_argument("--plot", metavar="PATH", help="write a figure of the profile (see --plot-kind)")
-    group.add_argument("--plot-kind", choices=("sunburst", "icicle", "top"), default="sunburst",
+    group.add_argument("--plot-kind", choices=("sunburst", "icicle", "top", "roofline"), default="sunburst",
                        help="the figure --plot draws (default sunburst)")
     group.add_argument("--plot-metric", default="total", metavar="NAME",
                        help="the quantity --plot shows (default total)")

@@ -17,6 +17,7 @@ from .._gc import gc_paused
 from .environment import environment
 from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters
+from ..metrics.peaks import check_peaks
 from .._tensors import first_tensor
 from .._torch import compiled_module_type, submodules
 from ..profile import Profile
@@ -173,12 +174,15 @@ class LayerProf:
         max_samples: step values kept per module and pass for the median and p95 (the memory bound).
         annotate: open a ``torch.profiler.record_function`` range (and NVTX on CUDA) named after the module
             around each forward call and backward interval, for torch.profiler traces and Nsight Systems.
+        peaks: the machine's roofs for the roofline fields, ``{"flops": FLOP/s, "bandwidth": bytes/s}`` (a spec
+            sheet's); kept in ``meta["peaks"]``. None: measured by ``layerprof.peaks()`` when first needed.
     """
 
     def __init__(self, model: nn.Module, *, sync: bool = False, metrics: Iterable[str] | None = None,
                  warmup: int = 0, schedule: Schedule | None = None, max_samples: int = 1024,
-                 annotate: bool = False) -> None:
+                 annotate: bool = False, peaks: dict[str, Any] | None = None) -> None:
         self._paths = _check_model(model)
+        self._given_peaks = check_peaks(peaks)
         warmup = check_int("warmup", warmup)
         max_samples = check_int("max_samples", max_samples, minimum=1)
         if schedule is not None and not isinstance(schedule, Schedule):
@@ -554,6 +558,8 @@ class LayerProf:
                 meta[meter.name] = extra
         if partial is not None:
             meta["partial"] = partial
+        if self._given_peaks is not None:
+            meta["peaks"] = dict(self._given_peaks)
         meta.update(steps=self._stats.steps, steps_seen=self._steps_with_calls, warmup=self.warmup,
                     schedule=None if self.schedule is None else vars(self.schedule).copy(),
                     clock=sorted({clock.kind for clock in tracker.clocks()}), step_ms=self._stats.step_totals())
@@ -599,6 +605,8 @@ class LayerProf:
     rows = _result(Profile.rows)
     aggregate = _result(Profile.aggregate)
     top = _result(Profile.top)
+    roofline = _result(Profile.roofline)
+    peaks = _result(Profile.peaks)
     to_dataframe = _result(Profile.to_dataframe)
     to_csv = _result(Profile.to_csv)
     to_markdown = _result(Profile.to_markdown)

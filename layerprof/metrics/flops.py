@@ -11,10 +11,13 @@ to module calls:
 * a forward re-run during backward by activation checkpointing (``CallTrace.recompute``) to ``flops_recompute``,
   never to ``flops_forward``; its calls hang under the call whose backward triggered the re-run.
 
+Every op's bytes read and written (``bytes.py``) are counted in the same pass and credited the same way.
+
 Record fields, inclusive of children and summed over calls: ``flops_forward``, ``flops_backward`` (None where
-no backward ran, e.g. under no_grad), ``flops_recompute`` (None without checkpointing) and ``unknown_ops``
-(``{op: calls}`` of ops that had no formula). The dispatch mode slows every op, so the meter says
-``distorts_timing``.
+no backward ran, e.g. under no_grad), ``flops_recompute`` (None without checkpointing), ``unknown_ops``
+(``{op: calls}`` of ops that had no formula), ``bytes_forward``, ``bytes_backward``, ``bytes_recompute``; and
+``self_flops``, ``self_bytes``: the module's own ops only (the innermost call running them), every pass. The
+dispatch mode slows every op, so the meter says ``distorts_timing``.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from .._torch import TorchDispatchMode, current_autograd_node, has_decomposition
 from ..record.fields import FIELDS, Field, declare
 from ..record.records import ModuleRecord
 from .meter import Meter, register_meter
+from .bytes import op_bytes
 from .formulas import flop_formula, is_free
 from .module_formulas import module_flops_formula
 
@@ -57,16 +61,30 @@ declare(
           doc="FLOPs of forward re-run during backward by activation checkpointing"),
     Field("unknown_ops", "data", "Unknown ops", combine="none", cost=False, meter="flops",
           doc="{op: calls} of ops with no FLOP formula (counted 0)"),
+    Field("bytes_forward", "bytes", "Forward Bytes", share_of="bytes", meter="flops",
+          doc="bytes read and written by the aten ops of the module's forward calls (metrics/bytes.py)"),
+    Field("bytes_backward", "bytes", "Backward Bytes", share_of="bytes", meter="flops",
+          doc="bytes read and written by the backward of the nodes its forward created"),
+    Field("bytes_recompute", "bytes", "Recompute Bytes", share_of="bytes", meter="flops",
+          doc="bytes read and written by forward re-run during backward by activation checkpointing"),
+    Field("self_flops", "flops", "Self FLOPs", share_of="flops", meter="flops",
+          doc="FLOPs of the ops run by the module's own code, not its children's (every pass)"),
+    Field("self_bytes", "bytes", "Self Bytes", share_of="bytes", meter="flops",
+          doc="bytes moved by the ops run by the module's own code, not its children's (every pass)"),
     Field("flops", "flops", "FLOPs", parts=("flops_forward", "flops_backward", "flops_recompute"),
           share_of="flops", meter="flops", doc="every FLOP the step ran for the module: forward + backward + recompute"),
+    Field("bytes", "bytes", "Bytes", parts=("bytes_forward", "bytes_backward", "bytes_recompute"),
+          share_of="bytes", meter="flops", doc="every byte the step's ops read or wrote for the module"),
     Field("macs", "macs", "MACs", compute=_macs, share_of="macs", meter="flops", doc="flops / 2"),
     Field("flops_per_s", "flop/s", "FLOP/s", compute=_flops_per_second, combine="none", cost=False, meter="flops",
           doc="achieved FLOP/s: flops over total_ms"),
 )
-FLOP_FIELDS = ("flops_forward", "flops_backward", "flops_recompute", "unknown_ops")
+FLOP_FIELDS = ("flops_forward", "flops_backward", "flops_recompute", "unknown_ops", "bytes_forward",
+               "bytes_backward", "bytes_recompute", "self_flops", "self_bytes")
 
 _FORWARD, _BACKWARD, _RECOMPUTE = 0, 1, 2
 _FREE = "free"
+_VIEW = "view"
 _UNKNOWN = "unknown"
 _DECOMPOSE = "decompose"
 
@@ -86,10 +104,13 @@ def _shape(value: Any) -> Any:
 
 
 class _Totals:
-    __slots__ = ("flops", "unknown")
+    __slots__ = ("flops", "bytes", "self_flops", "self_bytes", "unknown")
 
     def __init__(self) -> None:
         self.flops = [0, 0, 0]  # forward, backward, recompute
+        self.bytes = [0, 0, 0]
+        self.self_flops = 0  # of the ops run by the module's own code (not its children's), every phase
+        self.self_bytes = 0
         self.unknown: Counter[str] = Counter()
 
 
@@ -107,7 +128,7 @@ class _CountingMode(TorchDispatchMode):
         kind = meter._kinds.get(func)
         if kind is None:
             kind = meter._kinds[func] = meter._classify(func)
-        if kind is _FREE:
+        if kind is _VIEW or (kind is _FREE and not meter.count_bytes):
             return func(*args, **kwargs)
         if kind is _DECOMPOSE:
             with self:
@@ -137,6 +158,8 @@ class FlopMeter(Meter):
     name = "flops"
     wants_forward_hooks = True
     distorts_timing = True
+    # Bytes read and written are counted beside the FLOPs; False skips them (benchmarks/bytes_cost.py).
+    count_bytes = True
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -151,6 +174,7 @@ class FlopMeter(Meter):
         self._mode: _CountingMode | None = None
         self._backward_ran = False
         self.outside: list[int] = [0, 0, 0]  # FLOPs of ops outside every module call (e.g. the loss)
+        self.outside_bytes: list[int] = [0, 0, 0]
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: list[tuple[str, nn.Module]]) -> None:
@@ -198,26 +222,35 @@ class FlopMeter(Meter):
         formula = flop_formula(func)
         if formula is not None:
             return formula
+        if getattr(func, "is_view", False):
+            return _VIEW
         if is_free(func):
             return _FREE
         return _DECOMPOSE if has_decomposition(func) else _UNKNOWN
 
     def _count(self, func: Any, kind: Any, args: Any, kwargs: Any, out: Any) -> None:
+        flops, unknown = 0, None
         if kind is _UNKNOWN:
-            flops, unknown = 0, str(func.overloadpacket)
-        else:
+            unknown = str(func.overloadpacket)
+        elif kind is not _FREE:
             try:
                 flops = kind(*_shape(args), out_shape=_shape(out), **_shape(kwargs)) or 0
-                unknown = None
             except Exception as error:  # a wrong formula must not crash the user's run: list the op instead
-                flops, unknown = 0, f"{func.overloadpacket} (formula raised {type(error).__name__}: {error})"
-        if not flops and unknown is None:
+                unknown = f"{func.overloadpacket} (formula raised {type(error).__name__}: {error})"
+        moved = 0
+        if self.count_bytes:
+            try:
+                moved = op_bytes(func, args, kwargs, out)
+            except Exception:  # an odd tensor (a subclass without storage) must not crash the user's run
+                moved = 0
+        if not flops and not moved and unknown is None:
             return
         phase, call = self._where()
         if call is None:
             self.outside[phase] += flops
+            self.outside_bytes[phase] += moved
             return
-        self._credit(call, phase, int(flops), unknown=unknown)
+        self._credit(call, phase, int(flops), moved, unknown=unknown)
 
     def _where(self) -> tuple[int, Any]:
         """The phase of the op now running and the innermost module call to credit (None: outside modules)."""
@@ -262,13 +295,18 @@ class FlopMeter(Meter):
             return owner
         return originals[index].parent
 
-    def _credit(self, call: Any, phase: int, flops: int, unknown: str | None = None, own: bool = False) -> None:
-        """Add to the call's module and its ancestors' once each; stop below a call whose override counts it."""
+    def _credit(self, call: Any, phase: int, flops: int, moved: int = 0, unknown: str | None = None,
+                own: bool = False) -> None:
+        """Add to the call's module and its ancestors' once each (the first, innermost, as its own ops); FLOPs
+        stop below a call whose override counts them, bytes do not (an override prices FLOPs only)."""
         overridden = self._override_backward if phase == _BACKWARD else self._override_forward
         seen: set[str] = set()
+        innermost, priced = True, True
         while call is not None:
-            if id(call) in overridden and not own:
-                return
+            if priced and id(call) in overridden and not own:
+                priced, flops, unknown = False, 0, None
+                if not moved:
+                    return
             own = False
             if call.name not in seen:
                 seen.add(call.name)
@@ -276,6 +314,11 @@ class FlopMeter(Meter):
                 if totals is None:
                     totals = self._totals[call.name] = _Totals()
                 totals.flops[phase] += flops
+                totals.bytes[phase] += moved
+                if innermost:
+                    totals.self_flops += flops
+                    totals.self_bytes += moved
+                    innermost = False
                 if unknown is not None:
                     totals.unknown[unknown] += 1
             parent = call.parent
@@ -298,6 +341,12 @@ class FlopMeter(Meter):
             record.flops_backward = backward if ran and backward_ran else None
             record.flops_recompute = recompute if recompute or name in recomputed else None
             record.unknown_ops = dict(totals.unknown.most_common())
+            moved_forward, moved_backward, moved_recompute = totals.bytes
+            record.bytes_forward = moved_forward if ran else None
+            record.bytes_backward = moved_backward if ran and backward_ran else None
+            record.bytes_recompute = moved_recompute if recompute or moved_recompute or name in recomputed else None
+            record.self_flops = totals.self_flops if ran else None
+            record.self_bytes = totals.self_bytes if ran else None
         self._calls.clear()
         self._logical_parent.clear()
         self._originals.clear()

@@ -24,7 +24,8 @@ __all__ = [
 ]
 
 # How a unit prints is units.py's business; this is the list of units a field may have.
-UNITS = ("ms", "bytes", "flops", "flop/s", "macs", "count", "percent", "shapes", "text", "data")
+UNITS = ("ms", "bytes", "flops", "flop/s", "macs", "count", "percent", "shapes", "text", "data", "flop/byte", "byte/s",
+         "ratio")
 COMBINES = ("sum", "max", "none")
 
 
@@ -79,7 +80,7 @@ class Field:
         if self.of is not None:
             whole = FIELDS[self.share_of or self.of].value(root) if root is not None else None
             part = FIELDS[self.of].value(record)
-            return None if part is None or not whole else 100.0 * part / whole
+            return None if part is None or not whole else part / whole * 100.0  # a whole of itself is exactly 100
         if self.parts:
             values = [getattr(record, part, None) for part in self.parts]
             known = [value for value in values if value is not None]

@@ -15,6 +15,7 @@ from .._files import move_into_place, temporary_beside
 from ..record.records import ModuleRecord
 from .plot_layout import Layout, Segment, exclusive_values, layout_tree
 from .plot_metrics import PlotMetric, resolve_metric, root_of
+from .plot_roofline import plot_roofline
 from .plot_style import (
     SELF_HATCH, fit_label, new_axes, palette_colour, points_per_unit, segment_colour, wrap_label,
 )
@@ -221,11 +222,11 @@ def plot_top(profile: Any, k: int = 10, metric: str = "total", by_type: bool = F
     return ax
 
 
-PLOT_KINDS = {"sunburst": plot_sunburst, "icicle": plot_icicle, "top": plot_top}
+PLOT_KINDS = {"sunburst": plot_sunburst, "icicle": plot_icicle, "top": plot_top, "roofline": plot_roofline}
 
 
 def save_plot(profile: Any, kind: str, metric: str = "total", path: str | Path | None = None, **kwargs: Any) -> Any:
-    """Draw ``kind`` (sunburst, icicle, top) and, when ``path`` is given, save it as PNG or SVG (by suffix). A
+    """Draw ``kind`` (sunburst, icicle, top, roofline) and, when ``path`` is given, save it as PNG or SVG (by suffix). A
     figure created here is closed after saving; the Axes is returned either way."""
     if kind not in PLOT_KINDS:
         raise ValueError(f"unknown plot kind {kind!r}; choose from: {', '.join(PLOT_KINDS)}")

@@ -1,7 +1,8 @@
 """The interactive report: one self-contained HTML file (inline JS and CSS, nothing fetched, opens from file://).
 
 An icicle of the module tree (click to zoom, hover for details, a metric switch), a sortable, filterable table
-of the records and the forward/backward timeline of one step. Python lays out nothing: it hands the page the
+of the records, the forward/backward timeline of one step and, for a profile with FLOPs and bytes, the roofline
+plot (inline SVG drawn by matplotlib). Python lays out nothing: it hands the page the
 numbers, and the strings they print as (``units.format_value``, so the page formats no number itself), and the
 page's script (``report_assets/report.js``, written for layerprof, no library) draws them as SVG.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from importlib import resources
 from typing import Any
 
@@ -17,6 +19,8 @@ from anytree import PreOrderIter
 from ..record.fields import FIELDS, canonical
 from ..record.records import ModuleRecord
 from ..record.summed import TreeValues
+from ..record.roofs import peaks_of
+from .plot_roofline import plot_roofline, roofline_points
 from .trace import call_slices
 from .units import format_value
 
@@ -24,7 +28,8 @@ __all__ = ["METRICS", "report_data", "report_html", "script_json"]
 
 # The metric switch, in this order, each where the profile holds it ("memory": saved or activation bytes).
 METRICS = ("forward_ms", "backward_ms", "total_ms", "flops", "params", "memory")
-_TABLE = ("calls", "forward_ms", "backward_ms", "self_forward_ms", "self_backward_ms", "total_ms", "time_percent")
+_TABLE = ("calls", "forward_ms", "backward_ms", "self_forward_ms", "self_backward_ms", "total_ms", "time_percent",
+          "intensity", "efficiency", "lost_ms")
 
 
 def _value(values: TreeValues, record: ModuleRecord, name: str) -> Any:
@@ -94,6 +99,38 @@ def report_data(root: ModuleRecord, meta: dict[str, Any] | None = None) -> dict[
     }
 
 
+def roofline_svg(root: ModuleRecord) -> str:
+    """The roofline plot as inline SVG, or "" for a profile without FLOPs and bytes (``metrics=("flops",)``)
+    or without peaks for its device. Reading the peaks measures them if the profile has none yet."""
+    if not roofline_points(root) or not peaks_of(root):
+        return ""
+    from io import StringIO
+
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(8.5, 5.5))
+    plot_roofline(root, ax=figure.subplots())
+    text = StringIO()
+    figure.savefig(text, format="svg", bbox_inches="tight")
+    svg = text.getvalue()
+    svg = svg[svg.index("<svg"):]
+    # Inline SVG in HTML needs no namespace declarations (the HTML parser knows xlink:href) and no metadata:
+    # the page names no URL at all.
+    svg = re.sub(r"<metadata>.*?</metadata>", "", svg, flags=re.S)
+    return re.sub(r'\s+xmlns(:\w+)?="[^"]*"', "", svg)
+
+
+def _roofline_section(root: ModuleRecord) -> str:
+    svg = roofline_svg(root)
+    if not svg:
+        return ""
+    return f"""<section id="roofline-section">
+  <h2>Roofline <span class="caption">each module's own ops against the machine's peaks; see prof.roofline()</span></h2>
+  {svg}
+</section>
+"""
+
+
 def _asset(name: str) -> str:
     return resources.files(__package__).joinpath("report_assets", name).read_text(encoding="utf-8")
 
@@ -143,7 +180,7 @@ def report_html(root: ModuleRecord, meta: dict[str, Any] | None = None) -> str:
   <h2>Timeline <span id="timeline-caption"></span></h2>
   <svg id="timeline" role="img" aria-label="forward and backward timeline"></svg>
 </section>
-<section id="table-section">
+{_roofline_section(root)}<section id="table-section">
   <h2>Modules</h2>
   <div class="controls">
     <input id="filter" type="search" placeholder="filter by name or type"> <span id="count"></span>

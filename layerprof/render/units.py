@@ -108,6 +108,12 @@ def format_value(unit: str, value: object) -> str:
         return format_flops(value, "MACs")
     if unit == "percent":
         return f"{value:.1f}%"
+    if unit == "byte/s":
+        return format_bytes(value) + "/s"
+    if unit == "flop/byte":
+        return f"{value:.3g} FLOP/B"
+    if unit == "ratio":
+        return f"{value:.2g}"
     return format_count(value)
 
 

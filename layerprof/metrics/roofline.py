@@ -1,0 +1,96 @@
+"""Roofline fields: where each module's own ops sit against the machine's two roofs, and why it is slow.
+
+From the flops meter's figures and the machine's peaks (``collect/peaks.py``, or the user's):
+
+* ``intensity``: FLOPs per byte moved (inclusive of children);
+* ``achieved_bandwidth``: the module's own bytes per second of its own (self) time;
+* ``attainable_ms``: ``max(self_flops / peak FLOP/s, self_bytes / peak bandwidth)``, the time of a kernel that
+  runs at the roof;
+* ``efficiency``: attainable over measured self time (forward + backward): 1 at the roof;
+* ``bound``: ``compute`` or ``memory`` by which term of the attainable time is larger, or ``overhead`` when the
+  measured self time is more than ``OVERHEAD_RATIO`` times the attainable (efficiency below 1/10): the time
+  then goes to neither arithmetic nor memory traffic but to Python, dispatch and kernel launches;
+* ``lost_ms``: measured self time minus attainable, the time a better implementation could win.
+
+Self figures (a module's own ops, not its children's) make a parent's point its own work, so the points of a
+tree add up to the step. Peaks come from the tree (``record/roofs.py``), where the Profile attaches a callable
+that measures them only when one of these fields is first read; without peaks these fields are None.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..record.fields import FIELDS, Field, declare
+from ..record.roofs import peaks_of
+
+__all__ = ["OVERHEAD_RATIO", "roofline_point", "BOUNDS", "ROOFLINE_FIELDS"]
+
+OVERHEAD_RATIO = 10.0
+BOUNDS = ("compute", "memory", "overhead")
+# The fields that need the machine's peaks (reading one measures them once, unless given).
+ROOFLINE_FIELDS = ("attainable_ms", "efficiency", "bound", "lost_ms")
+
+
+def roofline_point(record: Any, peaks: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """``{flops, bytes, ms, compute_ms, memory_ms, attainable_ms}`` of a module's own ops, or None where
+    FLOPs/bytes or its self time were not measured or no peaks are known."""
+    flops, moved = getattr(record, "self_flops", None), getattr(record, "self_bytes", None)
+    ms = FIELDS["self_total_ms"].value(record)
+    if flops is None or moved is None or not ms:
+        return None
+    peaks = peaks_of(record) if peaks is None else peaks
+    if not peaks:
+        return None
+    compute_ms, memory_ms = 1000.0 * flops / peaks["flops"], 1000.0 * moved / peaks["bandwidth"]
+    return {"flops": flops, "bytes": moved, "ms": ms, "compute_ms": compute_ms, "memory_ms": memory_ms,
+            "attainable_ms": max(compute_ms, memory_ms)}
+
+
+def _intensity(record: Any) -> float | None:
+    flops, moved = FIELDS["flops"].value(record), FIELDS["bytes"].value(record)
+    return None if flops is None or not moved else flops / moved
+
+
+def _achieved_bandwidth(record: Any) -> float | None:
+    moved, ms = getattr(record, "self_bytes", None), FIELDS["self_total_ms"].value(record)
+    return None if moved is None or not ms else moved / (ms / 1000.0)
+
+
+def _attainable_ms(record: Any) -> float | None:
+    point = roofline_point(record)
+    return None if point is None else point["attainable_ms"]
+
+
+def _efficiency(record: Any) -> float | None:
+    point = roofline_point(record)
+    return None if point is None else point["attainable_ms"] / point["ms"]
+
+
+def _bound(record: Any) -> str | None:
+    point = roofline_point(record)
+    if point is None:
+        return None
+    if point["ms"] > OVERHEAD_RATIO * point["attainable_ms"]:
+        return "overhead"
+    return "compute" if point["compute_ms"] >= point["memory_ms"] else "memory"
+
+
+def _lost_ms(record: Any) -> float | None:
+    point = roofline_point(record)
+    return None if point is None else max(0.0, point["ms"] - point["attainable_ms"])
+
+
+declare(
+    Field("intensity", "flop/byte", "Intensity", compute=_intensity, combine="none", cost=False, meter="flops",
+          doc="arithmetic intensity: FLOPs per byte read or written (inclusive)"),
+    Field("achieved_bandwidth", "byte/s", "Bandwidth", compute=_achieved_bandwidth, combine="none", cost=False,
+          meter="flops", doc="the module's own bytes per second of its self time"),
+    Field("attainable_ms", "ms", "Attainable", compute=_attainable_ms, combine="none", cost=False, meter="flops",
+          doc="max(self FLOPs / peak FLOP/s, self bytes / peak bandwidth): its own ops at the machine's roofs"),
+    Field("efficiency", "ratio", "Efficiency", compute=_efficiency, combine="none", cost=False, meter="flops",
+          doc="attainable_ms / measured self time (1: at the roof)"),
+    Field("bound", "text", "Bound", compute=_bound, combine="none", cost=False, meter="flops",
+          doc=f"compute, memory, or overhead (self time over {OVERHEAD_RATIO:g}x attainable)"),
+    Field("lost_ms", "ms", "Lost", compute=_lost_ms, combine="none", cost=False, meter="flops",
+          doc="measured self time minus attainable: what a better implementation could win"),
+)

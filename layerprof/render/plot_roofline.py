@@ -1,0 +1,135 @@
+"""The roofline plot: every module's own ops against the machine's two roofs, log-log.
+
+x is arithmetic intensity (FLOPs per byte), y achieved FLOP/s, both of the module's own ops over its self time;
+the roofs are ``min(peak FLOP/s, intensity * peak bandwidth)`` from the profile's peaks. A point's area is its
+self time, its colour its bound; the modules that take the most time are labelled. Modules whose own ops count
+no FLOPs (norms, elementwise, pooling: FLOPs count matmul-like work only) have no place on a FLOP/s axis: they
+are drawn on the bottom-left edge and summed in the legend. A star marks the whole model (inclusive).
+Collections carry gids ``roofline:<bound>``, the roofs ``roof:compute`` and ``roof:memory``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..record.fields import FIELDS
+from ..record.records import ModuleRecord, preorder
+from ..record.roofs import peaks_of
+from .plot_metrics import root_of
+from .plot_style import new_axes
+from .units import format_bytes, format_flops, format_ms
+
+__all__ = ["plot_roofline", "roofline_points", "BOUND_COLOURS"]
+
+BOUND_COLOURS = {"compute": "tab:blue", "memory": "tab:orange", "overhead": "tab:red"}
+FONT_SIZE = 7.0
+
+
+def roofline_points(root: ModuleRecord) -> list[dict[str, Any]]:
+    """One point per module with own work measured: name, flops, bytes, ms (self), intensity, flop_per_s, bound."""
+    points = []
+    for record in preorder(root):
+        flops, moved = getattr(record, "self_flops", None), getattr(record, "self_bytes", None)
+        ms = FIELDS["self_total_ms"].value(record)
+        if flops is None or moved is None or not ms or not (flops or moved):
+            continue
+        points.append({
+            "name": record.name or "(model)", "type": record.type, "flops": flops, "bytes": moved, "ms": ms,
+            "intensity": flops / moved if moved else None, "flop_per_s": flops / (ms / 1000.0),
+            "bound": FIELDS["bound"].value(record),
+        })
+    return points
+
+
+def _label_largest(ax: Any, points: list[dict[str, Any]], count: int) -> None:
+    """Name the ``count`` most time-consuming points, skipping one that would sit on a label already placed."""
+    import math
+
+    placed: list[tuple[float, float]] = []
+    for point in sorted(points, key=lambda p: -p["ms"]):
+        if len(placed) >= count:
+            break
+        at = (math.log10(point["x"]), math.log10(point["y"]))
+        if any(abs(at[0] - x) < 0.9 and abs(at[1] - y) < 0.1 for x, y in placed):  # label text is wide
+            continue
+        placed.append(at)
+        short = ".".join(point["name"].split(".")[-4:])
+        ax.annotate(f"{short} ({format_ms(point['ms'])})", (point["x"], point["y"]), fontsize=FONT_SIZE,
+                    xytext=(5, 3), textcoords="offset points")
+
+
+def plot_roofline(profile: Any, metric: str = "total", ax: Any = None, labels: int = 8) -> Any:
+    """Draw the roofline of ``profile`` (needs ``metrics=("flops",)``; peaks measured on first use, or the ones
+    given to ``LayerProf(model, peaks=...)``) and return the Axes. ``labels``: how many of the most
+    time-consuming modules are named. ``metric`` is accepted for ``Profile.plot`` and must be ``"total"``.
+
+    >>> import torch, layerprof
+    >>> net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU())
+    >>> with layerprof.LayerProf(net, metrics=("flops",), peaks={"flops": 1e11, "bandwidth": 1e10}) as prof:
+    ...     for _ in range(2):
+    ...         net(torch.randn(32, 64)).sum().backward()
+    ...         prof.step()
+    >>> ax = layerprof.plot_roofline(prof)
+    >>> ax.get_xscale(), ax.get_yscale(), ax.collections[-1].get_gid()
+    ('log', 'log', 'roofline:model')
+    """
+    if metric not in ("total", "total_ms"):
+        raise ValueError(f"the roofline plots self time, FLOPs and bytes; metric must be 'total', got {metric!r}")
+    root = root_of(profile)
+    points = roofline_points(root)
+    if not points:
+        raise ValueError("nothing to plot on a roofline: profile with LayerProf(model, metrics=('flops',)) and "
+                         "run at least two steps (prof.step() after each), so that FLOPs, bytes and times are known")
+    peaks = peaks_of(root)
+    if not peaks:
+        raise ValueError("no peaks for this profile's device: pass LayerProf(model, peaks={'flops': ..., "
+                         "'bandwidth': ...}) or profile on a device this process can measure")
+    import numpy as np
+
+    ax = new_axes(ax, (8.5, 5.5))
+    ranked = [p for p in points if p["flops"] and p["bytes"]]
+    ridge = peaks["flops"] / peaks["bandwidth"]
+    intensities = [p["intensity"] for p in ranked] + [ridge]
+    x_edge = min(intensities) / 30  # where modules with no FLOPs stand, at their achieved bandwidth
+    x_low, x_high = x_edge / 2, max(intensities) * 8
+    for point in points:
+        point["x"], point["y"] = (
+            (point["intensity"], point["flop_per_s"]) if point in ranked
+            else (x_edge, x_edge * point["bytes"] / (point["ms"] / 1000.0))
+        )
+    y_low, y_high = min(p["y"] for p in points) / 3, peaks["flops"] * 3
+    grid = np.geomspace(x_low, ridge, 100)
+    ax.plot(grid, grid * peaks["bandwidth"], color="0.25", linestyle="--", gid="roof:memory",
+            label=f"memory roof {format_bytes(peaks['bandwidth'])}/s")
+    ax.plot([ridge, x_high], [peaks["flops"], peaks["flops"]], color="0.25", linestyle="-", gid="roof:compute",
+            label=f"compute roof {format_flops(peaks['flops'], 'FLOP/s')}")
+    ax.axvline(x_edge * 2.2, color="0.7", linewidth=0.6, linestyle=":")
+    ax.text(x_edge * 1.15, y_high / 1.6, "no FLOPs:\nat achieved\nbandwidth", fontsize=FONT_SIZE - 0.5,
+            va="top", ha="left", color="0.4")
+    largest = max(p["ms"] for p in points)
+    for bound, colour in BOUND_COLOURS.items():
+        chosen = [p for p in points if p["bound"] == bound]
+        if not chosen:
+            continue
+        ax.scatter([p["x"] for p in chosen], [p["y"] for p in chosen],
+                   s=[15 + 600 * p["ms"] / largest for p in chosen], color=colour, alpha=0.55, edgecolors="black",
+                   linewidths=0.4, gid=f"roofline:{bound}",
+                   label=f"{bound}-bound: {len(chosen)} modules, {format_ms(sum(p['ms'] for p in chosen))}")
+    _label_largest(ax, points, labels)
+    whole_flops, whole_bytes = FIELDS["flops"].value(root), FIELDS["bytes"].value(root)
+    whole_ms = FIELDS["total_ms"].value(root)
+    if whole_flops and whole_bytes and whole_ms:
+        ax.scatter([whole_flops / whole_bytes], [whole_flops / (whole_ms / 1000.0)], marker="*", s=160,
+                   color="black", gid="roofline:model", label="whole model (inclusive)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(x_low, x_high)
+    ax.set_ylim(y_low, y_high)
+    ax.set_xlabel("arithmetic intensity of own ops (FLOP / byte)")
+    ax.set_ylabel("achieved FLOP/s (own ops over self time)")
+    source = peaks.get("source", "measured")
+    ax.set_title(f"{root.type}: roofline per module ({source} peaks, {peaks.get('device', '?')}, "
+                 f"threads: {peaks.get('threads', '?')})" if source == "measured" else
+                 f"{root.type}: roofline per module ({source} peaks)", fontsize=FONT_SIZE + 3)
+    ax.legend(fontsize=FONT_SIZE + 0.5, loc="lower right", frameon=False)
+    ax.grid(True, which="major", color="0.9", linewidth=0.6)
+    return ax

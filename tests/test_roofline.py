@@ -1,0 +1,247 @@
+"""The roofline: machine peaks (measured or given), per-module attainable time, efficiency, bound, lost time.
+
+Classification runs on this CPU against its measured peaks. The machine is shared, so a module's mean time
+can be inflated by other processes while the peaks are the best of several repeats: the efficiency tests take
+the best of a few short profiles, as ``peaks()`` takes the best of a few repeats."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import layerprof
+from layerprof import LayerProf
+from layerprof.metrics.roofline import OVERHEAD_RATIO
+from layerprof.record.fields import FIELDS
+
+GIVEN = {"flops": 1e9, "bandwidth": 1e6}  # 1 GFLOP/s, 1 MB/s: round numbers for exact figures
+
+
+def profile(model: nn.Module, make_input, steps: int = 3, **kwargs) -> LayerProf:
+    """Several steps, so that times come from steps the flops meter did not slow down."""
+    with LayerProf(model, metrics=("flops",), **kwargs) as prof:
+        for _ in range(steps):
+            out = model(make_input())
+            if out.requires_grad:  # a dense gradient: the ones of .sum()'s backward are a stride-0 expand,
+                out.backward(torch.ones_like(out))  # which sends a matmul off its fast kernel
+            prof.step()
+    return prof
+
+
+def best_of(attempts: int, make_profile, name: str, enough: float = 1.0):
+    """The record of ``name`` with the highest efficiency over up to ``attempts`` profiles (the least disturbed
+    by the other processes on this machine), stopping at one that reaches ``enough``."""
+    best = None
+    for _ in range(attempts):
+        record = make_profile().profile.records[name]
+        if best is None or FIELDS["efficiency"].value(record) > FIELDS["efficiency"].value(best):
+            best = record
+        if FIELDS["efficiency"].value(best) >= enough:
+            break
+    return best
+
+
+def test_peaks_measured_once_and_cached() -> None:
+    roofs = layerprof.peaks("cpu")
+    assert roofs is layerprof.peaks("cpu") is layerprof.peaks(torch.device("cpu"), torch.float32)
+    assert roofs["device"] == "cpu" and roofs["dtype"] == "float32" and roofs["source"] == "measured"
+    assert roofs["threads"] == torch.get_num_threads() == 1  # conftest runs single-threaded
+    # a plausible CPU core: between 1 GFLOP/s and 10 TFLOP/s, between 100 MB/s and 1 TB/s
+    assert 1e9 < roofs["flops"] < 1e13 and 1e8 < roofs["bandwidth"] < 1e12
+
+
+def test_given_peaks_give_exact_figures_and_are_not_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(layerprof.profile, "measure_peaks", lambda *a, **k: pytest.fail("peaks were measured"))
+    net = nn.Linear(8, 16)
+    prof = profile(net, lambda: torch.randn(4, 8), peaks=GIVEN)
+    record = prof.tree
+    assert prof.meta["peaks"] == {**GIVEN, "source": "given"}
+    # forward only (no input needs a gradient; the sum's backward reaches the weight): own ops are the addmm
+    # (2*4*8*16 = 1024 FLOPs, 960 bytes, see test_bytes) and the weight and bias gradients: g^T @ x
+    # (2*16*4*8 = 1024 FLOPs; reads g 256 + x 128, writes 512) and g.sum(0) (reads 256, writes 64)
+    assert record.self_flops == 1024 + 1024 and record.self_bytes == 960 + 896 + 320
+    row, self_ms = prof.roofline()[0], record.self_forward_ms + record.self_backward_ms
+    # compute 2048 / 1e9 s = 0.002048 ms; memory 2176 / 1e6 s = 2.176 ms: memory is the larger term
+    assert row["attainable_ms"] == pytest.approx(2.176)
+    assert row["efficiency"] == pytest.approx(2.176 / self_ms)
+    assert row["intensity"] == pytest.approx(2048 / 2176)
+    assert row["lost_ms"] == pytest.approx(max(0.0, self_ms - 2.176))
+    assert row["bound"] == ("overhead" if self_ms > OVERHEAD_RATIO * 2.176 else "memory")
+
+
+def test_peaks_measured_only_when_a_roofline_figure_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    monkeypatch.setattr(layerprof.profile, "measure_peaks",
+                        lambda *args, **kwargs: calls.append(args) or {"flops": 1e9, "bandwidth": 1e9})
+    net = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    prof = profile(net, lambda: torch.randn(4, 8))
+    prof.layerwise_summary(), prof.top(3), prof.rows(), prof.to_json()
+    assert calls == [] and "peaks" not in prof.meta
+    assert prof.layerwise_summary(columns=("bound",)).count("Bound: ") == 3
+    assert calls == [("cpu", "float32")] and prof.meta["peaks"]["flops"] == 1e9
+    prof.roofline(), prof.top(2, by="lost_ms"), prof.to_report()
+    assert len(calls) == 1  # kept in meta: measured once per profile (and cached per process)
+
+
+def test_bad_peaks_are_refused_early() -> None:
+    net = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="'bandwidth'"):
+        LayerProf(net, peaks={"flops": 1e12})
+    with pytest.raises(ValueError, match=r"peaks\['flops'\] must be a positive"):
+        LayerProf(net, peaks={"flops": -1, "bandwidth": 1e9})
+    with pytest.raises(TypeError, match="peaks must be a dict"):
+        LayerProf(net, peaks=1e12)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        layerprof.peaks("cpu", "float7")
+
+
+def test_big_matmul_is_compute_bound_near_the_roof(monkeypatch: pytest.MonkeyPatch) -> None:
+    net = nn.Linear(512, 512, bias=False)  # the peak's own 512 x 512 x 512 matmul
+    x = torch.randn(512, 512)
+    ratios = []
+    # Up to three tries, each with the peaks measured afresh beside the profile: the peaks are cached per process,
+    # and a peak measured earlier in the suite in a moment the machine was busy would misjudge every later step.
+    for _ in range(3):
+        monkeypatch.setattr("layerprof.metrics.peaks._CACHE", {})
+        # Forward only, many steps of one 3 ms kernel: on this shared machine the mean step is slowed by the other
+        # processes by a varying factor, the fastest step much less so (as the peaks are the fastest of repeats).
+        with torch.no_grad():
+            record = profile(net, lambda: x, steps=25).profile.records[""]
+        assert FIELDS["bound"].value(record) == "compute"
+        attainable = FIELDS["attainable_ms"].value(record)
+        assert attainable == pytest.approx(1000 * 2 * 512**3 / layerprof.peaks("cpu")["flops"])
+        assert FIELDS["efficiency"].value(record) == pytest.approx(attainable / record.self_forward_ms)
+        ratios.append(attainable / record.forward_ms_min)
+        # The efficiency of the least disturbed step: 0.7 to 1, and up to 10 % over where the peak itself was
+        # measured in a disturbed moment (the repeatability peaks() aims at on a shared machine).
+        if 0.7 <= ratios[-1] <= 1.1:
+            return
+    pytest.fail(f"attainable / fastest step outside 0.7 .. 1.1 in three tries: {ratios}")
+
+
+def test_layer_norm_and_relu_on_a_big_tensor_are_memory_bound() -> None:
+    x = torch.randn(2048, 1024, requires_grad=True)  # 8 MiB
+    for net in (nn.LayerNorm(1024), nn.ReLU()):
+        record = best_of(5, lambda: profile(net, lambda: x, steps=2), "", enough=1 / OVERHEAD_RATIO)
+        assert FIELDS["bound"].value(record) == "memory", (net, FIELDS["efficiency"].value(record))
+        assert FIELDS["intensity"].value(record) < 1
+
+
+def test_stack_of_tiny_linears_is_overhead_bound() -> None:
+    net = nn.Sequential(*[nn.Linear(4, 4) for _ in range(8)])
+    prof = profile(net, lambda: torch.randn(2, 4, requires_grad=True))
+    for index in range(8):
+        assert FIELDS["bound"].value(prof.records[str(index)]) == "overhead"
+    assert {row["bound"] for row in prof.roofline()} == {"overhead"}
+
+
+def test_roofline_survives_save_and_load() -> None:
+    net = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    prof = profile(net, lambda: torch.randn(4, 8), peaks=GIVEN)
+    loaded = layerprof.loads(prof.to_json())
+    assert loaded.meta["peaks"] == prof.meta["peaks"]
+    assert [row["bound"] for row in loaded.roofline()] == [row["bound"] for row in prof.roofline()]
+    assert json.loads(prof.to_json())["meta"]["peaks"]["bandwidth"] == 1e6
+
+
+def test_top_by_lost_ms_ranks_modules_with_the_reason_beside() -> None:
+    net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
+    prof = profile(net, lambda: torch.randn(32, 64, requires_grad=True), peaks={"flops": 1e11, "bandwidth": 1e10})
+    table = prof.top(3, by="lost_ms")
+    lost = [row["lost_ms"] for row in table]
+    assert lost == sorted(lost, reverse=True) and len(lost) == 3
+    assert table.columns[:7] == ["name", "type", "calls", "lost_ms", "bound", "efficiency", "attainable_ms"]
+    for row in table:
+        record = prof.records[row["name"]]
+        assert row["lost_ms"] == pytest.approx(max(0.0, record.self_forward_ms + record.self_backward_ms
+                                                   - row["attainable_ms"]))
+    summary = prof.layerwise_summary(columns=("bound", "efficiency", "intensity"))
+    assert summary.count("Bound: ") == 4 and "Intensity: " in summary
+
+
+def test_plot_roofline_places_each_module_at_its_own_ops() -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    peaks = {"flops": 1e11, "bandwidth": 1e10}
+    net = nn.Sequential(nn.Linear(64, 64), nn.LayerNorm(64), nn.Linear(64, 8))
+    prof = profile(net, lambda: torch.randn(32, 64, requires_grad=True), peaks=peaks)
+    ax = prof.plot("roofline")
+    drawn = {}
+    for collection in ax.collections:
+        for x, y in collection.get_offsets():
+            drawn.setdefault(collection.get_gid(), []).append((float(x), float(y)))
+    points = [point for group, found in drawn.items() if group != "roofline:model" for point in found]
+    assert len(points) == 3  # the three leaves; the Sequential runs no op of its own
+    linear = prof.records["0"]
+    seconds = (linear.self_forward_ms + linear.self_backward_ms) / 1000
+    at = (linear.self_flops / linear.self_bytes, linear.self_flops / seconds)
+    assert any(x == pytest.approx(at[0]) and y == pytest.approx(at[1]) for x, y in points)
+    norm = prof.records["1"]  # no FLOPs: at the left edge, at its achieved bandwidth along the memory roof
+    edge = min(x for x, _ in points)
+    bandwidth = norm.self_bytes / ((norm.self_forward_ms + norm.self_backward_ms) / 1000)
+    assert any(x == edge and y == pytest.approx(edge * bandwidth) for x, y in points)
+    memory_roof = next(line for line in ax.lines if line.get_gid() == "roof:memory")
+    xs, ys = memory_roof.get_data()
+    assert ys[0] == pytest.approx(xs[0] * 1e10) and ys[-1] == pytest.approx(1e11)  # meets the compute roof
+    plt.close(ax.figure)
+
+
+def test_plot_roofline_needs_flops() -> None:
+    net = nn.Linear(4, 4)
+    with LayerProf(net) as prof:
+        net(torch.randn(2, 4))
+    with pytest.raises(ValueError, match="metrics=\\('flops',\\)"):
+        prof.plot("roofline")
+    with pytest.raises(ValueError, match="the roofline needs FLOPs and bytes"):
+        prof.roofline()
+
+
+def test_report_has_a_roofline_panel_for_a_flops_profile() -> None:
+    net = nn.Sequential(nn.Linear(16, 16), nn.ReLU())
+    page = profile(net, lambda: torch.randn(8, 16), peaks=GIVEN).to_report()
+    assert page.count('<section id="roofline-section">') == 1 and 'id="roof:memory"' in page
+    assert '{"name": "efficiency", "label": "Efficiency"' in page  # a column of the modules table
+    with LayerProf(net) as prof:
+        net(torch.randn(8, 16))
+    assert "roofline-section" not in prof.to_report()
+
+
+def test_peaks_on_cuda(cuda: torch.device) -> None:
+    roofs = layerprof.peaks(cuda)
+    assert roofs["device"].startswith("cuda") and roofs is layerprof.peaks(cuda)
+    assert roofs["flops"] > 1e12 and roofs["bandwidth"] > 1e11  # any GPU of the last decade
+
+
+def test_real_models_classify_every_module_with_own_work() -> None:
+    torchvision = pytest.importorskip("torchvision")
+    transformers = pytest.importorskip("transformers")
+    peaks = {"flops": 1e11, "bandwidth": 1e10}  # ridge at 10 FLOP/B
+    resnet = torchvision.models.resnet18(weights=None)
+    config = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=128, vocab_size=500, attn_implementation="sdpa")
+    bert = transformers.BertModel(config)
+    ids = torch.randint(0, 500, (2, 16))
+    for model, make_input, body in ((resnet, lambda: torch.randn(2, 3, 32, 32), lambda x: resnet(x)),
+                                    (bert, lambda: ids, lambda x: bert(input_ids=x).last_hidden_state)):
+        with LayerProf(model, metrics=("flops",), peaks=peaks) as prof:
+            for _ in range(2):
+                body(make_input()).sum().backward()
+                prof.step()
+        rows = prof.roofline()
+        assert rows and {row["bound"] for row in rows} <= {"compute", "memory", "overhead"}
+        for row in rows:
+            record = prof.records[row["name"]]
+            assert row["lost_ms"] >= 0 and row["efficiency"] > 0 or not (row["self_flops"] or row["self_bytes"])
+            # which roof: right of the ridge (10 FLOP/B) compute, left of it memory. A small-spatial conv is
+            # left of it (layer3.0.conv2 on a 2x2 map reads 2.4 MB of weights for 28 MFLOPs: 4 FLOP/B)
+            if row["bound"] != "overhead":
+                assert row["bound"] == ("compute" if row["self_flops"] >= 10 * row["self_bytes"] else "memory")
+            if record.type in ("BatchNorm2d", "LayerNorm", "ReLU", "Dropout") and row["bound"] != "overhead":
+                assert row["bound"] == "memory" and row["self_flops"] == 0, row
+        # own work adds up to the whole model's
+        assert sum(row["self_bytes"] for row in rows) == FIELDS["bytes"].value(prof.tree)
