@@ -11,7 +11,9 @@ import torch
 from torch import nn
 from torch.nn.modules.module import register_module_module_registration_hook
 
+from . import reuse
 from .annotate import Annotator
+from .._derived import verified
 from .._gc import gc_paused
 from .environment import environment
 from .._check import check_bool, check_int
@@ -19,7 +21,7 @@ from ..metrics import Meter, make_meters
 from .._tensors import first_tensor
 from .._torch import compiled_module_type, submodules
 from ..profile import Profile
-from ..record.records import ModuleRecord, build_tree, module_paths
+from ..record.records import ModuleRecord, module_paths
 from .schedule import Action, Schedule
 from .statistics import StepStats
 from .timing import StepTimes, step_times
@@ -35,8 +37,9 @@ _T = TypeVar("_T")
 _PROFILED: dict[int, LayerProf] = {}
 
 
-def _check_model(model: Any) -> list[tuple[str, nn.Module]]:
-    """Refuse what LayerProf cannot profile (with what to do instead); the model's ``module_paths``."""
+def _check_model(model: Any) -> list[tuple[str, nn.Module]] | None:
+    """Refuse what LayerProf cannot profile (with what to do instead); the model's ``module_paths``, or None for a
+    model profiled before, whose plan the block's start checks against the model (``reuse.plan_for``)."""
     if isinstance(model, torch.jit.ScriptModule):
         raise TypeError(
             "LayerProf cannot profile a TorchScript module: its submodules' hooks never run. "
@@ -50,6 +53,8 @@ def _check_model(model: Any) -> list[tuple[str, nn.Module]]:
         )
     if not isinstance(model, nn.Module):
         raise TypeError(f"LayerProf expects a torch.nn.Module, got {type(model).__module__}.{type(model).__qualname__}")
+    if reuse.known(model):
+        return None
     paths = module_paths(model)
     _check_children(paths, compiled)
     return paths
@@ -197,6 +202,7 @@ class LayerProf:
         self._probe: Any = None
         self._registration: Any = None  # the global hook that sees submodules registered while profiling
         self._names: dict[int, str] = {}
+        self._plan: reuse.Plan | None = None
         self._example: dict[str, Any] = {}
         self._profile: Profile | None = None
         self._state = "new"  # new -> running -> done, or failed when the block raised
@@ -224,31 +230,39 @@ class LayerProf:
             raise RuntimeError(
                 "this LayerProf was already used; create a new LayerProf(model) for each profile"
             )
-        paths = module_paths(self.model)
-        if paths != self._paths:  # changed since __init__ checked it (the same modules compare equal at once)
-            _check_children(paths, compiled_module_type())
+        checked = self._paths
+
+        def check(paths: list[tuple[str, nn.Module]]) -> None:
+            if paths != checked:  # changed since __init__ checked it (the same modules compare equal at once)
+                _check_children(paths, compiled_module_type())
+
+        # The earlier block's walk, names and record shape when the model has not changed since (reuse.py).
+        plan, modules = reuse.plan_for(self.model, check)
         self._paths = []
-        root, records, entries = build_tree(self.model, reprs=False, paths=paths)  # reprs: read in _finish
-        for name, module in entries:
-            if id(module) in _PROFILED:
-                shown = f"module '{name}'" if name else "the model"
-                raise RuntimeError(
-                    f"{shown} ({type(module).__name__}) is already being profiled by another active LayerProf; "
-                    "nesting profilers on one model is not supported: exit the other one first."
-                )
+        self._plan = plan
+        root, records = plan.records()  # extra_repr is read in _finish
+        entries = plan.entries(modules)
+        if _PROFILED:
+            for name, module in entries:
+                if id(module) in _PROFILED:
+                    shown = f"module '{name}'" if name else "the model"
+                    raise RuntimeError(
+                        f"{shown} ({type(module).__name__}) is already being profiled by another active LayerProf; "
+                        "nesting profilers on one model is not supported: exit the other one first."
+                    )
         self.tree, self.records, self._entries = root, records, entries
         self._built = len(records)
         self._tracker = Tracker(sync=self.sync)
-        for _, module in entries:
-            _PROFILED[id(module)] = self
+        _PROFILED.update(dict.fromkeys(plan.names, self))
         started: list[Meter] = []
         try:
-            for meter in self.metrics:
-                if not meter.distorts_timing:
-                    meter.start(self.model, records, entries)
-                    started.append(meter)
+            with verified(self.model, plan.values if plan.key is not None else None):
+                for meter in self.metrics:
+                    if not meter.distorts_timing:
+                        meter.start(self.model, records, entries)
+                        started.append(meter)
             self._probe = self.model.register_forward_pre_hook(_example_probe(self._example), with_kwargs=True)
-            self._names = {id(module): name for name, module in entries}
+            self._names = dict(plan.names)
             self._registration = register_module_module_registration_hook(self._module_registered)
             self._begin_step()
         except BaseException:
@@ -432,6 +446,9 @@ class LayerProf:
     def _warn_unseen_modules(self) -> None:
         """Modules in the model now that were never hooked (put into ``_modules`` without registration)."""
         names = self._names
+        plan = self._plan
+        if plan is not None and len(self.records) == self._built and plan.same_children([m for _, m in self._entries]):
+            return  # the model holds the modules it held at the start, each hooked
         if all(id(module) in names for module in _modules_in(self.model)):
             return
         unseen = [(name, module) for name, module in module_paths(self.model) if id(module) not in names]
