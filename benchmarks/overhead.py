@@ -237,12 +237,40 @@ def main() -> None:
         wrappers["deepspeed_flops"] = DeepSpeedFlops
     print(f"torch {torch.__version__}, 1 thread, median of {args.repeats} interleaved steps, {args.clock} clock, "
           f"metrics={metrics}")
+    results = {}
     if "resnet18" in chosen:
-        measure("resnet18 b2", resnet18, args.repeats, wrappers, metrics)
+        results["resnet18"] = measure("resnet18 b2", resnet18, args.repeats, wrappers, metrics)
     if "bert" in chosen:
-        measure("bert 2x128 s32 b8", bert, args.repeats, wrappers, metrics)
+        results["bert"] = measure("bert 2x128 s32 b8", bert, args.repeats, wrappers, metrics)
     if "deep" in chosen:
-        measure("500 x Sequential(Linear(16,16), ReLU)", deep_stack, args.repeats, wrappers, metrics)
+        results["deep"] = measure("500 x Sequential(Linear(16,16), ReLU)", deep_stack, args.repeats, wrappers, metrics)
+    print_targets(results)
+
+
+def print_targets(results: dict[str, dict[str, float]]) -> None:
+    """The figures the cost issue states its targets in: ratios to the plain step and to torch.profiler of the
+    same run, absolute times beside them."""
+    print("\nTargets (ratios of this run; absolute times in brackets):")
+    peer = "torch_profiler_stack"
+    for key, label in (("resnet18", "resnet18 b2"), ("bert", "BERT 2x128"), ("deep", "deep stack")):
+        r = results.get(key)
+        if r is None:
+            continue
+        plain, twin = r["plain_ms"], r["twin_plain_ms"]
+        steady, oneshot, torchprof = (r["layerprof_steady_ratio"], r["layerprof_oneshot_ratio"],
+                                      r.get(f"{peer}_ratio", float("nan")))
+        print(f"  {label}: plain step {plain:.2f} ms (twin {twin:.2f} ms); steady {steady:.3f} ({steady * plain:.2f} "
+              f"ms), one-shot {oneshot:.3f} ({oneshot * twin:.2f} ms), torch.profiler {torchprof:.3f} "
+              f"({torchprof * twin:.2f} ms)")
+        print(f"    one-shot step / steady step {oneshot / steady:.3f}; one-shot overhead / steady overhead "
+              f"{(oneshot - 1) / (steady - 1) if steady != 1 else float('nan'):.2f}; one-shot overhead / "
+              f"torch.profiler's {(oneshot - 1) / (torchprof - 1) if torchprof != 1 else float('nan'):.2f}")
+        per = r.get(f"{peer}_us_per_module")
+        if key == "deep" and per:
+            print(f"    per module per step: in-step (steady) {r['layerprof_steady_us_per_module']:.1f} µs, one-shot "
+                  f"{r['layerprof_oneshot_us_per_module']:.1f} µs, torch.profiler one-shot {per:.1f} µs; in-step / "
+                  f"torch.profiler {r['layerprof_steady_us_per_module'] / per:.2f}, one-shot / torch.profiler "
+                  f"{r['layerprof_oneshot_us_per_module'] / per:.2f}")
 
 
 if __name__ == "__main__":

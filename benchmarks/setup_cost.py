@@ -4,7 +4,8 @@
 
 Models: 500 and 3,333 x Sequential(Linear(16, 16), ReLU) (1,501 and 10,000 modules). Set-up is ``__enter__``
 (record tree, the default params meter, hooks on every module), tear-down ``__exit__`` with nothing run inside
-(hooks off, statistics and meters filled, the Profile made); JSON is ``to_json`` and ``layerprof.loads`` of a
+(hooks off, statistics and meters filled, the Profile made); the median is over blocks on a model profiled
+before (what the block reuses from the last one, ``collect/reuse.py``), the first block's figure beside it; JSON is ``to_json`` and ``layerprof.loads`` of a
 profiled step of the 10,000-module model. Then the phases of a one-shot profile with a training step inside, on
 the 1,501-module model: ``LayerProf(model)``, entering, the step (beside a plain step), leaving. Medians of
 ``--repeats`` rounds (three times as many for the phases), one thread. Times are CPU time of this process
@@ -39,18 +40,23 @@ def main() -> None:
         model = deep(blocks)
         modules = len(list(model.modules()))
         enter, leave = [], []
-        for _ in range(args.repeats):
+        first = 0.0
+        for round_ in range(args.repeats + 1):  # round 0: the first block on this model, nothing to reuse yet
             prof = LayerProf(model)
             start = time.process_time()
             prof.__enter__()
             middle = time.process_time()
             prof.__exit__(None, None, None)
             end = time.process_time()
+            if round_ == 0:
+                first = end - start
+                continue
             enter.append(middle - start)
             leave.append(end - middle)
         e, x = statistics.median(enter), statistics.median(leave)
         print(f"{modules} modules: enter {e * 1e3:.0f} ms, exit {x * 1e3:.0f} ms, "
-              f"set-up + tear-down {(e + x) / modules * 1e6:.1f} µs per module")
+              f"set-up + tear-down {(e + x) / modules * 1e6:.1f} µs per module "
+              f"(the first block on the model: {first / modules * 1e6:.1f} µs per module)")
     phases(deep(500), 3 * args.repeats)
     with LayerProf(model) as prof:
         model(torch.randn(2, 16)).sum().backward()

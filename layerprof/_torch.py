@@ -5,9 +5,10 @@ torch breaks something, and one place to add a fallback. Everything else in laye
 """
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
-from operator import methodcaller
+from operator import attrgetter, methodcaller, setitem
 from typing import Any, Callable
 
 import torch
@@ -21,6 +22,7 @@ __all__ = [
     "compiled_module_type", "fsdp2_param_groups", "FSDP2_HOOK_POINTS", "fsdp2_comm_buffers",
     "patch_fsdp2_group", "unpatch_fsdp2_group",
     "TorchDispatchMode", "StorageWeakRef", "escaped_backward", "add_forward_hooks", "remove_forward_hooks",
+    "add_forward_hooks_to", "remove_forward_hooks_from",
 ]
 
 # The sequence number the next autograd node created on this thread will get: a module call owns the nodes
@@ -83,6 +85,43 @@ def add_forward_hooks(module: Any, pre: Callable[..., None], post: Callable[...,
     kwargs[key] = True
     always[key] = True
     return key
+
+
+_drain = functools.partial(collections.deque, maxlen=0)  # runs an iterator to its end, keeping nothing
+_DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks", "_forward_hooks_with_kwargs",
+          "_forward_hooks_always_called")
+
+
+def add_forward_hooks_to(modules: list[Any], pre: Callable[..., None], post: Callable[..., None]) -> Any:
+    """``add_forward_hooks`` on every module of ``modules`` under one key, with C-level ``map`` calls instead of a
+    Python call per module (hooking a 10,000-module model for a one-shot profile); what it returns goes to
+    ``remove_forward_hooks_from``. Modules of another torch's internals get the public calls."""
+    try:
+        pre_hooks, pre_kwargs, hooks, kwargs, always = (list(map(attrgetter(name), modules)) for name in _DICTS)
+    except AttributeError:
+        return [(module, add_forward_hooks(module, pre, post)) for module in modules]
+    key = next(_HOOK_KEYS)
+    keys = itertools.repeat(key)
+    try:
+        for table, value in ((pre_hooks, pre), (pre_kwargs, True), (hooks, post), (kwargs, True), (always, True)):
+            _drain(map(setitem, table, keys, itertools.repeat(value)))
+        _drain(map(methodcaller("move_to_end", key, last=False), hooks))
+    except BaseException:  # half way: nothing of ours stays on any module
+        remove_forward_hooks_from((key, modules))
+        raise
+    return key, modules
+
+
+def remove_forward_hooks_from(added: Any) -> None:
+    """Take off what ``add_forward_hooks_to`` put on its modules."""
+    if type(added) is list:
+        for module, handles in added:
+            remove_forward_hooks(module, handles)
+        return
+    key, modules = added
+    pop = methodcaller("pop", key, None)
+    for name in _DICTS:
+        _drain(map(pop, map(attrgetter(name), modules)))
 
 
 def remove_forward_hooks(module: Any, added: Any) -> None:

@@ -36,9 +36,25 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _first_parameter(model: nn.Module) -> torch.Tensor | None:
+    """``next(model.parameters(), None)``, walking modules only until one holds a parameter (``parameters()``
+    visits the whole model first: tens of microseconds on a transformer, on every profile)."""
+    stack, seen = [model], set()
+    while stack:
+        module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        for parameter in module._parameters.values():
+            if parameter is not None:
+                return parameter
+        stack.extend(child for child in reversed(module._modules.values()) if child is not None)
+    return None
+
+
 def environment(model: nn.Module | None = None, example: torch.Tensor | None = None) -> dict[str, Any]:
     """Facts about the machine and run; ``model`` gives device and dtype, ``example`` the batch size."""
-    parameter = next(model.parameters(), None) if model is not None else None
+    parameter = _first_parameter(model) if model is not None else None
     device = parameter.device if parameter is not None else (example.device if example is not None else None)
     info: dict[str, Any] = {
         **_machine(),

@@ -11,8 +11,10 @@ import torch
 from torch import nn
 from torch.nn.modules.module import register_module_module_registration_hook
 
+from . import reuse
 from .annotate import Annotator
 from .clock import PausableClock
+from .._derived import verified
 from .._gc import gc_paused
 from .environment import environment
 from .._check import check_bool, check_int
@@ -21,7 +23,7 @@ from ..metrics.peaks import check_peaks
 from .._tensors import first_tensor
 from .._torch import compiled_module_type, submodules
 from ..profile import Profile
-from ..record.records import ModuleRecord, build_tree, module_paths
+from ..record.records import ModuleRecord, module_paths
 from .schedule import Action, Schedule
 from .statistics import StepStats
 from .stepcall import RootStep
@@ -40,8 +42,9 @@ _T = TypeVar("_T")
 _PROFILED: dict[int, LayerProf] = {}
 
 
-def _check_model(model: Any) -> list[tuple[str, nn.Module]]:
-    """Refuse what LayerProf cannot profile (with what to do instead); the model's ``module_paths``."""
+def _check_model(model: Any) -> list[tuple[str, nn.Module]] | None:
+    """Refuse what LayerProf cannot profile (with what to do instead); the model's ``module_paths``, or None for a
+    model profiled before, whose plan the block's start checks against the model (``reuse.plan_for``)."""
     if isinstance(model, torch.jit.ScriptModule):
         raise TypeError(
             "LayerProf cannot profile a TorchScript module: its submodules' hooks never run. "
@@ -55,6 +58,8 @@ def _check_model(model: Any) -> list[tuple[str, nn.Module]]:
         )
     if not isinstance(model, nn.Module):
         raise TypeError(f"LayerProf expects a torch.nn.Module, got {type(model).__module__}.{type(model).__qualname__}")
+    if reuse.known(model):
+        return None
     paths = module_paths(model)
     _check_children(paths, compiled)
     return paths
@@ -211,6 +216,7 @@ class LayerProf:
         self._probe: Any = None
         self._registration: Any = None  # the global hook that sees submodules registered while profiling
         self._names: dict[int, str] = {}
+        self._plan: reuse.Plan | None = None
         self._example: dict[str, Any] = {}
         self._profile: Profile | None = None
         self._state = "new"  # new -> running -> done, or failed when the block raised
@@ -242,23 +248,31 @@ class LayerProf:
             raise RuntimeError(
                 "this LayerProf was already used; create a new LayerProf(model) for each profile"
             )
-        paths = module_paths(self.model)
-        if paths != self._paths:  # changed since __init__ checked it (the same modules compare equal at once)
-            _check_children(paths, compiled_module_type())
+        checked = self._paths
+
+        def check(paths: list[tuple[str, nn.Module]]) -> None:
+            if paths != checked:  # changed since __init__ checked it (the same modules compare equal at once)
+                _check_children(paths, compiled_module_type())
+
+        # The earlier block's walk, names and record shape when the model has not changed since (reuse.py).
+        plan, modules = reuse.plan_for(self.model, check)
         self._paths = []
-        root, records, entries = build_tree(self.model, reprs=False, paths=paths)  # reprs: read in _finish
+        self._plan = plan
+        root, records = plan.records()  # extra_repr is read in _finish
+        entries = plan.entries(modules)
         # Whatever checked the model before (here, or a reused plan): .compile() since then changes no path.
         refuse_compiled_in_place(entries)
-        for name, module in entries:
-            holder = _PROFILED.get(id(module))
-            if holder is not None and not (holder._give_way is not None and holder._give_way()):
-                shown = f"module '{name}'" if name else "the model"
-                raise RuntimeError(
-                    f"{shown} ({type(module).__name__}) is already being profiled by another active LayerProf "
-                    f"(started {holder._started_at}); two profilers on one model would time each other's hooks. "
-                    "Stop that one first: prof.stop() for its profile, or prof.cancel() to drop it; if you no "
-                    "longer hold it (a notebook cell run again), LayerProf.running_on(model).cancel()."
-                )
+        if _PROFILED:
+            for name, module in entries:
+                holder = _PROFILED.get(id(module))
+                if holder is not None and not (holder._give_way is not None and holder._give_way()):
+                    shown = f"module '{name}'" if name else "the model"
+                    raise RuntimeError(
+                        f"{shown} ({type(module).__name__}) is already being profiled by another active LayerProf "
+                        f"(started {holder._started_at}); two profilers on one model would time each other's hooks. "
+                        "Stop that one first: prof.stop() for its profile, or prof.cancel() to drop it; if you no "
+                        "longer hold it (a notebook cell run again), LayerProf.running_on(model).cancel()."
+                    )
         self.tree, self.records, self._entries = root, records, entries
         self._built = len(records)
         pausing = [meter for meter in self.metrics if meter.pauses_clock]
@@ -266,16 +280,16 @@ class LayerProf:
         for meter in pausing:
             meter.use_clock(clock)
         self._tracker = Tracker(sync=self.sync, cpu_clock=clock)
-        for _, module in entries:
-            _PROFILED[id(module)] = self
+        _PROFILED.update(dict.fromkeys(plan.names, self))
         started: list[Meter] = []
         try:
-            for meter in self.metrics:
-                if not meter.distorts_timing:
-                    meter.start(self.model, records, entries)
-                    started.append(meter)
+            with verified(self.model, plan.values if plan.key is not None else None):
+                for meter in self.metrics:
+                    if not meter.distorts_timing:
+                        meter.start(self.model, records, entries)
+                        started.append(meter)
             self._probe = self.model.register_forward_pre_hook(_example_probe(self._example), with_kwargs=True)
-            self._names = {id(module): name for name, module in entries}
+            self._names = dict(plan.names)
             self._registration = register_module_module_registration_hook(self._module_registered)
             self._begin_step()
         except BaseException:
@@ -516,6 +530,9 @@ class LayerProf:
     def _warn_unseen_modules(self) -> None:
         """Modules in the model now that were never hooked (put into ``_modules`` without registration)."""
         names = self._names
+        plan = self._plan
+        if plan is not None and len(self.records) == self._built and plan.same_children([m for _, m in self._entries]):
+            return  # the model holds the modules it held at the start, each hooked
         if all(id(module) in names for module in _modules_in(self.model)):
             return
         unseen = [(name, module) for name, module in module_paths(self.model) if id(module) not in names]

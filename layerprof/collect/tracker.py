@@ -32,6 +32,7 @@ import functools
 import sys
 import threading
 from bisect import bisect_right
+from operator import attrgetter, itemgetter
 from time import perf_counter_ns
 from typing import Any, Callable, Iterable, Sequence
 
@@ -42,13 +43,15 @@ from .clock import Clock, CpuClock, make_clock
 from .._tensors import first_tensor, iter_tensors
 from .._torch import graph_task_id as _graph_task_id
 from .._torch import next_sequence_nr as _next_sequence_nr
-from .._torch import add_forward_hooks, escaped_backward, remove_forward_hooks
+from .._torch import add_forward_hooks_to, escaped_backward, remove_forward_hooks, remove_forward_hooks_from
 from .._torch import queue_backward_callback as _queue_backward_callback
 from .._torch import sequence_nr as _sequence_nr
 
 __all__ = ["CallTrace", "Tracker"]
 
 _Tensor = torch.Tensor
+_first, _second = itemgetter(0), itemgetter(1)
+_pre_hooks = attrgetter("_forward_pre_hooks")
 
 
 class _Step:
@@ -264,13 +267,13 @@ class Tracker:
         if self._hooks is None:
             self._hooks = self._make_hooks()
         pre, post = self._hooks
-        names, by_name, handles = self.names, self._modules, self._handles
+        modules = list(modules)
+        found = list(map(_second, modules))
         try:
-            for name, module in modules:
-                names[id(module._forward_pre_hooks)] = name
-                by_name[name] = module
-                # Our pre-hook runs last and our post-hook first, so the user's own hooks are not timed.
-                handles.append((module, add_forward_hooks(module, pre, post)))
+            self.names.update(zip(map(id, map(_pre_hooks, found)), map(_first, modules)))
+            self._modules.update(modules)
+            # Our pre-hook runs last and our post-hook first, so the user's own hooks are not timed.
+            self._handles.append(add_forward_hooks_to(found, pre, post))
         except BaseException:
             self.detach()
             raise
@@ -296,8 +299,8 @@ class Tracker:
         # the modules (attach fills this again; a note needs it only while hooked).
         self._modules = {}
         handles, self._handles = self._handles, []
-        for module, added in handles:
-            remove_forward_hooks(module, added)
+        for added in handles:
+            remove_forward_hooks_from(added)
 
     def end_step(self) -> None:
         """Close the step: graph hooks still on live nodes stop stamping, and per-thread state starts clean

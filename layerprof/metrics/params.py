@@ -6,12 +6,12 @@ shared blocks); ``measure_params`` does so in time linear in the model's size.
 """
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch
 from torch import nn
 
+from .._derived import derived
 from ..record.fields import Field, declare
 from ..record.records import ModuleRecord
 from .meter import Meter, register_meter
@@ -179,46 +179,11 @@ def module_params(module: nn.Module) -> dict[str, Any]:
     return measure_params(list(module.named_modules()))[""]
 
 
-def _fingerprint(entries: list[tuple[str, nn.Module]]) -> tuple[Any, ...] | None:
-    """Everything ``measure_params`` reads, by value and identity, holding no module or tensor: each module's
-    name and id, its children's ids, and each parameter's and buffer's name, id, dtype, size and requires_grad.
-    Equal fingerprints give equal figures. None when a parameter is lazy (its shape is still to come)."""
-    key: list[Any] = []
-    append = key.append
-    for name, module in entries:
-        children, params, buffers = module._modules, module._parameters, module._buffers
-        append((name, id(module), tuple(map(id, children.values())) if children else (), len(params), len(buffers)))
-        for table in (params, buffers) if params or buffers else ():
-            for tensor_name, tensor in table.items():
-                if tensor is None:
-                    append((tensor_name, None))
-                elif _is_lazy(tensor):
-                    return None
-                else:
-                    append((tensor_name, id(tensor), tensor.dtype, tensor.numel(), tensor.requires_grad))
-    return tuple(key)
-
-
-# The last figures measured per model, with the fingerprint they were measured at: a model profiled again
-# (a fresh ``with LayerProf(model)`` around every step) is measured once while nothing it holds changes.
-_MEASURED: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple[Any, ...], dict[str, dict[str, Any]]]]" = (
-    weakref.WeakKeyDictionary())
-
-
-def _measure_cached(entries: list[tuple[str, nn.Module]]) -> tuple[dict[str, dict[str, Any]], bool]:
-    """The figures, and whether a parameter is lazy (then they are measured again once it has run)."""
-    if not entries:
-        return measure_params(entries), False
-    key = _fingerprint(entries)
-    if key is None:  # a lazy parameter or buffer
-        return measure_params(entries), True
-    model = entries[0][1]
-    cached = _MEASURED.get(model)
-    if cached is not None and cached[0] == key:
-        return cached[1], False
-    values = measure_params(entries)
-    _MEASURED[model] = (key, values)
-    return values, False
+def _measure(entries: list[tuple[str, nn.Module]]) -> tuple[dict[str, dict[str, Any]], bool]:
+    """The figures, and whether a parameter or buffer is lazy (then they are measured again once it has run)."""
+    lazy = any(_is_lazy(t) for _, module in entries for table in (module._parameters, module._buffers)
+               for t in table.values() if t is not None)
+    return measure_params(entries), lazy
 
 
 @register_meter
@@ -238,7 +203,13 @@ class ParamsMeter(Meter):
         self._measure()
 
     def _measure(self) -> None:
-        self._values, self._lazy = _measure_cached(self._entries)
+        # Measured once per model while nothing it holds changes: the profiler's check of the model at the start
+        # of a block covers every tensor's identity, dtype, size and requires_grad (``_derived``, ``collect/reuse``).
+        entries = self._entries
+        if entries:
+            self._values, self._lazy = derived(entries[0][1], "params", lambda: _measure(entries))
+        else:
+            self._values, self._lazy = {}, False
         self._measured = len(self._entries)
 
     def stop(self) -> None:

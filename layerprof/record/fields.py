@@ -80,7 +80,7 @@ class Field:
         if self.of is not None:
             whole = FIELDS[self.share_of or self.of].value(root) if root is not None else None
             part = FIELDS[self.of].value(record)
-            return None if part is None or not whole else part / whole * 100.0  # a whole of itself is exactly 100
+            return None if part is None or not whole else (100.0 if part == whole else 100.0 * part / whole)  # a whole of itself: exactly 100
         if self.parts:
             values = [getattr(record, part, None) for part in self.parts]
             known = [value for value in values if value is not None]

@@ -1,0 +1,166 @@
+"""What a ``with LayerProf(model)`` block builds from the model's structure, kept for the next block on the same
+model while nothing it was built from has changed: the walk of the model (names, unique modules, shared ones),
+the check of its children for TorchScript and torch.compile, the name map, the shape of the record tree, and
+figures that meters derive from it (the parameter figures).
+
+A plan is keyed by a fingerprint of everything it was built from, read with C-level ``map`` calls over the
+modules of the last walk, no Python loop per module: each module's class and forward pre-hook dict, its children
+(names and identities, in order), its parameters and buffers (names and identities), and each tensor's dtype,
+``requires_grad`` and shape. An added, removed or replaced module or tensor, a child swapped by attribute or
+written into ``_modules`` directly, a dtype change (``.half()`` swaps ``param.data`` under the same Parameter)
+and freezing all change it, and the next block walks the model again. Nothing here holds the model: plans sit in a
+``WeakKeyDictionary`` by model and refer to modules by weak reference, so a dropped model takes its plan with it,
+and a module that died is a change (its address may be reused by a new one). A model with a lazy (uninitialized)
+parameter gets no plan: its shapes are still to come.
+"""
+from __future__ import annotations
+
+import weakref
+from itertools import chain
+from operator import attrgetter, is_not
+from functools import partial
+from typing import Any, Callable
+
+from torch import nn
+
+from ..record.records import ModuleRecord, attach, module_paths
+
+__all__ = ["Plan", "plan_for", "known", "fingerprint"]
+
+_children = attrgetter("_modules")
+_params = attrgetter("_parameters")
+_buffers = attrgetter("_buffers")
+_pre_hooks = attrgetter("_forward_pre_hooks")
+_tensor_key = attrgetter("dtype", "requires_grad", "shape")
+_flat = chain.from_iterable
+_values, _keys = dict.values, dict.keys
+_not_none = partial(is_not, None)
+_LAZY = nn.parameter.UninitializedTensorMixin
+_dereference = weakref.ref.__call__
+
+
+def fingerprint(modules: list[nn.Module]) -> tuple[Any, ...] | None:
+    """Everything a plan is built from, as plain values (ids, names, classes, dtypes, shapes: no module or
+    tensor), for ``modules`` in walk order. None where a parameter or buffer is lazy, or a tensor has no plain
+    shape (nested): such a model is not planned."""
+    children = list(map(_children, modules))
+    params = list(map(_params, modules))
+    buffers = list(map(_buffers, modules))
+    tensors = [*_flat(map(_values, params)), *_flat(map(_values, buffers))]
+    present = list(filter(_not_none, tensors))
+    if any(issubclass(kind, _LAZY) for kind in set(map(type, present))):
+        return None
+    try:
+        shapes = list(map(_tensor_key, present))
+    except (RuntimeError, TypeError, AttributeError):
+        return None
+    return (
+        list(map(type, modules)), list(map(id, map(_pre_hooks, modules))),
+        list(map(len, children)), [*_flat(map(_keys, children))], list(map(id, _flat(map(_values, children)))),
+        list(map(len, params)), [*_flat(map(_keys, params))],
+        list(map(len, buffers)), [*_flat(map(_keys, buffers))],
+        list(map(id, tensors)), shapes,
+    )
+
+
+class Plan:
+    """One walk of a model: its ``module_paths`` (a shared module once per name), the unique modules with their
+    first names (``entries``), each module's record shape (class name, parent, other names), and ``values``:
+    figures derived from the model while this plan holds (``layerprof._derived``)."""
+
+    __slots__ = ("_refs", "_path_names", "_path_index", "names", "key", "_records", "values", "__weakref__")
+
+    def __init__(self, paths: list[tuple[str, nn.Module]]) -> None:
+        index: dict[int, int] = {}  # id(module) -> entry index
+        by_name: dict[str, int] = {}  # first name -> entry index
+        modules: list[nn.Module] = []
+        path_index = []
+        records: list[tuple[str, str, int, list[str]]] = []  # name, class name, parent's entry index, aliases
+        for name, module in paths:
+            known_at = index.get(id(module))
+            if known_at is not None:
+                records[known_at][3].append(name)
+                path_index.append(known_at)
+                continue
+            index[id(module)] = len(modules)
+            path_index.append(len(modules))
+            parent = by_name[name.rpartition(".")[0]] if name else -1  # as build_tree attaches records
+            by_name[name] = len(modules)
+            modules.append(module)
+            records.append((name, type(module).__name__, parent, []))
+        self._refs = [weakref.ref(module) for module in modules]
+        self._path_names = [name for name, _ in paths]
+        self._path_index = path_index
+        self.names = dict(zip(map(id, modules), by_name))  # id(module) -> its first name
+        self._records = records
+        self.key = fingerprint(modules)
+        self.values: dict[str, Any] = {}
+
+    def modules(self) -> list[nn.Module] | None:
+        """The unique modules in walk order, or None when one of them has died (the model changed)."""
+        modules = list(map(_dereference, self._refs))
+        return None if None in modules else modules
+
+    def same_children(self, modules: list[nn.Module]) -> bool:
+        """Whether ``modules`` (this plan's, in order) still have the children they had when it was made: then the
+        model holds no module the plan does not know."""
+        if self.key is None:
+            return False
+        children = list(map(_children, modules))
+        return (list(map(len, children)) == self.key[2]
+                and list(map(id, _flat(map(_values, children)))) == self.key[4])
+
+    def paths(self, modules: list[nn.Module]) -> list[tuple[str, nn.Module]]:
+        return list(zip(self._path_names, map(modules.__getitem__, self._path_index)))
+
+    def entries(self, modules: list[nn.Module]) -> list[tuple[str, nn.Module]]:
+        return list(zip((record[0] for record in self._records), modules))
+
+    def records(self) -> tuple[ModuleRecord, dict[str, ModuleRecord]]:
+        """A new record tree, as ``build_tree(reprs=False)`` makes it: root and records by name, in walk order."""
+        template = ModuleRecord("", "").__dict__
+        mutable = [key for key, value in template.items() if isinstance(value, (list, dict, set))]
+        made: list[ModuleRecord] = []
+        by_name: dict[str, ModuleRecord] = {}
+        new = ModuleRecord.__new__
+        for name, type_name, parent, aliases in self._records:
+            record = new(ModuleRecord)
+            own = record.__dict__
+            own.update(template)
+            for key in mutable:
+                own[key] = own[key].copy()
+            own["name"], own["type"] = name, type_name
+            if aliases:
+                own["aliases"] = list(aliases)
+            if parent >= 0:
+                attach(record, made[parent])
+            made.append(record)
+            by_name[name] = record
+        return made[0], by_name
+
+
+# model -> its plan. Weak on the model; the plan refers to the modules weakly.
+_PLANS: "weakref.WeakKeyDictionary[nn.Module, Plan]" = weakref.WeakKeyDictionary()
+def known(model: nn.Module) -> bool:
+    """Whether ``model`` has a plan from an earlier block (still to be verified against the model)."""
+    return model in _PLANS
+
+
+def plan_for(model: nn.Module, check: Callable[[list[tuple[str, nn.Module]]], None]
+             ) -> tuple[Plan, list[nn.Module]]:
+    """The model's plan and its modules: the earlier block's if the model's fingerprint is unchanged, else a new
+    walk, passed to ``check`` (which raises for a child that cannot be profiled) before it is planned."""
+    plan = _PLANS.get(model)
+    if plan is not None:
+        modules = plan.modules()
+        if modules is not None and plan.key is not None and fingerprint(modules) == plan.key:
+            return plan, modules
+        del _PLANS[model]
+    paths = module_paths(model)
+    check(paths)
+    plan = Plan(paths)
+    modules = plan.modules()
+    assert modules is not None  # they are all held by ``paths`` here
+    if plan.key is not None:
+        _PLANS[model] = plan
+    return plan, modules

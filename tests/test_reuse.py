@@ -1,0 +1,139 @@
+"""A second block on an unchanged model reuses the first block's walk (collect/reuse.py); every change is seen."""
+from __future__ import annotations
+
+import copy
+import gc
+import weakref
+from typing import Any, Callable
+
+import pytest
+import torch
+from torch import nn
+
+import layerprof.collect.reuse as reuse
+from layerprof import LayerProf
+from layerprof.metrics.params import PARAM_FIELDS
+
+from .conftest import hook_state
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8, bias=False)
+        self.blocks = nn.ModuleList([nn.Linear(8, 8), nn.ReLU()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.b(self.a(x).to(self.b.weight.dtype)).float()
+        for block in self.blocks:
+            x = block(x.to(getattr(block, "weight", x).dtype)).float()
+        for name, child in self._modules.items():
+            if name not in ("a", "b", "blocks"):
+                x = child(x.to(getattr(child, "weight", x).dtype)).float()
+        return x
+
+
+def _view(model: nn.Module) -> dict[str, tuple[Any, ...]]:
+    """What a profile of one step shows per module: class, other names, calls, whether its backward was timed,
+    and its parameter figures."""
+    with LayerProf(model) as prof:
+        model(torch.randn(2, 8)).sum().backward()
+    return {
+        name: (record.type, tuple(record.aliases), record.calls, record.backward_ms is not None,
+               tuple(repr(getattr(record, field)) for field in PARAM_FIELDS))
+        for name, record in prof.records.items()
+    }
+
+
+def test_an_unchanged_model_reuses_the_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = Net()
+    first = _view(model)
+    plan = reuse._PLANS[model]
+    walks: list[int] = []
+    real = reuse.module_paths
+    monkeypatch.setattr(reuse, "module_paths", lambda m: walks.append(1) or real(m))
+    assert _view(model) == first and _view(model) == first
+    assert walks == [] and reuse._PLANS[model] is plan
+    # 7 modules: the root, a, b, blocks, blocks.0, blocks.1; each ran once with a backward (ReLU included).
+    assert list(first) == ["", "a", "b", "blocks", "blocks.0", "blocks.1"]
+    assert [calls for _, _, calls, _, _ in first.values()] == [1, 1, 1, 0, 1, 1]
+
+
+def _swap(m: Net) -> None:
+    m.a, m.b = m.b, m.a
+
+
+CHANGES: list[tuple[str, Callable[[Net], Any]]] = [
+    ("module added by attribute", lambda m: setattr(m, "c", nn.Linear(8, 8))),
+    ("module replaced by attribute", lambda m: setattr(m, "b", nn.Linear(8, 8))),
+    ("module replaced in _modules directly", lambda m: m._modules.__setitem__("b", nn.Linear(8, 8))),
+    ("module added in _modules directly", lambda m: m._modules.__setitem__("c", nn.Tanh())),
+    ("module inserted in a ModuleList", lambda m: m.blocks.insert(1, nn.Tanh())),
+    ("module deleted", lambda m: m.blocks.__delitem__(1)),
+    ("submodules swapped by attribute", _swap),
+    ("new parameter", lambda m: m.a.register_parameter("extra", nn.Parameter(torch.ones(3)))),
+    ("parameter replaced by a tied one", lambda m: setattr(m.b, "weight", m.a.weight)),
+    ("parameter replaced in _parameters directly",
+     lambda m: m.a._parameters.__setitem__("bias", nn.Parameter(torch.zeros(8), requires_grad=False))),
+    ("dtype changed", lambda m: m.b.double()),
+    ("requires_grad changed", lambda m: m.a.requires_grad_(False)),
+    ("buffer added", lambda m: m.b.register_buffer("scale", torch.ones(5))),
+    ("module shared under a second name", lambda m: m.add_module("again", m.blocks[1])),
+]
+
+
+@pytest.mark.parametrize("change", [c[1] for c in CHANGES], ids=[c[0] for c in CHANGES])
+def test_every_change_is_seen(change: Callable[[Net], Any]) -> None:
+    model = Net()
+    before = _view(model)
+    hooks = hook_state(model)
+    assert _view(model) == before  # profiled twice: the second block reused the first one's plan
+    change(model)
+    after = _view(model)
+    assert after != before
+    assert after == _view(copy.deepcopy(model))  # exactly what a first profile of the changed model shows
+    assert _view(model) == after  # and reused again once changed
+    if hook_state(model).keys() == hooks.keys():
+        assert hook_state(model) == hooks  # nothing left on the model
+
+
+def test_plans_do_not_keep_the_model_alive_nor_cross_models() -> None:
+    first, second = Net(), Net()
+    _view(first)
+    _view(second)
+    assert reuse._PLANS[first] is not reuse._PLANS[second]
+    # A profile of the second model times the second model's modules, not the first's (same structure).
+    with LayerProf(second) as prof:
+        second(torch.randn(2, 8)).sum().backward()
+    assert prof.tree.calls == 1
+    with LayerProf(first) as prof:
+        pass_through = prof
+    assert pass_through.records["a"].calls == 0
+    alive = weakref.ref(first)
+    module = weakref.ref(first.a)
+    gc.collect()  # models of earlier tests that only cyclic garbage still held: not this test's to count
+    plans = len(reuse._PLANS)
+    del first, prof, pass_through
+    gc.collect()
+    assert alive() is None and module() is None
+    assert len(reuse._PLANS) == plans - 1
+
+
+def test_a_module_that_died_is_a_change() -> None:
+    # Its address may be reused by a new module: the plan holds modules by weak reference and sees the old one die.
+    model = Net()
+    _view(model)
+    del model.b
+    gc.collect()
+    model.b = nn.Linear(8, 8, bias=False)
+    assert _view(model) == _view(copy.deepcopy(model))
+
+
+def test_a_compiled_or_scripted_child_is_refused_after_a_reused_block() -> None:
+    model = Net()
+    _view(model)
+    model.b = torch.jit.script(nn.Linear(8, 8))
+    with pytest.raises(TypeError, match="module 'b'.*TorchScript"):
+        with LayerProf(model):
+            pass
