@@ -14,6 +14,7 @@ from typing import IO, Any, Iterable, Sequence
 from .distributed.gather import gather_profile
 from .record import io
 from .record.records import ModuleRecord, preorder
+from .plan.plan import CheckpointPlan, make_plan
 from .render import export
 from .render.compare import Comparison
 from .render.html import html_table, notebook_style
@@ -190,7 +191,8 @@ class Profile:
 
     # -- plots, distributed, FLOPs ---------------------------------------------------------------------------
     def plot(self, kind: str, metric: str = "total", path: str | None = None, **kwargs: Any) -> Any:
-        """Draw a ``kind`` of plot ("sunburst", "icicle" or "top") of ``metric`` and return its Axes; saves a PNG
+        """Draw a ``kind`` of plot ("sunburst", "icicle", "top", or "checkpoint": the frontier of checkpoint plans,
+        ``budget=`` marked) of ``metric`` and return its Axes; saves a PNG
         or SVG only when ``path`` is given. Other keywords go to ``layerprof.plot_<kind>`` (ax, depth, k, ...)."""
         return save_plot(self, kind, metric=metric, path=path, **kwargs)
 
@@ -198,6 +200,15 @@ class Profile:
         """Collect every rank's profile on rank ``dst`` (a collective) and compare them: a ``GatheredProfile``
         there, None on other ranks, a one-rank view without torch.distributed. See ``layerprof.distributed``."""
         return gather_profile(self, dst=dst, group=group, margin=margin, min_ms=min_ms)
+
+    def checkpoint_plan(self, budget: Any, allow_side_effects: bool = False, resolution: int = 4096
+                        ) -> CheckpointPlan:
+        """The modules to recompute (wrap in ``torch.utils.checkpoint``) so that the memory saved for backward
+        fits ``budget`` at the least recompute time: bytes, a size (``"2GiB"``), a percentage (``"50%"``) or a
+        fraction (``0.5``) of today's. Needs a profile of a training step with ``metrics=("memory",)``. Modules
+        whose recomputation repeats a side effect (BatchNorm in training) are left out unless
+        ``allow_side_effects``. See ``layerprof.plan``."""
+        return make_plan(self.tree, budget, allow_side_effects=allow_side_effects, resolution=resolution)
 
     def unknown_ops(self) -> dict[str, int]:
         """Ops that ran inside the model with no FLOP formula (so counted 0), with their call counts, most
