@@ -21,6 +21,7 @@ from typing import Any, Iterator
 from torch import nn
 
 from ..record.records import ModuleRecord
+from ..render.checkpoint import plan_text
 from .apply import is_wrapped, unwrap, wrap
 from .budget import parse_budget
 from .candidates import Candidate, candidates, require_figures
@@ -173,8 +174,6 @@ class CheckpointPlan:
         }
 
     def __str__(self) -> str:
-        from ..render.checkpoint import plan_text
-
         return plan_text(self)
 
     def __repr__(self) -> str:
