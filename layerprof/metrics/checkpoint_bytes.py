@@ -16,10 +16,11 @@ additive exactly when a storage is saved in two wrapped regions (counted in neit
 less than it could, never more than it says) or an input saved by an unwrapped sibling (counted as kept).
 
 Safety counts: ``checkpoint_side_effects`` is the number of calls, this one's and nested ones, whose forward
-changes state that a recomputation would change again (BatchNorm updating running statistics in training);
+changes state that a recomputation would change again (BatchNorm updating running statistics in training, an
+attention layer updating the key/value cache it is handed: Hugging Face models with ``use_cache=True``);
 ``checkpoint_inplace_inputs`` the number of this module's calls that modified an input in place (a checkpoint
-would have saved the input before the change); ``foreign_calls`` the calls made from a module other than the
-tree parent (a shared module: wrapping it would nest with the wrapping of its callers).
+would have saved the input before the change); ``foreign_calls`` the calls made from a module that is not one of its
+tree ancestors (a shared module: wrapping it would nest with the wrapping of its callers).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from .._tensors import iter_tensors
 from .._torch import tensor_version
 from ..record.fields import Field, declare
 
-__all__ = ["CHECKPOINT_FIELDS", "has_side_effects", "input_versions", "mutated_inputs", "settle_forward"]
+__all__ = ["CHECKPOINT_FIELDS", "has_side_effects", "updates_a_cache", "input_versions", "mutated_inputs", "settle_forward"]
 
 CHECKPOINT_FIELDS = (
     "checkpoint_freed_bytes", "checkpoint_kept_bytes", "checkpoint_side_effects", "checkpoint_inplace_inputs",
@@ -48,7 +49,7 @@ declare(
     Field("checkpoint_inplace_inputs", "count", "In-place Inputs", meter="memory", detail=True, cost=False,
           doc="calls of the module that modified one of their inputs in place"),
     Field("foreign_calls", "count", "Foreign Calls", meter="memory", detail=True, cost=False,
-          doc="calls of the module made from outside its parent module (a shared module)"),
+          doc="calls of the module made from a module that does not contain it (a shared module)"),
 )
 
 _NORMS = (nn.modules.batchnorm._BatchNorm,)
@@ -58,6 +59,13 @@ def has_side_effects(module: nn.Module) -> bool:
     """Whether running the module's own forward again changes state a second time: a BatchNorm (or SyncBatchNorm)
     in training that tracks running statistics."""
     return isinstance(module, _NORMS) and module.training and module.track_running_stats
+
+
+def updates_a_cache(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether the call is handed a key/value cache (a Hugging Face ``Cache``), which attention layers update in
+    place: a recomputation would find it already updated."""
+    return any(any(cls.__name__ == "Cache" for cls in type(value).__mro__)
+               for value in (*args, *kwargs.values()) if not isinstance(value, (torch.Tensor, int, float, str)))
 
 
 def input_versions(inputs: Any) -> list[tuple[torch.Tensor, int]]:

@@ -43,7 +43,7 @@ from .._tensors import iter_tensors
 from .._torch import StorageWeakRef, outer_saved_tensors_hooks, storage_key, tensor_version
 from ..record.fields import Field, declare
 from ..record.records import ModuleRecord
-from .checkpoint_bytes import CHECKPOINT_FIELDS, has_side_effects, input_versions, mutated_inputs, settle_forward
+from .checkpoint_bytes import CHECKPOINT_FIELDS, has_side_effects, input_versions, updates_a_cache, mutated_inputs, settle_forward
 from .meter import Meter, register_meter
 
 __all__ = ["MemoryMeter", "MemoryReader", "CudaMemoryReader", "PeakLog", "MEMORY_FIELDS", "CUDA_FIELDS"]
@@ -285,7 +285,7 @@ class MemoryMeter(Meter):
             del inputs[key]
         parent = self._states.get(id(call.parent)) if call.parent is not None else None
         state = _CallMemory(inputs, self._log_for(call.clock.device), parent)
-        if has_side_effects(module):
+        if has_side_effects(module) or updates_a_cache(args, kwargs):
             state.side_effects = 1
         state.input_versions = input_versions((args, kwargs))
         self._forward.append(state)
@@ -380,13 +380,17 @@ class MemoryMeter(Meter):
             _add(row, "checkpoint_kept_bytes", state.kept)
             _add(row, "checkpoint_side_effects", state.side_effects)
             _add(row, "checkpoint_inplace_inputs", state.inplace)
-            home = call.name.rpartition(".")[0] if call.name else None
-            _add(row, "foreign_calls", int(call.parent is not None and call.parent.name != home))
+            _add(row, "foreign_calls", int(call.parent is not None and not _inside(call.name, call.parent.name)))
         for name, row in totals.items():
             for field, value in row.items():
                 setattr(records[name], field, value)
         self._calls.clear()
         self._states.clear()
+
+
+def _inside(name: str, caller: str) -> bool:
+    """Whether ``caller`` is ``name``'s tree ancestor (a container such as a ModuleList is never called itself)."""
+    return caller == "" or name.startswith(caller + ".")
 
 
 def _add(row: dict[str, int | None], field: str, value: int | None) -> None:

@@ -4,8 +4,8 @@ A wrapped module gets one instance attribute, ``forward``, that runs the class's
 ``forward`` if it had one) under ``checkpoint(..., use_reentrant=False)`` with the RNG state preserved, so a
 Dropout inside draws the same mask when recomputed. The module's hooks, parameters, buffers and ``__call__`` are
 untouched; ``unwrap`` deletes the attribute (or puts back the instance's own one), leaving the module as it was.
-Tensor keyword arguments are passed to checkpoint positionally, so that it holds them as saved inputs (what the
-planner counts as kept) rather than in a closure.
+Every tensor in the arguments (in lists, tuples and dicts too) is passed to checkpoint as an input, so that it
+holds them as saved inputs (what the planner counts as kept) rather than in a closure.
 """
 from __future__ import annotations
 
@@ -22,20 +22,53 @@ _MARK = "_layerprof_checkpointed"
 _MISSING = object()
 
 
+class _Slot:
+    """Where a tensor was in the arguments, in a copy of their containers."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _pull_tensors(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """A copy of ``value``'s lists, tuples and dicts with each tensor moved to ``tensors`` and a _Slot left."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return _Slot(len(tensors) - 1)
+    if type(value) in (list, tuple):
+        return type(value)(_pull_tensors(item, tensors) for item in value)
+    if type(value) is dict:
+        return {key: _pull_tensors(item, tensors) for key, item in value.items()}
+    return value
+
+
+def _put_tensors(value: Any, tensors: tuple[Any, ...]) -> Any:
+    if isinstance(value, _Slot):
+        return tensors[value.index]
+    if type(value) in (list, tuple):
+        return type(value)(_put_tensors(item, tensors) for item in value)
+    if type(value) is dict:
+        return {key: _put_tensors(item, tensors) for key, item in value.items()}
+    return value
+
+
 def _checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(forward)
     def run(*args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
-        names = [key for key, value in kwargs.items() if isinstance(value, torch.Tensor)]
-        rest = {key: value for key, value in kwargs.items() if key not in names}
-        count = len(args)
+        # The tensors go to checkpoint as its inputs (it holds them for the recomputation, as the planner counts),
+        # and the lists that held them are copies: a caller appending to a list it passed (DenseNet's blocks do)
+        # must not change what the recomputation sees.
+        tensors: list[torch.Tensor] = []
+        layout = _pull_tensors((args, kwargs), tensors)
 
         def body(*flat: Any) -> Any:
-            return forward(*flat[:count], **rest, **dict(zip(names, flat[count:])))
+            positional, keywords = _put_tensors(layout, flat)
+            return forward(*positional, **keywords)
 
-        return checkpoint(body, *args, *(kwargs[key] for key in names), use_reentrant=False,
-                          preserve_rng_state=True)
+        return checkpoint(body, *tensors, use_reentrant=False, preserve_rng_state=True)
 
     setattr(run, _MARK, True)
     return run

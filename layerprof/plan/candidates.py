@@ -47,11 +47,12 @@ def _why_excluded(record: ModuleRecord, allow_side_effects: bool) -> str | None:
     if not record.calls:
         return "not called"
     if count("foreign_calls"):
-        return "shared: called from outside its parent module"
+        return "shared: called from a module that does not contain it"
     if count("checkpoint_inplace_inputs"):
         return "modifies an input in place"
     if count("checkpoint_side_effects") and not allow_side_effects:
-        return "side effects on recompute (BatchNorm running statistics); allow_side_effects=True to allow"
+        return ("side effects on recompute (BatchNorm running statistics, a key/value cache: use_cache=False); "
+                "allow_side_effects=True to allow")
     if count("checkpoint_freed_bytes") - count("checkpoint_kept_bytes") <= 0:
         return "frees nothing"
     return None
