@@ -68,7 +68,7 @@ def _gpt2(scale: str) -> tuple[nn.Module, dict[str, Any]]:
     import transformers
 
     config = transformers.GPT2Config(vocab_size=200, n_embd=_size(scale, 32, 128), n_layer=_size(scale, 2, 6),
-                                     n_head=4, n_positions=128)
+                                     n_head=4, n_positions=128, use_cache=False)
     ids = _tokens(200, 2, _size(scale, 16, 128))
     return transformers.GPT2LMHeadModel(config), {"input_ids": ids, "labels": ids}
 
