@@ -18,7 +18,7 @@ class ZooModel:
     name: str
     build: Callable[[str], tuple[nn.Module, dict[str, Any]]]
     allow_side_effects: bool = False
-    blocks: str = ""  # qualified-name prefix of the natural repeated unit (its children are the blocks)
+    blocks: tuple[str, ...] = ()  # the containers of the natural repeated unit: their children are the blocks
     sequential: bool = False  # an nn.Sequential of blocks that checkpoint_sequential can run
 
 
@@ -101,14 +101,16 @@ def _deep_mlp(scale: str) -> tuple[nn.Module, dict[str, Any]]:
 
 
 ZOO = {
-    "resnet50": ZooModel("resnet50", _resnet50, allow_side_effects=True, blocks="layer"),
-    "densenet121": ZooModel("densenet121", _densenet, allow_side_effects=True, blocks="features.denseblock"),
-    "vit": ZooModel("vit", _vit, blocks="encoder.layer"),
-    "bert": ZooModel("bert", _bert, blocks="encoder.layer"),
-    "gpt2": ZooModel("gpt2", _gpt2, blocks="transformer.h"),
-    "t5": ZooModel("t5", _t5, blocks="encoder.block"),
-    "albert": ZooModel("albert", _albert, blocks="encoder.albert_layer_groups.0.albert_layers"),
-    "mlp": ZooModel("mlp", _deep_mlp, sequential=True),
+    "resnet50": ZooModel("resnet50", _resnet50, allow_side_effects=True,
+                         blocks=("layer1", "layer2", "layer3", "layer4")),
+    "densenet121": ZooModel("densenet121", _densenet, allow_side_effects=True,
+                            blocks=tuple(f"features.denseblock{i}" for i in range(1, 5))),
+    "vit": ZooModel("vit", _vit, blocks=("layers",)),
+    "bert": ZooModel("bert", _bert, blocks=("encoder.layer",)),
+    "gpt2": ZooModel("gpt2", _gpt2, blocks=("transformer.h",)),
+    "t5": ZooModel("t5", _t5, blocks=("encoder.block", "decoder.block")),
+    "albert": ZooModel("albert", _albert, blocks=("encoder.albert_layer_groups.0.albert_layers",)),
+    "mlp": ZooModel("mlp", _deep_mlp, blocks=("",), sequential=True),
 }
 
 
