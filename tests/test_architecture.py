@@ -90,7 +90,7 @@ FORBIDDEN = {
     "render": {"collect", "metrics", "distributed", "cli", "integrations", "benchmark"},
     "collect": {"render", "distributed", "cli", "integrations"},
     "distributed": {"collect", "cli", "integrations"},
-    "plan": {"collect", "metrics", "distributed", "cli", "integrations", "profile", "benchmark"},
+    "plan": {"metrics", "distributed", "cli", "integrations", "benchmark"},
 }
 
 

@@ -149,3 +149,23 @@ def test_pareto_and_plot(tmp_path) -> None:
     assert (tmp_path / "frontier.png").read_bytes()[:4] == b"\x89PNG"
     text = str(plan)
     assert text.startswith("Checkpoint plan for Sequential:") and all(name in text for name in plan.modules)
+
+
+def test_verify_plan() -> None:
+    model = _mlp(depth=3)
+    x = torch.randn(32, 16)
+    step = lambda: model(x).pow(2).sum().backward()  # noqa: E731
+    prof = _profile(model, step)
+    plan = prof.checkpoint_plan(0.5)
+    before = _state(model)
+    result = layerprof.verify_plan(plan, model, step, repeats=2)
+    assert result.measured_saved_bytes == result.predicted_saved_bytes == plan.saved_bytes_after
+    assert result.meets_budget and result.budget_bytes == plan.budget_bytes
+    assert set(result.recompute_ms) == set(plan.modules)
+    for name, (predicted, measured) in result.recompute_ms.items():
+        assert predicted == plan.chosen[plan.modules.index(name)].recompute_ms
+        assert measured is None if not prof.records[name].children else measured > 0
+    assert result.step_ms_before > 0 and result.step_ms_after > 0 and result.cuda_peak_bytes is None
+    assert _state(model) == before and not plan.is_applied
+    with pytest.raises(TypeError, match="step must be a callable"):
+        layerprof.verify_plan(plan, model, "step")
