@@ -13,7 +13,7 @@ __all__ = ["Candidate", "candidates", "require_figures"]
 @dataclass(frozen=True)
 class Candidate:
     """A module in pre-order: ``net_bytes`` = freed - kept (what wrapping it saves), ``recompute_ms`` = its
-    forward time per step (every call, children included), ``excluded`` = why it may not be wrapped, if so."""
+    forward time per step (every call, children included; the median over steps), ``excluded`` = why it may not be wrapped, if so."""
 
     name: str
     type: str
@@ -58,6 +58,13 @@ def _why_excluded(record: ModuleRecord, allow_side_effects: bool) -> str | None:
     return None
 
 
+def _forward_ms(record: ModuleRecord) -> float:
+    """The forward time per step: the median over the profiled steps where there were several (a burst of
+    other work on the machine in one step does not move it), else the mean."""
+    median = getattr(record, "forward_ms_median", None)
+    return float(median if median is not None else record.forward_ms or 0.0)
+
+
 def candidates(root: ModuleRecord, allow_side_effects: bool = False) -> list[Candidate]:
     """Every module of the tree in pre-order as a Candidate."""
     records = preorder(root)
@@ -69,7 +76,7 @@ def candidates(root: ModuleRecord, allow_side_effects: bool = False) -> list[Can
             name=record.name, type=record.type, parent=-1 if parent is None else index[id(parent)],
             freed_bytes=int(getattr(record, "checkpoint_freed_bytes", None) or 0),
             kept_bytes=int(getattr(record, "checkpoint_kept_bytes", None) or 0),
-            recompute_ms=float(record.forward_ms or 0.0), calls=record.calls,
+            recompute_ms=_forward_ms(record), calls=record.calls,
             excluded=_why_excluded(record, allow_side_effects),
         ))
     return found
