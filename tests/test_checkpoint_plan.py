@@ -169,3 +169,12 @@ def test_verify_plan() -> None:
     assert _state(model) == before and not plan.is_applied
     with pytest.raises(TypeError, match="step must be a callable"):
         layerprof.verify_plan(plan, model, "step")
+
+
+def test_a_saved_profile_plans_the_same() -> None:
+    model = _mlp()
+    x = torch.randn(16, 16)
+    prof = _profile(model, lambda: model(x).sum().backward())
+    loaded = layerprof.loads(prof.to_json())
+    for budget in (0.25, "50%", 0.75):
+        assert loaded.checkpoint_plan(budget).to_dict() == prof.checkpoint_plan(budget).to_dict()
