@@ -170,7 +170,8 @@ class Profile:
 
     def to_report(self, path: str | Path | None = None) -> str:
         """One self-contained interactive HTML page (icicle with zoom and a metric switch, sortable table,
-        timeline of a step; nothing fetched, opens from file://); written to ``path`` if given.
+        timeline of a step, and with memory figures the frontier of checkpoint plans with the plan for half the
+        saved memory; nothing fetched, opens from file://); written to ``path`` if given.
 
         >>> import torch, layerprof
         >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
@@ -180,7 +181,8 @@ class Profile:
         >>> page.startswith("<!DOCTYPE html>"), "<script src" in page
         (True, False)
         """
-        return export.write_text(report_html(self.tree, self.meta), path)
+        plan = self.checkpoint_plan(0.5) if getattr(self.tree, "checkpoint_freed_bytes", None) is not None else None
+        return export.write_text(report_html(self.tree, self.meta, checkpoint=plan), path)
 
     def to_tensorboard(self, writer_or_logdir: Any, step: int | None = None, depth: int | None = None,
                        top: int | None = None) -> list[str]:

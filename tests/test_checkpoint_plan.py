@@ -178,3 +178,15 @@ def test_a_saved_profile_plans_the_same() -> None:
     loaded = layerprof.loads(prof.to_json())
     for budget in (0.25, "50%", 0.75):
         assert loaded.checkpoint_plan(budget).to_dict() == prof.checkpoint_plan(budget).to_dict()
+
+
+def test_report_has_a_checkpoint_panel_with_memory_figures() -> None:
+    model = _mlp()
+    x = torch.randn(16, 16)
+    prof = _profile(model, lambda: model(x).sum().backward())
+    page = prof.to_report()
+    assert '<section id="checkpoint-section">' in page and 'class="checkpoint-frontier"' in page
+    assert "today: " in page and "Checkpoint plan for Sequential" in page
+    with LayerProf(model) as plain:
+        model(x).sum().backward()
+    assert "checkpoint-section" not in plain.to_report()

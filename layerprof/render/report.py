@@ -16,6 +16,7 @@ from anytree import PreOrderIter
 
 from ..record.fields import FIELDS, canonical
 from ..record.records import ModuleRecord
+from .checkpoint import frontier_svg, plan_text
 from .trace import call_slices
 from .units import format_value
 
@@ -86,12 +87,19 @@ def report_data(root: ModuleRecord, meta: dict[str, Any] | None = None) -> dict[
     }
 
 
+def _checkpoint_section(plan: Any) -> str:
+    if plan is None:
+        return ""
+    return (f'<section id="checkpoint-section">\n  <h2>Checkpoint plans</h2>\n  {frontier_svg(plan)}\n'
+            f"  <pre>{html.escape(plan_text(plan))}</pre>\n</section>\n")
+
+
 def _asset(name: str) -> str:
     return resources.files(__package__).joinpath("report_assets", name).read_text(encoding="utf-8")
 
 
-def report_html(root: ModuleRecord, meta: dict[str, Any] | None = None) -> str:
-    """The report page as HTML text."""
+def report_html(root: ModuleRecord, meta: dict[str, Any] | None = None, checkpoint: Any = None) -> str:
+    """The report page as HTML text; ``checkpoint``, a CheckpointPlan, adds a panel with its frontier."""
     data = report_data(root, meta)
     # "</" inside a script element would end it; JSON allows "<\/".
     payload = json.dumps(data, ensure_ascii=False, allow_nan=False).replace("</", "<\\/")
@@ -120,7 +128,7 @@ def report_html(root: ModuleRecord, meta: dict[str, Any] | None = None) -> str:
   <h2>Timeline <span id="timeline-caption"></span></h2>
   <svg id="timeline" role="img" aria-label="forward and backward timeline"></svg>
 </section>
-<section id="table-section">
+{_checkpoint_section(checkpoint)}<section id="table-section">
   <h2>Modules</h2>
   <div class="controls">
     <input id="filter" type="search" placeholder="filter by name or type"> <span id="count"></span>
