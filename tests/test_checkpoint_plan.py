@@ -109,6 +109,8 @@ def test_budget_edges() -> None:
         prof.checkpoint_plan("half")
     with pytest.raises(ValueError, match="resolution"):
         prof.checkpoint_plan(0.5, resolution=2)
+    with pytest.raises(TypeError, match="allow_side_effects must be True or False, got 'yes'"):
+        prof.checkpoint_plan(0.5, allow_side_effects="yes")
 
 
 def test_profile_without_memory_figures() -> None:

@@ -5,7 +5,9 @@
 ...                           torch.nn.Linear(64, 64), torch.nn.Tanh()), torch.nn.Linear(64, 1))
 >>> x = torch.randn(16, 8)
 >>> with layerprof.LayerProf(net, metrics=("memory",)) as prof:
-...     net(x).sum().backward()
+...     for _ in range(2):  # memory in the first step, clean times from the second
+...         net(x).sum().backward()
+...         prof.step()
 >>> plan = prof.checkpoint_plan(0.75)
 >>> plan.modules, plan.saved_bytes_before, plan.saved_bytes_after <= plan.budget_bytes
 (['1'], 12800, True)
@@ -20,6 +22,7 @@ from typing import Any, Iterator
 
 from torch import nn
 
+from .._check import check_bool
 from ..record.records import ModuleRecord
 from ..render.checkpoint import plan_text
 from .apply import is_wrapped, unwrap, wrap
@@ -185,8 +188,7 @@ def make_plan(root: ModuleRecord, budget: Any, allow_side_effects: bool = False,
               resolution: int = DEFAULT_RESOLUTION) -> CheckpointPlan:
     """The plan for a profile's tree; see ``Profile.checkpoint_plan``."""
     require_figures(root)
-    if isinstance(allow_side_effects, bool) is False:
-        raise TypeError(f"allow_side_effects must be True or False, got {allow_side_effects!r}")
+    allow_side_effects = check_bool("allow_side_effects", allow_side_effects)
     if isinstance(resolution, bool) or not isinstance(resolution, int) or resolution < 16:
         raise ValueError(f"resolution must be an int of at least 16 grid steps, got {resolution!r}")
     today = int(root.saved_bytes or 0)
