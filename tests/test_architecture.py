@@ -90,7 +90,7 @@ FORBIDDEN = {
     "render": {"collect", "metrics", "distributed", "cli", "integrations", "benchmark"},
     "collect": {"render", "distributed", "cli", "integrations"},
     "distributed": {"collect", "cli", "integrations"},
-    "plan": {"metrics", "distributed", "cli", "integrations", "benchmark"},
+    "plan": {"distributed", "cli", "integrations", "benchmark"},
 }
 
 

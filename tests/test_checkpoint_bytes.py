@@ -74,3 +74,16 @@ def test_foreign_calls() -> None:
     prof = _profile(net, torch.randn(4, 8))
     # "0" is called once by its parent (the Sequential) and once from "1"'s forward.
     assert prof.records["0"].calls == 2 and prof.records["0"].foreign_calls == 1
+
+
+def test_saved_after_counts_a_shared_input_once() -> None:
+    from layerprof.metrics.checkpoint_bytes import saved_after
+
+    # root(0) -> a(1), b(2); storage x (100 bytes) is the input of a and b and saved by nobody; y (10) saved by a,
+    # z (1) saved by b and by the root itself.
+    table = {"names": ["", "a", "b"], "parents": [-1, 0, 0], "sizes": [100, 10, 1],
+             "savers": [[], [1], [2, 0]], "inputs": [[1, 2], [], []]}
+    assert saved_after([table], set()) == 11  # y + z
+    assert saved_after([table], {"a"}) == 101  # x held by a's checkpoint, z by the root; y freed
+    assert saved_after([table], {"a", "b"}) == 101  # x once, though both checkpoints hold it; z still the root's
+    assert saved_after([table], {"", "a"}) == 0  # the root wrapped: a inside it, and the root has no inputs here

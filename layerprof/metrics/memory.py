@@ -43,7 +43,10 @@ from .._tensors import iter_tensors
 from .._torch import StorageWeakRef, outer_saved_tensors_hooks, storage_key, tensor_version
 from ..record.fields import Field, declare
 from ..record.records import ModuleRecord
-from .checkpoint_bytes import CHECKPOINT_FIELDS, has_side_effects, input_versions, updates_a_cache, mutated_inputs, settle_forward
+from .checkpoint_bytes import (
+    CHECKPOINT_FIELDS, STORAGES_ATTRIBUTE, has_side_effects, input_versions, mutated_inputs, settle_forward,
+    storage_table, updates_a_cache,
+)
 from .meter import Meter, register_meter
 
 __all__ = ["MemoryMeter", "MemoryReader", "CudaMemoryReader", "PeakLog", "MEMORY_FIELDS", "CUDA_FIELDS"]
@@ -135,7 +138,7 @@ class PeakLog:
 class _CallMemory:
     __slots__ = (
         "inputs", "self_activation", "self_saved", "activation", "saved", "log",
-        "parent", "depth", "input_sizes", "input_versions", "freed", "kept", "side_effects", "inplace",
+        "name", "parent", "depth", "input_sizes", "input_versions", "freed", "kept", "side_effects", "inplace",
         "forward_mark", "forward_start", "forward_delta", "forward_peak",
         "backward_mark", "backward_start", "backward_delta", "backward_peak",
     )
@@ -144,6 +147,7 @@ class _CallMemory:
         self.inputs = set(inputs)
         self.input_sizes = inputs  # storage key -> bytes, for what a checkpoint of this call must keep
         self.input_versions: list[tuple[torch.Tensor, int]] = []
+        self.name = ""
         self.parent = parent
         self.depth = 0 if parent is None else parent.depth + 1
         self.freed = self.kept = self.side_effects = self.inplace = 0
@@ -198,6 +202,7 @@ class MemoryMeter(Meter):
         # Storage -> [bytes, the innermost calls that saved it] in the current forward, for the planner's figures.
         self._savers: dict[int, list[Any]] = {}
         self._forward: list[_CallMemory] = []  # the calls of the current forward of the model
+        self._tables: list[dict[str, list[Any]]] = []  # per forward: its storages, for the planner's exact figure
         self._static: set[int] = set()  # parameters' and buffers' storages
         self._logs: dict[str, PeakLog | None] = {}
         self._reader: MemoryReader = MemoryReader()
@@ -288,6 +293,7 @@ class MemoryMeter(Meter):
         if has_side_effects(module) or updates_a_cache(args, kwargs):
             state.side_effects = 1
         state.input_versions = input_versions((args, kwargs))
+        state.name = call.name
         self._forward.append(state)
         self._states[id(call)] = state
         self._calls.append((call, state))
@@ -351,6 +357,7 @@ class MemoryMeter(Meter):
         """Work out the planner's figures of the calls of the forward that just ended."""
         if self._forward:
             settle_forward(self._forward, self._savers)
+            self._tables.append(storage_table(self._forward, self._savers))
         self._forward = []
         self._savers = {}
 
@@ -384,6 +391,10 @@ class MemoryMeter(Meter):
         for name, row in totals.items():
             for field, value in row.items():
                 setattr(records[name], field, value)
+        if "" in records and self._tables:
+            # Not a field (a table, not a number per module): kept on the live root for the planner only.
+            records[""].__dict__[STORAGES_ATTRIBUTE] = self._tables
+        self._tables = []
         self._calls.clear()
         self._states.clear()
 

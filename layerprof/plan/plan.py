@@ -23,6 +23,7 @@ from typing import Any, Iterator
 from torch import nn
 
 from .._check import check_bool
+from ..metrics.checkpoint_bytes import STORAGES_ATTRIBUTE, saved_after
 from ..record.records import ModuleRecord
 from ..render.checkpoint import plan_text
 from .apply import is_wrapped, unwrap, wrap
@@ -82,10 +83,15 @@ class CheckpointPlan:
         self._weights = [0 if c.excluded else max(0, c.net_bytes) for c in found]
         self._costs = [c.recompute_ms for c in found]
         self._ends = ends_of([c.parent for c in found])
-        reachable, _ = best_reachable(self._weights, self._ends)
-        self.least_reachable_bytes = self.saved_bytes_before - reachable
+        # The storages of the profiled step, on a live profile: what wrapping a set frees, exactly (else the
+        # additive figure, which errs high where wrapped siblings share inputs).
+        self._tables = root.__dict__.get(STORAGES_ATTRIBUTE)
+        reachable, most = best_reachable(self._weights, self._ends)
+        self.least_reachable_bytes = self._saved_after(most, reachable)
         need = self.saved_bytes_before - budget_bytes
         solution = solve(self._weights, self._costs, self._ends, need, resolution)
+        if solution is not None and self._tables:
+            solution = self._cheaper_within(solution, need, budget_bytes)
         self.feasible = solution is not None
         self.note: str | None = None
         if need <= 0:
@@ -98,19 +104,44 @@ class CheckpointPlan:
         self.chosen = [ChosenModule(found[i].name, found[i].type, found[i].freed_bytes, found[i].kept_bytes,
                                     found[i].recompute_ms) for i in chosen]
         self.modules = [c.name for c in self.chosen]
-        self.saved_bytes_after = self.saved_bytes_before - sum(c.net_bytes for c in self.chosen)
+        self.saved_bytes_after = self._saved_after(solution.chosen if solution is not None else (),
+                                                   sum(c.net_bytes for c in self.chosen))
         self.extra_ms = float(sum(c.recompute_ms for c in self.chosen))
         self._applied: list[tuple[nn.Module, Any]] = []
+
+    def _saved_after(self, chosen: tuple[int, ...], freed: int) -> int:
+        if self._tables:
+            return saved_after(self._tables, {self._found[i].name for i in chosen})
+        return self.saved_bytes_before - freed
+
+    def _cheaper_within(self, solution: Any, need: int, budget_bytes: int) -> Any:
+        """The additive model frees less than wrapping does where wrapped siblings share inputs: while the exact
+        figure leaves room under the budget, solve again for less and keep a cheaper plan that still fits."""
+        for _ in range(8):
+            room = budget_bytes - self._saved_after(solution.chosen, solution.freed)
+            if room <= 0:
+                break
+            need -= room
+            trial = solve(self._weights, self._costs, self._ends, need, self._resolution)
+            if trial is None or trial.cost >= solution.cost or self._saved_after(trial.chosen, trial.freed) > budget_bytes:
+                break
+            solution = trial
+        return solution
 
     # -- the frontier ----------------------------------------------------------------------------------------
     def pareto(self) -> list[FrontierPoint]:
         """Every Pareto-optimal plan, from wrapping nothing (today) to the least saved memory reachable: saved
         bytes left against extra time per step, least memory last."""
         found = self._found
-        return [
-            FrontierPoint(self.saved_bytes_before - s.freed, s.cost, tuple(found[i].name for i in s.chosen))
+        points = [
+            FrontierPoint(self._saved_after(s.chosen, s.freed), s.cost, tuple(found[i].name for i in s.chosen))
             for s in frontier(self._weights, self._costs, self._ends, self._resolution)
         ]
+        kept: list[FrontierPoint] = []
+        for point in points:  # the exact figures can make a costlier point no better: drop it
+            if not kept or point.saved_bytes < kept[-1].saved_bytes:
+                kept.append(point)
+        return kept
 
     # -- applying --------------------------------------------------------------------------------------------
     def _resolve(self, model: nn.Module) -> list[nn.Module]:
