@@ -24,6 +24,8 @@ from .metrics.flops import FlopMeter
 from .metrics.memory import MemoryMeter
 from .metrics.params import ParamsMeter
 from .metrics.shapes import ShapesMeter
+from .plan.plan import CheckpointPlan
+from .plan.verify import Verification, verify_plan
 from .profile import Profile, compare, load, loads, save
 from .record import CallTiming, ModuleRecord
 from .render.compare import Comparison
@@ -33,7 +35,7 @@ from .render.table import Table
 
 __all__ = [
     "LayerProf", "Profile", "ModuleRecord", "CallTiming", "schedule", "benchmark", "BenchmarkResult",
-    "Table", "Comparison", "compare", "load", "loads", "save",
+    "Table", "Comparison", "compare", "load", "loads", "save", "CheckpointPlan", "verify_plan", "Verification",
     "Meter", "register_meter", "register_flop_formula", "register_bytes_formula", "register_module_flops", "peaks",
     "ParamsMeter", "ShapesMeter", "MemoryMeter", "FlopMeter", "CommMeter",
     "GatheredProfile", "gather_profile", "register_timed_comm_hook", "plot_sunburst", "plot_icicle", "plot_top",

@@ -18,6 +18,7 @@ from .metrics.peaks import peaks as measure_peaks
 from .record import io
 from .record.records import ModuleRecord, preorder
 from .record.roofs import attach_peaks
+from .plan.plan import CheckpointPlan, make_plan
 from .render import export
 from .render.compare import Comparison
 from .render.html import html_table, notebook_style
@@ -209,7 +210,8 @@ class Profile:
 
     def to_report(self, path: str | Path | None = None) -> str:
         """One self-contained interactive HTML page (icicle with zoom and a metric switch, sortable table,
-        timeline of a step; nothing fetched, opens from file://); written to ``path`` if given.
+        timeline of a step, and with memory figures the frontier of checkpoint plans with the plan for half the
+        saved memory; nothing fetched, opens from file://); written to ``path`` if given.
 
         >>> import torch, layerprof
         >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
@@ -219,7 +221,8 @@ class Profile:
         >>> page.startswith("<!DOCTYPE html>"), "<script src" in page
         (True, False)
         """
-        return export.write_text(report_html(self.tree, self.meta), path)
+        plan = self.checkpoint_plan(0.5) if getattr(self.tree, "checkpoint_freed_bytes", None) is not None else None
+        return export.write_text(report_html(self.tree, self.meta, checkpoint=plan), path)
 
     def to_tensorboard(self, writer_or_logdir: Any, step: int | None = None, depth: int | None = None,
                        top: int | None = None) -> list[str]:
@@ -230,15 +233,24 @@ class Profile:
 
     # -- plots, distributed, FLOPs ---------------------------------------------------------------------------
     def plot(self, kind: str, metric: str = "total", path: str | None = None, **kwargs: Any) -> Any:
-        """Draw a ``kind`` of plot ("sunburst", "icicle", "top", "roofline") of ``metric`` and return its Axes;
-        saves a PNG or SVG only when ``path`` is given. Other keywords go to ``layerprof.plot_<kind>`` (ax, depth,
-        k, ...)."""
+        """Draw a ``kind`` of plot ("sunburst", "icicle", "top", "roofline", or "checkpoint": the frontier of
+        checkpoint plans, ``budget=`` marked) of ``metric`` and return its Axes; saves a PNG or SVG only when ``path``
+        is given. Other keywords go to ``layerprof.plot_<kind>`` (ax, depth, k, ...)."""
         return save_plot(self, kind, metric=metric, path=path, **kwargs)
 
     def gather(self, dst: int = 0, group: Any = None, margin: float = 0.2, min_ms: float | None = None) -> Any:
         """Collect every rank's profile on rank ``dst`` (a collective) and compare them: a ``GatheredProfile``
         there, None on other ranks, a one-rank view without torch.distributed. See ``layerprof.distributed``."""
         return gather_profile(self, dst=dst, group=group, margin=margin, min_ms=min_ms)
+
+    def checkpoint_plan(self, budget: Any, allow_side_effects: bool = False, resolution: int = 4096
+                        ) -> CheckpointPlan:
+        """The modules to recompute (wrap in ``torch.utils.checkpoint``) so that the memory saved for backward
+        fits ``budget`` at the least recompute time: bytes, a size (``"2GiB"``), a percentage (``"50%"``) or a
+        fraction (``0.5``) of today's. Needs a profile of a training step with ``metrics=("memory",)``. Modules
+        whose recomputation repeats a side effect (BatchNorm in training) are left out unless
+        ``allow_side_effects``. See ``layerprof.plan``."""
+        return make_plan(self.tree, budget, allow_side_effects=allow_side_effects, resolution=resolution)
 
     def unknown_ops(self) -> dict[str, int]:
         """Ops that ran inside the model with no FLOP formula (so counted 0), with their call counts, most

@@ -90,6 +90,7 @@ FORBIDDEN = {
     "render": {"collect", "metrics", "distributed", "cli", "integrations", "benchmark"},
     "collect": {"render", "distributed", "cli", "integrations"},
     "distributed": {"collect", "cli", "integrations"},
+    "plan": {"distributed", "cli", "integrations", "benchmark"},
 }
 
 

@@ -224,6 +224,18 @@ def spec_depth(ctx: Context) -> None:
     assert "(0): Linear【" not in ctx.run("--depth", "1")[1]
 
 
+def spec_checkpoint_budget(ctx: Context) -> None:
+    status, out, err = ctx.run("--checkpoint-budget", "70%")
+    assert status == 0, err
+    # Saved for backward (float32, batch 2): body.0 keeps its input x for the weight's gradient, 2 x 8 x 4 B = 64 B;
+    # the ReLU its output, 2 x 4 x 4 B = 32 B, which is also the head's input (one storage, counted once): 96 B.
+    # Any wrapped region still keeps x: 64 B is the least reachable; 70 % of 96 B is 67 B, 50 % (48 B) is out of reach.
+    assert "saved for backward 96 B -> 64 B (66.7%), budget 67 B" in out
+    assert "verified: saved 64 B measured against 64 B predicted (+0.0%), budget met" in out
+    status, out, err = ctx.run("--checkpoint-budget", "50%")
+    assert status == 0 and "the budget (48 bytes) cannot be met: the least saved memory any plan reaches is 64" in out
+
+
 def spec_columns(ctx: Context) -> None:
     out = ctx.run("--columns", "calls,params")[1]
     assert "(head): Linear【Calls: 1 | Params: 10 (21.7%)】" in out  # 4 x 2 + 2 of 46
@@ -377,6 +389,7 @@ CASES: dict[tuple[str, str], Callable[[Context], None]] = {
     ("layerprof", "--sync"): spec_sync,
     ("layerprof", "--depth"): spec_depth,
     ("layerprof", "--columns"): spec_columns,
+    ("layerprof", "--checkpoint-budget"): spec_checkpoint_budget,
     ("show", "--depth"): show_depth,
     ("show", "--columns"): show_columns,
     ("compare", "--by"): compare_by,

@@ -11,6 +11,7 @@ import torch
 from ..metrics import make_meters
 from ..render.columns import resolve_columns
 from ..render.units import format_count
+from .checkpoint import check_checkpoint_options, plan_and_verify, plot_options
 from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, CLIError, RunError, UsageError, one_line
 from .inputs import InputSpec, check_input_sizes, make_inputs, parse_dtype, parse_input
 from .outputs import requested_outputs, write_outputs
@@ -68,6 +69,7 @@ def _run(options: argparse.Namespace) -> int:
         raise UsageError(f"--dtype {options.dtype}: the model's dtype must be a floating type such as bfloat16")
     device = _device(options.device)
     check_input_sizes(inputs, dtype or torch.float32, device)
+    check_checkpoint_options(options)
     _check_names(options)
     outputs = requested_outputs(options)
     if options.threads:
@@ -86,7 +88,9 @@ def _run(options: argparse.Namespace) -> int:
                           backward=not options.no_backward, inference=options.eval,
                           metrics=options.metrics, sync=options.sync)
     print(profile.layerwise_summary(columns=options.columns, depth=options.depth), flush=True)
-    for path in write_outputs(profile, outputs, options.plot_kind, options.plot_metric):
+    if options.checkpoint_budget is not None:
+        print(plan_and_verify(profile, model, args, named, options), flush=True)
+    for path in write_outputs(profile, outputs, options.plot_kind, options.plot_metric, **plot_options(options)):
         print(f"layerprof: wrote {path}", file=sys.stderr)
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .._files import move_into_place, temporary_beside
 from ..metrics import DEFAULT_METRICS
@@ -44,6 +45,8 @@ def _check_writable(flag: str, path: Path) -> None:
 def _check_plot(options: argparse.Namespace, path: Path) -> None:
     if path.suffix.lower() not in _PLOT_SUFFIXES:
         raise UsageError(f"--plot {str(path)!r}: a plot is saved as .png or .svg; give a path ending in one of them")
+    if getattr(options, "plot_kind", None) == "checkpoint":
+        return  # the frontier of checkpoint plans: its axes are fixed, --plot-metric does not apply
     metric = options.plot_metric
     kind = getattr(options, "plot_kind", None)
     if kind != "roofline":
@@ -86,7 +89,7 @@ def requested_outputs(options: argparse.Namespace) -> list[Output]:
 
 
 def write_outputs(profile: Profile, outputs: list[Output], plot_kind: str = "sunburst",
-                  plot_metric: str = "total") -> list[Path]:
+                  plot_metric: str = "total", **plot_options: Any) -> list[Path]:
     """Write every output, or none: each into a temporary file beside its path, all renamed into place only once
     every one has succeeded. Returns the paths written."""
     staged: list[Path] = []
@@ -97,7 +100,7 @@ def write_outputs(profile: Profile, outputs: list[Output], plot_kind: str = "sun
             method = getattr(profile, output.method)
             try:
                 if output.flag == "plot":
-                    method(plot_kind, plot_metric, str(temporary))
+                    method(plot_kind, plot_metric, str(temporary), **plot_options)
                 else:
                     method(str(temporary))
             except Exception as exc:

@@ -69,7 +69,7 @@ def add_output_options(group: argparse.ArgumentParser | argparse._ArgumentGroup)
                        ("report", "an interactive HTML report (icicle, table, timeline)")):
         group.add_argument(f"--{flag}", metavar="PATH", help=f"write the profile as {what}")
     group.add_argument("--plot", metavar="PATH", help="write a figure of the profile (see --plot-kind)")
-    group.add_argument("--plot-kind", choices=("sunburst", "icicle", "top", "roofline"), default="sunburst",
+    group.add_argument("--plot-kind", choices=("sunburst", "icicle", "top", "roofline", "checkpoint"), default="sunburst",
                        help="the figure --plot draws (default sunburst)")
     group.add_argument("--plot-metric", default="total", metavar="NAME",
                        help="the quantity --plot shows (default total)")
@@ -107,6 +107,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     model.add_argument("--metrics", type=_names, metavar="A,B", help="meters beside timing (e.g. flops,params)")
     model.add_argument("--sync", action="store_true",
                        help="on CUDA, synchronize at every module boundary instead of recording events")
+    model.add_argument("--checkpoint-budget", metavar="BUDGET",
+                       help="plan which modules to recompute so that the memory saved for backward fits BUDGET "
+                            "(50%%, 0.5, 2GiB, bytes), print the plan and verify it on the model")
     shown = parser.add_argument_group("output")
     shown.add_argument("--depth", type=_depth, default=2, metavar="N",
                        help="expand modules down to this depth, root = 0; 'all' for every level (default 2)")

@@ -637,6 +637,7 @@ class LayerProf:
     plot = _result(Profile.plot)
     gather = _result(Profile.gather)
     unknown_ops = _result(Profile.unknown_ops)
+    checkpoint_plan = _result(Profile.checkpoint_plan)
 
     def _repr_html_(self) -> str | None:
         # None makes a notebook fall back to __repr__ while the profile is not ready.

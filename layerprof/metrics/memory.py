@@ -25,6 +25,11 @@ On CUDA, per call on its device (the device of the call's clock: its first input
   start (max over calls). ``cuda_backward_delta_bytes`` / ``cuda_backward_peak_bytes`` the same from the start of
   the call's backward to its end. The allocator's peak counter is reset at every boundary and each interval's peak
   is kept, so nested and interleaved calls are exact. This resets ``torch.cuda.max_memory_allocated``.
+
+For the checkpoint planner (``layerprof.plan``), on every device: ``checkpoint_freed_bytes``, what wrapping the
+module in ``torch.utils.checkpoint`` frees, ``checkpoint_kept_bytes``, what the wrapped region must keep in their
+place, and the counts that make wrapping unsafe or ambiguous (``checkpoint_side_effects``,
+``checkpoint_inplace_inputs``, ``foreign_calls``); see ``checkpoint_bytes``.
 """
 from __future__ import annotations
 
@@ -38,6 +43,10 @@ from .._tensors import iter_tensors
 from .._torch import StorageWeakRef, outer_saved_tensors_hooks, storage_key, tensor_version
 from ..record.fields import Field, declare
 from ..record.records import ModuleRecord
+from .checkpoint_bytes import (
+    CHECKPOINT_FIELDS, STORAGES_ATTRIBUTE, has_side_effects, input_versions, mutated_inputs, settle_forward,
+    storage_table, updates_a_cache,
+)
 from .meter import Meter, register_meter
 
 __all__ = ["MemoryMeter", "MemoryReader", "CudaMemoryReader", "PeakLog", "MEMORY_FIELDS", "CUDA_FIELDS"]
@@ -45,7 +54,9 @@ __all__ = ["MemoryMeter", "MemoryReader", "CudaMemoryReader", "PeakLog", "MEMORY
 CUDA_FIELDS = (
     "cuda_forward_delta_bytes", "cuda_forward_peak_bytes", "cuda_backward_delta_bytes", "cuda_backward_peak_bytes",
 )
-MEMORY_FIELDS = ("activation_bytes", "self_activation_bytes", "saved_bytes", "self_saved_bytes", *CUDA_FIELDS)
+MEMORY_FIELDS = (
+    "activation_bytes", "self_activation_bytes", "saved_bytes", "self_saved_bytes", *CUDA_FIELDS, *CHECKPOINT_FIELDS,
+)
 declare(
     Field("activation_bytes", "bytes", "Activations", share_of="activation_bytes", meter="memory",
           doc="bytes of the tensors the module's calls returned that were new (not inputs, not parameters)"),
@@ -127,12 +138,19 @@ class PeakLog:
 class _CallMemory:
     __slots__ = (
         "inputs", "self_activation", "self_saved", "activation", "saved", "log",
+        "name", "parent", "depth", "input_sizes", "input_versions", "freed", "kept", "side_effects", "inplace",
         "forward_mark", "forward_start", "forward_delta", "forward_peak",
         "backward_mark", "backward_start", "backward_delta", "backward_peak",
     )
 
-    def __init__(self, inputs: set[int], log: PeakLog | None) -> None:
-        self.inputs = inputs
+    def __init__(self, inputs: dict[int, int], log: PeakLog | None, parent: _CallMemory | None) -> None:
+        self.inputs = set(inputs)
+        self.input_sizes = inputs  # storage key -> bytes, for what a checkpoint of this call must keep
+        self.input_versions: list[tuple[torch.Tensor, int]] = []
+        self.name = ""
+        self.parent = parent
+        self.depth = 0 if parent is None else parent.depth + 1
+        self.freed = self.kept = self.side_effects = self.inplace = 0
         self.self_activation = self.self_saved = 0
         self.activation = self.saved = 0  # inclusive, summed at fill
         self.log = log
@@ -151,12 +169,16 @@ def _storage(tensor: torch.Tensor) -> Any:
 
 
 def _storage_keys(*objs: Any) -> set[int]:
-    keys = set()
+    return set(_storage_sizes(*objs))
+
+
+def _storage_sizes(*objs: Any) -> dict[int, int]:
+    sizes = {}
     for tensor in iter_tensors(objs):
         storage = _storage(tensor)
         if storage is not None:
-            keys.add(storage_key(storage))
-    return keys
+            sizes[storage_key(storage)] = storage.nbytes()
+    return sizes
 
 
 @register_meter
@@ -177,6 +199,10 @@ class MemoryMeter(Meter):
         # Storage (by StorageImpl address) -> a weak reference that keeps the address from being reused.
         self._returned: dict[int, StorageWeakRef] = {}
         self._saved: dict[int, StorageWeakRef] = {}
+        # Storage -> [bytes, the innermost calls that saved it] in the current forward, for the planner's figures.
+        self._savers: dict[int, list[Any]] = {}
+        self._forward: list[_CallMemory] = []  # the calls of the current forward of the model
+        self._tables: list[dict[str, list[Any]]] = []  # per forward: its storages, for the planner's exact figure
         self._static: set[int] = set()  # parameters' and buffers' storages
         self._logs: dict[str, PeakLog | None] = {}
         self._reader: MemoryReader = MemoryReader()
@@ -198,6 +224,7 @@ class MemoryMeter(Meter):
         self._stack.clear()
         self._returned.clear()
         self._saved.clear()
+        self._settle()
         if hooks is not None:
             hooks.__exit__(None, None, None)
 
@@ -211,9 +238,15 @@ class MemoryMeter(Meter):
                 storage = _storage(tensor)
                 if storage is not None:
                     key = storage_key(storage)
-                    if key not in self._saved and key not in self._static:
-                        self._saved[key] = StorageWeakRef(storage)
-                        state.self_saved += storage.nbytes()
+                    if key not in self._static:
+                        if key not in self._saved:
+                            self._saved[key] = StorageWeakRef(storage)
+                            state.self_saved += storage.nbytes()
+                            self._savers[key] = [storage.nbytes(), state]
+                        else:
+                            savers = self._savers[key]
+                            if savers[-1] is not state:
+                                savers.append(state)
         if self._outer is not None:
             return self._outer[0](tensor)
         # Not the tensor itself: a saved output would then hold its own grad_fn, a reference cycle. The alias
@@ -251,7 +284,17 @@ class MemoryMeter(Meter):
             stack.clear()
             self._returned.clear()
             self._saved.clear()
-        state = _CallMemory(_storage_keys(args, kwargs), self._log_for(call.clock.device))
+            self._settle()
+        inputs = _storage_sizes(args, kwargs)
+        for key in self._static.intersection(inputs):
+            del inputs[key]
+        parent = self._states.get(id(call.parent)) if call.parent is not None else None
+        state = _CallMemory(inputs, self._log_for(call.clock.device), parent)
+        if has_side_effects(module) or updates_a_cache(args, kwargs):
+            state.side_effects = 1
+        state.input_versions = input_versions((args, kwargs))
+        state.name = call.name
+        self._forward.append(state)
         self._states[id(call)] = state
         self._calls.append((call, state))
         stack.append(call)
@@ -272,6 +315,8 @@ class MemoryMeter(Meter):
             state.forward_delta = current - state.forward_start
             state.forward_peak = log.peak_since(state.forward_mark) - state.forward_start
         inputs, state.inputs = state.inputs, set()
+        versions, state.input_versions = state.input_versions, []
+        state.inplace = mutated_inputs(versions)
         returned = self._returned
         for tensor in iter_tensors((output,)):
             storage = _storage(tensor)
@@ -308,8 +353,17 @@ class MemoryMeter(Meter):
             state.backward_delta = current - state.backward_start
             state.backward_peak = state.log.peak_since(state.backward_mark) - state.backward_start
 
+    def _settle(self) -> None:
+        """Work out the planner's figures of the calls of the forward that just ended."""
+        if self._forward:
+            settle_forward(self._forward, self._savers)
+            self._tables.append(storage_table(self._forward, self._savers))
+        self._forward = []
+        self._savers = {}
+
     # -- records -----------------------------------------------------------------------------------------------------
     def fill(self, records: dict[str, ModuleRecord]) -> None:
+        self._settle()
         for call, state in reversed(self._calls):  # children were created after their parents
             state.activation += state.self_activation
             state.saved += state.self_saved
@@ -317,6 +371,7 @@ class MemoryMeter(Meter):
             if parent is not None:
                 parent.activation += state.activation
                 parent.saved += state.saved
+                parent.side_effects += state.side_effects
         totals: dict[str, dict[str, int | None]] = {name: dict.fromkeys(MEMORY_FIELDS) for name in self._names}
         for call, state in self._calls:
             row = totals[call.name]
@@ -328,11 +383,25 @@ class MemoryMeter(Meter):
             _max(row, "cuda_forward_peak_bytes", state.forward_peak)
             _add(row, "cuda_backward_delta_bytes", state.backward_delta)
             _max(row, "cuda_backward_peak_bytes", state.backward_peak)
+            _add(row, "checkpoint_freed_bytes", state.freed)
+            _add(row, "checkpoint_kept_bytes", state.kept)
+            _add(row, "checkpoint_side_effects", state.side_effects)
+            _add(row, "checkpoint_inplace_inputs", state.inplace)
+            _add(row, "foreign_calls", int(call.parent is not None and not _inside(call.name, call.parent.name)))
         for name, row in totals.items():
             for field, value in row.items():
                 setattr(records[name], field, value)
+        if "" in records and self._tables:
+            # Not a field (a table, not a number per module): kept on the live root for the planner only.
+            records[""].__dict__[STORAGES_ATTRIBUTE] = self._tables
+        self._tables = []
         self._calls.clear()
         self._states.clear()
+
+
+def _inside(name: str, caller: str) -> bool:
+    """Whether ``caller`` is ``name``'s tree ancestor (a container such as a ModuleList is never called itself)."""
+    return caller == "" or name.startswith(caller + ".")
 
 
 def _add(row: dict[str, int | None], field: str, value: int | None) -> None:

@@ -19,6 +19,7 @@ from .plot_roofline import plot_roofline
 from .plot_style import (
     SELF_HATCH, fit_label, new_axes, palette_colour, points_per_unit, segment_colour, wrap_label,
 )
+from .checkpoint import plot_checkpoint
 from .units import format_percent
 
 __all__ = ["plot_sunburst", "plot_icicle", "plot_top", "save_plot", "PLOT_KINDS"]
@@ -222,11 +223,12 @@ def plot_top(profile: Any, k: int = 10, metric: str = "total", by_type: bool = F
     return ax
 
 
-PLOT_KINDS = {"sunburst": plot_sunburst, "icicle": plot_icicle, "top": plot_top, "roofline": plot_roofline}
+PLOT_KINDS = {"sunburst": plot_sunburst, "icicle": plot_icicle, "top": plot_top, "roofline": plot_roofline,
+              "checkpoint": plot_checkpoint}
 
 
 def save_plot(profile: Any, kind: str, metric: str = "total", path: str | Path | None = None, **kwargs: Any) -> Any:
-    """Draw ``kind`` (sunburst, icicle, top, roofline) and, when ``path`` is given, save it as PNG or SVG (by suffix). A
+    """Draw ``kind`` (sunburst, icicle, top, roofline, checkpoint) and, when ``path`` is given, save it as PNG or SVG (by suffix). A
     figure created here is closed after saving; the Axes is returned either way."""
     if kind not in PLOT_KINDS:
         raise ValueError(f"unknown plot kind {kind!r}; choose from: {', '.join(PLOT_KINDS)}")

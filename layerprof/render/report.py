@@ -21,6 +21,7 @@ from ..record.records import ModuleRecord
 from ..record.summed import TreeValues
 from ..record.roofs import peaks_of
 from .plot_roofline import plot_roofline, roofline_points
+from .checkpoint import frontier_svg, plan_text
 from .trace import call_slices
 from .units import format_value
 
@@ -129,6 +130,11 @@ def _roofline_section(root: ModuleRecord) -> str:
   {svg}
 </section>
 """
+def _checkpoint_section(plan: Any) -> str:
+    if plan is None:
+        return ""
+    return (f'<section id="checkpoint-section">\n  <h2>Checkpoint plans</h2>\n  {frontier_svg(plan)}\n'
+            f"  <pre>{html.escape(plan_text(plan))}</pre>\n</section>\n")
 
 
 def _asset(name: str) -> str:
@@ -151,8 +157,8 @@ def script_json(data: Any) -> str:
     return json.dumps(data, ensure_ascii=False, allow_nan=False).translate(_SCRIPT_SAFE)
 
 
-def report_html(root: ModuleRecord, meta: dict[str, Any] | None = None) -> str:
-    """The report page as HTML text."""
+def report_html(root: ModuleRecord, meta: dict[str, Any] | None = None, checkpoint: Any = None) -> str:
+    """The report page as HTML text; ``checkpoint``, a CheckpointPlan, adds a panel with its frontier."""
     data = report_data(root, meta)
     payload = script_json(data)
     title = html.escape(data["title"])
@@ -180,7 +186,7 @@ def report_html(root: ModuleRecord, meta: dict[str, Any] | None = None) -> str:
   <h2>Timeline <span id="timeline-caption"></span></h2>
   <svg id="timeline" role="img" aria-label="forward and backward timeline"></svg>
 </section>
-{_roofline_section(root)}<section id="table-section">
+{_roofline_section(root)}{_checkpoint_section(checkpoint)}<section id="table-section">
   <h2>Modules</h2>
   <div class="controls">
     <input id="filter" type="search" placeholder="filter by name or type"> <span id="count"></span>

@@ -1,0 +1,85 @@
+"""``--checkpoint-budget``: plan which modules to recompute, print the plan and verify it on the model."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from torch import nn
+
+from ..metrics import DEFAULT_METRICS
+from ..plan.budget import parse_budget
+from ..plan.verify import verify_plan
+from ..profile import Profile
+from ..render.units import format_bytes, format_ms
+from .errors import RunError, UsageError, one_line
+from .run import loss_of
+
+__all__ = ["check_checkpoint_options", "plan_and_verify", "plot_options"]
+
+
+def check_checkpoint_options(options: argparse.Namespace) -> None:
+    """Before the model is built: the budget reads, the run trains, and the memory meter runs."""
+    budget = options.checkpoint_budget
+    if options.plot_kind == "checkpoint" and budget is None:
+        raise UsageError("--plot-kind checkpoint draws the plans for a budget: add --checkpoint-budget 50%")
+    if budget is None:
+        return
+    try:
+        parse_budget(_number(budget), 1)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"--checkpoint-budget: {exc}") from None
+    if options.eval or options.no_backward:
+        raise UsageError("--checkpoint-budget plans a training step: drop --eval and --no-backward")
+    if options.metrics is not None and "memory" not in options.metrics:
+        options.metrics = [*options.metrics, "memory"]
+    elif options.metrics is None:
+        options.metrics = [*DEFAULT_METRICS, *(["memory"] if "memory" not in DEFAULT_METRICS else [])]
+
+
+def _number(text: str) -> Any:
+    """A budget as typed: "0.5" is a fraction, "1000000" bytes, anything else a size or a percentage."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def plan_and_verify(profile: Profile, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    options: argparse.Namespace) -> str:
+    """The plan's text and, below it, predicted against measured on the model."""
+    plan = profile.checkpoint_plan(_number(options.checkpoint_budget))
+    lines = [str(plan)]
+    if not plan.modules:
+        return "\n".join(lines)
+
+    def step() -> None:
+        loss_of(model(*args, **kwargs)).backward()
+        model.zero_grad(set_to_none=True)
+
+    try:
+        result = verify_plan(plan, model, step, repeats=3)
+    except Exception as exc:
+        raise RunError(f"verifying the checkpoint plan raised {one_line(exc)}") from exc
+    error = (result.measured_saved_bytes - result.predicted_saved_bytes) / max(1, result.predicted_saved_bytes)
+    lines.append(
+        f"verified: saved {format_bytes(result.measured_saved_bytes)} measured against "
+        f"{format_bytes(result.predicted_saved_bytes)} predicted ({error:+.1%}), budget "
+        f"{'met' if result.meets_budget else 'NOT met'}; step {format_ms(result.step_ms_before)} -> "
+        f"{format_ms(result.step_ms_after)} (+{format_ms(result.measured_extra_ms)} measured, "
+        f"+{format_ms(result.predicted_extra_ms)} predicted)"
+    )
+    if result.cuda_peak_bytes is not None:
+        before, after = result.cuda_peak_bytes
+        lines.append(f"CUDA max_memory_allocated: {format_bytes(before)} -> {format_bytes(after)}")
+    return "\n".join(lines)
+
+
+def plot_options(options: argparse.Namespace) -> dict[str, Any]:
+    """What ``--plot-kind checkpoint`` passes to the plot: the budget."""
+    if getattr(options, "plot_kind", None) != "checkpoint":
+        return {}
+    return {"budget": _number(options.checkpoint_budget)}

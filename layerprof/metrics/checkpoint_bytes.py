@@ -1,0 +1,165 @@
+"""What wrapping a module in ``torch.utils.checkpoint`` would free and keep, worked out by the memory meter.
+
+Within one forward of the model every saved storage has its savers: the innermost calls running when autograd
+saved it. For a call ``c`` (figures summed over a module's calls):
+
+- ``checkpoint_freed_bytes``: storages whose every saver is ``c`` or a call nested in it, except ``c``'s own
+  inputs: nothing outside the region needs them, so a checkpoint of ``c`` does not hold them.
+- ``checkpoint_kept_bytes``: ``c``'s input storages (not parameters or buffers) that a non-reentrant checkpoint
+  holds in their place and that would otherwise not be held: none of their savers is inside ``c`` (then they
+  are not in the freed bytes) or an ancestor of ``c`` (those stay saved while ``c`` is wrapped). An input saved
+  only by a sibling is counted as kept, which is exact when the sibling is wrapped too and errs on the side of
+  more memory when it is not.
+
+Wrapping a set of modules none of which contains another then saves about ``Σ (freed - kept)`` bytes. Not
+additive exactly when a storage is saved in two wrapped regions (counted in neither's freed bytes: the plan frees
+less than it could, never more than it says) or an input saved by an unwrapped sibling (counted as kept).
+
+Safety counts: ``checkpoint_side_effects`` is the number of calls, this one's and nested ones, whose forward
+changes state that a recomputation would change again (BatchNorm updating running statistics in training, an
+attention layer updating the key/value cache it is handed: Hugging Face models with ``use_cache=True``);
+``checkpoint_inplace_inputs`` the number of this module's calls that modified an input in place (a checkpoint
+would have saved the input before the change); ``foreign_calls`` the calls made from a module that is not one of its
+tree ancestors (a shared module: wrapping it would nest with the wrapping of its callers).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from .._tensors import iter_tensors
+from .._torch import tensor_version
+from ..record.fields import Field, declare
+
+__all__ = ["CHECKPOINT_FIELDS", "STORAGES_ATTRIBUTE", "storage_table", "saved_after", "has_side_effects", "updates_a_cache", "input_versions", "mutated_inputs", "settle_forward"]
+
+CHECKPOINT_FIELDS = (
+    "checkpoint_freed_bytes", "checkpoint_kept_bytes", "checkpoint_side_effects", "checkpoint_inplace_inputs",
+    "foreign_calls",
+)
+declare(
+    Field("checkpoint_freed_bytes", "bytes", "Ckpt Frees", share_of="saved_bytes", meter="memory", detail=True,
+          doc="saved bytes that wrapping the module in torch.utils.checkpoint would free"),
+    Field("checkpoint_kept_bytes", "bytes", "Ckpt Keeps", meter="memory", detail=True,
+          doc="input bytes a checkpoint of the module would hold that nothing else saves"),
+    Field("checkpoint_side_effects", "count", "Ckpt Side Effects", meter="memory", detail=True, cost=False,
+          doc="calls in the module whose recomputation would repeat a side effect (BatchNorm running stats)"),
+    Field("checkpoint_inplace_inputs", "count", "In-place Inputs", meter="memory", detail=True, cost=False,
+          doc="calls of the module that modified one of their inputs in place"),
+    Field("foreign_calls", "count", "Foreign Calls", meter="memory", detail=True, cost=False,
+          doc="calls of the module made from a module that does not contain it (a shared module)"),
+)
+
+# The root record's private attribute holding ``storage_table`` of each forward (live profiles only: not saved).
+STORAGES_ATTRIBUTE = "_checkpoint_storages"
+
+_NORMS = (nn.modules.batchnorm._BatchNorm,)
+
+
+def has_side_effects(module: nn.Module) -> bool:
+    """Whether running the module's own forward again changes state a second time: a BatchNorm (or SyncBatchNorm)
+    in training that tracks running statistics."""
+    return isinstance(module, _NORMS) and module.training and module.track_running_stats
+
+
+def updates_a_cache(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether the call is handed a key/value cache (a Hugging Face ``Cache``), which attention layers update in
+    place: a recomputation would find it already updated."""
+    return any(any(cls.__name__ == "Cache" for cls in type(value).__mro__)
+               for value in (*args, *kwargs.values()) if not isinstance(value, (torch.Tensor, int, float, str)))
+
+
+def input_versions(inputs: Any) -> list[tuple[torch.Tensor, int]]:
+    """(tensor, version) of the tensors in a call's inputs; none where no checkpoint could run (no grad)."""
+    if not torch.is_grad_enabled():
+        return []
+    return [(tensor, tensor_version(tensor)) for tensor in iter_tensors(inputs) if not tensor.is_inference()]
+
+
+def mutated_inputs(versions: Sequence[tuple[torch.Tensor, int]]) -> int:
+    """1 when any of the (tensor, version at the call's start) pairs was modified in place since, else 0."""
+    return int(any(tensor_version(tensor) != version for tensor, version in versions))
+
+
+def _ancestor_at(state: Any, depth: int) -> Any:
+    while state is not None and state.depth > depth:
+        state = state.parent
+    return state
+
+
+def _common_ancestor(states: Sequence[Any]) -> Any:
+    common = states[0]
+    for other in states[1:]:
+        depth = min(common.depth, other.depth)
+        common, other = _ancestor_at(common, depth), _ancestor_at(other, depth)
+        while common is not other:
+            common, other = common.parent, other.parent
+            if common is None or other is None:
+                return None
+    return common
+
+
+def settle_forward(calls: Sequence[Any], savers: dict[int, list[Any]]) -> None:
+    """Add to each call's ``freed`` and ``kept`` (see the module doc). ``calls``: the call states of one forward,
+    each with ``parent``, ``depth`` and ``input_sizes`` (storage key -> bytes); ``savers``: storage key ->
+    ``[bytes, saver state, ...]``."""
+    for key, entry in savers.items():
+        size, states = entry[0], entry[1:]
+        state = _common_ancestor(states) if len(states) > 1 else states[0]
+        while state is not None:
+            if key not in state.input_sizes:
+                state.freed += size
+            state = state.parent
+    for call in calls:
+        for key, size in call.input_sizes.items():
+            entry = savers.get(key)
+            if entry is None or not any(_holds(saver, call) for saver in entry[1:]):
+                call.kept += size
+
+
+def _holds(saver: Any, call: Any) -> bool:
+    """Whether ``saver`` stays saving while ``call`` is wrapped: it is inside ``call`` or one of its ancestors."""
+    if saver.depth >= call.depth:
+        return _ancestor_at(saver, call.depth) is call
+    return _ancestor_at(call, saver.depth) is saver
+
+
+def storage_table(calls: Sequence[Any], savers: dict[int, list[Any]]) -> dict[str, list[Any]]:
+    """One forward as plain lists, for ``saved_after``: the calls (``names``, ``parents`` as indexes, -1 for none)
+    and the storages saved or taken as input (``sizes``, ``savers`` and ``inputs`` as lists of call indexes)."""
+    index = {id(call): i for i, call in enumerate(calls)}
+    rows: dict[int, list[Any]] = {}
+    for key, entry in savers.items():
+        rows[key] = [entry[0], sorted({index[id(s)] for s in entry[1:] if id(s) in index}), []]
+    for i, call in enumerate(calls):
+        for key, size in call.input_sizes.items():
+            rows.setdefault(key, [size, [], []])[2].append(i)
+    return {
+        "names": [call.name for call in calls],
+        "parents": [index.get(id(call.parent), -1) for call in calls],
+        "sizes": [row[0] for row in rows.values()],
+        "savers": [row[1] for row in rows.values()],
+        "inputs": [row[2] for row in rows.values()],
+    }
+
+
+def saved_after(tables: Sequence[dict[str, list[Any]]], wrapped: set[str]) -> int:
+    """The bytes saved for backward once the modules named in ``wrapped`` run under non-reentrant checkpoint: a
+    storage stays if a call outside every wrapped call saves it, or if it is an input of an outermost wrapped call
+    (the checkpoint holds it). Exact where ``Σ (freed - kept)`` is additive only approximately."""
+    total = 0
+    for table in tables:
+        names, parents = table["names"], table["parents"]
+        inside = [False] * len(names)
+        outermost = [False] * len(names)
+        for i, name in enumerate(names):  # parents come before their children
+            parent = parents[i]
+            enclosed = parent >= 0 and inside[parent]
+            outermost[i] = name in wrapped and not enclosed
+            inside[i] = enclosed or outermost[i]
+        for size, saved_by, taken_by in zip(table["sizes"], table["savers"], table["inputs"]):
+            if any(not inside[i] for i in saved_by) or any(outermost[i] for i in taken_by):
+                total += size
+    return total

@@ -1,0 +1,95 @@
+"""Wrapping chosen modules in non-reentrant ``torch.utils.checkpoint`` and taking the wrapping off again.
+
+A wrapped module gets one instance attribute, ``forward``, that runs the class's forward (or the instance's own
+``forward`` if it had one) under ``checkpoint(..., use_reentrant=False)`` with the RNG state preserved, so a
+Dropout inside draws the same mask when recomputed. The module's hooks, parameters, buffers and ``__call__`` are
+untouched; ``unwrap`` deletes the attribute (or puts back the instance's own one), leaving the module as it was.
+Every tensor in the arguments (in lists, tuples and dicts too) is passed to checkpoint as an input, so that it
+holds them as saved inputs (what the planner counts as kept) rather than in a closure.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+__all__ = ["wrap", "unwrap", "is_wrapped"]
+
+_MARK = "_layerprof_checkpointed"
+_MISSING = object()
+
+
+class _Slot:
+    """Where a tensor was in the arguments, in a copy of their containers."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _pull_tensors(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """A copy of ``value``'s lists, tuples and dicts with each tensor moved to ``tensors`` and a _Slot left."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return _Slot(len(tensors) - 1)
+    if type(value) in (list, tuple):
+        return type(value)(_pull_tensors(item, tensors) for item in value)
+    if type(value) is dict:
+        return {key: _pull_tensors(item, tensors) for key, item in value.items()}
+    return value
+
+
+def _put_tensors(value: Any, tensors: tuple[Any, ...]) -> Any:
+    if isinstance(value, _Slot):
+        return tensors[value.index]
+    if type(value) in (list, tuple):
+        return type(value)(_put_tensors(item, tensors) for item in value)
+    if type(value) is dict:
+        return {key: _put_tensors(item, tensors) for key, item in value.items()}
+    return value
+
+
+def _checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        # The tensors go to checkpoint as its inputs (it holds them for the recomputation, as the planner counts),
+        # and the lists that held them are copies: a caller appending to a list it passed (DenseNet's blocks do)
+        # must not change what the recomputation sees.
+        tensors: list[torch.Tensor] = []
+        layout = _pull_tensors((args, kwargs), tensors)
+
+        def body(*flat: Any) -> Any:
+            positional, keywords = _put_tensors(layout, flat)
+            return forward(*positional, **keywords)
+
+        return checkpoint(body, *tensors, use_reentrant=False, preserve_rng_state=True)
+
+    setattr(run, _MARK, True)
+    return run
+
+
+def is_wrapped(module: nn.Module) -> bool:
+    """Whether ``module.forward`` is a checkpoint wrapper put there by ``wrap``."""
+    return getattr(module.__dict__.get("forward"), _MARK, False)
+
+
+def wrap(module: nn.Module) -> Any:
+    """Wrap ``module``'s forward; returns what ``unwrap`` needs to restore it (the instance's own forward or a
+    marker that it had none)."""
+    own = module.__dict__.get("forward", _MISSING)
+    module.forward = _checkpointed(module.forward)  # type: ignore[method-assign]
+    return own
+
+
+def unwrap(module: nn.Module, own: Any) -> None:
+    """Undo ``wrap``: delete the wrapper, or put back the instance's own forward that it replaced."""
+    if own is _MISSING:
+        module.__dict__.pop("forward", None)
+    else:
+        module.forward = own  # type: ignore[method-assign]

@@ -1,0 +1,56 @@
+"""Reading a memory budget: bytes, a size with a unit ("2GiB", "300MB", "1.5 gb"), a percentage ("50%") or a
+fraction of today's saved bytes (``0.5``)."""
+from __future__ import annotations
+
+import math
+import re
+
+__all__ = ["parse_budget"]
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "k": 2**10, "m": 2**20, "g": 2**30,
+}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+_HINT = "give bytes (an int), a size such as '2GiB' or '300MB', a percentage such as '50%', or a fraction in (0, 1]"
+
+
+def parse_budget(budget: object, today: int) -> int:
+    """The budget in bytes of saved-for-backward memory, given ``today``'s saved bytes (for fractions).
+
+    >>> parse_budget("2GiB", 0), parse_budget("50%", 1000), parse_budget(0.25, 1000), parse_budget(300, 1000)
+    (2147483648, 500, 250, 300)
+    """
+    if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
+        raise TypeError(f"budget must be bytes, a size string or a fraction, got {type(budget).__name__}; {_HINT}")
+    if isinstance(budget, str):
+        text = budget.strip()
+        if text.endswith("%"):
+            try:
+                share = float(text[:-1]) / 100
+            except ValueError:
+                raise ValueError(f"budget {budget!r} is not a percentage; {_HINT}") from None
+            return _fraction(share, today, budget)
+        match = _SIZE.match(text)
+        if match is None or match.group(2).lower() not in _UNITS:
+            raise ValueError(f"cannot read budget {budget!r}; {_HINT}")
+        return _bytes(float(match.group(1)) * _UNITS[match.group(2).lower()], budget)
+    if isinstance(budget, float) and 0 < budget <= 1:
+        return _fraction(budget, today, budget)
+    if isinstance(budget, float) and not budget.is_integer():
+        raise ValueError(f"budget {budget!r}: a float budget is a fraction in (0, 1]; for bytes give an int")
+    return _bytes(budget, budget)
+
+
+def _fraction(share: float, today: int, given: object) -> int:
+    if not math.isfinite(share) or share < 0:
+        raise ValueError(f"budget {given!r} must be a share between 0 and 1 (0% to 100%); {_HINT}")
+    return int(math.floor(share * today))
+
+
+def _bytes(value: float, given: object) -> int:
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"budget {given!r} must be a non-negative number of bytes; {_HINT}")
+    return int(value)

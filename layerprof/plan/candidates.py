@@ -1,0 +1,82 @@
+"""The planner's view of a profile: one candidate per module, with what wrapping it frees and costs, or why it
+cannot be wrapped. Reads records only."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..record.records import ModuleRecord, preorder
+
+__all__ = ["Candidate", "candidates", "require_figures"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A module in pre-order: ``net_bytes`` = freed - kept (what wrapping it saves), ``recompute_ms`` = its
+    forward time per step (every call, children included; the median over steps), ``excluded`` = why it may not be wrapped, if so."""
+
+    name: str
+    type: str
+    parent: int
+    freed_bytes: int
+    kept_bytes: int
+    recompute_ms: float
+    calls: float
+    excluded: str | None
+
+    @property
+    def net_bytes(self) -> int:
+        return self.freed_bytes - self.kept_bytes
+
+
+def require_figures(root: ModuleRecord) -> None:
+    """A ValueError saying what to do when the profile lacks the memory meter's figures."""
+    if getattr(root, "checkpoint_freed_bytes", None) is None:
+        why = ("it was recorded by a layerprof without checkpoint figures" if getattr(root, "saved_bytes", None)
+               is not None else "it has no memory figures")
+        raise ValueError(
+            f"checkpoint_plan needs the saved-for-backward bytes of every module, and {why}: profile a training "
+            "step (forward and backward) with LayerProf(model, metrics=(\"memory\", \"shapes\")) and plan on that"
+        )
+
+
+def _why_excluded(record: ModuleRecord, allow_side_effects: bool) -> str | None:
+    def count(field: str) -> int:
+        return int(getattr(record, field, None) or 0)
+
+    if not record.calls:
+        return "not called"
+    if count("foreign_calls"):
+        return "shared: called from a module that does not contain it"
+    if count("checkpoint_inplace_inputs"):
+        return "modifies an input in place"
+    if count("checkpoint_side_effects") and not allow_side_effects:
+        return ("side effects on recompute (BatchNorm running statistics, a key/value cache: use_cache=False); "
+                "allow_side_effects=True to allow")
+    if count("checkpoint_freed_bytes") - count("checkpoint_kept_bytes") <= 0:
+        return "frees nothing"
+    return None
+
+
+def _forward_ms(record: ModuleRecord) -> float:
+    """The forward time per step: the median over the profiled steps where there were several (a burst of
+    other work on the machine in one step does not move it), else the mean."""
+    median = getattr(record, "forward_ms_median", None)
+    return float(median if median is not None else record.forward_ms or 0.0)
+
+
+def candidates(root: ModuleRecord, allow_side_effects: bool = False) -> list[Candidate]:
+    """Every module of the tree in pre-order as a Candidate."""
+    records = preorder(root)
+    index = {id(record): i for i, record in enumerate(records)}
+    found = []
+    for record in records:
+        parent: Any = record.parent
+        found.append(Candidate(
+            name=record.name, type=record.type, parent=-1 if parent is None else index[id(parent)],
+            freed_bytes=int(getattr(record, "checkpoint_freed_bytes", None) or 0),
+            kept_bytes=int(getattr(record, "checkpoint_kept_bytes", None) or 0),
+            recompute_ms=_forward_ms(record), calls=record.calls,
+            excluded=_why_excluded(record, allow_side_effects),
+        ))
+    return found

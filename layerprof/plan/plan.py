@@ -1,0 +1,227 @@
+"""CheckpointPlan: the modules to recompute to fit a budget of saved-for-backward memory, and its application.
+
+>>> import torch, layerprof
+>>> net = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(),
+...                           torch.nn.Linear(64, 64), torch.nn.Tanh()), torch.nn.Linear(64, 1))
+>>> x = torch.randn(16, 8)
+>>> with layerprof.LayerProf(net, metrics=("memory",)) as prof:
+...     for _ in range(2):  # memory in the first step, clean times from the second
+...         net(x).sum().backward()
+...         prof.step()
+>>> plan = prof.checkpoint_plan(0.75)
+>>> plan.modules, plan.saved_bytes_before, plan.saved_bytes_after <= plan.budget_bytes
+(['1'], 12800, True)
+>>> with plan.applied(net):
+...     net(x).sum().backward()
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from torch import nn
+
+from .._check import check_bool
+from ..metrics.checkpoint_bytes import STORAGES_ATTRIBUTE, saved_after
+from ..record.records import ModuleRecord
+from ..render.checkpoint import plan_text
+from .apply import is_wrapped, unwrap, wrap
+from .budget import parse_budget
+from .candidates import Candidate, candidates, require_figures
+from .solver import DEFAULT_RESOLUTION, best_reachable, ends_of, frontier, solve
+
+__all__ = ["CheckpointPlan", "ChosenModule", "FrontierPoint", "make_plan"]
+
+
+@dataclass(frozen=True)
+class ChosenModule:
+    """Why a module is in the plan: the bytes wrapping it frees (net of the inputs it keeps) and the forward time
+    it re-runs in backward per step."""
+
+    name: str
+    type: str
+    freed_bytes: int
+    kept_bytes: int
+    recompute_ms: float
+
+    @property
+    def net_bytes(self) -> int:
+        return self.freed_bytes - self.kept_bytes
+
+    @property
+    def bytes_per_ms(self) -> float:
+        return self.net_bytes / self.recompute_ms if self.recompute_ms > 0 else float("inf")
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    """One Pareto-optimal plan: saved bytes left, extra forward time per step, the modules wrapped."""
+
+    saved_bytes: int
+    extra_ms: float
+    modules: tuple[str, ...]
+
+
+class CheckpointPlan:
+    """The result of ``Profile.checkpoint_plan``. Numbers are per step as profiled.
+
+    Attributes: ``modules`` (qualified names to wrap, no two nested), ``chosen`` (a ChosenModule for each),
+    ``budget_bytes``, ``saved_bytes_before`` (today), ``saved_bytes_after`` (predicted), ``extra_ms`` (predicted
+    recompute time per step), ``feasible`` (whether the budget is met), ``least_reachable_bytes`` (the least
+    saved memory any plan reaches), ``excluded`` (module -> why it may not be wrapped), ``note``.
+    """
+
+    def __init__(self, root: ModuleRecord, found: list[Candidate], budget_bytes: int, resolution: int) -> None:
+        self.model_type = root.type
+        self.budget_bytes = budget_bytes
+        self.saved_bytes_before = int(root.saved_bytes or 0)
+        self.excluded = {c.name: c.excluded for c in found if c.excluded and c.excluded not in ("not called",
+                                                                                                 "frees nothing")}
+        self._found = found
+        self._resolution = resolution
+        self._weights = [0 if c.excluded else max(0, c.net_bytes) for c in found]
+        self._costs = [c.recompute_ms for c in found]
+        self._ends = ends_of([c.parent for c in found])
+        # The storages of the profiled step, on a live profile: what wrapping a set frees, exactly (else the
+        # additive figure, which errs high where wrapped siblings share inputs).
+        self._tables = root.__dict__.get(STORAGES_ATTRIBUTE)
+        reachable, most = best_reachable(self._weights, self._ends)
+        self.least_reachable_bytes = self._saved_after(most, reachable)
+        need = self.saved_bytes_before - budget_bytes
+        solution = solve(self._weights, self._costs, self._ends, need, resolution)
+        if solution is not None and self._tables:
+            solution = self._cheaper_within(solution, need, budget_bytes)
+        self.feasible = solution is not None
+        self.note: str | None = None
+        if need <= 0:
+            self.note = (f"the budget ({budget_bytes} bytes) is not below today's saved memory "
+                         f"({self.saved_bytes_before} bytes): nothing to wrap")
+        elif solution is None:
+            self.note = (f"the budget ({budget_bytes} bytes) cannot be met: the least saved memory any plan "
+                         f"reaches is {self.least_reachable_bytes} bytes")
+        chosen = solution.chosen if solution is not None else ()
+        self.chosen = [ChosenModule(found[i].name, found[i].type, found[i].freed_bytes, found[i].kept_bytes,
+                                    found[i].recompute_ms) for i in chosen]
+        self.modules = [c.name for c in self.chosen]
+        self.saved_bytes_after = self._saved_after(solution.chosen if solution is not None else (),
+                                                   sum(c.net_bytes for c in self.chosen))
+        self.extra_ms = float(sum(c.recompute_ms for c in self.chosen))
+        self._applied: list[tuple[nn.Module, Any]] = []
+
+    def _saved_after(self, chosen: tuple[int, ...], freed: int) -> int:
+        if self._tables:
+            return saved_after(self._tables, {self._found[i].name for i in chosen})
+        return self.saved_bytes_before - freed
+
+    def _cheaper_within(self, solution: Any, need: int, budget_bytes: int) -> Any:
+        """The additive model frees less than wrapping does where wrapped siblings share inputs: while the exact
+        figure leaves room under the budget, solve again for less and keep a cheaper plan that still fits."""
+        for _ in range(8):
+            room = budget_bytes - self._saved_after(solution.chosen, solution.freed)
+            if room <= 0:
+                break
+            need -= room
+            trial = solve(self._weights, self._costs, self._ends, need, self._resolution)
+            if trial is None or trial.cost >= solution.cost or self._saved_after(trial.chosen, trial.freed) > budget_bytes:
+                break
+            solution = trial
+        return solution
+
+    # -- the frontier ----------------------------------------------------------------------------------------
+    def pareto(self) -> list[FrontierPoint]:
+        """Every Pareto-optimal plan, from wrapping nothing (today) to the least saved memory reachable: saved
+        bytes left against extra time per step, least memory last."""
+        found = self._found
+        points = [
+            FrontierPoint(self._saved_after(s.chosen, s.freed), s.cost, tuple(found[i].name for i in s.chosen))
+            for s in frontier(self._weights, self._costs, self._ends, self._resolution)
+        ]
+        kept: list[FrontierPoint] = []
+        for point in points:  # the exact figures can make a costlier point no better: drop it
+            if not kept or point.saved_bytes < kept[-1].saved_bytes:
+                kept.append(point)
+        return kept
+
+    # -- applying --------------------------------------------------------------------------------------------
+    def _resolve(self, model: nn.Module) -> list[nn.Module]:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"apply takes the nn.Module the plan was made for, got {type(model).__name__}")
+        modules = []
+        types = {c.name: c.type for c in self.chosen}
+        for name in self.modules:
+            try:
+                module = model.get_submodule(name)
+            except AttributeError:
+                raise ValueError(
+                    f"model: the plan wraps module {name!r}, which this {type(model).__name__} does not have; apply "
+                    f"the plan to the model it was made for (a {self.model_type})"
+                ) from None
+            if type(module).__name__ != types[name]:
+                raise ValueError(
+                    f"model: module {name!r} is a {type(module).__name__}, the plan was made for a {types[name]}; "
+                    f"apply the plan to the model it was made for (a {self.model_type})"
+                )
+            if is_wrapped(module):
+                raise ValueError(f"model: module {name!r} is already wrapped by a checkpoint plan; remove() it first")
+            modules.append(module)
+        return modules
+
+    def apply(self, model: nn.Module) -> CheckpointPlan:
+        """Wrap the chosen modules of ``model`` in non-reentrant ``torch.utils.checkpoint`` (all or none);
+        ``remove()`` undoes it."""
+        if self._applied:
+            raise RuntimeError("this plan is already applied; call remove() before applying it again")
+        modules = self._resolve(model)
+        self._applied = [(module, wrap(module)) for module in modules]
+        return self
+
+    def remove(self) -> None:
+        """Take the wrapping off: the modules are exactly as before ``apply`` (a no-op when not applied)."""
+        applied, self._applied = self._applied, []
+        for module, own in reversed(applied):
+            unwrap(module, own)
+
+    @contextlib.contextmanager
+    def applied(self, model: nn.Module) -> Iterator[nn.Module]:
+        """``with plan.applied(model):`` the model with the plan applied inside the block, removed after."""
+        self.apply(model)
+        try:
+            yield model
+        finally:
+            self.remove()
+
+    @property
+    def is_applied(self) -> bool:
+        return bool(self._applied)
+
+    # -- reading ---------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as plain numbers and names."""
+        return {
+            "modules": list(self.modules), "budget_bytes": self.budget_bytes,
+            "saved_bytes_before": self.saved_bytes_before, "saved_bytes_after": self.saved_bytes_after,
+            "extra_ms": self.extra_ms, "feasible": self.feasible, "least_reachable_bytes": self.least_reachable_bytes,
+            "chosen": [{"name": c.name, "type": c.type, "freed_bytes": c.freed_bytes, "kept_bytes": c.kept_bytes,
+                        "net_bytes": c.net_bytes, "recompute_ms": c.recompute_ms} for c in self.chosen],
+            "excluded": dict(self.excluded), "note": self.note,
+        }
+
+    def __str__(self) -> str:
+        return plan_text(self)
+
+    def __repr__(self) -> str:
+        return (f"<CheckpointPlan {self.model_type}: {len(self.modules)} modules, saved {self.saved_bytes_before} -> "
+                f"{self.saved_bytes_after} bytes (budget {self.budget_bytes}), +{self.extra_ms:.3f} ms>")
+
+
+def make_plan(root: ModuleRecord, budget: Any, allow_side_effects: bool = False,
+              resolution: int = DEFAULT_RESOLUTION) -> CheckpointPlan:
+    """The plan for a profile's tree; see ``Profile.checkpoint_plan``."""
+    require_figures(root)
+    allow_side_effects = check_bool("allow_side_effects", allow_side_effects)
+    if isinstance(resolution, bool) or not isinstance(resolution, int) or resolution < 16:
+        raise ValueError(f"resolution must be an int of at least 16 grid steps, got {resolution!r}")
+    today = int(root.saved_bytes or 0)
+    budget_bytes = parse_budget(budget, today)
+    return CheckpointPlan(root, candidates(root, allow_side_effects), budget_bytes, resolution)

@@ -1,0 +1,103 @@
+"""Verifying a checkpoint plan: apply it, run the step, and set what was measured beside what was predicted.
+
+>>> import torch, layerprof, warnings
+>>> from layerprof.plan.verify import verify_plan
+>>> net = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Sequential(torch.nn.Linear(64, 64),
+...                           torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh()), torch.nn.Linear(64, 1))
+>>> x = torch.randn(16, 8)
+>>> step = lambda: net(x).sum().backward()
+>>> with warnings.catch_warnings():
+...     warnings.simplefilter("ignore")
+...     with layerprof.LayerProf(net, metrics=("memory",)) as prof:
+...         step()
+...     result = verify_plan(prof.checkpoint_plan(0.75), net, step, repeats=1)
+>>> result.measured_saved_bytes == result.predicted_saved_bytes, "forward" in net[1].__dict__
+(True, False)
+"""
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..collect.profiler import LayerProf
+from .plan import CheckpointPlan
+
+__all__ = ["Verification", "verify_plan"]
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Predicted against measured for one plan on one step. Times are medians over ``repeats`` steps, with and
+    without the plan interleaved. ``recompute_ms``: module -> (predicted, measured), measured as the recomputed
+    forward time of the module's children (a wrapped module's own hooks do not see its re-run; None for a leaf).
+    ``cuda_peak_bytes``: (before, after) ``max_memory_allocated`` of a step on CUDA, else None."""
+
+    predicted_saved_bytes: int
+    measured_saved_bytes: int
+    budget_bytes: int
+    predicted_extra_ms: float
+    measured_extra_ms: float
+    step_ms_before: float
+    step_ms_after: float
+    recompute_ms: dict[str, tuple[float, float | None]] = field(default_factory=dict)
+    cuda_peak_bytes: tuple[int, int] | None = None
+
+    @property
+    def meets_budget(self) -> bool:
+        return self.measured_saved_bytes <= self.budget_bytes
+
+
+def _cuda_peak(step: Callable[[], Any]) -> int:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return int(torch.cuda.max_memory_allocated())
+
+
+def verify_plan(plan: CheckpointPlan, model: nn.Module, step: Callable[[], Any], repeats: int = 5) -> Verification:
+    """Apply ``plan`` to ``model``, profile one ``step()`` (a forward and backward of the model) with the memory
+    meter, time ``repeats`` steps with and without it, and remove the plan (also on error)."""
+    if not callable(step):
+        raise TypeError(f"step must be a callable that runs one training step, got {type(step).__name__}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+    on_cuda = torch.cuda.is_available() and any(p.is_cuda for p in model.parameters())
+    before_peak = _cuda_peak(step) if on_cuda else None
+    with plan.applied(model):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # one step under the memory meter: its times are not the point here
+            with LayerProf(model, metrics=("memory",)) as prof:
+                step()
+        after_peak = _cuda_peak(step) if on_cuda else None
+    before: list[float] = []
+    after: list[float] = []
+    for _ in range(repeats):
+        before.append(_timed(step))
+        with plan.applied(model):
+            after.append(_timed(step))
+    records = prof.profile.records
+    recompute = {}
+    for chosen in plan.chosen:
+        children = records[chosen.name].children
+        measured = sum(child.recompute_ms or 0.0 for child in children) if children else None
+        recompute[chosen.name] = (chosen.recompute_ms, measured)
+    step_before, step_after = statistics.median(before), statistics.median(after)
+    return Verification(
+        predicted_saved_bytes=plan.saved_bytes_after, measured_saved_bytes=int(prof.profile.tree.saved_bytes or 0),
+        budget_bytes=plan.budget_bytes, predicted_extra_ms=plan.extra_ms, measured_extra_ms=step_after - step_before,
+        step_ms_before=step_before, step_ms_after=step_after, recompute_ms=recompute,
+        cuda_peak_bytes=None if before_peak is None else (before_peak, int(after_peak or 0)),
+    )
+
+
+def _timed(step: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    step()
+    return (time.perf_counter() - start) * 1e3

@@ -1,0 +1,103 @@
+"""The checkpoint plan as text and as a frontier plot (saved memory against extra time per step)."""
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from .plot_style import new_axes
+from .units import format_bytes, format_ms, format_percent
+
+__all__ = ["plan_text", "plot_checkpoint", "frontier_svg"]
+
+
+def plan_text(plan: Any) -> str:
+    """A short printable plan: totals, then one line per module with why it was chosen."""
+    before, after = plan.saved_bytes_before, plan.saved_bytes_after
+    lines = [
+        f"Checkpoint plan for {plan.model_type}: saved for backward {format_bytes(before)} -> {format_bytes(after)} "
+        f"({format_percent(after, before)}), budget {format_bytes(plan.budget_bytes)}, "
+        f"+{format_ms(plan.extra_ms)} recomputed per step, {len(plan.modules)} module{'' if len(plan.modules) == 1 else 's'} wrapped",
+    ]
+    if plan.note:
+        lines.append(f"note: {plan.note}")
+    width = max([len(c.name) for c in plan.chosen] + [6])
+    for c in plan.chosen:
+        rate = "inf" if c.recompute_ms <= 0 else f"{format_bytes(c.bytes_per_ms)}/ms"
+        lines.append(f"  {c.name or '<model>':<{width}}  {c.type:<20} frees {format_bytes(c.net_bytes):>10}  "
+                     f"recomputes {format_ms(c.recompute_ms):>9}  {rate}")
+    if plan.excluded:
+        lines.append(f"  excluded: {len(plan.excluded)} module{'' if len(plan.excluded) == 1 else 's'} (plan.excluded says why)")
+    return "\n".join(lines)
+
+
+def plot_checkpoint(profile: Any, metric: str = "total", budget: Any = 0.5, ax: Any = None, **options: Any) -> Any:
+    """The frontier of checkpoint plans: saved-for-backward memory against recompute time per step, today's
+    point and the plan for ``budget`` marked. ``profile``: a Profile (planned here with ``options``) or a
+    CheckpointPlan."""
+    plan = profile if hasattr(profile, "pareto") else profile.checkpoint_plan(budget, **options)
+    points = plan.pareto()
+    ax = new_axes(ax, (6.4, 4.2))
+    scale = 2**20
+    saved = [p.saved_bytes / scale for p in points]
+    extra = [p.extra_ms for p in points]
+    ax.step(extra, saved, where="post", color="0.35", linewidth=1.2, gid="checkpoint:frontier")
+    ax.scatter(extra, saved, s=10, color="0.35", zorder=3, gid="checkpoint:points")
+    ax.scatter([0.0], [plan.saved_bytes_before / scale], s=60, marker="o", color="tab:blue", zorder=4,
+               label=f"today: {format_bytes(plan.saved_bytes_before)}", gid="checkpoint:today")
+    if plan.feasible:
+        ax.scatter([plan.extra_ms], [plan.saved_bytes_after / scale], s=80, marker="*", color="tab:red", zorder=5,
+                   label=f"plan: {format_bytes(plan.saved_bytes_after)}, +{format_ms(plan.extra_ms)}",
+                   gid="checkpoint:chosen")
+    ax.axhline(plan.budget_bytes / scale, color="tab:red", linestyle=":", linewidth=1,
+               label=f"budget {format_bytes(plan.budget_bytes)}", gid="checkpoint:budget")
+    ax.set_xlabel("recomputed forward time per step (ms)")
+    ax.set_ylabel("saved for backward (MiB)")
+    ax.set_title(f"{plan.model_type}: checkpoint plans (Pareto frontier)")
+    ax.grid(True, linewidth=0.3)
+    ax.legend(fontsize=8, frameon=False)
+    return ax
+
+
+def frontier_svg(plan: Any, width: int = 640, height: int = 300) -> str:
+    """The frontier as an inline SVG (no script, for the HTML report): saved bytes against extra time, today's
+    point, the plan and its budget marked."""
+    points = plan.pareto()
+    left, right, top, bottom = 70, 20, 20, 40
+    most_ms = max([p.extra_ms for p in points] + [plan.extra_ms, 1e-9])
+    most_bytes = max(plan.saved_bytes_before, plan.budget_bytes, 1)
+
+    def x(ms: float) -> float:
+        return left + (width - left - right) * ms / most_ms
+
+    def y(saved: float) -> float:
+        return top + (height - top - bottom) * (1 - saved / most_bytes)
+
+    path = []
+    for previous, point in zip([None, *points], points):
+        if previous is not None:
+            path.append(f"{x(point.extra_ms):.1f},{y(previous.saved_bytes):.1f}")
+        path.append(f"{x(point.extra_ms):.1f},{y(point.saved_bytes):.1f}")
+    parts = [
+        f'<svg class="checkpoint-frontier" width="{width}" height="{height}" role="img" '
+        f'aria-label="frontier of checkpoint plans" xmlns="http://www.w3.org/2000/svg">',
+        f'<line x1="{left}" y1="{height - bottom}" x2="{width - right}" y2="{height - bottom}" stroke="#888"/>',
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="#888"/>',
+        f'<polyline points="{" ".join(path)}" fill="none" stroke="#555" stroke-width="1.5"/>',
+        f'<line x1="{left}" y1="{y(plan.budget_bytes):.1f}" x2="{width - right}" y2="{y(plan.budget_bytes):.1f}" '
+        f'stroke="#d62728" stroke-dasharray="3,3"><title>budget {format_bytes(plan.budget_bytes)}</title></line>',
+        f'<circle cx="{x(0):.1f}" cy="{y(plan.saved_bytes_before):.1f}" r="5" fill="#1f77b4">'
+        f"<title>today: {format_bytes(plan.saved_bytes_before)}</title></circle>",
+    ]
+    if plan.feasible:
+        parts.append(f'<circle cx="{x(plan.extra_ms):.1f}" cy="{y(plan.saved_bytes_after):.1f}" r="6" '
+                     f'fill="#d62728"><title>plan: {format_bytes(plan.saved_bytes_after)}, '
+                     f"+{format_ms(plan.extra_ms)}</title></circle>")
+    parts += [
+        f'<text x="{(left + width - right) / 2:.0f}" y="{height - 8}" text-anchor="middle" font-size="12">'
+        f"recomputed forward time per step, up to {html.escape(format_ms(most_ms))}</text>",
+        f'<text x="14" y="{(top + height - bottom) / 2:.0f}" text-anchor="middle" font-size="12" '
+        f'transform="rotate(-90 14 {(top + height - bottom) / 2:.0f})">saved for backward, up to '
+        f"{html.escape(format_bytes(most_bytes))}</text>",
+        "</svg>",
+    ]
+    return "\n".join(parts)

@@ -1,0 +1,194 @@
+"""CheckpointPlan: the plan on a profile, applied and removed, predicted against measured, bad input."""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import layerprof
+from layerprof import LayerProf
+
+
+def _mlp(depth: int = 4, width: int = 128, dropout: float = 0.0) -> nn.Module:
+    torch.manual_seed(0)
+    blocks = [nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Dropout(dropout), nn.Linear(width, width),
+                            nn.Tanh()) for _ in range(depth)]
+    return nn.Sequential(nn.Linear(16, width), *blocks, nn.Linear(width, 1))
+
+
+def _profile(model: nn.Module, step, steps: int = 1) -> LayerProf:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with LayerProf(model, metrics=("memory", "shapes")) as prof:
+            for _ in range(steps):
+                step()
+                prof.step()
+    return prof
+
+
+def _state(model: nn.Module) -> dict:
+    """Everything a plan could leave behind: instance attributes, hooks, parameters and buffers."""
+    return {name: (sorted(module.__dict__), type(module).forward, dict(module._forward_hooks),
+                   dict(module._forward_pre_hooks), dict(module._backward_hooks))
+            for name, module in model.named_modules()}
+
+
+def _run(model: nn.Module, x: torch.Tensor, seed: int = 1) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    out = model(x)
+    out.pow(2).sum().backward()
+    return out.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def test_plan_meets_budget_and_is_bitwise_equal_with_dropout() -> None:
+    model = _mlp(dropout=0.1)
+    x = torch.randn(64, 16)
+    prof = _profile(model, lambda: model(x).pow(2).sum().backward())
+    before = _state(model)
+    expected = _run(model, x)
+    plan = prof.checkpoint_plan("50%")
+    assert plan.feasible and plan.modules and plan.saved_bytes_after <= plan.budget_bytes == prof.tree.saved_bytes // 2
+    names = plan.modules
+    assert not any(a != b and b.startswith(a + ".") for a in names for b in names) and "" not in names
+    with plan.applied(model):
+        got = _run(model, x)  # same seed: Dropout draws the same masks in the forward and the recompute
+        measured = _profile(model, lambda: model(x).pow(2).sum().backward())
+    assert torch.equal(got[0], expected[0]) and all(torch.equal(a, b) for a, b in zip(got[1], expected[1]))
+    assert measured.tree.saved_bytes == plan.saved_bytes_after  # the meter's figures add up exactly here
+    for name in names:  # each wrapped module's children re-ran in backward (its own hooks do not see the re-run)
+        assert all(child.recompute_ms > 0 for child in measured.records[name].children)
+    assert _state(model) == before and not plan.is_applied
+
+
+def test_apply_remove_and_errors() -> None:
+    model = _mlp()
+    x = torch.randn(8, 16)
+    prof = _profile(model, lambda: model(x).sum().backward())
+    plan = prof.checkpoint_plan(0.5)
+    plan.apply(model)
+    with pytest.raises(RuntimeError, match="already applied"):
+        plan.apply(model)
+    with pytest.raises(ValueError, match="already wrapped"):
+        prof.checkpoint_plan(0.5).apply(model)
+    plan.remove()
+    plan.remove()  # a second remove does nothing
+    other = nn.Sequential(nn.Linear(16, 1))
+    with pytest.raises(ValueError, match=r"model: the plan wraps module '\d+', which this Sequential does not have"):
+        plan.apply(other)
+    assert len(plan.modules) >= 2
+    renamed = copy.deepcopy(model)
+    last = plan.modules[-1]
+    parent, _, attribute = last.rpartition(".")
+    expected_type = type(renamed.get_submodule(last)).__name__
+    setattr(renamed.get_submodule(parent), attribute, nn.Identity())  # same name, another type
+    with pytest.raises(ValueError, match=f"is a Identity, the plan was made for a {expected_type}"):
+        plan.apply(renamed)
+    # All or nothing: the modules before the bad one were not wrapped either.
+    assert not any("forward" in module.__dict__ for module in renamed.modules())
+    with pytest.raises(TypeError, match="apply takes the nn.Module"):
+        plan.apply("model")
+
+
+def test_budget_edges() -> None:
+    model = _mlp()
+    x = torch.randn(8, 16)
+    prof = _profile(model, lambda: model(x).sum().backward())
+    today = prof.tree.saved_bytes
+    nothing = prof.checkpoint_plan(today + 1)
+    assert nothing.modules == [] and nothing.feasible and "not below today's saved memory" in nothing.note
+    impossible = prof.checkpoint_plan(0)
+    assert not impossible.feasible and impossible.modules == []
+    assert f"least saved memory any plan reaches is {impossible.least_reachable_bytes} bytes" in impossible.note
+    # The least reachable is what wrapping the whole model keeps: its input (8 x 16 float32 = 512 bytes).
+    assert impossible.least_reachable_bytes == 512
+    with pytest.raises(ValueError, match="cannot read budget 'half'"):
+        prof.checkpoint_plan("half")
+    with pytest.raises(ValueError, match="resolution"):
+        prof.checkpoint_plan(0.5, resolution=2)
+    with pytest.raises(TypeError, match="allow_side_effects must be True or False, got 'yes'"):
+        prof.checkpoint_plan(0.5, allow_side_effects="yes")
+
+
+def test_profile_without_memory_figures() -> None:
+    model = _mlp()
+    with LayerProf(model) as prof:
+        model(torch.randn(4, 16)).sum().backward()
+    with pytest.raises(ValueError, match=r"has no memory figures: profile a training step .*metrics=\(\"memory\""):
+        prof.checkpoint_plan(0.5)
+
+
+def test_batchnorm_is_excluded_unless_allowed() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.Sequential(nn.Linear(64, 64), nn.BatchNorm1d(64), nn.Tanh()),
+                          nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh()), nn.Linear(64, 1))
+    x = torch.randn(32, 16)
+    prof = _profile(model, lambda: model(x).sum().backward())
+    plan = prof.checkpoint_plan(0.6)
+    assert "side effects" in plan.excluded["1"] and "1.1" in plan.excluded and "" in plan.excluded
+    assert not any(name in ("", "1", "1.1") for name in plan.modules)
+    allowed = prof.checkpoint_plan(0.6, allow_side_effects=True)
+    assert "1" not in allowed.excluded
+
+
+def test_pareto_and_plot(tmp_path) -> None:
+    model = _mlp()
+    x = torch.randn(32, 16)
+    prof = _profile(model, lambda: model(x).sum().backward())
+    plan = prof.checkpoint_plan(0.5)
+    points = plan.pareto()
+    assert points[0].saved_bytes == prof.tree.saved_bytes and points[0].extra_ms == 0 and points[0].modules == ()
+    assert points[-1].saved_bytes == plan.least_reachable_bytes
+    assert all(a.saved_bytes > b.saved_bytes and a.extra_ms < b.extra_ms for a, b in zip(points, points[1:]))
+    # The plan is on the frontier: no point reaching the budget is cheaper.
+    assert min(p.extra_ms for p in points if p.saved_bytes <= plan.budget_bytes) == pytest.approx(plan.extra_ms)
+    ax = prof.plot("checkpoint", budget=0.5, path=tmp_path / "frontier.png")
+    gids = {artist.get_gid() for artist in ax.get_children()}
+    assert {"checkpoint:frontier", "checkpoint:today", "checkpoint:chosen", "checkpoint:budget"} <= gids
+    assert (tmp_path / "frontier.png").read_bytes()[:4] == b"\x89PNG"
+    text = str(plan)
+    assert text.startswith("Checkpoint plan for Sequential:") and all(name in text for name in plan.modules)
+
+
+def test_verify_plan() -> None:
+    model = _mlp(depth=3)
+    x = torch.randn(32, 16)
+    step = lambda: model(x).pow(2).sum().backward()  # noqa: E731
+    prof = _profile(model, step)
+    plan = prof.checkpoint_plan(0.5)
+    before = _state(model)
+    result = layerprof.verify_plan(plan, model, step, repeats=2)
+    assert result.measured_saved_bytes == result.predicted_saved_bytes == plan.saved_bytes_after
+    assert result.meets_budget and result.budget_bytes == plan.budget_bytes
+    assert set(result.recompute_ms) == set(plan.modules)
+    for name, (predicted, measured) in result.recompute_ms.items():
+        assert predicted == plan.chosen[plan.modules.index(name)].recompute_ms
+        assert measured is None if not prof.records[name].children else measured > 0
+    assert result.step_ms_before > 0 and result.step_ms_after > 0 and result.cuda_peak_bytes is None
+    assert _state(model) == before and not plan.is_applied
+    with pytest.raises(TypeError, match="step must be a callable"):
+        layerprof.verify_plan(plan, model, "step")
+
+
+def test_a_saved_profile_plans_the_same() -> None:
+    model = _mlp()
+    x = torch.randn(16, 16)
+    prof = _profile(model, lambda: model(x).sum().backward())
+    loaded = layerprof.loads(prof.to_json())
+    for budget in (0.25, "50%", 0.75):
+        assert loaded.checkpoint_plan(budget).to_dict() == prof.checkpoint_plan(budget).to_dict()
+
+
+def test_report_has_a_checkpoint_panel_with_memory_figures() -> None:
+    model = _mlp()
+    x = torch.randn(16, 16)
+    prof = _profile(model, lambda: model(x).sum().backward())
+    page = prof.to_report()
+    assert '<section id="checkpoint-section">' in page and 'class="checkpoint-frontier"' in page
+    assert "today: " in page and "Checkpoint plan for Sequential" in page
+    with LayerProf(model) as plain:
+        model(x).sum().backward()
+    assert "checkpoint-section" not in plain.to_report()

@@ -1,0 +1,122 @@
+"""The planner's exact solver against brute force, and budget parsing."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from layerprof.plan.budget import parse_budget
+from layerprof.plan.solver import best_reachable, ends_of, frontier, solve
+
+
+def _random_tree(rng: random.Random, count: int) -> list[int]:
+    """Parent indexes of a random tree, renumbered in pre-order."""
+    parents = [-1] + [rng.randrange(i) for i in range(1, count)]
+    children: dict[int, list[int]] = {i: [] for i in range(count)}
+    for i in range(1, count):
+        children[parents[i]].append(i)
+    order, stack = [], [0]
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        stack.extend(reversed(children[node]))
+    index = {node: k for k, node in enumerate(order)}
+    return [-1 if parents[node] < 0 else index[parents[node]] for node in order]
+
+
+def _admissible(ends: list[int], weights: list[int]):
+    count = len(ends)
+    for mask in range(1 << count):
+        chosen = [i for i in range(count) if mask >> i & 1]
+        if any(weights[i] <= 0 for i in chosen):
+            continue
+        if any(i < j < ends[i] for i in chosen for j in chosen):
+            continue  # a node and one of its descendants
+        yield chosen
+
+
+def test_ends_of() -> None:
+    # 0 -> (1 -> 2, 3), 4
+    assert ends_of([-1, 0, 1, 1, 0]) == [5, 4, 3, 4, 5]
+
+
+def test_solver_matches_brute_force_on_small_trees() -> None:
+    rng = random.Random(20)
+    checked = infeasible = 0
+    for _ in range(400):
+        count = rng.randint(1, 10)
+        ends = ends_of(_random_tree(rng, count))
+        weights = [rng.randint(-5, 60) for _ in range(count)]
+        costs = [rng.randint(0, 20) + 0.25 for _ in range(count)]
+        need = rng.randint(0, 150)
+        meeting = [(sum(costs[i] for i in s), s) for s in _admissible(ends, weights)
+                   if sum(weights[i] for i in s) >= need]
+        solution = solve([max(0, w) for w in weights], costs, ends, need)
+        if not meeting:
+            assert solution is None
+            infeasible += 1
+            top, chosen = best_reachable([max(0, w) for w in weights], ends)
+            assert top == max(sum(weights[i] for i in s) for s in _admissible(ends, weights))
+            assert top == sum(weights[i] for i in chosen) < need
+            continue
+        checked += 1
+        assert solution is not None and solution.freed >= need
+        assert solution.cost == pytest.approx(min(cost for cost, _ in meeting))
+        assert not any(i < j < ends[i] for i in solution.chosen for j in solution.chosen)
+    assert checked > 200 and infeasible > 20  # both branches exercised
+
+
+def test_grid_rounding_stays_within_one_percent() -> None:
+    # Byte weights far above the grid: each weight is rounded down to whole grid steps, so the plan may pay for
+    # a little more than the exact optimum but always frees what it claims.
+    rng = random.Random(3)
+    for _ in range(30):
+        count = 9
+        ends = ends_of(_random_tree(rng, count))
+        weights = [rng.randint(1, 10**8) for _ in range(count)]
+        costs = [rng.uniform(0.1, 5.0) for _ in range(count)]
+        need = rng.randint(1, sum(weights) // 2)
+        exact = min((sum(costs[i] for i in s) for s in _admissible(ends, weights)
+                     if sum(weights[i] for i in s) >= need), default=None)
+        solution = solve(weights, costs, ends, need)
+        if exact is None:
+            assert solution is None
+            continue
+        assert solution is not None and solution.freed >= need and solution.cost >= exact - 1e-9
+        # Every set freeing need + 9 grid steps (9 nodes' rounding at most) costs at least the plan.
+        grid = -(-need // 4096)
+        tighter = min(sum(costs[i] for i in s) for s in _admissible(ends, weights)
+                      if sum(weights[i] for i in s) >= need + count * grid) if need + count * grid <= best_reachable(weights, ends)[0] else None
+        if tighter is not None:
+            assert solution.cost <= tighter + 1e-9
+
+
+def test_frontier_is_monotone_and_ends_at_the_most_reachable() -> None:
+    rng = random.Random(5)
+    ends = ends_of(_random_tree(rng, 10))
+    weights = [rng.randint(0, 60) for _ in range(10)]
+    costs = [rng.uniform(0.1, 5.0) for _ in range(10)]
+    points = frontier(weights, costs, ends)
+    assert points[0].freed == 0 and points[0].cost == 0
+    assert all(a.freed < b.freed and a.cost < b.cost for a, b in zip(points, points[1:]))
+    assert points[-1].freed == best_reachable(weights, ends)[0]
+    for point in points:  # each point is the cheapest way to free what it frees
+        assert point.cost == pytest.approx(solve(weights, costs, ends, point.freed).cost)
+
+
+@pytest.mark.parametrize("given, today, expected", [
+    (1000, 5000, 1000), ("2GiB", 0, 2 * 2**30), ("300MB", 0, 300 * 10**6), ("1.5 kib", 0, 1536),
+    ("50%", 999, 499), (0.25, 1000, 250), (1.0, 1000, 1000), ("0", 10, 0), (2.0, 10, 2),
+])
+def test_parse_budget(given: object, today: int, expected: int) -> None:
+    assert parse_budget(given, today) == expected
+
+
+@pytest.mark.parametrize("given, error, words", [
+    ("lots", ValueError, "cannot read budget 'lots'"), ("2 parsecs", ValueError, "cannot read budget"),
+    ("x%", ValueError, "not a percentage"), (-5, ValueError, "non-negative"), (1.5, ValueError, "fraction in (0, 1]"),
+    (None, TypeError, "got NoneType"), (True, TypeError, "got bool"), ("-10%", ValueError, "between 0 and 1"),
+])
+def test_parse_budget_errors(given: object, error: type, words: str) -> None:
+    with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)").replace("%", "%")):
+        parse_budget(given, 1000)
