@@ -243,14 +243,18 @@ class Profile:
         there, None on other ranks, a one-rank view without torch.distributed. See ``layerprof.distributed``."""
         return gather_profile(self, dst=dst, group=group, margin=margin, min_ms=min_ms)
 
-    def checkpoint_plan(self, budget: Any, allow_side_effects: bool = False, resolution: int = 4096
-                        ) -> CheckpointPlan:
+    def checkpoint_plan(self, budget: Any, allow_side_effects: bool = False, resolution: int = 4096,
+                        wrap_cost: Any = "measured") -> CheckpointPlan:
         """The modules to recompute (wrap in ``torch.utils.checkpoint``) so that the memory saved for backward
         fits ``budget`` at the least recompute time: bytes, a size (``"2GiB"``), a percentage (``"50%"``) or a
         fraction (``0.5``) of today's. Needs a profile of a training step with ``metrics=("memory",)``. Modules
         whose recomputation repeats a side effect (BatchNorm in training) are left out unless
-        ``allow_side_effects``. See ``layerprof.plan``."""
-        return make_plan(self.tree, budget, allow_side_effects=allow_side_effects, resolution=resolution)
+        ``allow_side_effects``. The time a plan costs is the recomputed forwards plus the checkpoint wrapper's own
+        cost, priced by ``wrap_cost``: "measured" on this host once per process (``layerprof.plan.wrap_cost``),
+        None to count recomputation only, or a pair (ms per wrapped call, ms per tensor saved inside).
+        See ``layerprof.plan``."""
+        return make_plan(self.tree, budget, allow_side_effects=allow_side_effects, resolution=resolution,
+                         wrap_cost=wrap_cost)
 
     def unknown_ops(self) -> dict[str, int]:
         """Ops that ran inside the model with no FLOP formula (so counted 0), with their call counts, most

@@ -37,7 +37,7 @@ __all__ = ["CHECKPOINT_FIELDS", "STORAGES_ATTRIBUTE", "storage_table", "saved_af
 
 CHECKPOINT_FIELDS = (
     "checkpoint_freed_bytes", "checkpoint_kept_bytes", "checkpoint_side_effects", "checkpoint_inplace_inputs",
-    "foreign_calls",
+    "foreign_calls", "checkpoint_saved_tensors",
 )
 declare(
     Field("checkpoint_freed_bytes", "bytes", "Ckpt Frees", share_of="saved_bytes", meter="memory", detail=True,
@@ -50,6 +50,8 @@ declare(
           doc="calls of the module that modified one of their inputs in place"),
     Field("foreign_calls", "count", "Foreign Calls", meter="memory", detail=True, cost=False,
           doc="calls of the module made from a module that does not contain it (a shared module)"),
+    Field("checkpoint_saved_tensors", "count", "Ckpt Tensors", meter="memory", detail=True, cost=False,
+          doc="tensors autograd saved in the module's forward, every one (a checkpoint's hooks handle each)"),
 )
 
 # The root record's private attribute holding ``storage_table`` of each forward (live profiles only: not saved).

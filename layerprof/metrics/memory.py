@@ -137,7 +137,7 @@ class PeakLog:
 # -- per call ----------------------------------------------------------------------------------------------------
 class _CallMemory:
     __slots__ = (
-        "inputs", "self_activation", "self_saved", "activation", "saved", "log",
+        "inputs", "self_activation", "self_saved", "activation", "saved", "log", "self_tensors", "tensors",
         "name", "parent", "depth", "input_sizes", "input_versions", "freed", "kept", "side_effects", "inplace",
         "forward_mark", "forward_start", "forward_delta", "forward_peak",
         "backward_mark", "backward_start", "backward_delta", "backward_peak",
@@ -153,6 +153,7 @@ class _CallMemory:
         self.freed = self.kept = self.side_effects = self.inplace = 0
         self.self_activation = self.self_saved = 0
         self.activation = self.saved = 0  # inclusive, summed at fill
+        self.self_tensors = self.tensors = 0  # every saved tensor, whatever its storage (the checkpoint's cost)
         self.log = log
         self.forward_mark = self.forward_start = self.backward_mark = self.backward_start = 0
         self.forward_delta: int | None = None
@@ -235,6 +236,7 @@ class MemoryMeter(Meter):
             # A recomputed (checkpointed) call saves during backward, briefly: not what the forward holds.
             state = None if call.recompute else self._states.get(id(call))
             if state is not None:
+                state.self_tensors += 1
                 storage = _storage(tensor)
                 if storage is not None:
                     key = storage_key(storage)
@@ -367,10 +369,12 @@ class MemoryMeter(Meter):
         for call, state in reversed(self._calls):  # children were created after their parents
             state.activation += state.self_activation
             state.saved += state.self_saved
+            state.tensors += state.self_tensors
             parent = self._states.get(id(call.parent)) if call.parent is not None else None
             if parent is not None:
                 parent.activation += state.activation
                 parent.saved += state.saved
+                parent.tensors += state.tensors
                 parent.side_effects += state.side_effects
         totals: dict[str, dict[str, int | None]] = {name: dict.fromkeys(MEMORY_FIELDS) for name in self._names}
         for call, state in self._calls:
@@ -387,6 +391,7 @@ class MemoryMeter(Meter):
             _add(row, "checkpoint_kept_bytes", state.kept)
             _add(row, "checkpoint_side_effects", state.side_effects)
             _add(row, "checkpoint_inplace_inputs", state.inplace)
+            _add(row, "checkpoint_saved_tensors", state.tensors)
             _add(row, "foreign_calls", int(call.parent is not None and not _inside(call.name, call.parent.name)))
         for name, row in totals.items():
             for field, value in row.items():

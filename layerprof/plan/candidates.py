@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..record.records import ModuleRecord, preorder
+from .wrap_cost import WrapCost
 
 __all__ = ["Candidate", "candidates", "require_figures"]
 
@@ -13,7 +14,9 @@ __all__ = ["Candidate", "candidates", "require_figures"]
 @dataclass(frozen=True)
 class Candidate:
     """A module in pre-order: ``net_bytes`` = freed - kept (what wrapping it saves), ``recompute_ms`` = its
-    forward time per step (every call, children included; the median over steps), ``excluded`` = why it may not be wrapped, if so."""
+    forward time per step (every call, children included; the median over steps), ``wrap_ms`` = the checkpoint's
+    own cost per step (its calls and saved tensors priced by a WrapCost), ``excluded`` = why it may not be wrapped,
+    if so."""
 
     name: str
     type: str
@@ -23,6 +26,12 @@ class Candidate:
     recompute_ms: float
     calls: float
     excluded: str | None
+    wrap_ms: float = 0.0  # the checkpoint's own cost per step, beyond the recomputation (wrap_cost.py)
+
+    @property
+    def cost_ms(self) -> float:
+        """What wrapping adds per step: the recomputed forward and the wrapper's own cost."""
+        return self.recompute_ms + self.wrap_ms
 
     @property
     def net_bytes(self) -> int:
@@ -65,8 +74,9 @@ def _forward_ms(record: ModuleRecord) -> float:
     return float(median if median is not None else record.forward_ms or 0.0)
 
 
-def candidates(root: ModuleRecord, allow_side_effects: bool = False) -> list[Candidate]:
-    """Every module of the tree in pre-order as a Candidate."""
+def candidates(root: ModuleRecord, allow_side_effects: bool = False, cost: WrapCost | None = None
+               ) -> list[Candidate]:
+    """Every module of the tree in pre-order as a Candidate; ``cost`` prices the wrapper (None: not counted)."""
     records = preorder(root)
     index = {id(record): i for i, record in enumerate(records)}
     found = []
@@ -78,5 +88,7 @@ def candidates(root: ModuleRecord, allow_side_effects: bool = False) -> list[Can
             kept_bytes=int(getattr(record, "checkpoint_kept_bytes", None) or 0),
             recompute_ms=_forward_ms(record), calls=record.calls,
             excluded=_why_excluded(record, allow_side_effects),
+            wrap_ms=0.0 if cost is None else cost.of(record.calls or 0,
+                                                      getattr(record, "checkpoint_saved_tensors", None) or 0),
         ))
     return found

@@ -29,6 +29,7 @@ from ..render.checkpoint import plan_text
 from .apply import is_wrapped, unwrap, wrap
 from .budget import parse_budget
 from .candidates import Candidate, candidates, require_figures
+from .wrap_cost import WrapCost, check_wrap_cost
 from .solver import DEFAULT_RESOLUTION, best_reachable, ends_of, frontier, solve
 
 __all__ = ["CheckpointPlan", "ChosenModule", "FrontierPoint", "make_plan"]
@@ -36,14 +37,19 @@ __all__ = ["CheckpointPlan", "ChosenModule", "FrontierPoint", "make_plan"]
 
 @dataclass(frozen=True)
 class ChosenModule:
-    """Why a module is in the plan: the bytes wrapping it frees (net of the inputs it keeps) and the forward time
-    it re-runs in backward per step."""
+    """Why a module is in the plan: the bytes wrapping it frees (net of the inputs it keeps), the forward time
+    it re-runs in backward per step, and the checkpoint's own cost per step (``wrap_ms``)."""
 
     name: str
     type: str
     freed_bytes: int
     kept_bytes: int
     recompute_ms: float
+    wrap_ms: float = 0.0
+
+    @property
+    def cost_ms(self) -> float:
+        return self.recompute_ms + self.wrap_ms
 
     @property
     def net_bytes(self) -> int:
@@ -51,7 +57,7 @@ class ChosenModule:
 
     @property
     def bytes_per_ms(self) -> float:
-        return self.net_bytes / self.recompute_ms if self.recompute_ms > 0 else float("inf")
+        return self.net_bytes / self.cost_ms if self.cost_ms > 0 else float("inf")
 
 
 @dataclass(frozen=True)
@@ -68,12 +74,15 @@ class CheckpointPlan:
 
     Attributes: ``modules`` (qualified names to wrap, no two nested), ``chosen`` (a ChosenModule for each),
     ``budget_bytes``, ``saved_bytes_before`` (today), ``saved_bytes_after`` (predicted), ``extra_ms`` (predicted
-    recompute time per step), ``feasible`` (whether the budget is met), ``least_reachable_bytes`` (the least
+    extra time per step: the recomputed forwards and the wrappers' own cost), ``wrap_cost`` (the WrapCost that
+    priced the wrappers, None if not counted), ``feasible`` (whether the budget is met), ``least_reachable_bytes`` (the least
     saved memory any plan reaches), ``excluded`` (module -> why it may not be wrapped), ``note``.
     """
 
-    def __init__(self, root: ModuleRecord, found: list[Candidate], budget_bytes: int, resolution: int) -> None:
+    def __init__(self, root: ModuleRecord, found: list[Candidate], budget_bytes: int, resolution: int,
+                 wrap_cost: WrapCost | None = None) -> None:
         self.model_type = root.type
+        self.wrap_cost = wrap_cost
         self.budget_bytes = budget_bytes
         self.saved_bytes_before = int(root.saved_bytes or 0)
         self.excluded = {c.name: c.excluded for c in found if c.excluded and c.excluded not in ("not called",
@@ -81,7 +90,7 @@ class CheckpointPlan:
         self._found = found
         self._resolution = resolution
         self._weights = [0 if c.excluded else max(0, c.net_bytes) for c in found]
-        self._costs = [c.recompute_ms for c in found]
+        self._costs = [c.cost_ms for c in found]
         self._ends = ends_of([c.parent for c in found])
         # The storages of the profiled step, on a live profile: what wrapping a set frees, exactly (else the
         # additive figure, which errs high where wrapped siblings share inputs).
@@ -102,11 +111,11 @@ class CheckpointPlan:
                          f"reaches is {self.least_reachable_bytes} bytes")
         chosen = solution.chosen if solution is not None else ()
         self.chosen = [ChosenModule(found[i].name, found[i].type, found[i].freed_bytes, found[i].kept_bytes,
-                                    found[i].recompute_ms) for i in chosen]
+                                    found[i].recompute_ms, found[i].wrap_ms) for i in chosen]
         self.modules = [c.name for c in self.chosen]
         self.saved_bytes_after = self._saved_after(solution.chosen if solution is not None else (),
                                                    sum(c.net_bytes for c in self.chosen))
-        self.extra_ms = float(sum(c.recompute_ms for c in self.chosen))
+        self.extra_ms = float(sum(c.cost_ms for c in self.chosen))
         self._applied: list[tuple[nn.Module, Any]] = []
 
     def _saved_after(self, chosen: tuple[int, ...], freed: int) -> int:
@@ -203,7 +212,8 @@ class CheckpointPlan:
             "saved_bytes_before": self.saved_bytes_before, "saved_bytes_after": self.saved_bytes_after,
             "extra_ms": self.extra_ms, "feasible": self.feasible, "least_reachable_bytes": self.least_reachable_bytes,
             "chosen": [{"name": c.name, "type": c.type, "freed_bytes": c.freed_bytes, "kept_bytes": c.kept_bytes,
-                        "net_bytes": c.net_bytes, "recompute_ms": c.recompute_ms} for c in self.chosen],
+                        "net_bytes": c.net_bytes, "recompute_ms": c.recompute_ms, "wrap_ms": c.wrap_ms}
+                       for c in self.chosen],
             "excluded": dict(self.excluded), "note": self.note,
         }
 
@@ -216,7 +226,7 @@ class CheckpointPlan:
 
 
 def make_plan(root: ModuleRecord, budget: Any, allow_side_effects: bool = False,
-              resolution: int = DEFAULT_RESOLUTION) -> CheckpointPlan:
+              resolution: int = DEFAULT_RESOLUTION, wrap_cost: Any = "measured") -> CheckpointPlan:
     """The plan for a profile's tree; see ``Profile.checkpoint_plan``."""
     require_figures(root)
     allow_side_effects = check_bool("allow_side_effects", allow_side_effects)
@@ -224,4 +234,5 @@ def make_plan(root: ModuleRecord, budget: Any, allow_side_effects: bool = False,
         raise ValueError(f"resolution must be an int of at least 16 grid steps, got {resolution!r}")
     today = int(root.saved_bytes or 0)
     budget_bytes = parse_budget(budget, today)
-    return CheckpointPlan(root, candidates(root, allow_side_effects), budget_bytes, resolution)
+    cost = check_wrap_cost(wrap_cost)
+    return CheckpointPlan(root, candidates(root, allow_side_effects, cost), budget_bytes, resolution, cost)

@@ -16,22 +16,22 @@ def plan_text(plan: Any) -> str:
     lines = [
         f"Checkpoint plan for {plan.model_type}: saved for backward {format_bytes(before)} -> {format_bytes(after)} "
         f"({format_percent(after, before)}), budget {format_bytes(plan.budget_bytes)}, "
-        f"+{format_ms(plan.extra_ms)} recomputed per step, {len(plan.modules)} module{'' if len(plan.modules) == 1 else 's'} wrapped",
+        f"+{format_ms(plan.extra_ms)} per step, {len(plan.modules)} module{'' if len(plan.modules) == 1 else 's'} wrapped",
     ]
     if plan.note:
         lines.append(f"note: {plan.note}")
     width = max([len(c.name) for c in plan.chosen] + [6])
     for c in plan.chosen:
-        rate = "inf" if c.recompute_ms <= 0 else f"{format_bytes(c.bytes_per_ms)}/ms"
+        rate = "inf" if c.cost_ms <= 0 else f"{format_bytes(c.bytes_per_ms)}/ms"
         lines.append(f"  {c.name or '<model>':<{width}}  {c.type:<20} frees {format_bytes(c.net_bytes):>10}  "
-                     f"recomputes {format_ms(c.recompute_ms):>9}  {rate}")
+                     f"recomputes {format_ms(c.recompute_ms):>9} + wrapper {format_ms(c.wrap_ms):>9}  {rate}")
     if plan.excluded:
         lines.append(f"  excluded: {len(plan.excluded)} module{'' if len(plan.excluded) == 1 else 's'} (plan.excluded says why)")
     return "\n".join(lines)
 
 
 def plot_checkpoint(profile: Any, metric: str = "total", budget: Any = 0.5, ax: Any = None, **options: Any) -> Any:
-    """The frontier of checkpoint plans: saved-for-backward memory against recompute time per step, today's
+    """The frontier of checkpoint plans: saved-for-backward memory against extra time per step (recomputation and wrappers), today's
     point and the plan for ``budget`` marked. ``profile``: a Profile (planned here with ``options``) or a
     CheckpointPlan."""
     plan = profile if hasattr(profile, "pareto") else profile.checkpoint_plan(budget, **options)
@@ -50,7 +50,7 @@ def plot_checkpoint(profile: Any, metric: str = "total", budget: Any = 0.5, ax: 
                    gid="checkpoint:chosen")
     ax.axhline(plan.budget_bytes / scale, color="tab:red", linestyle=":", linewidth=1,
                label=f"budget {format_bytes(plan.budget_bytes)}", gid="checkpoint:budget")
-    ax.set_xlabel("recomputed forward time per step (ms)")
+    ax.set_xlabel("extra time per step: recomputed forwards + wrappers (ms)")
     ax.set_ylabel("saved for backward (MiB)")
     ax.set_title(f"{plan.model_type}: checkpoint plans (Pareto frontier)")
     ax.grid(True, linewidth=0.3)
@@ -94,7 +94,7 @@ def frontier_svg(plan: Any, width: int = 640, height: int = 300) -> str:
                      f"+{format_ms(plan.extra_ms)}</title></circle>")
     parts += [
         f'<text x="{(left + width - right) / 2:.0f}" y="{height - 8}" text-anchor="middle" font-size="12">'
-        f"recomputed forward time per step, up to {html.escape(format_ms(most_ms))}</text>",
+        f"extra time per step, up to {html.escape(format_ms(most_ms))}</text>",
         f'<text x="14" y="{(top + height - bottom) / 2:.0f}" text-anchor="middle" font-size="12" '
         f'transform="rotate(-90 14 {(top + height - bottom) / 2:.0f})">saved for backward, up to '
         f"{html.escape(format_bytes(most_bytes))}</text>",
