@@ -5,7 +5,8 @@
 For each model and budget (25 %, 50 %, 75 % of today's saved-for-backward bytes): layerprof's plan, predicted
 against measured (saved bytes by the memory meter on the wrapped model; extra step time as the median step with
 the plan minus the median without, interleaved, in process CPU time so that other work on a shared machine does
-not count; the prediction is the profiled forward time, the median over three steps, in wall time), and beside it in the same run: wrapping every block of the
+not count; the prediction is the profiled forward time, the median over three steps, in wall time, plus the
+checkpoint wrapper's own cost as ``wrap_cost`` measures it), and beside it in the same run: wrapping every block of the
 model's natural repeated unit (every transformer layer, ResNet bottleneck, dense layer), and on the sequential
 model ``torch.utils.checkpoint.checkpoint_sequential`` with the fewest segments that meet the budget.
 Then the planning time of a synthetic 10,000-module tree.
