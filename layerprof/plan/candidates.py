@@ -8,11 +8,30 @@ from typing import Any
 from ..record.records import ModuleRecord, preorder
 from .wrap_cost import WrapCost
 
-__all__ = ["Candidate", "candidates", "require_figures"]
+__all__ = ["Candidate", "Priced", "candidates", "require_figures"]
+
+
+class Priced:
+    """What wrapping a module gains and costs, from its ``freed_bytes``, ``kept_bytes``, ``recompute_ms`` and
+    ``wrap_ms`` (shared by the planner's candidates and the modules a plan chose)."""
+
+    freed_bytes: int
+    kept_bytes: int
+    recompute_ms: float
+    wrap_ms: float
+
+    @property
+    def net_bytes(self) -> int:
+        return self.freed_bytes - self.kept_bytes
+
+    @property
+    def cost_ms(self) -> float:
+        """What wrapping adds per step: the recomputed forward and the wrapper's own cost."""
+        return self.recompute_ms + self.wrap_ms
 
 
 @dataclass(frozen=True)
-class Candidate:
+class Candidate(Priced):
     """A module in pre-order: ``net_bytes`` = freed - kept (what wrapping it saves), ``recompute_ms`` = its
     forward time per step (every call, children included; the median over steps), ``wrap_ms`` = the checkpoint's
     own cost per step (its calls and saved tensors priced by a WrapCost), ``excluded`` = why it may not be wrapped,
@@ -27,15 +46,6 @@ class Candidate:
     calls: float
     excluded: str | None
     wrap_ms: float = 0.0  # the checkpoint's own cost per step, beyond the recomputation (wrap_cost.py)
-
-    @property
-    def cost_ms(self) -> float:
-        """What wrapping adds per step: the recomputed forward and the wrapper's own cost."""
-        return self.recompute_ms + self.wrap_ms
-
-    @property
-    def net_bytes(self) -> int:
-        return self.freed_bytes - self.kept_bytes
 
 
 def require_figures(root: ModuleRecord) -> None:

@@ -28,7 +28,7 @@ from ..record.records import ModuleRecord
 from ..render.checkpoint import plan_text
 from .apply import is_wrapped, unwrap, wrap
 from .budget import parse_budget
-from .candidates import Candidate, candidates, require_figures
+from .candidates import Candidate, Priced, candidates, require_figures
 from .wrap_cost import WrapCost, check_wrap_cost
 from .solver import DEFAULT_RESOLUTION, best_reachable, ends_of, frontier, solve
 
@@ -36,7 +36,7 @@ __all__ = ["CheckpointPlan", "ChosenModule", "FrontierPoint", "make_plan"]
 
 
 @dataclass(frozen=True)
-class ChosenModule:
+class ChosenModule(Priced):
     """Why a module is in the plan: the bytes wrapping it frees (net of the inputs it keeps), the forward time
     it re-runs in backward per step, and the checkpoint's own cost per step (``wrap_ms``)."""
 
@@ -46,14 +46,6 @@ class ChosenModule:
     kept_bytes: int
     recompute_ms: float
     wrap_ms: float = 0.0
-
-    @property
-    def cost_ms(self) -> float:
-        return self.recompute_ms + self.wrap_ms
-
-    @property
-    def net_bytes(self) -> int:
-        return self.freed_bytes - self.kept_bytes
 
     @property
     def bytes_per_ms(self) -> float:
