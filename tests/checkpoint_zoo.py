@@ -12,6 +12,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from .models import scalar_loss
+
 
 @dataclass(frozen=True)
 class ZooModel:
@@ -114,14 +116,6 @@ ZOO = {
 }
 
 
-def _loss(output: Any) -> torch.Tensor:
-    if isinstance(output, torch.Tensor):
-        return output.float().pow(2).mean()
-    if getattr(output, "loss", None) is not None:
-        return output.loss
-    return output[0].float().pow(2).mean()
-
-
 def zoo_step(name: str, scale: str = "tiny") -> tuple[nn.Module, Callable[[], tuple[torch.Tensor, list[Any]]]]:
     """The model (in training mode, dropout on) and its repeatable training step."""
     torch.manual_seed(0)
@@ -132,7 +126,7 @@ def zoo_step(name: str, scale: str = "tiny") -> tuple[nn.Module, Callable[[], tu
         model.zero_grad(set_to_none=True)
         torch.manual_seed(1)
         output = model(inputs["x"]) if set(inputs) == {"x"} else model(**inputs)
-        loss = _loss(output)
+        loss = scalar_loss(output)
         loss.backward()
         return loss.detach(), [None if p.grad is None else p.grad.clone() for p in model.parameters()]
 

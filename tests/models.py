@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 class MLP(nn.Module):
@@ -96,3 +98,24 @@ class Boom(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.bad(self.ok(x))  # shape mismatch raises inside 'bad'
+
+
+class CheckpointedBody(nn.Module):
+    """A body run under non-reentrant checkpoint (recomputed in backward), then a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(checkpoint(self.body, x, use_reentrant=False))
+
+
+def scalar_loss(output: Any) -> torch.Tensor:
+    """A scalar to backpropagate from any model's output: a tensor, an output with ``loss``, or a tuple."""
+    if isinstance(output, torch.Tensor):
+        return output.float().pow(2).mean()
+    if getattr(output, "loss", None) is not None:
+        return output.loss
+    return output[0].float().pow(2).mean()

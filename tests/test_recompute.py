@@ -8,11 +8,11 @@ from typing import Any, Callable
 import pytest
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from layerprof import LayerProf
 from layerprof.record.records import ModuleRecord
 
+from .models import CheckpointedBody
 from .test_zoo import _bert, _gpt2
 
 
@@ -52,19 +52,9 @@ def test_hugging_face_checkpointed_layers_get_their_childrens_recompute(
     assert records[embeddings].recompute_ms is None  # not checkpointed
 
 
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
-        self.head = nn.Linear(8, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(checkpoint(self.body, x, use_reentrant=False))
-
-
 def test_an_own_recompute_span_is_kept_and_rolled_to_the_parent() -> None:
     torch.manual_seed(0)
-    model = nn.Sequential(Net())
+    model = nn.Sequential(CheckpointedBody())
     with LayerProf(model) as prof:
         model(torch.randn(4, 8, requires_grad=True)).sum().backward()
     body, net = prof.records["0.body"], prof.records["0"]

@@ -19,6 +19,8 @@ from layerprof import CallTiming, LayerProf, ModuleRecord, Profile
 from layerprof.render import units
 from layerprof.render.export import latex_escape
 
+from .models import CheckpointedBody
+
 torch.set_num_threads(1)
 
 
@@ -458,18 +460,7 @@ def test_trace_of_a_module_called_three_times(shared: LayerProf) -> None:
 
 
 def test_trace_puts_recomputed_forward_on_its_own_track() -> None:
-    from torch.utils.checkpoint import checkpoint
-
-    class Checkpointed(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.body = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
-            self.head = nn.Linear(8, 1)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.head(checkpoint(self.body, x, use_reentrant=False))
-
-    model = Checkpointed()
+    model = CheckpointedBody()
     with LayerProf(model) as prof:
         model(torch.randn(4, 8, requires_grad=True)).sum().backward()
     recomputed = sum(t.recompute for r in prof.records.values() for t in r.call_times)

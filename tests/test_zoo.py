@@ -11,6 +11,7 @@ from torch import nn
 from layerprof import LayerProf
 
 from .conftest import hook_state
+from .models import scalar_loss
 from .invariants import check_profile, check_truth, count_calls, parameter_modules_have_backward
 
 torchvision = pytest.importorskip("torchvision")
@@ -70,14 +71,6 @@ ZOO = {
 }
 
 
-def _loss(output: Any) -> torch.Tensor:
-    if isinstance(output, torch.Tensor):
-        return output.float().pow(2).mean()
-    if getattr(output, "loss", None) is not None:
-        return output.loss
-    return output[0].float().pow(2).mean()
-
-
 def _call(model: nn.Module, inputs: dict[str, Any]) -> Any:
     if set(inputs) == {"x"}:
         return model(inputs["x"])
@@ -95,7 +88,7 @@ def zoo_step(name: str) -> tuple[nn.Module, Callable[[], tuple[torch.Tensor, lis
     def step() -> tuple[torch.Tensor, list[torch.Tensor | None]]:
         model.zero_grad(set_to_none=True)
         torch.manual_seed(1)
-        loss = _loss(_call(model, inputs))
+        loss = scalar_loss(_call(model, inputs))
         loss.backward()
         return loss.detach(), [p.grad for p in model.parameters()]
 
