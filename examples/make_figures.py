@@ -2,7 +2,7 @@
 
     python examples/make_figures.py [--out figures]
 
-Needs torchvision and transformers (``pip install layerprof[examples]``); no weights are downloaded.
+Needs torchvision and transformers (``pip install torchvision transformers``); no weights are downloaded.
 """
 from __future__ import annotations
 

@@ -228,7 +228,7 @@ class Profile:
                        top: int | None = None) -> list[str]:
         """Scalars per module under ``layerprof/<field>/<module name>``, the plots as figures and the top table
         as Markdown text, through one SummaryWriter (or a new one on a log directory); returns the scalar tags.
-        Needs ``pip install "layerprof[tensorboard]"``."""
+        Needs ``pip install tensorboard``."""
         return write_tensorboard(self, writer_or_logdir, step=step, depth=depth, top=top)
 
     # -- plots, distributed, FLOPs ---------------------------------------------------------------------------

@@ -86,7 +86,7 @@ else:
 
 def _lightning_module():
     if pl is None:
-        pytest.skip("needs lightning: pip install \"layerprof[lightning]\"")
+        pytest.skip("needs lightning: pip install lightning")
     return pl, Regressor()
 
 
@@ -169,15 +169,33 @@ def test_transformers_trainer_callback(tmp_path: Path) -> None:
 
 
 # -- optional packages --------------------------------------------------------------------------------------------
-def test_a_missing_package_names_the_extra() -> None:
+def test_a_missing_package_names_what_installs_it() -> None:
     from layerprof.integrations import require
 
     with pytest.raises(ImportError) as raised:
         require("lightning_that_is_not_installed.pytorch", "lightning", "layerprof.integrations.lightning")
     message = str(raised.value)
-    assert message == ("layerprof.integrations.lightning needs the 'lightning_that_is_not_installed' package: "
-                       'pip install "layerprof[lightning]"')
-    assert "\n" not in message
+    # layerprof is on no package index: the hint names the package, and the extra for a clone.
+    assert message == ("layerprof.integrations.lightning needs 'lightning': pip install lightning "
+                       '(from a clone of layerprof: pip install -e ".[lightning]")')
+    assert "\n" not in message and '"layerprof[' not in message
+    with pytest.raises(ImportError) as raised:  # the package is tensorboard, though the module is torch's
+        require("torch.utils.tensorboard_that_is_not_there", "tensorboard", "to_tensorboard(logdir)")
+    assert str(raised.value).startswith("to_tensorboard(logdir) needs 'tensorboard': pip install tensorboard (")
+    with pytest.raises(ValueError, match="unknown extra 'lightnin'; choose from: lightning, transformers"):
+        require("math", "lightnin", "x")
+
+
+def test_the_install_hints_match_pyproject() -> None:
+    import re
+    import tomllib
+
+    from layerprof.integrations._optional import EXTRAS
+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    extras = pyproject["project"]["optional-dependencies"]
+    for extra, packages in EXTRAS.items():
+        assert [re.split(r"[<>=!~\[ ]", requirement)[0] for requirement in extras[extra]] == list(packages)
 
 
 def test_to_tensorboard_rejects_what_is_not_a_writer() -> None:

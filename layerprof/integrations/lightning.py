@@ -10,7 +10,7 @@ At the end of the run each rank writes ``<filename>-rank<k>.json`` (``layerprof 
 ``<filename>-rank<k>.txt`` (the annotated summary) into ``dirpath``, by default the trainer's log dir; a later
 ``fit`` with the same profiler is profiled too, into ``<filename>-rank<k>-<n>.json`` for the n-th. A run that ends
 on an exception or an interrupt takes every hook off at once and writes the batches completed before it as a
-partial profile (``meta["partial"]`` says why). Needs ``lightning`` (``pip install "layerprof[lightning]"``).
+partial profile (``meta["partial"]`` says why). Needs ``lightning`` (``pip install lightning``).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Scalars per module under ``layerprof/<field>/<module name>``, written with ``add_scalar`` through one writer
 (``add_scalars`` would open a writer, and an event file, per key); the sunburst, icicle and top plots as
 figures; the top-k table as Markdown text; for a partial profile (a run that ended early), why, as text.
-Needs ``tensorboard`` (``pip install "layerprof[tensorboard]"``).
+Needs ``tensorboard`` (``pip install tensorboard``).
 """
 from __future__ import annotations
 
