@@ -232,7 +232,7 @@ class Profile:
         return write_tensorboard(self, writer_or_logdir, step=step, depth=depth, top=top)
 
     # -- plots, distributed, FLOPs ---------------------------------------------------------------------------
-    def plot(self, kind: str, metric: str = "total", path: str | None = None, **kwargs: Any) -> Any:
+    def plot(self, kind: str, metric: str = "total", path: str | Path | None = None, **kwargs: Any) -> Any:
         """Draw a ``kind`` of plot ("sunburst", "icicle", "top", "roofline", or "checkpoint": the frontier of
         checkpoint plans, ``budget=`` marked) of ``metric`` and return its Axes; saves a PNG or SVG only when ``path``
         is given. Other keywords go to ``layerprof.plot_<kind>`` (ax, depth, k, ...)."""
