@@ -33,7 +33,7 @@ from .render.speedscope import speedscope_json
 from .render.trace import trace_json
 from .integrations.tensorboard import write_tensorboard
 from .render.tree import render_tree, timepool
-from .render.units import format_ms
+from .render.units import format_counted, format_ms
 
 __all__ = ["Profile", "load", "loads", "save", "as_profile", "compare"]
 
@@ -64,7 +64,9 @@ class Profile:
         that ended early) says so in its first line."""
         text = annotated_repr(self.tree, columns=columns, depth=depth, footer=footer)
         partial = self.meta.get("partial")
-        return f"Partial profile ({self.meta.get('steps')} steps recorded): {partial}.\n{text}" if partial else text
+        if not partial:
+            return text
+        return f"Partial profile ({format_counted(self.meta.get('steps'), 'step')} recorded): {partial}.\n{text}"
 
     def layerwise_timepool(self) -> dict[str, Any]:
         """The nested-dict form: ``{name: {forward_ms, backward_ms, depth, calls, children}}``."""
@@ -282,7 +284,7 @@ class Profile:
         table = self.rows()
         # Self times make the notebook view too wide; they are one ``columns=`` away in the other tables.
         rest = [c for c in table.columns if c not in ("name", "type") and not c.startswith("self_")]
-        caption = f"{self.tree.type}: {len(self.records)} modules"
+        caption = f"{self.tree.type}: {format_counted(len(self.records), 'module')}"
         shown = table.human_rows()
         return notebook_style() + "\n" + html_table(shown, ["name", "type", *rest], indent=True, caption=caption,
                                                     max_rows=500)
@@ -290,7 +292,8 @@ class Profile:
     def __repr__(self) -> str:
         root = self.tree
         return (
-            f"<Profile {root.type}: {len(self.records)} modules, forward {format_ms(root.forward_ms)}, "
+            f"<Profile {root.type}: {format_counted(len(self.records), 'module')}, "
+            f"forward {format_ms(root.forward_ms)}, "
             f"backward {format_ms(root.backward_ms)}>"
         )
 

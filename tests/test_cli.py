@@ -287,7 +287,7 @@ def test_no_backward_runs_forward_only(models: Path, capsys) -> None:
     assert main([f"{models}:ArgMax", "-i", "2,4", "--no-backward", "--steps", "1", "--depth", "0"]) == 0
     out = capsys.readouterr().out
     assert "1 warm-up + 1 step, forward only" in out
-    assert re.search(r"^ArgMax【Forward Time: [^—|]+ \| Backward Time: —】\(\n  \.\.\. 1 children\n\)$", out, re.M)
+    assert re.search(r"^ArgMax【Forward Time: [^—|]+ \| Backward Time: —】\(\n  \.\.\. 1 child\n\)$", out, re.M)
 
 
 def test_module_instance_spec(models: Path, capsys) -> None:

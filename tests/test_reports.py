@@ -517,7 +517,7 @@ def test_compare_per_module_diff_and_text() -> None:
     params_line = next(line for line in text.split("\n") if line.startswith("params"))
     assert params_line.split() == ["params", "1k", "250", "-75.0%", "0.25x", "student"]
     assert text.split("\n")[3].split() == ["modules", "3", "2", "-33.3%", "0.667x", "student"]
-    assert "Only in teacher: 1 modules" in text
+    assert "Only in teacher: 1 module;" in text
 
 
 def test_compare_real_runs_and_saved_files(resnet: LayerProf, tmp_path: Any) -> None:

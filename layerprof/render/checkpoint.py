@@ -7,7 +7,7 @@ from typing import Any
 
 from .plot_save import finish_plot, plot_suffix
 from .plot_style import new_axes
-from .units import format_bytes, format_ms, format_percent
+from .units import format_bytes, format_counted, format_ms, format_percent
 
 __all__ = ["plan_text", "plot_checkpoint", "frontier_svg"]
 
@@ -18,7 +18,7 @@ def plan_text(plan: Any) -> str:
     lines = [
         f"Checkpoint plan for {plan.model_type}: saved for backward {format_bytes(before)} -> {format_bytes(after)} "
         f"({format_percent(after, before)}), budget {format_bytes(plan.budget_bytes)}, "
-        f"+{format_ms(plan.extra_ms)} per step, {len(plan.modules)} module{'' if len(plan.modules) == 1 else 's'} wrapped",
+        f"+{format_ms(plan.extra_ms)} per step, {format_counted(len(plan.modules), 'module')} wrapped",
     ]
     if plan.note:
         lines.append(f"note: {plan.note}")
@@ -28,7 +28,7 @@ def plan_text(plan: Any) -> str:
         lines.append(f"  {c.name or '<model>':<{width}}  {c.type:<20} frees {format_bytes(c.net_bytes):>10}  "
                      f"recomputes {format_ms(c.recompute_ms):>9} + wrapper {format_ms(c.wrap_ms):>9}  {rate}")
     if plan.excluded:
-        lines.append(f"  excluded: {len(plan.excluded)} module{'' if len(plan.excluded) == 1 else 's'} (plan.excluded says why)")
+        lines.append(f"  excluded: {format_counted(len(plan.excluded), 'module')} (plan.excluded says why)")
     return "\n".join(lines)
 
 

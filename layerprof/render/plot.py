@@ -20,7 +20,7 @@ from .plot_style import (
     SELF_HATCH, fit_label, new_axes, palette_colour, points_per_unit, segment_colour, wrap_label,
 )
 from .checkpoint import plot_checkpoint
-from .units import format_percent
+from .units import format_counted, format_percent
 
 __all__ = ["plot_sunburst", "plot_icicle", "plot_top", "save_plot", "PLOT_KINDS"]
 
@@ -212,7 +212,7 @@ def plot_top(profile: Any, k: int = 10, metric: str = "total", by_type: bool = F
     types = list(dict.fromkeys(kinds[key] for key, _ in shown))
     colours = [palette_colour(types.index(kinds[key])) for key, _ in shown]
     if rest:
-        labels.append(f"other ({len(rest)} {'types' if by_type else 'modules'})")
+        labels.append(f"other ({format_counted(len(rest), 'type' if by_type else 'module')})")
         widths.append(sum(value for _, value in rest))
         colours.append((0.85, 0.85, 0.85))
     created, ax = ax is None, new_axes(ax, (9.0, 1.2 + 0.32 * len(labels)))
@@ -226,7 +226,7 @@ def plot_top(profile: Any, k: int = 10, metric: str = "total", by_type: bool = F
     ax.set_xlim(0, max(widths) * 1.3)
     _value_axis(ax.xaxis, chosen)
     ax.spines[["top", "right"]].set_visible(False)
-    what = f"top {len(shown)} {'module types' if by_type else 'modules'} by self "
+    what = f"top {format_counted(len(shown), 'module type' if by_type else 'module')} by self "
     ax.set_title(_title(root, chosen, layout.total, what))
     return finish_plot(ax, path, created)
 

@@ -18,7 +18,7 @@ from ..record.roofs import peaks_of
 from .plot_metrics import root_of
 from .plot_save import finish_plot, plot_suffix
 from .plot_style import new_axes
-from .units import format_bytes, format_flops, format_ms
+from .units import format_bytes, format_counted, format_flops, format_ms
 
 __all__ = ["plot_roofline", "roofline_points", "BOUND_COLOURS"]
 
@@ -118,7 +118,8 @@ def plot_roofline(profile: Any, metric: str = "total", ax: Any = None, labels: i
         ax.scatter([p["x"] for p in chosen], [p["y"] for p in chosen],
                    s=[15 + 600 * p["ms"] / largest for p in chosen], color=colour, alpha=0.55, edgecolors="black",
                    linewidths=0.4, gid=f"roofline:{bound}",
-                   label=f"{bound}-bound: {len(chosen)} modules, {format_ms(sum(p['ms'] for p in chosen))}")
+                   label=f"{bound}-bound: {format_counted(len(chosen), 'module')}, "
+                         f"{format_ms(sum(p['ms'] for p in chosen))}")
     _label_largest(ax, points, labels)
     whole_flops, whole_bytes = FIELDS["flops"].value(root), FIELDS["bytes"].value(root)
     whole_ms = FIELDS["total_ms"].value(root)

@@ -13,6 +13,7 @@ from ..record.records import ModuleRecord
 from . import export
 from .html import html_table, notebook_style, to_html
 from .rows import aggregate_by_type, record_rows
+from .units import format_counted
 
 __all__ = ["Table"]
 
@@ -129,7 +130,7 @@ class Table(Sequence[dict[str, Any]]):
         return export.to_text(self.human_rows(), self.columns).rstrip("\n")
 
     def __repr__(self) -> str:
-        return f"<Table: {len(self.rows)} rows; columns {', '.join(self.columns)}>"
+        return f"<Table: {format_counted(len(self.rows), 'row')}; columns {', '.join(self.columns)}>"
 
     def _repr_html_(self) -> str:
         return notebook_style() + "\n" + html_table(self.human_rows(), self.columns, max_rows=500)
