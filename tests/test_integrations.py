@@ -117,6 +117,24 @@ def test_lightning_profiler(tmp_path: Path, accumulate: int) -> None:
     assert not any(m._forward_pre_hooks or m._forward_hooks for m in module.modules())  # nothing left on
 
 
+def test_lightning_prints_the_summary_once(tmp_path: Path, capfd, caplog) -> None:
+    pl, module = _lightning_module()
+    from layerprof.integrations.lightning import LayerProfProfiler
+
+    profiler = LayerProfProfiler(dirpath=tmp_path)
+    trainer = pl.Trainer(max_epochs=1, profiler=profiler, limit_val_batches=0, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         accelerator="cpu")
+    with caplog.at_level("INFO"):
+        trainer.fit(module, _loader(3))
+        print(profiler.summary())  # as the guide shows
+    out, err = capfd.readouterr()
+    shown = out + err + caplog.text
+    # Once, from the print: the end of the fit only says where the files are (it used to log the summary too).
+    assert shown.count("Step: forward") == 1 and shown.count("(net): Sequential") == 1
+    assert f"layerprof: 3 training batches profiled; the summary is in {tmp_path / 'layerprof-rank0.txt'}" in shown
+
+
 def test_lightning_ddp_on_cpu(tmp_path: Path) -> None:
     pl, module = _lightning_module()
     from layerprof.integrations.lightning import LayerProfProfiler
