@@ -133,7 +133,8 @@ class Profile:
         rows = [{**row, **{name: value_of(record, name, row) for name in beside}}
                 for record, row in zip(chosen, table.rows)]
         rest = [c for c in export.display_columns(rows) if c not in ("name", "type", "calls", *beside)]
-        return Table(rows, ["name", "type", "calls", *beside, *rest])
+        return Table(rows, ["name", "type", "calls", *beside, *rest], step_ms=table.step_ms,
+                     page_lead=["name", "type", *beside])
 
     def roofline(self, **filters: Any) -> Table:
         """Each module's own ops against the machine's roofs (``peaks()``): self time, FLOPs, bytes, intensity,
@@ -172,12 +173,15 @@ class Profile:
 
     def to_markdown(self, path: str | Path | None = None, columns: Sequence[str] | None = None, raw: bool = False,
                     **filters: Any) -> str:
-        """A Markdown table (units in the values, or raw numbers with ``raw=True``); written to ``path`` if given."""
+        """A Markdown table (units in the values, or raw numbers with ``raw=True``); written to ``path`` if given.
+        Its default columns fit a page: name, type, forward, backward, time %, params, FLOPs, memory (those the
+        profile holds); ``columns=`` picks any."""
         return self.rows(**filters).to_markdown(path, columns, raw)
 
     def to_latex(self, path: str | Path | None = None, columns: Sequence[str] | None = None, raw: bool = False,
                  caption: str | None = None, label: str | None = None, **filters: Any) -> str:
-        """A booktabs LaTeX table (needs ``\\usepackage{booktabs}``); written to ``path`` if given."""
+        """A booktabs LaTeX table (needs ``\\usepackage{booktabs}``); written to ``path`` if given. Columns as
+        ``to_markdown``."""
         return self.rows(**filters).to_latex(path, columns, raw, caption=caption, label=label)
 
     def to_html(self, path: str | Path | None = None, columns: Sequence[str] | None = None, raw: bool = False,

@@ -42,7 +42,7 @@ def test_tensorboard_scalars_figures_and_text(tmp_path: Path) -> None:
     assert params.value == 17  # Linear(16, 1): 16 weights + 1 bias
     assert set(events.Tags()["images"]) == {"layerprof/sunburst", "layerprof/icicle", "layerprof/top"}
     (text,) = events.Tensors("layerprof/top/text_summary")
-    assert text.tensor_proto.string_val[0].startswith(b"| Name | Type | Calls | Total |")
+    assert text.tensor_proto.string_val[0].startswith(b"| Name | Type | Total | Forward | Backward | Time % | Params |\n")
     assert len(list(tmp_path.iterdir())) == 1  # one writer, one event file
 
 
