@@ -1,13 +1,19 @@
-"""Profile ResNet-50 and a small BERT on the CPU and write the README's figures to ``figures/``.
+"""Profile ResNet-50 and a small BERT on the CPU and draw the README's sunburst, icicle and top figures.
 
-    python examples/make_figures.py [--out figures]
+    python examples/make_figures.py                 # into a new temporary folder (printed), the clone untouched
+    python examples/make_figures.py --out DIR       # into DIR
+    python examples/make_figures.py --out figures   # refresh the figures tracked in the repository
 
-Needs torchvision and transformers (``pip install layerprof[examples]``); no weights are downloaded.
+The PNGs are not byte-stable (timings differ from run to run), so the default writes outside the repository:
+a run leaves ``figures/`` and ``git status`` clean unless asked with ``--out figures``.
+Needs torchvision and transformers (``pip install torchvision transformers``); no weights are downloaded.
 """
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
+from typing import Sequence
 
 import matplotlib
 
@@ -56,22 +62,39 @@ def small_bert() -> layerprof.Profile:
     return profile(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("figures"))
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(__doc__.splitlines()[2:5]))
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the folder to write into (default: a new temporary folder; 'figures' refreshes the "
+                             "repository's figures)")
+    args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="layerprof-figures-"))
+    return args
+
+
+def write_figures(prof: layerprof.Profile, name: str, out: Path) -> list[Path]:
+    """The four figures of one model, ``<name>_<kind>.png`` in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}_{kind}.png" for kind in ("sunburst", "icicle", "top", "top_types")]
+    prof.plot("sunburst", path=paths[0])
+    prof.plot("icicle", path=paths[1])
+    prof.plot("top", k=12, path=paths[2])
+    prof.plot("top", k=10, by_type=True, path=paths[3])
+    return paths
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     for name, make in (("resnet50", resnet50), ("bert", small_bert)):
         prof = make()
         print(prof)
-        prof.plot("sunburst", path=args.out / f"{name}_sunburst.png")
-        prof.plot("icicle", path=args.out / f"{name}_icicle.png")
-        prof.plot("top", k=12, path=args.out / f"{name}_top.png")
-        prof.plot("top", k=10, by_type=True, path=args.out / f"{name}_top_types.png")
-    for path in sorted(args.out.glob("*.png")):
-        print(f"{path}  {path.stat().st_size / 1024:.0f} KiB")
+        for path in write_figures(prof, name, args.out):
+            print(f"{path}  {path.stat().st_size / 1024:.0f} KiB")
 
 
 if __name__ == "__main__":

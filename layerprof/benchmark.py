@@ -16,7 +16,7 @@ from ._tensors import first_tensor, loss_of
 from .profile import Profile
 from .collect.statistics import RunningStat
 from .render.progress import progress_bar
-from .render.units import format_ms
+from .render.units import format_counted, format_ms
 
 __all__ = ["BenchmarkResult", "benchmark"]
 
@@ -40,7 +40,8 @@ class BenchmarkResult:
         mode = "forward+backward" if self.backward else "forward (inference_mode)"
         rate = f", {self.throughput:,.1f} samples/s" if self.throughput is not None else ""
         return (
-            f"{mode}, {self.iters} iterations after {self.warmup} warm-up: median {format_ms(lat['median'])}, "
+            f"{mode}, {format_counted(self.iters, 'iteration')} after {self.warmup} warm-up: "
+            f"median {format_ms(lat['median'])}, "
             f"mean {format_ms(lat['mean'])} ± {format_ms(lat['std'])}, p95 {format_ms(lat['p95'])}, "
             f"min {format_ms(lat['min'])}{rate}"
         )

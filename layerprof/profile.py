@@ -33,7 +33,7 @@ from .render.speedscope import speedscope_json
 from .render.trace import trace_json
 from .integrations.tensorboard import write_tensorboard
 from .render.tree import render_tree, timepool
-from .render.units import format_ms
+from .render.units import format_counted, format_ms
 
 __all__ = ["Profile", "load", "loads", "save", "as_profile", "compare"]
 
@@ -64,7 +64,9 @@ class Profile:
         that ended early) says so in its first line."""
         text = annotated_repr(self.tree, columns=columns, depth=depth, footer=footer)
         partial = self.meta.get("partial")
-        return f"Partial profile ({self.meta.get('steps')} steps recorded): {partial}.\n{text}" if partial else text
+        if not partial:
+            return text
+        return f"Partial profile ({format_counted(self.meta.get('steps'), 'step')} recorded): {partial}.\n{text}"
 
     def layerwise_timepool(self) -> dict[str, Any]:
         """The nested-dict form: ``{name: {forward_ms, backward_ms, depth, calls, children}}``."""
@@ -131,7 +133,8 @@ class Profile:
         rows = [{**row, **{name: value_of(record, name, row) for name in beside}}
                 for record, row in zip(chosen, table.rows)]
         rest = [c for c in export.display_columns(rows) if c not in ("name", "type", "calls", *beside)]
-        return Table(rows, ["name", "type", "calls", *beside, *rest])
+        return Table(rows, ["name", "type", "calls", *beside, *rest], step_ms=table.step_ms,
+                     page_lead=["name", "type", *beside])
 
     def roofline(self, **filters: Any) -> Table:
         """Each module's own ops against the machine's roofs (``peaks()``): self time, FLOPs, bytes, intensity,
@@ -170,12 +173,15 @@ class Profile:
 
     def to_markdown(self, path: str | Path | None = None, columns: Sequence[str] | None = None, raw: bool = False,
                     **filters: Any) -> str:
-        """A Markdown table (units in the values, or raw numbers with ``raw=True``); written to ``path`` if given."""
+        """A Markdown table (units in the values, or raw numbers with ``raw=True``); written to ``path`` if given.
+        Its default columns fit a page: name, type, forward, backward, time %, params, FLOPs, memory (those the
+        profile holds); ``columns=`` picks any."""
         return self.rows(**filters).to_markdown(path, columns, raw)
 
     def to_latex(self, path: str | Path | None = None, columns: Sequence[str] | None = None, raw: bool = False,
                  caption: str | None = None, label: str | None = None, **filters: Any) -> str:
-        """A booktabs LaTeX table (needs ``\\usepackage{booktabs}``); written to ``path`` if given."""
+        """A booktabs LaTeX table (needs ``\\usepackage{booktabs}``); written to ``path`` if given. Columns as
+        ``to_markdown``."""
         return self.rows(**filters).to_latex(path, columns, raw, caption=caption, label=label)
 
     def to_html(self, path: str | Path | None = None, columns: Sequence[str] | None = None, raw: bool = False,
@@ -228,11 +234,11 @@ class Profile:
                        top: int | None = None) -> list[str]:
         """Scalars per module under ``layerprof/<field>/<module name>``, the plots as figures and the top table
         as Markdown text, through one SummaryWriter (or a new one on a log directory); returns the scalar tags.
-        Needs ``pip install "layerprof[tensorboard]"``."""
+        Needs ``pip install tensorboard``."""
         return write_tensorboard(self, writer_or_logdir, step=step, depth=depth, top=top)
 
     # -- plots, distributed, FLOPs ---------------------------------------------------------------------------
-    def plot(self, kind: str, metric: str = "total", path: str | None = None, **kwargs: Any) -> Any:
+    def plot(self, kind: str, metric: str = "total", path: str | Path | None = None, **kwargs: Any) -> Any:
         """Draw a ``kind`` of plot ("sunburst", "icicle", "top", "roofline", or "checkpoint": the frontier of
         checkpoint plans, ``budget=`` marked) of ``metric`` and return its Axes; saves a PNG or SVG only when ``path``
         is given. Other keywords go to ``layerprof.plot_<kind>`` (ax, depth, k, ...)."""
@@ -282,7 +288,7 @@ class Profile:
         table = self.rows()
         # Self times make the notebook view too wide; they are one ``columns=`` away in the other tables.
         rest = [c for c in table.columns if c not in ("name", "type") and not c.startswith("self_")]
-        caption = f"{self.tree.type}: {len(self.records)} modules"
+        caption = f"{self.tree.type}: {format_counted(len(self.records), 'module')}"
         shown = table.human_rows()
         return notebook_style() + "\n" + html_table(shown, ["name", "type", *rest], indent=True, caption=caption,
                                                     max_rows=500)
@@ -290,7 +296,8 @@ class Profile:
     def __repr__(self) -> str:
         root = self.tree
         return (
-            f"<Profile {root.type}: {len(self.records)} modules, forward {format_ms(root.forward_ms)}, "
+            f"<Profile {root.type}: {format_counted(len(self.records), 'module')}, "
+            f"forward {format_ms(root.forward_ms)}, "
             f"backward {format_ms(root.backward_ms)}>"
         )
 

@@ -287,7 +287,7 @@ def test_no_backward_runs_forward_only(models: Path, capsys) -> None:
     assert main([f"{models}:ArgMax", "-i", "2,4", "--no-backward", "--steps", "1", "--depth", "0"]) == 0
     out = capsys.readouterr().out
     assert "1 warm-up + 1 step, forward only" in out
-    assert re.search(r"^ArgMax【Forward Time: [^—|]+ \| Backward Time: —】\(\n  \.\.\. 1 children\n\)$", out, re.M)
+    assert re.search(r"^ArgMax【Forward Time: [^—|]+ \| Backward Time: —】\(\n  \.\.\. 1 child\n\)$", out, re.M)
 
 
 def test_module_instance_spec(models: Path, capsys) -> None:
@@ -307,6 +307,30 @@ def test_help_has_three_examples(capsys) -> None:
     assert EPILOG in out
     assert [line.split()[1] for line in EPILOG.splitlines() if line.startswith("  layerprof ")] == [
         "torchvision.models:resnet18", "torchvision.models:vit_b_16", "my_models.py:TinyLM", "show", "compare"]
+
+
+def test_help_shows_the_subcommands_and_every_name(capsys, monkeypatch) -> None:
+    from layerprof.metrics import METERS
+    from layerprof.record.fields import FIELDS, Field
+    from layerprof.render.columns import column_names
+
+    # A meter and a field registered now are listed: the help reads the registries, it holds no copy of them.
+    monkeypatch.setitem(METERS, "zz_meter", METERS["params"])
+    monkeypatch.setitem(FIELDS, "zz_field_bytes", Field("zz_field_bytes", "bytes", "ZZ", meter="zz_meter"))
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    usage = out.split("\n\n")[0].splitlines()
+    assert usage == ["usage: layerprof SPEC --input SHAPE [options]", "       layerprof show PROFILE.json [options]",
+                     "       layerprof compare A.json B.json [options]"]
+    names = out[out.index("\nnames ") + 1:]
+    metrics = names.splitlines()[1].split()
+    assert metrics[0] == "--metrics" and [name.rstrip(",") for name in metrics[1:]] == sorted(METERS)
+    assert "zz_meter" in metrics[-1] and "zz_field_bytes" in names
+    listed = {word.rstrip(",") for line in names.splitlines() for word in line.split()}
+    assert set(column_names()) <= listed and {"forward", "memory", "flops", "saved_bytes", "time_percent"} <= listed
+    assert "    zz_meter:  zz_field_bytes" in names  # grouped under the meter that records it
+    assert "any column above but mean_forward, forward_per_call_ms, time_percent" in names  # no plot of a share
 
 
 def test_console_script_points_at_main() -> None:

@@ -42,7 +42,7 @@ def test_tensorboard_scalars_figures_and_text(tmp_path: Path) -> None:
     assert params.value == 17  # Linear(16, 1): 16 weights + 1 bias
     assert set(events.Tags()["images"]) == {"layerprof/sunburst", "layerprof/icicle", "layerprof/top"}
     (text,) = events.Tensors("layerprof/top/text_summary")
-    assert text.tensor_proto.string_val[0].startswith(b"| Name | Type | Calls | Total |")
+    assert text.tensor_proto.string_val[0].startswith(b"| Name | Type | Total | Forward | Backward | Time % | Params |\n")
     assert len(list(tmp_path.iterdir())) == 1  # one writer, one event file
 
 
@@ -86,7 +86,7 @@ else:
 
 def _lightning_module():
     if pl is None:
-        pytest.skip("needs lightning: pip install \"layerprof[lightning]\"")
+        pytest.skip("needs lightning: pip install lightning")
     return pl, Regressor()
 
 
@@ -115,6 +115,24 @@ def test_lightning_profiler(tmp_path: Path, accumulate: int) -> None:
     assert (tmp_path / "layerprof-rank0.txt").read_text().startswith("Step: forward")
     assert profiler.summary().startswith("Step: forward") and "(net): Sequential" in profiler.summary()
     assert not any(m._forward_pre_hooks or m._forward_hooks for m in module.modules())  # nothing left on
+
+
+def test_lightning_prints_the_summary_once(tmp_path: Path, capfd, caplog) -> None:
+    pl, module = _lightning_module()
+    from layerprof.integrations.lightning import LayerProfProfiler
+
+    profiler = LayerProfProfiler(dirpath=tmp_path)
+    trainer = pl.Trainer(max_epochs=1, profiler=profiler, limit_val_batches=0, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         accelerator="cpu")
+    with caplog.at_level("INFO"):
+        trainer.fit(module, _loader(3))
+        print(profiler.summary())  # as the guide shows
+    out, err = capfd.readouterr()
+    shown = out + err + caplog.text
+    # Once, from the print: the end of the fit only says where the files are (it used to log the summary too).
+    assert shown.count("Step: forward") == 1 and shown.count("(net): Sequential") == 1
+    assert f"layerprof: 3 training batches profiled; the summary is in {tmp_path / 'layerprof-rank0.txt'}" in shown
 
 
 def test_lightning_ddp_on_cpu(tmp_path: Path) -> None:
@@ -169,15 +187,33 @@ def test_transformers_trainer_callback(tmp_path: Path) -> None:
 
 
 # -- optional packages --------------------------------------------------------------------------------------------
-def test_a_missing_package_names_the_extra() -> None:
+def test_a_missing_package_names_what_installs_it() -> None:
     from layerprof.integrations import require
 
     with pytest.raises(ImportError) as raised:
         require("lightning_that_is_not_installed.pytorch", "lightning", "layerprof.integrations.lightning")
     message = str(raised.value)
-    assert message == ("layerprof.integrations.lightning needs the 'lightning_that_is_not_installed' package: "
-                       'pip install "layerprof[lightning]"')
-    assert "\n" not in message
+    # layerprof is on no package index: the hint names the package, and the extra for a clone.
+    assert message == ("layerprof.integrations.lightning needs 'lightning': pip install lightning "
+                       '(from a clone of layerprof: pip install -e ".[lightning]")')
+    assert "\n" not in message and '"layerprof[' not in message
+    with pytest.raises(ImportError) as raised:  # the package is tensorboard, though the module is torch's
+        require("torch.utils.tensorboard_that_is_not_there", "tensorboard", "to_tensorboard(logdir)")
+    assert str(raised.value).startswith("to_tensorboard(logdir) needs 'tensorboard': pip install tensorboard (")
+    with pytest.raises(ValueError, match="unknown extra 'lightnin'; choose from: lightning, transformers"):
+        require("math", "lightnin", "x")
+
+
+def test_the_install_hints_match_pyproject() -> None:
+    import re
+    import tomllib
+
+    from layerprof.integrations._optional import EXTRAS
+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    extras = pyproject["project"]["optional-dependencies"]
+    for extra, packages in EXTRAS.items():
+        assert [re.split(r"[<>=!~\[ ]", requirement)[0] for requirement in extras[extra]] == list(packages)
 
 
 def test_to_tensorboard_rejects_what_is_not_a_writer() -> None:

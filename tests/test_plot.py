@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from pathlib import Path
 
 import matplotlib
 
@@ -16,6 +17,7 @@ from matplotlib.patches import Rectangle, Wedge  # noqa: E402
 from torch import nn  # noqa: E402
 
 import layerprof  # noqa: E402
+from layerprof.render.plot import PLOT_KINDS  # noqa: E402
 from layerprof.render.plot_style import fit_label, wrap_label  # noqa: E402
 
 torch.set_num_threads(1)
@@ -257,6 +259,85 @@ def test_live_layerprof_delegates_plot(tmp_path) -> None:
         model(torch.randn(2, 4)).sum().backward()
     prof.plot("sunburst", metric="forward", path=tmp_path / "live.svg")
     assert (tmp_path / "live.svg").read_bytes().startswith(b"<?xml")
+
+
+@pytest.fixture(scope="module")
+def measured_profile() -> layerprof.Profile:
+    """A profile every plot kind can draw: FLOPs and bytes (roofline, with given peaks) and memory (checkpoint)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(32, 32), nn.ReLU()) for _ in range(3)], nn.Linear(32, 1))
+    with layerprof.LayerProf(model, metrics=("flops", "memory"), peaks={"flops": 1e11, "bandwidth": 1e10}) as prof:
+        for _ in range(2):
+            model(torch.randn(16, 32)).sum().backward()
+            prof.step()
+    return prof.profile
+
+
+PLOT_FUNCTIONS = PLOT_KINDS  # the public plot_* functions and the checkpoint frontier (prof.plot("checkpoint"))
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")  # IHDR width, height
+
+
+def _drawn_inches(figure) -> object:
+    return figure.get_tightbbox(figure.canvas.get_renderer())
+
+
+@pytest.mark.parametrize("kind", sorted(PLOT_FUNCTIONS))
+def test_every_plot_function_saves_to_a_str_or_a_path(measured_profile, tmp_path, kind) -> None:
+    before = plt.get_fignums()
+    as_path, as_str = tmp_path / f"{kind}.png", str(tmp_path / f"{kind}.svg")
+    ax = PLOT_FUNCTIONS[kind](measured_profile, path=as_path)
+    assert ax.get_title() and plt.get_fignums() == before  # the Axes returned, the figure made here closed
+    assert as_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    PLOT_FUNCTIONS[kind](measured_profile, path=as_str)
+    assert Path(as_str).read_bytes().startswith(b"<?xml")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{kind}.png", f"{kind}.svg"]  # no temporary left
+    with pytest.raises(ValueError, match=r"cannot save a plot as '.*\.jpg': use a \.png or \.svg path"):
+        PLOT_FUNCTIONS[kind](measured_profile, path=tmp_path / "plot.jpg")
+    with pytest.raises(TypeError, match="path must be a str or a pathlib.Path ending in .png or .svg, got int"):
+        PLOT_FUNCTIONS[kind](measured_profile, path=3)
+    assert plt.get_fignums() == before  # a bad path fails before anything is drawn
+    assert len(list(tmp_path.iterdir())) == 2
+
+
+@pytest.mark.parametrize("kind", sorted(PLOT_FUNCTIONS))
+def test_a_figure_made_here_holds_its_legend_and_labels(resnet_profile, measured_profile, tmp_path, kind) -> None:
+    profile = measured_profile if kind in ("roofline", "checkpoint") else resnet_profile
+    ax = PLOT_FUNCTIONS[kind](profile)
+    figure = ax.figure
+    width, height = figure.get_size_inches()
+    drawn = _drawn_inches(figure)
+    # Everything drawn (the legend beside the Axes, tick labels, the title) lies on the figure, so a plain
+    # savefig of the returned Axes keeps it: the icicle's legend and the top bars' labels used to stick out.
+    assert drawn.x0 >= 0 and drawn.y0 >= 0 and drawn.x1 <= width and drawn.y1 <= height, (drawn, width, height)
+    legend = ax.get_legend()
+    if legend is not None:
+        box = legend.get_window_extent()  # pixels
+        assert box.x0 >= 0 and box.y0 >= 0 and box.x1 <= width * figure.dpi and box.y1 <= height * figure.dpi
+    plain = tmp_path / "plain.png"
+    figure.savefig(plain, dpi=100)
+    plain_width, plain_height = _png_size(plain.read_bytes())
+    assert abs(plain_width - width * 100) < 1 and abs(plain_height - height * 100) < 1  # the whole figure
+    figure.set_dpi(110)  # text measures a little differently at another resolution
+    drawn = _drawn_inches(figure)
+    plt.close(figure)
+    # Saved with path=: the same figure, cropped to what was drawn and padded by 0.1 in on each side, at 110 dpi
+    # (a pixel of rounding either way).
+    saved = tmp_path / "saved.png"
+    PLOT_FUNCTIONS[kind](profile, path=saved)
+    saved_width, saved_height = _png_size(saved.read_bytes())
+    assert abs(saved_width - (drawn.width + 0.2) * 110) <= 1.5 and abs(saved_height - (drawn.height + 0.2) * 110) <= 1.5
+
+
+def test_the_callers_figure_is_never_resized(resnet_profile, tmp_path, axes) -> None:
+    size = tuple(axes.figure.get_size_inches())
+    position = axes.get_position().bounds
+    layerprof.plot_icicle(resnet_profile, ax=axes, path=tmp_path / "icicle.png")
+    assert tuple(axes.figure.get_size_inches()) == size and axes.get_position().bounds == position
+    assert axes.figure.number in plt.get_fignums()
 
 
 # -- errors ---------------------------------------------------------------------------------------------------

@@ -135,3 +135,26 @@ def test_units_are_formatted_in_one_place() -> None:
     assert format_bytes(512) == "512 B"
     assert format_percent(1, 4) == "25.0%"
     assert format_percent(1, 0) == "—"
+
+
+def test_counts_are_singular_for_one() -> None:
+    from layerprof.render.units import format_counted
+
+    assert [format_counted(n, "child", "children") for n in (0, 1, 2)] == ["0 children", "1 child", "2 children"]
+    assert format_counted(1, "call", shown="1") == "1 call" and format_counted(1500, "call", shown="1.5k") == "1.5k calls"
+    # One child under a cut-off container, one module in the model, one row, one step, one rank: said in the singular.
+    model = nn.Sequential(nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 4), nn.ReLU()))
+    prof = _profile(model, torch.randn(2, 4))
+    shallow = prof.layerwise_summary(depth=1)
+    assert shallow.count("... 1 child\n") == 1 and shallow.count("... 2 children\n") == 1
+    assert "1 children" not in shallow
+    single = _profile(nn.Linear(4, 4), torch.randn(2, 4)).profile
+    assert repr(single).startswith("<Profile Linear: 1 module, ")
+    assert repr(single.rows()).startswith("<Table: 1 row; ")
+    assert "<caption>Linear: 1 module</caption>" in single._repr_html_()
+    from layerprof.render.report import report_data
+
+    assert report_data(single.tree, single.meta)["subtitle"] == "1 module, 1 profiled step"
+    from layerprof.distributed.table import rank_table
+
+    assert rank_table(prof.gather()).startswith("Across 1 rank, per step")  # one process: a one-rank view

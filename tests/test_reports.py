@@ -284,14 +284,39 @@ def test_latex_is_balanced_booktabs_with_escaped_cells() -> None:
     assert unescaped.count("{") == unescaped.count("}")
     rows = _latex_rows(text)
     header = [c.strip() for c in rows[0]]
-    assert header == ["Name", "Type", "Calls", "Forward", "Backward", "Total", "Time \\%", "Params"]
+    assert header == ["Name", "Type", "Forward", "Backward", "Time \\%", "Params"]  # a page's columns
     spec = re.search(r"\\begin\{tabular\}\{(\w+)\}", text).group(1)
-    assert spec == "llrrrrrr" and all(len(row) == len(spec) for row in rows)
+    assert spec == "llrrrr" and all(len(row) == len(spec) for row in rows)
     child = [c.strip() for c in rows[2]]
     # 12.5 µs forward; total 2.0125 ms of a 30 ms step = 6.7%
-    assert child == ["attn\\_proj", "Linear", "1", "12.5 $\\mu$s", "2 ms", "2.01 ms", "6.7\\%", "600"]
+    assert child == ["attn\\_proj", "Linear", "12.5 $\\mu$s", "2 ms", "6.7\\%", "600"]
     escaped = "a\\_b\\%c\\$d\\#e\\{f\\}\\textasciitilde{}\\textasciicircum{}\\textbackslash{}"
     assert latex_escape("a_b%c$d#e{f}~^\\") == escaped
+
+
+def test_page_tables_default_to_a_few_columns_and_take_any() -> None:
+    prof = hand_built([
+        ("", "Net", dict(forward_ms=10.0, backward_ms=20.0, self_forward_ms=1.0, params=1000, trainable_params=1000,
+                         flops_forward=3e6, flops_backward=6e6, activation_bytes=2048, saved_bytes=4096)),
+        ("fc", "Linear", dict(forward_ms=9.0, backward_ms=18.0, self_forward_ms=9.0, params=1000,
+                              trainable_params=1000, flops_forward=3e6, flops_backward=6e6, activation_bytes=2048,
+                              saved_bytes=4096)),
+    ])
+    page = ["| Name | Type | Forward | Backward | Time % | Params | Flops | Saved bytes |",
+            "|:---|:---|---:|---:|---:|---:|---:|---:|",
+            "| (root) | Net | 10 ms | 20 ms | 100.0% | 1k | 9 MFLOPs | 4 KiB |",  # FLOPs: 3M forward + 6M backward
+            "| fc | Linear | 9 ms | 18 ms | 90.0% | 1k | 9 MFLOPs | 4 KiB |"]  # 27 ms of a 30 ms step
+    assert prof.to_markdown().splitlines() == page
+    assert "\\begin{tabular}{llrrrrrr}" in prof.to_latex()  # the same 8 columns
+    # columns= picks any field, the summed FLOPs too; text and HTML keep every field (the 8 and 5 more).
+    assert prof.to_markdown(columns=["name", "calls", "self_forward", "flops"]).splitlines()[2] == (
+        "| (root) | 1 | 1 ms | 9 MFLOPs |")
+    assert len(str(prof.rows()).splitlines()[0].split("  ")) > 8
+    assert "<th>Self forward</th>" in prof.to_html()
+    assert prof.rows()[1:].to_markdown().splitlines()[2] == page[3]  # a slice is still a page table
+    # A ranking leads with what it ranks by, then the page's columns.
+    assert prof.top(1, by="self_forward").to_markdown().splitlines()[0] == (
+        "| Name | Type | Self forward | Forward | Backward | Time % | Params | Flops | Saved bytes |")
 
 
 def test_markdown_table_has_one_line_per_row_and_raw_numbers_on_request(resnet: LayerProf) -> None:
@@ -517,7 +542,7 @@ def test_compare_per_module_diff_and_text() -> None:
     params_line = next(line for line in text.split("\n") if line.startswith("params"))
     assert params_line.split() == ["params", "1k", "250", "-75.0%", "0.25x", "student"]
     assert text.split("\n")[3].split() == ["modules", "3", "2", "-33.3%", "0.667x", "student"]
-    assert "Only in teacher: 1 modules" in text
+    assert "Only in teacher: 1 module;" in text
 
 
 def test_compare_real_runs_and_saved_files(resnet: LayerProf, tmp_path: Any) -> None:

@@ -10,7 +10,7 @@ import torch
 
 from ..metrics import make_meters
 from ..render.columns import resolve_columns
-from ..render.units import format_count
+from ..render.units import format_count, format_counted
 from .checkpoint import check_checkpoint_options, plan_and_verify, plot_options
 from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, CLIError, RunError, UsageError, one_line
 from .inputs import InputSpec, check_input_sizes, make_inputs, parse_dtype, parse_input
@@ -32,7 +32,7 @@ def _device(text: str) -> torch.device:
         raise UsageError(f"--device {text}: CUDA is not available here (torch {torch.__version__}, "
                          f"built for CUDA {torch.version.cuda or 'none'}); use --device cpu")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise UsageError(f"--device {text}: only {torch.cuda.device_count()} CUDA device(s) here")
+        raise UsageError(f"--device {text}: only {format_counted(torch.cuda.device_count(), 'CUDA device')} here")
     if device.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
         raise UsageError(f"--device {text}: MPS is not available here; use --device cpu")
     return device
@@ -55,8 +55,9 @@ def _headline(spec: str, model: torch.nn.Module, inputs: list[InputSpec], option
     mode = "inference (eval)" if options.eval else ("forward only" if options.no_backward else "forward + backward")
     dtype_name = str(dtype or torch.float32).replace("torch.", "")
     shown = ", ".join(map(str, inputs))
-    return (f"{type(model).__name__} from {spec}: {format_count(params)} parameters | {device}, {dtype_name} | "
-            f"input {shown} | {options.warmup} warm-up + {options.steps} step{'s' * (options.steps != 1)}, {mode}")
+    shown_params = format_counted(params, "parameter", shown=format_count(params))
+    return (f"{type(model).__name__} from {spec}: {shown_params} | {device}, {dtype_name} | "
+            f"input {shown} | {options.warmup} warm-up + {format_counted(options.steps, 'step')}, {mode}")
 
 
 def _run(options: argparse.Namespace) -> int:

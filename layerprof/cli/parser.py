@@ -6,8 +6,15 @@ from typing import Callable, NoReturn
 
 from .._version import __version__
 from .errors import UsageError
+from .names import names_help
 
-__all__ = ["build_parser", "add_common_options", "add_output_options", "EPILOG"]
+__all__ = ["build_parser", "add_common_options", "add_output_options", "EPILOG", "USAGE"]
+
+# The three forms of the command; each subcommand's --help lists its own options.
+USAGE = """\
+%(prog)s SPEC --input SHAPE [options]
+       %(prog)s show PROFILE.json [options]
+       %(prog)s compare A.json B.json [options]"""
 
 EPILOG = """\
 examples:
@@ -81,7 +88,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         prog=prog or "layerprof",
         description="Profile a PyTorch model module by module: forward and backward time of every module, "
                     "printed as the model's repr annotated with its costs.",
-        epilog=EPILOG,
+        usage=USAGE,
+        epilog=EPILOG + "\n" + names_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("spec", metavar="SPEC",
@@ -104,7 +112,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     model.add_argument("--dtype", metavar="DTYPE", help="cast the model and float inputs, e.g. bfloat16")
     model.add_argument("--threads", type=_count(1), metavar="N", help="torch.set_num_threads(N)")
     model.add_argument("--seed", type=int, default=0, help="seed of the model's init and the inputs (default 0)")
-    model.add_argument("--metrics", type=_names, metavar="A,B", help="meters beside timing (e.g. flops,params)")
+    model.add_argument("--metrics", type=_names, metavar="A,B",
+                       help="meters beside timing (e.g. flops,params; all names listed below)")
     model.add_argument("--sync", action="store_true",
                        help="on CUDA, synchronize at every module boundary instead of recording events")
     model.add_argument("--checkpoint-budget", metavar="BUDGET",
@@ -114,7 +123,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     shown.add_argument("--depth", type=_depth, default=2, metavar="N",
                        help="expand modules down to this depth, root = 0; 'all' for every level (default 2)")
     shown.add_argument("--columns", type=_names, metavar="A,B",
-                       help="columns of the annotated tree (default forward,backward)")
+                       help="columns of the annotated tree (default forward,backward; all names listed below)")
     add_output_options(shown)
     add_common_options(shown)
     return parser

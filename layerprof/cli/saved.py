@@ -53,7 +53,8 @@ def _show_parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("profile", metavar="PROFILE.json", help="written by prof.to_json(path) or --json PATH")
     parser.add_argument("--depth", type=_depth, default=2, metavar="N",
                         help="expand modules down to this depth, root = 0; 'all' for every level (default 2)")
-    parser.add_argument("--columns", type=_names, metavar="A,B", help="columns of the annotated tree")
+    parser.add_argument("--columns", type=_names, metavar="A,B",
+                        help="columns of the annotated tree (the names: layerprof --help)")
     add_output_options(parser)
     add_common_options(parser)
     return parser

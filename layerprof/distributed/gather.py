@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .crossrank import Spread, cross_rank_stats, spread, straggler_floor, stragglers
 from ..render.table import Table
+from ..render.units import format_counted
 from .comm import CommMeter, register_timed_comm_hook
 from .fsdp import FsdpCommMeter
 from .table import rank_table
@@ -114,7 +115,8 @@ class GatheredProfile:
         return self.table()
 
     def __repr__(self) -> str:
-        return f"<GatheredProfile {self.step.type}: {self.world_size} ranks, {len(self.modules)} modules, stragglers {self.straggler_ranks}>"
+        return (f"<GatheredProfile {self.step.type}: {format_counted(self.world_size, 'rank')}, "
+                f"{format_counted(len(self.modules), 'module')}, stragglers {self.straggler_ranks}>")
 
 
 def gather_profile(profile: Profile, dst: int = 0, group: Any = None, margin: float = 0.2,

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..render.export import to_text
-from ..render.units import MISSING, format_ms
+from ..render.units import MISSING, format_counted, format_ms
 
 if TYPE_CHECKING:
     from .crossrank import ModuleSpread, Spread
@@ -41,7 +41,7 @@ def rank_table(gathered: GatheredProfile, depth: int | None = None) -> str:
     """The cross-rank view as text; ``depth`` limits the module rows (the root has depth 0)."""
     step = gathered.step
     lines = [
-        f"Across {gathered.world_size} rank(s), per step: min / median / max over ranks. "
+        f"Across {format_counted(gathered.world_size, 'rank')}, per step: min / median / max over ranks. "
         f"Straggler: total above the median by more than {gathered.margin:.0%} and {format_ms(gathered.min_ms)}.",
         f"Step ({step.type}): total {_three(step.total_ms)}"
         + (f", slowest rank {step.total_ms.slowest_rank}" if step.total_ms is not None and gathered.world_size > 1 else "")

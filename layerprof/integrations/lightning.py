@@ -7,10 +7,11 @@ The LightningModule (the root) is timed over ``training_step``, up to the loss, 
 whether ``training_step`` calls ``self(x)`` or ``self.net(x)``.
 
 At the end of the run each rank writes ``<filename>-rank<k>.json`` (``layerprof show`` reads it) and
-``<filename>-rank<k>.txt`` (the annotated summary) into ``dirpath``, by default the trainer's log dir; a later
+``<filename>-rank<k>.txt`` (the annotated summary) into ``dirpath``, by default the trainer's log dir, and rank 0
+logs one line saying where (``profiler.summary()`` returns the summary, to print once); a later
 ``fit`` with the same profiler is profiled too, into ``<filename>-rank<k>-<n>.json`` for the n-th. A run that ends
 on an exception or an interrupt takes every hook off at once and writes the batches completed before it as a
-partial profile (``meta["partial"]`` says why). Needs ``lightning`` (``pip install "layerprof[lightning]"``).
+partial profile (``meta["partial"]`` says why). Needs ``lightning`` (``pip install lightning``).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from ..collect.profiler import LayerProf
 from ..collect.schedule import Schedule
 from ..collect.stepcall import RootStep
 from ..profile import Profile
+from ..render.units import format_counted
 from ._optional import require
 from .steps import GapSchedule
 
@@ -171,11 +173,16 @@ class LayerProfProfiler(_profilers.Profiler):
         return self.profile_result.layerwise_summary(footer=True)
 
     def describe(self) -> None:
-        """End of the run (Lightning calls it): stop profiling, write the files, log the summary on rank 0."""
-        running = self._prof is not None
-        summary = self.summary()
-        if running and summary:
-            self._rank_zero_info("layerprof, per training batch:\n%s", summary)
+        """End of the run (Lightning calls it): stop profiling, write the files, and log on rank 0 where they
+        are. The summary itself is not logged: a script that prints ``profiler.summary()`` would show it twice."""
+        runs = len(self.profiles)
+        if self._prof is not None:
+            self._finish()
+        if len(self.profiles) > runs and self.profile_result is not None:  # this run recorded a batch
+            json_path, text_path = self.paths
+            batches = format_counted(self.profile_result.meta.get("steps") or 0, "training batch", "training batches")
+            self._rank_zero_info(f"layerprof: {batches} profiled; the summary is in {text_path} "
+                                 f"(profiler.summary() returns it), the profile in {json_path} (layerprof show reads it)")
         self.teardown(stage=self._stage)
 
     def teardown(self, stage: str | None) -> None:

@@ -3,7 +3,7 @@
 Scalars per module under ``layerprof/<field>/<module name>``, written with ``add_scalar`` through one writer
 (``add_scalars`` would open a writer, and an event file, per key); the sunburst, icicle and top plots as
 figures; the top-k table as Markdown text; for a partial profile (a run that ended early), why, as text.
-Needs ``tensorboard`` (``pip install "layerprof[tensorboard]"``).
+Needs ``tensorboard`` (``pip install tensorboard``).
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..record.fields import FIELDS, canonical
+from ..render.units import format_counted
 from ._optional import require
 
 __all__ = ["SCALAR_FIELDS", "write_tensorboard", "scalar_tag"]
@@ -62,8 +63,8 @@ def write_tensorboard(profile: Any, writer_or_logdir: Any, step: int | None = No
         writer.add_text("layerprof/top", table.to_markdown(), global_step=step)
         partial = profile.meta.get("partial")
         if partial:  # a run that ended early: said beside its numbers
-            writer.add_text("layerprof/partial", f"Partial profile ({profile.meta.get('steps')} steps recorded): "
-                                                 f"{partial}", global_step=step)
+            recorded = format_counted(profile.meta.get("steps"), "step")
+            writer.add_text("layerprof/partial", f"Partial profile ({recorded} recorded): {partial}", global_step=step)
         writer.flush()
     finally:
         if owned:

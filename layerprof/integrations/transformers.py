@@ -12,7 +12,7 @@ The Trainer tells its callbacks nothing when ``train()`` raises. The callback no
 first time anything touches the model or the callback again (the model called, ``callback.profile`` read, another
 ``train()`` or ``LayerProf`` on the model, the interpreter exiting), and then takes every hook off and writes the
 optimizer steps completed before the failure as a partial profile (``meta["partial"]``). Needs ``transformers``
-(``pip install "layerprof[transformers]"``).
+and ``accelerate`` (``pip install transformers accelerate``).
 """
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ from .._check import check_bool
 from ..metrics.checkpoint_bytes import STORAGES_ATTRIBUTE, saved_after
 from ..record.records import ModuleRecord
 from ..render.checkpoint import plan_text
+from ..render.units import format_counted
 from .apply import is_wrapped, unwrap, wrap
 from .budget import parse_budget
 from .candidates import Candidate, Priced, candidates, require_figures
@@ -213,7 +214,8 @@ class CheckpointPlan:
         return plan_text(self)
 
     def __repr__(self) -> str:
-        return (f"<CheckpointPlan {self.model_type}: {len(self.modules)} modules, saved {self.saved_bytes_before} -> "
+        return (f"<CheckpointPlan {self.model_type}: {format_counted(len(self.modules), 'module')}, "
+                f"saved {self.saved_bytes_before} -> "
                 f"{self.saved_bytes_after} bytes (budget {self.budget_bytes}), +{self.extra_ms:.3f} ms>")
 
 

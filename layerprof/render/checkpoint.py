@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import html
+from pathlib import Path
 from typing import Any
 
+from .plot_save import finish_plot, plot_suffix
 from .plot_style import new_axes
-from .units import format_bytes, format_ms, format_percent
+from .units import format_bytes, format_counted, format_ms, format_percent
 
 __all__ = ["plan_text", "plot_checkpoint", "frontier_svg"]
 
@@ -16,7 +18,7 @@ def plan_text(plan: Any) -> str:
     lines = [
         f"Checkpoint plan for {plan.model_type}: saved for backward {format_bytes(before)} -> {format_bytes(after)} "
         f"({format_percent(after, before)}), budget {format_bytes(plan.budget_bytes)}, "
-        f"+{format_ms(plan.extra_ms)} per step, {len(plan.modules)} module{'' if len(plan.modules) == 1 else 's'} wrapped",
+        f"+{format_ms(plan.extra_ms)} per step, {format_counted(len(plan.modules), 'module')} wrapped",
     ]
     if plan.note:
         lines.append(f"note: {plan.note}")
@@ -26,17 +28,19 @@ def plan_text(plan: Any) -> str:
         lines.append(f"  {c.name or '<model>':<{width}}  {c.type:<20} frees {format_bytes(c.net_bytes):>10}  "
                      f"recomputes {format_ms(c.recompute_ms):>9} + wrapper {format_ms(c.wrap_ms):>9}  {rate}")
     if plan.excluded:
-        lines.append(f"  excluded: {len(plan.excluded)} module{'' if len(plan.excluded) == 1 else 's'} (plan.excluded says why)")
+        lines.append(f"  excluded: {format_counted(len(plan.excluded), 'module')} (plan.excluded says why)")
     return "\n".join(lines)
 
 
-def plot_checkpoint(profile: Any, metric: str = "total", budget: Any = 0.5, ax: Any = None, **options: Any) -> Any:
+def plot_checkpoint(profile: Any, metric: str = "total", budget: Any = 0.5, ax: Any = None,
+                    path: str | Path | None = None, **options: Any) -> Any:
     """The frontier of checkpoint plans: saved-for-backward memory against extra time per step (recomputation and wrappers), today's
     point and the plan for ``budget`` marked. ``profile``: a Profile (planned here with ``options``) or a
-    CheckpointPlan."""
+    CheckpointPlan. ``path``: a .png or .svg file to write the figure to (see ``plot_sunburst``)."""
+    plot_suffix(path)
     plan = profile if hasattr(profile, "pareto") else profile.checkpoint_plan(budget, **options)
     points = plan.pareto()
-    ax = new_axes(ax, (6.4, 4.2))
+    created, ax = ax is None, new_axes(ax, (6.4, 4.2))
     scale = 2**20
     saved = [p.saved_bytes / scale for p in points]
     extra = [p.extra_ms for p in points]
@@ -55,7 +59,7 @@ def plot_checkpoint(profile: Any, metric: str = "total", budget: Any = 0.5, ax: 
     ax.set_title(f"{plan.model_type}: checkpoint plans (Pareto frontier)")
     ax.grid(True, linewidth=0.3)
     ax.legend(fontsize=8, frameon=False)
-    return ax
+    return finish_plot(ax, path, created)
 
 
 def frontier_svg(plan: Any, width: int = 640, height: int = 300) -> str:

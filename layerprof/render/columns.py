@@ -12,7 +12,7 @@ from ..record.fields import ALIASES, FIELDS, Field, canonical
 from ..record.records import ModuleRecord
 from .units import field_label, format_percent, format_value
 
-__all__ = ["Column", "resolve_columns", "DEFAULT_SUMMARY_COLUMNS"]
+__all__ = ["Column", "resolve_columns", "column_names", "DEFAULT_SUMMARY_COLUMNS"]
 
 DEFAULT_SUMMARY_COLUMNS = ("forward_ms", "backward_ms")
 
@@ -51,7 +51,7 @@ def _undeclared(name: str, records: list[ModuleRecord]) -> Field | None:
     return Field(name, "count", field_label(name))
 
 
-def _available(records: list[ModuleRecord]) -> list[str]:
+def column_names(records: list[ModuleRecord] | None = None) -> list[str]:
     """What a summary of these records can show: the short names, then every field some record has a value of
     (all declared fields when no records are given)."""
     shown = [f.name for f in FIELDS.values() if f.unit not in ("data", "text") and not f.detail
@@ -73,7 +73,7 @@ def resolve_columns(names: Iterable[str] | None, default: tuple[str, ...] = DEFA
         resolved = canonical(name, present=lambda f: any(getattr(r, f, None) is not None for r in records))
         field = FIELDS.get(resolved) if resolved is not None else _undeclared(name, records)
         if field is None:
-            raise ValueError(f"unknown column {name!r}; choose from: {', '.join(_available(records))}")
+            raise ValueError(f"unknown column {name!r}; choose from: {', '.join(column_names(records))}")
         if all(column.field.name != field.name for column in chosen):
             chosen.append(Column(field))
     return chosen

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from .export import to_dataframe, to_text
 from ..record.fields import FIELDS
 from .rows import derived_names, is_number, numeric_fields, value_of
-from .units import format_change, format_field, format_ratio
+from .units import format_change, format_counted, format_field, format_ratio
 
 if TYPE_CHECKING:
     from ..profile import Profile
@@ -158,9 +158,11 @@ class Comparison:
         if modules:
             parts.append(modules)
         if self.only_a or self.only_b:
-            parts.append(f"Only in {a_name}: {len(self.only_a)} modules; only in {b_name}: {len(self.only_b)}.")
+            parts.append(f"Only in {a_name}: {format_counted(len(self.only_a), 'module')}; "
+                         f"only in {b_name}: {len(self.only_b)}.")
         return "\n".join(parts).rstrip("\n")
 
     def __repr__(self) -> str:
         return (f"<Comparison {self.names[0]} ({self.a.tree.type}) vs {self.names[1]} ({self.b.tree.type}): "
-                f"{len(self.model)} metrics, {len(self.matched)} matching modules>")
+                f"{format_counted(len(self.model), 'metric')}, "
+                f"{format_counted(len(self.matched), 'matching module')}>")

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from .._files import write_text_atomic
+from ..record.fields import canonical
 from .rows import is_number, numeric_fields
 from .units import field_label, format_field, format_plain
 
 __all__ = [
-    "table_columns", "display_columns", "to_dataframe", "to_csv", "to_markdown", "to_latex", "to_text",
-    "cell_text", "latex_escape", "iter_cells", "headers", "write_text",
+    "table_columns", "display_columns", "page_columns", "PAGE_COLUMNS", "to_dataframe", "to_csv", "to_markdown",
+    "to_latex", "to_text", "cell_text", "latex_escape", "iter_cells", "headers", "write_text",
 ]
 
 ROOT_LABEL = "(root)"
@@ -41,6 +42,23 @@ def display_columns(rows: Sequence[dict[str, Any]]) -> list[str]:
     a value in some row (``depth`` is shown by indentation or not at all)."""
     text = [c for c in _TEXT_FIRST if any(c in row for row in rows)]
     return text + numeric_fields(rows, skip=("depth",))
+
+
+# What a table on a page (Markdown, LaTeX) shows by default: the module, its times and share of the step, and one
+# figure per meter where the profile has it (``memory``: saved bytes, else activation bytes). ``columns=`` picks
+# any others; text, HTML and CSV keep every field.
+PAGE_COLUMNS = ("name", "type", "modules", "forward_ms", "backward_ms", "time_percent", "params", "flops", "memory")
+
+
+def page_columns(rows: Sequence[dict[str, Any]], lead: Sequence[str] = ()) -> list[str]:
+    """``lead``, then the ``PAGE_COLUMNS`` that some row has a value of (short names resolved on the rows)."""
+    held = {key for row in rows for key, value in row.items() if value is not None}
+    chosen = list(lead)
+    for name in PAGE_COLUMNS:
+        resolved = canonical(name, present=lambda key: key in held) or name
+        if resolved in held and resolved not in chosen:
+            chosen.append(resolved)
+    return chosen
 
 
 def write_text(text: str, path: str | Path | None) -> str:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .units import format_ms
+from .units import format_counted, format_ms
 
 if TYPE_CHECKING:
     from ..profile import Profile
@@ -174,7 +174,8 @@ def different_models(a: Profile, b: Profile) -> str | None:
     modules_b = {(name, record.type) for name, record in b.records.items()}
     alike = len(modules_a & modules_b)
     if 2 * alike < len(modules_a | modules_b):
-        return (f"only {alike} of their {len(modules_a | modules_b)} modules are alike by name and type "
+        both = format_counted(len(modules_a | modules_b), "module")
+        return (f"only {alike} of their {both} are alike by name and type "
                 f"(A has {len(modules_a)}, B {len(modules_b)})")
     batch_a, batch_b = (_environment(p).get("batch_size") for p in (a, b))
     if batch_a is not None and batch_b is not None and batch_a != batch_b:

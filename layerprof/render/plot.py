@@ -1,6 +1,6 @@
 """Plots of a profile with matplotlib: a sunburst, an icicle of per-depth bars, and top-k bars.
 
-Each takes ``ax=None`` and returns the Axes; none writes a file (``save_plot`` / ``Profile.plot(path=...)`` do).
+Each takes ``ax=None`` and returns the Axes, and writes a PNG or SVG only when given ``path=`` (``plot_save``).
 Every drawn patch carries a gid ``"<kind>:<module name>"`` (kind: module, self, other, carried, top) so a test or
 a caller can read the plot back.
 """
@@ -11,16 +11,16 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from .._files import move_into_place, temporary_beside
 from ..record.records import ModuleRecord
 from .plot_layout import Layout, Segment, exclusive_values, layout_tree
 from .plot_metrics import PlotMetric, resolve_metric, root_of
 from .plot_roofline import plot_roofline
+from .plot_save import finish_plot, plot_suffix
 from .plot_style import (
     SELF_HATCH, fit_label, new_axes, palette_colour, points_per_unit, segment_colour, wrap_label,
 )
 from .checkpoint import plot_checkpoint
-from .units import format_percent
+from .units import format_counted, format_percent
 
 __all__ = ["plot_sunburst", "plot_icicle", "plot_top", "save_plot", "PLOT_KINDS"]
 
@@ -62,7 +62,8 @@ def _patch_style(segment: Segment) -> dict[str, Any]:
 
 
 def plot_sunburst(
-    profile: Any, metric: str = "total", depth: int | None = None, ax: Any = None, min_share: float = 0.004
+    profile: Any, metric: str = "total", depth: int | None = None, ax: Any = None, min_share: float = 0.004,
+    path: str | Path | None = None,
 ) -> Any:
     """A sunburst: the model in the centre, one ring per depth, each module's angle proportional to its inclusive
     ``metric``, its self part (own - children, see ``plot_layout``) a hatched wedge after its children. A
@@ -75,6 +76,7 @@ def plot_sunburst(
         depth: deepest ring drawn (None: all).
         ax: the Axes to draw on; None: a new figure.
         min_share: siblings below this share of the total are grouped into one grey "other" wedge.
+        path: a .png or .svg file to write the figure to (all it drew kept; a figure made here is then closed).
 
     >>> import torch, layerprof
     >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
@@ -87,8 +89,9 @@ def plot_sunburst(
     """
     from matplotlib.patches import Wedge
 
+    plot_suffix(path)
     root, chosen, layout = _prepare(profile, metric, depth, min_share)
-    ax = new_axes(ax, (10.0, 8.0))
+    created, ax = ax is None, new_axes(ax, (10.0, 8.0))
     rings = layout.max_depth + 1
     ax.set_xlim(-rings - 0.2, rings + 0.2)
     ax.set_ylim(-rings - 0.2, rings + 0.2)
@@ -110,7 +113,7 @@ def plot_sunburst(
     ax.text(0, -0.05, chosen.format(layout.total), ha="center", va="top", fontsize=FONT_SIZE + 1)
     ax.set_title(_title(root, chosen, layout.total))
     _legend(ax, layout)
-    return ax
+    return finish_plot(ax, path, created)
 
 
 def _wedge_label(ax: Any, segment: Segment, theta1: float, theta2: float, unit: float) -> None:
@@ -132,16 +135,18 @@ def _wedge_label(ax: Any, segment: Segment, theta1: float, theta2: float, unit: 
 
 
 def plot_icicle(
-    profile: Any, metric: str = "total", depth: int | None = None, ax: Any = None, min_share: float = 0.002
+    profile: Any, metric: str = "total", depth: int | None = None, ax: Any = None, min_share: float = 0.002,
+    path: str | Path | None = None,
 ) -> Any:
     """Stacked bars, one per depth level (the model on top): each module is a bar segment as wide as its
     inclusive ``metric`` under its parent, the parent's self part hatched in the parent's colour. What ended at a
     shallower level (a leaf, a self part, an "other" group) is carried down, faded, in the same colour, so every
     level's bar spans the whole total. Args as ``plot_sunburst``.
     """
+    plot_suffix(path)
     root, chosen, layout = _prepare(profile, metric, depth, min_share)
     levels = layout.max_depth + 1
-    ax = new_axes(ax, (12.0, 1.0 + 0.55 * levels))
+    created, ax = ax is None, new_axes(ax, (12.0, 1.0 + 0.55 * levels))
     ax.set_xlim(0, layout.total)
     ax.set_ylim(levels - 0.5, -0.5)
     unit_x, unit_y = points_per_unit(ax)
@@ -161,7 +166,7 @@ def plot_icicle(
     ax.set_title(_title(root, chosen, layout.total))
     ax.spines[["top", "right"]].set_visible(False)
     _legend(ax, layout)
-    return ax
+    return finish_plot(ax, path, created)
 
 
 def _bar_label(ax: Any, segment: Segment, level: int, width_pt: float, height_pt: float) -> None:
@@ -181,13 +186,16 @@ def _value_axis(axis: Any, metric: PlotMetric) -> None:
     axis.set_label_text(metric.label)
 
 
-def plot_top(profile: Any, k: int = 10, metric: str = "total", by_type: bool = False, ax: Any = None) -> Any:
+def plot_top(profile: Any, k: int = 10, metric: str = "total", by_type: bool = False, ax: Any = None,
+             path: str | Path | None = None) -> Any:
     """Horizontal bars of the ``k`` modules (or module types, ``by_type=True``) with the largest exclusive share
     of ``metric`` (self part; a leaf's whole value), and one bar for all the rest: the bars add up to the total.
-    Bars are coloured by module type. A shared module is one bar, under its first name.
+    Bars are coloured by module type. A shared module is one bar, under its first name. ``ax`` and ``path`` as
+    for ``plot_sunburst``.
     """
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
+    plot_suffix(path)
     root, chosen, layout = _prepare(profile, metric, None, 0.0)
     rows: dict[str, float] = defaultdict(float)
     kinds: dict[str, str] = {}
@@ -204,10 +212,10 @@ def plot_top(profile: Any, k: int = 10, metric: str = "total", by_type: bool = F
     types = list(dict.fromkeys(kinds[key] for key, _ in shown))
     colours = [palette_colour(types.index(kinds[key])) for key, _ in shown]
     if rest:
-        labels.append(f"other ({len(rest)} {'types' if by_type else 'modules'})")
+        labels.append(f"other ({format_counted(len(rest), 'type' if by_type else 'module')})")
         widths.append(sum(value for _, value in rest))
         colours.append((0.85, 0.85, 0.85))
-    ax = new_axes(ax, (9.0, 1.2 + 0.32 * len(labels)))
+    created, ax = ax is None, new_axes(ax, (9.0, 1.2 + 0.32 * len(labels)))
     bars = ax.barh(range(len(labels)), widths, color=colours, height=0.75)
     for index, (bar, key) in enumerate(zip(bars, [key for key, _ in shown] + ["other"] * bool(rest))):
         bar.set_gid(f"top:{key}")
@@ -218,9 +226,9 @@ def plot_top(profile: Any, k: int = 10, metric: str = "total", by_type: bool = F
     ax.set_xlim(0, max(widths) * 1.3)
     _value_axis(ax.xaxis, chosen)
     ax.spines[["top", "right"]].set_visible(False)
-    what = f"top {len(shown)} {'module types' if by_type else 'modules'} by self "
+    what = f"top {format_counted(len(shown), 'module type' if by_type else 'module')} by self "
     ax.set_title(_title(root, chosen, layout.total, what))
-    return ax
+    return finish_plot(ax, path, created)
 
 
 PLOT_KINDS = {"sunburst": plot_sunburst, "icicle": plot_icicle, "top": plot_top, "roofline": plot_roofline,
@@ -228,28 +236,8 @@ PLOT_KINDS = {"sunburst": plot_sunburst, "icicle": plot_icicle, "top": plot_top,
 
 
 def save_plot(profile: Any, kind: str, metric: str = "total", path: str | Path | None = None, **kwargs: Any) -> Any:
-    """Draw ``kind`` (sunburst, icicle, top, roofline, checkpoint) and, when ``path`` is given, save it as PNG or SVG (by suffix). A
-    figure created here is closed after saving; the Axes is returned either way."""
+    """Draw ``kind`` (sunburst, icicle, top, roofline, checkpoint) and, when ``path`` is given, save it as PNG or
+    SVG (by suffix). A figure created here is closed after saving; the Axes is returned either way."""
     if kind not in PLOT_KINDS:
         raise ValueError(f"unknown plot kind {kind!r}; choose from: {', '.join(PLOT_KINDS)}")
-    suffix = None if path is None else Path(path).suffix.lower().lstrip(".")
-    if suffix is not None and suffix not in ("png", "svg"):
-        raise ValueError(f"cannot save a plot as {str(path)!r}: use a .png or .svg path")
-    created = kwargs.get("ax") is None
-    ax = PLOT_KINDS[kind](profile, metric=metric, **kwargs)
-    if path is not None:
-        figure = ax.figure
-        target = Path(path)
-        temporary: Path | None = None
-        try:
-            temporary = temporary_beside(target)  # complete or not at all, like every file layerprof writes
-            figure.savefig(temporary, format=suffix, dpi=110, bbox_inches="tight")
-            move_into_place(temporary, target)
-        finally:
-            if temporary is not None:
-                temporary.unlink(missing_ok=True)
-            if created:
-                import matplotlib.pyplot as plt
-
-                plt.close(figure)
-    return ax
+    return PLOT_KINDS[kind](profile, metric=metric, path=path, **kwargs)

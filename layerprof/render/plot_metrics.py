@@ -12,7 +12,7 @@ from ..record.records import ModuleRecord
 from .columns import Column
 from .units import format_value
 
-__all__ = ["PlotMetric", "resolve_metric", "metric_meters", "root_of", "PLOTTABLE_UNITS"]
+__all__ = ["PlotMetric", "resolve_metric", "metric_meters", "root_of", "PLOTTABLE_UNITS", "plot_metric_names"]
 
 PLOTTABLE_UNITS = ("ms", "bytes", "flops", "macs", "count")
 
@@ -59,7 +59,7 @@ def _recorded(records: Iterable[ModuleRecord], field: str) -> bool:
     return any(getattr(record, field, None) is not None for record in records)
 
 
-def _plottable() -> list[str]:
+def plot_metric_names() -> list[str]:
     """Short names first (``forward``, ``total``, ``memory``...), then every numeric stored or summed field."""
     fields = [f.name for f in FIELDS.values() if f.unit in PLOTTABLE_UNITS and not f.detail
               and (not f.derived or f.parts)]
@@ -70,8 +70,8 @@ def metric_meters(name: str) -> tuple[str, ...]:
     """The meters that record plot metric ``name`` (empty for times), before any profile exists: the command line
     checks ``--plot-metric`` against ``--metrics`` with it. A ValueError for an unknown name."""
     resolved = canonical(name)
-    if resolved is None or resolved not in _plottable():
-        raise ValueError(f"unknown plot metric {name!r}; choose from: {', '.join(_plottable())}")
+    if resolved is None or resolved not in plot_metric_names():
+        raise ValueError(f"unknown plot metric {name!r}; choose from: {', '.join(plot_metric_names())}")
     metric = PlotMetric(FIELDS[resolved])
     meters = (FIELDS[part].meter for part in metric.fields if part in FIELDS)
     return tuple(dict.fromkeys(meter for meter in meters if meter is not None))
@@ -86,8 +86,8 @@ def resolve_metric(name: str, root: ModuleRecord) -> tuple[PlotMetric, tuple[str
     """
     records = [root, *root.descendants]
     resolved = canonical(name, present=lambda field: _recorded(records, field))
-    if resolved is None or resolved not in _plottable():
-        raise ValueError(f"unknown plot metric {name!r}; choose from: {', '.join(_plottable())}")
+    if resolved is None or resolved not in plot_metric_names():
+        raise ValueError(f"unknown plot metric {name!r}; choose from: {', '.join(plot_metric_names())}")
     metric = PlotMetric(FIELDS[resolved])
     present = tuple(field for field in metric.fields if _recorded(records, field))
     if present:

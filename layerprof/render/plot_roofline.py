@@ -9,14 +9,16 @@ Collections carry gids ``roofline:<bound>``, the roofs ``roof:compute`` and ``ro
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ..record.fields import FIELDS
 from ..record.records import ModuleRecord, preorder
 from ..record.roofs import peaks_of
 from .plot_metrics import root_of
+from .plot_save import finish_plot, plot_suffix
 from .plot_style import new_axes
-from .units import format_bytes, format_flops, format_ms
+from .units import format_bytes, format_counted, format_flops, format_ms
 
 __all__ = ["plot_roofline", "roofline_points", "BOUND_COLOURS"]
 
@@ -57,10 +59,12 @@ def _label_largest(ax: Any, points: list[dict[str, Any]], count: int) -> None:
                     xytext=(5, 3), textcoords="offset points")
 
 
-def plot_roofline(profile: Any, metric: str = "total", ax: Any = None, labels: int = 8) -> Any:
+def plot_roofline(profile: Any, metric: str = "total", ax: Any = None, labels: int = 8,
+                  path: str | Path | None = None) -> Any:
     """Draw the roofline of ``profile`` (needs ``metrics=("flops",)``; peaks measured on first use, or the ones
     given to ``LayerProf(model, peaks=...)``) and return the Axes. ``labels``: how many of the most
     time-consuming modules are named. ``metric`` is accepted for ``Profile.plot`` and must be ``"total"``.
+    ``path``: a .png or .svg file to write the figure to (see ``plot_sunburst``).
 
     >>> import torch, layerprof
     >>> net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU())
@@ -74,6 +78,7 @@ def plot_roofline(profile: Any, metric: str = "total", ax: Any = None, labels: i
     """
     if metric not in ("total", "total_ms"):
         raise ValueError(f"the roofline plots self time, FLOPs and bytes; metric must be 'total', got {metric!r}")
+    plot_suffix(path)
     root = root_of(profile)
     points = roofline_points(root)
     if not points:
@@ -85,7 +90,7 @@ def plot_roofline(profile: Any, metric: str = "total", ax: Any = None, labels: i
                          "'bandwidth': ...}) or profile on a device this process can measure")
     import numpy as np
 
-    ax = new_axes(ax, (8.5, 5.5))
+    created, ax = ax is None, new_axes(ax, (8.5, 5.5))
     ranked = [p for p in points if p["flops"] and p["bytes"]]
     ridge = peaks["flops"] / peaks["bandwidth"]
     intensities = [p["intensity"] for p in ranked] + [ridge]
@@ -113,7 +118,8 @@ def plot_roofline(profile: Any, metric: str = "total", ax: Any = None, labels: i
         ax.scatter([p["x"] for p in chosen], [p["y"] for p in chosen],
                    s=[15 + 600 * p["ms"] / largest for p in chosen], color=colour, alpha=0.55, edgecolors="black",
                    linewidths=0.4, gid=f"roofline:{bound}",
-                   label=f"{bound}-bound: {len(chosen)} modules, {format_ms(sum(p['ms'] for p in chosen))}")
+                   label=f"{bound}-bound: {format_counted(len(chosen), 'module')}, "
+                         f"{format_ms(sum(p['ms'] for p in chosen))}")
     _label_largest(ax, points, labels)
     whole_flops, whole_bytes = FIELDS["flops"].value(root), FIELDS["bytes"].value(root)
     whole_ms = FIELDS["total_ms"].value(root)
@@ -132,4 +138,4 @@ def plot_roofline(profile: Any, metric: str = "total", ax: Any = None, labels: i
                  f"{root.type}: roofline per module ({source} peaks)", fontsize=FONT_SIZE + 3)
     ax.legend(fontsize=FONT_SIZE + 0.5, loc="lower right", frameon=False)
     ax.grid(True, which="major", color="0.9", linewidth=0.6)
-    return ax
+    return finish_plot(ax, path, created)

@@ -82,8 +82,8 @@ def points_per_unit(ax: Any) -> tuple[float, float]:
 
 
 def new_axes(ax: Any, figsize: tuple[float, float]) -> Any:
-    """``ax`` itself, or the Axes of a new pyplot figure (left open, for ``plt.show()``; ``Profile.plot`` closes
-    the figures it saves)."""
+    """``ax`` itself, or the Axes of a new pyplot figure (left open, for ``plt.show()``; a plot saved with
+    ``path=`` closes the figure it made)."""
     if ax is not None:
         return ax
     import matplotlib.pyplot as plt

@@ -23,7 +23,7 @@ from ..record.roofs import peaks_of
 from .plot_roofline import plot_roofline, roofline_points
 from .checkpoint import frontier_svg, plan_text
 from .trace import call_slices
-from .units import format_value
+from .units import format_counted, format_value
 
 __all__ = ["METRICS", "report_data", "report_html", "script_json"]
 
@@ -92,7 +92,8 @@ def report_data(root: ModuleRecord, meta: dict[str, Any] | None = None) -> dict[
     steps = (meta or {}).get("steps")
     return {
         "title": f"layerprof: {root.type}",
-        "subtitle": f"{len(records)} modules" + (f", {steps} profiled step{'s' * (steps != 1)}" if steps else ""),
+        "subtitle": format_counted(len(records), "module")
+        + (f", {format_counted(steps, 'profiled step')}" if steps else ""),
         "metrics": [{"name": m, "label": FIELDS[m].label} for m in metrics],
         "columns": [{"name": c, "label": FIELDS[c].label, "numeric": True} for c in columns],
         "nodes": nodes,

@@ -12,7 +12,7 @@ from ..record.records import ModuleRecord
 from ..record.summed import TreeValues, ran
 from .columns import Column, resolve_columns
 from .footer import summary_footer
-from .units import format_count, format_ms
+from .units import format_count, format_counted, format_ms
 
 __all__ = ["annotated_repr", "summary_header", "SUMMED_NOTE"]
 
@@ -61,7 +61,7 @@ def _render(record: ModuleRecord, values: TreeValues, columns: list[Column], dep
             _insert_in_order(entries, key, line)
         lines.extend(line for _, line in entries)
     elif record.children:
-        lines.append(f"... {len(record.children)} children")
+        lines.append(f"... {format_counted(len(record.children), 'child', 'children')}")
     head = record.type + _annotation(record, values, columns) + "("
     if not lines:
         return head + ")"

@@ -2,17 +2,21 @@
 
 A table of module records knows the step's total time, so its human-readable forms (text, Markdown, LaTeX,
 HTML) add ``total_ms`` and ``time_percent`` (share of the step) after the times; the machine-readable ones (CSV,
-DataFrame) keep the stored fields only. ``Profile.to_*`` are ``Profile.rows(...).to_*``: one export path."""
+DataFrame) keep the stored fields only. Markdown and LaTeX go on a page: by default they show a few columns
+(``export.PAGE_COLUMNS``: times, share, params, FLOPs, memory), ``columns=`` any. ``Profile.to_*`` are
+``Profile.rows(...).to_*``: one export path."""
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence, overload
 
-from ..record.fields import canonical
+from ..record.fields import FIELDS, canonical
 from ..record.records import ModuleRecord
 from . import export
 from .html import html_table, notebook_style, to_html
 from .rows import aggregate_by_type, record_rows
+from .units import format_counted
 
 __all__ = ["Table"]
 
@@ -30,13 +34,17 @@ class Table(Sequence[dict[str, Any]]):
     """
 
     def __init__(self, rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None,
-                 step_ms: float | None = None) -> None:
+                 step_ms: float | None = None, page_lead: Sequence[str] | None = None) -> None:
         self.rows: list[dict[str, Any]] = list(rows)
         # The whole step's time, for the share column of human-readable forms; None: no share is shown.
         self.step_ms = step_ms
         self.columns: list[str] = (
             list(columns) if columns is not None else export.display_columns(self.human_rows())
         )
+        # A page (Markdown, LaTeX) shows ``page_lead`` then the page's usual columns; a table given its columns
+        # and no lead shows just those.
+        self._page_lead = list(page_lead) if page_lead is not None else list(columns or ())
+        self._page_adds = page_lead is not None or columns is None
 
     @classmethod
     def of_records(cls, records: Iterable[ModuleRecord], root: ModuleRecord) -> Table:
@@ -66,13 +74,36 @@ class Table(Sequence[dict[str, Any]]):
             shown.append(out)
         return shown
 
+    def page_rows(self) -> list[dict[str, Any]]:
+        """The human rows, with the summed fields a page shows (``flops``: forward + backward + recompute FLOPs)
+        where a row holds their parts. Computed here, never stored on the records."""
+        summed = [FIELDS[name] for name in export.PAGE_COLUMNS if name in FIELDS and FIELDS[name].parts]
+        shown = []
+        for row in self.human_rows():
+            out = dict(row)
+            for field in summed:
+                if field.name not in row and any(part in row for part in field.parts):
+                    values = [row[part] for part in field.parts if row.get(part) is not None]
+                    out[field.name] = sum(values) if values else None
+            shown.append(out)
+        return shown
+
+    def _page(self, columns: Sequence[str] | None) -> tuple[list[dict[str, Any]], list[str]]:
+        """The rows and columns of a page table: ``columns``, or the lead and the usual page columns."""
+        rows = self.page_rows()
+        if columns is not None:
+            return rows, self._chosen(columns, rows)
+        return rows, export.page_columns(rows, self._page_lead) if self._page_adds else self._page_lead
+
     @overload
     def __getitem__(self, index: int) -> dict[str, Any]: ...
     @overload
     def __getitem__(self, index: slice) -> Table: ...
     def __getitem__(self, index: int | slice) -> dict[str, Any] | Table:
         if isinstance(index, slice):
-            return Table(self.rows[index], self.columns, self.step_ms)
+            part = copy.copy(self)
+            part.rows = self.rows[index]
+            return part
         return self.rows[index]
 
     def __len__(self) -> int:
@@ -110,13 +141,15 @@ class Table(Sequence[dict[str, Any]]):
 
     def to_markdown(self, path: str | Path | None = None, columns: Sequence[str] | None = None,
                     raw: bool = False) -> str:
-        """A Markdown table of the shown columns; written to ``path`` if given."""
-        return export.write_text(export.to_markdown(self.human_rows(), self._chosen(columns), raw), path)
+        """A Markdown table of a page's columns (or ``columns``); written to ``path`` if given."""
+        rows, chosen = self._page(columns)
+        return export.write_text(export.to_markdown(rows, chosen, raw), path)
 
     def to_latex(self, path: str | Path | None = None, columns: Sequence[str] | None = None, raw: bool = False,
                  caption: str | None = None, label: str | None = None) -> str:
-        """A booktabs LaTeX table of the shown columns; written to ``path`` if given."""
-        text = export.to_latex(self.human_rows(), self._chosen(columns), raw, caption=caption, label=label)
+        """A booktabs LaTeX table of a page's columns (or ``columns``); written to ``path`` if given."""
+        rows, chosen = self._page(columns)
+        text = export.to_latex(rows, chosen, raw, caption=caption, label=label)
         return export.write_text(text, path)
 
     def to_html(self, path: str | Path | None = None, columns: Sequence[str] | None = None, raw: bool = False,
@@ -129,7 +162,7 @@ class Table(Sequence[dict[str, Any]]):
         return export.to_text(self.human_rows(), self.columns).rstrip("\n")
 
     def __repr__(self) -> str:
-        return f"<Table: {len(self.rows)} rows; columns {', '.join(self.columns)}>"
+        return f"<Table: {format_counted(len(self.rows), 'row')}; columns {', '.join(self.columns)}>"
 
     def _repr_html_(self) -> str:
         return notebook_style() + "\n" + html_table(self.human_rows(), self.columns, max_rows=500)

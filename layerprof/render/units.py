@@ -5,7 +5,7 @@ from ..record.fields import FIELDS
 
 __all__ = [
     "format_ms", "format_count", "format_bytes", "format_flops", "format_percent", "format_change", "format_ratio",
-    "format_plain", "format_field", "format_value", "field_label", "format_shapes", "MISSING",
+    "format_plain", "format_field", "format_value", "field_label", "format_shapes", "format_counted", "MISSING",
 ]
 
 MISSING = "—"
@@ -31,6 +31,18 @@ def _scaled(value: float, base: float, units: tuple[str, ...], suffix: str) -> s
         value /= base
         magnitude /= base
     return f"{value:.3g}{units[-1]}{suffix}"
+
+
+def format_counted(count: float, singular: str, plural: str | None = None, shown: str | None = None) -> str:
+    """A count and its noun, the noun singular for exactly one: ``format_counted(1, "child", "children")`` is
+    ``'1 child'``, ``format_counted(0, "step")`` is ``'0 steps'``. ``plural``: an irregular plural (default
+    ``singular + "s"``); ``shown``: the count as written, e.g. ``format_count(calls)`` (default ``str(count)``).
+
+    >>> [format_counted(n, "child", "children") for n in (1, 3)], format_counted(2, "batch", "batches")
+    (['1 child', '3 children'], '2 batches')
+    """
+    noun = singular if count == 1 else (plural if plural is not None else singular + "s")
+    return f"{count if shown is None else shown} {noun}"
 
 
 def format_count(value: float | None) -> str:

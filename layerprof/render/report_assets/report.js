@@ -23,6 +23,8 @@
   function hue(text) { let h = 0; for (const c of text) h = (h * 31 + c.charCodeAt(0)) % 360; return h; }
   function color(node) { return "hsl(" + hue(node.type) + ", 55%, " + (72 - Math.min(node.depth, 6) * 3) + "%)"; }
   function fullName(node) { return node.name || node.type; }
+  // A count and its noun, singular for exactly one (units.format_counted, for the text drawn here).
+  function counted(count, noun) { return count + " " + noun + (count === 1 ? "" : "s"); }
 
   function showTooltip(event, lines) {
     clear(tooltip);
@@ -65,7 +67,7 @@
   }
   function otherLines(cell) {
     const ranked = cell.other.slice().sort((a, b) => value(b) - value(a));
-    const lines = [["other", cell.other.length + " modules of " + fullName(cell.node) + ", each under " + MIN_CELL + " px"]];
+    const lines = [["other", counted(cell.other.length, "module") + " of " + fullName(cell.node) + ", each under " + MIN_CELL + " px"]];
     ranked.slice(0, 5).forEach((n) => lines.push([fullName(n), n.shown[state.metric]]));
     if (ranked.length > 5) lines.push(["\u2026", (ranked.length - 5) + " more"]);
     return lines;
@@ -95,7 +97,7 @@
         text.textContent = room >= label.length ? label : label.slice(0, room - 1) + "\u2026";
       }
       // the name, even where the box is narrow
-      el("title", {}, g).textContent = other ? cell.other.length + " modules under " + fullName(node) : fullName(node);
+      el("title", {}, g).textContent = other ? counted(cell.other.length, "module") + " under " + fullName(node) : fullName(node);
     });
     svg.appendChild(fragment);
     const crumbs = document.getElementById("crumbs");
@@ -182,7 +184,7 @@
       const { phase, item } = timelineItems[+g.getAttribute("data-item")];
       if (item.slice) { showTooltip(event, [[item.slice.name, item.slice.type], [phase, item.slice.shown]]); return; }
       const first = item.slices[0], last = item.slices[item.slices.length - 1];
-      showTooltip(event, [[item.slices.length + " calls", "each under " + MIN_SLICE + " px"],
+      showTooltip(event, [[counted(item.slices.length, "call"), "each under " + MIN_SLICE + " px"],
                           ["from", first.name], ["to", last.name]]);
     });
     svg.addEventListener("mouseleave", hideTooltip);
@@ -246,7 +248,7 @@
     }
     tableRows = rows;
     showRows(PAGE);
-    document.getElementById("count").textContent = rows.length + " of " + nodes.length + " modules";
+    document.getElementById("count").textContent = rows.length + " of " + counted(nodes.length, "module");
   }
   function wireTable() {
     document.querySelector("#records tbody").addEventListener("click", (event) => {
