@@ -279,7 +279,9 @@ class LayerProf:
         clock = PausableClock() if pausing else None
         for meter in pausing:
             meter.use_clock(clock)
-        self._tracker = Tracker(sync=self.sync, cpu_clock=clock)
+        # Global module hooks unless a meter observes forward calls (its pre-hook wants the call's kwargs).
+        global_hooks = not any(meter.wants_forward_hooks for meter in self.metrics)
+        self._tracker = Tracker(sync=self.sync, cpu_clock=clock, global_hooks=global_hooks)
         _PROFILED.update(dict.fromkeys(plan.names, self))
         started: list[Meter] = []
         try:
