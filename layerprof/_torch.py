@@ -22,7 +22,8 @@ __all__ = [
     "compiled_module_type", "fsdp2_param_groups", "FSDP2_HOOK_POINTS", "fsdp2_comm_buffers",
     "patch_fsdp2_group", "unpatch_fsdp2_group",
     "TorchDispatchMode", "StorageWeakRef", "escaped_backward", "add_forward_hooks", "remove_forward_hooks",
-    "add_forward_hooks_to", "remove_forward_hooks_from", "add_global_forward_hooks", "with_forward_pre_hooks",
+    "add_forward_hooks_to", "remove_forward_hooks_from", "add_global_forward_hooks", "remove_global_forward_hooks",
+    "with_forward_pre_hooks",
 ]
 
 # The sequence number the next autograd node created on this thread will get: a module call owns the nodes
@@ -144,6 +145,16 @@ def add_global_forward_hooks(pre: Callable[..., None], post: Callable[..., None]
     except BaseException:
         pre_handle.remove()
         raise
+
+
+def remove_global_forward_hooks(handles: tuple[Any, Any]) -> None:
+    """Take off what ``add_global_forward_hooks`` put on: the handles, and the post-hook's ``with_kwargs`` mark,
+    which torch's handle leaves behind (a dict that would grow by one entry per block)."""
+    from torch.nn.modules import module as torch_module
+
+    for handle in handles:
+        handle.remove()
+        getattr(torch_module, "_global_forward_hooks_with_kwargs", {}).pop(handle.id, None)
 
 
 def with_forward_pre_hooks(modules: list[Any]) -> list[Any]:

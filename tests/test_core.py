@@ -417,3 +417,29 @@ def test_a_call_made_while_handling_an_exception_is_counted() -> None:
         model(torch.randn(2, 4)).sum().backward()
     assert prof.records["log"].calls == 1 and prof.records["log"].forward_ms is not None
     assert prof.profile.meta["steps_seen"] == 1
+
+
+def test_a_dropped_profile_is_freed_without_a_garbage_collection() -> None:
+    # A record tree is a reference cycle (parent and children); the last Profile holding it breaks the cycle, so a
+    # one-shot profile per step leaves nothing for the collector. A record held elsewhere keeps its tree whole.
+    model = MLP()
+    profile_step(model, torch.randn(2, 8))  # the first profiler in a process imports torch._dynamo (kept in a cycle)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        prof = profile_step(model, torch.randn(2, 8))
+        records = [weakref.ref(record) for record in prof.tree]
+        assert len(records) == 7  # root, body, body.0-3, head
+        del prof
+        assert [ref() for ref in records] == [None] * 7
+        prof = profile_step(model, torch.randn(2, 8))
+        held = prof.records["body.0"]
+        del prof
+        assert held.parent.name == "body" and held.parent.parent.name == "" and len(held.parent.children) == 4
+        tree = profile_step(model, torch.randn(2, 8)).tree
+        assert [record.name for record in tree] == ["", "body", "body.0", "body.1", "body.2", "body.3", "head"]
+        selected = profile_step(model, torch.randn(2, 8)).select(type="Linear")
+        assert [record.parent.name for record in selected] == ["body", "body", ""]
+    finally:
+        if enabled:
+            gc.enable()

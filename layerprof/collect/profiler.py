@@ -425,7 +425,7 @@ class LayerProf:
         """Take everything off the model; runs on every exit path."""
         try:
             if self._tracker is not None:
-                self._tracker.detach()
+                self._tracker.release()
             if self._probe is not None:
                 self._probe.remove()
                 self._probe = None

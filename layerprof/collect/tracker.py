@@ -44,7 +44,7 @@ from .._tensors import first_tensor, iter_tensors
 from .._torch import graph_task_id as _graph_task_id
 from .._torch import next_sequence_nr as _next_sequence_nr
 from .._torch import add_forward_hooks_to, add_global_forward_hooks, escaped_backward, remove_forward_hooks
-from .._torch import remove_forward_hooks_from, with_forward_pre_hooks
+from .._torch import remove_forward_hooks_from, remove_global_forward_hooks, with_forward_pre_hooks
 from .._torch import queue_backward_callback as _queue_backward_callback
 from .._torch import sequence_nr as _sequence_nr
 
@@ -324,10 +324,15 @@ class Tracker:
         global_handles, self._global_handles = self._global_handles, None
         self.global_names.clear()
         if global_handles is not None:
-            for handle in global_handles:
-                handle.remove()
+            remove_global_forward_hooks(global_handles)
         for added in handles:
             remove_forward_hooks_from(added)
+
+    def release(self) -> None:
+        """Detach, and drop the hook functions, which hold this tracker: once the block is over nothing refers
+        back to it (a reference cycle would keep it and its step's state until a garbage collection)."""
+        self.detach()
+        self._hooks = None
 
     def end_step(self) -> None:
         """Close the step: graph hooks still on live nodes stop stamping, and per-thread state starts clean
