@@ -20,6 +20,8 @@ step takes on one thread stays put; ``--clock wall`` times with ``time.perf_coun
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import statistics
 import time
 from typing import Any, Callable
@@ -237,6 +239,7 @@ def main() -> None:
         wrappers["deepspeed_flops"] = DeepSpeedFlops
     print(f"torch {torch.__version__}, 1 thread, median of {args.repeats} interleaved steps, {args.clock} clock, "
           f"metrics={metrics}")
+    print(f"machine: {machine()}")
     results = {}
     if "resnet18" in chosen:
         results["resnet18"] = measure("resnet18 b2", resnet18, args.repeats, wrappers, metrics)
@@ -245,6 +248,19 @@ def main() -> None:
     if "deep" in chosen:
         results["deep"] = measure("500 x Sequential(Linear(16,16), ReLU)", deep_stack, args.repeats, wrappers, metrics)
     print_targets(results)
+    print(f"load average at the end: {', '.join(f'{load:.1f}' for load in os.getloadavg())}")
+
+
+def machine() -> str:
+    """The machine the figures were measured on: CPU model, cores, host, and how loaded it was at the start."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), model)
+    except OSError:
+        pass
+    loads = ", ".join(f"{load:.1f}" for load in os.getloadavg())
+    return f"{model}, {os.cpu_count()} cores, host {platform.node()}, load average {loads}"
 
 
 def print_targets(results: dict[str, dict[str, float]]) -> None:

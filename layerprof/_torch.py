@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
-from operator import attrgetter, methodcaller, setitem
+from operator import attrgetter, contains, itemgetter, methodcaller, setitem
 from typing import Any, Callable
 
 import torch
@@ -92,6 +92,8 @@ def add_forward_hooks(module: Any, pre: Callable[..., None], post: Callable[...,
     return key
 
 
+_second = itemgetter(1)
+_own = attrgetter("__dict__")
 _drain = functools.partial(collections.deque, maxlen=0)  # runs an iterator to its end, keeping nothing
 _DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks", "_forward_hooks_with_kwargs",
           "_forward_hooks_always_called")
@@ -228,6 +230,12 @@ def compiled_in_place(paths: list[tuple[str, Any]]) -> tuple[str, Any, str] | No
     dynamo = vars(torch).get("_dynamo")  # set when torch._dynamo is imported; reading it imports nothing
     if dynamo is None or getattr(getattr(dynamo, "config", None), "disable", False):
         return None  # never imported, so nothing was compiled; or off (TORCH_COMPILE_DISABLE=1): all runs eagerly
+    modules = list(map(_second, paths))
+    owns = list(map(_own, modules))
+    if (not any(map(contains, owns, itertools.repeat("_compiled_call_impl")))
+            and not any(map(contains, owns, itertools.repeat("forward")))
+            and not any(is_compiled_function(getattr(cls, "forward", None)) for cls in set(map(type, modules)))):
+        return None  # the common case, read with C-level calls: no module has either attribute of its own
     by_class: dict[type, bool] = {}
     for name, module in paths:
         own = module.__dict__

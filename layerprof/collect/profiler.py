@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import sys
 import warnings
+from operator import is_
 from typing import Any, Callable, Iterable, TypeVar
 
 import torch
@@ -437,9 +439,12 @@ class LayerProf:
                 _stop_all(meters)
             finally:
                 self._counting = []
-                for _, module in self._entries:
-                    if _PROFILED.get(id(module)) is self:
-                        del _PROFILED[id(module)]
+                if all(map(is_, _PROFILED.values(), itertools.repeat(self))):
+                    _PROFILED.clear()  # the common case, one profiler running: with no Python loop per module
+                else:
+                    for _, module in self._entries:
+                        if _PROFILED.get(id(module)) is self:
+                            del _PROFILED[id(module)]
 
     # -- steps -----------------------------------------------------------------------------------------------
     def _begin_step(self) -> None:
