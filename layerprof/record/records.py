@@ -6,8 +6,10 @@ module tree, because the two differ when a module is shared or called from a sib
 from __future__ import annotations
 
 import sys
+from collections import deque
 from dataclasses import dataclass, fields
-from operator import attrgetter, methodcaller
+from itertools import repeat
+from operator import add, attrgetter, methodcaller
 from typing import Any, Iterator
 
 from anytree import NodeMixin, PreOrderIter
@@ -181,6 +183,7 @@ def _argument_references() -> int:
 
 _ARGUMENT_REFERENCES = _argument_references()
 _children_of = methodcaller("get", "_NodeMixin__children", ())
+_drop_children = methodcaller("pop", "_NodeMixin__children", None)
 _own = attrgetter("__dict__")
 
 
@@ -197,12 +200,11 @@ def release_tree(root: ModuleRecord, records: dict[str, ModuleRecord]) -> bool:
     children = list(map(_children_of, map(_own, found)))
     # References each record has from the tree and the caller: ``records``, ``found``, the parent's children
     # list (not the root's), its children's parents; the root also from the caller's ``root``.
-    expected = [_ARGUMENT_REFERENCES + 2 + count for count in map(len, children)]
+    expected = list(map(add, map(len, children), repeat(_ARGUMENT_REFERENCES + 2)))
     expected[0] += 1
     if list(map(sys.getrefcount, found)) != expected:
         return False
-    for own in map(_own, found):
-        own.pop("_NodeMixin__children", None)
+    deque(map(_drop_children, map(_own, found)), maxlen=0)
     return True
 
 
