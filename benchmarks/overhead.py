@@ -13,6 +13,10 @@ in one run, each round interleaving a plain step with every variant:
   DeepSpeed's flops profiler (start/stop/end_profile; skipped when deepspeed is not installed), and the seed
   tool's mechanism (forward hooks plus register_full_backward_(pre_)hook per module).
 
+After every step, outside the timed region, the young garbage-collector generations are collected, so that
+what one variant leaves for the collector (torch.profiler leaves reference cycles) is not paid by the next
+variant's step; a variant's collections during its own step still count.
+
 Steps are timed with this process's CPU time by default (``--clock cpu``, ``time.process_time``): on a shared
 machine other work steals the CPU in bursts, which moves wall-clock ratios by tens of percent, while the CPU a
 step takes on one thread stays put; ``--clock wall`` times with ``time.perf_counter``.
@@ -20,6 +24,7 @@ step takes on one thread stays put; ``--clock wall`` times with ``time.perf_coun
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import platform
 import statistics
@@ -194,10 +199,15 @@ def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch
         for _ in range(repeats):
             samples["plain"].append(timed(loss_fn, model))  # a wait step: no hook on the model
             steady.step()
+            gc.collect(1)
             samples["layerprof_steady"].append(timed(loss_fn, model))
             steady.step()
+            gc.collect(1)
             for key, wrapper in wrappers.items():
                 samples["twin_plain" if key == "plain" else key].append(step_time(twin, twin_loss, wrapper))
+                # What a variant left for the collector is collected here, untimed: else the first step after it
+                # to allocate enough pays (torch.profiler's garbage cost the next one-shot step 1.4 ms on BERT).
+                gc.collect(1)
     finally:
         steady.stop()
     medians = {key: statistics.median(values) for key, values in samples.items()}

@@ -228,14 +228,16 @@ def compiled_in_place(paths: list[tuple[str, Any]]) -> tuple[str, Any, str] | No
     the instance, or a decorated method). None when there is none. About 0.3 µs per module: most modules have
     neither attribute of their own, and a class's forward is looked at once; nothing while dynamo is not loaded."""
     dynamo = vars(torch).get("_dynamo")  # set when torch._dynamo is imported; reading it imports nothing
-    if dynamo is None or getattr(getattr(dynamo, "config", None), "disable", False):
-        return None  # never imported, so nothing was compiled; or off (TORCH_COMPILE_DISABLE=1): all runs eagerly
+    if dynamo is None:
+        return None  # never imported, so nothing was compiled
     modules = list(map(_second, paths))
     owns = list(map(_own, modules))
     if (not any(map(contains, owns, itertools.repeat("_compiled_call_impl")))
             and not any(map(contains, owns, itertools.repeat("forward")))
             and not any(is_compiled_function(getattr(cls, "forward", None)) for cls in set(map(type, modules)))):
         return None  # the common case, read with C-level calls: no module has either attribute of its own
+    if getattr(getattr(dynamo, "config", None), "disable", False):
+        return None  # off (TORCH_COMPILE_DISABLE=1): all runs eagerly (a config read costs tens of µs)
     by_class: dict[type, bool] = {}
     for name, module in paths:
         own = module.__dict__
