@@ -289,8 +289,9 @@ def print_targets(results: dict[str, dict[str, float]]) -> None:
               f"ms), one-shot {oneshot:.3f} ({oneshot * twin:.2f} ms), torch.profiler {torchprof:.3f} "
               f"({torchprof * twin:.2f} ms)")
         print(f"    one-shot step / steady step {oneshot / steady:.3f}; one-shot overhead / steady overhead "
-              f"{(oneshot - 1) / (steady - 1) if steady != 1 else float('nan'):.2f}; one-shot overhead / "
-              f"torch.profiler's {(oneshot - 1) / (torchprof - 1) if torchprof != 1 else float('nan'):.2f}")
+              f"{(oneshot - 1) / (steady - 1) if steady != 1 else float('nan'):.2f}; overhead / torch.profiler's: "
+              f"one-shot {(oneshot - 1) / (torchprof - 1) if torchprof != 1 else float('nan'):.2f}, steady "
+              f"{(steady - 1) / (torchprof - 1) if torchprof != 1 else float('nan'):.2f}")
         per = r.get(f"{peer}_us_per_module")
         if key == "deep" and per:
             print(f"    per module per step: in-step (steady) {r['layerprof_steady_us_per_module']:.1f} µs, one-shot "
