@@ -207,8 +207,10 @@ def outer_saved_tensors_hooks() -> tuple[Any, Any] | None:
 
 
 def compiled_module_type() -> type | None:
-    """The class of a ``torch.compile``'d module (``OptimizedModule``), None where dynamo is missing."""
-    dynamo = getattr(torch, "_dynamo", None)
+    """The class of a ``torch.compile``'d module (``OptimizedModule``), None where dynamo is missing or was never
+    imported (then no module can be compiled): ``getattr(torch, "_dynamo")`` would import it, a second of CPU time
+    on the first LayerProf of a process."""
+    dynamo = vars(torch).get("_dynamo")
     eval_frame = getattr(dynamo, "eval_frame", None) if dynamo is not None else None
     return getattr(eval_frame, "OptimizedModule", None)
 
