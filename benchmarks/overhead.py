@@ -13,6 +13,10 @@ in one run, each round interleaving a plain step with every variant:
   DeepSpeed's flops profiler (start/stop/end_profile; skipped when deepspeed is not installed), and the seed
   tool's mechanism (forward hooks plus register_full_backward_(pre_)hook per module).
 
+After every step, outside the timed region, the young garbage-collector generations are collected, so that
+what one variant leaves for the collector (torch.profiler leaves reference cycles) is not paid by the next
+variant's step; a variant's collections during its own step still count.
+
 Steps are timed with this process's CPU time by default (``--clock cpu``, ``time.process_time``): on a shared
 machine other work steals the CPU in bursts, which moves wall-clock ratios by tens of percent, while the CPU a
 step takes on one thread stays put; ``--clock wall`` times with ``time.perf_counter``.
@@ -20,6 +24,9 @@ step takes on one thread stays put; ``--clock wall`` times with ``time.perf_coun
 from __future__ import annotations
 
 import argparse
+import gc
+import os
+import platform
 import statistics
 import time
 from typing import Any, Callable
@@ -192,10 +199,15 @@ def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch
         for _ in range(repeats):
             samples["plain"].append(timed(loss_fn, model))  # a wait step: no hook on the model
             steady.step()
+            gc.collect(1)
             samples["layerprof_steady"].append(timed(loss_fn, model))
             steady.step()
+            gc.collect(1)
             for key, wrapper in wrappers.items():
                 samples["twin_plain" if key == "plain" else key].append(step_time(twin, twin_loss, wrapper))
+                # What a variant left for the collector is collected here, untimed: else the first step after it
+                # to allocate enough pays (torch.profiler's garbage cost the next one-shot step 1.4 ms on BERT).
+                gc.collect(1)
     finally:
         steady.stop()
     medians = {key: statistics.median(values) for key, values in samples.items()}
@@ -237,6 +249,7 @@ def main() -> None:
         wrappers["deepspeed_flops"] = DeepSpeedFlops
     print(f"torch {torch.__version__}, 1 thread, median of {args.repeats} interleaved steps, {args.clock} clock, "
           f"metrics={metrics}")
+    print(f"machine: {machine()}")
     results = {}
     if "resnet18" in chosen:
         results["resnet18"] = measure("resnet18 b2", resnet18, args.repeats, wrappers, metrics)
@@ -245,6 +258,19 @@ def main() -> None:
     if "deep" in chosen:
         results["deep"] = measure("500 x Sequential(Linear(16,16), ReLU)", deep_stack, args.repeats, wrappers, metrics)
     print_targets(results)
+    print(f"load average at the end: {', '.join(f'{load:.1f}' for load in os.getloadavg())}")
+
+
+def machine() -> str:
+    """The machine the figures were measured on: CPU model, cores, host, and how loaded it was at the start."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), model)
+    except OSError:
+        pass
+    loads = ", ".join(f"{load:.1f}" for load in os.getloadavg())
+    return f"{model}, {os.cpu_count()} cores, host {platform.node()}, load average {loads}"
 
 
 def print_targets(results: dict[str, dict[str, float]]) -> None:
@@ -263,8 +289,9 @@ def print_targets(results: dict[str, dict[str, float]]) -> None:
               f"ms), one-shot {oneshot:.3f} ({oneshot * twin:.2f} ms), torch.profiler {torchprof:.3f} "
               f"({torchprof * twin:.2f} ms)")
         print(f"    one-shot step / steady step {oneshot / steady:.3f}; one-shot overhead / steady overhead "
-              f"{(oneshot - 1) / (steady - 1) if steady != 1 else float('nan'):.2f}; one-shot overhead / "
-              f"torch.profiler's {(oneshot - 1) / (torchprof - 1) if torchprof != 1 else float('nan'):.2f}")
+              f"{(oneshot - 1) / (steady - 1) if steady != 1 else float('nan'):.2f}; overhead / torch.profiler's: "
+              f"one-shot {(oneshot - 1) / (torchprof - 1) if torchprof != 1 else float('nan'):.2f}, steady "
+              f"{(steady - 1) / (torchprof - 1) if torchprof != 1 else float('nan'):.2f}")
         per = r.get(f"{peer}_us_per_module")
         if key == "deep" and per:
             print(f"    per module per step: in-step (steady) {r['layerprof_steady_us_per_module']:.1f} µs, one-shot "

@@ -7,7 +7,9 @@ Models: 500 and 3,333 x Sequential(Linear(16, 16), ReLU) (1,501 and 10,000 modul
 (hooks off, statistics and meters filled, the Profile made); the median is over blocks on a model profiled
 before (what the block reuses from the last one, ``collect/reuse.py``), the first block's figure beside it; JSON is ``to_json`` and ``layerprof.loads`` of a
 profiled step of the 10,000-module model. Then the phases of a one-shot profile with a training step inside, on
-the 1,501-module model: ``LayerProf(model)``, entering, the step (beside a plain step), leaving. Medians of
+the 1,501-module model: ``LayerProf(model)`` (which includes freeing the previous round's profile, dropped by the
+assignment: a dropped profile is freed then, not by a later garbage collection), entering, the step (beside a
+plain step), leaving. Medians of
 ``--repeats`` rounds (three times as many for the phases), one thread. Times are CPU time of this process
 (``time.process_time``), which a machine shared with other work disturbs less than the wall clock.
 """

@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
-from operator import attrgetter, methodcaller, setitem
+from operator import attrgetter, contains, itemgetter, methodcaller, setitem
 from typing import Any, Callable
 
 import torch
@@ -22,7 +22,8 @@ __all__ = [
     "compiled_module_type", "fsdp2_param_groups", "FSDP2_HOOK_POINTS", "fsdp2_comm_buffers",
     "patch_fsdp2_group", "unpatch_fsdp2_group",
     "TorchDispatchMode", "StorageWeakRef", "escaped_backward", "add_forward_hooks", "remove_forward_hooks",
-    "add_forward_hooks_to", "remove_forward_hooks_from",
+    "add_forward_hooks_to", "remove_forward_hooks_from", "add_global_forward_hooks", "remove_global_forward_hooks",
+    "with_forward_pre_hooks",
 ]
 
 # The sequence number the next autograd node created on this thread will get: a module call owns the nodes
@@ -63,23 +64,27 @@ def submodules(module: Any) -> dict[str, Any]:
 _HOOK_KEYS = itertools.count(-1, -1)
 
 
-def add_forward_hooks(module: Any, pre: Callable[..., None], post: Callable[..., None]) -> Any:
+def add_forward_hooks(module: Any, pre: Callable[..., None], post: Callable[..., None] | None) -> Any:
     """Put ``pre`` (run last, with kwargs) and ``post`` (run first, with kwargs, also when forward raises) on
     ``module``, as ``register_forward_pre_hook(pre, with_kwargs=True)`` and ``register_forward_hook(post,
     with_kwargs=True, always_call=True, prepend=True)`` do, but writing the module's hook dicts directly: the
     public calls build two RemovableHandles per module, ten times the cost, which made set-up the largest part
     of a one-shot profile. Returns what ``remove_forward_hooks`` takes. Falls back to the public calls where a
-    torch has other internals."""
+    torch has other internals. ``post=None``: the pre-hook only."""
     try:  # every dict is read before any is written: a module without one is left untouched
         pre_hooks, pre_kwargs = module._forward_pre_hooks, module._forward_pre_hooks_with_kwargs
         hooks, kwargs, always = (module._forward_hooks, module._forward_hooks_with_kwargs,
                                  module._forward_hooks_always_called)
     except AttributeError:
+        if post is None:
+            return (module.register_forward_pre_hook(pre, with_kwargs=True),)
         return (module.register_forward_pre_hook(pre, with_kwargs=True),
                 module.register_forward_hook(post, with_kwargs=True, always_call=True, prepend=True))
     key = next(_HOOK_KEYS)
     pre_hooks[key] = pre
     pre_kwargs[key] = True
+    if post is None:
+        return key
     hooks[key] = post
     hooks.move_to_end(key, last=False)
     kwargs[key] = True
@@ -87,12 +92,14 @@ def add_forward_hooks(module: Any, pre: Callable[..., None], post: Callable[...,
     return key
 
 
+_second = itemgetter(1)
+_own = attrgetter("__dict__")
 _drain = functools.partial(collections.deque, maxlen=0)  # runs an iterator to its end, keeping nothing
 _DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks", "_forward_hooks_with_kwargs",
           "_forward_hooks_always_called")
 
 
-def add_forward_hooks_to(modules: list[Any], pre: Callable[..., None], post: Callable[..., None]) -> Any:
+def add_forward_hooks_to(modules: list[Any], pre: Callable[..., None], post: Callable[..., None] | None) -> Any:
     """``add_forward_hooks`` on every module of ``modules`` under one key, with C-level ``map`` calls instead of a
     Python call per module (hooking a 10,000-module model for a one-shot profile); what it returns goes to
     ``remove_forward_hooks_from``. Modules of another torch's internals get the public calls."""
@@ -103,9 +110,13 @@ def add_forward_hooks_to(modules: list[Any], pre: Callable[..., None], post: Cal
     key = next(_HOOK_KEYS)
     keys = itertools.repeat(key)
     try:
-        for table, value in ((pre_hooks, pre), (pre_kwargs, True), (hooks, post), (kwargs, True), (always, True)):
+        tables = [(pre_hooks, pre), (pre_kwargs, True)]
+        if post is not None:
+            tables += [(hooks, post), (kwargs, True), (always, True)]
+        for table, value in tables:
             _drain(map(setitem, table, keys, itertools.repeat(value)))
-        _drain(map(methodcaller("move_to_end", key, last=False), hooks))
+        if post is not None:
+            _drain(map(methodcaller("move_to_end", key, last=False), hooks))
     except BaseException:  # half way: nothing of ours stays on any module
         remove_forward_hooks_from((key, modules))
         raise
@@ -122,6 +133,35 @@ def remove_forward_hooks_from(added: Any) -> None:
     pop = methodcaller("pop", key, None)
     for name in _DICTS:
         _drain(map(pop, map(attrgetter(name), modules)))
+
+
+def add_global_forward_hooks(pre: Callable[..., None], post: Callable[..., None]) -> tuple[Any, Any]:
+    """Put ``pre`` (called as ``pre(module, args)``: a global pre-hook gets no kwargs) and ``post`` (with kwargs,
+    also when forward raises, then called as ``post(module, args, None)``) on every module of the process, before
+    each module's own hooks: two handles for a block, whatever the model's size. Returns the handles."""
+    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+    pre_handle = register_module_forward_pre_hook(pre)
+    try:
+        return pre_handle, register_module_forward_hook(post, with_kwargs=True, always_call=True)
+    except BaseException:
+        pre_handle.remove()
+        raise
+
+
+def remove_global_forward_hooks(handles: tuple[Any, Any]) -> None:
+    """Take off what ``add_global_forward_hooks`` put on: the handles, and the post-hook's ``with_kwargs`` mark,
+    which torch's handle leaves behind (a dict that would grow by one entry per block)."""
+    from torch.nn.modules import module as torch_module
+
+    for handle in handles:
+        handle.remove()
+        getattr(torch_module, "_global_forward_hooks_with_kwargs", {}).pop(handle.id, None)
+
+
+def with_forward_pre_hooks(modules: list[Any]) -> list[Any]:
+    """The modules of ``modules`` that carry forward pre-hooks of their own (global pre-hooks run before them)."""
+    return list(itertools.compress(modules, map(attrgetter("_forward_pre_hooks"), modules)))
 
 
 def remove_forward_hooks(module: Any, added: Any) -> None:
@@ -167,8 +207,10 @@ def outer_saved_tensors_hooks() -> tuple[Any, Any] | None:
 
 
 def compiled_module_type() -> type | None:
-    """The class of a ``torch.compile``'d module (``OptimizedModule``), None where dynamo is missing."""
-    dynamo = getattr(torch, "_dynamo", None)
+    """The class of a ``torch.compile``'d module (``OptimizedModule``), None where dynamo is missing or was never
+    imported (then no module can be compiled): ``getattr(torch, "_dynamo")`` would import it, a second of CPU time
+    on the first LayerProf of a process."""
+    dynamo = vars(torch).get("_dynamo")
     eval_frame = getattr(dynamo, "eval_frame", None) if dynamo is not None else None
     return getattr(eval_frame, "OptimizedModule", None)
 
@@ -188,8 +230,16 @@ def compiled_in_place(paths: list[tuple[str, Any]]) -> tuple[str, Any, str] | No
     the instance, or a decorated method). None when there is none. About 0.3 µs per module: most modules have
     neither attribute of their own, and a class's forward is looked at once; nothing while dynamo is not loaded."""
     dynamo = vars(torch).get("_dynamo")  # set when torch._dynamo is imported; reading it imports nothing
-    if dynamo is None or getattr(getattr(dynamo, "config", None), "disable", False):
-        return None  # never imported, so nothing was compiled; or off (TORCH_COMPILE_DISABLE=1): all runs eagerly
+    if dynamo is None:
+        return None  # never imported, so nothing was compiled
+    modules = list(map(_second, paths))
+    owns = list(map(_own, modules))
+    if (not any(map(contains, owns, itertools.repeat("_compiled_call_impl")))
+            and not any(map(contains, owns, itertools.repeat("forward")))
+            and not any(is_compiled_function(getattr(cls, "forward", None)) for cls in set(map(type, modules)))):
+        return None  # the common case, read with C-level calls: no module has either attribute of its own
+    if getattr(getattr(dynamo, "config", None), "disable", False):
+        return None  # off (TORCH_COMPILE_DISABLE=1): all runs eagerly (a config read costs tens of µs)
     by_class: dict[type, bool] = {}
     for name, module in paths:
         own = module.__dict__

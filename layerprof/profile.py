@@ -8,6 +8,7 @@ name or names), ``name`` (glob on the qualified name), ``leaves`` and ``called``
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import IO, Any, Iterable, Sequence
 
@@ -16,7 +17,7 @@ import torch
 from .distributed.gather import gather_profile
 from .metrics.peaks import peaks as measure_peaks
 from .record import io
-from .record.records import ModuleRecord, preorder
+from .record.records import ModuleRecord, preorder, release_tree
 from .record.roofs import attach_peaks
 from .plan.plan import CheckpointPlan, make_plan
 from .render import export
@@ -38,6 +39,20 @@ from .render.units import format_counted, format_ms
 __all__ = ["Profile", "load", "loads", "save", "as_profile", "compare"]
 
 
+def _meta_peaks(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """``Profile.peaks`` of the profile whose meta is ``meta``."""
+    found = meta.get("peaks")
+    if found is None:
+        environment = meta.get("environment") or {}
+        device = environment.get("device") or "cpu"
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            return None
+        found = meta["peaks"] = dict(
+            measure_peaks(device, environment.get("dtype"), threads=environment.get("threads"))
+        )
+    return found
+
+
 class Profile:
     """Records of one profiled model: ``tree`` (anytree root), ``records`` by qualified name, ``meta``."""
 
@@ -50,7 +65,15 @@ class Profile:
         )
         self.meta: dict[str, Any] = dict(meta or {})
         # The roofline fields read the peaks through the root; measured only when one of them is first read.
-        attach_peaks(tree, self.peaks)
+        # Through the meta, not the Profile: a root that held the Profile would make every profile a reference
+        # cycle, freed only by a garbage collection instead of when the last reference goes.
+        attach_peaks(tree, functools.partial(_meta_peaks, self.meta))
+
+    def __del__(self) -> None:
+        # A record tree is a reference cycle (parents and children): freed now if this was its last holder.
+        own = self.__dict__
+        if "tree" in own and "records" in own:  # not when __init__ raised
+            release_tree(self.tree, self.records)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """``{qualified name: row}`` in ``named_modules()`` order; the root's name is ``""``."""
@@ -272,16 +295,7 @@ class Profile:
         """The machine's roofs the roofline fields hold modules against: ``meta["peaks"]`` (given with
         ``LayerProf(model, peaks=...)``), else measured now by ``layerprof.peaks`` on the profile's device,
         dtype and thread count and kept in ``meta``. None for a profile of a device this process cannot use."""
-        found = self.meta.get("peaks")
-        if found is None:
-            environment = self.meta.get("environment") or {}
-            device = environment.get("device") or "cpu"
-            if device.startswith("cuda") and not torch.cuda.is_available():
-                return None
-            found = self.meta["peaks"] = dict(
-                measure_peaks(device, environment.get("dtype"), threads=environment.get("threads"))
-            )
-        return found
+        return _meta_peaks(self.meta)
 
     # -- notebooks and repr ----------------------------------------------------------------------------------
     def _repr_html_(self) -> str:

@@ -221,21 +221,29 @@ def test_exception_raised_by_user_code_in_block_gets_no_module_note() -> None:
     assert not getattr(raised.value, "__notes__", [])
 
 
-def test_hooking_failure_half_way_leaves_no_hook() -> None:
+@pytest.mark.parametrize("metrics", [("shapes",), None], ids=["hooks on every module", "global hooks"])
+def test_hooking_failure_half_way_leaves_no_hook(metrics: tuple[str, ...] | None) -> None:
     from collections import OrderedDict
+    from torch.nn.modules import module as torch_module
 
     class Refusing(OrderedDict):
         def __setitem__(self, key: object, value: object) -> None:
             raise RuntimeError("cannot hook")
 
     model = MLP()
-    # Every module's pre-hook dicts are written before body.2's last dict refuses.
-    model.body[2]._forward_hooks_always_called = Refusing()
+    if metrics:  # a meter that observes forward calls: hooks in every module's dicts, body.2's last one refuses
+        model.body[2]._forward_hooks_always_called = Refusing()
+    else:  # global hooks, and one of ours after the user's pre-hooks on body.0 and body.2, whose second dict refuses
+        model.body[0].register_forward_pre_hook(lambda module, args: None)
+        model.body[2].register_forward_pre_hook(lambda module, args: None)
+        model.body[2]._forward_pre_hooks_with_kwargs = Refusing()
     before = hook_state(model)
+    global_before = (dict(torch_module._global_forward_pre_hooks), dict(torch_module._global_forward_hooks))
     with pytest.raises(RuntimeError, match="cannot hook"):
-        with LayerProf(model):
+        with LayerProf(model, metrics=metrics):
             pass
     assert hook_state(model) == before
+    assert (dict(torch_module._global_forward_pre_hooks), dict(torch_module._global_forward_hooks)) == global_before
     assert not _PROFILED
 
 
@@ -272,6 +280,28 @@ def test_reentering_and_nesting_are_refused() -> None:
             with LayerProf(model.body):
                 pass
     assert not _PROFILED
+
+
+def test_profilers_on_two_models_time_only_their_own_modules() -> None:
+    # Global module hooks see every module of the process: each profiler times its own model's modules, an
+    # unprofiled model called inside both blocks (and inside a profiled forward) is timed by neither, and the
+    # global hook lists are as they were after the blocks.
+    from torch.nn.modules import module as torch_module
+
+    first, second, other = MLP(), MLP(), nn.Linear(1, 1)
+    global_before = (dict(torch_module._global_forward_pre_hooks), dict(torch_module._global_forward_hooks))
+    with LayerProf(first) as outer:
+        with LayerProf(second) as inner:
+            other(first(torch.randn(2, 8))).sum().backward()
+            second(torch.randn(2, 8))
+            second(torch.randn(2, 8)).sum().backward()
+        first(torch.randn(2, 8))
+    assert (dict(torch_module._global_forward_pre_hooks), dict(torch_module._global_forward_hooks)) == global_before
+    # MLP: root, body, body.0-3, head = 7 modules, each called once per model call.
+    assert [r.calls for r in outer.tree] == [2] * 7  # two calls of `first`, one inside the inner block
+    assert [r.calls for r in inner.tree] == [2] * 7
+    assert outer.records["head"].backward_ms > 0 and inner.records["head"].backward_ms > 0
+    assert len(outer.records) == len(inner.records) == 7
 
 
 def test_bad_arguments_say_what_to_do() -> None:
@@ -387,3 +417,28 @@ def test_a_call_made_while_handling_an_exception_is_counted() -> None:
         model(torch.randn(2, 4)).sum().backward()
     assert prof.records["log"].calls == 1 and prof.records["log"].forward_ms is not None
     assert prof.profile.meta["steps_seen"] == 1
+
+
+def test_a_dropped_profile_is_freed_without_a_garbage_collection() -> None:
+    # A record tree is a reference cycle (parent and children); the last Profile holding it breaks the cycle, so a
+    # one-shot profile per step leaves nothing for the collector. A record held elsewhere keeps its tree whole.
+    model = MLP()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        prof = profile_step(model, torch.randn(2, 8))
+        records = [weakref.ref(record) for record in prof.tree]
+        assert len(records) == 7  # root, body, body.0-3, head
+        del prof
+        assert [ref() for ref in records] == [None] * 7
+        prof = profile_step(model, torch.randn(2, 8))
+        held = prof.records["body.0"]
+        del prof
+        assert held.parent.name == "body" and held.parent.parent.name == "" and len(held.parent.children) == 4
+        tree = profile_step(model, torch.randn(2, 8)).tree
+        assert [record.name for record in tree] == ["", "body", "body.0", "body.1", "body.2", "body.3", "head"]
+        selected = profile_step(model, torch.randn(2, 8)).select(type="Linear")
+        assert [record.parent.name for record in selected] == ["body", "body", ""]
+    finally:
+        if enabled:
+            gc.enable()

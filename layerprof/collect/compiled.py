@@ -8,11 +8,15 @@ hook is placed, and a profile during which a module was compiled is refused when
 """
 from __future__ import annotations
 
+import itertools
+from operator import itemgetter
 from typing import Iterable
 
 from torch import nn
 
 from .._torch import compiled_in_place, compiled_module_type
+
+_second = itemgetter(1)
 
 __all__ = ["compiled_while_profiling", "refuse_compiled_in_place"]
 
@@ -49,7 +53,7 @@ def compiled_while_profiling(paths: Iterable[tuple[str, nn.Module]]) -> str | No
     ``torch.compile`` wrapper); None when there is none."""
     paths = list(paths)
     wrapper = compiled_module_type()
-    if wrapper is not None:
+    if wrapper is not None and any(map(isinstance, map(_second, paths), itertools.repeat(wrapper))):
         for name, module in paths:
             if isinstance(module, wrapper):
                 return (f"the profile is refused: module '{name}' became a torch.compile'd module while it was being "

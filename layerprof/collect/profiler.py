@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import sys
 import warnings
+from operator import is_
 from typing import Any, Callable, Iterable, TypeVar
 
 import torch
@@ -279,7 +281,9 @@ class LayerProf:
         clock = PausableClock() if pausing else None
         for meter in pausing:
             meter.use_clock(clock)
-        self._tracker = Tracker(sync=self.sync, cpu_clock=clock)
+        # Global module hooks unless a meter observes forward calls (its pre-hook wants the call's kwargs).
+        global_hooks = not any(meter.wants_forward_hooks for meter in self.metrics)
+        self._tracker = Tracker(sync=self.sync, cpu_clock=clock, global_hooks=global_hooks)
         _PROFILED.update(dict.fromkeys(plan.names, self))
         started: list[Meter] = []
         try:
@@ -423,7 +427,7 @@ class LayerProf:
         """Take everything off the model; runs on every exit path."""
         try:
             if self._tracker is not None:
-                self._tracker.detach()
+                self._tracker.release()
             if self._probe is not None:
                 self._probe.remove()
                 self._probe = None
@@ -435,9 +439,12 @@ class LayerProf:
                 _stop_all(meters)
             finally:
                 self._counting = []
-                for _, module in self._entries:
-                    if _PROFILED.get(id(module)) is self:
-                        del _PROFILED[id(module)]
+                if all(map(is_, _PROFILED.values(), itertools.repeat(self))):
+                    _PROFILED.clear()  # the common case, one profiler running: with no Python loop per module
+                else:
+                    for _, module in self._entries:
+                        if _PROFILED.get(id(module)) is self:
+                            del _PROFILED[id(module)]
 
     # -- steps -----------------------------------------------------------------------------------------------
     def _begin_step(self) -> None:

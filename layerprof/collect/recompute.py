@@ -10,15 +10,19 @@ on to its parent.
 """
 from __future__ import annotations
 
+from operator import attrgetter
+
 from ..record.records import ModuleRecord
 
 __all__ = ["roll_up_recompute"]
+
+_recompute_ms = attrgetter("recompute_ms")
 
 
 def roll_up_recompute(records: dict[str, ModuleRecord], root: ModuleRecord) -> None:
     """Set ``recompute_ms`` of every module that ran and was not re-run itself, but had submodules re-run, to
     their sum (an own span, where there is one, already covers its children's)."""
-    if not any(record.recompute_ms for record in records.values()):
+    if not any(map(_recompute_ms, records.values())):
         return
     _rolled(root)
 

@@ -43,7 +43,8 @@ from .clock import Clock, CpuClock, make_clock
 from .._tensors import first_tensor, iter_tensors
 from .._torch import graph_task_id as _graph_task_id
 from .._torch import next_sequence_nr as _next_sequence_nr
-from .._torch import add_forward_hooks_to, escaped_backward, remove_forward_hooks, remove_forward_hooks_from
+from .._torch import add_forward_hooks_to, add_global_forward_hooks, escaped_backward, remove_forward_hooks
+from .._torch import remove_forward_hooks_from, remove_global_forward_hooks, with_forward_pre_hooks
 from .._torch import queue_backward_callback as _queue_backward_callback
 from .._torch import sequence_nr as _sequence_nr
 
@@ -230,14 +231,22 @@ class _ThreadState:
 class Tracker:
     """Puts forward hooks on modules, graph hooks on the nodes their forward creates, and collects CallTraces."""
 
-    def __init__(self, sync: bool = False, cpu_clock: CpuClock | None = None) -> None:
+    def __init__(self, sync: bool = False, cpu_clock: CpuClock | None = None, global_hooks: bool = False) -> None:
         self.sync = sync
+        # Global module hooks (torch's ``register_module_forward_pre_hook``/``register_module_forward_hook``): two
+        # hooks for a block whatever the model's size, instead of writing into every module's hook dicts on entry
+        # and popping them on exit. Only where no observer needs a pre-hook's kwargs (a global pre-hook gets none).
+        self.global_hooks = global_hooks
         self.calls: list[CallTrace] = []
         self.active = False
         # id of a module's forward pre-hook dict -> the module's qualified name, for every module ever attached.
         # Keyed by the dict, not the module: a DataParallel replica (or a copy.copy) shares its original's hook
         # dicts and its calls are the original's; a deep copy has dicts of its own and is not profiled.
         self.names: dict[int, str] = {}
+        # The same for the modules whose forward the global pre-hook starts: not those with pre-hooks of their own
+        # when attached, which get a pre-hook of ours after theirs, so that the user's hooks are not timed.
+        self.global_names: dict[int, str] = {}
+        self._global_handles: tuple[Any, Any] | None = None
         self._modules: dict[str, nn.Module] = {}  # name -> module, for the class names in the notes on exceptions
         # The wall clock of CPU modules: a PausableClock when a meter must stop it (``Meter.pauses_clock``).
         self.cpu_clock = cpu_clock if cpu_clock is not None else CpuClock()
@@ -250,7 +259,8 @@ class Tracker:
         self._handles: list[Any] = []
         # One pre-hook and one post-hook for every module (the name is looked up from the module), so hooking a
         # module is writing two functions into its hook dicts, with no closure made per module.
-        self._hooks: tuple[Callable[..., None], Callable[..., None]] | None = None  # made at the first attach
+        self._hooks: tuple[Callable[..., None], Callable[..., None], Callable[..., None]] | None = None  # pre,
+        # post, global pre: made at the first attach
 
     @property
     def backward_observers(self) -> tuple[Any, ...]:
@@ -266,14 +276,26 @@ class Tracker:
         """Hook every module; if hooking fails half way, remove what was added and re-raise."""
         if self._hooks is None:
             self._hooks = self._make_hooks()
-        pre, post = self._hooks
+        pre, post, global_pre = self._hooks
         modules = list(modules)
         found = list(map(_second, modules))
         try:
-            self.names.update(zip(map(id, map(_pre_hooks, found)), map(_first, modules)))
+            keys = list(map(id, map(_pre_hooks, found)))
+            self.names.update(zip(keys, map(_first, modules)))
             self._modules.update(modules)
             # Our pre-hook runs last and our post-hook first, so the user's own hooks are not timed.
-            self._handles.append(add_forward_hooks_to(found, pre, post))
+            if not self.global_hooks:
+                self._handles.append(add_forward_hooks_to(found, pre, post))
+            else:
+                # Global pre-hooks run before a module's own: a module with pre-hooks of its own gets ours after
+                # theirs instead. Global forward hooks run before a module's own, as ours must.
+                self.global_names.update(zip(keys, map(_first, modules)))
+                own = with_forward_pre_hooks(found)
+                if own:
+                    _drain_keys(self.global_names, own)
+                    self._handles.append(add_forward_hooks_to(own, pre, None))
+                if self._global_handles is None:
+                    self._global_handles = add_global_forward_hooks(global_pre, post)
         except BaseException:
             self.detach()
             raise
@@ -285,7 +307,7 @@ class Tracker:
         counted twice) and keeps the copied pair after the block."""
         if self._hooks is None:
             return
-        pre, post = self._hooks
+        pre, post, _ = self._hooks
         copied = {key for key, hook in getattr(module, "_forward_pre_hooks", {}).items() if hook is pre}
         copied.update(key for key, hook in getattr(module, "_forward_hooks", {}).items() if hook is post)
         for key in copied:
@@ -299,8 +321,18 @@ class Tracker:
         # the modules (attach fills this again; a note needs it only while hooked).
         self._modules = {}
         handles, self._handles = self._handles, []
+        global_handles, self._global_handles = self._global_handles, None
+        self.global_names.clear()
+        if global_handles is not None:
+            remove_global_forward_hooks(global_handles)
         for added in handles:
             remove_forward_hooks_from(added)
+
+    def release(self) -> None:
+        """Detach, and drop the hook functions, which hold this tracker: once the block is over nothing refers
+        back to it (a reference cycle would keep it and its step's state until a garbage collection)."""
+        self.detach()
+        self._hooks = None
 
     def end_step(self) -> None:
         """Close the step: graph hooks still on live nodes stop stamping, and per-thread state starts clean
@@ -348,7 +380,7 @@ class Tracker:
         module = self._modules.get(name)
         return "?" if module is None else type(module).__name__
 
-    def _make_hooks(self) -> tuple[Callable[..., None], Callable[..., None]]:
+    def _make_hooks(self) -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
         tracker = self
         names = self.names
         calls = self.calls
@@ -358,33 +390,38 @@ class Tracker:
         exc_info = sys.exc_info
         next_seq = _next_sequence_nr
 
-        def forward_pre(module: nn.Module, args: Any, kwargs: Any) -> None:
-            if not tracker.active:
+        def make_pre(names: dict[int, str]) -> Callable[..., None]:
+            # kwargs=None: a global pre-hook is called without them.
+            def forward_pre(module: nn.Module, args: Any, kwargs: Any = None) -> None:
+                if not tracker.active:
+                    return None
+                name = names.get(id(module._forward_pre_hooks))
+                if name is None:  # not profiled: another model's, a deep copy of a profiled one (with our hooks)
+                    return None
+                try:
+                    state = local.state
+                except AttributeError:
+                    state = tracker._thread()
+                stack = state.stack
+                clock = tracker._clock_for(module, args, kwargs) if cuda_initialized() else cpu_clock
+                call = CallTrace(name, stack[-1] if stack else None, clock, _graph_task_id() != -1, tracker.step_state)
+                handling = exc_info()[1]
+                if handling is not None:  # called from an except block: its exception is not this call's
+                    call.handling = handling
+                calls.append(call)
+                stack.append(call)
+                for observer in tracker.observers:
+                    observer.forward_pre(call, module, args, kwargs)
+                call.seq_start = seq = next_seq()
+                state.bounds.append(seq)
+                state.owners.append(call)
+                call.fwd_start = clock.now()
                 return None
-            name = names.get(id(module._forward_pre_hooks))
-            if name is None:  # a deep copy of a profiled module (it copied our hooks): not profiled
-                return None
-            try:
-                state = local.state
-            except AttributeError:
-                state = tracker._thread()
-            stack = state.stack
-            clock = tracker._clock_for(module, args, kwargs) if cuda_initialized() else cpu_clock
-            call = CallTrace(name, stack[-1] if stack else None, clock, _graph_task_id() != -1, tracker.step_state)
-            handling = exc_info()[1]
-            if handling is not None:  # called from an except block: its exception is not this call's
-                call.handling = handling
-            calls.append(call)
-            stack.append(call)
-            for observer in tracker.observers:
-                observer.forward_pre(call, module, args, kwargs)
-            call.seq_start = seq = next_seq()
-            state.bounds.append(seq)
-            state.owners.append(call)
-            call.fwd_start = clock.now()
-            return None
 
-        def forward_post(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+            return forward_pre
+
+        # output=None: on an exception a global always_call hook is called as (module, args, None).
+        def forward_post(module: nn.Module, args: Any, kwargs: Any, output: Any = None) -> None:
             if not tracker.active:
                 return None
             state = getattr(local, "state", None)
@@ -423,7 +460,7 @@ class Tracker:
                 observer.forward_post(call, module, args, kwargs, output)
             return None
 
-        return forward_pre, forward_post
+        return make_pre(names), forward_post, make_pre(self.global_names)
 
 
 NOTE_PREFIX = "layerprof: "
@@ -451,6 +488,11 @@ def backward_note(tracker: Tracker, error: BaseException, traceback: Any) -> str
         return (f"{NOTE_PREFIX}raised during backward, in a part of the graph that no profiled module made (code "
                 "outside the modules' calls)")
     return raised_note(call.name, tracker.type_name(call.name), ", during its backward")
+
+
+def _drain_keys(names: dict[int, str], modules: list[nn.Module]) -> None:
+    for module in modules:
+        names.pop(id(module._forward_pre_hooks), None)
 
 
 def _unwind_to(stack: list[CallTrace], name: str) -> CallTrace | None:

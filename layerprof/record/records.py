@@ -5,8 +5,11 @@ module tree, because the two differ when a module is shared or called from a sib
 """
 from __future__ import annotations
 
+import sys
+from collections import deque
 from dataclasses import dataclass, fields
-from operator import attrgetter
+from itertools import repeat
+from operator import add, attrgetter, methodcaller
 from typing import Any, Iterator
 
 from anytree import NodeMixin, PreOrderIter
@@ -15,7 +18,7 @@ from torch import nn
 from .._torch import submodules
 from .fields import FIELDS, catalogue_version, stat_fields, stored_fields
 
-__all__ = ["CallTiming", "ModuleRecord", "build_tree", "tree_rows", "preorder", "attach"]
+__all__ = ["CallTiming", "ModuleRecord", "build_tree", "tree_rows", "preorder", "attach", "release_tree"]
 
 _STAT_FIELDS = tuple(stat_fields())
 
@@ -169,6 +172,40 @@ def attach(child: ModuleRecord, parent: ModuleRecord) -> None:
     children and make building a wide tree quadratic; a tree built from ``named_modules()`` has neither."""
     child.__dict__["_NodeMixin__parent"] = parent
     parent.__dict__.setdefault("_NodeMixin__children", []).append(child)
+
+
+def _argument_references() -> int:
+    """What ``sys.getrefcount`` adds, called through ``map`` over a list, to an object's count: the list's
+    reference and the argument's."""
+    held = object()
+    return list(map(sys.getrefcount, [held]))[0] - 1  # less the local variable's
+
+
+_ARGUMENT_REFERENCES = _argument_references()
+_children_of = methodcaller("get", "_NodeMixin__children", ())
+_drop_children = methodcaller("pop", "_NodeMixin__children", None)
+_own = attrgetter("__dict__")
+
+
+def release_tree(root: ModuleRecord, records: dict[str, ModuleRecord]) -> bool:
+    """Break the parent/children reference cycles of the tree under ``root`` (whose records are ``records``, one
+    per record, as a Profile holds them) if nothing else refers to any of its records: the caller is dropping
+    its last references, and the tree is then freed at once instead of waiting, with every record, for a full
+    garbage collection (a one-shot profile per step would leave one such tree per step, and the collections that
+    free them walk the whole heap). Returns whether it did. A record held anywhere else (a variable, a list, a
+    loaded or a selected record) leaves the tree as it is: its parent and children stay whole."""
+    found = list(records.values())
+    if not found or found[0] is not root:
+        return False
+    children = list(map(_children_of, map(_own, found)))
+    # References each record has from the tree and the caller: ``records``, ``found``, the parent's children
+    # list (not the root's), its children's parents; the root also from the caller's ``root``.
+    expected = list(map(add, map(len, children), repeat(_ARGUMENT_REFERENCES + 2)))
+    expected[0] += 1
+    if list(map(sys.getrefcount, found)) != expected:
+        return False
+    deque(map(_drop_children, map(_own, found)), maxlen=0)
+    return True
 
 
 def module_paths(model: nn.Module) -> list[tuple[str, nn.Module]]:
