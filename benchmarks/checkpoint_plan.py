@@ -1,12 +1,12 @@
 """The checkpoint planner on a zoo of real models, against two peers, one thread.
 
-    python benchmarks/checkpoint_plan.py [--models resnet50,bert] [--repeats 21] [--scale bench]
+    python benchmarks/checkpoint_plan.py [--models resnet50,bert] [--repeats 31] [--scale bench]
 
 For each model and budget (25 %, 50 %, 75 % of today's saved-for-backward bytes): layerprof's plan, predicted
 against measured (saved bytes by the memory meter on the wrapped model; extra step time as the median of paired
 differences, a step with the plan and a step without run back to back, in alternating order, ``--repeats``
 pairs, in process CPU time so that other work on a shared machine does not count; the noise beside it is the
-interquartile range of those differences; the prediction is the profiled forward time, the median over three
+interquartile range of those differences; the prediction is the profiled forward time, the median over five
 steps, in wall time, less the tail that checkpointing's early stop skips, plus the checkpoint wrapper's own
 cost as ``wrap_cost`` measures it), and beside it in the same run: wrapping every block of the model's natural
 repeated unit (every transformer layer, ResNet bottleneck, dense layer), and on the sequential model
@@ -37,6 +37,7 @@ from layerprof.plan.apply import unwrap, wrap  # noqa: E402
 from tests.checkpoint_zoo import ZOO, zoo_step  # noqa: E402
 
 BUDGETS = (0.25, 0.5, 0.75)
+PROFILED_STEPS = 6  # the forward times predicted are medians over the last five
 RECOMPUTE_CHECK = 0.75  # the budget whose plans get a per-module recompute check
 
 
@@ -159,7 +160,7 @@ def run_model(name: str, scale: str, repeats: int) -> list[dict[str, Any]]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with LayerProf(model, metrics=("memory",)) as prof:
-            for _ in range(4):  # the memory meter runs in the first step; times come from the other three
+            for _ in range(PROFILED_STEPS):  # the memory meter runs in the first step; times from the others
                 step()
                 prof.step()
     today = int(prof.tree.saved_bytes)
@@ -294,7 +295,7 @@ def planning_time(count: int = 10_000) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(ZOO))
-    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--repeats", type=int, default=31)
     parser.add_argument("--scale", default="bench", choices=("tiny", "bench"))
     args = parser.parse_args()
     torch.set_num_threads(1)

@@ -132,3 +132,14 @@ def test_early_stop_tail_is_not_priced_as_recomputed() -> None:
     found = {c.name: c for c in candidates(records[""])}
     assert found["0"].recompute_ms == pytest.approx(forward("0") - forward("0.2") - forward("0.3"))
     assert found["1"].recompute_ms == forward("1")
+
+
+def test_measuring_leaves_the_callers_rng_alone() -> None:
+    from layerprof.plan import wrap_cost as module
+
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    module._CACHE.pop(torch.get_num_threads(), None)  # measure again, not from the cache
+    module.wrap_cost()
+    assert torch.equal(torch.rand(3), expected)

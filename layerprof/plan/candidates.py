@@ -33,9 +33,9 @@ class Priced:
 @dataclass(frozen=True)
 class Candidate(Priced):
     """A module in pre-order: ``net_bytes`` = freed - kept (what wrapping it saves), ``recompute_ms`` = its
-    forward time per step (every call, children included; the median over steps), ``wrap_ms`` = the checkpoint's
-    own cost per step (its calls and saved tensors priced by a WrapCost), ``excluded`` = why it may not be wrapped,
-    if so."""
+    forward time per step (every call, children included; the median over steps) less the tail that checkpoint's
+    early stop does not re-run (``skipped_tail_ms``), ``wrap_ms`` = the checkpoint's own cost per step (its calls
+    and saved tensors priced by a WrapCost), ``excluded`` = why it may not be wrapped, if so."""
 
     name: str
     type: str

@@ -30,7 +30,7 @@ from .apply import unwrap, wrap
 __all__ = ["WrapCost", "wrap_cost", "check_wrap_cost"]
 
 _CACHE: dict[int, WrapCost] = {}
-_SMALL, _LARGE = 1, 9  # Linear(4, 4) layers in a wrapped block of the two stacks; each saves its input and weight
+_SMALL, _LARGE = 1, 33  # Linear(4, 4) layers in a wrapped block of the two stacks; each saves its input and weight
 _BLOCKS = 4  # wrapped blocks a stack, each followed by a filler
 _FILLER_ROWS, _FILLER_WIDTH = 256, 512  # the unwrapped work between two wrapped calls (about 3 MB touched)
 _REPEATS = 9
@@ -118,8 +118,9 @@ def wrap_cost() -> WrapCost:
     threads = torch.get_num_threads()
     found = _CACHE.get(threads)
     if found is None:
-        small, small_tensors = _overhead_ms(_SMALL)
-        large, large_tensors = _overhead_ms(_LARGE)
+        with torch.random.fork_rng(devices=[]):  # the stacks are seeded: leave the caller's RNG as it was
+            small, small_tensors = _overhead_ms(_SMALL)
+            large, large_tensors = _overhead_ms(_LARGE)
         per_tensor = max(0.0, (large - small) / (large_tensors - small_tensors))
         per_call = max(0.0, small - per_tensor * small_tensors)
         found = _CACHE[threads] = WrapCost(per_call, per_tensor, "measured")
