@@ -3,17 +3,20 @@
 A checkpointed call pays, besides the recomputation, a set-up per call (the checkpoint's frame, its context
 managers, the RNG state it keeps, in forward and again in backward) and a Python hook per tensor autograd saves in
 the region, twice (once when the forward saves it, once when the recomputation does) plus the unpacking in
-backward. ``wrap_cost()`` measures both on the host, once per process and thread count (about 0.3 s), and the
+backward. ``wrap_cost()`` measures both on the host, once per process and thread count, and the
 planner adds ``calls x per_call_ms + saved tensors x per_tensor_ms`` to each module's recompute time.
 
 It measures them where a model runs them: cold. In a training step other modules run between two wrapped calls
-and evict the checkpoint's code and data from the CPU caches, and the same wrapper then costs twice what it costs
-called in a tight loop (measured on a 2-core CPU: 0.21 ms a call in a loop of small layers, 0.5-0.75 ms with a
-512-wide Linear over 128-512 rows between the calls, 0.57-0.65 ms a call on GPT-2's and ALBERT's GELUs). So the
-stacks it times are wrapped blocks of small Linear layers with an unwrapped 512-wide Linear over 128 rows between
-each two (in forward and in backward), the blocks differing only in how many tensors they save; the cost is the
-wrapped step minus the plain step minus the blocks' own forward in the plain step. The cost is host-side Python:
-on a GPU whose kernels run behind the host it is partly hidden, and the measured figure is an upper bound there.
+and evict the checkpoint's code and data from the CPU caches, and the same wrapper then costs two to three times
+what it costs called in a tight loop (measured in CPU time on a 2-core CPU: 0.21 ms a call in a loop of small
+layers, 0.3-0.75 ms with a 512-wide Linear over 8-2,048 rows between the calls, more the more work between them;
+0.57-0.87 ms a call on GPT-2's and ALBERT's GELUs, about 0.56 ms a call fitted over 24 plans of eight models). So
+the stacks it times are wrapped blocks of small Linear layers with a small unwrapped feed-forward block (256 wide,
+64 rows: a model's other layers in miniature) between each two, in forward and in backward, the blocks
+differing only in how many tensors they save; the cost is the wrapped step minus the plain step minus the
+blocks' own forward in the plain step, in thread CPU time (about 1 s, once per process and thread count). The
+cost is host-side Python: on a GPU whose kernels run behind the host it is partly hidden, and the measured figure
+is an upper bound there.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ __all__ = ["WrapCost", "wrap_cost", "check_wrap_cost"]
 _CACHE: dict[int, WrapCost] = {}
 _SMALL, _LARGE = 1, 33  # Linear(4, 4) layers in a wrapped block of the two stacks; each saves its input and weight
 _BLOCKS = 4  # wrapped blocks a stack, each followed by a filler
-_FILLER_ROWS, _FILLER_WIDTH = 256, 512  # the unwrapped work between two wrapped calls (about 3 MB touched)
+_FILLER_ROWS, _FILLER_WIDTH = 64, 256  # the unwrapped work between two wrapped calls (about 2.5 MB touched)
 _REPEATS = 9
 
 
@@ -50,16 +53,18 @@ class WrapCost:
 
 
 class _Filler(nn.Module):
-    """Work between two wrapped blocks that a model would do: a Linear over a held batch, joined to the chain
-    so that its backward runs between the blocks' backward too."""
+    """Work between two wrapped blocks that a model would do: a small feed-forward block (LayerNorm, Linear to
+    four times the width, GELU, Linear back, Tanh) over a held batch, joined to the chain so that its backward
+    runs between the blocks' backward too."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.linear = nn.Linear(_FILLER_WIDTH, _FILLER_WIDTH)
+        self.body = nn.Sequential(nn.LayerNorm(_FILLER_WIDTH), nn.Linear(_FILLER_WIDTH, 4 * _FILLER_WIDTH), nn.GELU(),
+                                  nn.Linear(4 * _FILLER_WIDTH, _FILLER_WIDTH), nn.Tanh())
         self.register_buffer("batch", torch.randn(_FILLER_ROWS, _FILLER_WIDTH))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.linear(self.batch).mean() * 0.0
+        return x + self.body(self.batch).mean() * 0.0
 
 
 def _overhead_ms(layers: int) -> tuple[float, int]:
