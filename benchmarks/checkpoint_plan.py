@@ -98,13 +98,17 @@ class RecomputeTimer:
         return run
 
     def __enter__(self) -> "RecomputeTimer":
+        self._owns = [module.__dict__.get("forward") for module, _ in self._modules]
         for module, name in self._modules:
             module.forward = self._timed(name, module.forward)  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for module, _ in self._modules:
-            del module.forward
+        for (module, _), own in zip(self._modules, self._owns):
+            if own is None:
+                del module.forward
+            else:
+                module.forward = own  # type: ignore[method-assign]
 
     def record(self, recomputed: bool) -> None:
         """Keep the step's figures: the recomputation of a step with the plan, the forward of one without."""
