@@ -1,10 +1,15 @@
-"""The checkpoint wrapper's own cost in a plan: saved tensors counted per module, the cost measured and priced."""
+"""The checkpoint wrapper's own cost in a plan: saved tensors counted per module, the cost measured and priced;
+the tail of a region that checkpoint's early stop does not re-run, left out of its recompute time."""
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
+from layerprof.plan.apply import unwrap, wrap
+from layerprof.plan.candidates import candidates, skipped_tail_ms
 from layerprof.plan.wrap_cost import WrapCost, wrap_cost
 from tests.test_checkpoint_bytes import _profile
 
@@ -66,3 +71,75 @@ def test_bad_wrap_cost_is_refused(bad) -> None:
     prof = _profile(_blocks(2), torch.randn(2, 32))
     with pytest.raises(ValueError, match="wrap_cost must be 'measured', None"):
         prof.checkpoint_plan(0.5, wrap_cost=bad)
+
+
+class _OwnSave(nn.Module):
+    """A Linear and a Tanh, then its own code multiplies (which saves both factors) after them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear, self.tanh = nn.Linear(8, 8), nn.Tanh()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.tanh(self.linear(x))
+        return y * x
+
+
+def _recomputed_calls(model: nn.Module, x: torch.Tensor, wrapped: str) -> dict[str, int]:
+    """Forward calls of each leaf that ran to the end in a step with ``wrapped`` checkpointed: 2 where the
+    recomputation ran it (a forward hook does not run for a layer the early stop interrupted)."""
+    counts: dict[str, int] = {}
+
+    def count(name: str) -> Any:
+        return lambda module, args, output: counts.__setitem__(name, counts.get(name, 0) + 1)
+
+    handles = [module.register_forward_hook(count(name)) for name, module in model.named_modules()
+               if not list(module.children())]
+    own = wrap(model.get_submodule(wrapped))
+    try:
+        model(x).sum().backward()
+    finally:
+        unwrap(model.get_submodule(wrapped), own)
+        for handle in handles:
+            handle.remove()
+    return counts
+
+
+def test_early_stop_tail_is_not_priced_as_recomputed() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Identity()),  # tail: Identity, then Linear
+        nn.Sequential(nn.Linear(8, 8), nn.Tanh()),  # Tanh saves its result: no tail
+        _OwnSave(),  # its own multiply saves, at a place the records do not order: no tail read
+        nn.Sequential(nn.Linear(8, 8), nn.Sequential(nn.Tanh(), nn.Linear(8, 8))),  # the inner Sequential's Linear
+    )
+    x = torch.randn(4, 8, requires_grad=True)
+    # What checkpoint does: the last Linear (and the Identity after it) of block 0 run once, the others twice.
+    assert _recomputed_calls(model, x, "0") == {"0.0": 2, "0.1": 2, "0.2": 1, "0.3": 1, "1.0": 1, "1.1": 1,
+                                                 "2.linear": 1, "2.tanh": 1, "3.0": 1, "3.1.0": 1, "3.1.1": 1}
+    assert _recomputed_calls(model, x, "3")["3.1.1"] == 1 and _recomputed_calls(model, x, "3")["3.1.0"] == 2
+    records = _profile(model, x).profile.records
+
+    def forward(name: str) -> float:
+        return records[name].forward_ms
+
+    assert skipped_tail_ms(records["0"]) == pytest.approx(forward("0.2") + forward("0.3"))
+    assert skipped_tail_ms(records["1"]) == 0.0
+    assert skipped_tail_ms(records["2"]) == 0.0
+    assert skipped_tail_ms(records["3"]) == pytest.approx(forward("3.1.1"))
+    assert skipped_tail_ms(records["0.2"]) == 0.0  # a leaf: nothing inside it to read
+    # The planner prices a candidate's recomputation as its forward less that tail.
+    found = {c.name: c for c in candidates(records[""])}
+    assert found["0"].recompute_ms == pytest.approx(forward("0") - forward("0.2") - forward("0.3"))
+    assert found["1"].recompute_ms == forward("1")
+
+
+def test_measuring_leaves_the_callers_rng_alone() -> None:
+    from layerprof.plan import wrap_cost as module
+
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    module._CACHE.pop(torch.get_num_threads(), None)  # measure again, not from the cache
+    module.wrap_cost()
+    assert torch.equal(torch.rand(3), expected)

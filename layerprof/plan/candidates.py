@@ -33,9 +33,9 @@ class Priced:
 @dataclass(frozen=True)
 class Candidate(Priced):
     """A module in pre-order: ``net_bytes`` = freed - kept (what wrapping it saves), ``recompute_ms`` = its
-    forward time per step (every call, children included; the median over steps), ``wrap_ms`` = the checkpoint's
-    own cost per step (its calls and saved tensors priced by a WrapCost), ``excluded`` = why it may not be wrapped,
-    if so."""
+    forward time per step (every call, children included; the median over steps) less the tail that checkpoint's
+    early stop does not re-run (``skipped_tail_ms``), ``wrap_ms`` = the checkpoint's own cost per step (its calls
+    and saved tensors priced by a WrapCost), ``excluded`` = why it may not be wrapped, if so."""
 
     name: str
     type: str
@@ -59,6 +59,11 @@ def require_figures(root: ModuleRecord) -> None:
         )
 
 
+def _net_bytes(record: ModuleRecord) -> int:
+    return int(getattr(record, "checkpoint_freed_bytes", None) or 0) - int(
+        getattr(record, "checkpoint_kept_bytes", None) or 0)
+
+
 def _why_excluded(record: ModuleRecord, allow_side_effects: bool) -> str | None:
     def count(field: str) -> int:
         return int(getattr(record, field, None) or 0)
@@ -72,7 +77,7 @@ def _why_excluded(record: ModuleRecord, allow_side_effects: bool) -> str | None:
     if count("checkpoint_side_effects") and not allow_side_effects:
         return ("side effects on recompute (BatchNorm running statistics, a key/value cache: use_cache=False); "
                 "allow_side_effects=True to allow")
-    if count("checkpoint_freed_bytes") - count("checkpoint_kept_bytes") <= 0:
+    if _net_bytes(record) <= 0:
         return "frees nothing"
     return None
 
@@ -84,9 +89,69 @@ def _forward_ms(record: ModuleRecord) -> float:
     return float(median if median is not None else record.forward_ms or 0.0)
 
 
+def _saved_tensors(record: ModuleRecord) -> int:
+    return int(getattr(record, "checkpoint_saved_tensors", None) or 0)
+
+
+def _once(record: ModuleRecord) -> Any:
+    """The one forward call of a module called once a step (its start orders it among its siblings), else None."""
+    if record.calls != 1:
+        return None
+    found = [timing for timing in record.call_times if not timing.recompute]
+    return found[0] if len(found) == 1 else None
+
+
+# Leaf types whose forward saves only its input and parameters, before it computes: when such a layer makes the
+# region's last save, the recomputation stops before it runs. Matched by class name (records hold names).
+_SAVES_BEFORE_COMPUTING = frozenset({
+    "Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+    "Conv1D",  # Hugging Face's GPT-2 projection
+    "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d",
+})
+
+
+def skipped_tail_ms(record: ModuleRecord) -> float:
+    """The forward time at the end of ``record`` that checkpointing does not re-run. Non-reentrant checkpoint
+    stops the recomputation once the last tensor backward needs is saved again, so what runs after the region's
+    last save is skipped: going back from its last child in call order, leaves that save nothing, then a leaf
+    that saves only its input and weights before computing (a Linear, a convolution: ``_SAVES_BEFORE_COMPUTING``)
+    and stops there; a child with children of its own is looked into the same way. Read only where the module
+    and the children in question run once a step (call order from the last step's call times) and the module's
+    own code (outside its children) saves nothing; else what was found so far (0 at the top)."""
+    skipped = 0.0
+    while record.children and _once(record) is not None:
+        if _saved_tensors(record) > sum(_saved_tensors(child) for child in record.children):
+            return skipped  # the module's own code saves tensors too, at places the records do not order
+        ordered = []
+        for child in record.children:
+            if not child.calls:
+                continue
+            call = _once(child)
+            if call is None:
+                return skipped
+            ordered.append((call.forward_start_ms, child))
+        ordered.sort(key=lambda pair: pair[0])
+        inner = None
+        for _, child in reversed(ordered):
+            if child.children:
+                inner = child
+                break
+            if _saved_tensors(child) == 0:
+                skipped += _forward_ms(child)
+                continue
+            if child.type in _SAVES_BEFORE_COMPUTING:
+                skipped += _forward_ms(child)
+            return skipped
+        if inner is None:
+            return skipped
+        record = inner
+    return skipped
+
+
 def candidates(root: ModuleRecord, allow_side_effects: bool = False, cost: WrapCost | None = None
                ) -> list[Candidate]:
-    """Every module of the tree in pre-order as a Candidate; ``cost`` prices the wrapper (None: not counted)."""
+    """Every module of the tree in pre-order as a Candidate: ``recompute_ms`` its forward time less the tail
+    that checkpointing's early stop skips; ``cost`` prices the wrapper (None: not counted)."""
     records = preorder(root)
     index = {id(record): i for i, record in enumerate(records)}
     found = []
@@ -96,9 +161,8 @@ def candidates(root: ModuleRecord, allow_side_effects: bool = False, cost: WrapC
             name=record.name, type=record.type, parent=-1 if parent is None else index[id(parent)],
             freed_bytes=int(getattr(record, "checkpoint_freed_bytes", None) or 0),
             kept_bytes=int(getattr(record, "checkpoint_kept_bytes", None) or 0),
-            recompute_ms=_forward_ms(record), calls=record.calls,
+            recompute_ms=max(0.0, _forward_ms(record) - skipped_tail_ms(record)), calls=record.calls,
             excluded=_why_excluded(record, allow_side_effects),
-            wrap_ms=0.0 if cost is None else cost.of(record.calls or 0,
-                                                      getattr(record, "checkpoint_saved_tensors", None) or 0),
+            wrap_ms=0.0 if cost is None else cost.of(record.calls or 0, _saved_tensors(record)),
         ))
     return found

@@ -1,14 +1,22 @@
 """The fixed cost of wrapping a module in non-reentrant ``torch.utils.checkpoint``, beyond re-running its forward.
 
 A checkpointed call pays, besides the recomputation, a set-up per call (the checkpoint's frame, its context
-managers, the RNG state it keeps) and a Python hook per tensor autograd saves in the region, twice (once when the
-forward saves it, once when the recomputation does) plus the unpacking in backward. On small blocks this is most
-of what wrapping costs: measured on a 2-core CPU, about 0.3 ms per call and 25 µs per saved tensor, so a 16-layer
-MLP of 4-wide Linears costs seven times its forward when wrapped. ``wrap_cost()`` measures both on the host, once
-per process and thread count (about 0.1 s), by wrapping two small stacks of Linear layers that differ only in how
-many tensors they save, and the planner adds ``calls x per_call_ms + saved tensors x per_tensor_ms`` to each
-module's recompute time. The cost is host-side Python: on a GPU whose kernels run behind the host it is partly
-hidden, and the measured figure is an upper bound there.
+managers, the RNG state it keeps, in forward and again in backward) and a Python hook per tensor autograd saves in
+the region, twice (once when the forward saves it, once when the recomputation does) plus the unpacking in
+backward. ``wrap_cost()`` measures both on the host, once per process and thread count, and the
+planner adds ``calls x per_call_ms + saved tensors x per_tensor_ms`` to each module's recompute time.
+
+It measures them where a model runs them: cold. In a training step other modules run between two wrapped calls
+and evict the checkpoint's code and data from the CPU caches, and the same wrapper then costs two to three times
+what it costs called in a tight loop (measured in CPU time on a 2-core CPU: 0.21 ms a call in a loop of small
+layers, 0.3-0.75 ms with a 512-wide Linear over 8-2,048 rows between the calls, more the more work between them;
+0.57-0.87 ms a call on GPT-2's and ALBERT's GELUs, about 0.56 ms a call fitted over 24 plans of eight models). So
+the stacks it times are wrapped blocks of small Linear layers with a small unwrapped feed-forward block (256 wide,
+64 rows: a model's other layers in miniature) between each two, in forward and in backward, the blocks
+differing only in how many tensors they save; the cost is the wrapped step minus the plain step minus the
+blocks' own forward in the plain step, in thread CPU time (about 1 s, once per process and thread count). The
+cost is host-side Python: on a GPU whose kernels run behind the host it is partly hidden, and the measured figure
+is an upper bound there.
 """
 from __future__ import annotations
 
@@ -25,8 +33,10 @@ from .apply import unwrap, wrap
 __all__ = ["WrapCost", "wrap_cost", "check_wrap_cost"]
 
 _CACHE: dict[int, WrapCost] = {}
-_SMALL, _LARGE = 1, 17  # Linear layers in the two stacks; each saves its input and its weight
-_REPEATS = 15
+_SMALL, _LARGE = 1, 33  # Linear(4, 4) layers in a wrapped block of the two stacks; each saves its input and weight
+_BLOCKS = 4  # wrapped blocks a stack, each followed by a filler
+_FILLER_ROWS, _FILLER_WIDTH = 64, 256  # the unwrapped work between two wrapped calls (about 2.5 MB touched)
+_REPEATS = 9
 
 
 @dataclass(frozen=True)
@@ -42,11 +52,27 @@ class WrapCost:
         return calls * self.per_call_ms + tensors * self.per_tensor_ms
 
 
+class _Filler(nn.Module):
+    """Work between two wrapped blocks that a model would do: a small feed-forward block (LayerNorm, Linear to
+    four times the width, GELU, Linear back, Tanh) over a held batch, joined to the chain so that its backward
+    runs between the blocks' backward too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.LayerNorm(_FILLER_WIDTH), nn.Linear(_FILLER_WIDTH, 4 * _FILLER_WIDTH), nn.GELU(),
+                                  nn.Linear(4 * _FILLER_WIDTH, _FILLER_WIDTH), nn.Tanh())
+        self.register_buffer("batch", torch.randn(_FILLER_ROWS, _FILLER_WIDTH))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(self.batch).mean() * 0.0
+
+
 def _overhead_ms(layers: int) -> tuple[float, int]:
-    """Median (checkpointed step - plain step - forward with grad) of a stack of ``layers`` Linear(4, 4), and the
-    tensors it saves."""
+    """Median (checkpointed step - plain step - the wrapped blocks' forward in the plain step) per wrapped block,
+    with ``layers`` Linear(4, 4) in each block, and the tensors a block saves."""
     torch.manual_seed(0)
-    stack = nn.Sequential(*(nn.Linear(4, 4) for _ in range(layers)))
+    blocks = [nn.Sequential(*(nn.Linear(4, 4) for _ in range(layers))) for _ in range(_BLOCKS)]
+    stack = nn.Sequential(*(part for block in blocks for part in (block, _Filler())))
     x = torch.randn(2, 4, requires_grad=True)
     saved = [0]
 
@@ -55,29 +81,39 @@ def _overhead_ms(layers: int) -> tuple[float, int]:
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(count, lambda tensor: tensor):
-        stack(x)
+        blocks[0](x)
+    inside = [0]  # nanoseconds spent in the blocks' forward during the plain step
 
-    def step() -> None:
+    def pre(module: nn.Module, args: Any) -> None:
+        inside[0] -= time.thread_time_ns()
+
+    def post(module: nn.Module, args: Any, output: Any) -> None:
+        inside[0] += time.thread_time_ns()
+
+    def timed() -> float:
+        start = time.thread_time_ns()
         stack(x).sum().backward()
-
-    def forward() -> None:
-        stack(x)
-
-    def timed(run: Any) -> float:
-        start = time.perf_counter()
-        run()
-        return time.perf_counter() - start
+        return (time.thread_time_ns() - start) / 1e6
 
     differences = []
     for repeat in range(_REPEATS + 2):
-        plain, again = timed(step), timed(forward)
-        own = wrap(stack)
+        handles = [hook for block in blocks for hook in (block.register_forward_pre_hook(pre),
+                                                         block.register_forward_hook(post))]
+        inside[0] = 0
         try:
-            wrapped = timed(step)
+            plain = timed()
         finally:
-            unwrap(stack, own)
+            for handle in handles:
+                handle.remove()
+        forward = inside[0] / 1e6
+        owns = [wrap(block) for block in blocks]
+        try:
+            wrapped = timed()
+        finally:
+            for block, own in zip(blocks, owns):
+                unwrap(block, own)
         if repeat >= 2:  # two warm-up rounds
-            differences.append((wrapped - plain - again) * 1e3)
+            differences.append((wrapped - plain - forward) / _BLOCKS)
     return statistics.median(differences), saved[0]
 
 
@@ -87,8 +123,9 @@ def wrap_cost() -> WrapCost:
     threads = torch.get_num_threads()
     found = _CACHE.get(threads)
     if found is None:
-        small, small_tensors = _overhead_ms(_SMALL)
-        large, large_tensors = _overhead_ms(_LARGE)
+        with torch.random.fork_rng(devices=[]):  # the stacks are seeded: leave the caller's RNG as it was
+            small, small_tensors = _overhead_ms(_SMALL)
+            large, large_tensors = _overhead_ms(_LARGE)
         per_tensor = max(0.0, (large - small) / (large_tensors - small_tensors))
         per_call = max(0.0, small - per_tensor * small_tensors)
         found = _CACHE[threads] = WrapCost(per_call, per_tensor, "measured")
