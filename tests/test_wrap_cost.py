@@ -62,7 +62,8 @@ def test_the_plan_prices_each_wrapper_and_the_choice_follows() -> None:
 
 def test_measured_cost_is_positive_and_cached() -> None:
     first = wrap_cost()
-    assert first.source == "measured" and first.per_call_ms > 0 and first.per_tensor_ms > 0
+    # The per-tensor figure is a difference of two timings clamped at zero: on a loaded machine it can read 0.
+    assert first.source == "measured" and first.per_call_ms > 0 and first.per_tensor_ms >= 0
     assert wrap_cost() is first
 
 
