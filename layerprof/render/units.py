@@ -23,6 +23,13 @@ def format_ms(ms: float | None) -> str:
     return f"{ms * 1000:.3g} µs"
 
 
+def format_signed_ms(ms: float | None) -> str:
+    """A time difference with its sign: ``format_signed_ms(2.5) == '+2.5 ms'``, ``format_signed_ms(-0.4) == '-400 µs'``."""
+    if ms is None:
+        return MISSING
+    return ("-" if ms < 0 else "+") + format_ms(abs(ms))
+
+
 def _scaled(value: float, base: float, units: tuple[str, ...], suffix: str) -> str:
     magnitude = abs(value)
     for unit in units[:-1]:
