@@ -37,6 +37,8 @@ _MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(?P<kind>skip|file|output)\s*(?::
 # A number: 1,234 / 12.5 / 1e-05 / .5 / 0x1f. Masked with its time unit, since a time may cross from µs to ms.
 _NUMBER = r"(?:0x[0-9a-fA-F]+|(?:\d[\d,_]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)"
 _TIME = re.compile(_NUMBER + r"\s*(?:ns|µs|us|ms|s)\b")
+# A number with an SI or binary prefix before its unit: a rate (FLOP/s, B/s) moves from one prefix to the next.
+_PREFIXED = re.compile(_NUMBER + r"\s*[kKMGTPE]i?(?=[A-Za-z/])")
 _NUMBER_RE = re.compile(_NUMBER)
 _RULE = re.compile(r"([-=─━:]){3,}")
 
@@ -130,8 +132,9 @@ def parse(text: str, path: str = "<text>") -> list[Block]:
 
 
 def mask(text: str) -> str:
-    """The text as compared: times, then other numbers masked, rules shortened, whitespace runs collapsed."""
+    """The text as compared: times, prefixed quantities, then other numbers masked, rules shortened, whitespace runs collapsed."""
     text = _TIME.sub("<t>", text)
+    text = _PREFIXED.sub("<n> ", text)
     text = _NUMBER_RE.sub("<n>", text)
     text = _RULE.sub(r"\1\1\1", text)
     return " ".join(text.split())

@@ -65,7 +65,9 @@ def test_parse_rejects_misplaced_markers(text, message):
 def test_mask_ignores_numbers_and_spacing_not_words():
     assert de.mask("forward 68.8 ms  (36.1%)\n") == de.mask("forward   205 µs (0.1%)")
     assert de.mask("| a |---:|\n| 1,234 |") == de.mask("| a |-----:|\n| 7 |")
+    assert de.mask("FLOP/s: 297 MFLOP/s, 4 KiB") == de.mask("FLOP/s: 2.07 GFLOP/s, 1 MiB")
     assert de.mask("forward 1 ms") != de.mask("backward 1 ms")
+    assert de.mask("3 GFLOPs") != de.mask("3 GB")
     assert de.mask("5 children") != de.mask("5 children, 2 calls")
 
 
