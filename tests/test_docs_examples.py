@@ -32,7 +32,7 @@ def page_runs(request, tmp_path_factory):
     wanted: dict[str, int] = {}
     for item in request.session.items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        if item.originalname == "test_block" and "name" in params:
+        if getattr(item, "originalname", None) == "test_block" and "name" in params:
             wanted[params["name"]] = max(wanted.get(params["name"], -1), params["index"])
     pool = ThreadPoolExecutor(_workers(), thread_name_prefix="docs-page")
     runs: dict[str, tuple[docs_examples.Page, Future]] = {}
