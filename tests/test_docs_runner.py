@@ -1,0 +1,107 @@
+"""The docs runner itself (tests/docs_examples.py) on small synthetic pages: markers, masking, running, regenerating."""
+from __future__ import annotations
+
+import pytest
+
+from tests import docs_examples as de
+
+PAGE = """# A page
+
+```python
+print("one")
+```
+
+<!-- docs-test: skip: needs four GPUs -->
+
+```bash
+torchrun --nproc_per_node=4 train.py
+```
+
+<!-- docs-test: file: helper.py -->
+```python
+VALUE = 41
+```
+
+```python
+import helper
+print("value", helper.VALUE + 1, "in", 12.5, "ms")
+```
+<!-- docs-test: output -->
+```text
+value 42 in 12.5 ms
+```
+
+```toml
+[not] = "run"
+```
+"""
+
+
+def test_parse_markers():
+    blocks = de.parse(PAGE, "page.md")
+    # 6 fences: print, torchrun (skipped), helper.py (file), import (run), its output, toml (shown only)
+    assert [(b.line, b.lang, b.action) for b in blocks] == [
+        (3, "python", "run"), (9, "bash", "skip"), (14, "python", "file"), (18, "python", "run"),
+        (23, "text", "show"), (27, "toml", "show")]
+    assert blocks[1].skip == "needs four GPUs"
+    assert blocks[2].file == "helper.py" and blocks[2].code == "VALUE = 41\n"
+    assert blocks[3].output is blocks[4] and blocks[4].is_output
+    assert blocks[0].output is None
+    assert blocks[3].id == "page.md:18"
+
+
+@pytest.mark.parametrize("text,message", [
+    ("<!-- docs-test: skip -->\n```python\npass\n```\n", "needs a reason"),
+    ("<!-- docs-test: output -->\n```text\nx\n```\n", "must follow a block that runs"),
+    ("<!-- docs-test: file: ../x.py -->\n```python\npass\n```\n", "relative NAME"),
+    ("<!-- docs-test: skip: why -->\nsome prose\n```python\npass\n```\n", "not followed by a code block"),
+    ("```python\npass\n", "never closed"),
+])
+def test_parse_rejects_misplaced_markers(text, message):
+    with pytest.raises(ValueError, match=message):
+        de.parse(text, "bad.md")
+
+
+def test_mask_ignores_numbers_and_spacing_not_words():
+    assert de.mask("forward 68.8 ms  (36.1%)\n") == de.mask("forward   205 µs (0.1%)")
+    assert de.mask("| a |---:|\n| 1,234 |") == de.mask("| a |-----:|\n| 7 |")
+    assert de.mask("FLOP/s: 297 MFLOP/s, 4 KiB") == de.mask("FLOP/s: 2.07 GFLOP/s, 1 MiB")
+    assert de.mask("forward 1 ms") != de.mask("backward 1 ms")
+    assert de.mask("3 GFLOPs") != de.mask("3 GB")
+    assert de.mask("5 children") != de.mask("5 children, 2 calls")
+
+
+def test_bash_script_joins_continuations_and_drops_comments():
+    code = "# a comment\nlayerprof a \\\n   --depth 2\n\necho done\n"
+    assert de.bash_script(code) == "layerprof a --depth 2\necho done\n"
+
+
+def test_page_runs_in_order_and_checks_output(tmp_path):
+    md = tmp_path / "page.md"
+    md.write_text(PAGE)
+    page = de.Page.load(md, tmp_path)
+    # block 3 imports helper.py, which block 2 writes: running it alone runs the earlier blocks first
+    stdout = page.run(3)
+    assert stdout == "value 42 in 12.5 ms\n"
+    assert page.stdout[0] == "one\n" and (tmp_path / "helper.py").read_text() == "VALUE = 41\n"
+    de.check_output(page.blocks[3], stdout)
+    de.check_output(page.blocks[3], "value 42 in 3 µs\n")          # another timing: same structure
+    with pytest.raises(de.DocsExampleError, match="differs from a fresh run"):
+        de.check_output(page.blocks[3], "value 42 in 12.5 ms\nextra line\n")
+
+
+def test_failing_block_reports_its_error(tmp_path):
+    md = tmp_path / "page.md"
+    md.write_text("```python\nraise SystemExit('boom')\n```\n\n```bash\nfalse\necho never\n```\n")
+    page = de.Page.load(md, tmp_path)
+    with pytest.raises(de.DocsExampleError, match="(?s)page.md:1: exit status 1.*boom"):
+        page.run(0)
+    with pytest.raises(de.DocsExampleError, match="exit status 1"):   # bash -e stops at `false`
+        page.run(1)
+
+
+def test_regenerate_rewrites_output_blocks(tmp_path):
+    md = tmp_path / "page.md"
+    md.write_text(PAGE.replace("value 42 in 12.5 ms", "stale"))
+    assert de.regenerate(md, tmp_path) == 1
+    assert md.read_text() == PAGE
