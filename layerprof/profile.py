@@ -9,6 +9,7 @@ name or names), ``name`` (glob on the qualified name), ``leaves`` and ``called``
 from __future__ import annotations
 
 import functools
+import sys
 from pathlib import Path
 from typing import IO, Any, Iterable, Sequence
 
@@ -53,6 +54,21 @@ def _meta_peaks(meta: dict[str, Any]) -> dict[str, Any] | None:
     return found
 
 
+class _Probe:
+    pass
+
+
+def _attribute_references() -> int:
+    """What ``sys.getrefcount`` reads, as ``Profile.__del__`` calls it, for an object only an instance's
+    attribute holds (measured, not assumed: the count of the call's own references differs between versions)."""
+    probe = _Probe()
+    probe.held = {}
+    return sys.getrefcount(probe.__dict__["held"])
+
+
+_ATTRIBUTE_REFERENCES = _attribute_references()
+
+
 class Profile:
     """Records of one profiled model: ``tree`` (anytree root), ``records`` by qualified name, ``meta``."""
 
@@ -70,10 +86,12 @@ class Profile:
         attach_peaks(tree, functools.partial(_meta_peaks, self.meta))
 
     def __del__(self) -> None:
-        # A record tree is a reference cycle (parents and children): freed now if this was its last holder.
+        # A record tree is a reference cycle (parents and children): freed now if this was its last holder. The
+        # records dict held elsewhere (``records = prof.records``, a view of it) keeps every record in use: then
+        # the tree stays whole, as when a record itself is held (``release_tree`` checks those).
         own = self.__dict__
-        if "tree" in own and "records" in own:  # not when __init__ raised
-            release_tree(self.tree, self.records)
+        if "tree" in own and "records" in own and sys.getrefcount(own["records"]) == _ATTRIBUTE_REFERENCES:
+            release_tree(own["tree"], own["records"])
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """``{qualified name: row}`` in ``named_modules()`` order; the root's name is ``""``."""

@@ -439,6 +439,12 @@ def test_a_dropped_profile_is_freed_without_a_garbage_collection() -> None:
         assert [record.name for record in tree] == ["", "body", "body.0", "body.1", "body.2", "body.3", "head"]
         selected = profile_step(model, torch.randn(2, 8)).select(type="Linear")
         assert [record.parent.name for record in selected] == ["body", "body", ""]
+        # The records dict alone, or a view of it, keeps the tree whole too (no record is held by itself then).
+        by_name = profile_step(model, torch.randn(2, 8)).profile.records
+        assert [child.name for child in by_name["body"].children] == ["body.0", "body.1", "body.2", "body.3"]
+        assert by_name["body.0"].parent is by_name["body"] and by_name[""].children[1].name == "head"
+        values = profile_step(model, torch.randn(2, 8)).profile.records.values()
+        assert [len(record.children) for record in values] == [2, 4, 0, 0, 0, 0, 0]
     finally:
         if enabled:
             gc.enable()
