@@ -346,6 +346,47 @@ def test_clock_of_a_call_given_its_tensors_by_keyword_sees_them_on_the_global_ho
         assert seen["Scale"] is outputs[0], metrics  # Scale's only tensor: proj's output, passed as x=
 
 
+@pytest.mark.parametrize("metrics", [("shapes",), None], ids=["hooks on every module", "global hooks"])
+def test_a_call_whose_forward_returned_counts_when_a_global_hook_after_it_raises(
+        metrics: tuple[str, ...] | None) -> None:
+    # A global forward hook registered before the block runs before ours; when it raises after `first`'s forward
+    # has returned (the model catches the error and goes on), torch calls our always_call hook from its except
+    # path as (module, args, result), without kwargs: `first`'s call returned its output and counts, as it does
+    # where our hook sits in the module's own dicts.
+    from torch.nn.modules import module as torch_module
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first = nn.Linear(4, 4)
+            self.second = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            try:
+                return self.second(self.first(x))
+            except LookupError:
+                return self.second(x)
+
+    model = Model()
+
+    def refuse(module: nn.Module, args: object, output: object) -> None:
+        if module is model.first and not refused:
+            refused.append(module)
+            raise LookupError("refused")
+
+    refused: list[nn.Module] = []
+    handle = torch_module.register_module_forward_hook(refuse)
+    try:
+        with LayerProf(model, metrics=metrics) as prof:
+            model(torch.randn(2, 4)).sum().backward()
+    finally:
+        handle.remove()
+    assert refused == [model.first]
+    # first: one call, its forward returned; second: one call, on x; the root: one call.
+    assert [(record.name, record.calls) for record in prof.tree] == [("", 1), ("first", 1), ("second", 1)]
+    assert prof.records["first"].forward_ms > 0
+
+
 def test_bad_arguments_say_what_to_do() -> None:
     with pytest.raises(TypeError, match="expects a torch.nn.Module, got builtins.str"):
         LayerProf("resnet18")  # type: ignore[arg-type]

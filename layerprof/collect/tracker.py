@@ -427,8 +427,11 @@ class Tracker:
 
             return forward_pre
 
-        # output=None: on an exception a global always_call hook is called as (module, args, None).
-        def forward_post(module: nn.Module, args: Any, kwargs: Any, output: Any = None) -> None:
+        # On an exception torch calls a global always_call hook as (module, args, result), without kwargs: result
+        # is None when forward raised, the output when forward returned and a global hook before ours raised.
+        def forward_post(module: nn.Module, args: Any, kwargs: Any, output: Any = _FROM_EXCEPT) -> None:
+            if output is _FROM_EXCEPT:
+                output, kwargs = kwargs, None
             if not tracker.active:
                 return None
             state = getattr(local, "state", None)
@@ -469,6 +472,9 @@ class Tracker:
 
         return make_pre(names), forward_post, make_pre(self.global_names)
 
+
+# The output default of the post-hook: torch's except path passed none (its third argument is the result).
+_FROM_EXCEPT = object()
 
 NOTE_PREFIX = "layerprof: "
 
