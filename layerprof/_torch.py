@@ -23,7 +23,7 @@ __all__ = [
     "patch_fsdp2_group", "unpatch_fsdp2_group",
     "TorchDispatchMode", "StorageWeakRef", "escaped_backward", "add_forward_hooks", "remove_forward_hooks",
     "add_forward_hooks_to", "remove_forward_hooks_from", "add_global_forward_hooks", "remove_global_forward_hooks",
-    "with_forward_pre_hooks",
+    "with_forward_pre_hooks", "global_pre_hook_kwargs",
 ]
 
 # The sequence number the next autograd node created on this thread will get: a module call owns the nodes
@@ -157,6 +157,17 @@ def remove_global_forward_hooks(handles: tuple[Any, Any]) -> None:
     for handle in handles:
         handle.remove()
         getattr(torch_module, "_global_forward_hooks_with_kwargs", {}).pop(handle.id, None)
+
+
+def global_pre_hook_kwargs(frame: Any) -> dict[str, Any] | None:
+    """The keyword arguments of the module call whose global forward pre-hook was called from ``frame``: torch
+    calls a global pre-hook as ``hook(module, args)``, without them, from ``Module._call_impl``'s ``inner``, which
+    holds them as ``kwargs``. None where torch's internals differ."""
+    code = frame.f_code
+    if code.co_name != "inner" or "kwargs" not in code.co_freevars:
+        return None
+    kwargs = frame.f_locals.get("kwargs")
+    return kwargs if type(kwargs) is dict else None
 
 
 def with_forward_pre_hooks(modules: list[Any]) -> list[Any]:

@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from layerprof import LayerProf
+from layerprof._tensors import first_tensor
 from layerprof.collect.profiler import _PROFILED
 
 from .conftest import hook_state
@@ -302,6 +303,88 @@ def test_profilers_on_two_models_time_only_their_own_modules() -> None:
     assert [r.calls for r in inner.tree] == [2] * 7
     assert outer.records["head"].backward_ms > 0 and inner.records["head"].backward_ms > 0
     assert len(outer.records) == len(inner.records) == 7
+
+
+def test_clock_of_a_call_given_its_tensors_by_keyword_sees_them_on_the_global_hooks_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Once CUDA is initialised a call's clock follows its first tensor (args, then kwargs, then the module's
+    # parameters). torch calls a global forward pre-hook without the call's kwargs: a module with no parameters
+    # given its tensor by keyword (an attention core called as core(q=..., k=..., v=...)) would get the CPU clock on
+    # a GPU. Pretend CUDA is initialised and record the tensor each call's clock is chosen from.
+    from layerprof.collect import tracker as tracker_module
+
+    class Scale(nn.Module):
+        def forward(self, *, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+            self.scale = Scale()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.scale(x=self.proj(x))
+
+    seen: dict[str, torch.Tensor | None] = {}
+    outputs: list[torch.Tensor] = []
+
+    def clock_for(tracker: tracker_module.Tracker, module: nn.Module, args: object, kwargs: object) -> object:
+        seen[type(module).__name__] = first_tensor(args, kwargs)
+        return tracker.cpu_clock
+
+    monkeypatch.setattr(tracker_module.Tracker, "_clock_for", clock_for)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    model = Model()
+    model.proj.register_forward_hook(lambda module, args, output: outputs.append(output))
+    for metrics in (None, ("shapes",)):  # global hooks (the default), hooks on every module (a meter observes calls)
+        seen.clear()
+        outputs.clear()
+        with LayerProf(model, metrics=metrics) as prof:
+            model(torch.randn(2, 4))
+        assert prof.records["scale"].calls == 1
+        assert seen["Scale"] is outputs[0], metrics  # Scale's only tensor: proj's output, passed as x=
+
+
+@pytest.mark.parametrize("metrics", [("shapes",), None], ids=["hooks on every module", "global hooks"])
+def test_a_call_whose_forward_returned_counts_when_a_global_hook_after_it_raises(
+        metrics: tuple[str, ...] | None) -> None:
+    # A global forward hook registered before the block runs before ours; when it raises after `first`'s forward
+    # has returned (the model catches the error and goes on), torch calls our always_call hook from its except
+    # path as (module, args, result), without kwargs: `first`'s call returned its output and counts, as it does
+    # where our hook sits in the module's own dicts.
+    from torch.nn.modules import module as torch_module
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first = nn.Linear(4, 4)
+            self.second = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            try:
+                return self.second(self.first(x))
+            except LookupError:
+                return self.second(x)
+
+    model = Model()
+
+    def refuse(module: nn.Module, args: object, output: object) -> None:
+        if module is model.first and not refused:
+            refused.append(module)
+            raise LookupError("refused")
+
+    refused: list[nn.Module] = []
+    handle = torch_module.register_module_forward_hook(refuse)
+    try:
+        with LayerProf(model, metrics=metrics) as prof:
+            model(torch.randn(2, 4)).sum().backward()
+    finally:
+        handle.remove()
+    assert refused == [model.first]
+    # first: one call, its forward returned; second: one call, on x; the root: one call.
+    assert [(record.name, record.calls) for record in prof.tree] == [("", 1), ("first", 1), ("second", 1)]
+    assert prof.records["first"].forward_ms > 0
 
 
 def test_bad_arguments_say_what_to_do() -> None:

@@ -44,7 +44,8 @@ from .._tensors import first_tensor, iter_tensors
 from .._torch import graph_task_id as _graph_task_id
 from .._torch import next_sequence_nr as _next_sequence_nr
 from .._torch import add_forward_hooks_to, add_global_forward_hooks, escaped_backward, remove_forward_hooks
-from .._torch import remove_forward_hooks_from, remove_global_forward_hooks, with_forward_pre_hooks
+from .._torch import global_pre_hook_kwargs, remove_forward_hooks_from, remove_global_forward_hooks
+from .._torch import with_forward_pre_hooks
 from .._torch import queue_backward_callback as _queue_backward_callback
 from .._torch import sequence_nr as _sequence_nr
 
@@ -388,6 +389,7 @@ class Tracker:
         cpu_clock = self.cpu_clock
         cuda_initialized = torch.cuda.is_initialized
         exc_info = sys.exc_info
+        get_frame = sys._getframe
         next_seq = _next_sequence_nr
 
         def make_pre(names: dict[int, str]) -> Callable[..., None]:
@@ -403,7 +405,12 @@ class Tracker:
                 except AttributeError:
                     state = tracker._thread()
                 stack = state.stack
-                clock = tracker._clock_for(module, args, kwargs) if cuda_initialized() else cpu_clock
+                if cuda_initialized():
+                    if kwargs is None and first_tensor(args) is None:  # a global pre-hook: torch gives no kwargs
+                        kwargs = global_pre_hook_kwargs(get_frame(1))
+                    clock = tracker._clock_for(module, args, kwargs)
+                else:
+                    clock = cpu_clock
                 call = CallTrace(name, stack[-1] if stack else None, clock, _graph_task_id() != -1, tracker.step_state)
                 handling = exc_info()[1]
                 if handling is not None:  # called from an except block: its exception is not this call's
@@ -420,8 +427,11 @@ class Tracker:
 
             return forward_pre
 
-        # output=None: on an exception a global always_call hook is called as (module, args, None).
-        def forward_post(module: nn.Module, args: Any, kwargs: Any, output: Any = None) -> None:
+        # On an exception torch calls a global always_call hook as (module, args, result), without kwargs: result
+        # is None when forward raised, the output when forward returned and a global hook before ours raised.
+        def forward_post(module: nn.Module, args: Any, kwargs: Any, output: Any = _FROM_EXCEPT) -> None:
+            if output is _FROM_EXCEPT:
+                output, kwargs = kwargs, None
             if not tracker.active:
                 return None
             state = getattr(local, "state", None)
@@ -462,6 +472,9 @@ class Tracker:
 
         return make_pre(names), forward_post, make_pre(self.global_names)
 
+
+# The output default of the post-hook: torch's except path passed none (its third argument is the result).
+_FROM_EXCEPT = object()
 
 NOTE_PREFIX = "layerprof: "
 
