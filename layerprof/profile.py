@@ -28,7 +28,7 @@ from .render.plot import save_plot
 from .record.fields import canonical
 from .render.rows import FILTERS, derived_names, is_number, numeric_fields, select, top_records, value_of
 from .metrics.roofline import ROOFLINE_FIELDS
-from .render.summary import annotated_repr
+from .render.summary import annotated_repr, partial_note
 from .render.table import Table
 from .render.report import report_html
 from .render.speedscope import speedscope_json
@@ -104,10 +104,8 @@ class Profile:
         the totals (model size, activation and saved memory, the largest modules). A partial profile (a run
         that ended early) says so in its first line."""
         text = annotated_repr(self.tree, columns=columns, depth=depth, footer=footer)
-        partial = self.meta.get("partial")
-        if not partial:
-            return text
-        return f"Partial profile ({format_counted(self.meta.get('steps'), 'step')} recorded): {partial}.\n{text}"
+        note = partial_note(self.meta)
+        return text if note is None else f"{note}.\n{text}"
 
     def layerwise_timepool(self) -> dict[str, Any]:
         """The nested-dict form: ``{name: {forward_ms, backward_ms, depth, calls, children}}``."""

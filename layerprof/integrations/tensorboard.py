@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..record.fields import FIELDS, canonical
-from ..render.units import format_counted
+from ..render.summary import partial_note
 from ._optional import require
 
 __all__ = ["SCALAR_FIELDS", "write_tensorboard", "scalar_tag"]
@@ -61,10 +61,9 @@ def write_tensorboard(profile: Any, writer_or_logdir: Any, step: int | None = No
         _write_figures(profile, writer, step, depth, top)
         table = profile.top(top or 10, by="total_ms", max_depth=depth)
         writer.add_text("layerprof/top", table.to_markdown(), global_step=step)
-        partial = profile.meta.get("partial")
-        if partial:  # a run that ended early: said beside its numbers
-            recorded = format_counted(profile.meta.get("steps"), "step")
-            writer.add_text("layerprof/partial", f"Partial profile ({recorded} recorded): {partial}", global_step=step)
+        note = partial_note(profile.meta)
+        if note is not None:  # a run that ended early: said beside its numbers
+            writer.add_text("layerprof/partial", note, global_step=step)
         writer.flush()
     finally:
         if owned:

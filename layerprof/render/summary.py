@@ -14,7 +14,7 @@ from .columns import Column, resolve_columns
 from .footer import summary_footer
 from .units import format_count, format_counted, format_ms
 
-__all__ = ["annotated_repr", "summary_header", "SUMMED_NOTE"]
+__all__ = ["annotated_repr", "summary_header", "partial_note", "SUMMED_NOTE"]
 
 # Marks a module never called itself (a ModuleList) that shows the totals of its children (``record/summed.py``).
 SUMMED_NOTE = "sum of its children: not called itself"
@@ -89,6 +89,15 @@ def _alias_positions(root: ModuleRecord) -> dict[str, list[tuple[str, ModuleReco
             parent, _, key = alias.rpartition(".")
             positions.setdefault(parent, []).append((key, record))
     return positions
+
+
+def partial_note(meta: dict) -> str | None:
+    """What a partial profile (a run that ended early) says of itself, ``Partial profile (3 steps recorded): why``,
+    for the summary's first line and TensorBoard's text; None for a complete profile."""
+    partial = meta.get("partial")
+    if not partial:
+        return None
+    return f"Partial profile ({format_counted(meta.get('steps'), 'step')} recorded): {partial}"
 
 
 def summary_header(root: ModuleRecord, values: TreeValues | None = None) -> str:

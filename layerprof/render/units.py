@@ -5,7 +5,8 @@ from ..record.fields import FIELDS
 
 __all__ = [
     "format_ms", "format_count", "format_bytes", "format_flops", "format_percent", "format_change", "format_ratio",
-    "format_plain", "format_field", "format_value", "field_label", "format_shapes", "format_counted", "MISSING",
+    "format_plain", "format_field", "format_value", "field_label", "format_shapes", "format_counted", "format_signed_ms",
+    "MISSING",
 ]
 
 MISSING = "—"
