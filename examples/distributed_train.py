@@ -75,6 +75,9 @@ def train(args: argparse.Namespace) -> None:
     if gathered is not None:
         print(gathered.table())
     if distributed:
+        # Every rank past its last collective before any tears its group down: a rank that leaves while rank 0
+        # still receives (gather above) makes gloo abort rank 0 ("terminate called without an active exception").
+        dist.barrier()
         dist.destroy_process_group()
 
 

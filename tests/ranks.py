@@ -37,6 +37,7 @@ def _rank_main(rank: int, world_size: int, store_path: str, out_dir: str, worker
         try:
             dist.barrier()
             result = {"result": worker(rank)}
+            dist.barrier()  # no rank tears the group down while another is still in the worker's last collective
         finally:
             dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - reported to the test
