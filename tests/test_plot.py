@@ -183,6 +183,30 @@ def test_icicle_every_level_spans_the_total(resnet_profile, axes) -> None:
     assert conv1_below.get_facecolor()[:3] == pytest.approx(drawn["module:conv1"].get_facecolor()[:3])
 
 
+@pytest.mark.parametrize("kind", ["icicle", "top"])
+@pytest.mark.parametrize("inches", [6.0, 14.0, 24.0])
+def test_value_axis_tick_labels_never_touch(kind, inches) -> None:
+    """Tick labels in a unit ("800 MFLOPs") are wide: on every figure width the drawn labels keep apart, and a
+    wide axis still has several of them. Measured on the rendered text, not on the estimate the plot uses."""
+    profile = mlp_with_params()
+    for record in profile.records.values():  # tens of MFLOPs: labels like "40 MFLOPs" (overlapped at 6 in)
+        record.flops_forward = record.params * 123_456
+        record.flops_backward = 2 * record.flops_forward
+    figure, ax = plt.subplots(figsize=(inches, 4.0))
+    try:
+        PLOT_KINDS[kind](profile, metric="flops", ax=ax)
+        figure.canvas.draw()
+        renderer = figure.canvas.get_renderer()
+        boxes = sorted((label.get_window_extent(renderer) for label in ax.get_xticklabels()
+                        if label.get_visible() and label.get_text()), key=lambda box: box.x0)
+        assert len(boxes) >= 3, [label.get_text() for label in ax.get_xticklabels()]
+        assert all("FLOPs" in label.get_text() for label in ax.get_xticklabels())
+        gaps = [right.x0 - left.x1 for left, right in zip(boxes, boxes[1:])]
+        assert min(gaps) > 0, gaps
+    finally:
+        plt.close(figure)
+
+
 # -- top-k ----------------------------------------------------------------------------------------------------
 def test_top_bars_add_up_to_the_total(resnet_profile, axes) -> None:
     root = resnet_profile.tree

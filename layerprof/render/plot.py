@@ -17,7 +17,7 @@ from .plot_metrics import PlotMetric, resolve_metric, root_of
 from .plot_roofline import plot_roofline
 from .plot_save import finish_plot, plot_suffix
 from .plot_style import (
-    SELF_HATCH, fit_label, new_axes, palette_colour, points_per_unit, segment_colour, wrap_label,
+    SELF_HATCH, fit_label, new_axes, palette_colour, points_per_unit, segment_colour, text_width_pt, wrap_label,
 )
 from .checkpoint import plot_checkpoint
 from .units import format_counted, format_percent
@@ -180,10 +180,20 @@ def _bar_label(ax: Any, segment: Segment, level: int, width_pt: float, height_pt
 
 
 def _value_axis(axis: Any, metric: PlotMetric) -> None:
-    from matplotlib.ticker import FuncFormatter
+    """Ticks of the horizontal value axis in ``metric``'s units, as many as fit side by side without touching:
+    a label such as "800 MFLOPs" is five times as wide as a plain number, so matplotlib's default count
+    (chosen for plain numbers) overlaps them on a wide axis."""
+    import matplotlib
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     axis.set_major_formatter(FuncFormatter(lambda value, _: metric.format(value)))
     axis.set_label_text(metric.label)
+    low, high = axis.get_view_interval()
+    size = FontProperties(size=matplotlib.rcParams["xtick.labelsize"]).get_size_in_points()
+    widest = max(text_width_pt(metric.format(low + (high - low) * step / 8), size) for step in range(9))
+    length = points_per_unit(axis.axes)[0] * abs(high - low)
+    axis.set_major_locator(MaxNLocator(nbins=max(1, int(length // (widest + 2.0 * size))), steps=[1, 2, 2.5, 5, 10]))
 
 
 def plot_top(profile: Any, k: int = 10, metric: str = "total", by_type: bool = False, ax: Any = None,
