@@ -7,7 +7,8 @@ against measured (saved bytes by the memory meter on the wrapped model; extra st
 differences, a step with the plan and a step without run back to back, in alternating order, ``--repeats``
 pairs, in process CPU time so that other work on a shared machine does not count; the noise beside it is the
 interquartile range of those differences; the prediction is the profiled forward time, the median over five
-steps, in wall time, less the tail that checkpointing's early stop skips, plus the checkpoint wrapper's own
+steps, in wall time, less the tail that checkpointing's early stop skips and the profiler's own hooks on the
+calls inside (``meta["hook_ms"]`` each), plus the checkpoint wrapper's own
 cost as ``wrap_cost`` measures it), and beside it in the same run: wrapping every block of the model's natural
 repeated unit (every transformer layer, ResNet bottleneck, dense layer), and on the sequential model
 ``torch.utils.checkpoint.checkpoint_sequential`` with the fewest segments that meet the budget, each paired with
@@ -305,10 +306,12 @@ def main() -> None:
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     started = time.perf_counter()
+    from layerprof.collect.hook_cost import hook_cost
     from layerprof.plan.wrap_cost import wrap_cost
 
     cost = wrap_cost()
-    print(f"wrap_cost: {cost.per_call_ms:.3f} ms a call, {cost.per_tensor_ms * 1e3:.1f} us a saved tensor\n")
+    print(f"wrap_cost: {cost.per_call_ms:.3f} ms a call, {cost.per_tensor_ms * 1e3:.1f} us a saved tensor; "
+          f"hook_cost: {hook_cost(LayerProf) * 1e3:.1f} us a module call inside a recomputed one\n")
     print(HEADER)
     rows = []
     for name in args.models.split(","):

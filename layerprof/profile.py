@@ -296,10 +296,12 @@ class Profile:
         whose recomputation repeats a side effect (BatchNorm in training) are left out unless
         ``allow_side_effects``. The time a plan costs is the recomputed forwards plus the checkpoint wrapper's own
         cost, priced by ``wrap_cost``: "measured" on this host once per process (``layerprof.plan.wrap_cost``),
-        None to count recomputation only, or a pair (ms per wrapped call, ms per tensor saved inside).
+        None to count recomputation only, or a pair (ms per wrapped call, ms per tensor saved inside). A
+        recomputation is priced as the profiled forward less the profiler's own hooks inside it
+        (``meta["hook_ms"]`` per module call, measured when the profile was made on the CPU wall clock).
         See ``layerprof.plan``."""
         return make_plan(self.tree, budget, allow_side_effects=allow_side_effects, resolution=resolution,
-                         wrap_cost=wrap_cost)
+                         wrap_cost=wrap_cost, hook_ms=float(self.meta.get("hook_ms") or 0.0))
 
     def unknown_ops(self) -> dict[str, int]:
         """Ops that ran inside the model with no FLOP formula (so counted 0), with their call counts, most

@@ -68,14 +68,16 @@ class CheckpointPlan:
     Attributes: ``modules`` (qualified names to wrap, no two nested), ``chosen`` (a ChosenModule for each),
     ``budget_bytes``, ``saved_bytes_before`` (today), ``saved_bytes_after`` (predicted), ``extra_ms`` (predicted
     extra time per step: the recomputed forwards and the wrappers' own cost), ``wrap_cost`` (the WrapCost that
-    priced the wrappers, None if not counted), ``feasible`` (whether the budget is met), ``least_reachable_bytes`` (the least
+    priced the wrappers, None if not counted), ``hook_ms`` (the profiler's own time per module call taken off each
+    ancestor's recompute time, 0 where the profile's clock is not the CPU wall clock), ``feasible`` (whether the budget is met), ``least_reachable_bytes`` (the least
     saved memory any plan reaches), ``excluded`` (module -> why it may not be wrapped), ``note``.
     """
 
     def __init__(self, root: ModuleRecord, found: list[Candidate], budget_bytes: int, resolution: int,
-                 wrap_cost: WrapCost | None = None) -> None:
+                 wrap_cost: WrapCost | None = None, hook_ms: float = 0.0) -> None:
         self.model_type = root.type
         self.wrap_cost = wrap_cost
+        self.hook_ms = hook_ms
         self.budget_bytes = budget_bytes
         self.saved_bytes_before = int(root.saved_bytes or 0)
         self.excluded = {c.name: c.excluded for c in found if c.excluded and c.excluded not in ("not called",
@@ -207,7 +209,7 @@ class CheckpointPlan:
             "chosen": [{"name": c.name, "type": c.type, "freed_bytes": c.freed_bytes, "kept_bytes": c.kept_bytes,
                         "net_bytes": c.net_bytes, "recompute_ms": c.recompute_ms, "wrap_ms": c.wrap_ms}
                        for c in self.chosen],
-            "excluded": dict(self.excluded), "note": self.note,
+            "excluded": dict(self.excluded), "note": self.note, "hook_ms": self.hook_ms,
         }
 
     def __str__(self) -> str:
@@ -220,8 +222,10 @@ class CheckpointPlan:
 
 
 def make_plan(root: ModuleRecord, budget: Any, allow_side_effects: bool = False,
-              resolution: int = DEFAULT_RESOLUTION, wrap_cost: Any = "measured") -> CheckpointPlan:
-    """The plan for a profile's tree; see ``Profile.checkpoint_plan``."""
+              resolution: int = DEFAULT_RESOLUTION, wrap_cost: Any = "measured", hook_ms: float = 0.0
+              ) -> CheckpointPlan:
+    """The plan for a profile's tree; see ``Profile.checkpoint_plan``. ``hook_ms``: the profiler's own time in
+    each ancestor's forward per module call (the profile's ``meta["hook_ms"]``), taken off recompute times."""
     require_figures(root)
     allow_side_effects = check_bool("allow_side_effects", allow_side_effects)
     if isinstance(resolution, bool) or not isinstance(resolution, int) or resolution < 16:
@@ -229,4 +233,5 @@ def make_plan(root: ModuleRecord, budget: Any, allow_side_effects: bool = False,
     today = int(root.saved_bytes or 0)
     budget_bytes = parse_budget(budget, today)
     cost = check_wrap_cost(wrap_cost)
-    return CheckpointPlan(root, candidates(root, allow_side_effects, cost), budget_bytes, resolution, cost)
+    return CheckpointPlan(root, candidates(root, allow_side_effects, cost, hook_ms), budget_bytes, resolution, cost,
+                          hook_ms)
