@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from layerprof import LayerProf  # noqa: E402
 from layerprof.plan.apply import unwrap, wrap  # noqa: E402
+from layerprof.plan.runs import parse_run  # noqa: E402
 from tests.checkpoint_zoo import ZOO, zoo_step  # noqa: E402
 
 BUDGETS = (0.25, 0.5, 0.75)
@@ -85,7 +86,11 @@ class RecomputeTimer:
     def __init__(self, model: nn.Module, names: list[str]) -> None:
         self.recompute: dict[str, list[float]] = {name: [] for name in names}
         self.forward: dict[str, list[float]] = {name: [] for name in names}
-        self._modules = [(model.get_submodule(name), name) for name in names]
+        self._modules = []  # a module, or each child of a run (named parent[first:stop]), under the entry's name
+        for name in names:
+            run = parse_run(name)
+            parts = [model.get_submodule(name)] if run is None else list(model.get_submodule(run[0]))[run[1]:run[2]]
+            self._modules += [(module, name) for module in parts]
         self._step: dict[str, float] = {}
 
     def _timed(self, name: str, forward: Callable[..., Any]) -> Callable[..., Any]:
@@ -113,7 +118,7 @@ class RecomputeTimer:
 
     def record(self, recomputed: bool) -> None:
         """Keep the step's figures: the recomputation of a step with the plan, the forward of one without."""
-        for _, name in self._modules:
+        for name in self.recompute:
             if recomputed:
                 self.recompute[name].append(self._step.get(name + "/backward", 0.0))
             else:

@@ -8,7 +8,7 @@ from typing import Any
 from ..record.records import ModuleRecord, preorder
 from .wrap_cost import WrapCost
 
-__all__ = ["Candidate", "Priced", "candidates", "descendant_calls", "require_figures"]
+__all__ = ["Candidate", "Priced", "candidates", "descendant_calls", "require_figures", "skipped_tail_ms", "tail_of"]
 
 
 class Priced:
@@ -132,21 +132,28 @@ def skipped_tail_ms(record: ModuleRecord) -> float:
                 return skipped
             ordered.append((call.forward_start_ms, child))
         ordered.sort(key=lambda pair: pair[0])
-        inner = None
-        for _, child in reversed(ordered):
-            if child.children:
-                inner = child
-                break
-            if _saved_tensors(child) == 0:
-                skipped += _forward_ms(child)
-                continue
-            if child.type in _SAVES_BEFORE_COMPUTING:
-                skipped += _forward_ms(child)
-            return skipped
+        part, inner = tail_of([child for _, child in ordered])
+        skipped += part
         if inner is None:
             return skipped
         record = inner
     return skipped
+
+
+def tail_of(children: list[ModuleRecord]) -> tuple[float, ModuleRecord | None]:
+    """Going back from the last of ``children`` (in call order): the forward time the early stop skips among
+    them, and the child with children of its own to look into next (None where the tail stopped)."""
+    skipped = 0.0
+    for child in reversed(children):
+        if child.children:
+            return skipped, child
+        if _saved_tensors(child) == 0:
+            skipped += _forward_ms(child)
+            continue
+        if child.type in _SAVES_BEFORE_COMPUTING:
+            skipped += _forward_ms(child)
+        return skipped, None
+    return skipped, None
 
 
 def descendant_calls(records: list[ModuleRecord], parents: list[int]) -> list[int]:
