@@ -11,7 +11,7 @@ profiled forward less ``descendant calls x hook_cost()``.
 ``hook_cost()`` measures that figure where a model runs its hooks: cold. It profiles the stack ``wrap_cost``
 times (blocks of 33 small Linear layers, an unwrapped feed-forward filler after each) and sets each block's
 profiled forward against its bare forward in plain steps, per Linear call, the median over the blocks (about
-0.1 s, once per process, thread count and meter set). In a tight loop of modules the same hooks cost a third
+0.4 s, once per process, thread count and meter set). In a tight loop of modules the same hooks cost a third
 of it, as the wrapper does (``wrap_cost.py``). On a GPU the module times are device times, which the host's
 hooks do not lengthen as long as the host runs ahead: the planner subtracts it only on the CPU wall clock.
 """
