@@ -7,7 +7,8 @@ against measured (saved bytes by the memory meter on the wrapped model; extra st
 differences, a step with the plan and a step without run back to back, in alternating order, ``--repeats``
 pairs, in process CPU time so that other work on a shared machine does not count; the noise beside it is the
 interquartile range of those differences; the prediction is the profiled forward time, the median over five
-steps, in wall time, less the tail that checkpointing's early stop skips, plus the checkpoint wrapper's own
+steps, in wall time, less the tail that checkpointing's early stop skips and the profiler's own hooks on the
+calls inside (``meta["hook_ms"]`` each), plus the checkpoint wrapper's own
 cost as ``wrap_cost`` measures it), and beside it in the same run: wrapping every block of the model's natural
 repeated unit (every transformer layer, ResNet bottleneck, dense layer), and on the sequential model
 ``torch.utils.checkpoint.checkpoint_sequential`` with the fewest segments that meet the budget, each paired with
@@ -34,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from layerprof import LayerProf  # noqa: E402
 from layerprof.plan.apply import unwrap, wrap  # noqa: E402
+from layerprof.plan.runs import parse_run  # noqa: E402
 from tests.checkpoint_zoo import ZOO, zoo_step  # noqa: E402
 
 BUDGETS = (0.25, 0.5, 0.75)
@@ -84,7 +86,11 @@ class RecomputeTimer:
     def __init__(self, model: nn.Module, names: list[str]) -> None:
         self.recompute: dict[str, list[float]] = {name: [] for name in names}
         self.forward: dict[str, list[float]] = {name: [] for name in names}
-        self._modules = [(model.get_submodule(name), name) for name in names]
+        self._modules = []  # a module, or each child of a run (named parent[first:stop]), under the entry's name
+        for name in names:
+            run = parse_run(name)
+            parts = [model.get_submodule(name)] if run is None else list(model.get_submodule(run[0]))[run[1]:run[2]]
+            self._modules += [(module, name) for module in parts]
         self._step: dict[str, float] = {}
 
     def _timed(self, name: str, forward: Callable[..., Any]) -> Callable[..., Any]:
@@ -112,7 +118,7 @@ class RecomputeTimer:
 
     def record(self, recomputed: bool) -> None:
         """Keep the step's figures: the recomputation of a step with the plan, the forward of one without."""
-        for _, name in self._modules:
+        for name in self.recompute:
             if recomputed:
                 self.recompute[name].append(self._step.get(name + "/backward", 0.0))
             else:
@@ -305,10 +311,12 @@ def main() -> None:
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     started = time.perf_counter()
+    from layerprof.collect.hook_cost import hook_cost
     from layerprof.plan.wrap_cost import wrap_cost
 
     cost = wrap_cost()
-    print(f"wrap_cost: {cost.per_call_ms:.3f} ms a call, {cost.per_tensor_ms * 1e3:.1f} us a saved tensor\n")
+    print(f"wrap_cost: {cost.per_call_ms:.3f} ms a call, {cost.per_tensor_ms * 1e3:.1f} us a saved tensor; "
+          f"hook_cost: {hook_cost(LayerProf) * 1e3:.1f} us a module call inside a recomputed one\n")
     print(HEADER)
     rows = []
     for name in args.models.split(","):

@@ -289,17 +289,22 @@ class Profile:
         return gather_profile(self, dst=dst, group=group, margin=margin, min_ms=min_ms)
 
     def checkpoint_plan(self, budget: Any, allow_side_effects: bool = False, resolution: int = 4096,
-                        wrap_cost: Any = "measured") -> CheckpointPlan:
+                        wrap_cost: Any = "measured", runs: bool = True) -> CheckpointPlan:
         """The modules to recompute (wrap in ``torch.utils.checkpoint``) so that the memory saved for backward
         fits ``budget`` at the least recompute time: bytes, a size (``"2GiB"``), a percentage (``"50%"``) or a
         fraction (``0.5``) of today's. Needs a profile of a training step with ``metrics=("memory",)``. Modules
         whose recomputation repeats a side effect (BatchNorm in training) are left out unless
         ``allow_side_effects``. The time a plan costs is the recomputed forwards plus the checkpoint wrapper's own
         cost, priced by ``wrap_cost``: "measured" on this host once per process (``layerprof.plan.wrap_cost``),
-        None to count recomputation only, or a pair (ms per wrapped call, ms per tensor saved inside).
+        None to count recomputation only, or a pair (ms per wrapped call, ms per tensor saved inside). A
+        recomputation is priced as the profiled forward less the profiler's own hooks inside it
+        (``meta["hook_ms"]`` per module call, measured when the profile was made on the CPU wall clock).
+        Besides modules, a plan can wrap runs of consecutive children of an ``nn.Sequential`` under one
+        checkpoint (named ``parent[first:stop]``, as ``checkpoint_sequential`` does), on a live profile;
+        ``runs=False`` plans over modules only.
         See ``layerprof.plan``."""
         return make_plan(self.tree, budget, allow_side_effects=allow_side_effects, resolution=resolution,
-                         wrap_cost=wrap_cost)
+                         wrap_cost=wrap_cost, hook_ms=float(self.meta.get("hook_ms") or 0.0), runs=runs)
 
     def unknown_ops(self) -> dict[str, int]:
         """Ops that ran inside the model with no FLOP formula (so counted 0), with their call counts, most

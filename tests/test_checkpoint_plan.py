@@ -10,6 +10,7 @@ from torch import nn
 
 import layerprof
 from layerprof import LayerProf
+from layerprof.plan.runs import parse_run, recomputed_children
 
 
 def _mlp(depth: int = 4, width: int = 128, dropout: float = 0.0) -> nn.Module:
@@ -59,8 +60,9 @@ def test_plan_meets_budget_and_is_bitwise_equal_with_dropout() -> None:
         measured = _profile(model, lambda: model(x).pow(2).sum().backward())
     assert torch.equal(got[0], expected[0]) and all(torch.equal(a, b) for a, b in zip(got[1], expected[1]))
     assert measured.tree.saved_bytes == plan.saved_bytes_after  # the meter's figures add up exactly here
-    for name in names:  # each wrapped module's children re-ran in backward (its own hooks do not see the re-run)
-        assert all(child.recompute_ms > 0 for child in measured.records[name].children)
+    for name in names:  # each wrapped module's children re-ran in backward (its own hooks do not see the re-run),
+        children = recomputed_children(measured.records, name)  # or each child of a wrapped run
+        assert children and all(child.recompute_ms > 0 for child in children)
     assert _state(model) == before and not plan.is_applied
 
 
@@ -70,12 +72,12 @@ def test_apply_remove_and_errors() -> None:
     prof = _profile(model, lambda: model(x).sum().backward())
     # Recompute time only: with the wrappers' cost, wrapping the whole model once can come out as cheap as its
     # four blocks, and this test needs a plan of submodules.
-    plan = prof.checkpoint_plan(0.5, wrap_cost=None)
+    plan = prof.checkpoint_plan(0.5, wrap_cost=None, runs=False)
     plan.apply(model)
     with pytest.raises(RuntimeError, match="already applied"):
         plan.apply(model)
     with pytest.raises(ValueError, match="already wrapped"):
-        prof.checkpoint_plan(0.5, wrap_cost=None).apply(model)  # the same plan again
+        prof.checkpoint_plan(0.5, wrap_cost=None, runs=False).apply(model)  # the same plan again
     plan.remove()
     plan.remove()  # a second remove does nothing
     other = nn.Sequential(nn.Linear(16, 1))
@@ -168,7 +170,7 @@ def test_verify_plan() -> None:
     assert set(result.recompute_ms) == set(plan.modules)
     for name, (predicted, measured) in result.recompute_ms.items():
         assert predicted == plan.chosen[plan.modules.index(name)].recompute_ms
-        assert measured is None if not prof.records[name].children else measured > 0
+        assert measured is None if not recomputed_children(prof.records, name) else measured > 0
     assert result.step_ms_before > 0 and result.step_ms_after > 0 and result.cuda_peak_bytes is None
     assert _state(model) == before and not plan.is_applied
     with pytest.raises(TypeError, match="step must be a callable"):
@@ -181,7 +183,8 @@ def test_a_saved_profile_plans_the_same() -> None:
     prof = _profile(model, lambda: model(x).sum().backward())
     loaded = layerprof.loads(prof.to_json())
     for budget in (0.25, "50%", 0.75):
-        assert loaded.checkpoint_plan(budget).to_dict() == prof.checkpoint_plan(budget).to_dict()
+        # Runs are worked out from the profiled step's storages, which a saved profile does not hold.
+        assert loaded.checkpoint_plan(budget).to_dict() == prof.checkpoint_plan(budget, runs=False).to_dict()
 
 
 def test_report_has_a_checkpoint_panel_with_memory_figures() -> None:
@@ -194,3 +197,64 @@ def test_report_has_a_checkpoint_panel_with_memory_figures() -> None:
     with LayerProf(model) as plain:
         model(x).sum().backward()
     assert "checkpoint-section" not in plain.to_report()
+
+
+def _flat_mlp(depth: int = 6, width: int = 128) -> nn.Sequential:
+    """An nn.Sequential of single layers, as checkpoint_sequential takes: runs of them are no module of the tree."""
+    torch.manual_seed(0)
+    layers: list[nn.Module] = [nn.Linear(16, width)]
+    for _ in range(depth):
+        layers += [nn.GELU(), nn.Dropout(0.1), nn.Linear(width, width)]
+    return nn.Sequential(*layers, nn.Tanh(), nn.Linear(width, 1))
+
+
+def test_runs_of_a_sequential_are_planned_applied_and_removed() -> None:
+    model = _flat_mlp()
+    x = torch.randn(64, 16)
+    prof = _profile(model, lambda: model(x).pow(2).sum().backward())
+    before = _state(model)
+    expected = _run(model, x)
+    plan = prof.checkpoint_plan("50%")
+    by_modules = prof.checkpoint_plan("50%", runs=False)
+    runs = [parse_run(name) for name in plan.modules if parse_run(name)]
+    # The flat model's layers are leaves: one wrapper over a run of them holds one input where a wrapper per
+    # layer holds each one's, so the plan takes runs, and costs less than the best plan over modules.
+    assert runs and all(parent == "" and stop - first >= 2 for parent, first, stop in runs)
+    assert plan.feasible and plan.saved_bytes_after <= plan.budget_bytes
+    assert plan.extra_ms < by_modules.extra_ms
+    assert all(c.type == "Sequential" for c in plan.chosen if parse_run(c.name))  # the type a run is cut from
+    with plan.applied(model):
+        assert type(model.__dict__["forward"]).__name__ == "function"  # the Sequential's forward, replaced
+        got = _run(model, x)  # the same Dropout masks in forward and recompute: bitwise equal
+        measured = _profile(model, lambda: model(x).pow(2).sum().backward())
+    assert torch.equal(got[0], expected[0]) and all(torch.equal(a, b) for a, b in zip(got[1], expected[1]))
+    assert measured.tree.saved_bytes == plan.saved_bytes_after  # the storages replayed with the runs wrapped
+    for name in plan.modules:
+        assert all(child.recompute_ms > 0 for child in recomputed_children(measured.records, name))
+    assert _state(model) == before and not plan.is_applied
+    assert any(parse_run(name) for point in plan.pareto() for name in point.modules)
+    # A Sequential subclass has a forward of its own: a run of it is refused, and nothing is left wrapped.
+    class Other(nn.Sequential):
+        pass
+
+    other = Other(*model)
+    with pytest.raises(ValueError, match=r"module '\[\d+:\d+\]' is a Other, the plan was made for a Sequential"):
+        plan.apply(other)
+    assert not any("forward" in module.__dict__ for module in other.modules())
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet50", "densenet121"])
+def test_what_a_run_frees_is_the_replay_of_the_storages(name: str) -> None:
+    """``freed_by_runs`` (which touches only a run's storages) against replaying every storage of the step with
+    the run wrapped (``saved_after``), for every run of every Sequential of real models (nested calls inside)."""
+    from layerprof.metrics.checkpoint_bytes import STORAGES_ATTRIBUTE, freed_by_runs, saved_after
+    from tests.checkpoint_zoo import zoo_step
+
+    model, step = zoo_step(name)
+    prof = _profile(model, step)
+    tables = prof.tree.__dict__[STORAGES_ATTRIBUTE]
+    runs = [tuple(child.name for child in record.children[first:stop])
+            for record in prof.records.values() if record.type == "Sequential"
+            for first in range(len(record.children)) for stop in range(first + 2, len(record.children) + 1)]
+    before = saved_after(tables, set())
+    assert len(runs) >= 10 and freed_by_runs(tables, runs) == [before - saved_after(tables, set(), [run]) for run in runs]

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from layerprof.plan.budget import parse_budget
-from layerprof.plan.solver import best_reachable, ends_of, frontier, solve
+from layerprof.plan.solver import Run, best_reachable, ends_of, frontier, solve
 
 
 def _random_tree(rng: random.Random, count: int) -> list[int]:
@@ -120,3 +120,63 @@ def test_parse_budget(given: object, today: int, expected: int) -> None:
 def test_parse_budget_errors(given: object, error: type, words: str) -> None:
     with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)").replace("%", "%")):
         parse_budget(given, 1000)
+
+
+def _random_runs(rng: random.Random, parents: list[int], ends: list[int], count: int) -> list[Run]:
+    """Up to ``count`` runs of two or more consecutive children of one node, random weights and costs."""
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            children.setdefault(parent, []).append(i)
+    families = [kids for kids in children.values() if len(kids) >= 2]
+    runs = []
+    for _ in range(count if families else 0):
+        kids = rng.choice(families)
+        first = rng.randrange(len(kids) - 1)
+        last = rng.randrange(first + 1, len(kids))
+        runs.append(Run(kids[first], ends[kids[last]], rng.randint(-5, 90), rng.randint(0, 20) + 0.5))
+    return runs
+
+
+def test_solver_with_runs_matches_brute_force() -> None:
+    """Runs of consecutive children are options too: every admissible set of nodes and runs (no two stretches
+    of the pre-order overlapping) is tried, and the solver finds the cheapest that meets the need."""
+    rng = random.Random(7)
+    checked = with_runs = 0
+    for _ in range(300):
+        count = rng.randint(2, 9)
+        parents = _random_tree(rng, count)
+        ends = ends_of(parents)
+        runs = _random_runs(rng, parents, ends, rng.randint(0, 4))
+        weights = [rng.randint(-5, 60) for _ in range(count)]
+        costs = [rng.randint(0, 20) + 0.25 for _ in range(count)]
+        spans = [(i, ends[i], weights[i], costs[i]) for i in range(count)]
+        spans += [(run.start, run.jump, run.weight, run.cost) for run in runs]
+        need = rng.randint(0, 150)
+        best = None
+        for mask in range(1 << len(spans)):
+            chosen = [spans[k] for k in range(len(spans)) if mask >> k & 1]
+            if any(w <= 0 for _, _, w, _ in chosen):
+                continue
+            ordered = sorted(chosen)
+            if any(a[1] > b[0] for a, b in zip(ordered, ordered[1:])):
+                continue  # two stretches overlap
+            if sum(w for _, _, w, _ in chosen) >= need:
+                cost = sum(c for _, _, _, c in chosen)
+                best = cost if best is None else min(best, cost)
+        solution = solve([max(0, w) for w in weights], costs, ends, need,
+                         runs=[run for run in runs if run.weight > 0])
+        positive = [run for run in runs if run.weight > 0]
+        if best is None:
+            assert solution is None
+            continue
+        checked += 1
+        assert solution is not None and solution.cost == pytest.approx(best) and solution.freed >= need
+        picked = [(i, ends[i]) if i < count else (positive[i - count].start, positive[i - count].jump)
+                  for i in solution.chosen]
+        ordered = sorted(picked)
+        assert all(a[1] <= b[0] for a, b in zip(ordered, ordered[1:]))
+        with_runs += any(i >= count for i in solution.chosen)
+        top, _ = best_reachable([max(0, w) for w in weights], ends, positive)
+        assert top >= solution.freed
+    assert checked > 150 and with_runs > 30  # runs chosen often enough to matter

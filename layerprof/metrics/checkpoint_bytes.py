@@ -33,7 +33,7 @@ from .._tensors import iter_tensors
 from .._torch import tensor_version
 from ..record.fields import Field, declare
 
-__all__ = ["CHECKPOINT_FIELDS", "STORAGES_ATTRIBUTE", "storage_table", "saved_after", "has_side_effects", "updates_a_cache", "input_versions", "mutated_inputs", "settle_forward"]
+__all__ = ["CHECKPOINT_FIELDS", "STORAGES_ATTRIBUTE", "storage_table", "saved_after", "freed_by_runs", "has_side_effects", "updates_a_cache", "input_versions", "mutated_inputs", "settle_forward"]
 
 CHECKPOINT_FIELDS = (
     "checkpoint_freed_bytes", "checkpoint_kept_bytes", "checkpoint_side_effects", "checkpoint_inplace_inputs",
@@ -147,10 +147,15 @@ def storage_table(calls: Sequence[Any], savers: dict[int, list[Any]]) -> dict[st
     }
 
 
-def saved_after(tables: Sequence[dict[str, list[Any]]], wrapped: set[str]) -> int:
+def saved_after(tables: Sequence[dict[str, list[Any]]], wrapped: set[str],
+                runs: Sequence[Sequence[str]] = ()) -> int:
     """The bytes saved for backward once the modules named in ``wrapped`` run under non-reentrant checkpoint: a
     storage stays if a call outside every wrapped call saves it, or if it is an input of an outermost wrapped call
-    (the checkpoint holds it). Exact where ``Σ (freed - kept)`` is additive only approximately."""
+    (the checkpoint holds it). Exact where ``Σ (freed - kept)`` is additive only approximately. ``runs``: runs of
+    consecutive sibling modules (names in call order) each under one checkpoint, which holds the first one's
+    inputs only."""
+    firsts = {run[0] for run in runs}
+    members = {name for run in runs for name in run}
     total = 0
     for table in tables:
         names, parents = table["names"], table["parents"]
@@ -159,9 +164,40 @@ def saved_after(tables: Sequence[dict[str, list[Any]]], wrapped: set[str]) -> in
         for i, name in enumerate(names):  # parents come before their children
             parent = parents[i]
             enclosed = parent >= 0 and inside[parent]
-            outermost[i] = name in wrapped and not enclosed
-            inside[i] = enclosed or outermost[i]
+            outermost[i] = (name in wrapped or name in firsts) and not enclosed
+            inside[i] = enclosed or outermost[i] or name in members
         for size, saved_by, taken_by in zip(table["sizes"], table["savers"], table["inputs"]):
             if any(not inside[i] for i in saved_by) or any(outermost[i] for i in taken_by):
                 total += size
     return total
+
+
+def freed_by_runs(tables: Sequence[dict[str, list[Any]]], runs: Sequence[Sequence[str]]) -> list[int]:
+    """For each run alone (as ``saved_after`` takes it), the bytes it frees: ``saved_after(tables, set())`` less
+    ``saved_after(tables, set(), [run])``, touching only the storages of the run's calls (a plan weighs every
+    run of every Sequential)."""
+    freed = [0] * len(runs)
+    for table in tables:
+        names, parents = table["names"], table["parents"]
+        saves: list[list[int]] = [[] for _ in names]  # call -> the storages it saves
+        takes: list[list[int]] = [[] for _ in names]  # call -> the storages it takes as input
+        for row, (saved_by, taken_by) in enumerate(zip(table["savers"], table["inputs"])):
+            for call in saved_by:
+                saves[call].append(row)
+            for call in taken_by:
+                takes[call].append(row)
+        for k, run in enumerate(runs):
+            members, first = set(run), run[0]
+            inside = [False] * len(names)
+            for i, name in enumerate(names):  # parents come before their children
+                inside[i] = name in members or (parents[i] >= 0 and inside[parents[i]])
+            held = {row for i, name in enumerate(names) if name == first and not (
+                parents[i] >= 0 and inside[parents[i]]) for row in takes[i]}
+            touched = {row for i in range(len(names)) if inside[i] for row in saves[i]}
+            for row in touched - held:
+                if all(inside[i] for i in table["savers"][row]):
+                    freed[k] += table["sizes"][row]
+            for row in held:
+                if not table["savers"][row]:
+                    freed[k] -= table["sizes"][row]
+    return freed

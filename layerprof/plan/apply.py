@@ -6,6 +6,10 @@ Dropout inside draws the same mask when recomputed. The module's hooks, paramete
 untouched; ``unwrap`` deletes the attribute (or puts back the instance's own one), leaving the module as it was.
 Every tensor in the arguments (in lists, tuples and dicts too) is passed to checkpoint as an input, so that it
 holds them as saved inputs (what the planner counts as kept) rather than in a closure.
+
+Runs of consecutive children of an ``nn.Sequential`` (``wrap_runs``) are wrapped the same way, on the Sequential:
+its instance ``forward`` calls the children in order as ``nn.Sequential.forward`` does, each run of them under one
+checkpoint, and ``unwrap`` takes it off as it does a module's.
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["wrap", "unwrap", "is_wrapped"]
+__all__ = ["wrap", "wrap_runs", "unwrap", "is_wrapped"]
 
 _MARK = "_layerprof_checkpointed"
 _MISSING = object()
@@ -84,6 +88,45 @@ def wrap(module: nn.Module) -> Any:
     marker that it had none)."""
     own = module.__dict__.get("forward", _MISSING)
     module.forward = _checkpointed(module.forward)  # type: ignore[method-assign]
+    return own
+
+
+def _in_order(modules: tuple[nn.Module, ...], input: Any) -> Any:
+    for module in modules:
+        input = module(input)
+    return input
+
+
+def _run_forward(sequential: nn.Sequential, spans: list[tuple[int, int]]) -> Callable[[Any], Any]:
+    """``nn.Sequential.forward`` with the children at each ``[first, stop)`` of ``spans`` run under one
+    checkpoint."""
+    children = list(sequential)
+    segments: list[Callable[[Any], Any]] = []
+    position = 0
+    for first, stop in sorted(spans):
+        segments += children[position:first]
+        segments.append(_checkpointed(functools.partial(_in_order, tuple(children[first:stop]))))
+        position = stop
+    segments += children[position:]
+
+    def forward(input: Any) -> Any:
+        for segment in segments:
+            input = segment(input)
+        return input
+
+    setattr(forward, _MARK, True)
+    return forward
+
+
+def wrap_runs(sequential: nn.Module, spans: list[tuple[int, int]]) -> Any:
+    """Run each ``[first, stop)`` of ``sequential``'s children (positions as in slicing) under one checkpoint;
+    returns what ``unwrap`` needs. Only an ``nn.Sequential`` itself, whose forward is known."""
+    if type(sequential) is not nn.Sequential:
+        raise TypeError(f"runs of children are wrapped in an nn.Sequential only, got {type(sequential).__name__}")
+    if len(list(sequential.children())) != len(sequential):
+        raise ValueError("a Sequential that holds one module twice cannot have runs wrapped: wrap modules instead")
+    own = sequential.__dict__.get("forward", _MISSING)
+    sequential.forward = _run_forward(sequential, spans)  # type: ignore[method-assign]
     return own
 
 

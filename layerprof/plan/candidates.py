@@ -8,7 +8,7 @@ from typing import Any
 from ..record.records import ModuleRecord, preorder
 from .wrap_cost import WrapCost
 
-__all__ = ["Candidate", "Priced", "candidates", "require_figures"]
+__all__ = ["Candidate", "Priced", "candidates", "descendant_calls", "require_figures", "skipped_tail_ms", "tail_of"]
 
 
 class Priced:
@@ -34,7 +34,8 @@ class Priced:
 class Candidate(Priced):
     """A module in pre-order: ``net_bytes`` = freed - kept (what wrapping it saves), ``recompute_ms`` = its
     forward time per step (every call, children included; the median over steps) less the tail that checkpoint's
-    early stop does not re-run (``skipped_tail_ms``), ``wrap_ms`` = the checkpoint's own cost per step (its calls
+    early stop does not re-run (``skipped_tail_ms``) and less the profiler's hooks on the calls inside it
+    (``hook_ms`` each, ``layerprof.collect.hook_cost``), ``wrap_ms`` = the checkpoint's own cost per step (its calls
     and saved tensors priced by a WrapCost), ``excluded`` = why it may not be wrapped, if so."""
 
     name: str
@@ -131,37 +132,59 @@ def skipped_tail_ms(record: ModuleRecord) -> float:
                 return skipped
             ordered.append((call.forward_start_ms, child))
         ordered.sort(key=lambda pair: pair[0])
-        inner = None
-        for _, child in reversed(ordered):
-            if child.children:
-                inner = child
-                break
-            if _saved_tensors(child) == 0:
-                skipped += _forward_ms(child)
-                continue
-            if child.type in _SAVES_BEFORE_COMPUTING:
-                skipped += _forward_ms(child)
-            return skipped
+        part, inner = tail_of([child for _, child in ordered])
+        skipped += part
         if inner is None:
             return skipped
         record = inner
     return skipped
 
 
-def candidates(root: ModuleRecord, allow_side_effects: bool = False, cost: WrapCost | None = None
-               ) -> list[Candidate]:
+def tail_of(children: list[ModuleRecord]) -> tuple[float, ModuleRecord | None]:
+    """Going back from the last of ``children`` (in call order): the forward time the early stop skips among
+    them, and the child with children of its own to look into next (None where the tail stopped)."""
+    skipped = 0.0
+    for child in reversed(children):
+        if child.children:
+            return skipped, child
+        if _saved_tensors(child) == 0:
+            skipped += _forward_ms(child)
+            continue
+        if child.type in _SAVES_BEFORE_COMPUTING:
+            skipped += _forward_ms(child)
+        return skipped, None
+    return skipped, None
+
+
+def descendant_calls(records: list[ModuleRecord], parents: list[int]) -> list[int]:
+    """For each record of a pre-order list, the calls a step of the modules below it. A shared module's calls
+    from a module that does not contain it (``foreign_calls``) run in that caller's forward, which the records
+    do not name: left out everywhere, so that a time is never taken off a module they did not run in."""
+    below = [0] * len(records)
+    for i in range(len(records) - 1, 0, -1):
+        own = max(0, int(records[i].calls or 0) - int(getattr(records[i], "foreign_calls", None) or 0))
+        below[parents[i]] += below[i] + own
+    return below
+
+
+def candidates(root: ModuleRecord, allow_side_effects: bool = False, cost: WrapCost | None = None,
+               hook_ms: float = 0.0) -> list[Candidate]:
     """Every module of the tree in pre-order as a Candidate: ``recompute_ms`` its forward time less the tail
-    that checkpointing's early stop skips; ``cost`` prices the wrapper (None: not counted)."""
+    that checkpointing's early stop skips and less ``hook_ms`` for every call of a module inside it (the
+    profiler's own time in that forward, which a recomputation does not pay); ``cost`` prices the wrapper
+    (None: not counted)."""
     records = preorder(root)
     index = {id(record): i for i, record in enumerate(records)}
+    parents = [-1 if record.parent is None else index[id(record.parent)] for record in records]
+    below = descendant_calls(records, parents)
     found = []
-    for record in records:
-        parent: Any = record.parent
+    for i, record in enumerate(records):
+        recompute = _forward_ms(record) - skipped_tail_ms(record) - hook_ms * below[i]
         found.append(Candidate(
-            name=record.name, type=record.type, parent=-1 if parent is None else index[id(parent)],
+            name=record.name, type=record.type, parent=parents[i],
             freed_bytes=int(getattr(record, "checkpoint_freed_bytes", None) or 0),
             kept_bytes=int(getattr(record, "checkpoint_kept_bytes", None) or 0),
-            recompute_ms=max(0.0, _forward_ms(record) - skipped_tail_ms(record)), calls=record.calls,
+            recompute_ms=max(0.0, recompute), calls=record.calls,
             excluded=_why_excluded(record, allow_side_effects),
             wrap_ms=0.0 if cost is None else cost.of(record.calls or 0, _saved_tensors(record)),
         ))

@@ -1,5 +1,9 @@
 """CheckpointPlan: the modules to recompute to fit a budget of saved-for-backward memory, and its application.
 
+Besides modules, a plan can wrap a run of consecutive children of an ``nn.Sequential`` under one checkpoint, named
+``parent[first:stop]`` (``runs.py``). Here the inner Sequential's first three layers: its last Tanh, whose output
+backward needs anyway, is left out of the checkpoint.
+
 >>> import torch, layerprof
 >>> net = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(),
 ...                           torch.nn.Linear(64, 64), torch.nn.Tanh()), torch.nn.Linear(64, 1))
@@ -10,7 +14,7 @@
 ...         prof.step()
 >>> plan = prof.checkpoint_plan(0.75)
 >>> plan.modules, plan.saved_bytes_before, plan.saved_bytes_after <= plan.budget_bytes
-(['1'], 12800, True)
+(['1[0:3]'], 12800, True)
 >>> with plan.applied(net):
 ...     net(x).sum().backward()
 """
@@ -24,14 +28,15 @@ from torch import nn
 
 from .._check import check_bool
 from ..metrics.checkpoint_bytes import STORAGES_ATTRIBUTE, saved_after
-from ..record.records import ModuleRecord
+from ..record.records import ModuleRecord, preorder
 from ..render.checkpoint import plan_text
 from ..render.units import format_counted
-from .apply import is_wrapped, unwrap, wrap
+from .apply import is_wrapped, unwrap, wrap, wrap_runs
 from .budget import parse_budget
-from .candidates import Candidate, Priced, candidates, require_figures
+from .candidates import Candidate, Priced, candidates, descendant_calls, require_figures
+from .runs import RunOption, parse_run, run_options
 from .wrap_cost import WrapCost, check_wrap_cost
-from .solver import DEFAULT_RESOLUTION, best_reachable, ends_of, frontier, solve
+from .solver import DEFAULT_RESOLUTION, Run, best_reachable, ends_of, frontier, solve
 
 __all__ = ["CheckpointPlan", "ChosenModule", "FrontierPoint", "make_plan"]
 
@@ -65,17 +70,21 @@ class FrontierPoint:
 class CheckpointPlan:
     """The result of ``Profile.checkpoint_plan``. Numbers are per step as profiled.
 
-    Attributes: ``modules`` (qualified names to wrap, no two nested), ``chosen`` (a ChosenModule for each),
+    Attributes: ``modules`` (qualified names to wrap, and runs ``parent[first:stop]`` of an nn.Sequential's
+    children, no two nested), ``chosen`` (a ChosenModule for each),
     ``budget_bytes``, ``saved_bytes_before`` (today), ``saved_bytes_after`` (predicted), ``extra_ms`` (predicted
     extra time per step: the recomputed forwards and the wrappers' own cost), ``wrap_cost`` (the WrapCost that
-    priced the wrappers, None if not counted), ``feasible`` (whether the budget is met), ``least_reachable_bytes`` (the least
+    priced the wrappers, None if not counted), ``hook_ms`` (the profiler's own time per module call taken off each
+    ancestor's recompute time, 0 where the profile's clock is not the CPU wall clock), ``feasible`` (whether the budget is met), ``least_reachable_bytes`` (the least
     saved memory any plan reaches), ``excluded`` (module -> why it may not be wrapped), ``note``.
     """
 
     def __init__(self, root: ModuleRecord, found: list[Candidate], budget_bytes: int, resolution: int,
-                 wrap_cost: WrapCost | None = None) -> None:
+                 wrap_cost: WrapCost | None = None, hook_ms: float = 0.0, runs: list[RunOption] | None = None
+                 ) -> None:
         self.model_type = root.type
         self.wrap_cost = wrap_cost
+        self.hook_ms = hook_ms
         self.budget_bytes = budget_bytes
         self.saved_bytes_before = int(root.saved_bytes or 0)
         self.excluded = {c.name: c.excluded for c in found if c.excluded and c.excluded not in ("not called",
@@ -85,13 +94,15 @@ class CheckpointPlan:
         self._weights = [0 if c.excluded else max(0, c.net_bytes) for c in found]
         self._costs = [c.cost_ms for c in found]
         self._ends = ends_of([c.parent for c in found])
+        self._runs = list(runs or ())
+        self._options = [Run(r.start, r.jump, max(0, r.net_bytes), r.cost_ms) for r in self._runs]
         # The storages of the profiled step, on a live profile: what wrapping a set frees, exactly (else the
         # additive figure, which errs high where wrapped siblings share inputs).
         self._tables = root.__dict__.get(STORAGES_ATTRIBUTE)
-        reachable, most = best_reachable(self._weights, self._ends)
+        reachable, most = best_reachable(self._weights, self._ends, self._options)
         self.least_reachable_bytes = self._saved_after(most, reachable)
         need = self.saved_bytes_before - budget_bytes
-        solution = solve(self._weights, self._costs, self._ends, need, resolution)
+        solution = solve(self._weights, self._costs, self._ends, need, resolution, self._options)
         if solution is not None and self._tables:
             solution = self._cheaper_within(solution, need, budget_bytes)
         self.feasible = solution is not None
@@ -103,17 +114,24 @@ class CheckpointPlan:
             self.note = (f"the budget ({budget_bytes} bytes) cannot be met: the least saved memory any plan "
                          f"reaches is {self.least_reachable_bytes} bytes")
         chosen = solution.chosen if solution is not None else ()
-        self.chosen = [ChosenModule(found[i].name, found[i].type, found[i].freed_bytes, found[i].kept_bytes,
-                                    found[i].recompute_ms, found[i].wrap_ms) for i in chosen]
+        self.chosen = [ChosenModule(o.name, "Sequential" if isinstance(o, RunOption) else o.type, o.freed_bytes,
+                                    o.kept_bytes, o.recompute_ms, o.wrap_ms) for o in map(self._option, chosen)]
         self.modules = [c.name for c in self.chosen]
         self.saved_bytes_after = self._saved_after(solution.chosen if solution is not None else (),
                                                    sum(c.net_bytes for c in self.chosen))
         self.extra_ms = float(sum(c.cost_ms for c in self.chosen))
         self._applied: list[tuple[nn.Module, Any]] = []
 
+    def _option(self, number: int) -> Candidate | RunOption:
+        """A solution's option: a module's candidate, or a run (numbered after the modules)."""
+        count = len(self._found)
+        return self._found[number] if number < count else self._runs[number - count]
+
     def _saved_after(self, chosen: tuple[int, ...], freed: int) -> int:
         if self._tables:
-            return saved_after(self._tables, {self._found[i].name for i in chosen})
+            options = [self._option(i) for i in chosen]
+            return saved_after(self._tables, {o.name for o in options if isinstance(o, Candidate)},
+                               [o.children for o in options if isinstance(o, RunOption)])
         return self.saved_bytes_before - freed
 
     def _cheaper_within(self, solution: Any, need: int, budget_bytes: int) -> Any:
@@ -124,7 +142,7 @@ class CheckpointPlan:
             if room <= 0:
                 break
             need -= room
-            trial = solve(self._weights, self._costs, self._ends, need, self._resolution)
+            trial = solve(self._weights, self._costs, self._ends, need, self._resolution, self._options)
             if trial is None or trial.cost >= solution.cost or self._saved_after(trial.chosen, trial.freed) > budget_bytes:
                 break
             solution = trial
@@ -134,10 +152,9 @@ class CheckpointPlan:
     def pareto(self) -> list[FrontierPoint]:
         """Every Pareto-optimal plan, from wrapping nothing (today) to the least saved memory reachable: saved
         bytes left against extra time per step, least memory last."""
-        found = self._found
         points = [
-            FrontierPoint(self._saved_after(s.chosen, s.freed), s.cost, tuple(found[i].name for i in s.chosen))
-            for s in frontier(self._weights, self._costs, self._ends, self._resolution)
+            FrontierPoint(self._saved_after(s.chosen, s.freed), s.cost, tuple(self._option(i).name for i in s.chosen))
+            for s in frontier(self._weights, self._costs, self._ends, self._resolution, self._options)
         ]
         kept: list[FrontierPoint] = []
         for point in points:  # the exact figures can make a costlier point no better: drop it
@@ -146,14 +163,17 @@ class CheckpointPlan:
         return kept
 
     # -- applying --------------------------------------------------------------------------------------------
-    def _resolve(self, model: nn.Module) -> list[nn.Module]:
+    def _resolve(self, model: nn.Module) -> tuple[list[nn.Module], dict[int, tuple[nn.Module, list[tuple[int, int]]]]]:
+        """The modules to wrap, and the Sequentials with the runs (first, stop) to wrap in each."""
         if not isinstance(model, nn.Module):
             raise TypeError(f"apply takes the nn.Module the plan was made for, got {type(model).__name__}")
         modules = []
+        sequentials: dict[int, tuple[nn.Module, list[tuple[int, int]]]] = {}
         types = {c.name: c.type for c in self.chosen}
         for name in self.modules:
+            run = parse_run(name)
             try:
-                module = model.get_submodule(name)
+                module = model.get_submodule(name if run is None else run[0])
             except AttributeError:
                 raise ValueError(
                     f"model: the plan wraps module {name!r}, which this {type(model).__name__} does not have; apply "
@@ -166,16 +186,31 @@ class CheckpointPlan:
                 )
             if is_wrapped(module):
                 raise ValueError(f"model: module {name!r} is already wrapped by a checkpoint plan; remove() it first")
-            modules.append(module)
-        return modules
+            if run is None:
+                modules.append(module)
+                continue
+            if type(module) is not nn.Sequential or run[2] > len(module):
+                raise ValueError(
+                    f"model: the plan wraps the run {name!r} of an nn.Sequential, which {run[0]!r} of this model is "
+                    f"not ({type(module).__name__} of {len(list(module.children()))} children); apply the plan to "
+                    f"the model it was made for (a {self.model_type})")
+            sequentials.setdefault(id(module), (module, []))[1].append(run[1:])
+        return modules, sequentials
 
     def apply(self, model: nn.Module) -> CheckpointPlan:
         """Wrap the chosen modules of ``model`` in non-reentrant ``torch.utils.checkpoint`` (all or none);
         ``remove()`` undoes it."""
         if self._applied:
             raise RuntimeError("this plan is already applied; call remove() before applying it again")
-        modules = self._resolve(model)
-        self._applied = [(module, wrap(module)) for module in modules]
+        modules, sequentials = self._resolve(model)
+        try:
+            for module in modules:
+                self._applied.append((module, wrap(module)))
+            for module, spans in sequentials.values():
+                self._applied.append((module, wrap_runs(module, spans)))
+        except BaseException:
+            self.remove()
+            raise
         return self
 
     def remove(self) -> None:
@@ -207,7 +242,7 @@ class CheckpointPlan:
             "chosen": [{"name": c.name, "type": c.type, "freed_bytes": c.freed_bytes, "kept_bytes": c.kept_bytes,
                         "net_bytes": c.net_bytes, "recompute_ms": c.recompute_ms, "wrap_ms": c.wrap_ms}
                        for c in self.chosen],
-            "excluded": dict(self.excluded), "note": self.note,
+            "excluded": dict(self.excluded), "note": self.note, "hook_ms": self.hook_ms,
         }
 
     def __str__(self) -> str:
@@ -220,8 +255,10 @@ class CheckpointPlan:
 
 
 def make_plan(root: ModuleRecord, budget: Any, allow_side_effects: bool = False,
-              resolution: int = DEFAULT_RESOLUTION, wrap_cost: Any = "measured") -> CheckpointPlan:
-    """The plan for a profile's tree; see ``Profile.checkpoint_plan``."""
+              resolution: int = DEFAULT_RESOLUTION, wrap_cost: Any = "measured", hook_ms: float = 0.0,
+              runs: bool = True) -> CheckpointPlan:
+    """The plan for a profile's tree; see ``Profile.checkpoint_plan``. ``hook_ms``: the profiler's own time in
+    each ancestor's forward per module call (the profile's ``meta["hook_ms"]``), taken off recompute times."""
     require_figures(root)
     allow_side_effects = check_bool("allow_side_effects", allow_side_effects)
     if isinstance(resolution, bool) or not isinstance(resolution, int) or resolution < 16:
@@ -229,4 +266,11 @@ def make_plan(root: ModuleRecord, budget: Any, allow_side_effects: bool = False,
     today = int(root.saved_bytes or 0)
     budget_bytes = parse_budget(budget, today)
     cost = check_wrap_cost(wrap_cost)
-    return CheckpointPlan(root, candidates(root, allow_side_effects, cost), budget_bytes, resolution, cost)
+    runs = check_bool("runs", runs)
+    found = candidates(root, allow_side_effects, cost, hook_ms)
+    options = None
+    if runs:
+        records = preorder(root)
+        below = descendant_calls(records, [c.parent for c in found])
+        options = run_options(records, found, below, root.__dict__.get(STORAGES_ATTRIBUTE), cost, hook_ms)
+    return CheckpointPlan(root, found, budget_bytes, resolution, cost, hook_ms, options)

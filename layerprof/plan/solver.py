@@ -1,16 +1,19 @@
 """The exact choice of modules to recompute: a tree knapsack solved by dynamic programming on a byte grid.
 
-Pure numbers, no torch. The tree is given in pre-order: node ``i``'s subtree is ``i .. ends[i] - 1``. Choosing a
-node frees ``weights[i]`` bytes at ``costs[i]`` ms and rules out every other node of its subtree (a module and its
-descendants are never wrapped both). Walking the pre-order, each node is either chosen (jump to ``ends[i]``) or
-not (go on to ``i + 1``, into its children), so
+Pure numbers, no torch. The tree is given in pre-order: node ``i``'s subtree is ``i .. ends[i] - 1``. Every option
+covers a stretch of that order: choosing node ``i`` covers its subtree, ``i .. ends[i] - 1``, and a *run* (several
+consecutive children of one parent wrapped together) covers ``start .. jump - 1``, the subtrees of those children.
+A choice is admissible when its stretches do not overlap (a module and its descendants are never wrapped both,
+nor a run and a module inside it or around it). Walking the pre-order, each position is either passed over (go
+on to ``i + 1``, into the subtree) or an option starting there is chosen (jump past its stretch), so
 
-    best[i][b] = min(best[i + 1][b], costs[i] + best[ends[i]][max(0, b - units[i])])
+    best[i][b] = min(best[i + 1][b], min over options o at i of costs[o] + best[jump[o]][max(0, b - units[o])])
 
-is the least cost of freeing at least ``b`` grid units with nodes ``i ..``: O(nodes x grid) in all, one numpy
-row per node. Weights are rounded down to the grid, so a solution frees at least what it claims; the grid has
-``resolution`` steps up to the target, so rounding moves the target by at most (chosen nodes) / resolution of
-it, and is exact when the target is below ``resolution`` bytes.
+is the least cost of freeing at least ``b`` grid units with options from ``i`` on: O(options x grid) in all, one
+numpy row per option. Weights are rounded down to the grid, so a solution frees at least what it claims; the
+grid has ``resolution`` steps up to the target, so rounding moves the target by at most (chosen options) /
+resolution of it, and is exact when the target is below ``resolution`` bytes. Options are numbered: node ``i``
+is ``i``, run ``k`` is ``len(weights) + k``.
 """
 from __future__ import annotations
 
@@ -20,17 +23,29 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["Solution", "solve", "best_reachable", "frontier", "ends_of"]
+__all__ = ["Solution", "Run", "solve", "best_reachable", "frontier", "ends_of"]
 
 DEFAULT_RESOLUTION = 4096
 
 
 @dataclass(frozen=True)
 class Solution:
-    """Chosen node indexes (pre-order), the bytes they free (exact sum of weights) and their cost."""
+    """Chosen options (node indexes in pre-order, then runs numbered after the nodes), the bytes they free (exact
+    sum of weights) and their cost."""
 
     chosen: tuple[int, ...]
     freed: int
+    cost: float
+
+
+@dataclass(frozen=True)
+class Run:
+    """An option besides the nodes: it covers pre-order positions ``start .. jump - 1``, frees ``weight`` and
+    costs ``cost``."""
+
+    start: int
+    jump: int
+    weight: int
     cost: float
 
 
@@ -44,69 +59,87 @@ def ends_of(parents: Sequence[int]) -> list[int]:
     return ends
 
 
-def best_reachable(weights: Sequence[int], ends: Sequence[int]) -> tuple[int, tuple[int, ...]]:
-    """The most bytes any admissible choice frees (nodes with weight <= 0 are never worth choosing), and it."""
+def _options(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int], runs: Sequence[Run]
+             ) -> list[list[tuple[int, int, int, float]]]:
+    """For each position, its options as (number, jump, weight, cost): the node first, then its runs."""
+    found = [[(i, ends[i], int(weights[i]), float(costs[i]))] for i in range(len(weights))]
+    for k, run in enumerate(runs):
+        found[run.start].append((len(weights) + k, run.jump, int(run.weight), float(run.cost)))
+    return found
+
+
+def _weight(weights: Sequence[int], runs: Sequence[Run], option: int) -> int:
+    return int(weights[option]) if option < len(weights) else int(runs[option - len(weights)].weight)
+
+
+def _cost(costs: Sequence[float], runs: Sequence[Run], option: int) -> float:
+    return float(costs[option]) if option < len(costs) else float(runs[option - len(costs)].cost)
+
+
+def _solution(weights: Sequence[int], costs: Sequence[float], runs: Sequence[Run], chosen: list[int]) -> Solution:
+    return Solution(tuple(chosen), sum(_weight(weights, runs, o) for o in chosen),
+                    sum(_cost(costs, runs, o) for o in chosen))
+
+
+def best_reachable(weights: Sequence[int], ends: Sequence[int], runs: Sequence[Run] = ()
+                   ) -> tuple[int, tuple[int, ...]]:
+    """The most bytes any admissible choice frees (options with weight <= 0 are never worth choosing), and it."""
     count = len(weights)
+    options = _options(weights, [0.0] * count, ends, runs)
     best = [0] * (count + 1)
-    take = [False] * count
+    take: list[tuple[int, int] | None] = [None] * count
     for i in range(count - 1, -1, -1):
-        below = 0
-        child = i + 1
-        while child < ends[i]:
-            below += best[child]
-            child = ends[child]
-        take[i] = weights[i] > below
-        best[i] = weights[i] if take[i] else below
+        best[i] = best[i + 1]
+        for number, jump, weight, _ in options[i]:
+            if weight > 0 and weight + best[jump] > best[i]:
+                best[i], take[i] = weight + best[jump], (number, jump)
     chosen, i = [], 0
     while i < count:
-        if take[i]:
-            chosen.append(i)
-            i = ends[i]
-        else:
+        found = take[i]
+        if found is None:
             i += 1
-    top = sum(best[i] for i in _roots(ends))
-    return top, tuple(chosen)
+        else:
+            chosen.append(found[0])
+            i = found[1]
+    return best[0], tuple(chosen)
 
 
-def _roots(ends: Sequence[int]) -> list[int]:
-    roots, i = [], 0
-    while i < len(ends):
-        roots.append(i)
-        i = ends[i]
-    return roots
-
-
-def _table(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int], need: int, resolution: int
-           ) -> tuple[int, np.ndarray, list[np.ndarray], list[int]]:
-    count = len(weights)
+def _table(options: list[list[tuple[int, int, int, float]]], need: int, resolution: int
+           ) -> tuple[int, np.ndarray, list[np.ndarray], list[list[tuple[int, int, int]]]]:
+    count = len(options)
     grid = max(1, math.ceil(need / resolution))
     target = math.ceil(need / grid)
-    units = [min(target, max(0, int(w) // grid)) for w in weights]
-    # Row j is needed by node j - 1 (not chosen) and by every node whose subtree ends at j (chosen).
+    # Per position, the options worth a grid unit: (number, jump, units).
+    units = [[(number, jump, min(target, max(0, weight) // grid)) for number, jump, weight, _ in here]
+             for here in options]
+    costs = [{number: cost for number, _, _, cost in here} for here in options]
+    units = [[option for option in here if option[2] > 0] for here in units]
+    # Row j is needed by position j - 1 (passed over) and by every option that jumps to j.
     wanted = [1] * (count + 1)
-    for i in range(count):
-        if units[i] > 0:
-            wanted[ends[i]] += 1
+    for here in units:
+        for _, jump, _ in here:
+            wanted[jump] += 1
     rows: dict[int, np.ndarray] = {}
     last = np.full(target + 1, np.inf)
     last[0] = 0.0
     rows[count] = last
+    # Per position, the option chosen at each grid level: 0 none, k the k-th of units[i] (bits where only one).
     choices: list[np.ndarray] = [np.zeros(0, dtype=np.uint8)] * count
     for i in range(count - 1, -1, -1):
-        skip = rows[i + 1]
-        unit = units[i]
-        if unit > 0:
-            after = rows[ends[i]]
+        row = rows[i + 1]
+        pick = np.zeros(target + 1, dtype=np.uint16) if units[i] else None
+        for k, (number, jump, unit) in enumerate(units[i], start=1):
+            after = rows[jump]
             take = np.empty_like(after)
             take[:unit] = after[0]
             take[unit:] = after[: target + 1 - unit]
-            take += costs[i]
-            choose = take < skip
-            row = np.where(choose, take, skip)
-            choices[i] = np.packbits(choose)
-            _release(rows, wanted, ends[i])
-        else:
-            row = skip
+            take += costs[i][number]
+            better = take < row
+            row = np.where(better, take, row)
+            pick[better] = k
+            _release(rows, wanted, jump)
+        if pick is not None:
+            choices[i] = np.packbits(pick.astype(bool)) if len(units[i]) == 1 else pick
         _release(rows, wanted, i + 1)
         rows[i] = row
     return grid, rows[0], choices, units
@@ -118,48 +151,51 @@ def _release(rows: dict[int, np.ndarray], wanted: list[int], j: int) -> None:
         del rows[j]
 
 
-def _walk(choices: list[np.ndarray], units: list[int], ends: Sequence[int], level: int) -> list[int]:
+def _walk(choices: list[np.ndarray], units: list[list[tuple[int, int, int]]], level: int) -> list[int]:
     chosen, i, count = [], 0, len(units)
     while i < count:
-        bits = choices[i]
-        if len(bits) and (bits[level >> 3] >> (7 - (level & 7))) & 1:
-            chosen.append(i)
-            level = max(0, level - units[i])
-            i = ends[i]
+        here = choices[i]
+        k = 0
+        if len(here) and len(units[i]) == 1:
+            k = (here[level >> 3] >> (7 - (level & 7))) & 1
+        elif len(here):
+            k = int(here[level])
+        if k:
+            number, jump, unit = units[i][k - 1]
+            chosen.append(number)
+            level = max(0, level - unit)
+            i = jump
         else:
             i += 1
     return chosen
 
 
 def solve(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int], need: int,
-          resolution: int = DEFAULT_RESOLUTION) -> Solution | None:
+          resolution: int = DEFAULT_RESOLUTION, runs: Sequence[Run] = ()) -> Solution | None:
     """The cheapest admissible choice that frees at least ``need`` bytes; None when none does. Give ineligible
-    nodes weight 0."""
+    nodes weight 0 (and leave ineligible runs out)."""
     if need <= 0:
         return Solution((), 0, 0.0)
-    grid, best, choices, units = _table(weights, costs, ends, need, resolution)
+    grid, best, choices, units = _table(_options(weights, costs, ends, runs), need, resolution)
     if not math.isfinite(best[-1]):
         return None
-    chosen = _walk(choices, units, ends, len(best) - 1)
-    return Solution(tuple(chosen), int(sum(weights[i] for i in chosen)), float(sum(costs[i] for i in chosen)))
+    return _solution(weights, costs, runs, _walk(choices, units, len(best) - 1))
 
 
 def frontier(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int],
-             resolution: int = DEFAULT_RESOLUTION) -> list[Solution]:
+             resolution: int = DEFAULT_RESOLUTION, runs: Sequence[Run] = ()) -> list[Solution]:
     """Every Pareto-optimal choice (bytes freed against cost) on the grid, from nothing to the most reachable."""
-    top, _ = best_reachable(weights, ends)
+    top, _ = best_reachable(weights, ends, runs)
     if top <= 0:
         return [Solution((), 0, 0.0)]
-    grid, best, choices, units = _table(weights, costs, ends, top, resolution)
+    grid, best, choices, units = _table(_options(weights, costs, ends, runs), top, resolution)
     found: list[Solution] = []
     previous = None
     for level in range(len(best)):
         if not math.isfinite(best[level]) or best[level] == previous:
             continue
         previous = best[level]
-        chosen = _walk(choices, units, ends, level)
-        found.append(Solution(tuple(chosen), int(sum(weights[i] for i in chosen)),
-                              float(sum(costs[i] for i in chosen))))
+        found.append(_solution(weights, costs, runs, _walk(choices, units, level)))
     pareto: list[Solution] = []
     for solution in sorted(found, key=lambda s: (s.cost, -s.freed)):
         if not pareto or solution.freed > pareto[-1].freed:

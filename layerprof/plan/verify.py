@@ -27,6 +27,7 @@ from torch import nn
 
 from ..collect.profiler import LayerProf
 from .plan import CheckpointPlan
+from .runs import recomputed_children
 
 __all__ = ["Verification", "verify_plan"]
 
@@ -85,7 +86,7 @@ def verify_plan(plan: CheckpointPlan, model: nn.Module, step: Callable[[], Any],
     records = prof.profile.records
     recompute = {}
     for chosen in plan.chosen:
-        children = records[chosen.name].children
+        children = recomputed_children(records, chosen.name)
         measured = sum(child.recompute_ms or 0.0 for child in children) if children else None
         recompute[chosen.name] = (chosen.recompute_ms, measured)
     step_before, step_after = statistics.median(before), statistics.median(after)

@@ -30,10 +30,10 @@ from torch import nn
 
 from .apply import unwrap, wrap
 
-__all__ = ["WrapCost", "wrap_cost", "check_wrap_cost"]
+__all__ = ["WrapCost", "wrap_cost", "check_wrap_cost", "calibration_stack"]
 
 _CACHE: dict[int, WrapCost] = {}
-_SMALL, _LARGE = 1, 33  # Linear(4, 4) layers in a wrapped block of the two stacks; each saves its input and weight
+_SMALL, LARGE = 1, 33  # Linear(4, 4) layers in a wrapped block of the two stacks; each saves its input and weight
 _BLOCKS = 4  # wrapped blocks a stack, each followed by a filler
 _FILLER_ROWS, _FILLER_WIDTH = 64, 256  # the unwrapped work between two wrapped calls (about 2.5 MB touched)
 _REPEATS = 9
@@ -67,13 +67,19 @@ class _Filler(nn.Module):
         return x + self.body(self.batch).mean() * 0.0
 
 
-def _overhead_ms(layers: int) -> tuple[float, int]:
-    """Median (checkpointed step - plain step - the wrapped blocks' forward in the plain step) per wrapped block,
-    with ``layers`` Linear(4, 4) in each block, and the tensors a block saves."""
+def calibration_stack(layers: int) -> tuple[nn.Sequential, list[nn.Sequential], torch.Tensor]:
+    """A model in miniature, seeded: ``_BLOCKS`` blocks of ``layers`` Linear(4, 4) each, every block followed by
+    a filler; the stack, its blocks and an input that needs grad."""
     torch.manual_seed(0)
     blocks = [nn.Sequential(*(nn.Linear(4, 4) for _ in range(layers))) for _ in range(_BLOCKS)]
     stack = nn.Sequential(*(part for block in blocks for part in (block, _Filler())))
-    x = torch.randn(2, 4, requires_grad=True)
+    return stack, blocks, torch.randn(2, 4, requires_grad=True)
+
+
+def _overhead_ms(layers: int) -> tuple[float, int]:
+    """Median (checkpointed step - plain step - the wrapped blocks' forward in the plain step) per wrapped block,
+    with ``layers`` Linear(4, 4) in each block, and the tensors a block saves."""
+    stack, blocks, x = calibration_stack(layers)
     saved = [0]
 
     def count(tensor: torch.Tensor) -> torch.Tensor:
@@ -125,7 +131,7 @@ def wrap_cost() -> WrapCost:
     if found is None:
         with torch.random.fork_rng(devices=[]):  # the stacks are seeded: leave the caller's RNG as it was
             small, small_tensors = _overhead_ms(_SMALL)
-            large, large_tensors = _overhead_ms(_LARGE)
+            large, large_tensors = _overhead_ms(LARGE)
         per_tensor = max(0.0, (large - small) / (large_tensors - small_tensors))
         per_call = max(0.0, small - per_tensor * small_tensors)
         found = _CACHE[threads] = WrapCost(per_call, per_tensor, "measured")

@@ -1,0 +1,83 @@
+"""The profiler's own time inside a module's profiled forward, which a recomputation does not pay.
+
+A module's forward time in a profile is its inclusive wall time, and it holds the hooks layerprof ran for every
+call of a module inside it (stamping the clock, recording the call, the shapes meter's reading): the parts of a
+child's hooks that run outside the child's own window fall in its ancestors'. Checkpointing re-runs the bare
+forward, without them. On a module with many descendants this is no rounding error: a ViT layer of 12 modules
+at hidden 128 is profiled at 1.41-1.55 ms and runs in 1.15-1.28 ms bare, 21-31 µs per descendant call (CPU, one
+thread), where its leaves are profiled within 2 µs of bare. So the planner prices a recomputation as the
+profiled forward less ``descendant calls x hook_cost()``.
+
+``hook_cost()`` measures that figure where a model runs its hooks: cold. It profiles the stack ``wrap_cost``
+times (blocks of 33 small Linear layers, an unwrapped feed-forward filler after each) and sets each block's
+profiled forward against its bare forward in plain steps, per Linear call, the median over the blocks (about
+0.4 s, once per process, thread count and meter set). In a tight loop of modules the same hooks cost a third
+of it, as the wrapper does (``wrap_cost.py``). On a GPU the module times are device times, which the host's
+hooks do not lengthen as long as the host runs ahead: the planner subtracts it only on the CPU wall clock.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from typing import Any, Callable
+
+import torch
+
+from ..plan.wrap_cost import LARGE, calibration_stack
+
+__all__ = ["hook_cost"]
+
+_CACHE: dict[tuple[int, tuple[str, ...]], float] = {}
+_STEPS = 9  # profiled and bare steps; the first two of each are dropped
+
+
+def _bare_block_ms(stack: torch.nn.Module, blocks: list[torch.nn.Module], x: torch.Tensor) -> list[float]:
+    """Each block's median forward wall time over plain training steps, timed by hooks on the blocks alone."""
+    times: list[list[float]] = [[] for _ in blocks]
+    started = [0] * len(blocks)
+
+    def hooks(index: int) -> tuple[Any, Any]:
+        def pre(module: torch.nn.Module, args: Any) -> None:
+            started[index] = time.perf_counter_ns()
+
+        def post(module: torch.nn.Module, args: Any, output: Any) -> None:
+            times[index].append((time.perf_counter_ns() - started[index]) / 1e6)
+        return pre, post
+
+    handles = []
+    for index, block in enumerate(blocks):
+        pre, post = hooks(index)
+        handles += [block.register_forward_pre_hook(pre), block.register_forward_hook(post)]
+    try:
+        for _ in range(_STEPS):
+            stack(x).sum().backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [statistics.median(found[2:]) for found in times]
+
+
+def hook_cost(profiler: Callable[..., Any], metrics: tuple[str, ...] = ()) -> float:
+    """Milliseconds that the hooks of ``profiler`` (LayerProf, which calls this as its profile is made) on one
+    module call add to the profiled forward of the modules around it, on the CPU wall clock, with the meters
+    ``metrics`` that run in every timed step (the memory meter counts in a step of its own and adds nothing);
+    measured once per process, thread count and meter set (cached)."""
+    key = (torch.get_num_threads(), tuple(sorted(metrics)))
+    found = _CACHE.get(key)
+    if found is None:
+        # Seeded: leave the caller's RNG as it was; a step with backward even where the caller's grad is off.
+        with torch.random.fork_rng(devices=[]), torch.enable_grad():
+            stack, blocks, x = calibration_stack(LARGE)
+            bare = _bare_block_ms(stack, blocks, x)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a calibration, not the user's profile
+                with profiler(stack, metrics=key[1]) as prof:
+                    for _ in range(_STEPS):
+                        stack(x).sum().backward()
+                        prof.step()
+            records = prof.records
+            profiled = [float(records[str(2 * index)].forward_ms_median) for index in range(len(blocks))]
+        found = _CACHE[key] = max(0.0, statistics.median(
+            (inside - alone) / LARGE for inside, alone in zip(profiled, bare)))
+    return found

@@ -1,0 +1,124 @@
+"""Runs of consecutive children of an ``nn.Sequential`` as options of the plan, besides single modules.
+
+``checkpoint_sequential`` wraps segments of a Sequential that are no module of the tree: one wrapper and one held
+input for several layers, where wrapping each layer pays a wrapper each and holds each one's input. A plan over
+modules cannot express that; a run can. Only ``nn.Sequential`` (matched by its type name in the records, checked
+on the model when applied): its forward is known to call each child once, in order, on the last one's output,
+so that the run can be cut out of it. A run is named ``parent[first:stop]`` (``[first:stop]`` for a root
+Sequential), the children's positions as in Python slicing; it has two or more children and is not all of them
+(that is the Sequential itself).
+
+What a run frees is worked out exactly, from the profiled step's storages (``freed_by_runs``), so runs are planned
+on a live profile only (a profile loaded from JSON has no storage table). Its recompute time is its children's,
+less the tail that checkpoint's early stop skips at its end; its wrapper costs one call per Sequential call and
+the tensors saved by all its children.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ..metrics.checkpoint_bytes import freed_by_runs
+from ..record.records import ModuleRecord
+from .candidates import Candidate, Priced, _forward_ms, _saved_tensors, skipped_tail_ms, tail_of
+from .solver import ends_of
+from .wrap_cost import WrapCost
+
+__all__ = ["RunOption", "run_options", "run_name", "parse_run", "recomputed_children", "MAX_CHILDREN"]
+
+MAX_CHILDREN = 32  # a Sequential with more children offers no runs (their number grows with its square)
+# Why a child keeps the run out: what recomputing it would get wrong (a child that frees nothing is fine inside).
+_BLOCKING = ("shared", "modifies an input in place", "side effects")
+_NAME = re.compile(r"^(.*)\[(\d+):(\d+)\]$")
+
+
+@dataclass(frozen=True)
+class RunOption(Priced):
+    """A run of ``parent``'s children at positions ``first .. stop - 1``: its name, pre-order ``start`` (the first
+    child) and ``jump`` (past the last child's subtree), and what wrapping it frees (net of the input its
+    checkpoint holds: ``kept_bytes`` 0) and costs."""
+
+    name: str
+    parent: str
+    first: int
+    stop: int
+    start: int
+    jump: int
+    freed_bytes: int
+    kept_bytes: int
+    recompute_ms: float
+    wrap_ms: float
+    children: tuple[str, ...]
+
+
+def run_name(parent: str, first: int, stop: int) -> str:
+    return f"{parent}[{first}:{stop}]"
+
+
+def parse_run(name: str) -> tuple[str, int, int] | None:
+    """``(parent, first, stop)`` of a run's name, None for a module's."""
+    found = _NAME.match(name)
+    return None if found is None else (found.group(1), int(found.group(2)), int(found.group(3)))
+
+
+def recomputed_children(records: dict[str, ModuleRecord], name: str) -> list[ModuleRecord]:
+    """The records whose hooks see a plan entry's recomputation: a wrapped module's children (its own hooks do
+    not see the re-run), or a run's children themselves."""
+    run = parse_run(name)
+    if run is None:
+        return list(records[name].children)
+    return list(records[run[0]].children[run[1]:run[2]])
+
+
+def _run_tail_ms(children: Sequence[ModuleRecord]) -> float:
+    """What checkpoint's early stop skips at the end of a run: going back from its last child, children that save
+    nothing, then a Linear / convolution / average pooling (which saves before computing), or the tail inside a
+    last child with children of its own (as ``skipped_tail_ms`` reads a module)."""
+    skipped, inner = tail_of(list(children))
+    return skipped + (0.0 if inner is None else skipped_tail_ms(inner))
+
+
+def run_options(records: list[ModuleRecord], found: list[Candidate], below: list[int], tables: Any,
+                cost: WrapCost | None, hook_ms: float) -> list[RunOption]:
+    """Every admissible run of every Sequential in the pre-order ``records`` (``found`` their candidates,
+    ``below`` their descendant calls), with what it frees from the storage ``tables``; none without tables."""
+    if not tables:
+        return []
+    index = {id(record): i for i, record in enumerate(records)}
+    ends = ends_of([candidate.parent for candidate in found])
+    found_runs: list[tuple[int, int, int, list[ModuleRecord]]] = []
+    options = []
+    for i, record in enumerate(records):
+        children = list(record.children)
+        if record.type != "Sequential" or not 3 <= len(children) <= MAX_CHILDREN or found[i].excluded in (
+                "not called",) or _blocked(found[i]):
+            continue
+        if any(child.calls != record.calls for child in children):
+            continue  # a child skipped or called again: not the Sequential's forward as known
+        for first in range(len(children) - 1):
+            for stop in range(first + 2, len(children) + 1):
+                if first == 0 and stop == len(children):
+                    continue  # the Sequential itself
+                inside = children[first:stop]
+                if any(_blocked(found[index[id(child)]]) for child in inside):
+                    continue
+                found_runs.append((i, first, stop, inside))
+    weights = freed_by_runs(tables, [tuple(child.name for child in inside) for *_, inside in found_runs])
+    for (i, first, stop, inside), freed in zip(found_runs, weights):
+        if freed <= 0:
+            continue
+        record = records[i]
+        recompute = sum(_forward_ms(child) - hook_ms * below[index[id(child)]] for child in inside)
+        recompute -= _run_tail_ms(inside) if record.calls == 1 else 0.0
+        tensors = sum(_saved_tensors(child) for child in inside)
+        options.append(RunOption(
+            name=run_name(record.name, first, stop), parent=record.name, first=first, stop=stop,
+            start=index[id(inside[0])], jump=ends[index[id(inside[-1])]], freed_bytes=freed, kept_bytes=0,
+            recompute_ms=max(0.0, recompute), children=tuple(child.name for child in inside),
+            wrap_ms=0.0 if cost is None else cost.of(record.calls or 0, tensors)))
+    return options
+
+
+def _blocked(candidate: Candidate) -> bool:
+    return candidate.excluded is not None and candidate.excluded.startswith(_BLOCKING)
