@@ -298,13 +298,28 @@ class Profile:
         cost, priced by ``wrap_cost``: "measured" on this host once per process (``layerprof.plan.wrap_cost``),
         None to count recomputation only, or a pair (ms per wrapped call, ms per tensor saved inside). A
         recomputation is priced as the profiled forward less the profiler's own hooks inside it
-        (``meta["hook_ms"]`` per module call, measured when the profile was made on the CPU wall clock).
+        (``meta["hook_ms"]`` per module call on the CPU wall clock: measured on this host by the first plan of a
+        profile, about 0.4 s once per process, and kept in the profile, so a profile saved after planning keeps
+        the figure of the host that profiled it).
         Besides modules, a plan can wrap runs of consecutive children of an ``nn.Sequential`` under one
         checkpoint (named ``parent[first:stop]``, as ``checkpoint_sequential`` does), on a live profile;
         ``runs=False`` plans over modules only.
         See ``layerprof.plan``."""
         return make_plan(self.tree, budget, allow_side_effects=allow_side_effects, resolution=resolution,
-                         wrap_cost=wrap_cost, hook_ms=float(self.meta.get("hook_ms") or 0.0), runs=runs)
+                         wrap_cost=wrap_cost, hook_ms=self._hook_ms(), runs=runs)
+
+    def _hook_ms(self) -> float:
+        """``meta["hook_ms"]``, measured now for a profile on the CPU wall clock that has none yet (made here when
+        first planned, not with every memory profile: most are never planned)."""
+        found = self.meta.get("hook_ms")
+        if found is None and self.meta.get("clock") == ["wall"]:
+            from .collect.hook_cost import hook_cost
+            from .collect.profiler import LayerProf
+
+            shapes = ("shapes",) if getattr(self.tree, "input_shapes", None) is not None else ()
+            with torch.inference_mode(False):
+                found = self.meta["hook_ms"] = hook_cost(LayerProf, shapes)
+        return float(found or 0.0)
 
     def unknown_ops(self) -> dict[str, int]:
         """Ops that ran inside the model with no FLOP formula (so counted 0), with their call counts, most

@@ -223,6 +223,13 @@ def test_runs_of_a_sequential_are_planned_applied_and_removed() -> None:
     assert plan.feasible and plan.saved_bytes_after <= plan.budget_bytes
     assert plan.extra_ms < by_modules.extra_ms
     assert all(c.type == "Sequential" for c in plan.chosen if parse_run(c.name))  # the type a run is cut from
+    assert [c.run for c in plan.chosen] == [stop - first if (parent, first, stop) in runs else 0
+                                            for parent, first, stop in map(lambda n: parse_run(n) or ("", 0, 0), plan.modules)]
+    modules = len(plan.modules) - len(runs)
+    counted = f"{len(runs)} run{'s' * (len(runs) > 1)}"
+    counted = f"{modules} module{'s' * (modules > 1)} and {counted}" if modules else counted
+    assert str(plan).splitlines()[0].endswith(f"{counted} wrapped") and counted in repr(plan)
+    assert [entry["run"] for entry in plan.to_dict()["chosen"]] == [c.run for c in plan.chosen]
     with plan.applied(model):
         assert type(model.__dict__["forward"]).__name__ == "function"  # the Sequential's forward, replaced
         got = _run(model, x)  # the same Dropout masks in forward and recompute: bitwise equal

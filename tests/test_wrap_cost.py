@@ -175,18 +175,16 @@ def test_the_profilers_own_time_is_taken_off_each_ancestor() -> None:
                           nn.Linear(8, 1))
     prof = _profile(model, torch.randn(2, 8, requires_grad=True))
     records = prof.profile.records
-    hook_ms = prof.meta["hook_ms"]
-    assert hook_ms > 0 and prof.checkpoint_plan(0.5).hook_ms == hook_ms
+    # Measured by the first plan, not with every memory profile (most are never planned), then kept.
+    assert "hook_ms" not in prof.meta
+    hook_ms = prof.checkpoint_plan(0.5).hook_ms
+    assert hook_ms > 0 and prof.meta["hook_ms"] == hook_ms and prof.checkpoint_plan(0.25).hook_ms == hook_ms
     plain = {c.name: c for c in candidates(records[""])}
     found = {c.name: c for c in candidates(records[""], hook_ms=0.01)}
     # "0" holds 5 module calls (0.0, 0.1, 0.2, 0.2.0, 0.2.1), "0.2" 2, a leaf none (clamped at 0 ms).
     assert found["0"].recompute_ms == pytest.approx(max(0.0, plain["0"].recompute_ms - 5 * 0.01))
     assert found["0.2"].recompute_ms == pytest.approx(max(0.0, plain["0.2"].recompute_ms - 2 * 0.01))
     assert found["0.0"].recompute_ms == plain["0.0"].recompute_ms
-    # Without the memory meter no plan is made from the profile, and nothing is measured.
-    with LayerProf(model) as bare:
-        model(torch.randn(2, 8)).sum().backward()
-    assert "hook_ms" not in bare.meta
     # A saved profile keeps the figure of the host that profiled it.
     assert layerprof.loads(prof.profile.to_json()).meta["hook_ms"] == hook_ms
 
@@ -226,7 +224,7 @@ def test_hook_time_brings_a_layers_profiled_forward_near_its_bare_forward() -> N
     bare = _forward_wall_ms(model, layers, step, 8)
     records = prof.profile.records
     profiled = sum(records[name].forward_ms_median for name in layers)
-    taken = prof.meta["hook_ms"] * sum(len(preorder(records[name])) - 1 for name in layers)
+    taken = prof.checkpoint_plan(0.5).hook_ms * sum(len(preorder(records[name])) - 1 for name in layers)
     excess = profiled - sum(bare.values())
     # Idle, on 2 CPU cores: ~0.27-0.37 ms excess a layer at hidden 128, ~0.16-0.2 taken off; a loaded machine
     # moves both, so the test asks only that the hooks show and that the figure is of their size.

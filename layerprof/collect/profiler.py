@@ -32,7 +32,6 @@ from .stepcall import RootStep
 from .timing import StepTimes, step_times
 from .tracker import Tracker, backward_note
 from .compiled import compiled_while_profiling, refuse_compiled_in_place
-from .hook_cost import hook_cost
 from .recompute import roll_up_recompute
 
 __all__ = ["LayerProf"]
@@ -588,11 +587,6 @@ class LayerProf:
         meta.update(steps=self._stats.steps, steps_seen=self._steps_with_calls, warmup=self.warmup,
                     schedule=None if self.schedule is None else vars(self.schedule).copy(),
                     clock=sorted({clock.kind for clock in tracker.clocks()}), step_ms=self._stats.step_totals())
-        if (meta["clock"] == ["wall"] and any(meter.name == "memory" for meter in self.metrics)
-                and not torch.is_inference_mode_enabled()):
-            # A profile to plan checkpoints on: what the hooks add to each ancestor's forward, which a
-            # recomputation does not pay (the planner takes it off).
-            meta["hook_ms"] = hook_cost(LayerProf, tuple(m.name for m in self.metrics if m.name == "shapes"))
         if self._stats.steps == 0:
             _warn_user(
                 "LayerProf recorded no step: call the model inside the block"

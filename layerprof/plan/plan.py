@@ -29,8 +29,7 @@ from torch import nn
 from .._check import check_bool
 from ..metrics.checkpoint_bytes import STORAGES_ATTRIBUTE, saved_after
 from ..record.records import ModuleRecord, preorder
-from ..render.checkpoint import plan_text
-from ..render.units import format_counted
+from ..render.checkpoint import plan_text, wrapped_count
 from .apply import is_wrapped, unwrap, wrap, wrap_runs
 from .budget import parse_budget
 from .candidates import Candidate, Priced, candidates, descendant_calls, require_figures
@@ -52,6 +51,7 @@ class ChosenModule(Priced):
     kept_bytes: int
     recompute_ms: float
     wrap_ms: float = 0.0
+    run: int = 0  # for a run of a Sequential's children (``parent[first:stop]``): how many; 0 for a module
 
     @property
     def bytes_per_ms(self) -> float:
@@ -115,7 +115,9 @@ class CheckpointPlan:
                          f"reaches is {self.least_reachable_bytes} bytes")
         chosen = solution.chosen if solution is not None else ()
         self.chosen = [ChosenModule(o.name, "Sequential" if isinstance(o, RunOption) else o.type, o.freed_bytes,
-                                    o.kept_bytes, o.recompute_ms, o.wrap_ms) for o in map(self._option, chosen)]
+                                    o.kept_bytes, o.recompute_ms, o.wrap_ms,
+                                    len(o.children) if isinstance(o, RunOption) else 0)
+                       for o in map(self._option, chosen)]
         self.modules = [c.name for c in self.chosen]
         self.saved_bytes_after = self._saved_after(solution.chosen if solution is not None else (),
                                                    sum(c.net_bytes for c in self.chosen))
@@ -240,7 +242,8 @@ class CheckpointPlan:
             "saved_bytes_before": self.saved_bytes_before, "saved_bytes_after": self.saved_bytes_after,
             "extra_ms": self.extra_ms, "feasible": self.feasible, "least_reachable_bytes": self.least_reachable_bytes,
             "chosen": [{"name": c.name, "type": c.type, "freed_bytes": c.freed_bytes, "kept_bytes": c.kept_bytes,
-                        "net_bytes": c.net_bytes, "recompute_ms": c.recompute_ms, "wrap_ms": c.wrap_ms}
+                        "net_bytes": c.net_bytes, "recompute_ms": c.recompute_ms, "wrap_ms": c.wrap_ms,
+                        "run": c.run}
                        for c in self.chosen],
             "excluded": dict(self.excluded), "note": self.note, "hook_ms": self.hook_ms,
         }
@@ -249,7 +252,7 @@ class CheckpointPlan:
         return plan_text(self)
 
     def __repr__(self) -> str:
-        return (f"<CheckpointPlan {self.model_type}: {format_counted(len(self.modules), 'module')}, "
+        return (f"<CheckpointPlan {self.model_type}: {wrapped_count(self.chosen)}, "
                 f"saved {self.saved_bytes_before} -> "
                 f"{self.saved_bytes_after} bytes (budget {self.budget_bytes}), +{self.extra_ms:.3f} ms>")
 

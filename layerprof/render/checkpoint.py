@@ -9,7 +9,7 @@ from .plot_save import finish_plot, plot_suffix
 from .plot_style import new_axes
 from .units import format_bytes, format_counted, format_ms, format_percent
 
-__all__ = ["plan_text", "plot_checkpoint", "frontier_svg"]
+__all__ = ["plan_text", "plot_checkpoint", "frontier_svg", "wrapped_count"]
 
 
 def plan_text(plan: Any) -> str:
@@ -18,7 +18,7 @@ def plan_text(plan: Any) -> str:
     lines = [
         f"Checkpoint plan for {plan.model_type}: saved for backward {format_bytes(before)} -> {format_bytes(after)} "
         f"({format_percent(after, before)}), budget {format_bytes(plan.budget_bytes)}, "
-        f"+{format_ms(plan.extra_ms)} per step, {format_counted(len(plan.modules), 'module')} wrapped",
+        f"+{format_ms(plan.extra_ms)} per step, {wrapped_count(plan.chosen)} wrapped",
     ]
     if plan.note:
         lines.append(f"note: {plan.note}")
@@ -30,6 +30,15 @@ def plan_text(plan: Any) -> str:
     if plan.excluded:
         lines.append(f"  excluded: {format_counted(len(plan.excluded), 'module')} (plan.excluded says why)")
     return "\n".join(lines)
+
+
+def wrapped_count(chosen: Any) -> str:
+    """"2 modules", or "1 module and 3 runs" where runs of a Sequential's children are wrapped too."""
+    runs = sum(1 for c in chosen if c.run)
+    modules, runs_text = format_counted(len(chosen) - runs, "module"), format_counted(runs, "run")
+    if not runs:
+        return modules
+    return f"{modules} and {runs_text}" if len(chosen) > runs else runs_text
 
 
 def plot_checkpoint(profile: Any, metric: str = "total", budget: Any = 0.5, ax: Any = None,
