@@ -23,7 +23,7 @@ __all__ = [
     "patch_fsdp2_group", "unpatch_fsdp2_group",
     "TorchDispatchMode", "StorageWeakRef", "escaped_backward", "add_forward_hooks", "remove_forward_hooks",
     "add_forward_hooks_to", "remove_forward_hooks_from", "add_global_forward_hooks", "remove_global_forward_hooks",
-    "with_forward_pre_hooks", "global_pre_hook_kwargs",
+    "with_forward_pre_hooks", "global_pre_hook_kwargs", "NodeHooker",
 ]
 
 # The sequence number the next autograd node created on this thread will get: a module call owns the nodes
@@ -33,6 +33,34 @@ next_sequence_nr: Callable[[], int] = torch._C._autograd._get_sequence_nr
 graph_task_id: Callable[[], int] = torch._C._current_graph_task_id
 # The autograd node executing on this thread, None outside backward.
 current_autograd_node: Callable[[], Any] = torch._C._current_autograd_node
+
+
+class NodeHooker:
+    """Puts pre-hooks on autograd graph nodes without the Python objects ``Node.register_prehook`` makes per hook
+    (an OrderedDict on the node, a RemovableHandle with its weak reference, a tuple: about 1 µs, and objects the
+    garbage collector counts). ``Node._register_hook_dict(tensor)``, what ``Tensor.register_hook`` uses, puts on
+    the node a C++ hook that holds the dict found in ``tensor._backward_hooks`` at that moment and, each time the
+    node runs, calls every value of that dict with the gradient of the node's first output, before the node's
+    other pre-hooks. So one dict serves every node of one owner: ``hook(node, hooks)`` sets the dict on a
+    carrier tensor (only when it changes: a walk meets the nodes of one owner in runs) and registers it on the
+    node, a C call of about 0.1 µs. A hook that returns None leaves the gradient alone. One per thread (the
+    carrier's dict is set, then read); ``clear`` drops the carrier's reference to the last dict."""
+
+    __slots__ = ("_carrier", "_hooks")
+
+    def __init__(self) -> None:
+        self._carrier = torch.empty(0)
+        self._hooks: dict[int, Any] | None = None
+
+    def hook(self, node: Any, hooks: dict[int, Any]) -> None:
+        carrier = self._carrier
+        if hooks is not self._hooks:
+            carrier._backward_hooks = self._hooks = hooks
+        node._register_hook_dict(carrier)
+
+    def clear(self) -> None:
+        if self._hooks is not None:
+            self._carrier._backward_hooks = self._hooks = None
 
 
 def escaped_backward(traceback: Any) -> bool:

@@ -45,7 +45,7 @@ from .._torch import graph_task_id as _graph_task_id
 from .._torch import next_sequence_nr as _next_sequence_nr
 from .._torch import add_forward_hooks_to, add_global_forward_hooks, escaped_backward, remove_forward_hooks
 from .._torch import global_pre_hook_kwargs, remove_forward_hooks_from, remove_global_forward_hooks
-from .._torch import with_forward_pre_hooks
+from .._torch import NodeHooker, with_forward_pre_hooks
 from .._torch import queue_backward_callback as _queue_backward_callback
 from .._torch import sequence_nr as _sequence_nr
 
@@ -110,6 +110,8 @@ class Outside:
     def close(self, task: int) -> None:
         return None
 
+    __call__ = node_started  # what a graph node's hook dict holds (``NodeHooker``)
+
 
 class CallTrace:
     """Raw stamps of one call of one module. ``recompute`` marks a forward run during backward (checkpointing).
@@ -143,7 +145,7 @@ class CallTrace:
         # sub-calls): hooked by this call's walk, which cannot reach them through the sub-calls' walked nodes.
         self.deferred: list[Any] | None = None
 
-    # -- graph node hooks: bound methods, so that a node holds the call and never the other way round ---------
+    # -- graph node hooks: a node holds the call (in its hook dict) and never the other way round --------------
     def node_started(self, grad_outputs: Any) -> None:
         step = self.step
         if step.open:
@@ -175,6 +177,8 @@ class CallTrace:
                 # merging sub-calls' intervals after the step needs the first start and the last end.
                 self.bwd_start = stamp if type(stamp) is int else (perf_counter_ns(), stamp)
         return None
+
+    __call__ = node_started  # what a graph node's hook dict holds (``NodeHooker``)
 
     def node_ended(self, grad_inputs: Any, grad_outputs: Any) -> None:
         """Post-hook of a node with no successor of the same owner, only while observers want ends as they come."""
@@ -212,7 +216,7 @@ class CallTrace:
 class _ThreadState:
     """Per thread: the open calls, and which call owned each range of sequence numbers during the step."""
 
-    __slots__ = ("stack", "bounds", "owners", "walked")
+    __slots__ = ("stack", "bounds", "owners", "walked", "hook_dicts", "hooker")
 
     def __init__(self) -> None:
         self.stack: list[CallTrace] = []
@@ -221,12 +225,25 @@ class _ThreadState:
         self.bounds: list[int] = []
         self.owners: list[CallTrace | None] = []
         self.walked: set[int] = set()  # sequence numbers of the nodes walked this step (ints: no node kept alive)
+        # id of an owner (a CallTrace, or the step's Outside) -> the hook dict ``{0: owner}`` that every node it
+        # owns holds: one dict per owner, not a hook object per node.
+        self.hook_dicts: dict[int, dict[int, Any]] = {}
+        self.hooker = NodeHooker()
 
     def clear(self) -> None:
         self.stack.clear()
         self.bounds.clear()
         self.owners.clear()
         self.walked.clear()
+        self.hook_dicts.clear()
+        self.hooker.clear()
+
+    def hooks_of(self, owner: CallTrace | Outside) -> dict[int, Any]:
+        """The hook dict of ``owner``'s nodes this step."""
+        hooks = self.hook_dicts.get(id(owner))
+        if hooks is None:
+            hooks = self.hook_dicts[id(owner)] = {0: owner}
+        return hooks
 
 
 class Tracker:
@@ -547,7 +564,11 @@ def _walk(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState) 
     walked = state.walked
     bounds = state.bounds
     owners = state.owners
+    hook = state.hooker.hook
+    hooks_of = state.hooks_of
     observed = bool(call.step.observers)  # observers (the memory meter) want each call's end as it happens
+    hooked: CallTrace | None = None  # the owner of the last node hooked, and its hook dict
+    hooks: dict[int, Any] = {}
     while todo:
         node = todo.pop()
         number = _sequence_nr(node)
@@ -555,7 +576,9 @@ def _walk(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState) 
             continue
         walked.add(number)
         owner = owners[bisect_right(bounds, number) - 1]
-        node.register_prehook(owner.node_started)
+        if owner is not hooked:
+            hooked, hooks = owner, hooks_of(owner)
+        hook(node, hooks)
         last = observed  # for observers: no successor of the same owner, so the owner's backward may end here
         for successor, _ in node.next_functions:
             if successor is not None:
@@ -587,4 +610,4 @@ def _defer(node: Any, number: int, state: _ThreadState, step: _Step) -> None:
     state.walked.add(number)
     index = bisect_right(state.bounds, number) - 1
     owner = state.owners[index] if index >= 0 else None
-    node.register_prehook(owner.node_started if owner is not None else step.outside().node_started)
+    state.hooker.hook(node, state.hooks_of(owner if owner is not None else step.outside()))
