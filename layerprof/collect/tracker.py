@@ -147,35 +147,45 @@ class CallTrace:
 
     # -- graph node hooks: a node holds the call (in its hook dict) and never the other way round --------------
     def node_started(self, grad_outputs: Any) -> None:
+        # This node's start ends the previous node's owner (with the engine's work after that node: adding gradients
+        # into input buffers, a full-size add for a weight shared by several modules, and the AccumulateGrad nodes
+        # of its parameters), and this node's owner runs until the next node of the pass starts or the pass
+        # finishes. No post-hook needed, and a pass that prunes some of a call's nodes (``autograd.grad(loss, x)``
+        # skips the weight-gradient nodes) still ends it.
         step = self.step
-        if step.open:
-            task = _graph_task_id()
-            # This node's start ends the previous node's owner (with the engine's work after that node: adding
-            # gradients into input buffers, a full-size add for a weight shared by several modules, and the
-            # AccumulateGrad nodes of its parameters), and this node's owner runs until the next node of the pass
-            # starts or the pass finishes. No post-hook needed, and a pass that prunes some of a call's nodes
-            # (``autograd.grad(loss, x)`` skips the weight-gradient nodes) still ends it.
-            pending = step.pending
-            previous = pending.get(task)
-            if previous is None and task not in pending:
-                _queue_backward_callback(functools.partial(step.pass_finished, task))
-            pending[task] = self
-            if previous is not None and previous is not self and previous.task == task:
-                stamp = previous.clock.now()  # previous.close(task), inline: this runs for every graph node
-                previous.bwd_end = stamp if type(stamp) is int else (perf_counter_ns(), stamp)
-            if step.observers:
-                self._observe_start(task)
-            if task != self.task:
-                if self.task is not None:
-                    if self.passes is None:
-                        self.passes = []
-                    self.passes.append((self.task, self.bwd_start, self.bwd_end))
-                    self.bwd_end = None
-                self.task = task
+        task = _graph_task_id()
+        pending = step.pending
+        previous = pending.get(task)
+        if previous is self or not step.open:  # another node of the call already running: nothing changes
+            return None
+        if previous is None:
+            _queue_backward_callback(functools.partial(step.pass_finished, task))
+        pending[task] = self
+        stamp = None
+        if previous is not None and previous.task == task:
+            stamp = previous.clock.now()  # previous.close(task), inline: this runs for every graph node
+            # Stamps that do not order themselves (CUDA events) carry the host time at which they were recorded:
+            # merging sub-calls' intervals after the step needs the first start and the last end.
+            if type(stamp) is not int:
+                stamp = (perf_counter_ns(), stamp)
+            previous.bwd_end = stamp
+            if previous.clock is not self.clock:
+                stamp = None
+        if step.observers:
+            self._observe_start(task)
+            stamp = None  # observers run between the two: their cost is in neither interval
+        if task != self.task:
+            if self.task is not None:
+                if self.passes is None:
+                    self.passes = []
+                self.passes.append((self.task, self.bwd_start, self.bwd_end))
+                self.bwd_end = None
+            self.task = task
+            if stamp is None:  # else the previous owner's end, on the same clock, is this one's start
                 stamp = self.clock.now()
-                # Stamps that do not order themselves (CUDA events) carry the host time at which they were recorded:
-                # merging sub-calls' intervals after the step needs the first start and the last end.
-                self.bwd_start = stamp if type(stamp) is int else (perf_counter_ns(), stamp)
+                if type(stamp) is not int:
+                    stamp = (perf_counter_ns(), stamp)
+            self.bwd_start = stamp
         return None
 
     __call__ = node_started  # what a graph node's hook dict holds (``NodeHooker``)
