@@ -226,7 +226,7 @@ class CallTrace:
 class _ThreadState:
     """Per thread: the open calls, and which call owned each range of sequence numbers during the step."""
 
-    __slots__ = ("stack", "bounds", "owners", "walked", "hook_dicts", "hooker")
+    __slots__ = ("stack", "bounds", "owners", "walked", "hooker")
 
     def __init__(self) -> None:
         self.stack: list[CallTrace] = []
@@ -235,25 +235,14 @@ class _ThreadState:
         self.bounds: list[int] = []
         self.owners: list[CallTrace | None] = []
         self.walked: set[int] = set()  # sequence numbers of the nodes walked this step (ints: no node kept alive)
-        # id of an owner (a CallTrace, or the step's Outside) -> the hook dict ``{0: owner}`` that every node it
-        # owns holds: one dict per owner, not a hook object per node.
-        self.hook_dicts: dict[int, dict[int, Any]] = {}
-        self.hooker = NodeHooker()
+        self.hooker = NodeHooker()  # hooks graph nodes with their owner's hook dict ``{0: owner}``
 
     def clear(self) -> None:
         self.stack.clear()
         self.bounds.clear()
         self.owners.clear()
         self.walked.clear()
-        self.hook_dicts.clear()
         self.hooker.clear()
-
-    def hooks_of(self, owner: CallTrace | Outside) -> dict[int, Any]:
-        """The hook dict of ``owner``'s nodes this step."""
-        hooks = self.hook_dicts.get(id(owner))
-        if hooks is None:
-            hooks = self.hook_dicts[id(owner)] = {0: owner}
-        return hooks
 
 
 class Tracker:
@@ -545,9 +534,6 @@ def _unwind_to(stack: list[CallTrace], name: str) -> CallTrace | None:
 
 # -- backward: hooks on the graph nodes a call created ------------------------------------------------------
 def _roots(output: Any, lo: int, hi: int) -> list[Any]:
-    if isinstance(output, _Tensor):
-        node = output.grad_fn
-        return [node] if node is not None and lo <= _sequence_nr(node) < hi else []
     roots = []
     for tensor in iter_tensors(output):
         node = tensor.grad_fn
@@ -562,44 +548,62 @@ def _walk(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState) 
     A call whose outputs lead to none of its nodes (it returns None, or keeps its result on ``self``) is walked
     from the tensors on its module instead."""
     lo, hi = call.seq_start, call.seq_end
-    todo = _roots(output, lo, hi)
+    walked = state.walked
+    deferred = call.deferred
+    if isinstance(output, _Tensor):  # the common case, without building a list of tensors
+        node = output.grad_fn
+        if node is None:
+            todo = []
+        else:
+            number = _sequence_nr(node)
+            if number in walked and deferred is None:  # a container returning its last child's output
+                return
+            todo = [node] if lo <= number < hi else []
+    else:
+        todo = _roots(output, lo, hi)
     if not todo:
         todo = _roots([value for value in vars(module).values() if not isinstance(value, dict)], lo, hi)
-    deferred = call.deferred
     if deferred is not None:  # own nodes met by sub-calls' walks: behind their nodes, which are walked already
         call.deferred = None
         todo.extend(deferred)
     if not todo:
         return
-    walked = state.walked
     bounds = state.bounds
     owners = state.owners
-    hook = state.hooker.hook
-    hooks_of = state.hooks_of
+    hooker = state.hooker
+    register = hooker.register
     observed = bool(call.step.observers)  # observers (the memory meter) want each call's end as it happens
-    hooked: CallTrace | None = None  # the owner of the last node hooked, and its hook dict
-    hooks: dict[int, Any] = {}
+    # The owner whose hook dict the hooker holds. A dict per owner and walk: a node holds its owner's dict, and
+    # nothing else refers to it, so it goes with the graph.
+    hooked: CallTrace | None = None
+    # No sub-call made a node when the last boundary before the post-hook's is the call's start (or a sub-call's
+    # end at that same number): every node of the range is the call's own, and no owner is looked up.
+    own = bounds[-2] == lo and owners[-2] is call
+    owner = call
     while todo:
         node = todo.pop()
         number = _sequence_nr(node)
         if number in walked:
             continue
         walked.add(number)
-        owner = owners[bisect_right(bounds, number) - 1]
+        if not own:
+            owner = owners[bisect_right(bounds, number) - 1]
         if owner is not hooked:
-            hooked, hooks = owner, hooks_of(owner)
-        hook(node, hooks)
+            hooked = owner
+            hooker.use({0: owner})
+        register(node)
         last = observed  # for observers: no successor of the same owner, so the owner's backward may end here
         for successor, _ in node.next_functions:
             if successor is not None:
                 next_number = _sequence_nr(successor)
                 if lo <= next_number < hi:
-                    if last and owners[bisect_right(bounds, next_number) - 1] is owner:
+                    if last and (own or owners[bisect_right(bounds, next_number) - 1] is owner):
                         last = False
                     if next_number not in walked:
                         todo.append(successor)
                 elif next_number < lo and next_number not in walked:
                     _defer(successor, next_number, state, call.step)
+                    hooked = None  # a node hooked there changed the hooker's dict
         if last:
             node.register_hook(owner.node_ended)
 
@@ -620,4 +624,6 @@ def _defer(node: Any, number: int, state: _ThreadState, step: _Step) -> None:
     state.walked.add(number)
     index = bisect_right(state.bounds, number) - 1
     owner = state.owners[index] if index >= 0 else None
-    state.hooker.hook(node, state.hooks_of(owner if owner is not None else step.outside()))
+    hooker = state.hooker
+    hooker.use({0: owner if owner is not None else step.outside()})
+    hooker.register(node)
