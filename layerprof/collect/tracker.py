@@ -556,9 +556,12 @@ def _walk(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState) 
             todo = []
         else:
             number = _sequence_nr(node)
-            if number in walked and deferred is None:  # a container returning its last child's output
+            if not lo <= number < hi:
+                todo = []
+            elif number in walked and deferred is None:  # a container returning its last child's output
                 return
-            todo = [node] if lo <= number < hi else []
+            else:
+                todo = [node]
     else:
         todo = _roots(output, lo, hi)
     if not todo:
