@@ -41,26 +41,20 @@ class NodeHooker:
     garbage collector counts). ``Node._register_hook_dict(tensor)``, what ``Tensor.register_hook`` uses, puts on
     the node a C++ hook that holds the dict found in ``tensor._backward_hooks`` at that moment and, each time the
     node runs, calls every value of that dict with the gradient of the node's first output, before the node's
-    other pre-hooks. So one dict serves every node of one owner: ``use(hooks)`` sets the dict on a carrier tensor
-    (a walk meets the nodes of one owner in runs), then ``register(node)``, a C call of about 0.1 µs, hooks a node
-    with it. A hook that returns None leaves the gradient alone. One per thread (the carrier's dict is set, then
-    read); ``clear`` drops the carrier's reference to the last dict."""
+    other pre-hooks. So one dict serves every node of one owner: ``use(hooks)`` sets the dict on a carrier tensor,
+    then ``register(node)`` hooks a node with it; both are C calls (about 0.1 µs). A hook that returns None leaves
+    the gradient alone. One per thread (the carrier's dict is set, then read); ``clear`` drops the carrier's
+    reference to the last dict."""
 
-    __slots__ = ("register", "_carrier", "_hooks")
+    __slots__ = ("register", "use", "_carrier")
 
     def __init__(self) -> None:
         self._carrier = torch.empty(0)
         self.register: Callable[[Any], None] = methodcaller("_register_hook_dict", self._carrier)
-        self._hooks: dict[int, Any] | None = None
-
-    def use(self, hooks: dict[int, Any]) -> None:
-        """Make ``hooks`` the dict that the nodes registered next hold."""
-        if hooks is not self._hooks:
-            self._carrier._backward_hooks = self._hooks = hooks
+        self.use: Callable[[dict[int, Any]], None] = functools.partial(setattr, self._carrier, "_backward_hooks")
 
     def clear(self) -> None:
-        if self._hooks is not None:
-            self._carrier._backward_hooks = self._hooks = None
+        self._carrier._backward_hooks = None
 
 
 def escaped_backward(traceback: Any) -> bool:
