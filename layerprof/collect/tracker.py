@@ -16,7 +16,11 @@ yet, and ends the interval of the owner of the node that started before it in th
 until the engine starts the next node, gradient bookkeeping (input-buffer adds, the AccumulateGrad nodes of its
 parameters) included. The last owner of a pass ends when the pass finishes (a callback queued on the graph task).
 So there is one hook per node and no post-hook; a call's interval in a pass is the span of its own nodes, widened
-after the step to its sub-calls' intervals (``timing.py``).
+after the step to its sub-calls' intervals (``timing.py``). The hook is the owner itself (a callable), held in a
+dict ``{0: owner}`` that all the nodes of one owner hooked by one walk share (``NodeHooker``: torch's hook of a
+tensor's gradient, put on the node): no hook object, handle or dict per node. It runs before the node's other
+pre-hooks, and before the hooks put on the node's output tensors after the call returned (not those put inside
+its forward, which run first).
 
 Because every created node carries a hook, in-place ops that rewrite an output view's history (``h.relu_()``
 after a Linear on 3-D input), outputs that are views, None, or tensors made elsewhere do not lose the call's
