@@ -49,7 +49,10 @@ class NodeHooker:
     __slots__ = ("register", "use", "_carrier")
 
     def __init__(self) -> None:
-        self._carrier = torch.empty(0)
+        # Made in a forward: out of sight of the dispatch modes running (a meter's, the user's) and of a default
+        # device; a tensor that never joins a graph and whose only use is carrying the dict.
+        with torch._C._DisableTorchDispatch(), torch._C.DisableTorchFunction():
+            self._carrier = torch.empty(0, device="cpu")
         self.register: Callable[[Any], None] = methodcaller("_register_hook_dict", self._carrier)
         self.use: Callable[[dict[int, Any]], None] = functools.partial(setattr, self._carrier, "_backward_hooks")
 
