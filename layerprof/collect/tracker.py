@@ -58,6 +58,8 @@ __all__ = ["CallTrace", "Tracker"]
 _Tensor = torch.Tensor
 _first, _second = itemgetter(0), itemgetter(1)
 _pre_hooks = attrgetter("_forward_pre_hooks")
+# The exception being handled, without the tuple sys.exc_info() builds, where Python has sys.exception (3.11 on).
+_handled: Callable[[], BaseException | None] = getattr(sys, "exception", None) or (lambda: sys.exc_info()[1])
 
 
 class _Step:
@@ -408,7 +410,7 @@ class Tracker:
         local = self._local
         cpu_clock = self.cpu_clock
         cuda_initialized = torch.cuda.is_initialized
-        exc_info = sys.exc_info
+        handled = _handled
         get_frame = sys._getframe
         next_seq = _next_sequence_nr
 
@@ -432,7 +434,7 @@ class Tracker:
                 else:
                     clock = cpu_clock
                 call = CallTrace(name, stack[-1] if stack else None, clock, _graph_task_id() != -1, tracker.step_state)
-                handling = exc_info()[1]
+                handling = handled()
                 if handling is not None:  # called from an except block: its exception is not this call's
                     call.handling = handling
                 calls.append(call)
@@ -454,8 +456,11 @@ class Tracker:
                 output, kwargs = kwargs, None
             if not tracker.active:
                 return None
-            state = getattr(local, "state", None)
-            stack = state.stack if state is not None else None
+            try:
+                state = local.state
+            except AttributeError:
+                return None  # no call began on this thread
+            stack = state.stack
             if not stack:
                 return None  # the call began before profiling did
             call = stack[-1]
@@ -474,8 +479,10 @@ class Tracker:
             call.seq_end = seq = next_seq()
             state.bounds.append(seq)
             state.owners.append(stack[-1] if stack else None)
-            error = exc_info()[1] if output is None else None
-            handling, call.handling = call.handling, None
+            error = handled() if output is None else None
+            handling = call.handling
+            if handling is not None:
+                call.handling = None
             if error is not None and error is not handling:
                 # always_call ran us because forward raised. The note goes on the exception now, at the innermost
                 # module it leaves: the exception itself then says it was noted, so no identity is kept here
