@@ -5,6 +5,7 @@ import gc
 import re
 import time
 import weakref
+from typing import Any
 
 import pytest
 import torch
@@ -531,3 +532,29 @@ def test_a_dropped_profile_is_freed_without_a_garbage_collection() -> None:
     finally:
         if enabled:
             gc.enable()
+
+
+def test_a_dispatch_mode_of_yours_sees_the_same_ops_with_and_without_the_profiler() -> None:
+    # The hooks make no tensor of their own inside your forward (the carrier of the graph-node hooks is made out of
+    # sight of running modes), so a mode of yours counts the model's ops only.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    x = torch.randn(2, 4)
+    with Ops() as plain:
+        model(x).sum().backward()
+    model.zero_grad(set_to_none=True)
+    with Ops() as profiled, LayerProf(model) as prof:
+        model(x).sum().backward()
+    assert profiled.ops == plain.ops and len(plain.ops) > 10
+    assert prof.records["0"].backward_ms > 0

@@ -126,3 +126,62 @@ def test_a_full_backward_pre_hook_counts_in_the_parents_own_backward() -> None:
     handle.remove()
     assert prof.records[""].self_backward_ms >= SLEEP_S * 1e3
     assert all(prof.records[name].backward_ms < SLEEP_S * 1e3 / 2 for name in ("0", "1", "1.0", "1.1", "2"))
+
+
+class HooksItsOutput(nn.Module):
+    """Registers a hook on its own output inside its forward (before its call returns)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x) * 1.5
+        y.register_hook(lambda grad: time.sleep(SLEEP_S))
+        return y
+
+
+def _hook_output(module: nn.Module, hook: Any, on_node: bool) -> None:
+    """A forward hook of the user's that hooks the module's output (its tensor, or its graph node)."""
+
+    def forward_hook(module: nn.Module, args: Any, output: torch.Tensor) -> None:
+        if on_node:
+            output.grad_fn.register_prehook(hook)
+        else:
+            output.register_hook(hook)
+
+    module.register_forward_hook(forward_hook)
+
+
+def test_your_hooks_on_tensors_and_graph_nodes_change_gradients_as_before_and_count_where_they_run() -> None:
+    # layerprof's hook on a graph node runs before the hooks you put on that node or on its output tensor once the
+    # module's call has returned: they count in the backward of the module that made the node. A tensor hook put
+    # inside the module's forward runs before layerprof's: in the module whose node ran before (the next one).
+    def doubles(grad: torch.Tensor) -> torch.Tensor:
+        time.sleep(SLEEP_S)
+        return grad * 2
+
+    def triples(grads: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        time.sleep(SLEEP_S)
+        return (grads[0] * 3,)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4), HooksItsOutput(), nn.Linear(4, 1))
+    _hook_output(model[0], triples, on_node=True)
+    _hook_output(model[1], doubles, on_node=False)
+    x = torch.randn(2, 4)
+    expected = model(x)
+    expected.sum().backward()
+    expected_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    before = hook_state(model)
+    with LayerProf(model) as prof:
+        out = model(x)
+        out.sum().backward()
+    assert torch.equal(out, expected) and hook_state(model) == before
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), expected_grads))  # x6 on model[0]'s
+    backward = {name: prof.records[name].backward_ms for name in ("0", "1", "2", "3", "4")}
+    slept = SLEEP_S * 1e3
+    assert backward["0"] >= slept and backward["1"] >= slept and backward["4"] >= slept, backward
+    assert backward["2"] < slept / 2 and backward["3"] < slept / 2, backward
+    assert prof.records[""].backward_ms >= 3 * slept

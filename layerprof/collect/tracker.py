@@ -16,7 +16,11 @@ yet, and ends the interval of the owner of the node that started before it in th
 until the engine starts the next node, gradient bookkeeping (input-buffer adds, the AccumulateGrad nodes of its
 parameters) included. The last owner of a pass ends when the pass finishes (a callback queued on the graph task).
 So there is one hook per node and no post-hook; a call's interval in a pass is the span of its own nodes, widened
-after the step to its sub-calls' intervals (``timing.py``).
+after the step to its sub-calls' intervals (``timing.py``). The hook is the owner itself (a callable), held in a
+dict ``{0: owner}`` that all the nodes of one owner hooked by one walk share (``NodeHooker``: torch's hook of a
+tensor's gradient, put on the node): no hook object, handle or dict per node. It runs before the node's other
+pre-hooks, and before the hooks put on the node's output tensors after the call returned (not those put inside
+its forward, which run first).
 
 Because every created node carries a hook, in-place ops that rewrite an output view's history (``h.relu_()``
 after a Linear on 3-D input), outputs that are views, None, or tensors made elsewhere do not lose the call's
@@ -45,7 +49,7 @@ from .._torch import graph_task_id as _graph_task_id
 from .._torch import next_sequence_nr as _next_sequence_nr
 from .._torch import add_forward_hooks_to, add_global_forward_hooks, escaped_backward, remove_forward_hooks
 from .._torch import global_pre_hook_kwargs, remove_forward_hooks_from, remove_global_forward_hooks
-from .._torch import with_forward_pre_hooks
+from .._torch import NodeHooker, with_forward_pre_hooks
 from .._torch import queue_backward_callback as _queue_backward_callback
 from .._torch import sequence_nr as _sequence_nr
 
@@ -54,6 +58,8 @@ __all__ = ["CallTrace", "Tracker"]
 _Tensor = torch.Tensor
 _first, _second = itemgetter(0), itemgetter(1)
 _pre_hooks = attrgetter("_forward_pre_hooks")
+# The exception being handled, without the tuple sys.exc_info() builds, where Python has sys.exception (3.11 on).
+_handled: Callable[[], BaseException | None] = getattr(sys, "exception", None) or (lambda: sys.exc_info()[1])
 
 
 class _Step:
@@ -110,6 +116,8 @@ class Outside:
     def close(self, task: int) -> None:
         return None
 
+    __call__ = node_started  # what a graph node's hook dict holds (``NodeHooker``)
+
 
 class CallTrace:
     """Raw stamps of one call of one module. ``recompute`` marks a forward run during backward (checkpointing).
@@ -143,38 +151,50 @@ class CallTrace:
         # sub-calls): hooked by this call's walk, which cannot reach them through the sub-calls' walked nodes.
         self.deferred: list[Any] | None = None
 
-    # -- graph node hooks: bound methods, so that a node holds the call and never the other way round ---------
+    # -- graph node hooks: a node holds the call (in its hook dict) and never the other way round --------------
     def node_started(self, grad_outputs: Any) -> None:
+        # This node's start ends the previous node's owner (with the engine's work after that node: adding gradients
+        # into input buffers, a full-size add for a weight shared by several modules, and the AccumulateGrad nodes
+        # of its parameters), and this node's owner runs until the next node of the pass starts or the pass
+        # finishes. No post-hook needed, and a pass that prunes some of a call's nodes (``autograd.grad(loss, x)``
+        # skips the weight-gradient nodes) still ends it.
         step = self.step
-        if step.open:
-            task = _graph_task_id()
-            # This node's start ends the previous node's owner (with the engine's work after that node: adding
-            # gradients into input buffers, a full-size add for a weight shared by several modules, and the
-            # AccumulateGrad nodes of its parameters), and this node's owner runs until the next node of the pass
-            # starts or the pass finishes. No post-hook needed, and a pass that prunes some of a call's nodes
-            # (``autograd.grad(loss, x)`` skips the weight-gradient nodes) still ends it.
-            pending = step.pending
-            previous = pending.get(task)
-            if previous is None and task not in pending:
-                _queue_backward_callback(functools.partial(step.pass_finished, task))
-            pending[task] = self
-            if previous is not None and previous is not self and previous.task == task:
-                stamp = previous.clock.now()  # previous.close(task), inline: this runs for every graph node
-                previous.bwd_end = stamp if type(stamp) is int else (perf_counter_ns(), stamp)
-            if step.observers:
-                self._observe_start(task)
-            if task != self.task:
-                if self.task is not None:
-                    if self.passes is None:
-                        self.passes = []
-                    self.passes.append((self.task, self.bwd_start, self.bwd_end))
-                    self.bwd_end = None
-                self.task = task
+        task = _graph_task_id()
+        pending = step.pending
+        previous = pending.get(task)
+        if previous is self or not step.open:  # another node of the call already running: nothing changes
+            return None
+        if previous is None:
+            _queue_backward_callback(functools.partial(step.pass_finished, task))
+        pending[task] = self
+        stamp = None
+        if previous is not None and previous.task == task:
+            stamp = previous.clock.now()  # previous.close(task), inline: this runs for every graph node
+            # Stamps that do not order themselves (CUDA events) carry the host time at which they were recorded:
+            # merging sub-calls' intervals after the step needs the first start and the last end.
+            if type(stamp) is not int:
+                stamp = (perf_counter_ns(), stamp)
+            previous.bwd_end = stamp
+            if previous.clock is not self.clock:
+                stamp = None
+        if step.observers:
+            self._observe_start(task)
+            stamp = None  # observers run between the two: their cost is in neither interval
+        if task != self.task:
+            if self.task is not None:
+                if self.passes is None:
+                    self.passes = []
+                self.passes.append((self.task, self.bwd_start, self.bwd_end))
+                self.bwd_end = None
+            self.task = task
+            if stamp is None:  # else the previous owner's end, on the same clock, is this one's start
                 stamp = self.clock.now()
-                # Stamps that do not order themselves (CUDA events) carry the host time at which they were recorded:
-                # merging sub-calls' intervals after the step needs the first start and the last end.
-                self.bwd_start = stamp if type(stamp) is int else (perf_counter_ns(), stamp)
+                if type(stamp) is not int:
+                    stamp = (perf_counter_ns(), stamp)
+            self.bwd_start = stamp
         return None
+
+    __call__ = node_started  # what a graph node's hook dict holds (``NodeHooker``)
 
     def node_ended(self, grad_inputs: Any, grad_outputs: Any) -> None:
         """Post-hook of a node with no successor of the same owner, only while observers want ends as they come."""
@@ -212,7 +232,7 @@ class CallTrace:
 class _ThreadState:
     """Per thread: the open calls, and which call owned each range of sequence numbers during the step."""
 
-    __slots__ = ("stack", "bounds", "owners", "walked")
+    __slots__ = ("stack", "bounds", "owners", "walked", "hooker")
 
     def __init__(self) -> None:
         self.stack: list[CallTrace] = []
@@ -221,12 +241,14 @@ class _ThreadState:
         self.bounds: list[int] = []
         self.owners: list[CallTrace | None] = []
         self.walked: set[int] = set()  # sequence numbers of the nodes walked this step (ints: no node kept alive)
+        self.hooker = NodeHooker()  # hooks graph nodes with their owner's hook dict ``{0: owner}``
 
     def clear(self) -> None:
         self.stack.clear()
         self.bounds.clear()
         self.owners.clear()
         self.walked.clear()
+        self.hooker.clear()
 
 
 class Tracker:
@@ -388,7 +410,7 @@ class Tracker:
         local = self._local
         cpu_clock = self.cpu_clock
         cuda_initialized = torch.cuda.is_initialized
-        exc_info = sys.exc_info
+        handled = _handled
         get_frame = sys._getframe
         next_seq = _next_sequence_nr
 
@@ -412,7 +434,7 @@ class Tracker:
                 else:
                     clock = cpu_clock
                 call = CallTrace(name, stack[-1] if stack else None, clock, _graph_task_id() != -1, tracker.step_state)
-                handling = exc_info()[1]
+                handling = handled()
                 if handling is not None:  # called from an except block: its exception is not this call's
                     call.handling = handling
                 calls.append(call)
@@ -434,8 +456,11 @@ class Tracker:
                 output, kwargs = kwargs, None
             if not tracker.active:
                 return None
-            state = getattr(local, "state", None)
-            stack = state.stack if state is not None else None
+            try:
+                state = local.state
+            except AttributeError:
+                return None  # no call began on this thread
+            stack = state.stack
             if not stack:
                 return None  # the call began before profiling did
             call = stack[-1]
@@ -454,8 +479,10 @@ class Tracker:
             call.seq_end = seq = next_seq()
             state.bounds.append(seq)
             state.owners.append(stack[-1] if stack else None)
-            error = exc_info()[1] if output is None else None
-            handling, call.handling = call.handling, None
+            error = handled() if output is None else None
+            handling = call.handling
+            if handling is not None:
+                call.handling = None
             if error is not None and error is not handling:
                 # always_call ran us because forward raised. The note goes on the exception now, at the innermost
                 # module it leaves: the exception itself then says it was noted, so no identity is kept here
@@ -518,9 +545,6 @@ def _unwind_to(stack: list[CallTrace], name: str) -> CallTrace | None:
 
 # -- backward: hooks on the graph nodes a call created ------------------------------------------------------
 def _roots(output: Any, lo: int, hi: int) -> list[Any]:
-    if isinstance(output, _Tensor):
-        node = output.grad_fn
-        return [node] if node is not None and lo <= _sequence_nr(node) < hi else []
     roots = []
     for tensor in iter_tensors(output):
         node = tensor.grad_fn
@@ -535,38 +559,65 @@ def _walk(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState) 
     A call whose outputs lead to none of its nodes (it returns None, or keeps its result on ``self``) is walked
     from the tensors on its module instead."""
     lo, hi = call.seq_start, call.seq_end
-    todo = _roots(output, lo, hi)
+    walked = state.walked
+    deferred = call.deferred
+    if isinstance(output, _Tensor):  # the common case, without building a list of tensors
+        node = output.grad_fn
+        if node is None:
+            todo = []
+        else:
+            number = _sequence_nr(node)
+            if not lo <= number < hi:
+                todo = []
+            elif number in walked and deferred is None:  # a container returning its last child's output
+                return
+            else:
+                todo = [node]
+    else:
+        todo = _roots(output, lo, hi)
     if not todo:
         todo = _roots([value for value in vars(module).values() if not isinstance(value, dict)], lo, hi)
-    deferred = call.deferred
     if deferred is not None:  # own nodes met by sub-calls' walks: behind their nodes, which are walked already
         call.deferred = None
         todo.extend(deferred)
     if not todo:
         return
-    walked = state.walked
     bounds = state.bounds
     owners = state.owners
+    hooker = state.hooker
+    register = hooker.register
     observed = bool(call.step.observers)  # observers (the memory meter) want each call's end as it happens
+    # The owner whose hook dict the hooker holds. A dict per owner and walk: a node holds its owner's dict, and
+    # nothing else refers to it, so it goes with the graph.
+    hooked: CallTrace | None = None
+    # No sub-call made a node when the last boundary before the post-hook's is the call's start (or a sub-call's
+    # end at that same number): every node of the range is the call's own, and no owner is looked up.
+    own = bounds[-2] == lo and owners[-2] is call
+    owner = call
     while todo:
         node = todo.pop()
         number = _sequence_nr(node)
         if number in walked:
             continue
         walked.add(number)
-        owner = owners[bisect_right(bounds, number) - 1]
-        node.register_prehook(owner.node_started)
+        if not own:
+            owner = owners[bisect_right(bounds, number) - 1]
+        if owner is not hooked:
+            hooked = owner
+            hooker.use({0: owner})
+        register(node)
         last = observed  # for observers: no successor of the same owner, so the owner's backward may end here
         for successor, _ in node.next_functions:
             if successor is not None:
                 next_number = _sequence_nr(successor)
                 if lo <= next_number < hi:
-                    if last and owners[bisect_right(bounds, next_number) - 1] is owner:
+                    if last and (own or owners[bisect_right(bounds, next_number) - 1] is owner):
                         last = False
                     if next_number not in walked:
                         todo.append(successor)
                 elif next_number < lo and next_number not in walked:
                     _defer(successor, next_number, state, call.step)
+                    hooked = None  # a node hooked there changed the hooker's dict
         if last:
             node.register_hook(owner.node_ended)
 
@@ -587,4 +638,6 @@ def _defer(node: Any, number: int, state: _ThreadState, step: _Step) -> None:
     state.walked.add(number)
     index = bisect_right(state.bounds, number) - 1
     owner = state.owners[index] if index >= 0 else None
-    node.register_prehook(owner.node_started if owner is not None else step.outside().node_started)
+    hooker = state.hooker
+    hooker.use({0: owner if owner is not None else step.outside()})
+    hooker.register(node)
