@@ -54,7 +54,9 @@ def test_plan_meets_budget_and_is_bitwise_equal_with_dropout() -> None:
     plan = prof.checkpoint_plan("50%")
     assert plan.feasible and plan.modules and plan.saved_bytes_after <= plan.budget_bytes == prof.tree.saved_bytes // 2
     names = plan.modules
-    assert not any(a != b and b.startswith(a + ".") for a in names for b in names) and "" not in names
+    # Never an ancestor and its descendant both. (The whole model is a valid choice: with the wrapper's measured
+    # cost, one wrapper around everything can come out cheapest on a loaded machine.)
+    assert not any(a != b and (b.startswith(a + ".") or a == "") for a in names for b in names)
     with plan.applied(model):
         got = _run(model, x)  # same seed: Dropout draws the same masks in the forward and the recompute
         measured = _profile(model, lambda: model(x).pow(2).sum().backward())
