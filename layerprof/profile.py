@@ -72,6 +72,9 @@ _ATTRIBUTE_REFERENCES = _attribute_references()
 class Profile:
     """Records of one profiled model: ``tree`` (anytree root), ``records`` by qualified name, ``meta``."""
 
+    # Set by LayerProf on a profile it can plan checkpoints on: measures ``meta["hook_ms"]`` on this host.
+    measure_hook_ms: Any = None
+
     def __init__(self, tree: ModuleRecord, meta: dict[str, Any] | None = None,
                  records: dict[str, ModuleRecord] | None = None) -> None:
         """``records`` (by qualified name, in tree order) saves walking the tree where the caller has them."""
@@ -231,7 +234,10 @@ class Profile:
 
     def to_json(self, path: str | Path | None = None, indent: int | None = 1) -> str:
         """The whole profile as JSON (format version, ``meta``, every row with its call timings); written to
-        ``path`` if given. ``layerprof.load`` reads it back into an identical profile."""
+        ``path`` if given. ``layerprof.load`` reads it back into an identical profile, one that plans checkpoints
+        as this one does (a profile with memory figures gets its ``meta["hook_ms"]`` measured first, once per
+        process)."""
+        self._hook_ms()
         return export.write_text(io.dumps(self.tree, self.meta, indent=indent) + "\n", path)
 
     def to_trace(self, path: str | Path | None = None) -> str:
@@ -300,7 +306,7 @@ class Profile:
         recomputation is priced as the profiled forward less the profiler's own hooks inside it
         (``meta["hook_ms"]`` per module call on the CPU wall clock: measured on this host by the first plan of a
         profile, about 0.4 s once per process, and kept in the profile, so a profile saved after planning keeps
-        the figure of the host that profiled it).
+        the figure of the host that profiled it: ``to_json`` measures it first).
         Besides modules, a plan can wrap runs of consecutive children of an ``nn.Sequential`` under one
         checkpoint (named ``parent[first:stop]``, as ``checkpoint_sequential`` does), on a live profile;
         ``runs=False`` plans over modules only.
@@ -309,16 +315,12 @@ class Profile:
                          wrap_cost=wrap_cost, hook_ms=self._hook_ms(), runs=runs)
 
     def _hook_ms(self) -> float:
-        """``meta["hook_ms"]``, measured now for a profile on the CPU wall clock that has none yet (made here when
-        first planned, not with every memory profile: most are never planned)."""
+        """``meta["hook_ms"]``, measured now for a profile LayerProf made here on the CPU wall clock that has none
+        yet (when first planned or saved, not with every memory profile: most are never planned)."""
         found = self.meta.get("hook_ms")
-        if found is None and self.meta.get("clock") == ["wall"]:
-            from .collect.hook_cost import hook_cost
-            from .collect.profiler import LayerProf
-
-            shapes = ("shapes",) if getattr(self.tree, "input_shapes", None) is not None else ()
+        if found is None and self.measure_hook_ms is not None:
             with torch.inference_mode(False):
-                found = self.meta["hook_ms"] = hook_cost(LayerProf, shapes)
+                found = self.meta["hook_ms"] = self.measure_hook_ms()
         return float(found or 0.0)
 
     def unknown_ops(self) -> dict[str, int]:

@@ -175,7 +175,7 @@ def test_the_profilers_own_time_is_taken_off_each_ancestor() -> None:
                           nn.Linear(8, 1))
     prof = _profile(model, torch.randn(2, 8, requires_grad=True))
     records = prof.profile.records
-    # Measured by the first plan, not with every memory profile (most are never planned), then kept.
+    # Measured by the first plan (or save), not with every memory profile (most are never planned), then kept.
     assert "hook_ms" not in prof.meta
     hook_ms = prof.checkpoint_plan(0.5).hook_ms
     assert hook_ms > 0 and prof.meta["hook_ms"] == hook_ms and prof.checkpoint_plan(0.25).hook_ms == hook_ms

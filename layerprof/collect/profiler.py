@@ -18,6 +18,7 @@ from .annotate import Annotator
 from .clock import PausableClock
 from .._derived import verified
 from .._gc import gc_paused
+from .hook_cost import hook_cost
 from .environment import environment
 from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters
@@ -596,6 +597,11 @@ class LayerProf:
         # The records are in tree order unless modules joined while profiling (then the tree is walked again).
         in_order = len(self.records) == self._built
         self._profile = Profile(self.tree, meta, self.records if in_order else None)
+        if meta["clock"] == ["wall"] and any(meter.name == "memory" for meter in self.metrics):
+            # A profile to plan checkpoints on: what the hooks add to each ancestor's forward, which a
+            # recomputation does not pay (the planner takes it off), measured by its first plan.
+            shapes = tuple(m.name for m in self.metrics if m.name == "shapes")
+            self._profile.measure_hook_ms = functools.partial(hook_cost, LayerProf, shapes)
 
     # -- results: after the block, a LayerProf answers for its Profile ----------------------------------------
     @property
