@@ -11,6 +11,9 @@ time does); ``calls`` counts every call and self times count every call's own ti
 """
 from __future__ import annotations
 
+from collections import Counter
+from itertools import starmap
+from operator import attrgetter
 from typing import Any, Iterable
 
 from ..record.records import CallTiming
@@ -39,7 +42,7 @@ class StepTimes:
     @property
     def call_times(self) -> list[CallTiming]:
         if self._call_times is None:
-            self._call_times = [CallTiming(*fields) for fields in self._timings]
+            self._call_times = list(starmap(CallTiming, self._timings))
         return self._call_times
 
     def __repr__(self) -> str:
@@ -136,10 +139,15 @@ def _nested_in_itself(call: CallTrace) -> bool:
     return False
 
 
+_name = attrgetter("name")
+
+
 def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes]:
     """Per-module times of one step: calls, inclusive, self and recompute times, and every call's timing."""
     calls = list(calls)
     _merge_into_parents(calls)
+    # A call can be inside a call of its own module only if that module was called more than once in the step.
+    repeated = {name for name, count in Counter(map(_name, calls)).items() if count > 1}
     children_forward: dict[int, float] = {}
     children_backward: dict[int, float] = {}
     # (call, forward start ms, forward ms, backward start ms, backward ms) of the calls that count
@@ -182,7 +190,7 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
         if times is None:
             times = result[call.name] = StepTimes()
         # A call inside another call of the same module is already inside that call's inclusive time.
-        recursive = _nested_in_itself(call)
+        recursive = call.name in repeated and _nested_in_itself(call)
         times._timings.append((forward_start, forward_ms, backward_start_ms, backward_ms, call.recompute, step,
                                recursive))
         if call.recompute:
