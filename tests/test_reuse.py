@@ -12,7 +12,9 @@ from torch import nn
 
 import layerprof.collect.reuse as reuse
 import layerprof
+from anytree import PreOrderIter
 from layerprof import LayerProf
+from layerprof.record.records import ModuleRecord, build_tree, module_paths, tree_rows
 from layerprof.metrics.params import PARAM_FIELDS
 
 from .conftest import hook_state
@@ -175,3 +177,23 @@ def test_a_reused_plan_names_modules_as_a_walk_does_and_a_joined_module_is_hooke
     head = prof.records["head"]
     assert (head.steps, head.steps_run, head.calls) == (2, 2, 1)  # both active steps, one call each
     assert prof.records["body"].steps_run == 2 and head.backward_ms is not None
+
+
+def test_a_plan_builds_the_tree_that_build_tree_builds() -> None:
+    model = Net()
+    model.add_module("again", model.blocks[1])  # a module under two names: one record, with an alias
+    paths = module_paths(model)
+    root, records = reuse.Plan(paths).records()
+    built, by_name, _ = build_tree(model, reprs=False, paths=paths)
+
+    def shape(tree: ModuleRecord) -> list[tuple[Any, ...]]:
+        return [(r.name, r.parent and r.parent.name, [c.name for c in r.children], r.depth, r.aliases)
+                for r in PreOrderIter(tree)]
+
+    assert list(records) == list(by_name) == ["", "a", "b", "blocks", "blocks.0", "blocks.1"]
+    assert shape(root) == shape(built) and tree_rows(root) == tree_rows(built)
+    assert records["blocks.1"].aliases == ["again"] and records["a"].aliases is not records["b"].aliases
+    # A tree anytree's own checks accept: a record moves as any node does.
+    records["a"].parent = records["blocks"]
+    assert [c.name for c in root.children] == ["b", "blocks"]
+    assert [c.name for c in records["blocks"].children] == ["blocks.0", "blocks.1", "a"]

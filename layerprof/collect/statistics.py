@@ -163,7 +163,10 @@ class StepStats:
             raise ValueError(f"max_samples must be >= 1, got {max_samples}")
         self.max_samples = max_samples
         self.steps = 0
-        self._rng = random.Random(seed)
+        # Made at the first draw, once the reservoir is full: seeding one costs more than a one-shot profile's
+        # statistics, which never draw.
+        self._seed = seed
+        self._rng: random.Random | None = None
         self._modules: dict[str, _Module] = {}
         self._sampled = 0  # reservoir length, the same for every module
         # The first step is kept as it came and only folded into the sums when a second one arrives: a one-shot
@@ -189,6 +192,8 @@ class StepStats:
         if self._sampled < self.max_samples:
             slot = -1
         else:
+            if self._rng is None:
+                self._rng = random.Random(self._seed)
             drawn = self._rng.randrange(steps)
             slot = drawn if drawn < self.max_samples else None
         modules = self._modules
