@@ -3,21 +3,21 @@ model while nothing it was built from has changed: the walk of the model (names,
 the check of its children for TorchScript and torch.compile, the name map, the shape of the record tree, and
 figures that meters derive from it (the parameter figures).
 
-A plan is keyed by a fingerprint of everything it was built from, checked with C-level ``map`` calls over the
-modules of the last walk, no Python loop per module: each module's class and forward pre-hook dict, its children,
-parameters and buffers (names, and identities by weak reference: compared with ``is``, so no object's address is
-mistaken for a dead one's), and each tensor's dtype, ``requires_grad`` and shape. An added, removed or replaced
-module or tensor, a child swapped by attribute or written into ``_modules`` directly, a dtype change (``.half()``
-swaps ``param.data`` under the same Parameter) and freezing all change it, and the next block walks the model
-again. Nothing here holds the model: plans sit in a ``WeakKeyDictionary`` by model and refer to modules and
-tensors by weak reference, so a dropped model takes its plan with it, and a module or tensor that died is a
-change. A model with a lazy (uninitialized) parameter gets no plan: its shapes are still to come.
+A plan is keyed by a fingerprint of everything it was built from, read with C-level ``map`` calls over the
+modules of the last walk, no Python loop per module: each module's class and forward pre-hook dict, its children
+(names and identities, in order), its parameters and buffers (names and identities), and each tensor's dtype,
+``requires_grad`` and shape. An added, removed or replaced module or tensor, a child swapped by attribute or
+written into ``_modules`` directly, a dtype change (``.half()`` swaps ``param.data`` under the same Parameter)
+and freezing all change it, and the next block walks the model again. Nothing here holds the model: plans sit in a
+``WeakKeyDictionary`` by model and refer to modules by weak reference, so a dropped model takes its plan with it,
+and a module that died is a change (its address may be reused by a new one). A model with a lazy (uninitialized)
+parameter gets no plan: its shapes are still to come.
 """
 from __future__ import annotations
 
 import weakref
-from itertools import chain, repeat
-from operator import attrgetter, is_, is_not
+from itertools import chain
+from operator import attrgetter, is_not
 from functools import partial
 from typing import Any, Callable
 
@@ -25,13 +25,13 @@ from torch import nn
 
 from ..record.records import ModuleRecord, module_paths
 
-__all__ = ["Plan", "plan_for", "known", "Fingerprint"]
+__all__ = ["Plan", "plan_for", "known", "fingerprint"]
 
 _children = attrgetter("_modules")
 _params = attrgetter("_parameters")
 _buffers = attrgetter("_buffers")
 _pre_hooks = attrgetter("_forward_pre_hooks")
-_dtype, _requires_grad, _shape = attrgetter("dtype"), attrgetter("requires_grad"), attrgetter("shape")
+_tensor_key = attrgetter("dtype", "requires_grad", "shape")
 _flat = chain.from_iterable
 _values, _keys = dict.values, dict.keys
 _not_none = partial(is_not, None)
@@ -39,86 +39,28 @@ _LAZY = nn.parameter.UninitializedTensorMixin
 _dereference = weakref.ref.__call__
 
 
-_is_none = partial(is_, None)
-
-
-def _held(children: list[Any], params: list[Any], buffers: list[Any]) -> list[Any]:
-    """What the modules hold, in order: every child, then every parameter, then every buffer (None entries too)."""
-    return [*_flat(map(_values, children)), *_flat(map(_values, params)), *_flat(map(_values, buffers))]
-
-
-class Fingerprint:
-    """Everything a plan is built from, for ``modules`` in walk order: their classes and forward pre-hook dicts
-    (by ``id``: the tracker's keys), the names in their ``_modules``, ``_parameters`` and ``_buffers``, what those
-    hold (which entries are None, the others by weak reference) and each tensor's dtype, ``requires_grad`` and
-    shape. ``Fingerprint.of`` gives None where a parameter or buffer is lazy, or a tensor has no plain shape
-    (nested) or takes no weak reference."""
-
-    __slots__ = ("types", "hook_keys", "child_counts", "counts", "names", "none_at", "refs", "children_held",
-                 "dtypes", "grads", "shapes")
-
-    @classmethod
-    def of(cls, modules: list[nn.Module]) -> Fingerprint | None:
-        children = list(map(_children, modules))
-        params = list(map(_params, modules))
-        buffers = list(map(_buffers, modules))
-        held = _held(children, params, buffers)
-        key = cls()
-        key.child_counts = list(map(len, children))
-        key.none_at = list(map(_is_none, held))
-        present = list(filter(_not_none, held))
-        key.children_held = sum(map(len, children)) - sum(key.none_at[:sum(key.child_counts)])
-        tensors = present[key.children_held:]
-        if any(issubclass(kind, _LAZY) for kind in set(map(type, tensors))):
-            return None
-        try:
-            key.refs = list(map(weakref.ref, present))
-            key.dtypes, key.grads, key.shapes = _tensor_facts(tensors)
-        except (RuntimeError, TypeError, AttributeError):
-            return None
-        key.types = list(map(type, modules))
-        key.hook_keys = list(map(id, map(_pre_hooks, modules)))
-        key.counts = [*key.child_counts, *map(len, params), *map(len, buffers)]
-        key.names = [*_flat(map(_keys, children)), *_flat(map(_keys, params)), *_flat(map(_keys, buffers))]
-        return key
-
-    def matches(self, modules: list[nn.Module]) -> bool:
-        """Whether ``modules`` (the plan's, alive) are as they were. Identities are compared with ``is`` against
-        the references, and a held object that died reads None: never ``is`` an entry that is not None."""
-        if list(map(type, modules)) != self.types:
-            return False
-        if list(map(id, map(_pre_hooks, modules))) != self.hook_keys:
-            return False
-        children = list(map(_children, modules))
-        params = list(map(_params, modules))
-        buffers = list(map(_buffers, modules))
-        if [*map(len, children), *map(len, params), *map(len, buffers)] != self.counts:
-            return False
-        if [*_flat(map(_keys, children)), *_flat(map(_keys, params)), *_flat(map(_keys, buffers))] != self.names:
-            return False
-        held = _held(children, params, buffers)
-        if list(map(_is_none, held)) != self.none_at:
-            return False
-        present = list(filter(_not_none, held))  # as many as the references: the same entries are None
-        if not all(map(is_, present, map(_dereference, self.refs))):
-            return False
-        try:
-            return _tensor_facts(present[self.children_held:]) == (self.dtypes, self.grads, self.shapes)
-        except (RuntimeError, TypeError, AttributeError):
-            return False
-
-    def same_children(self, modules: list[nn.Module]) -> bool:
-        """Whether ``modules`` still hold the children they held: then the model holds no module it did not."""
-        children = list(map(_children, modules))
-        if list(map(len, children)) != self.child_counts:
-            return False
-        held = [*_flat(map(_values, children))]
-        return (list(map(_is_none, held)) == self.none_at[:len(held)]
-                and all(map(is_, filter(_not_none, held), map(_dereference, self.refs[:self.children_held]))))
-
-
-def _tensor_facts(tensors: list[Any]) -> tuple[list[Any], list[bool], list[Any]]:
-    return list(map(_dtype, tensors)), list(map(_requires_grad, tensors)), list(map(_shape, tensors))
+def fingerprint(modules: list[nn.Module]) -> tuple[Any, ...] | None:
+    """Everything a plan is built from, as plain values (ids, names, classes, dtypes, shapes: no module or
+    tensor), for ``modules`` in walk order. None where a parameter or buffer is lazy, or a tensor has no plain
+    shape (nested): such a model is not planned."""
+    children = list(map(_children, modules))
+    params = list(map(_params, modules))
+    buffers = list(map(_buffers, modules))
+    tensors = [*_flat(map(_values, params)), *_flat(map(_values, buffers))]
+    present = list(filter(_not_none, tensors))
+    if any(issubclass(kind, _LAZY) for kind in set(map(type, present))):
+        return None
+    try:
+        shapes = list(map(_tensor_key, present))
+    except (RuntimeError, TypeError, AttributeError):
+        return None
+    return (
+        list(map(type, modules)), list(map(id, map(_pre_hooks, modules))),
+        list(map(len, children)), [*_flat(map(_keys, children))], list(map(id, _flat(map(_values, children)))),
+        list(map(len, params)), [*_flat(map(_keys, params))],
+        list(map(len, buffers)), [*_flat(map(_keys, buffers))],
+        list(map(id, tensors)), shapes,
+    )
 
 
 class Plan:
@@ -157,9 +99,9 @@ class Plan:
         for _, _, parent, _ in records:
             if parent >= 0:
                 self._has_children[parent] = True
-        self.key = Fingerprint.of(modules)
+        self.key = fingerprint(modules)
         # The tracker's names (id of a module's forward pre-hook dict -> first name), which the key checks.
-        self.hook_names = {} if self.key is None else dict(zip(self.key.hook_keys, by_name))
+        self.hook_names = {} if self.key is None else dict(zip(self.key[1], by_name))
         self.values: dict[str, Any] = {}
 
     def modules(self) -> list[nn.Module] | None:
@@ -170,7 +112,11 @@ class Plan:
     def same_children(self, modules: list[nn.Module]) -> bool:
         """Whether ``modules`` (this plan's, in order) still have the children they had when it was made: then the
         model holds no module the plan does not know."""
-        return self.key is not None and self.key.same_children(modules)
+        if self.key is None:
+            return False
+        children = list(map(_children, modules))
+        return (list(map(len, children)) == self.key[2]
+                and list(map(id, _flat(map(_values, children)))) == self.key[4])
 
     def paths(self, modules: list[nn.Module]) -> list[tuple[str, nn.Module]]:
         return list(zip(self._path_names, map(modules.__getitem__, self._path_index)))
@@ -181,8 +127,8 @@ class Plan:
     def records(self) -> tuple[ModuleRecord, dict[str, ModuleRecord]]:
         """A new record tree, as ``build_tree(reprs=False)`` makes it: root and records by name, in walk order.
         Linked by plain attribute stores, as ``attach`` does without anytree's checks: a record made by its
-        ``__init__`` and written only through attributes keeps its values inline (CPython 3.11+), which is
-        cheaper to make, fill and free than a record whose ``__dict__`` was read."""
+        ``__init__`` and written through attributes keeps its values inline (CPython 3.11+): cheaper to make
+        and to free than a record whose ``__dict__`` was read and merged (the fills that read it pay a little)."""
         made: list[ModuleRecord] = []
         record_type = ModuleRecord
         for (name, type_name, parent, aliases), parents in zip(self._records, self._has_children):
@@ -213,7 +159,7 @@ def plan_for(model: nn.Module, check: Callable[[list[tuple[str, nn.Module]]], No
     plan = _PLANS.get(model)
     if plan is not None:
         modules = plan.modules()
-        if modules is not None and plan.key is not None and plan.key.matches(modules):
+        if modules is not None and plan.key is not None and fingerprint(modules) == plan.key:
             return plan, modules
         del _PLANS[model]
     paths = module_paths(model)

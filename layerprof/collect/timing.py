@@ -11,7 +11,6 @@ time does); ``calls`` counts every call and self times count every call's own ti
 """
 from __future__ import annotations
 
-from collections import Counter
 from itertools import starmap
 from operator import attrgetter
 from typing import Any, Iterable
@@ -146,8 +145,10 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
     """Per-module times of one step: calls, inclusive, self and recompute times, and every call's timing."""
     calls = list(calls)
     _merge_into_parents(calls)
-    # A call can be inside a call of its own module only if that module was called more than once in the step.
-    repeated = {name for name, count in Counter(map(_name, calls)).items() if count > 1}
+    # A call can be inside a call of its own module only if some module was called more than once in the step:
+    # else no call's parent chain is walked.
+    names = list(map(_name, calls))
+    maybe_recursive = len(set(names)) != len(names)
     # Sums of the counted sub-calls' times, by parent call (calls hash by identity).
     children_forward: dict[CallTrace, float] = {}
     children_backward: dict[CallTrace, float] = {}
@@ -192,7 +193,7 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
         if times is None:
             times = result[name] = StepTimes()
         # A call inside another call of the same module is already inside that call's inclusive time.
-        recursive = name in repeated and _nested_in_itself(call)
+        recursive = maybe_recursive and _nested_in_itself(call)
         recompute = call.recompute
         times._timings.append((forward_start, forward_ms, backward_start_ms, backward_ms, recompute, step, recursive))
         if recompute:
