@@ -259,6 +259,28 @@ def is_compiled_function(function: Any) -> bool:
             and not getattr(function, "_torchdynamo_disable", False))
 
 
+# Class forwards seen not to be torch.compile wrappers. Whether a function is one does not change (compiling makes
+# a new function), so each is read once (two failing attribute reads), not at every block's start and end; held
+# here, a function's id is never taken over by a new one.
+_EAGER_FORWARDS: set[Any] = set()
+
+
+def _eager_forwards(classes: set[type]) -> bool:
+    """Whether no class of ``classes`` has a compiled ``forward``."""
+    try:
+        forwards = set(map(getattr, classes, itertools.repeat("forward"), itertools.repeat(None)))
+    except TypeError:  # an unhashable forward: read each one
+        return not any(is_compiled_function(getattr(cls, "forward", None)) for cls in classes)
+    if forwards <= _EAGER_FORWARDS:
+        return True
+    if any(map(is_compiled_function, forwards)):
+        return False
+    if len(_EAGER_FORWARDS) > 4096:  # classes made on the fly: keep the set bounded
+        _EAGER_FORWARDS.clear()
+    _EAGER_FORWARDS.update(forwards)
+    return True
+
+
 def compiled_in_place(paths: list[tuple[str, Any]]) -> tuple[str, Any, str] | None:
     """The first module of ``paths`` compiled in place, as ``(name, module, how)``: ``how`` is ``"compile"`` after
     ``module.compile()`` (which stores a ``torch.compile`` of the module's ``_call_impl``, hooks included, in
@@ -272,7 +294,7 @@ def compiled_in_place(paths: list[tuple[str, Any]]) -> tuple[str, Any, str] | No
     owns = list(map(_own, modules))
     if (not any(map(contains, owns, itertools.repeat("_compiled_call_impl")))
             and not any(map(contains, owns, itertools.repeat("forward")))
-            and not any(is_compiled_function(getattr(cls, "forward", None)) for cls in set(map(type, modules)))):
+            and _eager_forwards(set(map(type, modules)))):
         return None  # the common case, read with C-level calls: no module has either attribute of its own
     if getattr(getattr(dynamo, "config", None), "disable", False):
         return None  # off (TORCH_COMPILE_DISABLE=1): all runs eagerly (a config read costs tens of µs)

@@ -93,6 +93,30 @@ def test_compiled_forward_is_refused() -> None:
         LayerProf(model)
 
 
+class LaterCompiled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def test_a_class_forward_compiled_after_a_profile_saw_it_eager_is_refused() -> None:
+    # The eager forward was looked at (and remembered as eager) by the first profile; the compiled one is new.
+    model = nn.Sequential(nn.Linear(4, 4), LaterCompiled())
+    profile_step(model)
+    eager = LaterCompiled.forward
+    LaterCompiled.forward = torch.compile(eager)
+    try:
+        with pytest.raises(TypeError, match=re.escape("the forward of module '1' (LaterCompiled) is a torch.compile'd")):
+            with LayerProf(model):  # a model profiled before is checked when the block starts
+                pass
+    finally:
+        LaterCompiled.forward = eager
+    assert profile_step(model).records["1"].calls == 1
+
+
 def test_what_is_not_compiled_is_profiled_in_full() -> None:
     # compile(disable=True) stores the plain _call_impl, and torch.compiler.disable marks a wrapper that never
     # compiles: both run eagerly, hooks and all, so every module gets its forward and backward.

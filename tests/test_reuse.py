@@ -11,7 +11,10 @@ import torch
 from torch import nn
 
 import layerprof.collect.reuse as reuse
+import layerprof
+from anytree import PreOrderIter
 from layerprof import LayerProf
+from layerprof.record.records import ModuleRecord, build_tree, module_paths, tree_rows
 from layerprof.metrics.params import PARAM_FIELDS
 
 from .conftest import hook_state
@@ -23,6 +26,7 @@ class Net(nn.Module):
         self.a = nn.Linear(8, 8)
         self.b = nn.Linear(8, 8, bias=False)
         self.blocks = nn.ModuleList([nn.Linear(8, 8), nn.ReLU()])
+        self.blocks[0].register_buffer("scale", torch.ones(3))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.b(self.a(x).to(self.b.weight.dtype)).float()
@@ -76,6 +80,8 @@ CHANGES: list[tuple[str, Callable[[Net], Any]]] = [
     ("parameter replaced by a tied one", lambda m: setattr(m.b, "weight", m.a.weight)),
     ("parameter replaced in _parameters directly",
      lambda m: m.a._parameters.__setitem__("bias", nn.Parameter(torch.zeros(8), requires_grad=False))),
+    ("parameter set to None (the old one dies)", lambda m: setattr(m.a, "bias", None)),
+    ("buffer replaced in _buffers directly", lambda m: m.blocks[0]._buffers.__setitem__("scale", torch.ones(2))),
     ("dtype changed", lambda m: m.b.double()),
     ("requires_grad changed", lambda m: m.a.requires_grad_(False)),
     ("buffer added", lambda m: m.b.register_buffer("scale", torch.ones(5))),
@@ -137,3 +143,57 @@ def test_a_compiled_or_scripted_child_is_refused_after_a_reused_block() -> None:
     with pytest.raises(TypeError, match="module 'b'.*TorchScript"):
         with LayerProf(model):
             pass
+
+
+class Grows(nn.Module):
+    """Registers a head on its third call: after an earlier block planned the model without it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(8, 8)
+        self.seen = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen += 1
+        if self.seen == 3:
+            self.head = nn.Linear(8, 2)
+        x = self.body(x)
+        return self.head(x) if hasattr(self, "head") else x
+
+
+def test_a_reused_plan_names_modules_as_a_walk_does_and_a_joined_module_is_hooked_again() -> None:
+    model = Grows()
+    with LayerProf(model):
+        model(torch.randn(2, 8)).sum().backward()  # call 1: the plan, without the head
+    plan = reuse._PLANS[model]
+    with LayerProf(model, schedule=layerprof.schedule(wait=1, active=1)) as prof:
+        assert reuse._PLANS[model] is plan
+        # Steps 0-3 (calls 2-5): wait, active (the head joins and is hooked at once), wait, active (hooked again).
+        for step in range(4):
+            if step == 1:  # hooked from the plan's names: what a walk of the model gives
+                assert prof._tracker.names == {id(m._forward_pre_hooks): name for name, m in model.named_modules()}
+            model(torch.randn(2, 8)).sum().backward()
+            prof.step()
+    head = prof.records["head"]
+    assert (head.steps, head.steps_run, head.calls) == (2, 2, 1)  # both active steps, one call each
+    assert prof.records["body"].steps_run == 2 and head.backward_ms is not None
+
+
+def test_a_plan_builds_the_tree_that_build_tree_builds() -> None:
+    model = Net()
+    model.add_module("again", model.blocks[1])  # a module under two names: one record, with an alias
+    paths = module_paths(model)
+    root, records = reuse.Plan(paths).records()
+    built, by_name, _ = build_tree(model, reprs=False, paths=paths)
+
+    def shape(tree: ModuleRecord) -> list[tuple[Any, ...]]:
+        return [(r.name, r.parent and r.parent.name, [c.name for c in r.children], r.depth, r.aliases)
+                for r in PreOrderIter(tree)]
+
+    assert list(records) == list(by_name) == ["", "a", "b", "blocks", "blocks.0", "blocks.1"]
+    assert shape(root) == shape(built) and tree_rows(root) == tree_rows(built)
+    assert records["blocks.1"].aliases == ["again"] and records["a"].aliases is not records["b"].aliases
+    # A tree anytree's own checks accept: a record moves as any node does.
+    records["a"].parent = records["blocks"]
+    assert [c.name for c in root.children] == ["b", "blocks"]
+    assert [c.name for c in records["blocks"].children] == ["blocks.0", "blocks.1", "a"]

@@ -460,7 +460,10 @@ class LayerProf:
             self._counting_done = True
         self._set_observers()
         if wanted and not tracker.active:
-            tracker.attach(self._entries)
+            plan = self._plan
+            # The plan's names while the block's modules are the plan's (none joined while profiling).
+            names = plan.hook_names if plan is not None and len(self._entries) == self._built else {}
+            tracker.attach(self._entries, names or None)
         elif not wanted and tracker.active:
             tracker.detach()
 

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-from ..record.records import ModuleRecord, attach, module_paths
+from ..record.records import ModuleRecord, module_paths
 
 __all__ = ["Plan", "plan_for", "known", "fingerprint"]
 
@@ -68,7 +68,8 @@ class Plan:
     first names (``entries``), each module's record shape (class name, parent, other names), and ``values``:
     figures derived from the model while this plan holds (``layerprof._derived``)."""
 
-    __slots__ = ("_refs", "_path_names", "_path_index", "names", "key", "_records", "values", "__weakref__")
+    __slots__ = ("_refs", "_path_names", "_path_index", "names", "hook_names", "key", "_records", "_first_names",
+                 "_has_children", "values", "__weakref__")
 
     def __init__(self, paths: list[tuple[str, nn.Module]]) -> None:
         index: dict[int, int] = {}  # id(module) -> entry index
@@ -93,7 +94,14 @@ class Plan:
         self._path_index = path_index
         self.names = dict(zip(map(id, modules), by_name))  # id(module) -> its first name
         self._records = records
+        self._first_names = list(by_name)
+        self._has_children = [False] * len(records)  # whether a record is some record's parent
+        for _, _, parent, _ in records:
+            if parent >= 0:
+                self._has_children[parent] = True
         self.key = fingerprint(modules)
+        # The tracker's names (id of a module's forward pre-hook dict -> first name), which the key checks.
+        self.hook_names = {} if self.key is None else dict(zip(self.key[1], by_name))
         self.values: dict[str, Any] = {}
 
     def modules(self) -> list[nn.Module] | None:
@@ -114,29 +122,27 @@ class Plan:
         return list(zip(self._path_names, map(modules.__getitem__, self._path_index)))
 
     def entries(self, modules: list[nn.Module]) -> list[tuple[str, nn.Module]]:
-        return list(zip((record[0] for record in self._records), modules))
+        return list(zip(self._first_names, modules))
 
     def records(self) -> tuple[ModuleRecord, dict[str, ModuleRecord]]:
-        """A new record tree, as ``build_tree(reprs=False)`` makes it: root and records by name, in walk order."""
-        template = ModuleRecord("", "").__dict__
-        mutable = [key for key, value in template.items() if isinstance(value, (list, dict, set))]
+        """A new record tree, as ``build_tree(reprs=False)`` makes it: root and records by name, in walk order.
+        Linked by plain attribute stores, as ``attach`` does without anytree's checks: a record made by its
+        ``__init__`` and written through attributes keeps its values inline (CPython 3.11+): cheaper to make
+        and to free than a record whose ``__dict__`` was read and merged (the fills that read it pay a little)."""
         made: list[ModuleRecord] = []
-        by_name: dict[str, ModuleRecord] = {}
-        new = ModuleRecord.__new__
-        for name, type_name, parent, aliases in self._records:
-            record = new(ModuleRecord)
-            own = record.__dict__
-            own.update(template)
-            for key in mutable:
-                own[key] = own[key].copy()
-            own["name"], own["type"] = name, type_name
+        record_type = ModuleRecord
+        for (name, type_name, parent, aliases), parents in zip(self._records, self._has_children):
+            record = record_type(name, type_name)
             if aliases:
-                own["aliases"] = list(aliases)
+                record.aliases = list(aliases)
             if parent >= 0:
-                attach(record, made[parent])
+                holder = made[parent]
+                record._NodeMixin__parent = holder
+                holder._NodeMixin__children.append(record)
+            if parents:
+                record._NodeMixin__children = []
             made.append(record)
-            by_name[name] = record
-        return made[0], by_name
+        return made[0], dict(zip(self._first_names, made))
 
 
 # model -> its plan. Weak on the model; the plan refers to the modules weakly.

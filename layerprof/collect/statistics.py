@@ -78,6 +78,8 @@ def quantile(ordered: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
+# What ``fill`` writes on the record of a module that did not run (beside a new ``call_times`` list).
+_NOT_RUN = {"steps": 1, "calls": 0, "steps_run": 0}
 _STAT_KEYS = {field: tuple(f"{field}_{statistic}" for statistic in STATISTICS) for field in ("forward_ms", "backward_ms")}
 
 
@@ -161,7 +163,10 @@ class StepStats:
             raise ValueError(f"max_samples must be >= 1, got {max_samples}")
         self.max_samples = max_samples
         self.steps = 0
-        self._rng = random.Random(seed)
+        # Made at the first draw, once the reservoir is full: seeding one costs more than a one-shot profile's
+        # statistics, which never draw.
+        self._seed = seed
+        self._rng: random.Random | None = None
         self._modules: dict[str, _Module] = {}
         self._sampled = 0  # reservoir length, the same for every module
         # The first step is kept as it came and only folded into the sums when a second one arrives: a one-shot
@@ -187,6 +192,8 @@ class StepStats:
         if self._sampled < self.max_samples:
             slot = -1
         else:
+            if self._rng is None:
+                self._rng = random.Random(self._seed)
             drawn = self._rng.randrange(steps)
             slot = drawn if drawn < self.max_samples else None
         modules = self._modules
@@ -287,25 +294,33 @@ class StepStats:
     @staticmethod
     def _fill_one(step: dict[str, StepTimes], records: dict[str, ModuleRecord]) -> None:
         """``fill`` for a single recorded step: every statistic is the step's value (std 0)."""
+        found = step.get
+        forward_median, forward_std, forward_min, forward_max, forward_p95 = _STAT_KEYS["forward_ms"]
+        backward_median, backward_std, backward_min, backward_max, backward_p95 = _STAT_KEYS["backward_ms"]
         for name, record in records.items():
             own = record.__dict__
-            times = step.get(name)
+            times = found(name)
             if times is None:
-                own.update(steps=1, calls=0, steps_run=0, call_times=[])
+                own.update(_NOT_RUN)
+                own["call_times"] = []
                 continue
-            own.update(steps=1, calls=times.calls, steps_run=1, call_times=list(times.call_times))
-            for field, value, keys in (("forward_ms", times.forward_ms, _STAT_KEYS["forward_ms"]),
-                                       ("backward_ms", times.backward_ms, _STAT_KEYS["backward_ms"])):
-                if value is None:
-                    continue
-                own[field] = value
-                median, std, low, high, p95 = keys
-                own[median] = own[low] = own[high] = own[p95] = value
-                own[std] = 0.0
+            own["steps"] = 1
+            own["calls"] = times.calls
+            own["steps_run"] = 1
+            own["call_times"] = list(times.call_times)
+            forward, backward = times.forward_ms, times.backward_ms
+            if forward is not None:
+                own["forward_ms"] = own[forward_median] = own[forward_min] = own[forward_max] = forward
+                own[forward_p95] = forward
+                own[forward_std] = 0.0
+            if backward is not None:
+                own["backward_ms"] = own[backward_median] = own[backward_min] = own[backward_max] = backward
+                own[backward_p95] = backward
+                own[backward_std] = 0.0
             # As ``fill`` does: a self time where its pass has a value, recompute where it is not 0.
-            if times.forward_ms is not None:
+            if forward is not None:
                 own["self_forward_ms"] = times.self_forward_ms or 0.0
-            if times.backward_ms is not None:
+            if backward is not None:
                 own["self_backward_ms"] = times.self_backward_ms or 0.0
             if times.recompute_ms:
                 own["recompute_ms"] = times.recompute_ms

@@ -11,6 +11,8 @@ time does); ``calls`` counts every call and self times count every call's own ti
 """
 from __future__ import annotations
 
+from itertools import starmap
+from operator import attrgetter
 from typing import Any, Iterable
 
 from ..record.records import CallTiming
@@ -39,7 +41,7 @@ class StepTimes:
     @property
     def call_times(self) -> list[CallTiming]:
         if self._call_times is None:
-            self._call_times = [CallTiming(*fields) for fields in self._timings]
+            self._call_times = list(starmap(CallTiming, self._timings))
         return self._call_times
 
     def __repr__(self) -> str:
@@ -136,31 +138,40 @@ def _nested_in_itself(call: CallTrace) -> bool:
     return False
 
 
+_name = attrgetter("name")
+
+
 def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes]:
     """Per-module times of one step: calls, inclusive, self and recompute times, and every call's timing."""
     calls = list(calls)
     _merge_into_parents(calls)
-    children_forward: dict[int, float] = {}
-    children_backward: dict[int, float] = {}
+    # A call can be inside a call of its own module only if some module was called more than once in the step:
+    # else no call's parent chain is walked.
+    names = list(map(_name, calls))
+    maybe_recursive = len(set(names)) != len(names)
+    # Sums of the counted sub-calls' times, by parent call (calls hash by identity).
+    children_forward: dict[CallTrace, float] = {}
+    children_backward: dict[CallTrace, float] = {}
     # (call, forward start ms, forward ms, backward start ms, backward ms) of the calls that count
     ordered: list[tuple[CallTrace, float, float, float | None, float | None]] = []
+    append = ordered.append
     for call in calls:
         start, end = call.fwd_start, call.fwd_end
-        if start is None or end is None:
-            continue
-        if call.raised and not call.recompute:
+        if start is None or end is None or (call.raised and not call.recompute):
             # A forward that raised is not a call; a recompute that raised is checkpointing stopping early
             # once it has what backward needs, and its time was spent all the same.
             continue
         clock = call.clock
         if type(start) is int:  # wall clocks: nanoseconds, read without a method call per stamp
-            origin = clock.origin
-            forward_start, forward_ms = (start - origin) / 1e6, (end - start) / 1e6
+            forward_start, forward_ms = (start - clock.origin) / 1e6, (end - start) / 1e6
         else:
             forward_start, forward_ms = clock.offset_ms(start), clock.ms(start, end)
         backward_start_ms: float | None
+        backward_ms: float | None
         b_start, b_end = call.bwd_start, call.bwd_end
-        if call.passes is None and type(b_start) is int and b_end is not None:  # one pass, wall clock: inline
+        if call.task is None:  # no backward node of its own ran
+            backward_ms = backward_start_ms = None
+        elif call.passes is None and type(b_start) is int and b_end is not None:  # one pass, wall clock: inline
             backward_ms = (b_end - b_start) / 1e6
             if backward_ms < 0.0:
                 backward_ms = 0.0
@@ -168,35 +179,35 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
         else:
             backward_ms, backward_start = _backward(call)
             backward_start_ms = None if backward_ms is None else clock.offset_ms(_raw(backward_start))
-        ordered.append((call, forward_start, forward_ms, backward_start_ms, backward_ms))
+        append((call, forward_start, forward_ms, backward_start_ms, backward_ms))
         parent = call.parent
         if parent is not None:
-            key = id(parent)
-            children_forward[key] = children_forward.get(key, 0.0) + forward_ms
+            children_forward[parent] = children_forward.get(parent, 0.0) + forward_ms
             if backward_ms is not None:
-                children_backward[key] = children_backward.get(key, 0.0) + backward_ms
+                children_backward[parent] = children_backward.get(parent, 0.0) + backward_ms
 
     result: dict[str, StepTimes] = {}
     for call, forward_start, forward_ms, backward_start_ms, backward_ms in ordered:
-        times = result.get(call.name)
+        name = call.name
+        times = result.get(name)
         if times is None:
-            times = result[call.name] = StepTimes()
+            times = result[name] = StepTimes()
         # A call inside another call of the same module is already inside that call's inclusive time.
-        recursive = _nested_in_itself(call)
-        times._timings.append((forward_start, forward_ms, backward_start_ms, backward_ms, call.recompute, step,
-                               recursive))
-        if call.recompute:
+        recursive = maybe_recursive and _nested_in_itself(call)
+        recompute = call.recompute
+        times._timings.append((forward_start, forward_ms, backward_start_ms, backward_ms, recompute, step, recursive))
+        if recompute:
             if not recursive:
                 times.recompute_ms = (times.recompute_ms or 0.0) + forward_ms
         else:
             times.calls += 1
             if not recursive:
                 times.forward_ms = (times.forward_ms or 0.0) + forward_ms
-            own = forward_ms - children_forward.get(id(call), 0.0)
+            own = forward_ms - children_forward.get(call, 0.0)
             times.self_forward_ms = (times.self_forward_ms or 0.0) + own
         if backward_ms is not None:
             if not recursive:
                 times.backward_ms = (times.backward_ms or 0.0) + backward_ms
-            own = backward_ms - children_backward.get(id(call), 0.0)
+            own = backward_ms - children_backward.get(call, 0.0)
             times.self_backward_ms = (times.self_backward_ms or 0.0) + (own if own > 0.0 else 0.0)
     return result

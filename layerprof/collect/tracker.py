@@ -295,16 +295,18 @@ class Tracker:
         self.step_state.observers = tuple(observers)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
-    def attach(self, modules: Iterable[tuple[str, nn.Module]]) -> None:
-        """Hook every module; if hooking fails half way, remove what was added and re-raise."""
+    def attach(self, modules: Iterable[tuple[str, nn.Module]], names: dict[int, str] | None = None) -> None:
+        """Hook every module; if hooking fails half way, remove what was added and re-raise. ``names``: the
+        modules' names by key (``id`` of each one's forward pre-hook dict), where the caller has them already."""
         if self._hooks is None:
             self._hooks = self._make_hooks()
         pre, post, global_pre = self._hooks
         modules = list(modules)
         found = list(map(_second, modules))
         try:
-            keys = list(map(id, map(_pre_hooks, found)))
-            self.names.update(zip(keys, map(_first, modules)))
+            if names is None:
+                names = dict(zip(map(id, map(_pre_hooks, found)), map(_first, modules)))
+            self.names.update(names)
             self._modules.update(modules)
             # Our pre-hook runs last and our post-hook first, so the user's own hooks are not timed.
             if not self.global_hooks:
@@ -312,7 +314,7 @@ class Tracker:
             else:
                 # Global pre-hooks run before a module's own: a module with pre-hooks of its own gets ours after
                 # theirs instead. Global forward hooks run before a module's own, as ours must.
-                self.global_names.update(zip(keys, map(_first, modules)))
+                self.global_names.update(names)
                 own = with_forward_pre_hooks(found)
                 if own:
                     _drain_keys(self.global_names, own)
