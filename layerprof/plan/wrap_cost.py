@@ -14,7 +14,9 @@ layers, 0.3-0.75 ms with a 512-wide Linear over 8-2,048 rows between the calls, 
 the stacks it times are wrapped blocks of small Linear layers with a small unwrapped feed-forward block (256 wide,
 64 rows: a model's other layers in miniature) between each two, in forward and in backward, the blocks
 differing only in how many tensors they save; the cost is the wrapped step minus the plain step minus the
-blocks' own forward in the plain step, in thread CPU time (about 1 s, once per process and thread count). The
+blocks' own forward in the plain step, in thread CPU time, the median of 27 rounds (about 3 s, once per process
+and thread count: with 9 rounds, calibrations repeated in one process read 0.33 to 1.01 ms a call; with 27, within
+8-15 % of each other). The
 cost is host-side Python: on a GPU whose kernels run behind the host it is partly hidden, and the measured figure
 is an upper bound there.
 """
@@ -36,7 +38,7 @@ _CACHE: dict[int, WrapCost] = {}
 _SMALL, LARGE = 1, 33  # Linear(4, 4) layers in a wrapped block of the two stacks; each saves its input and weight
 _BLOCKS = 4  # wrapped blocks a stack, each followed by a filler
 _FILLER_ROWS, _FILLER_WIDTH = 64, 256  # the unwrapped work between two wrapped calls (about 2.5 MB touched)
-_REPEATS = 9
+_REPEATS = 27  # rounds a stack; see the module doc
 
 
 @dataclass(frozen=True)
