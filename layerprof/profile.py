@@ -304,9 +304,9 @@ class Profile:
         cost, priced by ``wrap_cost``: "measured" on this host once per process (``layerprof.plan.wrap_cost``),
         None to count recomputation only, or a pair (ms per wrapped call, ms per tensor saved inside). A
         recomputation is priced as the profiled forward less the profiler's own hooks inside it
-        (``meta["hook_ms"]`` per module call on the CPU wall clock: measured on this host by the first plan of a
-        profile, about 0.4 s once per process, and kept in the profile, so a profile saved after planning keeps
-        the figure of the host that profiled it: ``to_json`` measures it first).
+        (``meta["hook_ms"]`` per module call on the CPU wall clock: measured on this host when the profile is
+        first planned or saved, about 0.4 s once per process, and kept in the profile, so a saved profile plans
+        with the figure of the host that profiled it).
         Besides modules, a plan can wrap runs of consecutive children of an ``nn.Sequential`` under one
         checkpoint (named ``parent[first:stop]``, as ``checkpoint_sequential`` does), on a live profile;
         ``runs=False`` plans over modules only.
