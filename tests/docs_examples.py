@@ -41,6 +41,10 @@ _TIME = re.compile(_NUMBER + r"\s*(?:ns|µs|us|ms|s)\b")
 _PREFIXED = re.compile(_NUMBER + r"\s*[kKMGTPE]i?(?=[A-Za-z/])")
 _NUMBER_RE = re.compile(_NUMBER)
 _RULE = re.compile(r"([-=─━:]){3,}")
+# A noun after a masked count: a count that may be 1 on one run and 2 on the next ("1 module", "2 modules") is
+# compared in its singular. Irregular plurals the library prints (units.format_counted) are listed.
+_COUNTED = re.compile(r"(<n>\s+)([A-Za-z]+)")
+_IRREGULAR = {"children": "child", "batches": "batch", "processes": "process", "matches": "match"}
 
 
 class DocsExampleError(AssertionError):
@@ -132,12 +136,20 @@ def parse(text: str, path: str = "<text>") -> list[Block]:
 
 
 def mask(text: str) -> str:
-    """The text as compared: times, prefixed quantities, then other numbers masked, rules shortened, whitespace runs collapsed."""
+    """The text as compared: times, prefixed quantities, then other numbers masked, the noun after a count made
+    singular, rules shortened, whitespace runs collapsed."""
     text = _TIME.sub("<t>", text)
     text = _PREFIXED.sub("<n> ", text)
     text = _NUMBER_RE.sub("<n>", text)
+    text = _COUNTED.sub(lambda m: m.group(1) + _singular(m.group(2)), text)
     text = _RULE.sub(r"\1\1\1", text)
     return " ".join(text.split())
+
+
+def _singular(noun: str) -> str:
+    if noun in _IRREGULAR:
+        return _IRREGULAR[noun]
+    return noun[:-1] if noun.endswith("s") and not noun.endswith("ss") and len(noun) > 3 else noun
 
 
 def bash_script(code: str) -> str:

@@ -69,6 +69,11 @@ def test_mask_ignores_numbers_and_spacing_not_words():
     assert de.mask("forward 1 ms") != de.mask("backward 1 ms")
     assert de.mask("3 GFLOPs") != de.mask("3 GB")
     assert de.mask("5 children") != de.mask("5 children, 2 calls")
+    # A count that is 1 on one run and 2 on the next: the noun compares in its singular, the words still count.
+    assert de.mask("+2.74 ms per step, 2 modules wrapped") == de.mask("+3.1 ms per step, 1 module wrapped")
+    assert de.mask("3 children, 2 processes") == de.mask("1 child, 1 process")
+    assert de.mask("2 modules wrapped") != de.mask("2 runs wrapped")
+    assert de.mask("2 modules wrapped") != de.mask("1 module and 1 run wrapped")
 
 
 def test_bash_script_joins_continuations_and_drops_comments():
