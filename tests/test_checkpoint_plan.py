@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import time
 import warnings
 
 import pytest
@@ -10,6 +11,7 @@ from torch import nn
 
 import layerprof
 from layerprof import LayerProf
+from layerprof.plan.apply import RecomputeTimer, unwrap, wrap, wrap_runs
 from layerprof.plan.runs import parse_run, recomputed_children
 
 
@@ -172,11 +174,43 @@ def test_verify_plan() -> None:
     assert set(result.recompute_ms) == set(plan.modules)
     for name, (predicted, measured) in result.recompute_ms.items():
         assert predicted == plan.chosen[plan.modules.index(name)].recompute_ms
-        assert measured is None if not recomputed_children(prof.records, name) else measured > 0
+        assert measured > 0, name  # every wrapped module or run, leaves too: its recomputation's wall time
     assert result.step_ms_before > 0 and result.step_ms_after > 0 and result.cuda_peak_bytes is None
     assert _state(model) == before and not plan.is_applied
     with pytest.raises(TypeError, match="step must be a callable"):
         layerprof.verify_plan(plan, model, "step")
+
+
+class _Sleepy(nn.Module):
+    """A leaf whose forward sleeps 20 ms before an op that saves its input (so a recomputation runs the sleep)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.02)
+        return x.sin()
+
+
+def test_recompute_timer_times_each_labelled_recomputation_only() -> None:
+    net = nn.Sequential(nn.Linear(4, 4), _Sleepy(), nn.Sequential(_Sleepy(), nn.Tanh(), nn.Linear(4, 4)))
+    x = torch.randn(2, 4, requires_grad=True)
+    owns = [(net[1], wrap(net[1], label="1")), (net[2], wrap_runs(net[2], [(0, 2)], labels={(0, 2): "2[0:2]"}))]
+    try:
+        with RecomputeTimer() as forward_only:
+            loss = net(x).sum()  # two sleeps of 20 ms in the forward: not recomputations
+        assert forward_only.ms == {}
+        with RecomputeTimer() as timer:
+            start = time.perf_counter()
+            loss.backward()
+            backward_ms = (time.perf_counter() - start) * 1e3
+        # Each region recomputed once in this backward: its sleep (20 ms) and its sin (and tanh), nothing more.
+        assert set(timer.ms) == {"1", "2[0:2]"}
+        assert all(20 <= ms < 40 for ms in timer.ms.values()), timer.ms
+        assert sum(timer.ms.values()) <= backward_ms
+        with timer, pytest.raises(RuntimeError, match="already active"), RecomputeTimer():
+            pass
+    finally:
+        for module, own in owns:
+            unwrap(module, own)
+    assert all("forward" not in module.__dict__ for module in net.modules())
 
 
 def test_a_saved_profile_plans_the_same() -> None:

@@ -36,6 +36,13 @@ def test_plan_is_printed_verified_and_plotted(spec: str, tmp_path: Path, capsys)
     verified = next(line for line in out.splitlines() if line.startswith("verified:"))
     # The meter's figures add up exactly on this model: measured = predicted.
     assert "(+0.0%), budget met" in verified
+    # Below it, each wrapped module or run (the plan's lines) with its recomputation measured against predicted.
+    lines = out.splitlines()
+    start, end = lines.index(next(line for line in lines if line.startswith("Checkpoint plan"))), lines.index(verified)
+    wrapped = [line.split()[0] for line in lines[start + 1:end] if line.startswith("  ") and "excluded" not in line]
+    timed = lines[end + 2:end + 2 + len(wrapped)]
+    assert lines[end + 1] == "  recomputed per step, measured against predicted:" and wrapped
+    assert [line.split()[0] for line in timed] == wrapped and all(" against " in line for line in timed)
     assert plot.read_bytes()[:4] == b"\x89PNG"
 
 

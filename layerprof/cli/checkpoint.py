@@ -10,7 +10,7 @@ from ..metrics import DEFAULT_METRICS
 from ..plan.budget import parse_budget
 from ..plan.verify import verify_plan
 from ..profile import Profile
-from ..render.units import format_bytes, format_ms, format_signed_ms
+from ..render.checkpoint import verification_text
 from .errors import RunError, UsageError, one_line
 from .run import loss_of
 
@@ -64,17 +64,7 @@ def plan_and_verify(profile: Profile, model: nn.Module, args: tuple[Any, ...], k
         result = verify_plan(plan, model, step, repeats=3)
     except Exception as exc:
         raise RunError(f"verifying the checkpoint plan raised {one_line(exc)}") from exc
-    error = (result.measured_saved_bytes - result.predicted_saved_bytes) / max(1, result.predicted_saved_bytes)
-    lines.append(
-        f"verified: saved {format_bytes(result.measured_saved_bytes)} measured against "
-        f"{format_bytes(result.predicted_saved_bytes)} predicted ({error:+.1%}), budget "
-        f"{'met' if result.meets_budget else 'NOT met'}; step {format_ms(result.step_ms_before)} -> "
-        f"{format_ms(result.step_ms_after)} ({format_signed_ms(result.measured_extra_ms)} measured, "
-        f"{format_signed_ms(result.predicted_extra_ms)} predicted)"
-    )
-    if result.cuda_peak_bytes is not None:
-        before, after = result.cuda_peak_bytes
-        lines.append(f"CUDA max_memory_allocated: {format_bytes(before)} -> {format_bytes(after)}")
+    lines.append(verification_text(result))
     return "\n".join(lines)
 
 

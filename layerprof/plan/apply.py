@@ -10,20 +10,58 @@ holds them as saved inputs (what the planner counts as kept) rather than in a cl
 Runs of consecutive children of an ``nn.Sequential`` (``wrap_runs``) are wrapped the same way, on the Sequential:
 its instance ``forward`` calls the children in order as ``nn.Sequential.forward`` does, each run of them under one
 checkpoint, and ``unwrap`` takes it off as it does a module's.
+
+A wrapper given a ``label`` reports how long its recomputation in backward took to the ``RecomputeTimer`` active at
+the time (``verify_plan`` uses one): the forward's first run under the checkpoint is the forward, any later run of
+the same call is the recomputation.
 """
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any, Callable
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["wrap", "wrap_runs", "unwrap", "is_wrapped"]
+__all__ = ["wrap", "wrap_runs", "unwrap", "is_wrapped", "RecomputeTimer"]
 
 _MARK = "_layerprof_checkpointed"
 _MISSING = object()
+_timer: RecomputeTimer | None = None  # the active one, if any
+
+
+class RecomputeTimer:
+    """``with RecomputeTimer() as timer:`` ``timer.ms`` sums, per label, the wall time (ms) the labelled wrappers'
+    recomputations took in backward while the block ran. ``sync``: called before and after each (e.g.
+    ``torch.cuda.synchronize``, so that a recomputation's kernels are inside its time)."""
+
+    def __init__(self, sync: Callable[[], Any] | None = None) -> None:
+        self.ms: dict[str, float] = {}
+        self._sync = sync
+
+    def __enter__(self) -> RecomputeTimer:
+        global _timer
+        if _timer is not None:
+            raise RuntimeError("a RecomputeTimer is already active; they do not nest")
+        _timer = self
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        global _timer
+        _timer = None
+
+    def _run(self, label: str, forward: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        if self._sync is not None:
+            self._sync()
+        start = time.perf_counter()
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            if self._sync is not None:
+                self._sync()
+            self.ms[label] = self.ms.get(label, 0.0) + (time.perf_counter() - start) * 1e3
 
 
 class _Slot:
@@ -57,7 +95,7 @@ def _put_tensors(value: Any, tensors: tuple[Any, ...]) -> Any:
     return value
 
 
-def _checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
+def _checkpointed(forward: Callable[..., Any], label: str | None = None) -> Callable[..., Any]:
     @functools.wraps(forward)
     def run(*args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
@@ -67,10 +105,15 @@ def _checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
         # must not change what the recomputation sees.
         tensors: list[torch.Tensor] = []
         layout = _pull_tensors((args, kwargs), tensors)
+        runs = [0]  # of body for this call: the first is the forward, later ones recompute it
 
         def body(*flat: Any) -> Any:
             positional, keywords = _put_tensors(layout, flat)
-            return forward(*positional, **keywords)
+            runs[0] += 1
+            timer = _timer
+            if timer is None or label is None or runs[0] == 1:
+                return forward(*positional, **keywords)
+            return timer._run(label, forward, positional, keywords)
 
         return checkpoint(body, *tensors, use_reentrant=False, preserve_rng_state=True)
 
@@ -83,11 +126,11 @@ def is_wrapped(module: nn.Module) -> bool:
     return getattr(module.__dict__.get("forward"), _MARK, False)
 
 
-def wrap(module: nn.Module) -> Any:
+def wrap(module: nn.Module, label: str | None = None) -> Any:
     """Wrap ``module``'s forward; returns what ``unwrap`` needs to restore it (the instance's own forward or a
-    marker that it had none)."""
+    marker that it had none). ``label``: the name its recomputations are timed under by a RecomputeTimer."""
     own = module.__dict__.get("forward", _MISSING)
-    module.forward = _checkpointed(module.forward)  # type: ignore[method-assign]
+    module.forward = _checkpointed(module.forward, label)  # type: ignore[method-assign]
     return own
 
 
@@ -97,15 +140,17 @@ def _in_order(modules: tuple[nn.Module, ...], input: Any) -> Any:
     return input
 
 
-def _run_forward(sequential: nn.Sequential, spans: list[tuple[int, int]]) -> Callable[[Any], Any]:
+def _run_forward(sequential: nn.Sequential, spans: list[tuple[int, int]], labels: dict[tuple[int, int], str]
+                 ) -> Callable[[Any], Any]:
     """``nn.Sequential.forward`` with the children at each ``[first, stop)`` of ``spans`` run under one
-    checkpoint."""
+    checkpoint, labelled by ``labels``."""
     children = list(sequential)
     segments: list[Callable[[Any], Any]] = []
     position = 0
     for first, stop in sorted(spans):
         segments += children[position:first]
-        segments.append(_checkpointed(functools.partial(_in_order, tuple(children[first:stop]))))
+        segments.append(_checkpointed(functools.partial(_in_order, tuple(children[first:stop])),
+                                      labels.get((first, stop))))
         position = stop
     segments += children[position:]
 
@@ -118,15 +163,17 @@ def _run_forward(sequential: nn.Sequential, spans: list[tuple[int, int]]) -> Cal
     return forward
 
 
-def wrap_runs(sequential: nn.Module, spans: list[tuple[int, int]]) -> Any:
+def wrap_runs(sequential: nn.Module, spans: list[tuple[int, int]],
+              labels: dict[tuple[int, int], str] | None = None) -> Any:
     """Run each ``[first, stop)`` of ``sequential``'s children (positions as in slicing) under one checkpoint;
-    returns what ``unwrap`` needs. Only an ``nn.Sequential`` itself, whose forward is known."""
+    returns what ``unwrap`` needs. Only an ``nn.Sequential`` itself, whose forward is known. ``labels``: span ->
+    the name its recomputations are timed under."""
     if type(sequential) is not nn.Sequential:
         raise TypeError(f"runs of children are wrapped in an nn.Sequential only, got {type(sequential).__name__}")
     if len(list(sequential.children())) != len(sequential):
         raise ValueError("a Sequential that holds one module twice cannot have runs wrapped: wrap modules instead")
     own = sequential.__dict__.get("forward", _MISSING)
-    sequential.forward = _run_forward(sequential, spans)  # type: ignore[method-assign]
+    sequential.forward = _run_forward(sequential, spans, labels or {})  # type: ignore[method-assign]
     return own
 
 

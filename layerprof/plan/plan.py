@@ -165,12 +165,13 @@ class CheckpointPlan:
         return kept
 
     # -- applying --------------------------------------------------------------------------------------------
-    def _resolve(self, model: nn.Module) -> tuple[list[nn.Module], dict[int, tuple[nn.Module, list[tuple[int, int]]]]]:
-        """The modules to wrap, and the Sequentials with the runs (first, stop) to wrap in each."""
+    def _resolve(self, model: nn.Module
+                 ) -> tuple[dict[str, nn.Module], dict[int, tuple[nn.Module, dict[tuple[int, int], str]]]]:
+        """The modules to wrap by name, and the Sequentials with the runs to wrap in each: (first, stop) -> name."""
         if not isinstance(model, nn.Module):
             raise TypeError(f"apply takes the nn.Module the plan was made for, got {type(model).__name__}")
-        modules = []
-        sequentials: dict[int, tuple[nn.Module, list[tuple[int, int]]]] = {}
+        modules: dict[str, nn.Module] = {}
+        sequentials: dict[int, tuple[nn.Module, dict[tuple[int, int], str]]] = {}
         types = {c.name: c.type for c in self.chosen}
         for name in self.modules:
             run = parse_run(name)
@@ -189,14 +190,14 @@ class CheckpointPlan:
             if is_wrapped(module):
                 raise ValueError(f"model: module {name!r} is already wrapped by a checkpoint plan; remove() it first")
             if run is None:
-                modules.append(module)
+                modules[name] = module
                 continue
             if type(module) is not nn.Sequential or run[2] > len(module):
                 raise ValueError(
                     f"model: the plan wraps the run {name!r} of an nn.Sequential, which {run[0]!r} of this model is "
                     f"not ({type(module).__name__} of {len(list(module.children()))} children); apply the plan to "
                     f"the model it was made for (a {self.model_type})")
-            sequentials.setdefault(id(module), (module, []))[1].append(run[1:])
+            sequentials.setdefault(id(module), (module, {}))[1][run[1:]] = name
         return modules, sequentials
 
     def apply(self, model: nn.Module) -> CheckpointPlan:
@@ -206,10 +207,10 @@ class CheckpointPlan:
             raise RuntimeError("this plan is already applied; call remove() before applying it again")
         modules, sequentials = self._resolve(model)
         try:
-            for module in modules:
-                self._applied.append((module, wrap(module)))
-            for module, spans in sequentials.values():
-                self._applied.append((module, wrap_runs(module, spans)))
+            for name, module in modules.items():
+                self._applied.append((module, wrap(module, label=name)))
+            for module, runs in sequentials.values():
+                self._applied.append((module, wrap_runs(module, list(runs), labels=runs)))
         except BaseException:
             self.remove()
             raise

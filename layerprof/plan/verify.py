@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from ..collect.profiler import LayerProf
+from .apply import RecomputeTimer
 from .plan import CheckpointPlan
-from .runs import recomputed_children
 
 __all__ = ["Verification", "verify_plan"]
 
@@ -35,8 +35,9 @@ __all__ = ["Verification", "verify_plan"]
 @dataclass(frozen=True)
 class Verification:
     """Predicted against measured for one plan on one step. Times are medians over ``repeats`` steps, with and
-    without the plan interleaved. ``recompute_ms``: module -> (predicted, measured), measured as the recomputed
-    forward time of the module's children (a wrapped module's own hooks do not see its re-run; None for a leaf).
+    without the plan interleaved. ``recompute_ms``: each wrapped module or run -> (predicted, measured), measured
+    as the wall time its recomputation in backward took per step (the checkpoint's early stop included: what it
+    does not re-run is not timed), in the timed steps with the plan (no profiler on them), the median.
     ``cuda_peak_bytes``: (before, after) ``max_memory_allocated`` of a step on CUDA, else None."""
 
     predicted_saved_bytes: int
@@ -46,7 +47,7 @@ class Verification:
     measured_extra_ms: float
     step_ms_before: float
     step_ms_after: float
-    recompute_ms: dict[str, tuple[float, float | None]] = field(default_factory=dict)
+    recompute_ms: dict[str, tuple[float, float]] = field(default_factory=dict)
     cuda_peak_bytes: tuple[int, int] | None = None
 
     @property
@@ -79,16 +80,15 @@ def verify_plan(plan: CheckpointPlan, model: nn.Module, step: Callable[[], Any],
         after_peak = _cuda_peak(step) if on_cuda else None
     before: list[float] = []
     after: list[float] = []
+    recomputed: dict[str, list[float]] = {name: [] for name in plan.modules}
     for _ in range(repeats):
         before.append(_timed(step))
-        with plan.applied(model):
+        with plan.applied(model), RecomputeTimer(torch.cuda.synchronize if on_cuda else None) as timer:
             after.append(_timed(step))
-    records = prof.profile.records
-    recompute = {}
-    for chosen in plan.chosen:
-        children = recomputed_children(records, chosen.name)
-        measured = sum(child.recompute_ms or 0.0 for child in children) if children else None
-        recompute[chosen.name] = (chosen.recompute_ms, measured)
+        for name, times in recomputed.items():
+            times.append(timer.ms.get(name, 0.0))
+    recompute = {chosen.name: (chosen.recompute_ms, statistics.median(recomputed[chosen.name]))
+                 for chosen in plan.chosen}
     step_before, step_after = statistics.median(before), statistics.median(after)
     return Verification(
         predicted_saved_bytes=plan.saved_bytes_after, measured_saved_bytes=int(prof.profile.tree.saved_bytes or 0),

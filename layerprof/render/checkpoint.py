@@ -7,9 +7,9 @@ from typing import Any
 
 from .plot_save import finish_plot, plot_suffix
 from .plot_style import new_axes
-from .units import format_bytes, format_counted, format_ms, format_percent
+from .units import format_bytes, format_counted, format_ms, format_percent, format_signed_ms
 
-__all__ = ["plan_text", "plot_checkpoint", "frontier_svg", "wrapped_count"]
+__all__ = ["plan_text", "verification_text", "plot_checkpoint", "frontier_svg", "wrapped_count"]
 
 
 def plan_text(plan: Any) -> str:
@@ -29,6 +29,28 @@ def plan_text(plan: Any) -> str:
                      f"recomputes {format_ms(c.recompute_ms):>9} + wrapper {format_ms(c.wrap_ms):>9}  {rate}")
     if plan.excluded:
         lines.append(f"  excluded: {format_counted(len(plan.excluded), 'module')} (plan.excluded says why)")
+    return "\n".join(lines)
+
+
+def verification_text(result: Any) -> str:
+    """A Verification as text: saved bytes and step time measured against predicted, then each wrapped module's
+    recomputation per step, predicted against measured, and on CUDA the peak allocated memory."""
+    error = (result.measured_saved_bytes - result.predicted_saved_bytes) / max(1, result.predicted_saved_bytes)
+    lines = [
+        f"verified: saved {format_bytes(result.measured_saved_bytes)} measured against "
+        f"{format_bytes(result.predicted_saved_bytes)} predicted ({error:+.1%}), budget "
+        f"{'met' if result.meets_budget else 'NOT met'}; step {format_ms(result.step_ms_before)} -> "
+        f"{format_ms(result.step_ms_after)} ({format_signed_ms(result.measured_extra_ms)} measured, "
+        f"{format_signed_ms(result.predicted_extra_ms)} predicted)"
+    ]
+    if result.recompute_ms:
+        width = max(len(name or "<model>") for name in result.recompute_ms)
+        lines.append("  recomputed per step, measured against predicted:")
+        lines += [f"    {name or '<model>':<{width}}  {format_ms(measured):>9} against {format_ms(predicted):>9}"
+                  for name, (predicted, measured) in result.recompute_ms.items()]
+    if result.cuda_peak_bytes is not None:
+        before, after = result.cuda_peak_bytes
+        lines.append(f"CUDA max_memory_allocated: {format_bytes(before)} -> {format_bytes(after)}")
     return "\n".join(lines)
 
 
