@@ -141,6 +141,20 @@ def test_units_are_formatted_in_one_place() -> None:
     assert format_percent(1, 0) == "—"
 
 
+def test_values_that_round_up_take_the_next_unit_and_never_an_exponent() -> None:
+    from layerprof.render.units import format_ratio
+
+    # 999.6 µs printed as "1e+03 µs" in a BERT embedding's forward; 1,010 KiB as "1.01e+03 KiB".
+    assert format_ms(0.9996) == "1 ms" and format_ms(-0.9996) == "-1 ms" and format_ms(0.9994) == "999 µs"
+    assert format_ms(99.97) == "100 ms" and format_ms(999.7) == "1 s" and format_ms(1_234_567) == "1235 s"
+    assert format_bytes(1010 * 1024) == "1010 KiB"  # below 1024 KiB: still KiB, written out
+    assert format_bytes(1023.9 * 1024) == "1 MiB" and format_bytes(1023.9 * 2**20) == "1 GiB"
+    assert format_flops(999.7e6) == "1 GFLOPs" and format_count(999_700) == "1M" and format_count(999.7) == "1000"
+    assert format_ratio(1234.5) == "1234x" and format_ratio(0.5) == "0.5x"
+    texts = [f(v) for v in (0.9996, 999.6, 1023.9 * 1024, 1e15) for f in (format_ms, format_bytes, format_flops)]
+    assert not any("e+" in text for text in texts), texts
+
+
 def test_counts_are_singular_for_one() -> None:
     from layerprof.render.units import format_counted
 

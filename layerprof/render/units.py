@@ -12,16 +12,29 @@ __all__ = [
 MISSING = "—"
 
 
+def _shown(magnitude: float) -> float:
+    """``magnitude`` as ``_three`` shows it: 999.7 shows as 1000 (and 1023.9 as 1024), so it takes the next unit."""
+    return float(_three(magnitude))
+
+
+def _three(value: float) -> str:
+    """Three significant digits and never an exponent: '12.3', '0.5', '1010' (a KiB count below 1024)."""
+    text = f"{value:.3g}"
+    return f"{value:.0f}" if "e+" in text else text
+
+
 def format_ms(ms: float | None) -> str:
     """Milliseconds as µs, ms or s with three significant-ish digits: ``format_ms(0.0123) == '12.3 µs'``."""
     if ms is None:
         return MISSING
     magnitude = abs(ms)
-    if magnitude >= 1000:
-        return f"{ms / 1000:.3g} s"
-    if magnitude >= 1 or ms == 0:
-        return f"{ms:.3g} ms" if magnitude < 100 else f"{ms:.0f} ms"
-    return f"{ms * 1000:.3g} µs"
+    if ms != 0 and _shown(magnitude * 1000) < 1000:
+        return f"{_three(ms * 1000)} µs"
+    if _shown(magnitude) < 100:
+        return f"{_three(ms)} ms"
+    if round(magnitude) < 1000:
+        return f"{ms:.0f} ms"
+    return f"{_three(ms / 1000)} s"
 
 
 def format_signed_ms(ms: float | None) -> str:
@@ -34,11 +47,11 @@ def format_signed_ms(ms: float | None) -> str:
 def _scaled(value: float, base: float, units: tuple[str, ...], suffix: str) -> str:
     magnitude = abs(value)
     for unit in units[:-1]:
-        if magnitude < base:
-            return f"{value:.3g}{unit}{suffix}" if unit.strip() else f"{value:g}{unit}{suffix}"
+        if (_shown(magnitude) if unit.strip() else magnitude) < base:
+            return f"{_three(value)}{unit}{suffix}" if unit.strip() else f"{value:g}{unit}{suffix}"
         value /= base
         magnitude /= base
-    return f"{value:.3g}{units[-1]}{suffix}"
+    return f"{_three(value)}{units[-1]}{suffix}"
 
 
 def format_counted(count: float, singular: str, plural: str | None = None, shown: str | None = None) -> str:
@@ -59,7 +72,7 @@ def format_count(value: float | None) -> str:
     if value is None:
         return MISSING
     if abs(value) < 1000 and value != int(value):
-        return f"{value:.3g}"
+        return _three(value)
     return _scaled(float(value), 1000.0, ("", "k", "M", "G", "T", "P"), "")
 
 
@@ -96,7 +109,7 @@ def format_ratio(ratio: float | None) -> str:
     """A ratio ``b / a`` as a multiplier: ``format_ratio(0.5) == '0.5x'``."""
     if ratio is None:
         return MISSING
-    return f"{ratio:.3g}x"
+    return f"{_three(ratio)}x"
 
 
 def format_plain(value: object) -> str:
