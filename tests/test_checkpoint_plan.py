@@ -113,6 +113,10 @@ def test_budget_edges() -> None:
     assert f"least saved memory any plan reaches is {impossible.least_reachable_bytes} bytes" in impossible.note
     # The least reachable is what wrapping the whole model keeps: its input (8 x 16 float32 = 512 bytes).
     assert impossible.least_reachable_bytes == 512
+    # A forward under no_grad saved nothing: the note says so rather than "not below today's saved memory".
+    with LayerProf(model, metrics=("memory",)) as inference, torch.no_grad():
+        model(x)
+    assert inference.checkpoint_plan(0.5).note.startswith("the profiled step saved nothing for backward")
     with pytest.raises(ValueError, match="cannot read budget 'half'"):
         prof.checkpoint_plan("half")
     with pytest.raises(ValueError, match="resolution"):
@@ -159,6 +163,22 @@ def test_pareto_and_plot(tmp_path) -> None:
     assert (tmp_path / "frontier.png").read_bytes()[:4] == b"\x89PNG"
     text = str(plan)
     assert text.startswith("Checkpoint plan for Sequential:") and all(name in text for name in plan.modules)
+
+
+def test_out_of_reach_for_side_effects_says_what_allowing_them_reaches() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.BatchNorm1d(64), nn.Tanh(), nn.Linear(64, 64), nn.BatchNorm1d(64))
+    x = torch.randn(8, 16)
+    prof = _profile(model, lambda: model(x).sum().backward())
+    plan = prof.checkpoint_plan(0.25)
+    # Every module holding a BatchNorm is excluded (the two BNs and the model): the Linears and the Tanh free only
+    # what they alone save, and the BNs' inputs stay. Allowed, wrapping the whole model keeps only x: 8 x 16 x 4 B.
+    assert not plan.feasible and set(plan.excluded) == {"", "1", "4"}
+    allowed = prof.checkpoint_plan(0.25, allow_side_effects=True)
+    assert allowed.feasible and allowed.least_reachable_bytes == 8 * 16 * 4
+    assert plan.note.endswith(f"with allow_side_effects=True (3 modules excluded for side effects on recompute, "
+                              f"such as BatchNorm's running statistics) a plan reaches {8 * 16 * 4} bytes")
+    assert "allow_side_effects" not in prof.checkpoint_plan(0, runs=False, allow_side_effects=True).note
 
 
 def test_verify_plan() -> None:

@@ -30,6 +30,7 @@ from .._check import check_bool
 from ..metrics.checkpoint_bytes import STORAGES_ATTRIBUTE, saved_after
 from ..record.records import ModuleRecord, preorder
 from ..render.checkpoint import plan_text, wrapped_count
+from ..render.units import format_counted
 from .apply import is_wrapped, unwrap, wrap, wrap_runs
 from .budget import parse_budget
 from .candidates import Candidate, Priced, candidates, descendant_calls, require_figures
@@ -107,12 +108,15 @@ class CheckpointPlan:
             solution = self._cheaper_within(solution, need, budget_bytes)
         self.feasible = solution is not None
         self.note: str | None = None
-        if need <= 0:
+        if self.saved_bytes_before == 0:
+            self.note = ("the profiled step saved nothing for backward (was its forward run under torch.no_grad or "
+                         "inference_mode?): nothing to wrap")
+        elif need <= 0:
             self.note = (f"the budget ({budget_bytes} bytes) is not below today's saved memory "
                          f"({self.saved_bytes_before} bytes): nothing to wrap")
         elif solution is None:
             self.note = (f"the budget ({budget_bytes} bytes) cannot be met: the least saved memory any plan "
-                         f"reaches is {self.least_reachable_bytes} bytes")
+                         f"reaches is {self.least_reachable_bytes} bytes{self._side_effects_hint(found)}")
         chosen = solution.chosen if solution is not None else ()
         self.chosen = [ChosenModule(o.name, "Sequential" if isinstance(o, RunOption) else o.type, o.freed_bytes,
                                     o.kept_bytes, o.recompute_ms, o.wrap_ms,
@@ -123,6 +127,19 @@ class CheckpointPlan:
                                                    sum(c.net_bytes for c in self.chosen))
         self.extra_ms = float(sum(c.cost_ms for c in self.chosen))
         self._applied: list[tuple[nn.Module, Any]] = []
+
+    def _side_effects_hint(self, found: list[Candidate]) -> str:
+        """Where modules excluded for their side effects keep the budget out of reach: what allowing them reaches."""
+        held = [c.excluded is not None and c.excluded.startswith("side effects") for c in found]
+        if not any(held):
+            return ""
+        weights = [max(0, c.net_bytes) if hold else weight for c, hold, weight in zip(found, held, self._weights)]
+        reachable, most = best_reachable(weights, self._ends, self._options)
+        allowed = self._saved_after(most, reachable)
+        if allowed >= self.least_reachable_bytes:
+            return ""
+        return (f"; with allow_side_effects=True ({format_counted(sum(held), 'module')} excluded for side effects on "
+                f"recompute, such as BatchNorm's running statistics) a plan reaches {allowed} bytes")
 
     def _option(self, number: int) -> Candidate | RunOption:
         """A solution's option: a module's candidate, or a run (numbered after the modules)."""
