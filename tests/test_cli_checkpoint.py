@@ -16,6 +16,11 @@ def Net():
     torch.manual_seed(0)
     blocks = [nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64), nn.Tanh()) for _ in range(3)]
     return nn.Sequential(nn.Linear(16, 64), *blocks, nn.Linear(64, 1))
+
+
+def Normed():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 64), nn.BatchNorm1d(64), nn.Tanh(), nn.Linear(64, 64), nn.BatchNorm1d(64))
 '''
 
 
@@ -50,7 +55,23 @@ def test_plan_is_printed_verified_and_plotted(spec: str, tmp_path: Path, capsys)
     (["--checkpoint-budget", "lots"], "--checkpoint-budget: cannot read budget 'lots'"),
     (["--checkpoint-budget", "50%", "--eval"], "plans a training step: drop --eval"),
     (["--plot", "x.png", "--plot-kind", "checkpoint"], "--plot-kind checkpoint draws the plans for a budget"),
+    (["--allow-side-effects"], "--allow-side-effects is for a checkpoint plan: add --checkpoint-budget"),
 ])
 def test_bad_options_fail_before_the_model_is_built(spec: str, extra: list[str], words: str, capsys) -> None:
     assert main([spec, "-i", "32,16", *extra]) == 2
     assert words in capsys.readouterr().err
+
+
+def test_side_effects_are_allowed_by_a_flag(spec: str, capsys) -> None:
+    # Every module holding a BatchNorm is excluded by default, and 25 % is then out of reach; the note says what
+    # allowing them reaches (wrapping the whole model keeps only its input, 32 x 16 x 4 B = 2 KiB), and the flag
+    # does it.
+    argv = [spec.replace(":Net", ":Normed"), "-i", "32,16", "--steps", "1", "--warmup", "0", "--depth", "0",
+            "--checkpoint-budget", "25%"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "0 modules wrapped" in out and "with allow_side_effects=True (3 modules excluded" in out
+    assert "(--allow-side-effects lets the plan recompute them)" in out and "verified:" not in out
+    assert main([*argv, "--allow-side-effects"]) == 0
+    out = capsys.readouterr().out
+    assert "allow_side_effects" not in out and "verified:" in out and "budget met" in out

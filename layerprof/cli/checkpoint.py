@@ -23,6 +23,8 @@ def check_checkpoint_options(options: argparse.Namespace) -> None:
     if options.plot_kind == "checkpoint" and budget is None:
         raise UsageError("--plot-kind checkpoint draws the plans for a budget: add --checkpoint-budget 50%")
     if budget is None:
+        if options.allow_side_effects:
+            raise UsageError("--allow-side-effects is for a checkpoint plan: add --checkpoint-budget 50%")
         return
     try:
         parse_budget(_number(budget), 1)
@@ -51,8 +53,10 @@ def _number(text: str) -> Any:
 def plan_and_verify(profile: Profile, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                     options: argparse.Namespace) -> str:
     """The plan's text and, below it, predicted against measured on the model."""
-    plan = profile.checkpoint_plan(_number(options.checkpoint_budget))
+    plan = profile.checkpoint_plan(_number(options.checkpoint_budget), allow_side_effects=options.allow_side_effects)
     lines = [str(plan)]
+    if plan.note and "allow_side_effects=True" in plan.note:
+        lines.append("  (--allow-side-effects lets the plan recompute them)")
     if not plan.modules:
         return "\n".join(lines)
 

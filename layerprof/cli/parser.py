@@ -119,6 +119,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     model.add_argument("--checkpoint-budget", metavar="BUDGET",
                        help="plan which modules to recompute so that the memory saved for backward fits BUDGET "
                             "(50%%, 0.5, 2GiB, bytes), print the plan and verify it on the model")
+    model.add_argument("--allow-side-effects", action="store_true",
+                       help="with --checkpoint-budget: let the plan recompute modules with side effects (BatchNorm "
+                            "in training: its running statistics then move twice a step)")
     shown = parser.add_argument_group("output")
     shown.add_argument("--depth", type=_depth, default=2, metavar="N",
                        help="expand modules down to this depth, root = 0; 'all' for every level (default 2)")
