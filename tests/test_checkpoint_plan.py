@@ -179,6 +179,7 @@ def test_out_of_reach_for_side_effects_says_what_allowing_them_reaches() -> None
     assert plan.note.endswith(f"with allow_side_effects=True (3 modules excluded for side effects on recompute, "
                               f"such as BatchNorm's running statistics) a plan reaches {8 * 16 * 4} bytes")
     assert "allow_side_effects" not in prof.checkpoint_plan(0, runs=False, allow_side_effects=True).note
+    assert str(plan).endswith("excluded: 3 modules (3 side effects on recompute; plan.excluded names them)")
 
 
 def test_verify_plan() -> None:

@@ -28,7 +28,13 @@ def plan_text(plan: Any) -> str:
         lines.append(f"  {c.name or '<model>':<{width}}  {c.type:<20} frees {format_bytes(c.net_bytes):>10}  "
                      f"recomputes {format_ms(c.recompute_ms):>9} + wrapper {format_ms(c.wrap_ms):>9}  {rate}")
     if plan.excluded:
-        lines.append(f"  excluded: {format_counted(len(plan.excluded), 'module')} (plan.excluded says why)")
+        reasons: dict[str, int] = {}
+        for why in plan.excluded.values():
+            short = why.split(":")[0].split(" (")[0].split(";")[0]  # "side effects on recompute", "shared", ...
+            reasons[short] = reasons.get(short, 0) + 1
+        counts = ", ".join(f"{count} {reason}" for reason, count in sorted(reasons.items(), key=lambda r: -r[1]))
+        lines.append(f"  excluded: {format_counted(len(plan.excluded), 'module')} ({counts}; plan.excluded names "
+                     "them)")
     return "\n".join(lines)
 
 
