@@ -7,17 +7,18 @@ For each model and budget (25 %, 50 %, 75 % of today's saved-for-backward bytes)
 against measured. Saved bytes: the memory meter's on the wrapped model. Extra step time, predicted: the profiled
 forward time (the median over five steps, wall time) less the tail that checkpointing's early stop skips and the
 profiler's own hooks on the calls inside (``meta["hook_ms"]`` each), plus the checkpoint wrapper's own cost as
-``wrap_cost`` measures it. Measured: the median of paired differences, a step with the plan and a step without
-run back to back in alternating order (A B, then B A: a linear drift cancels), in process CPU time so that other
-work on a shared machine does not count (``paired.py``). Every timed step gets ``--repeats`` pairs; a plan's step
-then gets more, two at a time, until the distribution-free 95 % confidence interval of its median difference
-(order statistics) is at most 10 % of the predicted extra time (or 1 ms) either side, or it has ``--max-repeats``
-pairs. The rule reads the interval's width, never where the median lies, so it does not bias the figure; the
-noisy plans (the 75 % plans of ResNet-50, DenseNet and the MLP, whose paired differences spread over ±30-100 % of
-themselves) get up to about three times the pairs. Printed beside the figure: the interval and the pairs it took,
-the interquartile range of the differences, and each step's minor page faults (median, plain / with the plan: the
-allocator's fresh pages are a cost the planner does not model). *within* is the issue's test, unchanged: the
-median against the prediction, 25 % or 2 ms; the count of intervals wholly outside that band is printed too.
+``wrap_cost`` measures it. Measured: the median of paired differences, a step with the plan and a step without run
+back to back in alternating order (A B, then B A: a linear drift cancels), in process CPU time so that other work on
+a shared machine does not count (``paired.py``). Every timed step gets ``--repeats`` pairs; a plan's step then gets
+more, two at a time, until the distribution-free 95 % confidence interval of its median difference (order
+statistics) is at most 10 % of the predicted extra time (or 1 ms) either side, or it has ``--max-repeats`` pairs
+(those run the plan's step against the plain one alone, without the peers' steps between them). The rule reads the
+interval's width, never where the median lies, so it does not bias the figure; the noisy plans (the 75 % plans of
+ResNet-50, DenseNet and the MLP, whose paired differences spread over ±30-100 % of themselves) get up to about three
+times the pairs. Printed beside the figure: the interval and the pairs it took, the interquartile range of the
+differences, and each step's minor page faults (median, plain / with the plan: the allocator's fresh pages are a
+cost the planner does not model). *within* is the issue's test, unchanged: the median against the prediction, 25 %
+or 2 ms; the count of intervals wholly outside that band is printed too.
 
 Beside the plan in the same run: wrapping every block of the model's natural repeated unit (every transformer
 layer, ResNet bottleneck, dense layer), and on the sequential model ``torch.utils.checkpoint.checkpoint_sequential``
@@ -313,7 +314,8 @@ def planning_time(count: int = 10_000) -> float:
     return time.perf_counter() - start
 
 
-def _calibrated_run(name: str, scale: str, repeats: int, cap: int) -> tuple[list[dict[str, Any]], tuple[float, float, float]]:
+def _calibrated_run(name: str, scale: str, repeats: int, cap: int
+                    ) -> tuple[list[dict[str, Any]], tuple[float, float, float]]:
     """One model's rows, and the wrapper's and the hooks' cost as this process measured them (they are cached per
     process, so measured once before the model runs, as its plans will use them)."""
     torch.set_num_threads(1)
@@ -345,7 +347,8 @@ def main() -> None:
             found, calibration = _calibrated_run(name, args.scale, args.repeats, args.max_repeats)
         else:
             with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-                found, calibration = pool.submit(_calibrated_run, name, args.scale, args.repeats, args.max_repeats).result()
+                found, calibration = pool.submit(_calibrated_run, name, args.scale, args.repeats,
+                                                 args.max_repeats).result()
         rows += found
         calibrations.append(f"{name} {calibration[0]:.3f} ms + {calibration[1] * 1e3:.1f} us, {calibration[2] * 1e3:.1f} us")
     hits = sum(within(row["predicted_ms"], row["plan_ms"]) for row in rows)
