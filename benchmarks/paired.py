@@ -114,13 +114,16 @@ def run_pairs(base: Callable[[], Any], steps: dict[str, Callable[[], Any]], repe
     return found
 
 
+_LEAST = 6  # pairs below which no order statistics make a 95 % interval of the median (median_ci)
+
+
 def extend(base: Callable[[], Any], step: Callable[[], Any], paired: Paired, half_width: float, cap: int) -> Paired:
     """More pairs of ``step`` against ``base`` until the 95 % interval of the median difference is at most
-    ``half_width`` either side, or there are ``cap`` pairs; checked at even counts only, so that as many pairs ran
-    base first as change first."""
+    ``half_width`` either side, or there are ``cap`` pairs; checked at even counts of at least 6 only, so that as
+    many pairs ran base first as change first and the interval is a 95 % one."""
     while len(paired.differences) < cap:
         count = len(paired.differences)
-        if count % 2 == 0 and paired.half_width <= half_width:
+        if count % 2 == 0 and count >= _LEAST and paired.half_width <= half_width:
             break
         _one_pair(base, step, count + 1, paired)  # index as in run_pairs, where index 0 was the warm-up round
     return paired

@@ -44,10 +44,15 @@ def test_run_pairs_alternates_order_after_a_warm_up_round() -> None:
 def test_extend_stops_at_an_even_count_once_narrow() -> None:
     log: list[str] = []
     base, plan = _steps(log)
-    paired = Paired(differences=[0.0, 0.1, 0.2], bases=[1.0] * 3, faults=[(0, 0)] * 3)
+    paired = Paired(differences=[0.0, 0.1, 0.2, 0.3, 0.4], bases=[1.0] * 5, faults=[(0, 0)] * 5)
     extend(base, plan, paired, half_width=1e9, cap=20)
-    # 3 pairs is an odd count: one more (index 4, base first) and the interval (any width) is narrow enough
-    assert len(paired.differences) == 4 and log == ["base", "plan"]
+    # 5 pairs is an odd count: one more (index 6, base first), and at 6 the interval (any width) is narrow enough
+    assert len(paired.differences) == 6 and log == ["base", "plan"]
+    log.clear()
+    few = Paired(differences=[0.0, 0.1], bases=[1.0] * 2, faults=[(0, 0)] * 2)
+    extend(base, plan, few, half_width=1e9, cap=20)
+    # under 6 pairs there is no 95 % interval yet: 4 more pairs (indices 3..6), 8 steps, however wide it may be
+    assert len(few.differences) == 6 and len(log) == 8
 
 
 def test_extend_runs_to_the_cap_while_wide() -> None:
