@@ -59,6 +59,13 @@ class ModuleRecord(NodeMixin):
     # is first read: a summary or a table never reads them, and a row is made from the tuples.
     _timings: list[tuple[Any, ...]] | tuple[()] = ()
     _call_times: list[CallTiming] | None = None
+    # Not measured until a fill writes them: the class's None, so a new record sets none of them (a record's own
+    # dict is read with its class's defaults by attribute, and as None by a row).
+    forward_ms: float | None = None
+    backward_ms: float | None = None
+    self_forward_ms: float | None = None
+    self_backward_ms: float | None = None
+    recompute_ms: float | None = None
 
     def __init__(self, name: str, type: str, extra_repr: str = "", parent: ModuleRecord | None = None) -> None:
         self.name = name
@@ -66,11 +73,6 @@ class ModuleRecord(NodeMixin):
         self.extra_repr = extra_repr
         self.aliases: list[str] = []
         self.calls: int | float = 0
-        self.forward_ms: float | None = None
-        self.backward_ms: float | None = None
-        self.self_forward_ms: float | None = None
-        self.self_backward_ms: float | None = None
-        self.recompute_ms: float | None = None
         self.steps = 0
         self.steps_run = 0
         if parent is not None:
