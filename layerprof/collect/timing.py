@@ -28,14 +28,16 @@ class StepTimes:
     __slots__ = ("calls", "forward_ms", "backward_ms", "self_forward_ms", "self_backward_ms", "recompute_ms",
                  "timings")
 
-    def __init__(self) -> None:
-        self.calls = 0
-        self.forward_ms: float | None = None
-        self.backward_ms: float | None = None
-        self.self_forward_ms: float | None = None
-        self.self_backward_ms: float | None = None
+    def __init__(self, calls: int = 0, forward_ms: float | None = None, backward_ms: float | None = None,
+                 self_forward_ms: float | None = None, self_backward_ms: float | None = None,
+                 timings: list[tuple[Any, ...]] | None = None) -> None:
+        self.calls = calls
+        self.forward_ms = forward_ms
+        self.backward_ms = backward_ms
+        self.self_forward_ms = self_forward_ms
+        self.self_backward_ms = self_backward_ms
         self.recompute_ms: float | None = None
-        self.timings: list[tuple[Any, ...]] = []  # CallTiming's fields, in order
+        self.timings: list[tuple[Any, ...]] = [] if timings is None else timings  # CallTiming's fields, in order
 
     @property
     def call_times(self) -> list[CallTiming]:
@@ -207,10 +209,15 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
             continue
         name = call.name
         times = result.get(name)
+        _, forward_ms, _, backward_ms, recompute, _, recursive = timing
         if times is None:
+            if not recompute and not recursive:  # the common case, a module's first call: its values as they are
+                own = None if backward_ms is None else backward_ms - children_backward.get(call, 0.0)
+                result[name] = StepTimes(1, forward_ms, backward_ms, forward_ms - children_forward.get(call, 0.0),
+                                         None if own is None else own if own > 0.0 else 0.0, [timing])
+                continue
             times = result[name] = StepTimes()
         times.timings.append(timing)
-        _, forward_ms, _, backward_ms, recompute, _, recursive = timing
         if recompute:
             if not recursive:
                 times.recompute_ms = (times.recompute_ms or 0.0) + forward_ms
