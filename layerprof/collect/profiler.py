@@ -562,7 +562,7 @@ class LayerProf:
         """Modules in the model now that were never hooked (put into ``_modules`` without registration)."""
         names = self._names
         plan = self._plan
-        if plan is not None and len(self.records) == self._built and plan.same_children([m for _, m in self._entries]):
+        if plan is not None and len(self.records) == self._built and plan.same_children(list(map(_second, self._entries))):
             return  # the model holds the modules it held at the start, each hooked
         if all(id(module) in names for module in _modules_in(self.model)):
             return
