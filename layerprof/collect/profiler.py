@@ -152,7 +152,8 @@ def _read_reprs(entries: list[tuple[str, nn.Module]], records: dict[str, ModuleR
     """Each record's type and ``extra_repr``, read after the step, not at enter: a lazy module shows what it
     materialised as (LazyLinear becomes a Linear with its in_features), as the model's own repr does. ``plan``:
     the block's plan when its entries are the plan's, whose records have their modules' class names already:
-    written again only if a class changed. A class without an ``extra_repr`` of its own (containers) has ""."""
+    written again only if a class changed. A module whose class and instance have no ``extra_repr`` of their own
+    (containers) has nn.Module's, which is ""."""
     modules = list(map(_second, entries))
     types = list(map(type, modules))
     if plan is None or plan.key is None or types != plan.key[0]:
@@ -160,7 +161,7 @@ def _read_reprs(entries: list[tuple[str, nn.Module]], records: dict[str, ModuleR
             records[name].type = kind.__name__
     plain = _PLAIN_REPR
     for (name, module), kind in zip(entries, types):
-        if kind.extra_repr is not plain:
+        if kind.extra_repr is not plain or "extra_repr" in module.__dict__:  # (one set on the instance)
             records[name].extra_repr = module.extra_repr()
 
 
