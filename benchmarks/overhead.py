@@ -8,7 +8,8 @@ in one run, each round interleaving a plain step with every variant:
 
 - layerprof steady: one LayerProf whose schedule alternates hook-free and profiled steps (what a loop pays);
 - layerprof one-shot: a fresh ``with LayerProf(model)`` around the step, set-up and tear-down included (the
-  design card's usage);
+  design card's usage); "one-shot + read" also reads every record's ``call_times`` after the block (made when
+  first read, so the one-shot figure alone would hide that work);
 - the peers, each around one step the way their users run them: torch.profiler (CPU activity, with_stack=True),
   DeepSpeed's flops profiler (start/stop/end_profile; skipped when deepspeed is not installed), and the seed
   tool's mechanism (forward hooks plus register_full_backward_(pre_)hook per module).
@@ -74,6 +75,23 @@ class FullBackwardHookTimer:
     def __exit__(self, *exc: Any) -> None:
         for handle in self.handles:
             handle.remove()
+
+
+class OneShotRead:
+    """A one-shot ``with LayerProf(model)`` whose profile is then read once: every record's ``call_times``, which a
+    record makes from the collected tuples when first read (the work a one-shot block no longer does)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.prof = LayerProf(model)
+
+    def __enter__(self) -> OneShotRead:
+        self.prof.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.prof.__exit__(*exc)
+        for record in self.prof.profile.records.values():
+            record.call_times
 
 
 def resnet18() -> tuple[nn.Module, Callable[[], torch.Tensor]]:
@@ -242,6 +260,7 @@ def main() -> None:
     wrappers: dict[str, Callable[[nn.Module], Any] | None] = {
         "plain": None,
         "layerprof_oneshot": LayerProf,
+        "layerprof_oneshot_read": OneShotRead,
         "full_backward_hooks": FullBackwardHookTimer,
         "torch_profiler_stack": TorchProfiler,
     }
@@ -288,6 +307,10 @@ def print_targets(results: dict[str, dict[str, float]]) -> None:
         print(f"  {label}: plain step {plain:.2f} ms (twin {twin:.2f} ms); steady {steady:.3f} ({steady * plain:.2f} "
               f"ms), one-shot {oneshot:.3f} ({oneshot * twin:.2f} ms), torch.profiler {torchprof:.3f} "
               f"({torchprof * twin:.2f} ms)")
+        read = r.get("layerprof_oneshot_read_ratio")
+        if read is not None:
+            print(f"    one-shot + reading every call_times {read:.3f} ({read * twin:.2f} ms), / steady step "
+                  f"{read / steady:.3f}")
         print(f"    one-shot step / steady step {oneshot / steady:.3f}; one-shot overhead / steady overhead "
               f"{(oneshot - 1) / (steady - 1) if steady != 1 else float('nan'):.2f}; overhead / torch.profiler's: "
               f"one-shot {(oneshot - 1) / (torchprof - 1) if torchprof != 1 else float('nan'):.2f}, steady "

@@ -25,6 +25,8 @@ def check_int(name: str, value: Any, *, minimum: int | None = 0, none: bool = Fa
     ...
     TypeError: warmup must be an int >= 0, got '2' (str)
     """
+    if type(value) is int and (minimum is None or value >= minimum):
+        return value  # the common case, without the message made or the ABC check
     allowed = "an int" + ("" if minimum is None else f" >= {minimum}") + (" or None" if none else "")
     if value is None and none:
         return None

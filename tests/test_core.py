@@ -73,6 +73,23 @@ def test_shared_module_counts_every_call() -> None:
     assert backward_starts == sorted(backward_starts, reverse=True)
 
 
+def test_call_times_are_made_when_read_and_rows_need_none_made() -> None:
+    model = SharedLoop()
+    with LayerProf(model) as prof:
+        model(torch.randn(2, 8, requires_grad=True)).sum().backward()
+    cell = prof.records["cell"]
+    # A row is made from the collected tuples: no CallTiming object exists until call_times is read.
+    row_timings = prof.to_dict()["cell"]["call_times"]
+    assert cell._call_times is None and len(row_timings) == 3  # the cell runs 3 times
+    timings = cell.call_times
+    assert cell.call_times is timings  # made once
+    assert [timing.to_dict() for timing in timings] == row_timings
+    assert [timing.step for timing in timings] == [0, 0, 0] and not any(timing.recompute for timing in timings)
+    # A list set by hand (as loading does) is kept as given, rows included.
+    cell.call_times = timings[:1]
+    assert len(prof.records["cell"].call_times) == 1 and len(prof.to_dict()["cell"]["call_times"]) == 1
+
+
 def test_inplace_ops_after_hooked_modules() -> None:
     model = Residual()
     x = torch.randn(4, 8, requires_grad=True)

@@ -64,6 +64,31 @@ def test_an_unchanged_model_reuses_the_walk(monkeypatch: pytest.MonkeyPatch) -> 
     assert [calls for _, _, calls, _, _ in first.values()] == [1, 1, 1, 0, 1, 1]
 
 
+def test_types_and_extra_reprs_are_read_at_every_exit_of_a_reused_plan() -> None:
+    model = Net()
+
+    def shown(prof: LayerProf) -> dict[str, tuple[str, str]]:
+        return {name: (record.type, record.extra_repr) for name, record in prof.records.items()}
+
+    def expected() -> dict[str, tuple[str, str]]:
+        return {name: (type(module).__name__, module.extra_repr()) for name, module in model.named_modules()}
+
+    with LayerProf(model) as prof:
+        model(torch.randn(2, 8)).sum().backward()
+    assert shown(prof) == expected() and shown(prof)["blocks"] == ("ModuleList", "")
+    plan = reuse._PLANS[model]
+    # Changed between blocks, and covered by no fingerprint: a hyperparameter, and an extra_repr set on a container's
+    # instance; inside the block, a class (the plan's class names then no longer hold).
+    model.blocks[1].inplace = True
+    model.blocks.extra_repr = lambda: "two blocks"
+    with LayerProf(model) as prof:
+        model(torch.randn(2, 8)).sum().backward()
+        model.blocks[1].__class__ = nn.ReLU6
+    assert reuse._PLANS[model] is plan  # the block reused the plan
+    assert shown(prof) == expected()
+    assert shown(prof)["blocks"] == ("ModuleList", "two blocks") and shown(prof)["blocks.1"] == ("ReLU6", "inplace=True")
+
+
 def _swap(m: Net) -> None:
     m.a, m.b = m.b, m.a
 

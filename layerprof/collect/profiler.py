@@ -6,7 +6,7 @@ import itertools
 import os
 import sys
 import warnings
-from operator import is_
+from operator import is_, itemgetter
 from typing import Any, Callable, Iterable, TypeVar
 
 import torch
@@ -38,6 +38,7 @@ from .recompute import roll_up_recompute
 __all__ = ["LayerProf"]
 
 _T = TypeVar("_T")
+_second = itemgetter(1)
 
 # Modules currently hooked by some LayerProf: two profilers on one module would time each other's hooks.
 # Keyed by id(module): a running profiler holds its modules (``_entries``) until its teardown removes them here,
@@ -142,6 +143,26 @@ def _example_probe(example: dict[str, Any]) -> Callable[..., None]:
         return None
 
     return probe
+
+
+_PLAIN_REPR = nn.Module.extra_repr
+
+
+def _read_reprs(entries: list[tuple[str, nn.Module]], records: dict[str, ModuleRecord], plan: reuse.Plan | None) -> None:
+    """Each record's type and ``extra_repr``, read after the step, not at enter: a lazy module shows what it
+    materialised as (LazyLinear becomes a Linear with its in_features), as the model's own repr does. ``plan``:
+    the block's plan when its entries are the plan's, whose records have their modules' class names already:
+    written again only if a class changed. A module whose class and instance have no ``extra_repr`` of their own
+    (containers) has nn.Module's, which is ""."""
+    modules = list(map(_second, entries))
+    types = list(map(type, modules))
+    if plan is None or plan.key is None or types != plan.key[0]:
+        for (name, _), kind in zip(entries, types):
+            records[name].type = kind.__name__
+    plain = _PLAIN_REPR
+    for (name, module), kind in zip(entries, types):
+        if kind.extra_repr is not plain or "extra_repr" in module.__dict__:  # (one set on the instance)
+            records[name].extra_repr = module.extra_repr()
 
 
 def _result(method: Callable[..., _T]) -> Callable[..., _T]:
@@ -542,7 +563,7 @@ class LayerProf:
         """Modules in the model now that were never hooked (put into ``_modules`` without registration)."""
         names = self._names
         plan = self._plan
-        if plan is not None and len(self.records) == self._built and plan.same_children([m for _, m in self._entries]):
+        if plan is not None and len(self.records) == self._built and plan.same_children(list(map(_second, self._entries))):
             return  # the model holds the modules it held at the start, each hooked
         if all(id(module) in names for module in _modules_in(self.model)):
             return
@@ -572,11 +593,7 @@ class LayerProf:
                 f"only one step was profiled, and metrics {distorting} slowed it down: its times include their "
                 "overhead. Profile several steps (call prof.step() after each) for clean times.",
             )
-        for name, module in self._entries:
-            # Read after the step, not at enter: a lazy module shows what it materialised as (LazyLinear becomes
-            # a Linear with its in_features), as the model's own repr does.
-            record = self.records[name]
-            record.type, record.extra_repr = type(module).__name__, module.extra_repr()
+        _read_reprs(self._entries, self.records, self._plan if len(self._entries) == self._built else None)
         self._stats.fill(self.records)
         roll_up_recompute(self.records, self.tree)
         for meter in self.metrics:

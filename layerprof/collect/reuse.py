@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import weakref
 from itertools import chain
-from operator import attrgetter, is_not
+from operator import attrgetter, is_not, itemgetter
 from functools import partial
 from typing import Any, Callable
 
@@ -27,10 +27,13 @@ from ..record.records import ModuleRecord, module_paths
 
 __all__ = ["Plan", "plan_for", "known", "fingerprint"]
 
-_children = attrgetter("_modules")
-_params = attrgetter("_parameters")
-_buffers = attrgetter("_buffers")
-_pre_hooks = attrgetter("_forward_pre_hooks")
+# Read from each module's ``__dict__``: ``nn.Module`` defines ``__getattr__``, so every attribute read on a module
+# goes through a slower path than a read of its dict (about 80 ns against 25 per module and field).
+_own = attrgetter("__dict__")
+_children = itemgetter("_modules")
+_params = itemgetter("_parameters")
+_buffers = itemgetter("_buffers")
+_pre_hooks = itemgetter("_forward_pre_hooks")
 _tensor_key = attrgetter("dtype", "requires_grad", "shape")
 _flat = chain.from_iterable
 _values, _keys = dict.values, dict.keys
@@ -42,10 +45,15 @@ _dereference = weakref.ref.__call__
 def fingerprint(modules: list[nn.Module]) -> tuple[Any, ...] | None:
     """Everything a plan is built from, as plain values (ids, names, classes, dtypes, shapes: no module or
     tensor), for ``modules`` in walk order. None where a parameter or buffer is lazy, or a tensor has no plain
-    shape (nested): such a model is not planned."""
-    children = list(map(_children, modules))
-    params = list(map(_params, modules))
-    buffers = list(map(_buffers, modules))
+    shape (nested): such a model is not planned; so is one with a module whose ``__dict__`` lacks torch's tables."""
+    owns = list(map(_own, modules))
+    try:
+        children = list(map(_children, owns))
+        params = list(map(_params, owns))
+        buffers = list(map(_buffers, owns))
+        pre_hooks = list(map(id, map(_pre_hooks, owns)))
+    except KeyError:
+        return None
     tensors = [*_flat(map(_values, params)), *_flat(map(_values, buffers))]
     present = list(filter(_not_none, tensors))
     if any(issubclass(kind, _LAZY) for kind in set(map(type, present))):
@@ -55,7 +63,7 @@ def fingerprint(modules: list[nn.Module]) -> tuple[Any, ...] | None:
     except (RuntimeError, TypeError, AttributeError):
         return None
     return (
-        list(map(type, modules)), list(map(id, map(_pre_hooks, modules))),
+        list(map(type, modules)), pre_hooks,
         list(map(len, children)), [*_flat(map(_keys, children))], list(map(id, _flat(map(_values, children)))),
         list(map(len, params)), [*_flat(map(_keys, params))],
         list(map(len, buffers)), [*_flat(map(_keys, buffers))],
@@ -114,7 +122,10 @@ class Plan:
         model holds no module the plan does not know."""
         if self.key is None:
             return False
-        children = list(map(_children, modules))
+        try:
+            children = list(map(_children, map(_own, modules)))
+        except KeyError:
+            return False
         return (list(map(len, children)) == self.key[2]
                 and list(map(id, _flat(map(_values, children)))) == self.key[4])
 

@@ -78,7 +78,7 @@ def quantile(ordered: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-# What ``fill`` writes on the record of a module that did not run (beside a new ``call_times`` list).
+# What ``fill`` writes on the record of a module that did not run (its ``call_times`` is the class's: none).
 _NOT_RUN = {"steps": 1, "calls": 0, "steps_run": 0}
 _STAT_KEYS = {field: tuple(f"{field}_{statistic}" for statistic in STATISTICS) for field in ("forward_ms", "backward_ms")}
 
@@ -244,12 +244,12 @@ class StepStats:
             if module is None or not steps:
                 record.calls = 0
                 record.steps_run = 0
-                record.call_times = []
                 continue
             calls = module.calls
             record.calls = calls // steps if calls % steps == 0 else calls / steps
             record.steps_run = module.steps_run
-            record.call_times = list(module.last_times.call_times) if module.last_times is not None else []
+            if module.last_times is not None:
+                record._timings = module.last_times.timings
             for field, values in (("forward_ms", module.forward), ("backward_ms", module.backward)):
                 if not values.runs:
                     continue
@@ -302,12 +302,11 @@ class StepStats:
             times = found(name)
             if times is None:
                 own.update(_NOT_RUN)
-                own["call_times"] = []
                 continue
             own["steps"] = 1
             own["calls"] = times.calls
             own["steps_run"] = 1
-            own["call_times"] = list(times.call_times)
+            own["_timings"] = times.timings
             forward, backward = times.forward_ms, times.backward_ms
             if forward is not None:
                 own["forward_ms"] = own[forward_median] = own[forward_min] = own[forward_max] = forward

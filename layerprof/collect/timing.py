@@ -22,27 +22,26 @@ __all__ = ["StepTimes", "step_times"]
 
 
 class StepTimes:
-    """One module's times in one step; ``None`` where a pass was not measured. ``call_times`` (every call's
-    ``CallTiming``) is built when read: only the last step's are kept, so the other steps never pay for them."""
+    """One module's times in one step; ``None`` where a pass was not measured. ``timings``: every call's
+    ``CallTiming`` fields as a tuple, in call order (a record makes its ``call_times`` from them when read)."""
 
     __slots__ = ("calls", "forward_ms", "backward_ms", "self_forward_ms", "self_backward_ms", "recompute_ms",
-                 "_timings", "_call_times")
+                 "timings")
 
-    def __init__(self) -> None:
-        self.calls = 0
-        self.forward_ms: float | None = None
-        self.backward_ms: float | None = None
-        self.self_forward_ms: float | None = None
-        self.self_backward_ms: float | None = None
+    def __init__(self, calls: int = 0, forward_ms: float | None = None, backward_ms: float | None = None,
+                 self_forward_ms: float | None = None, self_backward_ms: float | None = None,
+                 timings: list[tuple[Any, ...]] | None = None) -> None:
+        self.calls = calls
+        self.forward_ms = forward_ms
+        self.backward_ms = backward_ms
+        self.self_forward_ms = self_forward_ms
+        self.self_backward_ms = self_backward_ms
         self.recompute_ms: float | None = None
-        self._timings: list[tuple[Any, ...]] = []  # CallTiming's fields, in order
-        self._call_times: list[CallTiming] | None = None
+        self.timings: list[tuple[Any, ...]] = [] if timings is None else timings  # CallTiming's fields, in order
 
     @property
     def call_times(self) -> list[CallTiming]:
-        if self._call_times is None:
-            self._call_times = list(starmap(CallTiming, self._timings))
-        return self._call_times
+        return list(starmap(CallTiming, self.timings))
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{field}={getattr(self, field)!r}" for field in self.__slots__[:6])
@@ -78,34 +77,27 @@ def _widen(interval: list[Any], start: Any, end: Any) -> None:
         interval[1] = end
 
 
-def _merge_into_parents(calls: list[CallTrace]) -> None:
-    """Widen every call's per-pass intervals to its sub-calls'. Calls are in creation order, so a parent comes
-    before its children, and going backwards completes each child before it is merged."""
-    for call in reversed(calls):
-        parent = call.parent
-        task = call.task
-        if parent is None or task is None or parent.clock is not call.clock:
-            # Stamps of two clocks (a CPU-stamped parent around CUDA-stamped children) cannot be compared.
-            continue
-        if call.passes is None and parent.passes is None and parent.task in (None, task):
-            if parent.task is None:  # the common case: one pass, the parent's own nodes did not run first
-                parent.task, parent.bwd_start, parent.bwd_end = task, call.bwd_start, call.bwd_end
-            else:
-                interval = [parent.bwd_start, parent.bwd_end]
-                _widen(interval, call.bwd_start, call.bwd_end)
-                parent.bwd_start, parent.bwd_end = interval
-            continue
-        merged = _passes(parent) if parent.task is not None else {}
-        for child_task, (start, end) in _passes(call).items():
-            known = merged.get(child_task)
-            if known is None:
-                merged[child_task] = [start, end]
-            else:
-                _widen(known, start, end)
-        tasks = list(merged)
-        parent.task = tasks[-1]
-        parent.bwd_start, parent.bwd_end = merged[tasks[-1]]
-        parent.passes = [(t, *merged[t]) for t in tasks[:-1]] or None
+def _merge_into_parent(call: CallTrace, parent: CallTrace, task: int) -> None:
+    """Widen the parent's per-pass intervals to the call's (whose own are complete: its sub-calls are merged)."""
+    if call.passes is None and parent.passes is None and parent.task in (None, task):
+        if parent.task is None:  # the common case: one pass, the parent's own nodes did not run first
+            parent.task, parent.bwd_start, parent.bwd_end = task, call.bwd_start, call.bwd_end
+        else:
+            interval = [parent.bwd_start, parent.bwd_end]
+            _widen(interval, call.bwd_start, call.bwd_end)
+            parent.bwd_start, parent.bwd_end = interval
+        return
+    merged = _passes(parent) if parent.task is not None else {}
+    for child_task, (start, end) in _passes(call).items():
+        known = merged.get(child_task)
+        if known is None:
+            merged[child_task] = [start, end]
+        else:
+            _widen(known, start, end)
+    tasks = list(merged)
+    parent.task = tasks[-1]
+    parent.bwd_start, parent.bwd_end = merged[tasks[-1]]
+    parent.passes = [(t, *merged[t]) for t in tasks[:-1]] or None
 
 
 def _backward(call: CallTrace) -> tuple[float | None, Any]:
@@ -142,9 +134,13 @@ _name = attrgetter("name")
 
 
 def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes]:
-    """Per-module times of one step: calls, inclusive, self and recompute times, and every call's timing."""
-    calls = list(calls)
-    _merge_into_parents(calls)
+    """Per-module times of one step: calls, inclusive, self and recompute times, and every call's timing.
+
+    Two passes over the calls, no object per call beyond its timing tuple. Calls are in creation order, a parent
+    before its sub-calls: going backwards, a call's sub-calls are done when it is reached, so its backward
+    intervals are complete (then widened into its parent's) and so are the sums of its counted sub-calls' times.
+    Going forwards, each counted call's times are added to its module's, in call order."""
+    calls = calls if type(calls) is list else list(calls)
     # A call can be inside a call of its own module only if some module was called more than once in the step:
     # else no call's parent chain is walked.
     names = list(map(_name, calls))
@@ -152,50 +148,76 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
     # Sums of the counted sub-calls' times, by parent call (calls hash by identity).
     children_forward: dict[CallTrace, float] = {}
     children_backward: dict[CallTrace, float] = {}
-    # (call, forward start ms, forward ms, backward start ms, backward ms) of the calls that count
-    ordered: list[tuple[CallTrace, float, float, float | None, float | None]] = []
-    append = ordered.append
-    for call in calls:
-        start, end = call.fwd_start, call.fwd_end
-        if start is None or end is None or (call.raised and not call.recompute):
-            # A forward that raised is not a call; a recompute that raised is checkpointing stopping early
-            # once it has what backward needs, and its time was spent all the same.
-            continue
-        clock = call.clock
-        if type(start) is int:  # wall clocks: nanoseconds, read without a method call per stamp
-            forward_start, forward_ms = (start - clock.origin) / 1e6, (end - start) / 1e6
-        else:
-            forward_start, forward_ms = clock.offset_ms(start), clock.ms(start, end)
-        backward_start_ms: float | None
-        backward_ms: float | None
-        b_start, b_end = call.bwd_start, call.bwd_end
-        if call.task is None:  # no backward node of its own ran
-            backward_ms = backward_start_ms = None
-        elif call.passes is None and type(b_start) is int and b_end is not None:  # one pass, wall clock: inline
-            backward_ms = (b_end - b_start) / 1e6
-            if backward_ms < 0.0:
-                backward_ms = 0.0
-            backward_start_ms = (b_start - clock.origin) / 1e6
-        else:
-            backward_ms, backward_start = _backward(call)
-            backward_start_ms = None if backward_ms is None else clock.offset_ms(_raw(backward_start))
-        append((call, forward_start, forward_ms, backward_start_ms, backward_ms))
+    timings: list[tuple[Any, ...] | None] = [None] * len(calls)  # CallTiming's fields, None: not counted
+    for index in range(len(calls) - 1, -1, -1):
+        call = calls[index]
         parent = call.parent
-        if parent is not None:
-            children_forward[parent] = children_forward.get(parent, 0.0) + forward_ms
-            if backward_ms is not None:
-                children_backward[parent] = children_backward.get(parent, 0.0) + backward_ms
+        start, end = call.fwd_start, call.fwd_end
+        # A forward that raised is not a call; a recompute that raised is checkpointing stopping early once it has
+        # what backward needs, and its time was spent all the same.
+        if start is not None and end is not None and (not call.raised or call.recompute):
+            clock = call.clock
+            if type(start) is int:  # wall clocks: nanoseconds, read without a method call per stamp
+                forward_start, forward_ms = (start - clock.origin) / 1e6, (end - start) / 1e6
+            else:
+                forward_start, forward_ms = clock.offset_ms(start), clock.ms(start, end)
+            backward_start_ms: float | None
+            backward_ms: float | None
+            b_start, b_end = call.bwd_start, call.bwd_end
+            if call.task is None:  # no backward node of its own ran
+                backward_ms = backward_start_ms = None
+            elif call.passes is None and type(b_start) is int and b_end is not None:  # one pass, wall clock: inline
+                backward_ms = (b_end - b_start) / 1e6
+                if backward_ms < 0.0:
+                    backward_ms = 0.0
+                backward_start_ms = (b_start - clock.origin) / 1e6
+            else:
+                backward_ms, backward_start = _backward(call)
+                backward_start_ms = None if backward_ms is None else clock.offset_ms(_raw(backward_start))
+            # Made inside a call of the same module: already inside that call's inclusive time.
+            recursive = maybe_recursive and _nested_in_itself(call)
+            timings[index] = (forward_start, forward_ms, backward_start_ms, backward_ms, call.recompute, step,
+                              recursive)
+            if parent is not None:
+                children_forward[parent] = children_forward.get(parent, 0.0) + forward_ms
+                if backward_ms is not None:
+                    children_backward[parent] = children_backward.get(parent, 0.0) + backward_ms
+        task = call.task
+        # Stamps of two clocks (a CPU-stamped parent around CUDA-stamped children) cannot be compared.
+        if parent is None or task is None or parent.clock is not call.clock:
+            continue
+        if call.passes is None and parent.passes is None:  # the common case, one pass: inline
+            if parent.task is None:  # the parent's own nodes did not run first, nor another sub-call's
+                parent.task, parent.bwd_start, parent.bwd_end = task, call.bwd_start, call.bwd_end
+                continue
+            b_start = call.bwd_start
+            if parent.task == task and type(b_start) is int:  # wall clock: the stamps are ints (or None)
+                p_start = parent.bwd_start
+                if p_start is None or b_start < p_start:
+                    parent.bwd_start = b_start
+                b_end = call.bwd_end
+                if b_end is not None:
+                    p_end = parent.bwd_end
+                    if p_end is None or b_end > p_end:
+                        parent.bwd_end = b_end
+                continue
+        _merge_into_parent(call, parent, task)
 
     result: dict[str, StepTimes] = {}
-    for call, forward_start, forward_ms, backward_start_ms, backward_ms in ordered:
+    for call, timing in zip(calls, timings):
+        if timing is None:
+            continue
         name = call.name
         times = result.get(name)
+        _, forward_ms, _, backward_ms, recompute, _, recursive = timing
         if times is None:
+            if not recompute and not recursive:  # the common case, a module's first call: its values as they are
+                own = None if backward_ms is None else backward_ms - children_backward.get(call, 0.0)
+                result[name] = StepTimes(1, forward_ms, backward_ms, forward_ms - children_forward.get(call, 0.0),
+                                         None if own is None else own if own > 0.0 else 0.0, [timing])
+                continue
             times = result[name] = StepTimes()
-        # A call inside another call of the same module is already inside that call's inclusive time.
-        recursive = maybe_recursive and _nested_in_itself(call)
-        recompute = call.recompute
-        times._timings.append((forward_start, forward_ms, backward_start_ms, backward_ms, recompute, step, recursive))
+        times.timings.append(timing)
         if recompute:
             if not recursive:
                 times.recompute_ms = (times.recompute_ms or 0.0) + forward_ms

@@ -8,7 +8,8 @@ from __future__ import annotations
 import sys
 from collections import deque
 from dataclasses import dataclass, fields
-from itertools import repeat
+from functools import partial
+from itertools import repeat, starmap
 from operator import add, attrgetter, methodcaller
 from typing import Any, Iterator
 
@@ -54,22 +55,40 @@ class ModuleRecord(NodeMixin):
     ``backward_ms``.
     """
 
+    # Every call's timing, as CallTiming field tuples (what collection writes), made into ``call_times`` when that
+    # is first read: a summary or a table never reads them, and a row is made from the tuples.
+    _timings: list[tuple[Any, ...]] | tuple[()] = ()
+    _call_times: list[CallTiming] | None = None
+    # Not measured until a fill writes them: the class's None, so a new record sets none of them (a record's own
+    # dict is read with its class's defaults by attribute, and as None by a row).
+    forward_ms: float | None = None
+    backward_ms: float | None = None
+    self_forward_ms: float | None = None
+    self_backward_ms: float | None = None
+    recompute_ms: float | None = None
+
     def __init__(self, name: str, type: str, extra_repr: str = "", parent: ModuleRecord | None = None) -> None:
         self.name = name
         self.type = type
         self.extra_repr = extra_repr
         self.aliases: list[str] = []
-        self.call_times: list[CallTiming] = []
         self.calls: int | float = 0
-        self.forward_ms: float | None = None
-        self.backward_ms: float | None = None
-        self.self_forward_ms: float | None = None
-        self.self_backward_ms: float | None = None
-        self.recompute_ms: float | None = None
         self.steps = 0
         self.steps_run = 0
         if parent is not None:
             self.parent = parent
+
+    @property
+    def call_times(self) -> list[CallTiming]:
+        """Every call of the module in the last recorded step, in call order."""
+        made = self._call_times
+        if made is None:
+            made = self._call_times = list(starmap(CallTiming, self._timings))
+        return made
+
+    @call_times.setter
+    def call_times(self, timings: list[CallTiming]) -> None:
+        self._call_times = timings
 
     @property
     def short_name(self) -> str:
@@ -94,7 +113,9 @@ class ModuleRecord(NodeMixin):
         row.update(zip(stored, map(own.get, stored)))
         row["aliases"] = list(self.aliases)
         row["extra_repr"] = self.extra_repr
-        row["call_times"] = [timing.to_dict() for timing in self.call_times]
+        made = self._call_times
+        row["call_times"] = (list(map(dict, map(_call_items, self._timings))) if made is None
+                             else [timing.to_dict() for timing in made])
         if extras:
             row.update(zip(extras, map(own.get, extras)))
         return row
@@ -109,6 +130,7 @@ class ModuleRecord(NodeMixin):
 
 _CALL_FIELDS = tuple(f.name for f in fields(CallTiming))
 _call_values = attrgetter(*_CALL_FIELDS)
+_call_items = partial(zip, _CALL_FIELDS)
 
 # Statistics over steps default to "not measured" on the class, so that a new record sets none of them.
 for _field in _STAT_FIELDS:
