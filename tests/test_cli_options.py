@@ -44,6 +44,18 @@ MODELS = textwrap.dedent('''
             return self.head(self.body(x))
 
 
+    class Normed(nn.Module):
+        """A BatchNorm between two Linears: in training, recomputing it would move its running statistics again."""
+
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(8, 4), nn.BatchNorm1d(4), nn.Tanh())
+            self.head = nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.head(self.body(x))
+
+
     class Tokens(nn.Module):
         """Token ids (positional, int64, below 7) and a boolean mask (keyword)."""
 
@@ -236,6 +248,21 @@ def spec_checkpoint_budget(ctx: Context) -> None:
     assert status == 0 and "the budget (48 bytes) cannot be met: the least saved memory any plan reaches is 64" in out
 
 
+def spec_allow_side_effects(ctx: Context) -> None:
+    status, _, err = ctx.run("--allow-side-effects")
+    assert status == 2 and "--allow-side-effects is for a checkpoint plan: add --checkpoint-budget" in err
+    # Saved for backward (float32, batch 2): x for body.0's weight gradient, 2 x 8 x 4 B = 64 B, and 2 x 4 x 4 B = 32 B
+    # each for the BatchNorm's input and for the Tanh's output (the head's input), and the BatchNorm's mean and
+    # inverse std, 2 x 4 x 4 B: 160 B. Every module holding the BatchNorm is excluded, so 50 % (80 B) is out of
+    # reach; allowed, wrapping the whole model keeps only x, 64 B.
+    status, out, err = ctx.run("--checkpoint-budget", "50%", model="Normed")
+    assert status == 0 and "saved for backward 160 B -> 160 B (100.0%), budget 80 B" in out, err
+    assert "0 modules wrapped" in out and "a plan reaches 64 bytes" in out
+    assert "(--allow-side-effects lets the plan recompute them)" in out and "verified:" not in out
+    status, out, err = ctx.run("--checkpoint-budget", "50%", "--allow-side-effects", model="Normed")
+    assert status == 0 and "budget met" in out and "allow_side_effects" not in out, err
+
+
 def spec_columns(ctx: Context) -> None:
     out = ctx.run("--columns", "calls,params")[1]
     assert "(head): Linear【Calls: 1 | Params: 10 (21.7%)】" in out  # 4 x 2 + 2 of 46
@@ -390,6 +417,7 @@ CASES: dict[tuple[str, str], Callable[[Context], None]] = {
     ("layerprof", "--depth"): spec_depth,
     ("layerprof", "--columns"): spec_columns,
     ("layerprof", "--checkpoint-budget"): spec_checkpoint_budget,
+    ("layerprof", "--allow-side-effects"): spec_allow_side_effects,
     ("show", "--depth"): show_depth,
     ("show", "--columns"): show_columns,
     ("compare", "--by"): compare_by,
