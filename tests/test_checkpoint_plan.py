@@ -197,9 +197,34 @@ def test_verify_plan() -> None:
         assert predicted == plan.chosen[plan.modules.index(name)].recompute_ms
         assert measured > 0, name  # every wrapped module or run, leaves too: its recomputation's wall time
     assert result.step_ms_before > 0 and result.step_ms_after > 0 and result.cuda_peak_bytes is None
+    assert len(result.page_faults) == 2 and min(result.page_faults) >= 0  # Linux counts them
     assert _state(model) == before and not plan.is_applied
     with pytest.raises(TypeError, match="step must be a callable"):
         layerprof.verify_plan(plan, model, "step")
+
+
+def test_verification_text_says_when_the_plan_changes_page_faults() -> None:
+    from layerprof.plan.verify import Verification
+    from layerprof.render.checkpoint import verification_text
+
+    def text(faults):
+        return verification_text(Verification(
+            predicted_saved_bytes=1024, measured_saved_bytes=1024, budget_bytes=2048, predicted_extra_ms=18.8,
+            measured_extra_ms=24.2, step_ms_before=41.0, step_ms_after=65.2, recompute_ms={"encoder": (14.1, 19.0)},
+            page_faults=faults))
+
+    # ALBERT's 25 % plan in a fresh process (BENCHMARKS.md): 128 faults a step without it, 3,024 with it.
+    assert text((128, 3024)).splitlines() == [
+        "verified: saved 1 KiB measured against 1 KiB predicted (+0.0%), budget met; step 41 ms -> 65.2 ms "
+        "(+24.2 ms measured, +18.8 ms predicted)",
+        "  recomputed per step, measured against predicted:",
+        "    encoder      19 ms against   14.1 ms",
+        "  page faults a step: 128 -> 3,024 (the allocator hands the recomputation fresh pages, which the "
+        "prediction leaves out)",
+    ]
+    assert text((1664, 608)).splitlines()[-1].startswith("  page faults a step: 1,664 -> 608 (the allocator needs "
+                                                           "fewer fresh pages")
+    assert "page faults" not in text((1000, 1255)) and "page faults" not in text(None)  # under 256: not said
 
 
 class _Sleepy(nn.Module):

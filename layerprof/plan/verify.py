@@ -29,6 +29,11 @@ from ..collect.profiler import LayerProf
 from .apply import RecomputeTimer
 from .plan import CheckpointPlan
 
+try:
+    import resource
+except ImportError:  # Windows: no page fault counts
+    resource = None  # type: ignore[assignment]
+
 __all__ = ["Verification", "verify_plan"]
 
 
@@ -38,7 +43,10 @@ class Verification:
     without the plan interleaved. ``recompute_ms``: each wrapped module or run -> (predicted, measured), measured
     as the wall time its recomputation in backward took per step (the checkpoint's early stop included: what it
     does not re-run is not timed), in the timed steps with the plan (no profiler on them), the median.
-    ``cuda_peak_bytes``: (before, after) ``max_memory_allocated`` of a step on CUDA, else None."""
+    ``cuda_peak_bytes``: (before, after) ``max_memory_allocated`` of a step on CUDA, else None. ``page_faults``:
+    (before, after) the process's minor page faults a step, the median (None where the system does not count them):
+    a plan can make the allocator hand the recomputation fresh pages, or spare it some, which the prediction
+    leaves out (a few µs a fault)."""
 
     predicted_saved_bytes: int
     measured_saved_bytes: int
@@ -49,6 +57,7 @@ class Verification:
     step_ms_after: float
     recompute_ms: dict[str, tuple[float, float]] = field(default_factory=dict)
     cuda_peak_bytes: tuple[int, int] | None = None
+    page_faults: tuple[float, float] | None = None
 
     @property
     def meets_budget(self) -> bool:
@@ -78,8 +87,8 @@ def verify_plan(plan: CheckpointPlan, model: nn.Module, step: Callable[[], Any],
             with LayerProf(model, metrics=("memory",)) as prof:
                 step()
         after_peak = _cuda_peak(step) if on_cuda else None
-    before: list[float] = []
-    after: list[float] = []
+    before: list[tuple[float, int]] = []
+    after: list[tuple[float, int]] = []
     recomputed: dict[str, list[float]] = {name: [] for name in plan.modules}
     for _ in range(repeats):
         before.append(_timed(step))
@@ -89,16 +98,25 @@ def verify_plan(plan: CheckpointPlan, model: nn.Module, step: Callable[[], Any],
             times.append(timer.ms.get(name, 0.0))
     recompute = {chosen.name: (chosen.recompute_ms, statistics.median(recomputed[chosen.name]))
                  for chosen in plan.chosen}
-    step_before, step_after = statistics.median(before), statistics.median(after)
+    step_before, step_after = (statistics.median(ms for ms, _ in times) for times in (before, after))
+    faults = None if resource is None else tuple(statistics.median(f for _, f in times) for times in (before, after))
     return Verification(
         predicted_saved_bytes=plan.saved_bytes_after, measured_saved_bytes=int(prof.profile.tree.saved_bytes or 0),
         budget_bytes=plan.budget_bytes, predicted_extra_ms=plan.extra_ms, measured_extra_ms=step_after - step_before,
         step_ms_before=step_before, step_ms_after=step_after, recompute_ms=recompute,
         cuda_peak_bytes=None if before_peak is None else (before_peak, int(after_peak or 0)),
+        page_faults=faults,  # type: ignore[arg-type]
     )
 
 
-def _timed(step: Callable[[], Any]) -> float:
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource is not None else 0
+
+
+def _timed(step: Callable[[], Any]) -> tuple[float, int]:
+    """A step's wall time (ms) and the minor page faults the process took in it."""
+    faults = _minor_faults()
     start = time.perf_counter()
     step()
-    return (time.perf_counter() - start) * 1e3
+    elapsed = (time.perf_counter() - start) * 1e3
+    return elapsed, _minor_faults() - faults

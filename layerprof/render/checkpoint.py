@@ -9,7 +9,9 @@ from .plot_save import finish_plot, plot_suffix
 from .plot_style import new_axes
 from .units import format_bytes, format_counted, format_ms, format_percent, format_signed_ms
 
-__all__ = ["plan_text", "verification_text", "plot_checkpoint", "frontier_svg", "wrapped_count"]
+__all__ = ["plan_text", "verification_text", "plot_checkpoint", "frontier_svg", "wrapped_count", "FAULTS_SHOWN"]
+
+FAULTS_SHOWN = 256  # page faults a step (1 MiB of 4 KiB pages) a plan must add or spare for the text to say so
 
 
 def plan_text(plan: Any) -> str:
@@ -40,7 +42,8 @@ def plan_text(plan: Any) -> str:
 
 def verification_text(result: Any) -> str:
     """A Verification as text: saved bytes and step time measured against predicted, then each wrapped module's
-    recomputation per step, predicted against measured, and on CUDA the peak allocated memory."""
+    recomputation per step, predicted against measured, the page faults a step where the plan changes them by
+    ``FAULTS_SHOWN`` or more, and on CUDA the peak allocated memory."""
     error = (result.measured_saved_bytes - result.predicted_saved_bytes) / max(1, result.predicted_saved_bytes)
     lines = [
         f"verified: saved {format_bytes(result.measured_saved_bytes)} measured against "
@@ -54,6 +57,12 @@ def verification_text(result: Any) -> str:
         lines.append("  recomputed per step, measured against predicted:")
         lines += [f"    {name or '<model>':<{width}}  {format_ms(measured):>9} against {format_ms(predicted):>9}"
                   for name, (predicted, measured) in result.recompute_ms.items()]
+    faults = result.page_faults
+    if faults is not None and abs(faults[1] - faults[0]) >= FAULTS_SHOWN:
+        more = faults[1] > faults[0]
+        lines.append(f"  page faults a step: {faults[0]:,.0f} -> {faults[1]:,.0f} (the allocator "
+                     f"{'hands the recomputation fresh pages' if more else 'needs fewer fresh pages'}, which the "
+                     "prediction leaves out)")
     if result.cuda_peak_bytes is not None:
         before, after = result.cuda_peak_bytes
         lines.append(f"CUDA max_memory_allocated: {format_bytes(before)} -> {format_bytes(after)}")
