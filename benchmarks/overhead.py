@@ -4,8 +4,8 @@
 
 Models: torchvision resnet18 at batch 2 (224x224), a 2-layer BERT (hidden 128, sequence 32, batch 8) from a config,
 and 500 x Sequential(Linear(16, 16), ReLU) (1,501 modules) for the cost per module per step. Measured side by side
-in one run, each round interleaving a plain step with every variant (the twin's variants in an order rotated from
-round to round, so that none always runs with the code of the one before it in the caches):
+in one run, each round interleaving a plain step with every variant (the twin's variants in a shuffled order each
+round, so that none always runs with the code of the one before it in the caches):
 
 - layerprof steady: one LayerProf whose schedule alternates hook-free and profiled steps (what a loop pays);
 - layerprof one-shot: a fresh ``with LayerProf(model)`` around the step, set-up and tear-down included (the
@@ -29,6 +29,7 @@ import argparse
 import gc
 import os
 import platform
+import random
 import statistics
 import time
 from typing import Any, Callable
@@ -185,7 +186,7 @@ def timed(loss_fn: Callable[[], torch.Tensor], model: nn.Module) -> float:
 def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch.Tensor]]], repeats: int,
             wrappers: dict[str, Callable[[nn.Module], Any] | None], metrics: tuple[str, ...] | None = None) -> dict[str, float]:
     """Interleaved rounds: plain step, steady-state profiled step, then on the twin a plain step and one step under
-    each other variant, in an order rotated every round (each ratio is to the plain step of the model it ran on).
+    each other variant, in an order shuffled every round (each ratio is to the plain step of the model it ran on).
 
     Steady state: one LayerProf whose schedule alternates hook-free and profiled steps (wait=1, active=1), so the
     plain and the profiled step of a round run back to back; hooks go on and off in prof.step(), outside the
@@ -223,11 +224,12 @@ def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch
             samples["layerprof_steady"].append(timed(loss_fn, model))
             steady.step()
             gc.collect(1)
-            # The twin's variants in an order rotated every round: a variant that always ran right after another
-            # would find layerprof's code in the caches (one-shot + read after one-shot measured 0.005-0.03 below
-            # one-shot alone, where reading then made nothing).
-            shift = round_ % len(order)
-            for key, wrapper in order[shift:] + order[:shift]:
+            # The twin's variants in a new order every round (a seeded shuffle): a variant that always ran right
+            # after another would find layerprof's code in the caches (one-shot + read after one-shot measured
+            # 0.005-0.03 below one-shot alone, where reading then made nothing; rotating the order keeps who follows
+            # whom, and measured the same).
+            random.Random(round_).shuffle(order)
+            for key, wrapper in order:
                 samples["twin_plain" if key == "plain" else key].append(step_time(twin, twin_loss, wrapper))
                 # What a variant left for the collector is collected here, untimed: else the first step after it
                 # to allocate enough pays (torch.profiler's garbage cost the next one-shot step 1.4 ms on BERT).
