@@ -359,6 +359,36 @@ def show_depth(ctx: Context) -> None:
     assert "(0): Linear【" in ctx.main("show", str(ctx.saved), "--depth", "all")[1]
 
 
+def _normed_profile(ctx: Context) -> str:
+    path = ctx.path("normed.json")
+    status, _, err = ctx.run("--metrics", "memory", "--json", path, model="Normed")
+    assert status == 0, err
+    return path
+
+
+def show_checkpoint_budget(ctx: Context) -> None:
+    # The saved profile of the fixture has no memory figures: refused, saying how to make one that has.
+    status, _, err = ctx.main("show", str(ctx.saved), "--checkpoint-budget", "50%")
+    assert status == 2 and "no memory figures" in err and "layerprof SPEC --metrics memory --json PATH" in err
+    status, _, err = ctx.main("show", str(ctx.saved), "--checkpoint-budget", "lots")
+    assert status == 2 and "--checkpoint-budget: cannot read budget 'lots'" in err
+    # Normed's saved bytes, as in spec_allow_side_effects: 160 B, 50 % out of reach with its BatchNorm excluded.
+    status, out, err = ctx.main("show", _normed_profile(ctx), "--checkpoint-budget", "50%")
+    assert status == 0 and "saved for backward 160 B -> 160 B (100.0%), budget 80 B" in out, err
+    assert "a plan reaches 64 bytes" in out and "verified:" not in out  # no model to verify it on
+
+
+def show_allow_side_effects(ctx: Context) -> None:
+    path = _normed_profile(ctx)
+    status, _, err = ctx.main("show", path, "--allow-side-effects")
+    assert status == 2 and "--allow-side-effects is for a checkpoint plan: add --checkpoint-budget" in err
+    # Allowed, the whole model is wrapped and keeps only x (2 x 8 x 4 B); the frontier marks the same plan.
+    status, out, err = ctx.main("show", path, "--checkpoint-budget", "50%", "--allow-side-effects",
+                                "--plot", ctx.path("f.svg"), "--plot-kind", "checkpoint")
+    assert status == 0 and "saved for backward 160 B -> 64 B (40.0%), budget 80 B" in out, err
+    assert "plan: 64 B" in (ctx.tmp / "f.svg").read_text()
+
+
 def show_columns(ctx: Context) -> None:
     out = ctx.main("show", str(ctx.saved), "--columns", "flops_forward")[1]
     assert "(head): Linear【Forward FLOPs: 32 FLOPs (9.1%)】" in out  # 2 x (2 x 4 x 2), of 352
@@ -420,6 +450,8 @@ CASES: dict[tuple[str, str], Callable[[Context], None]] = {
     ("layerprof", "--allow-side-effects"): spec_allow_side_effects,
     ("show", "--depth"): show_depth,
     ("show", "--columns"): show_columns,
+    ("show", "--checkpoint-budget"): show_checkpoint_budget,
+    ("show", "--allow-side-effects"): show_allow_side_effects,
     ("compare", "--by"): compare_by,
     ("compare", "--fail-if-slower"): compare_fail_if_slower,
     ("compare", "--per-module"): compare_per_module,

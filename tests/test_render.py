@@ -151,6 +151,8 @@ def test_values_that_round_up_take_the_next_unit_and_never_an_exponent() -> None
     assert format_bytes(1023.9 * 1024) == "1 MiB" and format_bytes(1023.9 * 2**20) == "1 GiB"
     assert format_flops(999.7e6) == "1 GFLOPs" and format_count(999_700) == "1M" and format_count(999.7) == "1000"
     assert format_ratio(1234.5) == "1234x" and format_ratio(0.5) == "0.5x"
+    # A rate below 1 KiB (a checkpoint plan's bytes freed per ms) printed "50.5844 B"; counts keep every digit.
+    assert format_bytes(96 / 1.8978) == "50.6 B" and format_bytes(1000) == "1000 B" and format_flops(999) == "999 FLOPs"
     texts = [f(v) for v in (0.9996, 999.6, 1023.9 * 1024, 1e15) for f in (format_ms, format_bytes, format_flops)]
     assert not any("e+" in text for text in texts), texts
 

@@ -1,4 +1,5 @@
-"""``--checkpoint-budget``: plan which modules to recompute, print the plan and verify it on the model."""
+"""``--checkpoint-budget``: plan which modules to recompute, print the plan and verify it on the model (``show``:
+print the plan of a saved profile)."""
 from __future__ import annotations
 
 import argparse
@@ -8,20 +9,19 @@ from torch import nn
 
 from ..metrics import DEFAULT_METRICS
 from ..plan.budget import parse_budget
+from ..plan.plan import CheckpointPlan
 from ..plan.verify import verify_plan
 from ..profile import Profile
 from ..render.checkpoint import verification_text
 from .errors import RunError, UsageError, one_line
 from .run import loss_of
 
-__all__ = ["check_checkpoint_options", "plan_and_verify", "plot_options"]
+__all__ = ["check_budget_options", "check_checkpoint_options", "plan_lines", "plan_and_verify", "plot_options"]
 
 
-def check_checkpoint_options(options: argparse.Namespace) -> None:
-    """Before the model is built: the budget reads, the run trains, and the memory meter runs."""
+def check_budget_options(options: argparse.Namespace) -> None:
+    """The budget reads, and ``--allow-side-effects`` comes with one."""
     budget = options.checkpoint_budget
-    if options.plot_kind == "checkpoint" and budget is None:
-        raise UsageError("--plot-kind checkpoint draws the plans for a budget: add --checkpoint-budget 50%")
     if budget is None:
         if options.allow_side_effects:
             raise UsageError("--allow-side-effects is for a checkpoint plan: add --checkpoint-budget 50%")
@@ -30,6 +30,16 @@ def check_checkpoint_options(options: argparse.Namespace) -> None:
         parse_budget(_number(budget), 1)
     except (TypeError, ValueError) as exc:
         raise UsageError(f"--checkpoint-budget: {exc}") from None
+
+
+def check_checkpoint_options(options: argparse.Namespace) -> None:
+    """Before the model is built: the budget reads, the run trains, and the memory meter runs."""
+    budget = options.checkpoint_budget
+    if options.plot_kind == "checkpoint" and budget is None:
+        raise UsageError("--plot-kind checkpoint draws the plans for a budget: add --checkpoint-budget 50%")
+    check_budget_options(options)
+    if budget is None:
+        return
     if options.eval or options.no_backward:
         raise UsageError("--checkpoint-budget plans a training step: drop --eval and --no-backward")
     if options.metrics is not None and "memory" not in options.metrics:
@@ -50,13 +60,19 @@ def _number(text: str) -> Any:
         return text
 
 
-def plan_and_verify(profile: Profile, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                    options: argparse.Namespace) -> str:
-    """The plan's text and, below it, predicted against measured on the model."""
+def plan_lines(profile: Profile, options: argparse.Namespace) -> tuple[CheckpointPlan, list[str]]:
+    """The plan for ``--checkpoint-budget`` and its text."""
     plan = profile.checkpoint_plan(_number(options.checkpoint_budget), allow_side_effects=options.allow_side_effects)
     lines = [str(plan)]
     if plan.note and "allow_side_effects=True" in plan.note:
         lines.append("  (--allow-side-effects lets the plan recompute them)")
+    return plan, lines
+
+
+def plan_and_verify(profile: Profile, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    options: argparse.Namespace) -> str:
+    """The plan's text and, below it, predicted against measured on the model."""
+    plan, lines = plan_lines(profile, options)
     if not plan.modules:
         return "\n".join(lines)
 
@@ -73,7 +89,8 @@ def plan_and_verify(profile: Profile, model: nn.Module, args: tuple[Any, ...], k
 
 
 def plot_options(options: argparse.Namespace) -> dict[str, Any]:
-    """What ``--plot-kind checkpoint`` passes to the plot: the budget."""
-    if getattr(options, "plot_kind", None) != "checkpoint":
+    """What ``--plot-kind checkpoint`` passes to the plot: the budget and whether side effects are allowed (none
+    without ``--checkpoint-budget``: ``show`` then marks the plan for half the saved memory, the plot's default)."""
+    if getattr(options, "plot_kind", None) != "checkpoint" or options.checkpoint_budget is None:
         return {}
-    return {"budget": _number(options.checkpoint_budget)}
+    return {"budget": _number(options.checkpoint_budget), "allow_side_effects": options.allow_side_effects}

@@ -8,7 +8,7 @@ from .._version import __version__
 from .errors import UsageError
 from .names import names_help
 
-__all__ = ["build_parser", "add_common_options", "add_output_options", "EPILOG", "USAGE"]
+__all__ = ["build_parser", "add_checkpoint_options", "add_common_options", "add_output_options", "EPILOG", "USAGE"]
 
 # The three forms of the command; each subcommand's --help lists its own options.
 USAGE = """\
@@ -116,12 +116,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                        help="meters beside timing (e.g. flops,params; all names listed below)")
     model.add_argument("--sync", action="store_true",
                        help="on CUDA, synchronize at every module boundary instead of recording events")
-    model.add_argument("--checkpoint-budget", metavar="BUDGET",
-                       help="plan which modules to recompute so that the memory saved for backward fits BUDGET "
-                            "(50%%, 0.5, 2GiB, bytes), print the plan and verify it on the model")
-    model.add_argument("--allow-side-effects", action="store_true",
-                       help="with --checkpoint-budget: let the plan recompute modules with side effects (BatchNorm "
-                            "in training: its running statistics then move twice a step)")
+    add_checkpoint_options(model, "print the plan and verify it on the model")
     shown = parser.add_argument_group("output")
     shown.add_argument("--depth", type=_depth, default=2, metavar="N",
                        help="expand modules down to this depth, root = 0; 'all' for every level (default 2)")
@@ -130,6 +125,16 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     add_output_options(shown)
     add_common_options(shown)
     return parser
+
+
+def add_checkpoint_options(group: argparse.ArgumentParser | argparse._ArgumentGroup, then: str) -> None:
+    """``--checkpoint-budget`` and ``--allow-side-effects``; ``then``: what is done with the plan."""
+    group.add_argument("--checkpoint-budget", metavar="BUDGET",
+                       help="plan which modules to recompute so that the memory saved for backward fits BUDGET "
+                            f"(50%%, 0.5, 2GiB, bytes), {then}")
+    group.add_argument("--allow-side-effects", action="store_true",
+                       help="with --checkpoint-budget: let the plan recompute modules with side effects (BatchNorm "
+                            "in training: its running statistics then move twice a step)")
 
 
 def add_common_options(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

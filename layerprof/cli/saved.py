@@ -16,9 +16,10 @@ from typing import Sequence
 from ..profile import Profile, compare, load
 from ..render.gate import MAX_SHARE, MIN_MODULE_STEPS, MIN_SHARE, PASSES, Gate, different_models
 from ..render.plot_metrics import resolve_metric
+from .checkpoint import check_budget_options, plan_lines, plot_options
 from .errors import EXIT_OK, EXIT_SLOWER, NotComparable, UnreadableInput, UsageError, one_line
 from .outputs import requested_outputs, write_outputs
-from .parser import _Parser, _depth, _names, add_common_options, add_output_options
+from .parser import _Parser, _depth, _names, add_checkpoint_options, add_common_options, add_output_options
 
 __all__ = ["SUBCOMMANDS", "run_saved"]
 
@@ -55,6 +56,8 @@ def _show_parser(prog: str) -> argparse.ArgumentParser:
                         help="expand modules down to this depth, root = 0; 'all' for every level (default 2)")
     parser.add_argument("--columns", type=_names, metavar="A,B",
                         help="columns of the annotated tree (the names: layerprof --help)")
+    add_checkpoint_options(parser, "and print the plan (a saved profile has no model to verify it on: run "
+                                   "layerprof SPEC --checkpoint-budget for that)")
     add_output_options(parser)
     add_common_options(parser)
     return parser
@@ -88,6 +91,7 @@ def _load(path: str, what: str) -> Profile:
 
 def _show(options: argparse.Namespace) -> int:
     outputs = requested_outputs(options)
+    check_budget_options(options)
     profile = _load(options.profile, "PROFILE")
     if options.plot is not None:
         try:
@@ -98,7 +102,13 @@ def _show(options: argparse.Namespace) -> int:
         print(profile.layerwise_summary(columns=options.columns, depth=options.depth), flush=True)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    for path in write_outputs(profile, outputs, options.plot_kind, options.plot_metric):
+    if options.checkpoint_budget is not None:
+        try:
+            print("\n".join(plan_lines(profile, options)[1]), flush=True)
+        except ValueError as exc:  # a profile without the memory meter's figures
+            raise UsageError(f"--checkpoint-budget: {one_line(exc)} (from the shell: layerprof SPEC --metrics "
+                             "memory --json PATH)") from None
+    for path in write_outputs(profile, outputs, options.plot_kind, options.plot_metric, **plot_options(options)):
         print(f"layerprof: wrote {path}", file=sys.stderr)
     return EXIT_OK
 

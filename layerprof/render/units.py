@@ -47,8 +47,9 @@ def format_signed_ms(ms: float | None) -> str:
 def _scaled(value: float, base: float, units: tuple[str, ...], suffix: str) -> str:
     magnitude = abs(value)
     for unit in units[:-1]:
-        if (_shown(magnitude) if unit.strip() else magnitude) < base:
-            return f"{_three(value)}{unit}{suffix}" if unit.strip() else f"{value:g}{unit}{suffix}"
+        whole = not unit.strip() and value == int(value)  # bytes or FLOPs as counted: every digit
+        if (magnitude if whole else _shown(magnitude)) < base:
+            return f"{value:g}{unit}{suffix}" if whole else f"{_three(value)}{unit}{suffix}"
         value /= base
         magnitude /= base
     return f"{_three(value)}{units[-1]}{suffix}"
