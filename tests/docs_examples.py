@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RUNNABLE = ("python", "bash")
 TIMEOUT_S = 180
+TEARDOWN_ABORT = "terminate called without an active exception"  # std::terminate from a joinable thread at exit
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$")
 _MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(?P<kind>skip|file|output)\s*(?::\s*(?P<arg>.*?))?\s*-->\s*$")
@@ -197,11 +198,16 @@ def run_block(block: Block, workdir: Path, timeout: float = TIMEOUT_S) -> str:
         command = [sys.executable, "-c", block.code]
     else:
         command = ["bash", "-e", "-o", "pipefail", "-c", bash_script(block.code)]
-    try:
-        done = subprocess.run(command, cwd=workdir, env=environment(), capture_output=True, text=True,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise DocsExampleError(f"{block.id}: timed out after {timeout:.0f} s") from None
+    for attempt in range(2):
+        try:
+            done = subprocess.run(command, cwd=workdir, env=environment(), capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise DocsExampleError(f"{block.id}: timed out after {timeout:.0f} s") from None
+        # One more run, once, where a rank of a torchrun block aborted in gloo's teardown after the script was done
+        # (torch's threads at interpreter exit; about 1 run in 40 of the suite): a second failure still fails.
+        if done.returncode == 0 or TEARDOWN_ABORT not in done.stderr or attempt:
+            break
     if done.returncode != 0:
         raise DocsExampleError(f"{block.id}: exit status {done.returncode}\n--- stdout\n{done.stdout[-3000:]}"
                                f"\n--- stderr\n{done.stderr[-6000:]}")

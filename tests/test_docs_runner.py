@@ -105,6 +105,26 @@ def test_failing_block_reports_its_error(tmp_path):
         page.run(1)
 
 
+def test_a_teardown_abort_is_run_once_more_and_nothing_else_is(tmp_path):
+    # Each block counts its runs in a file; the first aborts as gloo's teardown does the first time only, the second
+    # every time, the third fails otherwise.
+    abort = f"echo x >> {{name}}; echo 'the output'; echo '{de.TEARDOWN_ABORT}' >&2"
+    md = tmp_path / "page.md"
+    md.write_text(
+        f"```bash\n{abort.format(name='once')}; [ $(wc -l < once) -ge 2 ]\n```\n\n"
+        f"```bash\n{abort.format(name='always')}; false\n```\n\n"
+        "```bash\necho x >> other; echo 'another error' >&2; false\n```\n")
+    page = de.Page.load(md, tmp_path)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    assert de.run_block(page.blocks[0], workdir) == "the output\n"
+    with pytest.raises(de.DocsExampleError, match="exit status 1"):
+        de.run_block(page.blocks[1], workdir)
+    with pytest.raises(de.DocsExampleError, match="another error"):
+        de.run_block(page.blocks[2], workdir)
+    assert [len((workdir / name).read_text().split()) for name in ("once", "always", "other")] == [2, 2, 1]
+
+
 def test_regenerate_rewrites_output_blocks(tmp_path):
     md = tmp_path / "page.md"
     md.write_text(PAGE.replace("value 42 in 12.5 ms", "stale"))
