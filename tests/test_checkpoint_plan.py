@@ -176,6 +176,7 @@ def test_out_of_reach_for_side_effects_says_what_allowing_them_reaches() -> None
     assert not plan.feasible and set(plan.excluded) == {"", "1", "4"}
     allowed = prof.checkpoint_plan(0.25, allow_side_effects=True)
     assert allowed.feasible and allowed.least_reachable_bytes == 8 * 16 * 4
+    assert plan.reachable_allowing_side_effects == 8 * 16 * 4 and allowed.reachable_allowing_side_effects is None
     assert plan.note.endswith(f"with allow_side_effects=True (3 modules excluded for side effects on recompute, "
                               f"such as BatchNorm's running statistics) a plan reaches {8 * 16 * 4} bytes")
     assert "allow_side_effects" not in prof.checkpoint_plan(0, runs=False, allow_side_effects=True).note

@@ -64,7 +64,7 @@ def plan_lines(profile: Profile, options: argparse.Namespace) -> tuple[Checkpoin
     """The plan for ``--checkpoint-budget`` and its text."""
     plan = profile.checkpoint_plan(_number(options.checkpoint_budget), allow_side_effects=options.allow_side_effects)
     lines = [str(plan)]
-    if plan.note and "allow_side_effects=True" in plan.note:
+    if plan.reachable_allowing_side_effects is not None:
         lines.append("  (--allow-side-effects lets the plan recompute them)")
     return plan, lines
 

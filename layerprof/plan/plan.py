@@ -41,6 +41,11 @@ from .solver import DEFAULT_RESOLUTION, Run, best_reachable, ends_of, frontier, 
 __all__ = ["CheckpointPlan", "ChosenModule", "FrontierPoint", "make_plan"]
 
 
+def _for_side_effects(candidate: Candidate) -> bool:
+    """Whether the candidate is excluded only because recomputing it has side effects (allow_side_effects)."""
+    return candidate.excluded is not None and candidate.excluded.startswith("side effects")
+
+
 @dataclass(frozen=True)
 class ChosenModule(Priced):
     """Why a module is in the plan: the bytes wrapping it frees (net of the inputs it keeps), the forward time
@@ -77,7 +82,9 @@ class CheckpointPlan:
     extra time per step: the recomputed forwards and the wrappers' own cost), ``wrap_cost`` (the WrapCost that
     priced the wrappers, None if not counted), ``hook_ms`` (the profiler's own time per module call taken off each
     ancestor's recompute time, 0 where the profile's clock is not the CPU wall clock), ``feasible`` (whether the budget is met), ``least_reachable_bytes`` (the least
-    saved memory any plan reaches), ``excluded`` (module -> why it may not be wrapped), ``note``.
+    saved memory any plan reaches), ``reachable_allowing_side_effects`` (where the budget is out of reach and
+    allowing side effects would reach less: that least, else None), ``excluded`` (module -> why it may not be
+    wrapped), ``note``.
     """
 
     def __init__(self, root: ModuleRecord, found: list[Candidate], budget_bytes: int, resolution: int,
@@ -107,6 +114,9 @@ class CheckpointPlan:
         if solution is not None and self._tables:
             solution = self._cheaper_within(solution, need, budget_bytes)
         self.feasible = solution is not None
+        # Out of reach because modules with side effects are excluded: what allowing them would reach (else None).
+        out_of_reach = solution is None and need > 0 and self.saved_bytes_before > 0
+        self.reachable_allowing_side_effects = self._allowing_side_effects(found) if out_of_reach else None
         self.note: str | None = None
         if self.saved_bytes_before == 0:
             self.note = ("the profiled step saved nothing for backward (was its forward run under torch.no_grad or "
@@ -114,9 +124,15 @@ class CheckpointPlan:
         elif need <= 0:
             self.note = (f"the budget ({budget_bytes} bytes) is not below today's saved memory "
                          f"({self.saved_bytes_before} bytes): nothing to wrap")
-        elif solution is None:
+        elif out_of_reach:
+            hint = ""
+            if self.reachable_allowing_side_effects is not None:
+                held = sum(1 for c in found if _for_side_effects(c))
+                hint = (f"; with allow_side_effects=True ({format_counted(held, 'module')} excluded for side effects "
+                        f"on recompute, such as BatchNorm's running statistics) a plan reaches "
+                        f"{self.reachable_allowing_side_effects} bytes")
             self.note = (f"the budget ({budget_bytes} bytes) cannot be met: the least saved memory any plan "
-                         f"reaches is {self.least_reachable_bytes} bytes{self._side_effects_hint(found)}")
+                         f"reaches is {self.least_reachable_bytes} bytes{hint}")
         chosen = solution.chosen if solution is not None else ()
         self.chosen = [ChosenModule(o.name, "Sequential" if isinstance(o, RunOption) else o.type, o.freed_bytes,
                                     o.kept_bytes, o.recompute_ms, o.wrap_ms,
@@ -128,18 +144,16 @@ class CheckpointPlan:
         self.extra_ms = float(sum(c.cost_ms for c in self.chosen))
         self._applied: list[tuple[nn.Module, Any]] = []
 
-    def _side_effects_hint(self, found: list[Candidate]) -> str:
-        """Where modules excluded for their side effects keep the budget out of reach: what allowing them reaches."""
-        held = [c.excluded is not None and c.excluded.startswith("side effects") for c in found]
+    def _allowing_side_effects(self, found: list[Candidate]) -> int | None:
+        """The least saved memory a plan reaches with the modules excluded for side effects allowed, where that is
+        less than without them; else None."""
+        held = [_for_side_effects(c) for c in found]
         if not any(held):
-            return ""
+            return None
         weights = [max(0, c.net_bytes) if hold else weight for c, hold, weight in zip(found, held, self._weights)]
         reachable, most = best_reachable(weights, self._ends, self._options)
         allowed = self._saved_after(most, reachable)
-        if allowed >= self.least_reachable_bytes:
-            return ""
-        return (f"; with allow_side_effects=True ({format_counted(sum(held), 'module')} excluded for side effects on "
-                f"recompute, such as BatchNorm's running statistics) a plan reaches {allowed} bytes")
+        return allowed if allowed < self.least_reachable_bytes else None
 
     def _option(self, number: int) -> Candidate | RunOption:
         """A solution's option: a module's candidate, or a run (numbered after the modules)."""
@@ -259,6 +273,7 @@ class CheckpointPlan:
             "modules": list(self.modules), "budget_bytes": self.budget_bytes,
             "saved_bytes_before": self.saved_bytes_before, "saved_bytes_after": self.saved_bytes_after,
             "extra_ms": self.extra_ms, "feasible": self.feasible, "least_reachable_bytes": self.least_reachable_bytes,
+            "reachable_allowing_side_effects": self.reachable_allowing_side_effects,
             "chosen": [{"name": c.name, "type": c.type, "freed_bytes": c.freed_bytes, "kept_bytes": c.kept_bytes,
                         "net_bytes": c.net_bytes, "recompute_ms": c.recompute_ms, "wrap_ms": c.wrap_ms,
                         "run": c.run}
