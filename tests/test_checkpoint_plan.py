@@ -348,3 +348,33 @@ def test_what_a_run_frees_is_the_replay_of_the_storages(name: str) -> None:
             for first in range(len(record.children)) for stop in range(first + 2, len(record.children) + 1)]
     before = saved_after(tables, set())
     assert len(runs) >= 10 and freed_by_runs(tables, runs) == [before - saved_after(tables, set(), [run]) for run in runs]
+
+
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing_enable` is deprecated:FutureWarning")
+def test_a_plan_names_what_the_model_already_recomputes() -> None:
+    pytest.importorskip("transformers")
+    from .models import CheckpointedBody
+    from .test_zoo import _bert
+
+    torch.manual_seed(0)
+    model, inputs = _bert()
+    model.gradient_checkpointing_enable()
+    model.train()
+    prof = _profile(model, lambda: model(**inputs).last_hidden_state.sum().backward())
+    plan = prof.checkpoint_plan(0.5)
+    # HF checkpoints each layer's forward: the layers' children re-run, the layers' own hooks do not; the encoder,
+    # the model and the embeddings are not recomputed themselves
+    assert plan.already_recomputed == ["encoder.layer.0", "encoder.layer.1"]
+    assert plan.to_dict()["already_recomputed"] == ["encoder.layer.0", "encoder.layer.1"]
+    assert ("note: the model already recomputes 2 modules in backward (its own checkpointing): encoder.layer.0, "
+            "encoder.layer.1;") in str(plan)
+    # an own checkpointed call is named itself, and not its parent (which only calls it)
+    net = nn.Sequential(nn.Linear(8, 8), CheckpointedBody())
+    prof = _profile(net, lambda: net(torch.randn(4, 8)).sum().backward())
+    plan = prof.checkpoint_plan(0.5)
+    assert plan.already_recomputed == ["1.body"]
+    # a model that checkpoints nothing: no note
+    plain = _mlp()
+    prof = _profile(plain, lambda: plain(torch.randn(8, 16)).sum().backward())
+    plan = prof.checkpoint_plan(0.5)
+    assert plan.already_recomputed == [] and "already recomputes" not in str(plan)

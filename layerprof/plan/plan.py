@@ -46,6 +46,47 @@ def _for_side_effects(candidate: Candidate) -> bool:
     return candidate.excluded is not None and candidate.excluded.startswith("side effects")
 
 
+def _outermost_recomputed(root: ModuleRecord) -> list[str]:
+    """The modules the model itself recomputes in backward (its own checkpointing), the outermost of each nest,
+    in pre-order. A module counts where its own call was re-run; or, not re-run itself, where it is not the root and
+    each of its two or more called children was: Hugging Face's ``GradientCheckpointingLayer`` checkpoints the
+    layer's ``forward``, so the layer's hooks run once and its children's again (``collect/recompute.py``). A parent
+    of a single re-run child is not told apart from a module that merely calls a checkpointed one: the child is
+    named."""
+    found: list[str] = []
+    stack = [root]
+    while stack:
+        record = stack.pop()
+        if record.calls and not record.recompute_ms:
+            continue  # nothing below it was re-run (an uncalled container holds no sum: look into it)
+        if _rerun(record):
+            found.append(record.name)
+            continue
+        called = _called_below(record)
+        if record is not root and record.calls and len(called) > 1 and all(map(_rerun, called)):
+            found.append(record.name)
+            continue
+        stack.extend(reversed(record.children))
+    return found
+
+
+def _rerun(record: ModuleRecord) -> bool:
+    """Whether one of the record's own calls ran again in backward."""
+    return bool(record.recompute_ms) and any(timing.recompute for timing in record.call_times)
+
+
+def _called_below(record: ModuleRecord) -> list[ModuleRecord]:
+    """The modules ``record`` calls directly: its called children, and those of children never called (a
+    ModuleList iterated in its forward)."""
+    found: list[ModuleRecord] = []
+    for child in record.children:
+        if child.calls:
+            found.append(child)
+        else:
+            found.extend(_called_below(child))
+    return found
+
+
 @dataclass(frozen=True)
 class ChosenModule(Priced):
     """Why a module is in the plan: the bytes wrapping it frees (net of the inputs it keeps), the forward time
@@ -84,7 +125,9 @@ class CheckpointPlan:
     ancestor's recompute time, 0 where the profile's clock is not the CPU wall clock), ``feasible`` (whether the budget is met), ``least_reachable_bytes`` (the least
     saved memory any plan reaches), ``reachable_allowing_side_effects`` (where the budget is out of reach and
     allowing side effects would reach less: that least, else None), ``excluded`` (module -> why it may not be
-    wrapped), ``note``.
+    wrapped), ``note``, ``already_recomputed`` (the outermost modules the model recomputes in backward itself,
+    such as Hugging Face's gradient checkpointing: today's saved memory is with that, and a wrapper around one of
+    them nests checkpoints).
     """
 
     def __init__(self, root: ModuleRecord, found: list[Candidate], budget_bytes: int, resolution: int,
@@ -95,6 +138,7 @@ class CheckpointPlan:
         self.hook_ms = hook_ms
         self.budget_bytes = budget_bytes
         self.saved_bytes_before = int(root.saved_bytes or 0)
+        self.already_recomputed = _outermost_recomputed(root)
         self.excluded = {c.name: c.excluded for c in found if c.excluded and c.excluded not in ("not called",
                                                                                                  "frees nothing")}
         self._found = found
@@ -279,6 +323,7 @@ class CheckpointPlan:
                         "run": c.run}
                        for c in self.chosen],
             "excluded": dict(self.excluded), "note": self.note, "hook_ms": self.hook_ms,
+            "already_recomputed": list(self.already_recomputed),
         }
 
     def __str__(self) -> str:

@@ -11,6 +11,7 @@ from .units import format_bytes, format_counted, format_ms, format_percent, form
 
 __all__ = ["plan_text", "verification_text", "plot_checkpoint", "frontier_svg", "wrapped_count", "FAULTS_SHOWN"]
 
+RECOMPUTED_SHOWN = 4  # names of modules the model checkpoints itself that a plan's text lists
 FAULTS_SHOWN = 256  # page faults a step (1 MiB of 4 KiB pages) a plan must add or spare for the text to say so
 
 
@@ -24,6 +25,13 @@ def plan_text(plan: Any) -> str:
     ]
     if plan.note:
         lines.append(f"note: {plan.note}")
+    recomputed = getattr(plan, "already_recomputed", ())
+    if recomputed:
+        shown = ", ".join(name or "<model>" for name in recomputed[:RECOMPUTED_SHOWN])
+        more = f" and {len(recomputed) - RECOMPUTED_SHOWN} more" if len(recomputed) > RECOMPUTED_SHOWN else ""
+        lines.append(f"note: the model already recomputes {format_counted(len(recomputed), 'module')} in backward "
+                     f"(its own checkpointing): {shown}{more}; today's saved memory is with that, and a wrapper "
+                     "around them nests")
     width = max([len(c.name) for c in plan.chosen] + [6])
     for c in plan.chosen:
         rate = "inf" if c.cost_ms <= 0 else f"{format_bytes(c.bytes_per_ms)}/ms"
