@@ -34,6 +34,7 @@ from .timing import StepTimes, step_times
 from .tracker import Tracker, backward_note
 from .compiled import compiled_while_profiling, refuse_compiled_in_place
 from .recompute import roll_up_recompute
+from .reprs import read_reprs
 
 __all__ = ["LayerProf"]
 
@@ -143,26 +144,6 @@ def _example_probe(example: dict[str, Any]) -> Callable[..., None]:
         return None
 
     return probe
-
-
-_PLAIN_REPR = nn.Module.extra_repr
-
-
-def _read_reprs(entries: list[tuple[str, nn.Module]], records: dict[str, ModuleRecord], plan: reuse.Plan | None) -> None:
-    """Each record's type and ``extra_repr``, read after the step, not at enter: a lazy module shows what it
-    materialised as (LazyLinear becomes a Linear with its in_features), as the model's own repr does. ``plan``:
-    the block's plan when its entries are the plan's, whose records have their modules' class names already:
-    written again only if a class changed. A module whose class and instance have no ``extra_repr`` of their own
-    (containers) has nn.Module's, which is ""."""
-    modules = list(map(_second, entries))
-    types = list(map(type, modules))
-    if plan is None or plan.key is None or types != plan.key[0]:
-        for (name, _), kind in zip(entries, types):
-            records[name].type = kind.__name__
-    plain = _PLAIN_REPR
-    for (name, module), kind in zip(entries, types):
-        if kind.extra_repr is not plain or "extra_repr" in module.__dict__:  # (one set on the instance)
-            records[name].extra_repr = module.extra_repr()
 
 
 def _result(method: Callable[..., _T]) -> Callable[..., _T]:
@@ -593,7 +574,7 @@ class LayerProf:
                 f"only one step was profiled, and metrics {distorting} slowed it down: its times include their "
                 "overhead. Profile several steps (call prof.step() after each) for clean times.",
             )
-        _read_reprs(self._entries, self.records, self._plan if len(self._entries) == self._built else None)
+        read_reprs(self._entries, self.records, self._plan if len(self._entries) == self._built else None)
         self._stats.fill(self.records)
         roll_up_recompute(self.records, self.tree)
         for meter in self.metrics:
