@@ -266,7 +266,7 @@ class LayerProf:
         root, records = plan.records()  # extra_repr is read in _finish
         entries = plan.entries(modules)
         # Whatever checked the model before (here, or a reused plan): .compile() since then changes no path.
-        refuse_compiled_in_place(entries)
+        refuse_compiled_in_place(entries, modules)
         if _PROFILED:
             for name, module in entries:
                 holder = _PROFILED.get(id(module))
@@ -540,11 +540,12 @@ class LayerProf:
             self._tracker.attach(added)
         return None
 
-    def _warn_unseen_modules(self) -> None:
-        """Modules in the model now that were never hooked (put into ``_modules`` without registration)."""
+    def _warn_unseen_modules(self, modules: list[nn.Module]) -> None:
+        """Modules in the model now that were never hooked (put into ``_modules`` without registration);
+        ``modules``: the block's, in the order of its entries."""
         names = self._names
         plan = self._plan
-        if plan is not None and len(self.records) == self._built and plan.same_children(list(map(_second, self._entries))):
+        if plan is not None and len(self.records) == self._built and plan.same_children(modules):
             return  # the model holds the modules it held at the start, each hooked
         if all(id(module) in names for module in _modules_in(self.model)):
             return
@@ -560,10 +561,11 @@ class LayerProf:
     def _finish(self, partial: str | None = None) -> None:
         tracker = self._tracker
         assert tracker is not None and self.tree is not None
-        compiled = compiled_while_profiling(self._entries)
+        modules = list(map(_second, self._entries))
+        compiled = compiled_while_profiling(self._entries, modules)
         if compiled is not None:  # its times are partial: no profile rather than a wrong one
             raise RuntimeError(compiled)
-        self._warn_unseen_modules()
+        self._warn_unseen_modules(modules)
         meta: dict[str, Any] = {"environment": {**environment(self.model), **self._example}}
         distorting = [m.name for m in self.metrics if m.distorts_timing]
         if self._stats.steps == 0 and self._counting_step is not None:

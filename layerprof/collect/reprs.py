@@ -68,6 +68,10 @@ def _immutable(value: Any) -> bool:
     return kind is tuple and all(map(_immutable, value))
 
 
+# (the values formatted, held; the text; whether the bias was None, None where not read; the extra_repr function)
+_Kept = tuple[tuple[Any, ...], str, "bool | None", Any]
+
+
 def _kept_text(module: nn.Module, own: dict[str, Any], function: Any, known: _Kept | None) -> tuple[str, _Kept | None]:
     """The text of a module of a kept class (``own``: its ``__dict__``): ``known``'s when made from the same
     values, else its ``extra_repr()``; and what to keep for the next block (None: nothing)."""
@@ -86,10 +90,6 @@ def _kept_text(module: nn.Module, own: dict[str, Any], function: Any, known: _Ke
         return known[1], known
     text = module.extra_repr()
     return text, ((values, text, no_bias, function) if all(map(_immutable, values)) else None)
-
-
-# (the values formatted, held; the text; whether the bias was None, None where not read; the extra_repr function)
-_Kept = tuple[tuple[Any, ...], str, "bool | None", Any]
 
 
 def read_reprs(entries: list[tuple[str, nn.Module]], records: dict[str, ModuleRecord], plan: Plan | None) -> None:
