@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.nn.modules import module as torch_module
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = [
@@ -164,8 +166,6 @@ def add_global_forward_hooks(pre: Callable[..., None], post: Callable[..., None]
     """Put ``pre`` (called as ``pre(module, args)``: a global pre-hook gets no kwargs) and ``post`` (with kwargs,
     also when forward raises, then called as ``post(module, args, None)``) on every module of the process, before
     each module's own hooks: two handles for a block, whatever the model's size. Returns the handles."""
-    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-
     pre_handle = register_module_forward_pre_hook(pre)
     try:
         return pre_handle, register_module_forward_hook(post, with_kwargs=True, always_call=True)
@@ -177,11 +177,11 @@ def add_global_forward_hooks(pre: Callable[..., None], post: Callable[..., None]
 def remove_global_forward_hooks(handles: tuple[Any, Any]) -> None:
     """Take off what ``add_global_forward_hooks`` put on: the handles, and the post-hook's ``with_kwargs`` mark,
     which torch's handle leaves behind (a dict that would grow by one entry per block)."""
-    from torch.nn.modules import module as torch_module
-
+    with_kwargs = getattr(torch_module, "_global_forward_hooks_with_kwargs", None)
     for handle in handles:
         handle.remove()
-        getattr(torch_module, "_global_forward_hooks_with_kwargs", {}).pop(handle.id, None)
+        if with_kwargs is not None:
+            with_kwargs.pop(handle.id, None)
 
 
 def global_pre_hook_kwargs(frame: Any) -> dict[str, Any] | None:
@@ -281,7 +281,7 @@ def _eager_forwards(classes: set[type]) -> bool:
     return True
 
 
-def compiled_in_place(paths: list[tuple[str, Any]]) -> tuple[str, Any, str] | None:
+def compiled_in_place(paths: list[tuple[str, Any]], modules: list[Any] | None = None) -> tuple[str, Any, str] | None:
     """The first module of ``paths`` compiled in place, as ``(name, module, how)``: ``how`` is ``"compile"`` after
     ``module.compile()`` (which stores a ``torch.compile`` of the module's ``_call_impl``, hooks included, in
     ``_compiled_call_impl`` for ``__call__`` to run), ``"forward"`` when its forward is a compiled function (put on
@@ -290,7 +290,8 @@ def compiled_in_place(paths: list[tuple[str, Any]]) -> tuple[str, Any, str] | No
     dynamo = vars(torch).get("_dynamo")  # set when torch._dynamo is imported; reading it imports nothing
     if dynamo is None:
         return None  # never imported, so nothing was compiled
-    modules = list(map(_second, paths))
+    if modules is None:  # (``modules``: the modules of ``paths``, where the caller has them)
+        modules = list(map(_second, paths))
     owns = list(map(_own, modules))
     if (not any(map(contains, owns, itertools.repeat("_compiled_call_impl")))
             and not any(map(contains, owns, itertools.repeat("forward")))

@@ -204,6 +204,28 @@ def test_profile_records_where_it_was_measured() -> None:
     assert env["torch"] == torch.__version__ and env["threads"] == torch.get_num_threads()
 
 
+def test_what_can_change_between_profiles_is_read_again() -> None:
+    # The machine's facts and the names of a device and dtype are kept per process; the model's dtype and the
+    # threads are read at every block.
+    model = MLP()
+
+    def env() -> dict:
+        with LayerProf(model) as prof:
+            model(torch.randn(5, 8).to(next(model.parameters()).dtype)).sum().backward()
+        return prof.meta["environment"]
+
+    threads = torch.get_num_threads()
+    assert (env()["dtype"], env()["threads"]) == ("float32", threads)
+    model.double()
+    torch.set_num_threads(threads + 1)
+    try:
+        assert (env()["dtype"], env()["threads"]) == ("float64", threads + 1)
+    finally:
+        torch.set_num_threads(threads)
+    model.float()
+    assert env()["dtype"] == "float32"
+
+
 def test_benchmark_latency_throughput_and_per_module() -> None:
     model = MLP()
     x = torch.randn(16, 8)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 from operator import itemgetter
-from typing import Iterable
 
 from torch import nn
 
@@ -40,25 +39,28 @@ _CONSEQUENCE = (
 )
 
 
-def refuse_compiled_in_place(paths: Iterable[tuple[str, nn.Module]]) -> None:
-    """Raise a TypeError naming the first module compiled in place, before anything is hooked."""
-    found = compiled_in_place(paths)
+def refuse_compiled_in_place(paths: list[tuple[str, nn.Module]], modules: list[nn.Module] | None = None) -> None:
+    """Raise a TypeError naming the first module compiled in place, before anything is hooked. ``modules``: those
+    of ``paths``, where the caller has them."""
+    found = compiled_in_place(paths, modules)
     if found is not None:
         raise TypeError(f"LayerProf cannot profile a module compiled in place: {_describe(*found)}: {_CONSEQUENCE} "
                         + _WHAT_TO_DO[found[2]])
 
 
-def compiled_while_profiling(paths: Iterable[tuple[str, nn.Module]]) -> str | None:
+def compiled_while_profiling(paths: list[tuple[str, nn.Module]], modules: list[nn.Module] | None = None) -> str | None:
     """The error message for a module compiled while it was being profiled (in place, or put in the model as a
-    ``torch.compile`` wrapper); None when there is none."""
-    paths = list(paths)
+    ``torch.compile`` wrapper); None when there is none. ``modules``: those of ``paths``, where the caller has
+    them."""
+    if modules is None:
+        modules = list(map(_second, paths))
     wrapper = compiled_module_type()
-    if wrapper is not None and any(map(isinstance, map(_second, paths), itertools.repeat(wrapper))):
+    if wrapper is not None and any(map(issubclass, set(map(type, modules)), itertools.repeat(wrapper))):
         for name, module in paths:
             if isinstance(module, wrapper):
                 return (f"the profile is refused: module '{name}' became a torch.compile'd module while it was being "
                         f"profiled, and {_CONSEQUENCE} Profile the eager module, and compile after profiling.")
-    found = compiled_in_place(paths)
+    found = compiled_in_place(paths, modules)
     if found is None:
         return None
     return (f"the profile is refused: {_describe(*found)} while it was being profiled, and {_CONSEQUENCE} "

@@ -22,6 +22,18 @@ def _machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+    }
+
+
+@lru_cache(maxsize=64)
+def _device_facts(device: torch.device | None, dtype: torch.dtype | None) -> dict[str, Any]:
+    # Names of a device and a dtype, which a process reads at every block (formatting them is C++ code that a
+    # block's exit would run cold after the step).
+    return {
+        "device": str(device) if device is not None else None,
+        "gpu": torch.cuda.get_device_name(device) if device is not None and device.type == "cuda" else None,
+        "dtype": str(dtype).replace("torch.", "") if dtype is not None else None,
     }
 
 
@@ -56,17 +68,11 @@ def environment(model: nn.Module | None = None, example: torch.Tensor | None = N
     """Facts about the machine and run; ``model`` gives device and dtype, ``example`` the batch size."""
     parameter = _first_parameter(model) if model is not None else None
     device = parameter.device if parameter is not None else (example.device if example is not None else None)
-    info: dict[str, Any] = {
+    return {
         **_machine(),
-        "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
-        "device": str(device) if device is not None else None,
-        "gpu": None,
-        "dtype": str(parameter.dtype).replace("torch.", "") if parameter is not None else None,
+        **_device_facts(device, parameter.dtype if parameter is not None else None),
         "batch_size": int(example.shape[0]) if example is not None and example.dim() > 0 else None,
         "input_dtype": str(example.dtype).replace("torch.", "") if example is not None else None,
     }
-    if device is not None and device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-    return info

@@ -34,6 +34,7 @@ from .timing import StepTimes, step_times
 from .tracker import Tracker, backward_note
 from .compiled import compiled_while_profiling, refuse_compiled_in_place
 from .recompute import roll_up_recompute
+from .reprs import read_reprs
 
 __all__ = ["LayerProf"]
 
@@ -143,26 +144,6 @@ def _example_probe(example: dict[str, Any]) -> Callable[..., None]:
         return None
 
     return probe
-
-
-_PLAIN_REPR = nn.Module.extra_repr
-
-
-def _read_reprs(entries: list[tuple[str, nn.Module]], records: dict[str, ModuleRecord], plan: reuse.Plan | None) -> None:
-    """Each record's type and ``extra_repr``, read after the step, not at enter: a lazy module shows what it
-    materialised as (LazyLinear becomes a Linear with its in_features), as the model's own repr does. ``plan``:
-    the block's plan when its entries are the plan's, whose records have their modules' class names already:
-    written again only if a class changed. A module whose class and instance have no ``extra_repr`` of their own
-    (containers) has nn.Module's, which is ""."""
-    modules = list(map(_second, entries))
-    types = list(map(type, modules))
-    if plan is None or plan.key is None or types != plan.key[0]:
-        for (name, _), kind in zip(entries, types):
-            records[name].type = kind.__name__
-    plain = _PLAIN_REPR
-    for (name, module), kind in zip(entries, types):
-        if kind.extra_repr is not plain or "extra_repr" in module.__dict__:  # (one set on the instance)
-            records[name].extra_repr = module.extra_repr()
 
 
 def _result(method: Callable[..., _T]) -> Callable[..., _T]:
@@ -285,7 +266,7 @@ class LayerProf:
         root, records = plan.records()  # extra_repr is read in _finish
         entries = plan.entries(modules)
         # Whatever checked the model before (here, or a reused plan): .compile() since then changes no path.
-        refuse_compiled_in_place(entries)
+        refuse_compiled_in_place(entries, modules)
         if _PROFILED:
             for name, module in entries:
                 holder = _PROFILED.get(id(module))
@@ -559,11 +540,12 @@ class LayerProf:
             self._tracker.attach(added)
         return None
 
-    def _warn_unseen_modules(self) -> None:
-        """Modules in the model now that were never hooked (put into ``_modules`` without registration)."""
+    def _warn_unseen_modules(self, modules: list[nn.Module]) -> None:
+        """Modules in the model now that were never hooked (put into ``_modules`` without registration);
+        ``modules``: the block's, in the order of its entries."""
         names = self._names
         plan = self._plan
-        if plan is not None and len(self.records) == self._built and plan.same_children(list(map(_second, self._entries))):
+        if plan is not None and len(self.records) == self._built and plan.same_children(modules):
             return  # the model holds the modules it held at the start, each hooked
         if all(id(module) in names for module in _modules_in(self.model)):
             return
@@ -579,10 +561,11 @@ class LayerProf:
     def _finish(self, partial: str | None = None) -> None:
         tracker = self._tracker
         assert tracker is not None and self.tree is not None
-        compiled = compiled_while_profiling(self._entries)
+        modules = list(map(_second, self._entries))
+        compiled = compiled_while_profiling(self._entries, modules)
         if compiled is not None:  # its times are partial: no profile rather than a wrong one
             raise RuntimeError(compiled)
-        self._warn_unseen_modules()
+        self._warn_unseen_modules(modules)
         meta: dict[str, Any] = {"environment": {**environment(self.model), **self._example}}
         distorting = [m.name for m in self.metrics if m.distorts_timing]
         if self._stats.steps == 0 and self._counting_step is not None:
@@ -593,7 +576,7 @@ class LayerProf:
                 f"only one step was profiled, and metrics {distorting} slowed it down: its times include their "
                 "overhead. Profile several steps (call prof.step() after each) for clean times.",
             )
-        _read_reprs(self._entries, self.records, self._plan if len(self._entries) == self._built else None)
+        read_reprs(self._entries, self.records, self._plan if len(self._entries) == self._built else None)
         self._stats.fill(self.records)
         roll_up_recompute(self.records, self.tree)
         for meter in self.metrics:

@@ -1,0 +1,124 @@
+"""Each record's class name and ``extra_repr``, read when a block stops (a lazy module shows what it materialised
+as, as the model's own repr does), and the text kept for the next block on the same model where it cannot differ.
+
+torch.nn's own ``extra_repr`` of its costlier layers (Linear, Conv, the norms, Embedding: a microsecond or more
+each, most of it ``self.bias`` through ``nn.Module.__getattr__`` and ``str.format``) formats a few plain
+attributes of the module and whether its bias is None. For a module of exactly such a class, the text is kept with
+those values, held, and the bias's None-ness. The next block whose plan is the same (``collect/reuse.py``) reuses
+the text while every value is the same object and the bias as it was, and calls ``extra_repr`` otherwise. Only
+immutable values (numbers, strings, None, tuples of them) are kept: held, such a value cannot change in place nor
+give its address to another. A class not listed, a subclass, an ``extra_repr`` set on the instance or replaced
+on the class, an attribute missing: called at every block, as are the cheap ones (Dropout, activations).
+"""
+from __future__ import annotations
+
+from operator import is_, itemgetter
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.nn.modules.lazy import LazyModuleMixin
+
+from ..record.records import ModuleRecord
+from .reuse import Plan
+
+__all__ = ["read_reprs"]
+
+_PLAIN_REPR = nn.Module.extra_repr
+_second = itemgetter(1)
+
+# torch.nn's extra_repr function -> (a getter of the attributes it formats, whether it reads ``self.bias``), each
+# read in torch's source.
+_READS: dict[Callable[..., str], tuple[Callable[[dict[str, Any]], tuple[Any, ...]], bool]] = {}
+
+
+def _reads(cls: type, names: tuple[str, ...], bias: bool) -> None:
+    _READS[cls.extra_repr] = (itemgetter(*names), bias)
+
+
+_reads(nn.Linear, ("in_features", "out_features"), True)
+_reads(nn.Bilinear, ("in1_features", "in2_features", "out_features"), True)
+_reads(nn.LayerNorm, ("normalized_shape", "eps", "elementwise_affine"), True)
+_reads(nn.GroupNorm, ("num_groups", "num_channels", "eps", "affine"), True)
+_reads(nn.BatchNorm1d, ("num_features", "eps", "momentum", "affine", "track_running_stats"), True)
+_reads(nn.Embedding, ("num_embeddings", "embedding_dim", "padding_idx", "max_norm", "norm_type",
+                      "scale_grad_by_freq", "sparse"), False)
+_reads(nn.Conv1d, ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "output_padding",
+                   "groups", "padding_mode"), True)
+if hasattr(nn, "RMSNorm"):
+    _reads(nn.RMSNorm, ("normalized_shape", "eps", "elementwise_affine"), False)
+
+# Exact class -> its torch.nn extra_repr: every torch.nn class whose extra_repr is one of the functions above (not
+# the lazy ones: a lazy module becomes its plain class once it has run), and MultiheadAttention's out_proj Linear.
+_KEPT: dict[type, Any] = {
+    cls: cls.extra_repr
+    for cls in (*(value for value in vars(nn).values() if isinstance(value, type)),
+                nn.modules.linear.NonDynamicallyQuantizableLinear)
+    if issubclass(cls, nn.Module) and not issubclass(cls, LazyModuleMixin) and cls.extra_repr in _READS
+}
+
+_IMMUTABLE = frozenset({int, float, bool, str, bytes, complex, type(None), torch.Size})
+_ABSENT = object()
+
+
+def _immutable(value: Any) -> bool:
+    kind = type(value)
+    if kind in _IMMUTABLE:
+        return True
+    return kind is tuple and all(map(_immutable, value))
+
+
+# (the values formatted, held; the text; whether the bias was None, None where not read; the extra_repr function)
+_Kept = tuple[tuple[Any, ...], str, "bool | None", Any]
+
+
+def _kept_text(module: nn.Module, own: dict[str, Any], function: Any, known: _Kept | None) -> tuple[str, _Kept | None]:
+    """The text of a module of a kept class (``own``: its ``__dict__``): ``known``'s when made from the same
+    values, else its ``extra_repr()``; and what to keep for the next block (None: nothing)."""
+    getter, reads_bias = _READS[function]
+    try:
+        values = getter(own)
+    except KeyError:  # an attribute deleted: extra_repr says what it says
+        return module.extra_repr(), None
+    no_bias = None
+    if reads_bias:
+        bias = own["_parameters"].get("bias", _ABSENT)
+        if bias is _ABSENT or "bias" in own:  # not a parameter that torch's __getattr__ would find
+            return module.extra_repr(), None
+        no_bias = bias is None
+    if known is not None and known[3] is function and known[2] is no_bias and all(map(is_, values, known[0])):
+        return known[1], known
+    text = module.extra_repr()
+    return text, ((values, text, no_bias, function) if all(map(_immutable, values)) else None)
+
+
+def read_reprs(entries: list[tuple[str, nn.Module]], records: dict[str, ModuleRecord], plan: Plan | None) -> None:
+    """Each record's type and ``extra_repr``. ``plan``: the block's plan when its entries are the plan's, whose
+    records have their modules' class names already (written again only if a class changed) and which keeps the
+    texts for the next block. A module whose class and instance have no ``extra_repr`` of their own (containers)
+    has nn.Module's, which is ""."""
+    modules = list(map(_second, entries))
+    types = list(map(type, modules))
+    if plan is not None and plan.key is None:
+        plan = None
+    if plan is None or types != plan.key[0]:
+        for (name, _), kind in zip(entries, types):
+            records[name].type = kind.__name__
+    kept = plan.reprs if plan is not None else {}
+    fresh: dict[int, _Kept] = {}
+    plain = _PLAIN_REPR
+    kept_classes = _KEPT
+    for index, module, kind in zip(range(len(modules)), modules, types):
+        function = kind.extra_repr
+        own = module.__dict__
+        if function is plain and "extra_repr" not in own:
+            continue
+        if plan is None or kept_classes.get(kind) is not function or "extra_repr" in own:
+            text = module.extra_repr()
+        else:
+            text, keep = _kept_text(module, own, function, kept.get(index))
+            if keep is not None:
+                fresh[index] = keep
+        records[entries[index][0]].extra_repr = text
+    if plan is not None:
+        plan.reprs = fresh

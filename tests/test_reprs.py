@@ -1,0 +1,154 @@
+"""A block on a model profiled before reuses the last block's extra_repr text of torch.nn's costlier layers while
+nothing it was made from changed (collect/reprs.py); every change that the model's own repr shows is seen."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+import torch
+from torch import nn
+
+import layerprof.collect.reprs as reprs
+import layerprof.collect.reuse as reuse
+from layerprof import LayerProf
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.norm = nn.LayerNorm(8)
+        self.dropout = nn.Dropout(0.5)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dropout(self.norm(self.linear(x))))
+
+
+def _reprs(model: nn.Module, inside: Callable[[nn.Module], Any] = lambda m: None) -> dict[str, str]:
+    with LayerProf(model) as prof:
+        model(torch.randn(2, 8)).sum().backward()
+        inside(model)
+    return {name: record.extra_repr for name, record in prof.records.items()}
+
+
+def _expected(model: nn.Module) -> dict[str, str]:
+    return {name: module.extra_repr() for name, module in model.named_modules()}
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Calls of Linear's and LayerNorm's extra_repr, by class name (kept as torch's own: the spies are the kept
+    functions, reading what torch's do)."""
+    calls: list[str] = []
+    for cls in (nn.Linear, nn.LayerNorm):
+        real = cls.extra_repr
+
+        def spy(self: nn.Module, real: Callable[[nn.Module], str] = real) -> str:
+            calls.append(type(self).__name__)
+            return real(self)
+
+        monkeypatch.setattr(cls, "extra_repr", spy)
+        monkeypatch.setitem(reprs._KEPT, cls, spy)
+        monkeypatch.setitem(reprs._READS, spy, reprs._READS[real])
+    return calls
+
+
+def test_an_unchanged_model_reuses_the_texts(counted: list[str]) -> None:
+    model = Net()
+    first = _reprs(model)
+    # The first block calls each once; Dropout's and ReLU's (cheap, called every time) are not kept.
+    assert sorted(counted) == ["LayerNorm", "Linear"]
+    assert first == _expected(model) and first["dropout"] == "p=0.5, inplace=False"
+    plan = reuse._PLANS[model]
+    assert sorted(plan.reprs) == [1, 2]  # linear, norm: their entry indices after the root
+    counted.clear()
+    assert _reprs(model) == first and _reprs(model) == first
+    assert counted == [] and reuse._PLANS[model] is plan
+
+
+def _set_bias_none(model: Net) -> None:
+    model.linear.bias = None
+
+
+CHANGES: list[tuple[str, Callable[[Net], Any], str, str]] = [
+    # (change, module, the text after)
+    ("dropout probability", lambda m: setattr(m.dropout, "p", 0.3), "dropout", "p=0.3, inplace=False"),
+    ("in_features edited", lambda m: setattr(m.linear, "in_features", 9), "linear",
+     "in_features=9, out_features=8, bias=True"),
+    ("eps", lambda m: setattr(m.norm, "eps", 1e-3), "norm", "(8,), eps=0.001, elementwise_affine=True, bias=True"),
+    ("the same value as another object", lambda m: setattr(m.norm, "eps", float("1e-05")), "norm",
+     "(8,), eps=1e-05, elementwise_affine=True, bias=True"),
+    ("a tuple replaced by an equal one", lambda m: setattr(m.norm, "normalized_shape", tuple([8])), "norm",
+     "(8,), eps=1e-05, elementwise_affine=True, bias=True"),
+    ("an int where a bool was", lambda m: setattr(m.act, "inplace", 1), "act", "inplace=True"),
+    ("a bool where an int was", lambda m: setattr(m.linear, "out_features", True), "linear",
+     "in_features=8, out_features=True, bias=True"),
+    ("an attribute deleted and set again", lambda m: (delattr(m.linear, "in_features"),
+                                                     setattr(m.linear, "in_features", 7)), "linear",
+     "in_features=7, out_features=8, bias=True"),
+    ("the bias set to None", _set_bias_none, "linear", "in_features=8, out_features=8, bias=False"),
+    ("train mode", lambda m: m.eval(), "dropout", "p=0.5, inplace=False"),
+    ("extra_repr set on the instance", lambda m: setattr(m.linear, "extra_repr", lambda: "mine"), "linear", "mine"),
+    ("class changed", lambda m: (setattr(m.act, "approximate", "tanh"), setattr(m.act, "__class__", nn.GELU)), "act",
+     "approximate='tanh'"),
+]
+
+
+@pytest.mark.parametrize("change,module,text", [c[1:] for c in CHANGES], ids=[c[0] for c in CHANGES])
+def test_every_change_between_blocks_is_seen(change: Callable[[Net], Any], module: str, text: str) -> None:
+    model = Net()
+    _reprs(model)
+    _reprs(model)
+    change(model)
+    after = _reprs(model)
+    assert after == _expected(model) and after[module] == text
+
+
+def test_a_change_inside_the_block_is_seen() -> None:
+    # Covered by no check at the block's start: a parameter set to None while profiling, a hyperparameter.
+    model = Net()
+    _reprs(model)
+    after = _reprs(model, lambda m: (_set_bias_none(m), setattr(m.dropout, "p", 0.1)))
+    assert after == _expected(model)
+    assert after["linear"] == "in_features=8, out_features=8, bias=False" and after["dropout"] == "p=0.1, inplace=False"
+
+
+def test_a_mutable_attribute_is_read_every_time(counted: list[str]) -> None:
+    model = Net()
+    model.spare = nn.LayerNorm(8)  # not called by forward
+    model.spare.normalized_shape = [8]  # a list: it could change in place, so its text is not kept
+    _reprs(model)
+    counted.clear()
+    model.spare.normalized_shape.append(1)
+    assert _reprs(model)["spare"] == "[8, 1], eps=1e-05, elementwise_affine=True, bias=True"
+    assert counted == ["LayerNorm"]  # the spare's: the others kept theirs
+
+
+def test_a_replaced_class_function_and_a_subclass_are_called(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Mine(nn.Linear):
+        @property
+        def in_features(self) -> int:
+            return self.weight.shape[1] * self.factor
+
+        @in_features.setter
+        def in_features(self, value: int) -> None:
+            pass
+
+    model = Net()
+    model.linear = Mine(8, 8)
+    model.linear.factor = 1
+    _reprs(model)
+    model.linear.factor = 2  # read through the property: not in the snapshot, yet the text changes
+    assert _reprs(model)["linear"] == "in_features=16, out_features=8, bias=True"
+    monkeypatch.setattr(nn.Dropout, "extra_repr", lambda self: "patched")
+    assert _reprs(model)["dropout"] == "patched"
+
+
+def test_the_snapshot_holds_no_table_nor_tensor_of_the_module() -> None:
+    model = Net()
+    _reprs(model)
+    kept = reuse._PLANS[model].reprs
+    held = [value for values, *_ in kept.values() for value in values]
+    assert held == [8, 8, (8,), 1e-05, True]  # linear's in and out features, the norm's shape, eps, affine
+    assert [no_bias for _, _, no_bias, _ in kept.values()] == [False, False]
