@@ -337,6 +337,20 @@ def test_in_place_ops_count_as_their_out_of_place_op() -> None:
     assert prof.tree.flops_backward == 2 * 864
 
 
+@pytest.mark.parametrize("mode, shape", [("bicubic", (1, 2, 4, 4)), ("linear", (1, 2, 4)), ("nearest", (1, 2, 4)),
+                                          ("trilinear", (1, 2, 4, 4, 4)), ("nearest-exact", (1, 2, 4, 4, 4))])
+def test_resampling_is_free_in_both_passes(mode: str, shape: tuple[int, ...]) -> None:
+    # CrossViT resizes its position embeddings bicubically: aten.upsample_bicubic2d was "unknown", as were the
+    # other resampling kernels and their backwards; by the convention, resampling has no multiply-accumulates.
+    class Resample(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.interpolate(x, scale_factor=2.0, mode=mode)
+
+    prof = profile(Resample(), torch.randn(*shape, requires_grad=True))
+    assert (prof.tree.flops_forward, prof.tree.flops_backward) == (0, 0)
+    assert prof.unknown_ops() == {}
+
+
 def test_every_free_op_has_a_free_backward() -> None:
     # The backward of an op free by convention (padding, pooling, resampling, losses) is free too, or decomposes.
     missing = []

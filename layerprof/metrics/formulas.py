@@ -388,7 +388,11 @@ _FREE_OPS = (
     "_adaptive_avg_pool3d_backward", "adaptive_max_pool2d", "adaptive_max_pool2d_backward", "_pdist_forward",
     "upsample_nearest2d", "upsample_nearest2d_backward", "upsample_bilinear2d", "upsample_bilinear2d_backward",
     "_upsample_nearest_exact2d", "_upsample_bilinear2d_aa", "grid_sampler_2d", "constant_pad_nd",
-    "reflection_pad2d", "replication_pad2d",
+    "reflection_pad2d", "replication_pad2d", "upsample_nearest1d", "upsample_nearest3d", "upsample_linear1d",
+    "upsample_bicubic2d", "upsample_trilinear3d", "_upsample_nearest_exact1d", "_upsample_nearest_exact3d",
+    "_upsample_bicubic2d_aa", "_upsample_lanczos2d_aa", "grid_sampler_3d", "_grid_sampler_2d_cpu_fallback",
+    "adaptive_max_pool3d", "fractional_max_pool3d", "max_unpool3d", "max_pool2d_backward",
+    "adaptive_avg_pool3d_backward", "unfold_copy",
     # embeddings, indexing, copies, factories, dropout
     "embedding", "embedding_dense_backward", "_embedding_bag", "index", "index_put", "index_put_", "_index_put_impl_",
     "index_select", "index_add", "index_copy", "gather", "scatter", "scatter_add", "scatter_reduce",
