@@ -8,8 +8,9 @@ work count 0. Attention counts the dense score matrix even when causal, as FlopC
 A formula is a pure function of shapes: the counter calls it with the op's arguments where every tensor is
 replaced by its shape (a ``torch.Size``; a list of tensors by a list of shapes; a nested tensor by a list of
 its components' shapes) and the output's shapes as ``out_shape``. It returns the FLOPs, or ``None`` for an op
-that is known and costs nothing by the convention above. An op with no formula, no ``pointwise`` or view tag and
-no decomposition is *unknown*: it counts 0 and is listed (``Profile.unknown_ops()``), never silently.
+that is known and costs nothing by the convention above. An in-place op without a formula of its own has its
+out-of-place op's (``addmm_`` is ``addmm``). An op with no formula, no ``pointwise`` or view tag and no
+decomposition is *unknown*: it counts 0 and is listed (``Profile.unknown_ops()``), never silently.
 
 >>> import torch
 >>> @torch.library.custom_op("layerprof_doc::scale", mutates_args=())
