@@ -240,6 +240,9 @@ BAD = [
     (["{m}:Nett", "-i", "2"], 2, "has no attribute 'Nett'; did you mean Net"),
     (["torch.nn:Linearr", "-i", "2"], 2, "'torch.nn' has no attribute 'Linearr'; did you mean Linear"),
     (["torch.nn:Linear.nope", "-i", "2"], 2, "'torch.nn.Linear' has no attribute 'nope'"),
+    # A model factory one package down (timm and torchvision keep theirs in .models): the spec that names it.
+    (["torchvision:resnet18", "-i", "2"], 2,
+     "'torchvision' has no attribute 'resnet18'; did you mean torchvision.models:resnet18?"),
     (["torch.nn.Linear", "-i", "2"], 2, "needs the form package.module:callable"),
     (["{m}x:Net", "-i", "2"], 2, "not found"),
     (["{m}:not_a_model", "-i", "2"], 2, ":not_a_model' returned builtins.int, not a torch.nn.Module"),

@@ -10,9 +10,10 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
 from layerprof import LayerProf, register_flop_formula, register_module_flops
-from layerprof.metrics.formulas import FLOP_FORMULAS
+from layerprof.metrics.formulas import FLOP_FORMULAS, flop_formula, free
 from layerprof.metrics.module_formulas import MODULE_FLOPS
 from layerprof._tensors import first_tensor
+from layerprof._torch import has_decomposition
 
 from .models import KwargsDataclass, SharedLoop
 
@@ -218,6 +219,27 @@ def test_gru_and_rnn_on_cpu(kind: str) -> None:
     assert (prof.tree.flops_forward, prof.tree.flops_backward) == reference(model, x)
 
 
+@pytest.mark.parametrize("kind", ["sdpa", "lstm", "gru"])
+def test_inference_mode_counts_attention_and_recurrent_layers(kind: str) -> None:
+    # Under inference_mode these reach the dispatch mode whole, as aten.scaled_dot_product_attention / aten.lstm /
+    # aten.gru: ops tagged nondeterministic_seeded (they may draw dropout) that decompose into real work. They
+    # were taken for random fills and counted 0 without a word: a timm ViT under `layerprof --eval` lost its
+    # attention. They are priced by their decomposition, as under no_grad.
+    if kind == "sdpa":
+        model: nn.Module = Attention()
+        x = torch.randn(2, 4, 8, 16)
+        expected = 2 * 2 * 4 * 8 * 8 * (16 + 16)  # 32,768, as in test_sdpa_on_cpu
+    else:
+        model = nn.LSTM(8, 16, num_layers=2) if kind == "lstm" else nn.GRU(8, 16, num_layers=2)
+        x = torch.randn(5, 3, 8)
+        expected = rnn_flops(4 if kind == "lstm" else 3, 8, 16, 2, 15)  # LSTM 107,520; GRU 80,640
+    for context in (torch.no_grad, torch.inference_mode):
+        with context():
+            prof = profile(model, x, backward=False)
+        assert prof.tree.flops_forward == expected, context.__name__
+        assert prof.unknown_ops() == {}
+
+
 # -- passes, sharing, checkpointing, calling conventions ------------------------------------------------------
 def test_no_grad_and_inference_mode_count_forward_only() -> None:
     net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
@@ -288,6 +310,57 @@ def test_checkpoint_recompute_is_kept_apart(reentrant: bool) -> None:
     assert prof.records["block"].flops_backward == 2 * block
     assert prof.tree.flops_backward == 2 * block + 2 * head
     check_tree(prof)
+
+
+class InPlace(nn.Module):
+    """In-place ops as timm writes them: a masked fill (XCiT, Swin V2, EdgeNeXt), an in-place addmm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pad = nn.ReflectionPad2d(1)  # TResNet's anti-aliasing
+        self.w = nn.Parameter(torch.randn(6, 6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.pad(x).flatten(1)  # [2, 1, 4, 4] -> [2, 1, 6, 6] -> [2, 36]
+        y = y.view(12, 6).clone()
+        y.masked_fill_(y > 1, 0.0)
+        return torch.zeros(12, 6).addmm_(y, self.w)  # [12, 6] @ [6, 6]
+
+
+def test_in_place_ops_count_as_their_out_of_place_op() -> None:
+    # An in-place op with no formula of its own is priced as its out-of-place op (masked_fill_ free as masked_fill,
+    # addmm_ as addmm), and the backward of a free op is free (reflection_pad2d_backward): neither is "unknown".
+    prof = profile(InPlace(), torch.randn(2, 1, 4, 4, requires_grad=True))
+    assert prof.unknown_ops() == {}
+    assert prof.tree.flops_forward == 2 * 12 * 6 * 6  # 864
+    # addmm_'s backward: grad_w = y^T: [6, 12] @ grad: [12, 6] and grad_y = grad: [12, 6] @ w^T: [6, 6]
+    assert prof.tree.flops_backward == 2 * 864
+
+
+@pytest.mark.parametrize("mode, shape", [("bicubic", (1, 2, 4, 4)), ("linear", (1, 2, 4)), ("nearest", (1, 2, 4)),
+                                          ("trilinear", (1, 2, 4, 4, 4)), ("nearest-exact", (1, 2, 4, 4, 4))])
+def test_resampling_is_free_in_both_passes(mode: str, shape: tuple[int, ...]) -> None:
+    # CrossViT resizes its position embeddings bicubically: aten.upsample_bicubic2d was "unknown", as were the
+    # other resampling kernels and their backwards; by the convention, resampling has no multiply-accumulates.
+    class Resample(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.interpolate(x, scale_factor=2.0, mode=mode)
+
+    prof = profile(Resample(), torch.randn(*shape, requires_grad=True))
+    assert (prof.tree.flops_forward, prof.tree.flops_backward) == (0, 0)
+    assert prof.unknown_ops() == {}
+
+
+def test_every_free_op_has_a_free_backward() -> None:
+    # The backward of an op free by convention (padding, pooling, resampling, losses) is free too, or decomposes.
+    missing = []
+    for packet in [op for op, formula in FLOP_FORMULAS.items() if formula is free]:
+        backward = getattr(torch.ops.aten, f"{packet.__name__}_backward", None)
+        if backward is None or flop_formula(backward) is not None:
+            continue
+        if not any(has_decomposition(getattr(backward, overload)) for overload in backward.overloads()):
+            missing.append(backward.__name__)
+    assert missing == []
 
 
 # -- user extensions ----------------------------------------------------------------------------------------

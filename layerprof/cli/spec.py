@@ -81,6 +81,17 @@ def _import_module(where: str) -> ModuleType:
         raise RunError(f"importing {where!r} raised {one_line(exc)}") from exc
 
 
+def _in_submodules(where: str, attribute: str) -> list[str]:
+    """The spec naming callable ``attribute`` in the least deep imported public submodule of package ``where``:
+    ``timm:resnet18`` -> ``timm.models:resnet18`` (model factories live one level down in timm and torchvision)."""
+    found = []
+    for name, module in list(sys.modules.items()):
+        if (name.startswith(where + ".") and isinstance(module, ModuleType) and callable(vars(module).get(attribute))
+                and not any(part.startswith("_") for part in name.split("."))):
+            found.append(name)
+    return [f"{name}:{attribute}" for name in sorted(found, key=lambda name: (name.count("."), name))[:1]]
+
+
 def _lookup(module: ModuleType, where: str, attribute: str) -> Any:
     value: Any = module
     for depth, part in enumerate(attribute.split(".")):
@@ -90,6 +101,8 @@ def _lookup(module: ModuleType, where: str, attribute: str) -> Any:
             owner = ".".join([where] + attribute.split(".")[:depth]) if depth else where
             candidates = [name for name in dir(value) if not name.startswith("_")]
             close = difflib.get_close_matches(part, candidates, n=3)
+            if not close and not depth and not _is_path(where):
+                close = _in_submodules(where, part)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise UsageError(f"{owner!r} has no attribute {part!r}{hint}") from None
     return value

@@ -8,8 +8,9 @@ work count 0. Attention counts the dense score matrix even when causal, as FlopC
 A formula is a pure function of shapes: the counter calls it with the op's arguments where every tensor is
 replaced by its shape (a ``torch.Size``; a list of tensors by a list of shapes; a nested tensor by a list of
 its components' shapes) and the output's shapes as ``out_shape``. It returns the FLOPs, or ``None`` for an op
-that is known and costs nothing by the convention above. An op with no formula, no ``pointwise`` or view tag and
-no decomposition is *unknown*: it counts 0 and is listed (``Profile.unknown_ops()``), never silently.
+that is known and costs nothing by the convention above. An in-place op without a formula of its own has its
+out-of-place op's (``addmm_`` is ``addmm``). An op with no formula, no ``pointwise`` or view tag and no
+decomposition is *unknown*: it counts 0 and is listed (``Profile.unknown_ops()``), never silently.
 
 >>> import torch
 >>> @torch.library.custom_op("layerprof_doc::scale", mutates_args=())
@@ -28,6 +29,8 @@ from math import prod
 from typing import Any, Callable, Sequence
 
 import torch
+
+from .._torch import has_decomposition
 
 __all__ = ["FLOP_FORMULAS", "register_flop_formula", "flop_formula", "is_free", "FlopFormula"]
 
@@ -58,19 +61,48 @@ def register_flop_formula(*ops: Any) -> Callable[[FlopFormula], FlopFormula]:
     return register
 
 
+def _out_of_place(op: Any) -> Any:
+    """The out-of-place packet of an in-place op (``aten.masked_fill_`` -> ``aten.masked_fill``), else None."""
+    packet = _packet(op)
+    name = getattr(packet, "__name__", "")
+    if not name.endswith("_") or name.startswith("__"):
+        return None
+    namespace, _, _ = getattr(packet, "_qualified_op_name", "").partition("::")
+    return getattr(getattr(torch.ops, namespace, None), name[:-1], None) if namespace else None
+
+
 def flop_formula(op: Any) -> FlopFormula | None:
-    """The registered formula of an op (an OpOverload or packet), or None if it has none."""
-    return FLOP_FORMULAS.get(_packet(op))
+    """The registered formula of an op (an OpOverload or packet), or None if it has none. An in-place op with
+    none of its own has its out-of-place op's: ``addmm_`` computes what ``addmm`` does."""
+    formula = FLOP_FORMULAS.get(_packet(op))
+    if formula is None:
+        functional = _out_of_place(op)
+        formula = None if functional is None else FLOP_FORMULAS.get(functional)
+    return formula
 
 
-_FREE_TAGS = {torch.Tag.pointwise, torch.Tag.inplace_view, torch.Tag.nondeterministic_seeded}
+_FREE_TAGS = {torch.Tag.pointwise, torch.Tag.inplace_view}
 
 
 def is_free(op: Any) -> bool:
-    """Ops free by convention without a registry entry: elementwise (``pointwise`` tag), views, random fills."""
+    """Ops free by convention without a registry entry: elementwise (``pointwise`` tag), views, random fills.
+
+    A random fill is an op that draws (``nondeterministic_seeded``) and does not decompose: composite ops that
+    may draw for their dropout (``aten.scaled_dot_product_attention``, ``aten.lstm``, ``aten.gru``, which reach
+    the counter whole under inference_mode) do real work, priced by their decomposition."""
     if getattr(op, "is_view", False):
         return True
-    return any(tag in _FREE_TAGS for tag in getattr(op, "tags", ()))
+    tags = getattr(op, "tags", ())
+    if any(tag in _FREE_TAGS for tag in tags):
+        return True
+    if torch.Tag.nondeterministic_seeded in tags and not has_decomposition(op):
+        return True
+    # An in-place op is untagged where its out-of-place op is pointwise (masked_fill_, eq_, threshold_).
+    functional = _out_of_place(op)
+    overload = getattr(op, "_overloadname", None)
+    if functional is None or overload not in functional.overloads():
+        return False
+    return torch.Tag.pointwise in getattr(functional, overload).tags
 
 
 # -- matrix products ---------------------------------------------------------------------------------------
@@ -357,7 +389,11 @@ _FREE_OPS = (
     "_adaptive_avg_pool3d_backward", "adaptive_max_pool2d", "adaptive_max_pool2d_backward", "_pdist_forward",
     "upsample_nearest2d", "upsample_nearest2d_backward", "upsample_bilinear2d", "upsample_bilinear2d_backward",
     "_upsample_nearest_exact2d", "_upsample_bilinear2d_aa", "grid_sampler_2d", "constant_pad_nd",
-    "reflection_pad2d", "replication_pad2d",
+    "reflection_pad2d", "replication_pad2d", "upsample_nearest1d", "upsample_nearest3d", "upsample_linear1d",
+    "upsample_bicubic2d", "upsample_trilinear3d", "_upsample_nearest_exact1d", "_upsample_nearest_exact3d",
+    "_upsample_bicubic2d_aa", "_upsample_lanczos2d_aa", "grid_sampler_3d", "_grid_sampler_2d_cpu_fallback",
+    "adaptive_max_pool3d", "fractional_max_pool3d", "max_unpool3d", "max_pool2d_backward",
+    "adaptive_avg_pool3d_backward", "unfold_copy",
     # embeddings, indexing, copies, factories, dropout
     "embedding", "embedding_dense_backward", "_embedding_bag", "index", "index_put", "index_put_", "_index_put_impl_",
     "index_select", "index_add", "index_copy", "gather", "scatter", "scatter_add", "scatter_reduce",
@@ -398,4 +434,10 @@ _FREE_OPS = (
 for _name in _FREE_OPS:
     if hasattr(aten, _name):
         register_flop_formula(getattr(aten, _name))(free)
+    # The backward of an op with no multiply-accumulates has none either (reflection_pad2d_backward, ...); one
+    # that decomposes is left to be priced by its parts.
+    _backward = getattr(aten, _name + "_backward", None)
+    if _backward is not None and not any(has_decomposition(getattr(_backward, overload))
+                                         for overload in _backward.overloads()):
+        register_flop_formula(_backward)(free)
 register_flop_formula(torch.ops.prim.device)(free)

@@ -170,16 +170,17 @@ def _storage(tensor: torch.Tensor) -> Any:
 
 
 def _storage_keys(*objs: Any) -> set[int]:
-    return set(_storage_sizes(*objs))
+    return set(_storages(*objs))
 
 
-def _storage_sizes(*objs: Any) -> dict[int, int]:
-    sizes = {}
+def _storages(*objs: Any) -> dict[int, Any]:
+    """Storage key -> storage, of the tensors in ``objs``."""
+    found = {}
     for tensor in iter_tensors(objs):
         storage = _storage(tensor)
         if storage is not None:
-            sizes[storage_key(storage)] = storage.nbytes()
-    return sizes
+            found[storage_key(storage)] = storage
+    return found
 
 
 @register_meter
@@ -200,6 +201,9 @@ class MemoryMeter(Meter):
         # Storage (by StorageImpl address) -> a weak reference that keeps the address from being reused.
         self._returned: dict[int, StorageWeakRef] = {}
         self._saved: dict[int, StorageWeakRef] = {}
+        # The calls' inputs too: one nothing saves or returns (a temporary made between two modules) dies within the
+        # forward, and a storage made after it at the same address would be taken for it.
+        self._inputs: dict[int, StorageWeakRef] = {}
         # Storage -> [bytes, the innermost calls that saved it] in the current forward, for the planner's figures.
         self._savers: dict[int, list[Any]] = {}
         self._forward: list[_CallMemory] = []  # the calls of the current forward of the model
@@ -225,6 +229,7 @@ class MemoryMeter(Meter):
         self._stack.clear()
         self._returned.clear()
         self._saved.clear()
+        self._inputs.clear()
         self._settle()
         if hooks is not None:
             hooks.__exit__(None, None, None)
@@ -286,10 +291,14 @@ class MemoryMeter(Meter):
             stack.clear()
             self._returned.clear()
             self._saved.clear()
+            self._inputs.clear()
             self._settle()
-        inputs = _storage_sizes(args, kwargs)
-        for key in self._static.intersection(inputs):
-            del inputs[key]
+        inputs = {}
+        for key, storage in _storages(args, kwargs).items():
+            if key not in self._static:
+                inputs[key] = storage.nbytes()
+                if key not in self._inputs:
+                    self._inputs[key] = StorageWeakRef(storage)
         parent = self._states.get(id(call.parent)) if call.parent is not None else None
         state = _CallMemory(inputs, self._log_for(call.clock.device), parent)
         if has_side_effects(module) or updates_a_cache(args, kwargs):
