@@ -1,7 +1,7 @@
 """The checkpoint planner on a zoo of real models, against two peers, one thread.
 
     python benchmarks/checkpoint_plan.py [--models resnet50,bert] [--repeats 31] [--max-repeats 81] [--scale bench]
-                                         [--same-process]
+                                         [--same-process] [--split PAIRS]
 
 For each model and budget (25 %, 50 %, 75 % of today's saved-for-backward bytes): layerprof's plan, predicted
 against measured. Saved bytes: the memory meter's on the wrapped model. Extra step time, predicted: the profiled
@@ -25,6 +25,14 @@ layer, ResNet bottleneck, dense layer), and on the sequential model ``torch.util
 with the fewest segments that meet the budget, each paired with its own steps without (``--repeats`` pairs). For
 the 75 % plans, each wrapped module's predicted recompute time against its recomputation as timed in backward (CPU
 time, median over the pairs). Then the planning time of a synthetic 10,000-module tree.
+
+``--split PAIRS``: after each plan's pairs, that many more with the plan's wrappers timed from inside
+(``RecomputeTimer`` on CPU time), and a table of where the extra time went: the recomputations in backward against
+the predicted recompute time, and the wrappers' own work (their forward beyond the regions', and the rest of the
+extra time, in backward) against the predicted wrapper time, a call and in all, beside the process's calibration.
+The recompute so measured holds the recomputation's saved-tensor hooks and the early stop's exception, which the
+prediction prices in the wrapper's ``per_call_ms`` (about 0.1 ms a call on a 2-core CPU): a plan whose recompute
+reads about that much a call above its prediction, and its wrappers as much below, is priced right.
 
 Each model runs in a process of its own (spawned, one at a time), as a user's training process runs one model:
 in one process the later models' steps carry what the earlier ones left (the allocator's free lists, the caches),
@@ -51,11 +59,11 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from layerprof import LayerProf  # noqa: E402
-from layerprof.plan.apply import unwrap, wrap  # noqa: E402
+from layerprof.plan.apply import RecomputeTimer as WrapperTimer, unwrap, wrap  # noqa: E402
 from layerprof.plan.runs import parse_run  # noqa: E402
 from tests.checkpoint_zoo import ZOO, zoo_step  # noqa: E402
 
-from benchmarks.paired import extend, run_pairs  # noqa: E402
+from benchmarks.paired import extend, pair_order, run_pairs  # noqa: E402
 
 BUDGETS = (0.25, 0.5, 0.75)
 PROFILED_STEPS = 6  # the forward times predicted are medians over the last five
@@ -135,6 +143,43 @@ def recompute_check(model: nn.Module, step: Callable[[], Any], plan: Any, repeat
                  recompute=statistics.median(timer.recompute[c.name][1:])) for c in plan.chosen]
 
 
+def split_check(model: nn.Module, step: Callable[[], Any], plan: Any, calls: int, repeats: int
+                ) -> dict[str, float]:
+    """Where a plan's extra time goes, ``repeats`` pairs (a plain step, a step with the plan, alternating order),
+    in process CPU time: the median extra time, and in the steps with the plan the wrappers' own forward work
+    (their checkpoint calls less the regions' forward) and the recomputations in backward (the regions' forward
+    run again: the early stop's exception and the recomputation's saved-tensor hooks included), medians over the
+    steps, summed over the plan's wrappers; the rest of the extra time is the wrappers' work in backward outside
+    the recomputations. Beside them the plan's predicted recompute and wrapper time, and ``calls``, its wrappers'
+    calls a step."""
+    differences, wrapper_forward, recomputed = [], [], []
+    for index in range(repeats + 1):
+        timer = WrapperTimer(clock=time.process_time)
+        order = (False, True) if pair_order(index) else (True, False)
+        times = {}
+        for with_plan in order:
+            start = time.process_time()
+            if with_plan:
+                with plan.applied(model), timer:
+                    step()
+            else:
+                step()
+            times[with_plan] = (time.process_time() - start) * 1e3
+        if index:  # the first pair warms up
+            differences.append(times[True] - times[False])
+            wrapper_forward.append(sum(timer.wrapper_forward_ms.values()))
+            recomputed.append(sum(timer.ms.values()))
+    extra, forward, recompute = (statistics.median(v) for v in (differences, wrapper_forward, recomputed))
+    return dict(extra=extra, wrapper_forward=forward, recompute=recompute, rest=extra - forward - recompute,
+                predicted_recompute=sum(c.recompute_ms for c in plan.chosen),
+                predicted_wrap=sum(c.wrap_ms for c in plan.chosen), calls=calls)
+
+
+def wrapper_calls(records: Any, plan: Any) -> int:
+    """The checkpoint calls a step of ``plan``'s wrappers: a module's calls, or a run's Sequential's."""
+    return sum(int(records[name if parse_run(name) is None else parse_run(name)[0]].calls) for name in plan.modules)
+
+
 def block_names(model: nn.Module, containers: tuple[str, ...]) -> list[str]:
     found = []
     for container in containers:
@@ -163,7 +208,7 @@ def narrow_enough(predicted_ms: float) -> float:
     return max(NARROW_SHARE * abs(predicted_ms), NARROW_MS)
 
 
-def run_model(name: str, scale: str, repeats: int, cap: int) -> list[dict[str, Any]]:
+def run_model(name: str, scale: str, repeats: int, cap: int, split: int = 0) -> list[dict[str, Any]]:
     entry = ZOO[name]
     model, step = zoo_step(name, scale)
     with warnings.catch_warnings():
@@ -213,6 +258,8 @@ def run_model(name: str, scale: str, repeats: int, cap: int) -> list[dict[str, A
             row["sequential_ms"] = times["sequential"].median
         if budget == RECOMPUTE_CHECK and plan.modules:
             row["recompute"] = recompute_check(model, step, plan, max(3, repeats // 3))
+        if split and plan.modules:
+            row["split"] = split_check(model, step, plan, wrapper_calls(prof.records, plan), split)
         rows.append(row)
         print(format_row(row), flush=True)
     return rows
@@ -282,6 +329,29 @@ def format_recompute(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_split(rows: list[dict[str, Any]]) -> str:
+    """``--split``: each plan's extra time, predicted against measured, in its recomputation and its wrappers, with
+    the wrappers' cost a call as measured in the plan's steps beside the process's calibration (``wrap_cost``: a
+    call, and a saved tensor)."""
+    lines = ["| model | budget | wrapper calls | recompute ms, predicted / measured | wrappers ms, predicted / measured "
+             "(forward + backward) | a wrapper call ms, predicted / measured | calibration | extra ms, predicted / "
+             "measured |", "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        found = row.get("split")
+        if not found:
+            continue
+        wrappers = found["wrapper_forward"] + found["rest"]
+        calls = max(1, found["calls"])
+        per_call, per_tensor = row["calibration"][:2]
+        lines.append(
+            f"| {row['model']} | {row['budget']:.0%} | {found['calls']} | {found['predicted_recompute']:.2f} / "
+            f"{found['recompute']:.2f} | {found['predicted_wrap']:.2f} / {wrappers:.2f} ({found['wrapper_forward']:.2f}"
+            f" + {found['rest']:.2f}) | {found['predicted_wrap'] / calls:.3f} / {wrappers / calls:.3f} | "
+            f"{per_call:.3f} ms + {per_tensor * 1e3:.1f} us | {found['predicted_recompute'] + found['predicted_wrap']:.1f}"
+            f" / {found['extra']:.1f} |")
+    return "\n".join(lines)
+
+
 HEADER = ("| model | budget | today MiB | budget MiB | modules | predicted MiB | measured MiB | meets | predicted "
           "extra ms | measured extra ms | 95 % interval ms (pairs) | noise (IQR) ms | within | page faults a step, "
           "plain / plan | every block | checkpoint_sequential | step ms |\n"
@@ -314,7 +384,7 @@ def planning_time(count: int = 10_000) -> float:
     return time.perf_counter() - start
 
 
-def _calibrated_run(name: str, scale: str, repeats: int, cap: int
+def _calibrated_run(name: str, scale: str, repeats: int, cap: int, split: int = 0
                     ) -> tuple[list[dict[str, Any]], tuple[float, float, float]]:
     """One model's rows, and the wrapper's and the hooks' cost as this process measured them (they are cached per
     process, so measured once before the model runs, as its plans will use them)."""
@@ -325,7 +395,10 @@ def _calibrated_run(name: str, scale: str, repeats: int, cap: int
 
     cost = wrap_cost()
     calibration = (cost.per_call_ms, cost.per_tensor_ms, hook_cost(LayerProf))
-    return run_model(name, scale, repeats, cap), calibration
+    rows = run_model(name, scale, repeats, cap, split)
+    for row in rows:
+        row["calibration"] = calibration
+    return rows, calibration
 
 
 def main() -> None:
@@ -336,6 +409,9 @@ def main() -> None:
                         help="pairs of a plan's step at most, added while its 95 %% interval is wide")
     parser.add_argument("--scale", default="bench", choices=("tiny", "bench"))
     parser.add_argument("--same-process", action="store_true", help="run every model in this process")
+    parser.add_argument("--split", type=int, default=0, metavar="PAIRS",
+                        help="after each plan's pairs, this many more with the wrappers timed from inside: where "
+                             "the extra time goes (recomputation, the wrappers' forward, the rest in backward)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
@@ -344,11 +420,11 @@ def main() -> None:
     rows, calibrations = [], []
     for name in args.models.split(","):
         if args.same_process:
-            found, calibration = _calibrated_run(name, args.scale, args.repeats, args.max_repeats)
+            found, calibration = _calibrated_run(name, args.scale, args.repeats, args.max_repeats, args.split)
         else:
             with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
                 found, calibration = pool.submit(_calibrated_run, name, args.scale, args.repeats,
-                                                 args.max_repeats).result()
+                                                 args.max_repeats, args.split).result()
         rows += found
         calibrations.append(f"{name} {calibration[0]:.3f} ms + {calibration[1] * 1e3:.1f} us, {calibration[2] * 1e3:.1f} us")
     hits = sum(within(row["predicted_ms"], row["plan_ms"]) for row in rows)
@@ -357,6 +433,9 @@ def main() -> None:
           f"{sum(abs(row['measured'] - row['predicted']) <= 0.05 * row['predicted'] for row in rows)} of {len(rows)}")
     print(f"95 % interval wholly outside 25 % (or 2 ms) of predicted: {len(outside)} of {len(rows)}"
           + (f" ({', '.join(outside)})" if outside else ""))
+    if args.split:
+        print(f"\nwhere the extra time goes, {args.split} pairs a plan (CPU time):\n")
+        print(format_split(rows))
     print(f"\nrecompute per module, {RECOMPUTE_CHECK:.0%} plans:\n")
     print(format_recompute(rows))
     print("\nwrap_cost (a call + a saved tensor) and hook_cost (a module call inside a recomputed one), as each "

@@ -259,6 +259,31 @@ def test_recompute_timer_times_each_labelled_recomputation_only() -> None:
             unwrap(module, own)
     assert all("forward" not in module.__dict__ for module in net.modules())
 
+def test_recompute_timer_splits_the_wrappers_forward_from_the_regions() -> None:
+    net = nn.Sequential(nn.Linear(4, 4), _Sleepy(), nn.Sequential(_Sleepy(), nn.Tanh(), nn.Linear(4, 4)))
+    x = torch.randn(2, 4, requires_grad=True)
+    owns = [(net[1], wrap(net[1], label="1")), (net[2], wrap_runs(net[2], [(0, 2)], labels={(0, 2): "2[0:2]"}))]
+    ticks = iter(range(1000))
+    try:
+        # A clock that reads 0, 1, 2, ... seconds, called by the timer only. Forward, per wrapper: the call starts
+        # (t), the region starts (t + 1) and ends (t + 2), the call ends (t + 3): 3 s less the region's 1 s, 2000 ms.
+        # Backward, per recomputation: it starts and ends, 1 s: 1000 ms. The region under the label "1" and the run
+        # "2[0:2]" each once.
+        with RecomputeTimer(clock=lambda: float(next(ticks))) as timer:
+            net(x).sum().backward()
+        assert timer.wrapper_forward_ms == {"1": 2000.0, "2[0:2]": 2000.0}
+        assert timer.ms == {"1": 1000.0, "2[0:2]": 1000.0}
+        assert next(ticks) == 2 * 4 + 2 * 2  # the timer read the clock 12 times
+        # On the real clock the sleeps (20 ms each) are the regions' own forward, not the wrappers'.
+        with RecomputeTimer() as timer:
+            net(x).sum().backward()
+        assert all(0 < ms < 20 for ms in timer.wrapper_forward_ms.values()), timer.wrapper_forward_ms
+        assert all(20 <= ms < 40 for ms in timer.ms.values()), timer.ms
+    finally:
+        for module, own in owns:
+            unwrap(module, own)
+
+
 
 def test_a_saved_profile_plans_the_same() -> None:
     model = _mlp()

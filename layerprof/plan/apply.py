@@ -13,7 +13,8 @@ checkpoint, and ``unwrap`` takes it off as it does a module's.
 
 A wrapper given a ``label`` reports how long its recomputation in backward took to the ``RecomputeTimer`` active at
 the time (``verify_plan`` uses one): the forward's first run under the checkpoint is the forward, any later run of
-the same call is the recomputation.
+the same call is the recomputation. It reports too what its checkpoint call took in forward beyond that first run:
+the wrapper's own forward work.
 """
 from __future__ import annotations
 
@@ -33,13 +34,19 @@ _timer: RecomputeTimer | None = None  # the active one, if any
 
 
 class RecomputeTimer:
-    """``with RecomputeTimer() as timer:`` ``timer.ms`` sums, per label, the wall time (ms) the labelled wrappers'
-    recomputations took in backward while the block ran. ``sync``: called before and after each (e.g.
-    ``torch.cuda.synchronize``, so that a recomputation's kernels are inside its time)."""
+    """``with RecomputeTimer() as timer:`` ``timer.ms`` sums, per label, the time (ms) the labelled wrappers'
+    recomputations took in backward while the block ran; ``timer.wrapper_forward_ms`` the time their checkpoint
+    calls took in forward beyond the region's own forward (the wrapper's set-up and its saved-tensor hooks).
+    ``sync``: called before and after each recomputation (e.g. ``torch.cuda.synchronize``, so that its kernels are
+    inside its time). ``clock``: seconds, the wall clock unless given (``time.process_time`` for CPU time)."""
 
-    def __init__(self, sync: Callable[[], Any] | None = None) -> None:
+    def __init__(self, sync: Callable[[], Any] | None = None, clock: Callable[[], float] = time.perf_counter
+                 ) -> None:
         self.ms: dict[str, float] = {}
+        self.wrapper_forward_ms: dict[str, float] = {}
         self._sync = sync
+        self._clock = clock
+        self._region_s = 0.0  # the region's forward inside the checkpoint call being timed
 
     def __enter__(self) -> RecomputeTimer:
         global _timer
@@ -55,13 +62,32 @@ class RecomputeTimer:
     def _run(self, label: str, forward: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         if self._sync is not None:
             self._sync()
-        start = time.perf_counter()
+        start = self._clock()
         try:
             return forward(*args, **kwargs)
         finally:
             if self._sync is not None:
                 self._sync()
-            self.ms[label] = self.ms.get(label, 0.0) + (time.perf_counter() - start) * 1e3
+            self.ms[label] = self.ms.get(label, 0.0) + (self._clock() - start) * 1e3
+
+    def _region(self, forward: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        """The region's own forward under the checkpoint call being timed."""
+        start = self._clock()
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            self._region_s += self._clock() - start
+
+    def _call(self, label: str, call: Callable[[], Any]) -> Any:
+        """A wrapper's checkpoint call in forward: its time less the region's forward inside it."""
+        outer, self._region_s = self._region_s, 0.0
+        start = self._clock()
+        try:
+            return call()
+        finally:
+            own = self._clock() - start - self._region_s
+            self.wrapper_forward_ms[label] = self.wrapper_forward_ms.get(label, 0.0) + own * 1e3
+            self._region_s = outer
 
 
 class _Slot:
@@ -111,11 +137,17 @@ def _checkpointed(forward: Callable[..., Any], label: str | None = None) -> Call
             positional, keywords = _put_tensors(layout, flat)
             runs[0] += 1
             timer = _timer
-            if timer is None or label is None or runs[0] == 1:
+            if timer is None or label is None:
                 return forward(*positional, **keywords)
+            if runs[0] == 1:
+                return timer._region(forward, positional, keywords)
             return timer._run(label, forward, positional, keywords)
 
-        return checkpoint(body, *tensors, use_reentrant=False, preserve_rng_state=True)
+        def call() -> Any:
+            return checkpoint(body, *tensors, use_reentrant=False, preserve_rng_state=True)
+
+        timer = _timer
+        return call() if timer is None or label is None else timer._call(label, call)
 
     setattr(run, _MARK, True)
     return run

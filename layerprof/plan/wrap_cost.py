@@ -19,6 +19,16 @@ and thread count: with 9 rounds, calibrations repeated in one process read 0.33 
 8-15 % of each other). The
 cost is host-side Python: on a GPU whose kernels run behind the host it is partly hidden, and the measured figure
 is an upper bound there.
+
+What it does not follow: the same wrappers in the same model can cost a third more in one process than in the
+next while the calibration reads the same in both. Timed from inside the steps (``benchmarks/checkpoint_plan.py
+--split``, CPU time, three fresh processes on a loaded 2-core host), the zoo's MLP's wrappers cost 0.86, 0.90 and
+1.17 ms a call on its three plans in one process and 0.58-0.86 (median 0.65) on the six of the other two, against
+calibrations of 0.57, 0.59 and 0.48 ms a call (+ 12-19 µs a tensor); the excess was in backward, outside the
+recomputation, with as many page faults as in the other processes. Calibrated two or three times in each of 18 fresh
+processes (``benchmarks/wrap_cost_spread.py``), a wrapper over three saved tensors was priced 0.49-0.98 ms over all
+and within 0.13 ms in 17 of the processes: more rounds or another statistic would make it steadier, not make it
+follow what the wrappers cost in the model, and no figure of the profile does.
 """
 from __future__ import annotations
 
