@@ -5,16 +5,16 @@ Besides modules, a plan can wrap a run of consecutive children of an ``nn.Sequen
 backward needs anyway, is left out of the checkpoint.
 
 >>> import torch, layerprof
->>> net = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(),
-...                           torch.nn.Linear(64, 64), torch.nn.Tanh()), torch.nn.Linear(64, 1))
->>> x = torch.randn(16, 8)
+>>> net = torch.nn.Sequential(torch.nn.Linear(8, 256), torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Tanh(),
+...                           torch.nn.Linear(256, 256), torch.nn.Tanh()), torch.nn.Linear(256, 1))
+>>> x = torch.randn(64, 8)
 >>> with layerprof.LayerProf(net, metrics=("memory",)) as prof:
 ...     for _ in range(2):  # memory in the first step, clean times from the second
 ...         net(x).sum().backward()
 ...         prof.step()
 >>> plan = prof.checkpoint_plan(0.75)
 >>> plan.modules, plan.saved_bytes_before, plan.saved_bytes_after <= plan.budget_bytes
-(['1[0:3]'], 12800, True)
+(['1[0:3]'], 198656, True)
 >>> with plan.applied(net):
 ...     net(x).sum().backward()
 """
