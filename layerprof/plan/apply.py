@@ -143,11 +143,10 @@ def _checkpointed(forward: Callable[..., Any], label: str | None = None) -> Call
                 return timer._region(forward, positional, keywords)
             return timer._run(label, forward, positional, keywords)
 
-        def call() -> Any:
-            return checkpoint(body, *tensors, use_reentrant=False, preserve_rng_state=True)
-
         timer = _timer
-        return call() if timer is None or label is None else timer._call(label, call)
+        if timer is None or label is None:
+            return checkpoint(body, *tensors, use_reentrant=False, preserve_rng_state=True)
+        return timer._call(label, lambda: checkpoint(body, *tensors, use_reentrant=False, preserve_rng_state=True))
 
     setattr(run, _MARK, True)
     return run
