@@ -363,6 +363,61 @@ def test_every_free_op_has_a_free_backward() -> None:
     assert missing == []
 
 
+class Indexing(nn.Module):
+    """Kernels with no pointwise tag and no decomposition that the timm sweep found listed as unknown."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        index = torch.tensor([0, 2])
+        filled = x.index_fill(1, index, 1.0) + x.detach().clone().index_fill_(1, index, 0.0)
+        halves = torch.floor_divide(x.detach(), 2.0)
+        halves.floor_divide_(3.0)
+        reduced = torch.zeros(2, 4).index_reduce_(0, torch.tensor([0, 1, 1]), x, "amax")
+        return filled.sum() + halves.sum() + reduced.sum() + x.take(index).sum() + x.rot90().sum()
+
+
+@pytest.mark.filterwarnings("ignore:index_reduce")
+def test_indexing_kernels_are_free_and_known() -> None:
+    # index_fill(_), floor_divide(_), index_reduce(_), take and rot90 move or compare data: free by the
+    # convention, in both passes, and none is listed as unknown.
+    prof = profile(Indexing(), torch.randn(3, 4, requires_grad=True))
+    assert prof.unknown_ops() == {}
+    assert (prof.tree.flops_forward, prof.tree.flops_backward) == (0, 0)
+
+
+class OuterAndPacked(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("packed", torch.randint(-128, 127, (32, 64), dtype=torch.int8))
+        self.register_buffer("scales", torch.ones(32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        quantized = torch.ops.aten._weight_int8pack_mm(x, self.packed, self.scales)  # weight-only int8 Linear
+        outer = torch.addr(torch.zeros(3, 5), x[:, 0], torch.ones(5))
+        return quantized.sum() + outer.sum()
+
+
+def test_outer_product_and_packed_weight_matmul_are_counted() -> None:
+    with torch.no_grad():
+        prof = profile(OuterAndPacked(), torch.randn(3, 64), backward=False)
+    assert prof.unknown_ops() == {}
+    # int8 weight: x [3, 64] @ w [64, 32] -> 2 * 3 * 64 * 32 = 12,288; addr: [3] (x) [5] -> 2 * 3 * 5 = 30
+    assert prof.tree.flops_forward == 12_288 + 30
+    # The 4-bit packing's weight shape is its own: n comes from the output, [m, k] @ [k, n] -> [m, n].
+    int4 = flop_formula(torch.ops.aten._weight_int4pack_mm.default)
+    assert int4(torch.Size([8, 128]), torch.Size([4, 2, 32, 4]), 32, torch.Size([1, 16, 2]),
+                out_shape=torch.Size([8, 16])) == 2 * 8 * 128 * 16  # 32,768
+
+
+def test_summary_names_the_unknown_ops_under_a_flops_column() -> None:
+    with torch.no_grad():
+        prof = profile(UsesCustomOp(), torch.randn(3, 4), backward=False)
+    lines = prof.layerwise_summary(columns=("forward_ms", "flops_forward")).split("\n")
+    assert lines[1] == ("FLOPs leave out 1 op with no formula, counted 0: layerprof_test.scaled_mm (1 call); "
+                        "prof.unknown_ops() lists them, layerprof.register_flop_formula prices one")
+    # Without a FLOPs column the summary says nothing of them.
+    assert "leave out" not in prof.layerwise_summary(columns=("forward_ms",))
+
+
 # -- user extensions ----------------------------------------------------------------------------------------
 @torch.library.custom_op("layerprof_test::scaled_mm", mutates_args=())
 def scaled_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

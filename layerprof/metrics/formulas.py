@@ -136,6 +136,19 @@ def addbmm_flops(bias: Sequence[int], a: Sequence[int], b: Sequence[int], *args:
     return bmm_flops(a, b)  # bias + sum_batch a: [batch, m, k] @ b: [batch, k, n]
 
 
+@register_flop_formula(aten.addr)
+def addr_flops(bias: Sequence[int], a: Sequence[int], b: Sequence[int], *args: Any, **kwargs: Any) -> int:
+    """Outer product plus bias: a rank-1 matrix product (FlopCounterMode counts 0)."""
+    return 2 * a[0] * b[0]  # bias + a: [n] (x) b: [m], one multiply-accumulate per output element
+
+
+@register_flop_formula(aten._weight_int8pack_mm, aten._weight_int4pack_mm)
+def packed_weight_mm_flops(a: Sequence[int], *args: Any, out_shape: Sequence[int], **kwargs: Any) -> int:
+    """Matrix product with a weight packed to 8 or 4 bits (weight-only quantized Linear); the weight's
+    dequantization is free. The packed weight's shape is the packing's, so ``n`` is read from the output."""
+    return 2 * a[0] * a[1] * out_shape[-1]  # a: [m, k] @ dequantized weight: [k, n] -> out [m, n]
+
+
 @register_flop_formula(aten.mv)
 def mv_flops(a: Sequence[int], x: Sequence[int], *args: Any, **kwargs: Any) -> int:
     """Matrix-vector product (FlopCounterMode counts 0)."""
@@ -429,6 +442,11 @@ _FREE_OPS = (
     "cummin", "median", "nanmedian", "mode", "kthvalue", "aminmax", "histc", "searchsorted", "bucketize",
     "_nested_tensor_from_mask", "_nested_tensor_size", "_transform_bias_rescale_qkv", "_masked_softmax_backward",
     "_to_dense", "_coalesce", "_fused_dropout",
+    # indexing, reordering and elementwise kernels without a pointwise tag; random draws of the philox family
+    "index_fill", "index_reduce", "floor_divide", "take", "put", "unique_consecutive", "unique_dim", "_unique",
+    "nonzero_static", "diag_embed", "rot90", "alias_copy", "narrow_copy", "trace", "complex", "polar",
+    "_unsafe_masked_index", "_unsafe_masked_index_put_accumulate", "embedding_renorm", "_embedding_bag_forward_only",
+    "segment_reduce", "_segment_reduce_backward", "_cummax_helper", "_cummin_helper", "_philox_key_split", "_philox_normal", "_philox_uniform",
 )
 
 for _name in _FREE_OPS:

@@ -14,7 +14,7 @@ from .columns import Column, resolve_columns
 from .footer import summary_footer
 from .units import format_count, format_counted, format_ms
 
-__all__ = ["annotated_repr", "summary_header", "partial_note", "SUMMED_NOTE"]
+__all__ = ["annotated_repr", "summary_header", "partial_note", "unknown_ops_note", "SUMMED_NOTE"]
 
 # Marks a module never called itself (a ModuleList) that shows the totals of its children (``record/summed.py``).
 SUMMED_NOTE = "sum of its children: not called itself"
@@ -100,6 +100,18 @@ def partial_note(meta: dict) -> str | None:
     return f"Partial profile ({format_counted(meta.get('steps'), 'step')} recorded): {partial}"
 
 
+def unknown_ops_note(root: ModuleRecord, shown: int = 3) -> str | None:
+    """A line saying which ops the FLOP counts leave out (ran with no formula, counted 0), the most called
+    first; None when every op was priced."""
+    unknown = getattr(root, "unknown_ops", None)
+    if not unknown:
+        return None
+    named = ", ".join(f"{op} ({format_counted(calls, 'call')})" for op, calls in list(unknown.items())[:shown])
+    more = f" and {len(unknown) - shown} more" if len(unknown) > shown else ""
+    return (f"FLOPs leave out {format_counted(len(unknown), 'op')} with no formula, counted 0: {named}{more}; "
+            "prof.unknown_ops() lists them, layerprof.register_flop_formula prices one")
+
+
 def summary_header(root: ModuleRecord, values: TreeValues | None = None) -> str:
     """One line with the step's totals and what the percentages are of. A root that was not called (a trainer
     calling ``model.net(x)``) totals its top-level modules that ran, and the line says so."""
@@ -121,6 +133,10 @@ def annotated_repr(root: ModuleRecord, columns: Iterable[str] | None = None, dep
     chosen = resolve_columns(columns, root=root)
     values = TreeValues(root)
     body = _render(root, values, chosen, depth, _alias_positions(root))
-    text = (summary_header(root, values) + "\n" + body) if header else body
+    if header:
+        unknown = unknown_ops_note(root) if any(column.field.meter == "flops" for column in chosen) else None
+        text = "\n".join(part for part in (summary_header(root, values), unknown, body) if part is not None)
+    else:
+        text = body
     totals = summary_footer(root) if footer else ""
     return text + "\n" + totals if totals else text
