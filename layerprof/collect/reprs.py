@@ -22,10 +22,9 @@ from torch.nn.modules.lazy import LazyModuleMixin
 from ..record.records import ModuleRecord
 from .reuse import Plan
 
-__all__ = ["read_reprs"]
+__all__ = ["read_reprs", "write_reprs", "Reprs"]
 
 _PLAIN_REPR = nn.Module.extra_repr
-_second = itemgetter(1)
 
 # torch.nn's extra_repr function -> (a getter of the attributes it formats, whether it reads ``self.bias``), each
 # read in torch's source.
@@ -92,20 +91,23 @@ def _kept_text(module: nn.Module, own: dict[str, Any], function: Any, known: _Ke
     return text, ((values, text, no_bias, function) if all(map(_immutable, values)) else None)
 
 
-def read_reprs(entries: list[tuple[str, nn.Module]], records: dict[str, ModuleRecord], plan: Plan | None) -> None:
-    """Each record's type and ``extra_repr``. ``plan``: the block's plan when its entries are the plan's, whose
-    records have their modules' class names already (written again only if a class changed) and which keeps the
-    texts for the next block. A module whose class and instance have no ``extra_repr`` of their own (containers)
-    has nn.Module's, which is ""."""
-    modules = list(map(_second, entries))
+# What a block read of its modules' reprs: each module's class name where a class changed since the plan was made
+# (None: the plan's names hold), and entry index -> extra_repr text for the modules with an extra_repr of their own.
+Reprs = tuple["list[str] | None", dict[int, str]]
+
+
+def read_reprs(modules: list[nn.Module], plan: Plan | None) -> Reprs:
+    """Each module's class name and ``extra_repr`` now (``modules``: the block's entries' modules, in order),
+    written onto records by ``write_reprs``. ``plan``: the block's plan when its entries are the plan's, whose
+    records have their modules' class names already and which keeps the texts for the next block. A module whose
+    class and instance have no ``extra_repr`` of their own (containers) has nn.Module's, which is ""."""
     types = list(map(type, modules))
     if plan is not None and plan.key is None:
         plan = None
-    if plan is None or types != plan.key[0]:
-        for (name, _), kind in zip(entries, types):
-            records[name].type = kind.__name__
+    names = None if plan is not None and types == plan.key[0] else [kind.__name__ for kind in types]
     kept = plan.reprs if plan is not None else {}
     fresh: dict[int, _Kept] = {}
+    texts: dict[int, str] = {}
     plain = _PLAIN_REPR
     kept_classes = _KEPT
     for index, module, kind in zip(range(len(modules)), modules, types):
@@ -119,6 +121,17 @@ def read_reprs(entries: list[tuple[str, nn.Module]], records: dict[str, ModuleRe
             text, keep = _kept_text(module, own, function, kept.get(index))
             if keep is not None:
                 fresh[index] = keep
-        records[entries[index][0]].extra_repr = text
+        texts[index] = text
     if plan is not None:
         plan.reprs = fresh
+    return names, texts
+
+
+def write_reprs(records: list[ModuleRecord], reprs: Reprs) -> None:
+    """Write what ``read_reprs`` read onto ``records`` (the entries' records, in the same order)."""
+    names, texts = reprs
+    if names is not None:
+        for record, name in zip(records, names):
+            record.type = name
+    for index, text in texts.items():
+        records[index].extra_repr = text
