@@ -77,7 +77,7 @@ class Plan:
     figures derived from the model while this plan holds (``layerprof._derived``)."""
 
     __slots__ = ("_refs", "_path_names", "_path_index", "names", "hook_names", "key", "_records", "_first_names",
-                 "_has_children", "values", "reprs", "__weakref__")
+                 "_has_children", "values", "reprs", "repr_groups", "__weakref__")
 
     def __init__(self, paths: list[tuple[str, nn.Module]]) -> None:
         index: dict[int, int] = {}  # id(module) -> entry index
@@ -113,6 +113,7 @@ class Plan:
         self.values: dict[str, Any] = {}
         # Entry index -> the last block's extra_repr text and what it was made from (``collect/reprs.py``).
         self.reprs: dict[int, tuple[Any, ...]] = {}
+        self.repr_groups: dict[type, list[int]] | None = None  # entry indices by class, made when first read
 
     def modules(self) -> list[nn.Module] | None:
         """The unique modules in walk order, or None when one of them has died (the model changed)."""
