@@ -6,7 +6,7 @@ import itertools
 import os
 import sys
 import warnings
-from operator import is_, itemgetter
+from operator import attrgetter, is_, itemgetter
 from typing import Any, Callable, Iterable, TypeVar
 
 import torch
@@ -40,6 +40,7 @@ __all__ = ["LayerProf"]
 
 _T = TypeVar("_T")
 _first, _second = itemgetter(0), itemgetter(1)
+_own = attrgetter("__dict__")
 
 # Modules currently hooked by some LayerProf: two profilers on one module would time each other's hooks.
 # Keyed by id(module): a running profiler holds its modules (``_entries``) until its teardown removes them here,
@@ -282,12 +283,12 @@ class LayerProf:
                 _check_children(paths, compiled_module_type())
 
         # The earlier block's walk, names and record shape when the model has not changed since (reuse.py).
-        plan, modules = reuse.plan_for(self.model, check)
+        plan, modules, owns = reuse.plan_for(self.model, check)
         self._paths = []
         self._plan = plan
         entries = plan.entries(modules)
         # Whatever checked the model before (here, or a reused plan): .compile() since then changes no path.
-        refuse_compiled_in_place(entries, modules)
+        refuse_compiled_in_place(entries, modules, owns)
         if _PROFILED:
             for name, module in entries:
                 holder = _PROFILED.get(id(module))
@@ -562,12 +563,12 @@ class LayerProf:
             self._tracker.attach(added)
         return None
 
-    def _warn_unseen_modules(self, modules: list[nn.Module]) -> None:
+    def _warn_unseen_modules(self, owns: list[dict[str, Any]]) -> None:
         """Modules in the model now that were never hooked (put into ``_modules`` without registration);
-        ``modules``: the block's, in the order of its entries."""
+        ``owns``: the ``__dict__`` of the block's modules, in the order of its entries."""
         names = self._names
         plan = self._plan
-        if plan is not None and len(self._entries) == self._built and plan.same_children(modules):
+        if plan is not None and len(self._entries) == self._built and plan.same_children(owns):
             return  # the model holds the modules it held at the start, each hooked
         if all(id(module) in names for module in _modules_in(self.model)):
             return
@@ -584,10 +585,11 @@ class LayerProf:
         tracker = self._tracker
         assert tracker is not None
         modules = list(map(_second, self._entries))
-        compiled = compiled_while_profiling(self._entries, modules)
+        owns = list(map(_own, modules))  # read once for the checks and the reprs: each pass over them costs misses
+        compiled = compiled_while_profiling(self._entries, modules, owns)
         if compiled is not None:  # its times are partial: no profile rather than a wrong one
             raise RuntimeError(compiled)
-        self._warn_unseen_modules(modules)
+        self._warn_unseen_modules(owns)
         meta: dict[str, Any] = {"environment": {**environment(self.model), **self._example}}
         distorting = [m.name for m in self.metrics if m.distorts_timing]
         if self._stats.steps == 0 and self._counting_step is not None:
@@ -601,7 +603,7 @@ class LayerProf:
         # What the records show of the model is read now, whenever they are made: a later change of the model
         # cannot change the profile.
         plan = self._plan
-        reprs = read_reprs(modules, plan if len(self._entries) == self._built else None)
+        reprs = read_reprs(modules, plan if len(self._entries) == self._built else None, owns)
         stats, meters = self._stats, tuple(self.metrics)
         # Made when the profile is first read where nothing needed the records while the block ran, and every
         # meter fills from its own numbers: a one-shot profile that is never read never makes them.

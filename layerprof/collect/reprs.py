@@ -104,17 +104,19 @@ def _kept_text(module: nn.Module, own: dict[str, Any], function: Any, known: _Ke
 Reprs = tuple["list[str] | None", dict[int, str]]
 
 
-def read_reprs(modules: list[nn.Module], plan: Plan | None) -> Reprs:
+def read_reprs(modules: list[nn.Module], plan: Plan | None, owns: list[dict[str, Any]] | None = None) -> Reprs:
     """Each module's class name and ``extra_repr`` now (``modules``: the block's entries' modules, in order),
     written onto records by ``write_reprs``. ``plan``: the block's plan when its entries are the plan's, whose
-    records have their modules' class names already and which keeps the texts for the next block. A module whose
-    class and instance have no ``extra_repr`` of their own (containers) has nn.Module's, which is ""."""
+    records have their modules' class names already and which keeps the texts for the next block (``owns``: the
+    modules' ``__dict__``, if read already). A module whose class and instance have no ``extra_repr`` of their own
+    (containers) has nn.Module's, which is ""."""
     types = list(map(type, modules))
     if plan is not None and plan.key is None:
         plan = None
     if plan is None or types != plan.key[0]:
         return [kind.__name__ for kind in types], _read_each(modules, types, plan)
-    owns = list(map(_own, modules))
+    if owns is None:
+        owns = list(map(_own, modules))
     if any(map(contains, owns, repeat("extra_repr"))):
         return None, _read_each(modules, types, plan)
     # The plan's modules by class, read a class at a time with C-level calls: no Python code per module where

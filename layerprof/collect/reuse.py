@@ -42,11 +42,13 @@ _LAZY = nn.parameter.UninitializedTensorMixin
 _dereference = weakref.ref.__call__
 
 
-def fingerprint(modules: list[nn.Module]) -> tuple[Any, ...] | None:
+def fingerprint(modules: list[nn.Module], owns: list[dict[str, Any]] | None = None) -> tuple[Any, ...] | None:
     """Everything a plan is built from, as plain values (ids, names, classes, dtypes, shapes: no module or
-    tensor), for ``modules`` in walk order. None where a parameter or buffer is lazy, or a tensor has no plain
-    shape (nested): such a model is not planned; so is one with a module whose ``__dict__`` lacks torch's tables."""
-    owns = list(map(_own, modules))
+    tensor), for ``modules`` in walk order (``owns``: their ``__dict__``, if read already). None where a parameter
+    or buffer is lazy, or a tensor has no plain shape (nested): such a model is not planned; so is one with a module
+    whose ``__dict__`` lacks torch's tables."""
+    if owns is None:
+        owns = list(map(_own, modules))
     try:
         children = list(map(_children, owns))
         params = list(map(_params, owns))
@@ -120,13 +122,13 @@ class Plan:
         modules = list(map(_dereference, self._refs))
         return None if None in modules else modules
 
-    def same_children(self, modules: list[nn.Module]) -> bool:
-        """Whether ``modules`` (this plan's, in order) still have the children they had when it was made: then the
-        model holds no module the plan does not know."""
+    def same_children(self, owns: list[dict[str, Any]]) -> bool:
+        """Whether the modules whose ``__dict__`` are ``owns`` (this plan's, in order) still have the children they
+        had when it was made: then the model holds no module the plan does not know."""
         if self.key is None:
             return False
         try:
-            children = list(map(_children, map(_own, modules)))
+            children = list(map(_children, owns))
         except KeyError:
             return False
         return (list(map(len, children)) == self.key[2]
@@ -167,14 +169,17 @@ def known(model: nn.Module) -> bool:
 
 
 def plan_for(model: nn.Module, check: Callable[[list[tuple[str, nn.Module]]], None]
-             ) -> tuple[Plan, list[nn.Module]]:
-    """The model's plan and its modules: the earlier block's if the model's fingerprint is unchanged, else a new
-    walk, passed to ``check`` (which raises for a child that cannot be profiled) before it is planned."""
+             ) -> tuple[Plan, list[nn.Module], list[dict[str, Any]] | None]:
+    """The model's plan, its modules and, where the plan was reused, their ``__dict__`` (for the caller's checks):
+    the earlier block's if the model's fingerprint is unchanged, else a new walk, passed to ``check`` (which raises
+    for a child that cannot be profiled) before it is planned."""
     plan = _PLANS.get(model)
     if plan is not None:
         modules = plan.modules()
-        if modules is not None and plan.key is not None and fingerprint(modules) == plan.key:
-            return plan, modules
+        if modules is not None and plan.key is not None:
+            owns = list(map(_own, modules))
+            if fingerprint(modules, owns) == plan.key:
+                return plan, modules, owns
         del _PLANS[model]
     paths = module_paths(model)
     check(paths)
@@ -183,4 +188,4 @@ def plan_for(model: nn.Module, check: Callable[[list[tuple[str, nn.Module]]], No
     assert modules is not None  # they are all held by ``paths`` here
     if plan.key is not None:
         _PLANS[model] = plan
-    return plan, modules
+    return plan, modules, None
