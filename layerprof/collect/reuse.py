@@ -16,7 +16,7 @@ parameter gets no plan: its shapes are still to come.
 from __future__ import annotations
 
 import weakref
-from itertools import chain
+from itertools import chain, compress
 from operator import attrgetter, is_not, itemgetter
 from functools import partial
 from typing import Any, Callable
@@ -56,6 +56,12 @@ def fingerprint(modules: list[nn.Module], owns: list[dict[str, Any]] | None = No
         pre_hooks = list(map(id, map(_pre_hooks, owns)))
     except KeyError:
         return None
+    # Each table's size first, then names and values of the tables that hold any: most modules hold no child, no
+    # parameter or no buffer, and each pass over ten thousand tables costs cache misses, not work.
+    child_counts, param_counts = list(map(len, children)), list(map(len, params))
+    buffer_counts = list(map(len, buffers))
+    children, params, buffers = (list(compress(children, child_counts)), list(compress(params, param_counts)),
+                                 list(compress(buffers, buffer_counts)))
     tensors = [*_flat(map(_values, params)), *_flat(map(_values, buffers))]
     present = list(filter(_not_none, tensors))
     if any(issubclass(kind, _LAZY) for kind in set(map(type, present))):
@@ -66,9 +72,9 @@ def fingerprint(modules: list[nn.Module], owns: list[dict[str, Any]] | None = No
         return None
     return (
         list(map(type, modules)), pre_hooks,
-        list(map(len, children)), [*_flat(map(_keys, children))], list(map(id, _flat(map(_values, children)))),
-        list(map(len, params)), [*_flat(map(_keys, params))],
-        list(map(len, buffers)), [*_flat(map(_keys, buffers))],
+        child_counts, [*_flat(map(_keys, children))], list(map(id, _flat(map(_values, children)))),
+        param_counts, [*_flat(map(_keys, params))],
+        buffer_counts, [*_flat(map(_keys, buffers))],
         list(map(id, tensors)), shapes,
     )
 
@@ -131,8 +137,8 @@ class Plan:
             children = list(map(_children, owns))
         except KeyError:
             return False
-        return (list(map(len, children)) == self.key[2]
-                and list(map(id, _flat(map(_values, children)))) == self.key[4])
+        counts = list(map(len, children))
+        return counts == self.key[2] and list(map(id, _flat(map(_values, compress(children, counts))))) == self.key[4]
 
     def paths(self, modules: list[nn.Module]) -> list[tuple[str, nn.Module]]:
         return list(zip(self._path_names, map(modules.__getitem__, self._path_index)))
