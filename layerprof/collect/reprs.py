@@ -113,7 +113,7 @@ def read_reprs(modules: list[nn.Module], plan: Plan | None, owns: list[dict[str,
     types = list(map(type, modules))
     if plan is not None and plan.key is None:
         plan = None
-    if plan is None or types != plan.key[0]:
+    if plan is None or types != plan.types:
         return [kind.__name__ for kind in types], _read_each(modules, types, plan)
     if owns is None:
         owns = list(map(_own, modules))
