@@ -281,7 +281,8 @@ def _eager_forwards(classes: set[type]) -> bool:
     return True
 
 
-def compiled_in_place(paths: list[tuple[str, Any]], modules: list[Any] | None = None) -> tuple[str, Any, str] | None:
+def compiled_in_place(paths: list[tuple[str, Any]], modules: list[Any] | None = None,
+                      owns: list[dict[str, Any]] | None = None) -> tuple[str, Any, str] | None:
     """The first module of ``paths`` compiled in place, as ``(name, module, how)``: ``how`` is ``"compile"`` after
     ``module.compile()`` (which stores a ``torch.compile`` of the module's ``_call_impl``, hooks included, in
     ``_compiled_call_impl`` for ``__call__`` to run), ``"forward"`` when its forward is a compiled function (put on
@@ -292,7 +293,8 @@ def compiled_in_place(paths: list[tuple[str, Any]], modules: list[Any] | None = 
         return None  # never imported, so nothing was compiled
     if modules is None:  # (``modules``: the modules of ``paths``, where the caller has them)
         modules = list(map(_second, paths))
-    owns = list(map(_own, modules))
+    if owns is None:  # (``owns``: the modules' ``__dict__``, where the caller has read them for its own checks)
+        owns = list(map(_own, modules))
     if (not any(map(contains, owns, itertools.repeat("_compiled_call_impl")))
             and not any(map(contains, owns, itertools.repeat("forward")))
             and _eager_forwards(set(map(type, modules)))):

@@ -11,10 +11,11 @@ from __future__ import annotations
 import functools
 import sys
 from pathlib import Path
-from typing import IO, Any, Iterable, Sequence
+from typing import IO, Any, Callable, Iterable, Sequence
 
 import torch
 
+from ._gc import gc_paused
 from .distributed.gather import gather_profile
 from .metrics.peaks import peaks as measure_peaks
 from .record import io
@@ -78,23 +79,72 @@ class Profile:
     def __init__(self, tree: ModuleRecord, meta: dict[str, Any] | None = None,
                  records: dict[str, ModuleRecord] | None = None) -> None:
         """``records`` (by qualified name, in tree order) saves walking the tree where the caller has them."""
-        self.tree = tree
-        self.records: dict[str, ModuleRecord] = (
+        self.meta: dict[str, Any] = dict(meta or {})
+        self._hold(tree, records)
+
+    @classmethod
+    def deferred(cls, meta: dict[str, Any], build: Callable[[], tuple[ModuleRecord, dict[str, ModuleRecord]]]
+                 ) -> Profile:
+        """A profile whose records ``build()`` makes (root, records by name in tree order) when they are first
+        read: what a profiler captured when it stopped, turned into records only when someone looks. ``build``
+        must hold only that capture (numbers and texts: no module, so a profile never read holds no model)."""
+        profile = cls.__new__(cls)
+        profile.meta = dict(meta)
+        profile._build = build
+        return profile
+
+    # Set on a deferred profile until its records are made.
+    _build: Callable[[], tuple[ModuleRecord, dict[str, ModuleRecord]]] | None = None
+
+    def _hold(self, tree: ModuleRecord, records: dict[str, ModuleRecord] | None) -> None:
+        self._tree = tree
+        self._records: dict[str, ModuleRecord] = (
             dict(records) if records is not None else {record.name: record for record in preorder(tree)}
         )
-        self.meta: dict[str, Any] = dict(meta or {})
         # The roofline fields read the peaks through the root; measured only when one of them is first read.
         # Through the meta, not the Profile: a root that held the Profile would make every profile a reference
         # cycle, freed only by a garbage collection instead of when the last reference goes.
         attach_peaks(tree, functools.partial(_meta_peaks, self.meta))
+
+    def _made(self) -> None:
+        build = self._build
+        if build is not None:
+            with gc_paused():
+                tree, records = build()
+            self._hold(tree, records)
+            self._build = None  # after: a build that raised raises again at the next read
+
+    @property
+    def tree(self) -> ModuleRecord:
+        """The root record (the whole model); its descendants are the modules' records."""
+        if self._build is not None:
+            self._made()
+        return self._tree
+
+    @tree.setter
+    def tree(self, tree: ModuleRecord) -> None:
+        self._made()
+        self._tree = tree
+
+    @property
+    def records(self) -> dict[str, ModuleRecord]:
+        """Every record by qualified name, in ``named_modules()`` order."""
+        if self._build is not None:
+            self._made()
+        return self._records
+
+    @records.setter
+    def records(self, records: dict[str, ModuleRecord]) -> None:
+        self._made()
+        self._records = records
 
     def __del__(self) -> None:
         # A record tree is a reference cycle (parents and children): freed now if this was its last holder. The
         # records dict held elsewhere (``records = prof.records``, a view of it) keeps every record in use: then
         # the tree stays whole, as when a record itself is held (``release_tree`` checks those).
         own = self.__dict__
-        if "tree" in own and "records" in own and sys.getrefcount(own["records"]) == _ATTRIBUTE_REFERENCES:
-            release_tree(own["tree"], own["records"])
+        if "_tree" in own and "_records" in own and sys.getrefcount(own["_records"]) == _ATTRIBUTE_REFERENCES:
+            release_tree(own["_tree"], own["_records"])
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """``{qualified name: row}`` in ``named_modules()`` order; the root's name is ``""``."""

@@ -222,3 +222,36 @@ def test_a_plan_builds_the_tree_that_build_tree_builds() -> None:
     records["a"].parent = records["blocks"]
     assert [c.name for c in root.children] == ["b", "blocks"]
     assert [c.name for c in records["blocks"].children] == ["blocks.0", "blocks.1", "a"]
+
+
+def _long() -> nn.Sequential:
+    # 1 + 600 * 3 = 1,801 modules: four fingerprint pieces of 512 (reuse._PIECE), the last of 265.
+    return nn.Sequential(*[nn.Sequential(nn.Linear(2, 2), nn.ReLU()) for _ in range(600)])
+
+
+LATE_CHANGES: list[tuple[str, Callable[[nn.Sequential], Any]]] = [
+    ("a module replaced", lambda m: setattr(m[599], "0", nn.Linear(2, 2))),
+    ("a child put in _modules directly", lambda m: m[599]._modules.__setitem__("1", nn.Tanh())),
+    ("requires_grad", lambda m: m[599][0].weight.requires_grad_(False)),
+    ("a dtype", lambda m: setattr(m[599][0].bias, "data", m[599][0].bias.data.double())),
+    ("a buffer added", lambda m: m[599][1].register_buffer("extra", torch.zeros(1))),
+]
+
+
+@pytest.mark.parametrize("change", [c[1] for c in LATE_CHANGES], ids=[c[0] for c in LATE_CHANGES])
+def test_a_change_in_the_last_piece_of_a_long_model_is_seen(change: Callable[[nn.Sequential], Any]) -> None:
+    model = _long()
+    assert reuse._PIECE == 512
+    with LayerProf(model):
+        pass
+    plan = reuse._PLANS[model]
+    assert plan.key is not None and len(plan.key) == 4  # ceil(1,801 / 512)
+    with LayerProf(model):
+        pass
+    assert reuse._PLANS[model] is plan  # unchanged: reused
+    change(model)
+    with LayerProf(model) as prof:
+        pass
+    assert reuse._PLANS[model] is not plan
+    assert len(prof.records) == 1801
+    assert prof.records["599.1"].type == type(model[599][1]).__name__

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from operator import itemgetter
+from typing import Any
 
 from torch import nn
 
@@ -39,19 +40,21 @@ _CONSEQUENCE = (
 )
 
 
-def refuse_compiled_in_place(paths: list[tuple[str, nn.Module]], modules: list[nn.Module] | None = None) -> None:
+def refuse_compiled_in_place(paths: list[tuple[str, nn.Module]], modules: list[nn.Module] | None = None,
+                             owns: list[dict[str, Any]] | None = None) -> None:
     """Raise a TypeError naming the first module compiled in place, before anything is hooked. ``modules``: those
-    of ``paths``, where the caller has them."""
-    found = compiled_in_place(paths, modules)
+    of ``paths``, and ``owns`` their ``__dict__``, where the caller has them."""
+    found = compiled_in_place(paths, modules, owns)
     if found is not None:
         raise TypeError(f"LayerProf cannot profile a module compiled in place: {_describe(*found)}: {_CONSEQUENCE} "
                         + _WHAT_TO_DO[found[2]])
 
 
-def compiled_while_profiling(paths: list[tuple[str, nn.Module]], modules: list[nn.Module] | None = None) -> str | None:
+def compiled_while_profiling(paths: list[tuple[str, nn.Module]], modules: list[nn.Module] | None = None,
+                             owns: list[dict[str, Any]] | None = None) -> str | None:
     """The error message for a module compiled while it was being profiled (in place, or put in the model as a
-    ``torch.compile`` wrapper); None when there is none. ``modules``: those of ``paths``, where the caller has
-    them."""
+    ``torch.compile`` wrapper); None when there is none. ``modules``: those of ``paths``, and ``owns`` their
+    ``__dict__``, where the caller has them."""
     if modules is None:
         modules = list(map(_second, paths))
     wrapper = compiled_module_type()
@@ -60,7 +63,7 @@ def compiled_while_profiling(paths: list[tuple[str, nn.Module]], modules: list[n
             if isinstance(module, wrapper):
                 return (f"the profile is refused: module '{name}' became a torch.compile'd module while it was being "
                         f"profiled, and {_CONSEQUENCE} Profile the eager module, and compile after profiling.")
-    found = compiled_in_place(paths, modules)
+    found = compiled_in_place(paths, modules, owns)
     if found is None:
         return None
     return (f"the profile is refused: {_describe(*found)} while it was being profiled, and {_CONSEQUENCE} "

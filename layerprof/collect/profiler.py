@@ -6,7 +6,7 @@ import itertools
 import os
 import sys
 import warnings
-from operator import is_, itemgetter
+from operator import attrgetter, is_, itemgetter
 from typing import Any, Callable, Iterable, TypeVar
 
 import torch
@@ -34,17 +34,38 @@ from .timing import StepTimes, step_times
 from .tracker import Tracker, backward_note
 from .compiled import compiled_while_profiling, refuse_compiled_in_place
 from .recompute import roll_up_recompute
-from .reprs import read_reprs
+from .reprs import Reprs, read_reprs, write_reprs
 
 __all__ = ["LayerProf"]
 
 _T = TypeVar("_T")
-_second = itemgetter(1)
+_first, _second = itemgetter(0), itemgetter(1)
+_own = attrgetter("__dict__")
 
 # Modules currently hooked by some LayerProf: two profilers on one module would time each other's hooks.
 # Keyed by id(module): a running profiler holds its modules (``_entries``) until its teardown removes them here,
 # so an id cannot be reused while it is a key (a plain dict costs a tenth of a WeakKeyDictionary per module).
 _PROFILED: dict[int, LayerProf] = {}
+
+
+def _fill(tree: ModuleRecord | None, records: dict[str, ModuleRecord], stats: StepStats,
+          meters: Iterable[Meter]) -> None:
+    """Write the block's numbers onto its records: the step statistics, recompute rolled up, every meter's."""
+    assert tree is not None
+    stats.fill(records)
+    roll_up_recompute(records, tree)
+    for meter in meters:
+        meter.fill(records)
+
+
+def _made_later(plan: reuse.Plan, reprs: Reprs, stats: StepStats, meters: tuple[Meter, ...]
+                ) -> tuple[ModuleRecord, dict[str, ModuleRecord]]:
+    """The records of a block that made none while it ran, made and filled when its profile is first read: from
+    its plan's record shapes, the reprs read as it stopped, its statistics and its meters' numbers."""
+    tree, records = plan.records()
+    write_reprs(list(records.values()), reprs)
+    _fill(tree, records, stats, meters)
+    return tree, records
 
 
 def _check_model(model: Any) -> list[tuple[str, nn.Module]] | None:
@@ -208,8 +229,10 @@ class LayerProf:
         self.metrics: list[Meter] = make_meters(metrics, model)
         if annotate:  # an observer on the meters' hooks: nothing runs for it when off
             self.metrics.append(Annotator())
-        self.tree: ModuleRecord | None = None
-        self.records: dict[str, ModuleRecord] = {}
+        # The block's records, made from its plan only when something reads them while it runs (a meter that is
+        # not ``deferrable``, a module that joins): else the profile makes them when it is first read.
+        self._tree: ModuleRecord | None = None
+        self._records: dict[str, ModuleRecord] | None = None
         self.step_num = 0
         self._stats = StepStats(max_samples=max_samples)
         self._counting_step: dict[str, StepTimes] | None = None
@@ -260,13 +283,12 @@ class LayerProf:
                 _check_children(paths, compiled_module_type())
 
         # The earlier block's walk, names and record shape when the model has not changed since (reuse.py).
-        plan, modules = reuse.plan_for(self.model, check)
+        plan, modules, owns = reuse.plan_for(self.model, check)
         self._paths = []
         self._plan = plan
-        root, records = plan.records()  # extra_repr is read in _finish
         entries = plan.entries(modules)
         # Whatever checked the model before (here, or a reused plan): .compile() since then changes no path.
-        refuse_compiled_in_place(entries, modules)
+        refuse_compiled_in_place(entries, modules, owns)
         if _PROFILED:
             for name, module in entries:
                 holder = _PROFILED.get(id(module))
@@ -278,8 +300,8 @@ class LayerProf:
                         "Stop that one first: prof.stop() for its profile, or prof.cancel() to drop it; if you no "
                         "longer hold it (a notebook cell run again), LayerProf.running_on(model).cancel()."
                     )
-        self.tree, self.records, self._entries = root, records, entries
-        self._built = len(records)
+        self._entries = entries
+        self._built = len(entries)
         pausing = [meter for meter in self.metrics if meter.pauses_clock]
         clock = PausableClock() if pausing else None
         for meter in pausing:
@@ -293,7 +315,7 @@ class LayerProf:
             with verified(self.model, plan.values if plan.key is not None else None):
                 for meter in self.metrics:
                     if not meter.distorts_timing:
-                        meter.start(self.model, records, entries)
+                        meter.start(self.model, self._records_for(meter), entries)
                         started.append(meter)
             self._probe = self.model.register_forward_pre_hook(_example_probe(self._example), with_kwargs=True)
             self._names = dict(plan.names)
@@ -457,7 +479,7 @@ class LayerProf:
         if wanted and not self._counting_done:
             for meter in self.metrics:
                 if meter.distorts_timing:
-                    meter.start(self.model, self.records, self._entries)
+                    meter.start(self.model, self._records_for(meter), self._entries)
                     self._counting.append(meter)
             self._counting_done = True
         self._set_observers()
@@ -525,12 +547,13 @@ class LayerProf:
             return None
         prefix = f"{parent_name}.{name}" if parent_name else name
         added = []
+        records = self._records_now()
         for qualified, module in submodule.named_modules(prefix=prefix):
             if id(module) in self._names:
                 continue  # already profiled under another name: one record, as for any shared module
-            if qualified not in self.records:  # a replaced submodule keeps the record of its name
-                holder = self.records[qualified.rsplit(".", 1)[0] if "." in qualified else ""]
-                self.records[qualified] = ModuleRecord(qualified, type(module).__name__, module.extra_repr(), holder)
+            if qualified not in records:  # a replaced submodule keeps the record of its name
+                holder = records[qualified.rsplit(".", 1)[0] if "." in qualified else ""]
+                records[qualified] = ModuleRecord(qualified, type(module).__name__, module.extra_repr(), holder)
             self._tracker.drop_copied_hooks(module)  # a copy of a profiled module (deepcopy inside the block)
             self._names[id(module)] = qualified
             self._entries.append((qualified, module))
@@ -540,12 +563,12 @@ class LayerProf:
             self._tracker.attach(added)
         return None
 
-    def _warn_unseen_modules(self, modules: list[nn.Module]) -> None:
+    def _warn_unseen_modules(self, owns: list[dict[str, Any]]) -> None:
         """Modules in the model now that were never hooked (put into ``_modules`` without registration);
-        ``modules``: the block's, in the order of its entries."""
+        ``owns``: the ``__dict__`` of the block's modules, in the order of its entries."""
         names = self._names
         plan = self._plan
-        if plan is not None and len(self.records) == self._built and plan.same_children(modules):
+        if plan is not None and len(self._entries) == self._built and plan.same_children(owns):
             return  # the model holds the modules it held at the start, each hooked
         if all(id(module) in names for module in _modules_in(self.model)):
             return
@@ -560,12 +583,13 @@ class LayerProf:
 
     def _finish(self, partial: str | None = None) -> None:
         tracker = self._tracker
-        assert tracker is not None and self.tree is not None
+        assert tracker is not None
         modules = list(map(_second, self._entries))
-        compiled = compiled_while_profiling(self._entries, modules)
+        owns = list(map(_own, modules))  # read once for the checks and the reprs: each pass over them costs misses
+        compiled = compiled_while_profiling(self._entries, modules, owns)
         if compiled is not None:  # its times are partial: no profile rather than a wrong one
             raise RuntimeError(compiled)
-        self._warn_unseen_modules(modules)
+        self._warn_unseen_modules(owns)
         meta: dict[str, Any] = {"environment": {**environment(self.model), **self._example}}
         distorting = [m.name for m in self.metrics if m.distorts_timing]
         if self._stats.steps == 0 and self._counting_step is not None:
@@ -576,11 +600,19 @@ class LayerProf:
                 f"only one step was profiled, and metrics {distorting} slowed it down: its times include their "
                 "overhead. Profile several steps (call prof.step() after each) for clean times.",
             )
-        read_reprs(self._entries, self.records, self._plan if len(self._entries) == self._built else None)
-        self._stats.fill(self.records)
-        roll_up_recompute(self.records, self.tree)
-        for meter in self.metrics:
-            meter.fill(self.records)
+        # What the records show of the model is read now, whenever they are made: a later change of the model
+        # cannot change the profile.
+        plan = self._plan
+        reprs = read_reprs(modules, plan if len(self._entries) == self._built else None, owns)
+        stats, meters = self._stats, tuple(self.metrics)
+        # Made when the profile is first read where nothing needed the records while the block ran, and every
+        # meter fills from its own numbers: a one-shot profile that is never read never makes them.
+        later = self._records is None and plan is not None and all(meter.deferrable for meter in meters)
+        if not later:
+            records = self._records_now()
+            write_reprs(list(map(records.__getitem__, map(_first, self._entries))), reprs)
+            _fill(self._tree, records, stats, meters)
+        for meter in meters:
             extra = meter.meta()
             if extra:
                 meta[meter.name] = extra
@@ -597,14 +629,49 @@ class LayerProf:
                 + (" (all steps were warm-up or outside the schedule)" if self.step_num else ""),
             )
         self._tracker = None
-        # The records are in tree order unless modules joined while profiling (then the tree is walked again).
-        in_order = len(self.records) == self._built
-        self._profile = Profile(self.tree, meta, self.records if in_order else None)
+        if later:
+            assert plan is not None
+            self._profile = Profile.deferred(meta, functools.partial(_made_later, plan, reprs, stats, meters))
+        else:
+            assert self._tree is not None and self._records is not None
+            # The records are in tree order unless modules joined while profiling (then the tree is walked again).
+            in_order = len(self._records) == self._built
+            self._profile = Profile(self._tree, meta, self._records if in_order else None)
         if meta["clock"] == ["wall"] and any(meter.name == "memory" for meter in self.metrics):
             # A profile to plan checkpoints on: what the hooks add to each ancestor's forward, which a
             # recomputation does not pay (the planner takes it off), measured by its first plan.
             shapes = tuple(m.name for m in self.metrics if m.name == "shapes")
             self._profile.measure_hook_ms = functools.partial(hook_cost, LayerProf, shapes)
+
+    def _records_now(self) -> dict[str, ModuleRecord]:
+        """The block's records (while it runs, or as it stops), made from its plan when first asked for."""
+        if self._records is None:
+            assert self._plan is not None  # set by start()
+            self._tree, self._records = self._plan.records()  # extra_repr is read when the block stops
+        return self._records
+
+    def _records_for(self, meter: Meter) -> dict[str, ModuleRecord]:
+        """What ``meter.start`` is handed: the records, or nothing for a meter that reads none there."""
+        return {} if meter.deferrable else self._records_now()
+
+    @property
+    def tree(self) -> ModuleRecord | None:
+        """The root record: the profile's once profiling has stopped; while running, the records being filled
+        (made when first read); None before start."""
+        if self._state == "done" and self._profile is not None:
+            return self._profile.tree
+        if self._state == "running":
+            self._records_now()
+        return self._tree
+
+    @property
+    def records(self) -> dict[str, ModuleRecord]:
+        """Records by qualified name, as ``tree``."""
+        if self._state == "done" and self._profile is not None:
+            return self._profile.records
+        if self._state == "running":
+            return self._records_now()
+        return {} if self._records is None else self._records
 
     # -- results: after the block, a LayerProf answers for its Profile ----------------------------------------
     @property

@@ -12,7 +12,8 @@ on the class, an attribute missing: called at every block, as are the cheap ones
 """
 from __future__ import annotations
 
-from operator import is_, itemgetter
+from itertools import chain, repeat
+from operator import attrgetter, contains, is_, itemgetter, methodcaller
 from typing import Any, Callable
 
 import torch
@@ -22,10 +23,9 @@ from torch.nn.modules.lazy import LazyModuleMixin
 from ..record.records import ModuleRecord
 from .reuse import Plan
 
-__all__ = ["read_reprs"]
+__all__ = ["read_reprs", "write_reprs", "Reprs"]
 
 _PLAIN_REPR = nn.Module.extra_repr
-_second = itemgetter(1)
 
 # torch.nn's extra_repr function -> (a getter of the attributes it formats, whether it reads ``self.bias``), each
 # read in torch's source.
@@ -33,6 +33,7 @@ _READS: dict[Callable[..., str], tuple[Callable[[dict[str, Any]], tuple[Any, ...
 
 
 def _reads(cls: type, names: tuple[str, ...], bias: bool) -> None:
+    assert len(names) > 1, "a getter of one name returns the value, not a tuple (``_kept_group`` flattens tuples)"
     _READS[cls.extra_repr] = (itemgetter(*names), bias)
 
 
@@ -57,8 +58,14 @@ _KEPT: dict[type, Any] = {
     if issubclass(cls, nn.Module) and not issubclass(cls, LazyModuleMixin) and cls.extra_repr in _READS
 }
 
+_own = attrgetter("__dict__")
+_parameters = itemgetter("_parameters")
+_values_of, _text_of, _no_bias_of, _function_of = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)
+_flat = chain.from_iterable
+
 _IMMUTABLE = frozenset({int, float, bool, str, bytes, complex, type(None), torch.Size})
 _ABSENT = object()
+_bias_of = methodcaller("get", "bias", _ABSENT)
 
 
 def _immutable(value: Any) -> bool:
@@ -92,20 +99,93 @@ def _kept_text(module: nn.Module, own: dict[str, Any], function: Any, known: _Ke
     return text, ((values, text, no_bias, function) if all(map(_immutable, values)) else None)
 
 
-def read_reprs(entries: list[tuple[str, nn.Module]], records: dict[str, ModuleRecord], plan: Plan | None) -> None:
-    """Each record's type and ``extra_repr``. ``plan``: the block's plan when its entries are the plan's, whose
-    records have their modules' class names already (written again only if a class changed) and which keeps the
-    texts for the next block. A module whose class and instance have no ``extra_repr`` of their own (containers)
-    has nn.Module's, which is ""."""
-    modules = list(map(_second, entries))
+# What a block read of its modules' reprs: each module's class name where a class changed since the plan was made
+# (None: the plan's names hold), and entry index -> extra_repr text for the modules with an extra_repr of their own.
+Reprs = tuple["list[str] | None", dict[int, str]]
+
+
+def read_reprs(modules: list[nn.Module], plan: Plan | None, owns: list[dict[str, Any]] | None = None) -> Reprs:
+    """Each module's class name and ``extra_repr`` now (``modules``: the block's entries' modules, in order),
+    written onto records by ``write_reprs``. ``plan``: the block's plan when its entries are the plan's, whose
+    records have their modules' class names already and which keeps the texts for the next block (``owns``: the
+    modules' ``__dict__``, if read already). A module whose class and instance have no ``extra_repr`` of their own
+    (containers) has nn.Module's, which is ""."""
     types = list(map(type, modules))
     if plan is not None and plan.key is None:
         plan = None
-    if plan is None or types != plan.key[0]:
-        for (name, _), kind in zip(entries, types):
-            records[name].type = kind.__name__
+    if plan is None or types != plan.types:
+        return [kind.__name__ for kind in types], _read_each(modules, types, plan)
+    if owns is None:
+        owns = list(map(_own, modules))
+    if any(map(contains, owns, repeat("extra_repr"))):
+        return None, _read_each(modules, types, plan)
+    # The plan's modules by class, read a class at a time with C-level calls: no Python code per module where
+    # the texts are the kept ones.
+    groups = plan.repr_groups
+    if groups is None:
+        groups = plan.repr_groups = _by_class(types)
+    kept = plan.reprs
+    fresh: dict[int, _Kept] = {}
+    texts: dict[int, str] = {}
+    for kind, indices in groups.items():
+        function = kind.extra_repr
+        if function is _PLAIN_REPR:
+            continue
+        if _KEPT.get(kind) is not function:
+            texts.update(zip(indices, map(function, map(modules.__getitem__, indices))))
+            continue
+        found = _kept_group(function, indices, list(map(owns.__getitem__, indices)), kept)
+        if found is not None:
+            texts.update(zip(indices, map(_text_of, found)))
+            fresh.update(zip(indices, found))
+            continue
+        for index in indices:
+            text, keep = _kept_text(modules[index], owns[index], function, kept.get(index))
+            if keep is not None:
+                fresh[index] = keep
+            texts[index] = text
+    plan.reprs = fresh
+    return None, texts
+
+
+def _by_class(types: list[type]) -> dict[type, list[int]]:
+    """Entry indices by class, in entry order."""
+    groups: dict[type, list[int]] = {}
+    for index, kind in enumerate(types):
+        groups.setdefault(kind, []).append(index)
+    return groups
+
+
+def _kept_group(function: Any, indices: list[int], owns: list[dict[str, Any]], kept: dict[int, _Kept]
+                ) -> list[_Kept] | None:
+    """What was kept for the modules at ``indices`` (all of one kept class, whose extra_repr is ``function``;
+    ``owns``: their ``__dict__``) when each still holds the same values, and its bias as it was; else None (then
+    each is read on its own)."""
+    known = list(map(kept.get, indices))
+    if any(map(is_, known, repeat(None))) or not all(map(is_, map(_function_of, known), repeat(function))):
+        return None
+    getter, reads_bias = _READS[function]
+    try:
+        values = list(map(getter, owns))
+    except KeyError:
+        return None
+    if reads_bias:
+        biases = list(map(_bias_of, map(_parameters, owns)))
+        if (any(map(is_, biases, repeat(_ABSENT))) or any(map(contains, owns, repeat("bias")))
+                or list(map(is_, biases, repeat(None))) != list(map(_no_bias_of, known))):
+            return None
+    # Every getter reads two names or more, so that each module's values are a tuple of one length.
+    if not all(map(is_, _flat(values), _flat(map(_values_of, known)))):
+        return None
+    return known
+
+
+def _read_each(modules: list[nn.Module], types: list[type], plan: Plan | None) -> dict[int, str]:
+    """``read_reprs``'s texts, a module at a time: for a plan whose classes changed, or a module with an
+    ``extra_repr`` of its own."""
     kept = plan.reprs if plan is not None else {}
     fresh: dict[int, _Kept] = {}
+    texts: dict[int, str] = {}
     plain = _PLAIN_REPR
     kept_classes = _KEPT
     for index, module, kind in zip(range(len(modules)), modules, types):
@@ -119,6 +199,17 @@ def read_reprs(entries: list[tuple[str, nn.Module]], records: dict[str, ModuleRe
             text, keep = _kept_text(module, own, function, kept.get(index))
             if keep is not None:
                 fresh[index] = keep
-        records[entries[index][0]].extra_repr = text
+        texts[index] = text
     if plan is not None:
         plan.reprs = fresh
+    return texts
+
+
+def write_reprs(records: list[ModuleRecord], reprs: Reprs) -> None:
+    """Write what ``read_reprs`` read onto ``records`` (the entries' records, in the same order)."""
+    names, texts = reprs
+    if names is not None:
+        for record, name in zip(records, names):
+            record.type = name
+    for index, text in texts.items():
+        records[index].extra_repr = text

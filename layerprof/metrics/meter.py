@@ -29,6 +29,10 @@ class Meter:
     # A meter that must stop the module clocks while something not the modules' own runs (FSDP's collectives)
     # says so: CPU modules are then stamped with a clock it can pause, handed to it in ``use_clock``.
     pauses_clock = False
+    # A meter whose ``start`` reads nothing of the records (it is handed an empty dict) and whose ``fill`` reads
+    # only what ``stop`` left in the meter says so: the profiler may then make the records, and fill them, when
+    # the profile is first read instead of when the block ends (a one-shot profile never read costs less).
+    deferrable = False
 
     @classmethod
     def needed_by(cls, model: nn.Module) -> bool:

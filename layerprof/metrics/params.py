@@ -191,6 +191,7 @@ class ParamsMeter(Meter):
     """Parameter and buffer counts and bytes per module (own and inclusive), dtypes, sharing. No per-call cost."""
 
     name = "params"
+    deferrable = True  # start measures the entries; fill copies those figures
 
     def __init__(self) -> None:
         self._entries: list[tuple[str, nn.Module]] = []

@@ -1,0 +1,105 @@
+"""A block whose records nothing read while it ran makes them when its profile is first read (collect/profiler.py,
+``Profile.deferred``): what they show is the model as it was when the block ended, whatever changes after; the
+unread profile holds no module; errors and warnings still come when the block ends."""
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+from torch import nn
+
+from layerprof import LayerProf
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 4)
+        self.norm = nn.LayerNorm(4)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.norm(self.linear(x)))
+
+
+def _step(model: nn.Module) -> None:
+    model(torch.randn(2, 8)).sum().backward()
+
+
+def _profiled(model: nn.Module) -> LayerProf:
+    with LayerProf(model) as prof:
+        _step(model)
+    return prof
+
+
+@pytest.mark.parametrize("blocks", [1, 2])  # a new model, and one whose plan the block reuses
+def test_records_are_made_when_first_read(blocks: int) -> None:
+    model = Net()
+    for _ in range(blocks):
+        prof = _profiled(model)
+    assert prof.profile._build is not None  # nothing made yet
+    assert list(prof.records) == ["", "linear", "norm", "act"]
+    assert prof.profile._build is None
+    linear = prof.records["linear"]
+    # Linear(8, 4): 8 * 4 weights + 4 biases = 36; one call, timed both ways.
+    assert (linear.params, linear.calls, linear.steps) == (36, 1, 1)
+    assert linear.forward_ms > 0 and linear.backward_ms > 0
+    assert linear.extra_repr == "in_features=8, out_features=4, bias=True"
+    assert prof.tree is prof.records[""] and prof.tree.children[0] is linear
+
+
+def test_a_change_after_the_block_is_not_in_its_profile() -> None:
+    model = Net()
+    _profiled(model)
+    prof = _profiled(model)
+    model.linear = nn.Linear(8, 4, bias=False)  # replaced, then changed in place, before the profile is read
+    model.norm.eps = 0.5
+    model.act = nn.GELU()
+    model.half()
+    linear, norm, act = (prof.records[name] for name in ("linear", "norm", "act"))
+    assert linear.extra_repr == "in_features=8, out_features=4, bias=True" and linear.params == 36
+    assert linear.param_dtypes == {"float32": 36}
+    assert norm.extra_repr == "(4,), eps=1e-05, elementwise_affine=True, bias=True"
+    assert (act.type, act.extra_repr) == ("ReLU", "")
+
+
+def test_an_unread_profile_holds_no_module() -> None:
+    model = Net()
+    _profiled(model)
+    profile = _profiled(model).profile  # the LayerProf holds its model; its profile does not
+    alive, linear = weakref.ref(model), weakref.ref(model.linear)
+    del model
+    gc.collect()
+    assert alive() is None and linear() is None
+    assert profile.records["linear"].calls == 1 and profile.records["linear"].params == 36  # still readable
+
+
+def test_a_meter_that_reads_records_makes_them_while_the_block_runs() -> None:
+    model = Net()
+    with LayerProf(model, metrics=("params", "shapes")) as prof:
+        _step(model)
+    assert prof.profile._build is None  # made and filled as the block ended
+    assert prof.records["linear"].params == 36 and prof.records["linear"].calls == 1
+
+
+def test_records_read_inside_the_block_are_the_profiles() -> None:
+    model = Net()
+    _profiled(model)
+    with LayerProf(model) as prof:
+        inside = prof.records
+        _step(model)
+    assert prof.records is not inside  # the profile's own dict, of the same records
+    assert list(prof.records.values()) == list(inside.values())
+    assert inside["linear"].calls == 1
+
+
+def test_the_no_step_warning_comes_when_the_block_ends() -> None:
+    model = Net()
+    _profiled(model)
+    with pytest.warns(RuntimeWarning, match="recorded no step"):
+        with LayerProf(model) as prof:
+            pass
+    assert prof.profile._build is not None
+    assert prof.records["linear"].calls == 0
