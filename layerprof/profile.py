@@ -138,6 +138,12 @@ class Profile:
         self._made()
         self._records = records
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (or deep-copied) with its records made: what a deferred profile would make from holds weak
+        references to the model's modules, which do not pickle."""
+        self._made()
+        return self.__dict__.copy()
+
     def __del__(self) -> None:
         # A record tree is a reference cycle (parents and children): freed now if this was its last holder. The
         # records dict held elsewhere (``records = prof.records``, a view of it) keeps every record in use: then

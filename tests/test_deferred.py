@@ -103,3 +103,28 @@ def test_the_no_step_warning_comes_when_the_block_ends() -> None:
             pass
     assert prof.profile._build is not None
     assert prof.records["linear"].calls == 0
+
+
+def test_an_unread_profile_pickles_with_its_records() -> None:
+    # What a deferred profile makes its records from holds the model's modules weakly, which do not pickle: it
+    # makes them first, so pickle.loads gives the same records.
+    import pickle
+
+    model = Net()
+    _profiled(model)
+    prof = _profiled(model)
+    assert prof.profile._build is not None
+    loaded = pickle.loads(pickle.dumps(prof.profile))
+    assert list(loaded.records) == ["", "linear", "norm", "act"]
+    assert loaded.records["linear"].params == 36 and loaded.records["linear"].forward_ms > 0
+
+
+def test_two_unread_profiles_across_a_change_keep_their_own_structure() -> None:
+    model = Net()
+    _profiled(model)
+    before = _profiled(model)  # unread while the model changes and is profiled again
+    model.act = nn.Sequential(nn.GELU(), nn.Dropout(0.0))
+    after = _profiled(model)
+    assert list(after.records) == ["", "linear", "norm", "act", "act.0", "act.1"]
+    assert list(before.records) == ["", "linear", "norm", "act"]
+    assert (before.records["act"].type, after.records["act"].type) == ("ReLU", "Sequential")
