@@ -21,7 +21,8 @@ def plan_text(plan: Any) -> str:
     lines = [
         f"Checkpoint plan for {plan.model_type}: saved for backward {format_bytes(before)} -> {format_bytes(after)} "
         f"({format_percent(after, before)}), budget {format_bytes(plan.budget_bytes)}, "
-        f"+{format_ms(plan.extra_ms)} per step, {wrapped_count(plan.chosen)} wrapped",
+        f"+{format_ms(plan.extra_ms)} per step{_cold(plan.extra_ms, getattr(plan, 'cold_extra_ms', None))}, "
+        f"{wrapped_count(plan.chosen)} wrapped",
     ]
     if plan.note:
         lines.append(f"note: {plan.note}")
@@ -36,7 +37,8 @@ def plan_text(plan: Any) -> str:
     for c in plan.chosen:
         rate = "inf" if c.cost_ms <= 0 else f"{format_bytes(c.bytes_per_ms)}/ms"
         lines.append(f"  {c.name or '<model>':<{width}}  {c.type:<20} frees {format_bytes(c.net_bytes):>10}  "
-                     f"recomputes {format_ms(c.recompute_ms):>9} + wrapper {format_ms(c.wrap_ms):>9}  {rate}")
+                     f"recomputes {format_ms(c.recompute_ms):>9} + wrapper {format_ms(c.wrap_ms):>9}  {rate}"
+                     f"{_cold(c.wrap_ms, getattr(c, 'cold_wrap_ms', None), '  ')}")
     if plan.excluded:
         reasons: dict[str, int] = {}
         for why in plan.excluded.values():
@@ -46,6 +48,14 @@ def plan_text(plan: Any) -> str:
         lines.append(f"  excluded: {format_counted(len(plan.excluded), 'module')} ({counts}; plan.excluded names "
                      "them)")
     return "\n".join(lines)
+
+
+def _cold(ms: float, cold: float | None, before: str = " ") -> str:
+    """" (4.10 ms priced cold)" where pricing each wrapper call by the work before it made ``ms`` less than
+    ``cold``, else ""."""
+    if cold is None or format_ms(cold) == format_ms(ms):
+        return ""
+    return f"{before}({format_ms(cold)} priced cold)"
 
 
 def verification_text(result: Any) -> str:
