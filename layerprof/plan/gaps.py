@@ -11,7 +11,8 @@ off (``hook_ms`` for every module call that starts in it). The first wrapped cal
 before it in the step: cold. The plan's wrapper time is then its cold figure less, for each call, the cold
 per-call cost less the cost at its gaps. A plan that wraps nothing adjacent (gaps of the calibration's filler or
 more on both sides) is priced as before; a call whose timings are missing (a profile without call times) is
-priced cold.
+priced cold. On a GPU the call times are the device's, which run behind the host's Python: the gaps read there
+are the device's work, an approximation of the host's.
 """
 from __future__ import annotations
 
