@@ -24,14 +24,15 @@ Warmer, with less work between: the same small blocks are timed twice more, back
 filler over 8 rows instead of 64 (about 0.7 s more), and each reading less the cold per-tensor cost is the per-call
 cost at that gap (``gap_points``: the gap is the plain step's forward outside the blocks, and its backward, per
 block). On a 2-core CPU, one thread: 0.15-0.19 ms a call back to back, 0.30-0.59 ms after an 8-row filler (about
-0.5 ms of forward, 0.9 of backward), 0.42-0.68 ms cold (1.2 and 2.3 ms); the per-tensor cost reads the same back to
+0.5 ms of forward, 0.9 of backward), 0.41-0.83 ms cold (1.2 and 2.3 ms); the per-tensor cost reads the same back to
 back (12-13 µs) as cold (13-16 µs), so only the per-call cost follows the gap. The knapsack keeps the cold,
 additive price of every wrapper: a module's cost may not depend on whether its neighbour is wrapped too. The chosen
 plan's figures then price each of its wrapped calls at its gaps in the profiled step (``gaps.py``): the forward
 work since the last wrapped call's forward and the backward work since the last wrapped call's backward, each
 side interpolated linearly between the points and cold past the last, the two sides averaged. So the knapsack's
-figure (``cold_extra_ms``) is an upper bound of the plan's (``extra_ms``), equal where nothing wrapped is adjacent;
-DenseNet's consecutive dense layers, wrapped at 0.38 ms a call against 0.83 priced cold (run 9), are what it is for.
+figure (``cold_extra_ms``) is an upper bound of the plan's (``extra_ms``), equal where no wrapped call follows
+another closely; DenseNet's consecutive dense layers, wrapped at 0.38 ms a call against 0.83 priced cold (run 9),
+are what it is for.
 
 What it does not follow: the same wrappers in the same model can cost a third more in one process than in the
 next while the calibration reads the same in both. Timed from inside the steps (``benchmarks/checkpoint_plan.py
