@@ -358,7 +358,9 @@ class Profile:
         whose recomputation repeats a side effect (BatchNorm in training) are left out unless
         ``allow_side_effects``. The time a plan costs is the recomputed forwards plus the checkpoint wrapper's own
         cost, priced by ``wrap_cost``: "measured" on this host once per process (``layerprof.plan.wrap_cost``),
-        None to count recomputation only, or a pair (ms per wrapped call, ms per tensor saved inside). A
+        None to count recomputation only, or a pair (ms per wrapped call, ms per tensor saved inside). Measured,
+        the plan is chosen on every wrapper priced cold, and its figures then price each wrapped call by the other
+        work between it and the last wrapped call (``cold_extra_ms`` keeps the cold figure). A
         recomputation is priced as the profiled forward less the profiler's own hooks inside it
         (``meta["hook_ms"]`` per module call on the CPU wall clock: measured on this host when the profile is
         first planned or saved, about 0.4 s once per process, and kept in the profile, so a saved profile plans

@@ -34,6 +34,7 @@ from ..render.units import format_counted
 from .apply import is_wrapped, unwrap, wrap, wrap_runs
 from .budget import parse_budget
 from .candidates import Candidate, Priced, candidates, descendant_calls, require_figures
+from .gaps import gap_savings
 from .runs import RunOption, parse_run, run_options
 from .wrap_cost import WrapCost, check_wrap_cost
 from .solver import DEFAULT_RESOLUTION, Run, best_reachable, ends_of, frontier, solve
@@ -90,7 +91,9 @@ def _called_below(record: ModuleRecord) -> list[ModuleRecord]:
 @dataclass(frozen=True)
 class ChosenModule(Priced):
     """Why a module is in the plan: the bytes wrapping it frees (net of the inputs it keeps), the forward time
-    it re-runs in backward per step, and the checkpoint's own cost per step (``wrap_ms``)."""
+    it re-runs in backward per step, and the checkpoint's own cost per step (``wrap_ms``: each call priced by the
+    other work between it and the last wrapped call, ``gaps.py``; ``cold_wrap_ms``: every call priced cold, as
+    the knapsack chose it)."""
 
     name: str
     type: str
@@ -99,6 +102,7 @@ class ChosenModule(Priced):
     recompute_ms: float
     wrap_ms: float = 0.0
     run: int = 0  # for a run of a Sequential's children (``parent[first:stop]``): how many; 0 for a module
+    cold_wrap_ms: float = 0.0
 
     @property
     def bytes_per_ms(self) -> float:
@@ -120,7 +124,9 @@ class CheckpointPlan:
     Attributes: ``modules`` (qualified names to wrap, and runs ``parent[first:stop]`` of an nn.Sequential's
     children, no two nested), ``chosen`` (a ChosenModule for each),
     ``budget_bytes``, ``saved_bytes_before`` (today), ``saved_bytes_after`` (predicted), ``extra_ms`` (predicted
-    extra time per step: the recomputed forwards and the wrappers' own cost), ``wrap_cost`` (the WrapCost that
+    extra time per step: the recomputed forwards and the wrappers' own cost, each wrapper call priced by the other
+    work between it and the last wrapped call), ``cold_extra_ms`` (the same with every wrapper call priced cold:
+    what the knapsack minimised, additive, an upper bound of ``extra_ms``), ``wrap_cost`` (the WrapCost that
     priced the wrappers, None if not counted), ``hook_ms`` (the profiler's own time per module call taken off each
     ancestor's recompute time, 0 where the profile's clock is not the CPU wall clock), ``feasible`` (whether the budget is met), ``least_reachable_bytes`` (the least
     saved memory any plan reaches), ``reachable_allowing_side_effects`` (where the budget is out of reach and
@@ -177,15 +183,18 @@ class CheckpointPlan:
                         f"{self.reachable_allowing_side_effects} bytes")
             self.note = (f"the budget ({budget_bytes} bytes) cannot be met: the least saved memory any plan "
                          f"reaches is {self.least_reachable_bytes} bytes{hint}")
-        chosen = solution.chosen if solution is not None else ()
+        chosen = [self._option(i) for i in (solution.chosen if solution is not None else ())]
+        saving = {} if wrap_cost is None else gap_savings({r.name: r for r in preorder(root)},
+                                                          [o.name for o in chosen], wrap_cost, hook_ms)
         self.chosen = [ChosenModule(o.name, "Sequential" if isinstance(o, RunOption) else o.type, o.freed_bytes,
-                                    o.kept_bytes, o.recompute_ms, o.wrap_ms,
-                                    len(o.children) if isinstance(o, RunOption) else 0)
-                       for o in map(self._option, chosen)]
+                                    o.kept_bytes, o.recompute_ms, max(0.0, o.wrap_ms - saving.get(o.name, 0.0)),
+                                    len(o.children) if isinstance(o, RunOption) else 0, o.wrap_ms)
+                       for o in chosen]
         self.modules = [c.name for c in self.chosen]
         self.saved_bytes_after = self._saved_after(solution.chosen if solution is not None else (),
                                                    sum(c.net_bytes for c in self.chosen))
         self.extra_ms = float(sum(c.cost_ms for c in self.chosen))
+        self.cold_extra_ms = float(sum(c.recompute_ms + c.cold_wrap_ms for c in self.chosen))
         self._applied: list[tuple[nn.Module, Any]] = []
 
     def _allowing_side_effects(self, found: list[Candidate]) -> int | None:
@@ -228,7 +237,8 @@ class CheckpointPlan:
     # -- the frontier ----------------------------------------------------------------------------------------
     def pareto(self) -> list[FrontierPoint]:
         """Every Pareto-optimal plan, from wrapping nothing (today) to the least saved memory reachable: saved
-        bytes left against extra time per step, least memory last."""
+        bytes left against extra time per step, least memory last. The times are the knapsack's, every wrapper
+        call priced cold (upper bounds; the chosen plan's ``cold_extra_ms`` is its point)."""
         points = [
             FrontierPoint(self._saved_after(s.chosen, s.freed), s.cost, tuple(self._option(i).name for i in s.chosen))
             for s in frontier(self._weights, self._costs, self._ends, self._resolution, self._options)
@@ -316,11 +326,12 @@ class CheckpointPlan:
         return {
             "modules": list(self.modules), "budget_bytes": self.budget_bytes,
             "saved_bytes_before": self.saved_bytes_before, "saved_bytes_after": self.saved_bytes_after,
-            "extra_ms": self.extra_ms, "feasible": self.feasible, "least_reachable_bytes": self.least_reachable_bytes,
+            "extra_ms": self.extra_ms, "cold_extra_ms": self.cold_extra_ms, "feasible": self.feasible,
+            "least_reachable_bytes": self.least_reachable_bytes,
             "reachable_allowing_side_effects": self.reachable_allowing_side_effects,
             "chosen": [{"name": c.name, "type": c.type, "freed_bytes": c.freed_bytes, "kept_bytes": c.kept_bytes,
                         "net_bytes": c.net_bytes, "recompute_ms": c.recompute_ms, "wrap_ms": c.wrap_ms,
-                        "run": c.run}
+                        "cold_wrap_ms": c.cold_wrap_ms, "run": c.run}
                        for c in self.chosen],
             "excluded": dict(self.excluded), "note": self.note, "hook_ms": self.hook_ms,
             "already_recomputed": list(self.already_recomputed),

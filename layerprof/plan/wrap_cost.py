@@ -20,6 +20,20 @@ and thread count: with 9 rounds, calibrations repeated in one process read 0.33 
 cost is host-side Python: on a GPU whose kernels run behind the host it is partly hidden, and the measured figure
 is an upper bound there.
 
+Warmer, with less work between: the same small blocks are timed twice more, back to back with no filler and with a
+filler over 8 rows instead of 64 (about 0.7 s more), and each reading less the cold per-tensor cost is the per-call
+cost at that gap (``gap_points``: the gap is the plain step's forward outside the blocks, and its backward, per
+block). On a 2-core CPU, one thread: 0.15-0.19 ms a call back to back, 0.30-0.59 ms after an 8-row filler (about
+0.5 ms of forward, 0.9 of backward), 0.41-0.83 ms cold (1.2 and 2.3 ms); the per-tensor cost reads the same back to
+back (12-13 µs) as cold (13-16 µs), so only the per-call cost follows the gap. The knapsack keeps the cold,
+additive price of every wrapper: a module's cost may not depend on whether its neighbour is wrapped too. The chosen
+plan's figures then price each of its wrapped calls at its gaps in the profiled step (``gaps.py``): the forward
+work since the last wrapped call's forward and the backward work since the last wrapped call's backward, each
+side interpolated linearly between the points and cold past the last, the two sides averaged. So the knapsack's
+figure (``cold_extra_ms``) is an upper bound of the plan's (``extra_ms``), equal where no wrapped call follows
+another closely; DenseNet's consecutive dense layers, wrapped at 0.38 ms a call against 0.83 priced cold (run 9),
+are what it is for.
+
 What it does not follow: the same wrappers in the same model can cost a third more in one process than in the
 next while the calibration reads the same in both. Timed from inside the steps (``benchmarks/checkpoint_plan.py
 --split``, CPU time, three fresh processes on a loaded 2-core host), the zoo's MLP's wrappers cost 0.86, 0.90 and
@@ -48,20 +62,48 @@ _CACHE: dict[int, WrapCost] = {}
 _SMALL, LARGE = 1, 33  # Linear(4, 4) layers in a wrapped block of the two stacks; each saves its input and weight
 _BLOCKS = 4  # wrapped blocks a stack, each followed by a filler
 _FILLER_ROWS, _FILLER_WIDTH = 64, 256  # the unwrapped work between two wrapped calls (about 2.5 MB touched)
+_GAP_ROWS = (0, 8)  # the fillers of the warmer calibrations (no filler: wrappers back to back), cold last
 _REPEATS = 27  # rounds a stack; see the module doc
 
 
 @dataclass(frozen=True)
 class WrapCost:
     """What wrapping adds per step beyond the recomputed forward: ``per_call_ms`` for every call of a wrapped
-    module, ``per_tensor_ms`` for every tensor autograd saves inside it."""
+    module (cold: other work ran since the last wrapper), ``per_tensor_ms`` for every tensor autograd saves inside
+    it. ``gap_points``: how a call's cost falls when little other work runs between it and the last wrapped call,
+    as (forward gap ms, backward gap ms, per_call_ms) from the least gap (back to back) to the most (the cold
+    calibration, where ``per_call_ms`` holds); empty where the cost is given, not measured (every call cold)."""
 
     per_call_ms: float
     per_tensor_ms: float
     source: str = "given"
+    gap_points: tuple[tuple[float, float, float], ...] = ()
 
     def of(self, calls: float, tensors: float) -> float:
         return calls * self.per_call_ms + tensors * self.per_tensor_ms
+
+    def per_call_at(self, forward_gap_ms: float | None, backward_gap_ms: float | None) -> float:
+        """A call's cost after ``forward_gap_ms`` of other forward work since the last wrapped call's forward, and
+        ``backward_gap_ms`` of other backward work since the last wrapped call's backward (None: no wrapped call
+        before it, cold): the mean of the two sides, each interpolated linearly between the calibrated gaps."""
+        return (_interpolate(self.gap_points, 0, forward_gap_ms, self.per_call_ms)
+                + _interpolate(self.gap_points, 1, backward_gap_ms, self.per_call_ms)) / 2
+
+
+def _interpolate(points: tuple[tuple[float, float, float], ...], side: int, gap: float | None, cold: float
+                 ) -> float:
+    """The per-call cost at ``gap`` on ``side`` (0 forward, 1 backward) of ``points``; ``cold`` past the last
+    point, with no points, or where there is no gap (None)."""
+    if gap is None or not points:
+        return cold
+    if gap <= points[0][side]:
+        return points[0][2]
+    for before, after in zip(points, points[1:]):
+        if gap <= after[side]:
+            span = after[side] - before[side]
+            share = (gap - before[side]) / span if span > 0 else 1.0
+            return before[2] + share * (after[2] - before[2])
+    return cold
 
 
 class _Filler(nn.Module):
@@ -69,29 +111,34 @@ class _Filler(nn.Module):
     four times the width, GELU, Linear back, Tanh) over a held batch, joined to the chain so that its backward
     runs between the blocks' backward too."""
 
-    def __init__(self) -> None:
+    def __init__(self, rows: int) -> None:
         super().__init__()
         self.body = nn.Sequential(nn.LayerNorm(_FILLER_WIDTH), nn.Linear(_FILLER_WIDTH, 4 * _FILLER_WIDTH), nn.GELU(),
                                   nn.Linear(4 * _FILLER_WIDTH, _FILLER_WIDTH), nn.Tanh())
-        self.register_buffer("batch", torch.randn(_FILLER_ROWS, _FILLER_WIDTH))
+        self.register_buffer("batch", torch.randn(rows, _FILLER_WIDTH))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.body(self.batch).mean() * 0.0
 
 
-def calibration_stack(layers: int) -> tuple[nn.Sequential, list[nn.Sequential], torch.Tensor]:
+def calibration_stack(layers: int, filler_rows: int = _FILLER_ROWS
+                      ) -> tuple[nn.Sequential, list[nn.Sequential], torch.Tensor]:
     """A model in miniature, seeded: ``_BLOCKS`` blocks of ``layers`` Linear(4, 4) each, every block followed by
-    a filler; the stack, its blocks and an input that needs grad."""
+    a filler over ``filler_rows`` rows (none for 0: the blocks back to back); the stack, its blocks and an input
+    that needs grad."""
     torch.manual_seed(0)
     blocks = [nn.Sequential(*(nn.Linear(4, 4) for _ in range(layers))) for _ in range(_BLOCKS)]
-    stack = nn.Sequential(*(part for block in blocks for part in (block, _Filler())))
+    fillers = [[_Filler(filler_rows)] if filler_rows else [] for _ in blocks]
+    stack = nn.Sequential(*(part for block, filler in zip(blocks, fillers) for part in [block, *filler]))
     return stack, blocks, torch.randn(2, 4, requires_grad=True)
 
 
-def _overhead_ms(layers: int) -> tuple[float, int]:
+def _overhead_ms(layers: int, filler_rows: int = _FILLER_ROWS) -> tuple[float, int, float, float]:
     """Median (checkpointed step - plain step - the wrapped blocks' forward in the plain step) per wrapped block,
-    with ``layers`` Linear(4, 4) in each block, and the tensors a block saves."""
-    stack, blocks, x = calibration_stack(layers)
+    with ``layers`` Linear(4, 4) in each block and fillers over ``filler_rows`` rows; the tensors a block saves;
+    and the gap between two blocks, forward and backward: the median of the plain step's forward outside the
+    blocks, and of its backward (the blocks' own backward, a few µs, left in), per block."""
+    stack, blocks, x = calibration_stack(layers, filler_rows)
     saved = [0]
 
     def count(tensor: torch.Tensor) -> torch.Tensor:
@@ -108,31 +155,38 @@ def _overhead_ms(layers: int) -> tuple[float, int]:
     def post(module: nn.Module, args: Any, output: Any) -> None:
         inside[0] += time.thread_time_ns()
 
-    def timed() -> float:
+    def timed() -> tuple[float, float]:
+        """The step's time and its forward's, in ms."""
         start = time.thread_time_ns()
-        stack(x).sum().backward()
-        return (time.thread_time_ns() - start) / 1e6
+        out = stack(x).sum()
+        middle = time.thread_time_ns()
+        out.backward()
+        return (time.thread_time_ns() - start) / 1e6, (middle - start) / 1e6
 
-    differences = []
+    differences, forward_gaps, backward_gaps = [], [], []
     for repeat in range(_REPEATS + 2):
         handles = [hook for block in blocks for hook in (block.register_forward_pre_hook(pre),
                                                          block.register_forward_hook(post))]
         inside[0] = 0
         try:
-            plain = timed()
+            plain, plain_forward = timed()
         finally:
             for handle in handles:
                 handle.remove()
         forward = inside[0] / 1e6
         owns = [wrap(block) for block in blocks]
         try:
-            wrapped = timed()
+            wrapped = timed()[0]
         finally:
             for block, own in zip(blocks, owns):
                 unwrap(block, own)
         if repeat >= 2:  # two warm-up rounds
             differences.append((wrapped - plain - forward) / _BLOCKS)
-    return statistics.median(differences), saved[0]
+            forward_gaps.append((plain_forward - forward) / _BLOCKS)
+            backward_gaps.append((plain - plain_forward) / _BLOCKS)
+    if not filler_rows:  # back to back: no other work between the blocks
+        return statistics.median(differences), saved[0], 0.0, 0.0
+    return statistics.median(differences), saved[0], statistics.median(forward_gaps), statistics.median(backward_gaps)
 
 
 def wrap_cost() -> WrapCost:
@@ -142,12 +196,27 @@ def wrap_cost() -> WrapCost:
     found = _CACHE.get(threads)
     if found is None:
         with torch.random.fork_rng(devices=[]):  # the stacks are seeded: leave the caller's RNG as it was
-            small, small_tensors = _overhead_ms(_SMALL)
-            large, large_tensors = _overhead_ms(LARGE)
+            small, small_tensors, forward_gap, backward_gap = _overhead_ms(_SMALL)
+            large, large_tensors = _overhead_ms(LARGE)[:2]
+            warmer = [_overhead_ms(_SMALL, rows) for rows in _GAP_ROWS]
         per_tensor = max(0.0, (large - small) / (large_tensors - small_tensors))
         per_call = max(0.0, small - per_tensor * small_tensors)
-        found = _CACHE[threads] = WrapCost(per_call, per_tensor, "measured")
+        found = _CACHE[threads] = WrapCost(per_call, per_tensor, "measured", gap_points(
+            [(f, b, overhead - per_tensor * small_tensors) for overhead, _, f, b in warmer]
+            + [(forward_gap, backward_gap, per_call)]))
     return found
+
+
+def gap_points(measured: list[tuple[float, float, float]]) -> tuple[tuple[float, float, float], ...]:
+    """The calibrations (forward gap, backward gap, per-call cost), least gap first, made what the interpolation
+    needs: gaps and costs that never fall from one point to the next (a warmer calibration that read dearer
+    than a colder one, by noise, is priced as the colder one), costs at least 0."""
+    points: list[tuple[float, float, float]] = []
+    cold = max(0.0, measured[-1][2])
+    for forward, backward, cost in measured:
+        last = points[-1] if points else (0.0, 0.0, 0.0)
+        points.append((max(forward, last[0]), max(backward, last[1]), min(cold, max(cost, last[2]))))
+    return tuple(points)
 
 
 def check_wrap_cost(value: Any) -> WrapCost | None:

@@ -16,7 +16,8 @@ FAULTS_SHOWN = 256  # page faults a step (1 MiB of 4 KiB pages) a plan must add 
 
 
 def plan_text(plan: Any) -> str:
-    """A short printable plan: totals, then one line per module with why it was chosen."""
+    """A short printable plan: totals, then one line per module with why it was chosen (its wrapper priced by the
+    work before its calls, and cold, as the knapsack chose, where the two differ)."""
     before, after = plan.saved_bytes_before, plan.saved_bytes_after
     lines = [
         f"Checkpoint plan for {plan.model_type}: saved for backward {format_bytes(before)} -> {format_bytes(after)} "
@@ -36,7 +37,8 @@ def plan_text(plan: Any) -> str:
     for c in plan.chosen:
         rate = "inf" if c.cost_ms <= 0 else f"{format_bytes(c.bytes_per_ms)}/ms"
         lines.append(f"  {c.name or '<model>':<{width}}  {c.type:<20} frees {format_bytes(c.net_bytes):>10}  "
-                     f"recomputes {format_ms(c.recompute_ms):>9} + wrapper {format_ms(c.wrap_ms):>9}  {rate}")
+                     f"recomputes {format_ms(c.recompute_ms):>9} + wrapper {format_ms(c.wrap_ms):>9}  {rate}"
+                     f"{_cold(c.wrap_ms, getattr(c, 'cold_wrap_ms', None))}")
     if plan.excluded:
         reasons: dict[str, int] = {}
         for why in plan.excluded.values():
@@ -46,6 +48,14 @@ def plan_text(plan: Any) -> str:
         lines.append(f"  excluded: {format_counted(len(plan.excluded), 'module')} ({counts}; plan.excluded names "
                      "them)")
     return "\n".join(lines)
+
+
+def _cold(ms: float, cold: float | None) -> str:
+    """"  (4.10 ms priced cold)" where pricing each wrapper call by the work before it made a module's wrapper
+    ``ms`` less than ``cold`` (the knapsack's price), else ""."""
+    if cold is None or format_ms(cold) == format_ms(ms):
+        return ""
+    return f"  ({format_ms(cold)} priced cold)"
 
 
 def verification_text(result: Any) -> str:
