@@ -71,15 +71,18 @@ def test_savings_from_fake_call_times() -> None:
     assert [span.forward for span in wrapped_spans(records, "1")] == [(1.1, 2.1)]
     assert [span.backward for span in wrapped_spans(records, "1")] == [(13.0, 14.0)]
     saving = gap_savings(records, ["0", "1", "3", "4"], COST, hook_ms=0.05)
-    # "0": forward first (cold 0.8); backward gap 14.5 - 14.0 = 0.5: 0.35. Mean 0.575: 0.8 - 0.575 = 0.225.
-    # "1": forward gap 1.1 - 1.0 = 0.1: 0.26; backward 13.0 - 12.0 = 1.0 less the Tanh's hooks (12.5 in it)
-    #      0.95: 0.485. Mean 0.3725: saves 0.4275.
-    # "3": forward 2.6 - 2.1 = 0.5 less the Tanh's hooks (2.2) 0.45: 0.47; backward 11.0 - 11.0 = 0: 0.2.
-    #      Mean 0.335: saves 0.465.
+    # Backward gaps run from the last wrapped call's backward start (its recomputation) to this one's, less the
+    # hooks of the calls that start between (the last block's three children, the Tanh).
+    # "0": forward first (cold 0.8); backward 14.5 - 13.0 = 1.5 less "1"'s children (13.1) 0.15 = 1.35: 0.605.
+    #      Mean 0.7025: saves 0.0975.
+    # "1": forward gap 1.1 - 1.0 = 0.1: 0.26; backward 13.0 - 11.0 = 2.0 less "3"'s children (11.1) and the Tanh
+    #      (12.5), 0.2: 1.8: 0.74. Mean 0.5: saves 0.3.
+    # "3": forward 2.6 - 2.1 = 0.5 less the Tanh's hooks (2.2) 0.45: 0.47; backward 11.0 - 10.0 = 1.0 less "4"'s
+    #      children (10.1) 0.15 = 0.85: 0.455. Mean 0.4625: saves 0.3375.
     # "4": forward 3.6 - 3.6 = 0: 0.2; backward first (cold 0.8). Mean 0.5: saves 0.3.
-    assert saving == pytest.approx({"0": 0.225, "1": 0.4275, "3": 0.465, "4": 0.3})
+    assert saving == pytest.approx({"0": 0.0975, "1": 0.3, "3": 0.3375, "4": 0.3})
     # Not adjacent: "0" and "4" have 2.6 ms of forward (less 1.1's, 2.2's and the children's hooks, 0.3) and
-    # 3.5 ms of backward between them, past the cold point on both sides: priced as before.
+    # 4.5 ms of backward between their starts, past the cold point on both sides: priced as before.
     assert gap_savings(records, ["0", "4"], COST, hook_ms=0.05) == {"0": 0.0, "4": 0.0}
     # A run "[3:5]" spans "3"'s start to "4"'s end in forward, "4"'s backward start to "3"'s end in backward.
     assert [(s.forward, s.backward) for s in wrapped_spans(records, "[3:5]")] == [((2.6, 4.6), (10.0, 12.0))]

@@ -1,18 +1,21 @@
 """A chosen plan's wrappers priced by the other work between them (``WrapCost.gap_points``, ``wrap_cost.py``).
 
-The knapsack prices every wrapper cold (``per_call_ms``): its cost must not depend on what else is wrapped. Once
-the plan is chosen, its wrapped calls are known, and a call that runs right after another wrapped call, with
-little other work between them, finds the checkpoint's code and data still in the caches and costs less (DenseNet's
-consecutive dense layers: 0.38 ms a call measured against 0.83 priced cold). Here each wrapped call of the plan
-gets its gaps from the profiled step's call times: in forward, the time from the end of the last wrapped call's
-forward to the start of its own; in backward, from the end of the last wrapped call's backward (in backward's
-order) to the start of its own, where its recomputation runs. From each gap the profiler's own hooks are taken
-off (``hook_ms`` for every module call that starts in it). The first wrapped call of each pass has no wrapped call
-before it in the step: cold. The plan's wrapper time is then its cold figure less, for each call, the cold
-per-call cost less the cost at its gaps. A plan that wraps nothing adjacent (gaps of the calibration's filler or
-more on both sides) is priced as before; a call whose timings are missing (a profile without call times) is
-priced cold. On a GPU the call times are the device's, which run behind the host's Python: the gaps read there
-are the device's work, an approximation of the host's.
+The knapsack prices every wrapper cold (``per_call_ms``): its cost must not depend on what else is wrapped. Once the
+plan is chosen, its wrapped calls are known, and a call that runs right after another wrapped call, with little other
+work between them, finds the checkpoint's code and data still in the caches and costs less (DenseNet's consecutive
+dense layers: 0.38 ms a call measured against 0.83 priced cold). Here each wrapped call of the plan gets its gaps
+from the profiled step's call times: in forward, the time from the end of the last wrapped call's forward to the
+start of its own; in backward, from the start of the last wrapped call's backward (in backward's order) to the start
+of its own, where its recomputation runs. The checkpoint's code for a call runs as its backward starts (the
+recomputation's set-up), and the last call's recomputation and backward run after it: they are work between the two,
+as the calibration's backward gap holds its blocks' own backward (adjacent transformer layers, a few ms of backward
+each, are priced about cold; adjacent small dense layers, warm). From each gap the profiler's own hooks are taken off
+(``hook_ms`` for every module call that starts in it). The first wrapped call of each pass has no wrapped call before
+it in the step: cold. The plan's wrapper time is then its cold figure less, for each call, the cold per-call cost
+less the cost at its gaps. A plan that wraps nothing adjacent (gaps of the calibration's filler or more on both
+sides) is priced as before; a call whose timings are missing (a profile without call times) is priced cold. On a GPU
+the call times are the device's, which run behind the host's Python: the gaps read there are the device's work, an
+approximation of the host's.
 """
 from __future__ import annotations
 
@@ -96,7 +99,9 @@ def gap_savings(records: dict[str, ModuleRecord], names: Sequence[str], cost: Wr
     forward_gaps = _gaps([span.forward for span in spans], forward_starts, hook_ms)
     timed = [i for i, span in enumerate(spans) if span.backward is not None]
     backward_gaps: list[float | None] = [None] * len(spans)
-    for i, gap in zip(timed, _gaps([spans[i].backward for i in timed], backward_starts, hook_ms)):  # type: ignore
+    # In backward, from the last wrapped call's start (its recomputation) to this one's start (the module doc).
+    starts_only = [(spans[i].backward[0], spans[i].backward[0]) for i in timed]  # type: ignore[index]
+    for i, gap in zip(timed, _gaps(starts_only, backward_starts, hook_ms)):
         backward_gaps[i] = gap
     counted = {name: 0 for name in names}
     for span, forward_gap, backward_gap in zip(spans, forward_gaps, backward_gaps):

@@ -28,7 +28,7 @@ block). On a 2-core CPU, one thread: 0.15-0.19 ms a call back to back, 0.30-0.59
 back (12-13 µs) as cold (13-16 µs), so only the per-call cost follows the gap. The knapsack keeps the cold,
 additive price of every wrapper: a module's cost may not depend on whether its neighbour is wrapped too. The chosen
 plan's figures then price each of its wrapped calls at its gaps in the profiled step (``gaps.py``): the forward
-work since the last wrapped call's forward and the backward work since the last wrapped call's backward, each
+work since the last wrapped call's forward and the backward work since the last wrapped call's backward began, each
 side interpolated linearly between the points and cold past the last, the two sides averaged. So the knapsack's
 figure (``cold_extra_ms``) is an upper bound of the plan's (``extra_ms``), equal where no wrapped call follows
 another closely; DenseNet's consecutive dense layers, wrapped at 0.38 ms a call against 0.83 priced cold (run 9),
@@ -84,7 +84,7 @@ class WrapCost:
 
     def per_call_at(self, forward_gap_ms: float | None, backward_gap_ms: float | None) -> float:
         """A call's cost after ``forward_gap_ms`` of other forward work since the last wrapped call's forward, and
-        ``backward_gap_ms`` of other backward work since the last wrapped call's backward (None: no wrapped call
+        ``backward_gap_ms`` of backward work since the last wrapped call's backward began (None: no wrapped call
         before it, cold): the mean of the two sides, each interpolated linearly between the calibrated gaps."""
         return (_interpolate(self.gap_points, 0, forward_gap_ms, self.per_call_ms)
                 + _interpolate(self.gap_points, 1, backward_gap_ms, self.per_call_ms)) / 2
