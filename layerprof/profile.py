@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Sequence
 
@@ -69,6 +70,9 @@ def _attribute_references() -> int:
 
 _ATTRIBUTE_REFERENCES = _attribute_references()
 
+# Held while a deferred profile makes its records (``Profile._made``); re-entrant: a build that reads a profile.
+_MAKING = threading.RLock()
+
 
 class Profile:
     """Records of one profiled model: ``tree`` (anytree root), ``records`` by qualified name, ``meta``."""
@@ -107,12 +111,17 @@ class Profile:
         attach_peaks(tree, functools.partial(_meta_peaks, self.meta))
 
     def _made(self) -> None:
-        build = self._build
-        if build is not None:
-            with gc_paused():
-                tree, records = build()
-            self._hold(tree, records)
-            self._build = None  # after: a build that raised raises again at the next read
+        if self._build is None:
+            return
+        # One build at a time: a second thread reading meanwhile waits for the first's records instead of making
+        # a tree of its own (then one reader would hold a tree the profile no longer has).
+        with _MAKING:
+            build = self._build
+            if build is not None:
+                with gc_paused():
+                    tree, records = build()
+                self._hold(tree, records)
+                self._build = None  # after: a build that raised raises again at the next read
 
     @property
     def tree(self) -> ModuleRecord:
