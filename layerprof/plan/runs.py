@@ -89,10 +89,13 @@ def run_options(records: list[ModuleRecord], found: list[Candidate], below: list
     ends = ends_of([candidate.parent for candidate in found])
     found_runs: list[tuple[int, int, int, list[ModuleRecord]]] = []
     options = []
+    # Parents holding a child recorded under another name (an alias): their record's children are not their
+    # positions, by which a run is cut when applied.
+    holding_aliases = {alias.rpartition(".")[0] for record in records for alias in record.aliases}
     for i, record in enumerate(records):
         children = list(record.children)
         if record.type != "Sequential" or not 3 <= len(children) <= MAX_CHILDREN or found[i].excluded in (
-                "not called",) or _blocked(found[i]):
+                "not called",) or _blocked(found[i]) or record.name in holding_aliases:
             continue
         if any(child.calls != record.calls for child in children):
             continue  # a child skipped or called again: not the Sequential's forward as known
