@@ -22,6 +22,7 @@ from .metrics.peaks import peaks as measure_peaks
 from .record import io
 from .record.records import ModuleRecord, preorder, release_tree
 from .record.roofs import attach_peaks
+from .record.summed import TreeValues
 from .plan.plan import CheckpointPlan, make_plan
 from .render import export
 from .render.compare import Comparison
@@ -392,9 +393,10 @@ class Profile:
 
     def unknown_ops(self) -> dict[str, int]:
         """Ops that ran inside the model with no FLOP formula (so counted 0), with their call counts, most
-        called first; empty when every op was priced or FLOPs were not measured (``metrics=("flops",)``).
+        called first; empty when every op was priced or FLOPs were not measured (``metrics=("flops",)``). A root
+        never called (a trainer's step calls ``model.net(x)``) has those of its top-level modules that ran.
         Register a formula with ``layerprof.register_flop_formula``."""
-        return dict(getattr(self.tree, "unknown_ops", None) or {})
+        return TreeValues(self.tree).counts(self.tree, "unknown_ops")
 
     def peaks(self) -> dict[str, Any] | None:
         """The machine's roofs the roofline fields hold modules against: ``meta["peaks"]`` (given with

@@ -440,6 +440,28 @@ def test_summary_names_the_unknown_ops_under_a_flops_column() -> None:
     assert "leave out" not in prof.layerwise_summary(columns=("forward_ms",))
 
 
+
+class CallsItsInnerModule(nn.Module):
+    """A root a trainer never calls: its step calls ``model.net(x)``, and the root shows the sum of its children."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = UsesCustomOp()
+        self.other = UsesCustomOp()
+
+
+def test_unknown_ops_of_a_root_that_was_not_called_are_its_top_level_modules() -> None:
+    model, x = CallsItsInnerModule(), torch.randn(3, 4)
+    with torch.no_grad(), LayerProf(model, metrics=("flops",)) as prof:
+        model.net(x)
+        model.other(x)
+        model.other(x)
+    # scaled_mm once in "net" and twice in "other": 3 calls, as the root's summed FLOPs count both.
+    assert prof.unknown_ops() == {"layerprof_test.scaled_mm": 3}
+    lines = prof.layerwise_summary(columns=("forward_ms", "flops_forward")).split("\n")
+    assert lines[1].startswith("FLOPs leave out 1 op with no formula, counted 0: layerprof_test.scaled_mm (3 calls)")
+
+
 # -- user extensions ----------------------------------------------------------------------------------------
 @torch.library.custom_op("layerprof_test::scaled_mm", mutates_args=())
 def scaled_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
