@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Sequence
 
@@ -21,6 +22,7 @@ from .metrics.peaks import peaks as measure_peaks
 from .record import io
 from .record.records import ModuleRecord, preorder, release_tree
 from .record.roofs import attach_peaks
+from .record.summed import TreeValues
 from .plan.plan import CheckpointPlan, make_plan
 from .render import export
 from .render.compare import Comparison
@@ -69,6 +71,9 @@ def _attribute_references() -> int:
 
 _ATTRIBUTE_REFERENCES = _attribute_references()
 
+# Held while a deferred profile makes its records (``Profile._made``); re-entrant: a build that reads a profile.
+_MAKING = threading.RLock()
+
 
 class Profile:
     """Records of one profiled model: ``tree`` (anytree root), ``records`` by qualified name, ``meta``."""
@@ -107,12 +112,17 @@ class Profile:
         attach_peaks(tree, functools.partial(_meta_peaks, self.meta))
 
     def _made(self) -> None:
-        build = self._build
-        if build is not None:
-            with gc_paused():
-                tree, records = build()
-            self._hold(tree, records)
-            self._build = None  # after: a build that raised raises again at the next read
+        if self._build is None:
+            return
+        # One build at a time: a second thread reading meanwhile waits for the first's records instead of making
+        # a tree of its own (then one reader would hold a tree the profile no longer has).
+        with _MAKING:
+            build = self._build
+            if build is not None:
+                with gc_paused():
+                    tree, records = build()
+                self._hold(tree, records)
+                self._build = None  # after: a build that raised raises again at the next read
 
     @property
     def tree(self) -> ModuleRecord:
@@ -383,9 +393,10 @@ class Profile:
 
     def unknown_ops(self) -> dict[str, int]:
         """Ops that ran inside the model with no FLOP formula (so counted 0), with their call counts, most
-        called first; empty when every op was priced or FLOPs were not measured (``metrics=("flops",)``).
+        called first; empty when every op was priced or FLOPs were not measured (``metrics=("flops",)``). A root
+        never called (a trainer's step calls ``model.net(x)``) has those of its top-level modules that ran.
         Register a formula with ``layerprof.register_flop_formula``."""
-        return dict(getattr(self.tree, "unknown_ops", None) or {})
+        return TreeValues(self.tree).counts(self.tree, "unknown_ops")
 
     def peaks(self) -> dict[str, Any] | None:
         """The machine's roofs the roofline fields hold modules against: ``meta["peaks"]`` (given with

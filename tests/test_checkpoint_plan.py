@@ -403,3 +403,31 @@ def test_a_plan_names_what_the_model_already_recomputes() -> None:
     prof = _profile(plain, lambda: plain(torch.randn(8, 16)).sum().backward())
     plan = prof.checkpoint_plan(0.5)
     assert plan.already_recomputed == [] and "already recomputes" not in str(plan)
+
+
+class _SequentialHoldingAnAlias(nn.Module):
+    """A Sequential whose first child is first named outside it ("a"): its record children are "seq.1" to
+    "seq.5", at positions 0 to 4 of the record's children but 1 to 5 of the Sequential."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = nn.Linear(256, 256)
+        self.seq = nn.Sequential(self.a, nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh())
+        self.head = nn.Linear(256, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.seq(x))
+
+
+def test_no_run_of_a_sequential_whose_children_are_not_its_records_children() -> None:
+    # A run is cut by the Sequential's positions when applied, and priced from the record's children: with a child
+    # recorded under another name the two differ ("seq[1:4]" priced seq.2 to seq.4 and would wrap seq.1 to
+    # seq.3), so such a Sequential offers no runs (its modules may still be wrapped one by one).
+    model = _SequentialHoldingAnAlias()
+    x = torch.randn(64, 256, requires_grad=True)
+    prof = _profile(model, lambda: model(x).sum().backward())
+    assert [c.name for c in prof.records["seq"].children] == [f"seq.{i}" for i in range(1, 6)]
+    for budget in (0.9, 0.7, 0.5):
+        plan = prof.checkpoint_plan(budget, wrap_cost=(0.01, 0.001))
+        assert not any(parse_run(name) for point in plan.pareto() for name in point.modules), budget

@@ -128,3 +128,31 @@ def test_two_unread_profiles_across_a_change_keep_their_own_structure() -> None:
     assert list(after.records) == ["", "linear", "norm", "act", "act.0", "act.1"]
     assert list(before.records) == ["", "linear", "norm", "act"]
     assert (before.records["act"].type, after.records["act"].type) == ("ReLU", "Sequential")
+
+
+def test_two_threads_reading_an_unread_profile_at_once_get_one_set_of_records() -> None:
+    # The build releases the GIL (a large model's takes tens of ms): a second reader that came in meanwhile must
+    # wait for it, not make a second tree, else one thread holds a tree and records the profile no longer has.
+    import threading
+    import time
+
+    from layerprof.profile import Profile
+    from layerprof.record.records import ModuleRecord
+
+    made: list[ModuleRecord] = []
+
+    def build() -> tuple[ModuleRecord, dict[str, ModuleRecord]]:
+        time.sleep(0.05)
+        made.append(ModuleRecord("", "Net"))
+        return made[-1], {"": made[-1]}
+
+    profile = Profile.deferred({}, build)
+    seen: list[tuple[ModuleRecord, dict[str, ModuleRecord]]] = []
+    readers = [threading.Thread(target=lambda: seen.append((profile.tree, profile.records))) for _ in range(2)]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join()
+    assert len(made) == 1  # built once, by the first reader; the second waited for it
+    assert [tree for tree, _ in seen] == [made[0], made[0]]
+    assert [records[""] for _, records in seen] == [made[0], made[0]] and seen[0][1] is seen[1][1]

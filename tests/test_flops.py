@@ -408,6 +408,28 @@ def test_outer_product_and_packed_weight_matmul_are_counted() -> None:
                 out_shape=torch.Size([8, 16])) == 2 * 8 * 128 * 16  # 32,768
 
 
+class Int4PackedOnCpu(nn.Module):
+    """A weight-only int4 Linear as it runs on the CPU: torch's CPU kernel is ``_weight_int4pack_mm_for_cpu``
+    (``_weight_int4pack_mm`` has no CPU kernel), the weight packed by ``_convert_weight_to_int4pack_for_cpu``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        weight = torch.randint(0, 16, (32, 64), dtype=torch.int32)  # n = 32 outputs, k = 64 inputs, 4-bit values
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight, 1))
+        self.register_buffer("scales_and_zeros", torch.randn(2, 32, 2))  # k / 32 groups, n, (scale, zero)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, 32, self.scales_and_zeros)
+
+
+def test_int4_packed_weight_matmul_on_the_cpu_is_counted() -> None:
+    with torch.no_grad():
+        prof = profile(Int4PackedOnCpu(), torch.randn(3, 64), backward=False)
+    assert prof.unknown_ops() == {}
+    assert prof.tree.flops_forward == 2 * 3 * 64 * 32  # x [3, 64] @ w [64, 32]: 12,288
+
+
 def test_summary_names_the_unknown_ops_under_a_flops_column() -> None:
     with torch.no_grad():
         prof = profile(UsesCustomOp(), torch.randn(3, 4), backward=False)
@@ -416,6 +438,28 @@ def test_summary_names_the_unknown_ops_under_a_flops_column() -> None:
                         "prof.unknown_ops() lists them, layerprof.register_flop_formula prices one")
     # Without a FLOPs column the summary says nothing of them.
     assert "leave out" not in prof.layerwise_summary(columns=("forward_ms",))
+
+
+
+class CallsItsInnerModule(nn.Module):
+    """A root a trainer never calls: its step calls ``model.net(x)``, and the root shows the sum of its children."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = UsesCustomOp()
+        self.other = UsesCustomOp()
+
+
+def test_unknown_ops_of_a_root_that_was_not_called_are_its_top_level_modules() -> None:
+    model, x = CallsItsInnerModule(), torch.randn(3, 4)
+    with torch.no_grad(), LayerProf(model, metrics=("flops",)) as prof:
+        model.net(x)
+        model.other(x)
+        model.other(x)
+    # scaled_mm once in "net" and twice in "other": 3 calls, as the root's summed FLOPs count both.
+    assert prof.unknown_ops() == {"layerprof_test.scaled_mm": 3}
+    lines = prof.layerwise_summary(columns=("forward_ms", "flops_forward")).split("\n")
+    assert lines[1].startswith("FLOPs leave out 1 op with no formula, counted 0: layerprof_test.scaled_mm (3 calls)")
 
 
 # -- user extensions ----------------------------------------------------------------------------------------

@@ -123,3 +123,18 @@ def test_adjacent_blocks_of_a_real_model_cost_less_than_cold() -> None:
     assert all(0 < saving[name] <= cost.per_call_ms - warm + 1e-12 for name in ("1", "2", "3")), saving
     # "2" has a wrapped neighbour on both sides: the most saved.
     assert saving["2"] >= max(saving["1"], saving["3"])
+
+
+def test_a_call_after_a_gap_never_costs_more_than_cold_nor_less_than_nothing() -> None:
+    # A WrapCost whose cold cost was set below its points (``dataclasses.replace(wrap_cost(), per_call_ms=...)``)
+    # or whose points are negative: a call is priced between 0 and the cold per-call cost, so ``extra_ms`` stays
+    # at most ``cold_extra_ms`` and the savings at least 0.
+    cheap = WrapCost(per_call_ms=0.3, per_tensor_ms=0.01, source="measured", gap_points=POINTS)
+    assert cheap.per_call_at(0.75, 1.5) == 0.3  # 0.65 on both sides by the points: the cold 0.3
+    assert cheap.per_call_at(0.0, 0.0) == pytest.approx(0.2)  # under cold: the points' 0.2
+    negative = WrapCost(0.8, 0.01, "measured", ((0.0, 0.0, -0.4), (1.0, 2.0, 0.8)))
+    assert negative.per_call_at(0.0, 0.0) == 0.0
+    records = _profile(_five(), torch.randn(4, 16, requires_grad=True)).profile.records
+    _fake_timings(records)
+    saving = gap_savings(records, ["0", "1", "3", "4"], cheap, hook_ms=0.05)
+    assert all(0.0 <= value <= 0.3 for value in saving.values()), saving  # one call each, at most 0.3 saved

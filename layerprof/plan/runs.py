@@ -6,7 +6,8 @@ modules cannot express that; a run can. Only ``nn.Sequential`` (matched by its t
 on the model when applied): its forward is known to call each child once, in order, on the last one's output,
 so that the run can be cut out of it. A run is named ``parent[first:stop]`` (``[first:stop]`` for a root
 Sequential), the children's positions as in Python slicing; it has two or more children and is not all of them
-(that is the Sequential itself).
+(that is the Sequential itself). A Sequential holding a child recorded under another name (first named elsewhere,
+or held twice) offers none: its record's children are then not its positions.
 
 What a run frees is worked out exactly, from the profiled step's storages (``freed_by_runs``), so runs are planned
 on a live profile only (a profile loaded from JSON has no storage table). Its recompute time is its children's,
@@ -89,10 +90,13 @@ def run_options(records: list[ModuleRecord], found: list[Candidate], below: list
     ends = ends_of([candidate.parent for candidate in found])
     found_runs: list[tuple[int, int, int, list[ModuleRecord]]] = []
     options = []
+    # Parents holding a child recorded under another name (an alias): their record's children are not their
+    # positions, by which a run is cut when applied.
+    holding_aliases = {alias.rpartition(".")[0] for record in records for alias in record.aliases}
     for i, record in enumerate(records):
         children = list(record.children)
         if record.type != "Sequential" or not 3 <= len(children) <= MAX_CHILDREN or found[i].excluded in (
-                "not called",) or _blocked(found[i]):
+                "not called",) or _blocked(found[i]) or record.name in holding_aliases:
             continue
         if any(child.calls != record.calls for child in children):
             continue  # a child skipped or called again: not the Sequential's forward as known

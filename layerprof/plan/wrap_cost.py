@@ -85,9 +85,13 @@ class WrapCost:
     def per_call_at(self, forward_gap_ms: float | None, backward_gap_ms: float | None) -> float:
         """A call's cost after ``forward_gap_ms`` of other forward work since the last wrapped call's forward, and
         ``backward_gap_ms`` of backward work since the last wrapped call's backward began (None: no wrapped call
-        before it, cold): the mean of the two sides, each interpolated linearly between the calibrated gaps."""
-        return (_interpolate(self.gap_points, 0, forward_gap_ms, self.per_call_ms)
-                + _interpolate(self.gap_points, 1, backward_gap_ms, self.per_call_ms)) / 2
+        before it, cold): the mean of the two sides, each interpolated linearly between the calibrated gaps, and
+        kept between 0 and the cold ``per_call_ms`` (points given with a WrapCost may lie above it: a plan's
+        ``extra_ms`` stays at most its ``cold_extra_ms``)."""
+        cold = self.per_call_ms
+        forward = _interpolate(self.gap_points, 0, forward_gap_ms, cold)
+        backward = _interpolate(self.gap_points, 1, backward_gap_ms, cold)
+        return (min(cold, max(0.0, forward)) + min(cold, max(0.0, backward))) / 2
 
 
 def _interpolate(points: tuple[tuple[float, float, float], ...], side: int, gap: float | None, cold: float

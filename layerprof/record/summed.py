@@ -13,6 +13,7 @@ summed container also takes no level of depth (``shown_depth``): ``bert.encoder.
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from .fields import FIELDS, Field
@@ -108,6 +109,18 @@ class TreeValues:
             if present:
                 combined[id(record)] = max(present) if field.combine == "max" else sum(present)
         return combined
+
+    def counts(self, record: ModuleRecord, name: str) -> dict[str, Any]:
+        """A ``{key: count}`` field of ``record`` (``unknown_ops``), most first; for a summed container, its
+        children's that ran (or are summed) added key by key, as its costs are."""
+        own = getattr(record, name, None)
+        if own or id(record) not in self._summed:
+            return dict(own or {})
+        total: Counter[str] = Counter()
+        for child in record.children:
+            if ran(child) or id(child) in self._summed:
+                total.update(self.counts(child, name))
+        return dict(total.most_common())
 
     def view(self, record: ModuleRecord) -> Any:
         """``record`` itself, or for a summed container an object that reads like it with the summed values."""

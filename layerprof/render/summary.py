@@ -100,10 +100,10 @@ def partial_note(meta: dict) -> str | None:
     return f"Partial profile ({format_counted(meta.get('steps'), 'step')} recorded): {partial}"
 
 
-def unknown_ops_note(root: ModuleRecord, shown: int = 3) -> str | None:
+def unknown_ops_note(root: ModuleRecord, shown: int = 3, values: TreeValues | None = None) -> str | None:
     """A line saying which ops the FLOP counts leave out (ran with no formula, counted 0), the most called
-    first; None when every op was priced."""
-    unknown = getattr(root, "unknown_ops", None)
+    first (a root never called: its top-level modules'); None when every op was priced."""
+    unknown = (values or TreeValues(root)).counts(root, "unknown_ops")
     if not unknown:
         return None
     named = ", ".join(f"{op} ({format_counted(calls, 'call')})" for op, calls in list(unknown.items())[:shown])
@@ -134,7 +134,7 @@ def annotated_repr(root: ModuleRecord, columns: Iterable[str] | None = None, dep
     values = TreeValues(root)
     body = _render(root, values, chosen, depth, _alias_positions(root))
     if header:
-        unknown = unknown_ops_note(root) if any(column.field.meter == "flops" for column in chosen) else None
+        unknown = unknown_ops_note(root, values=values) if any(column.field.meter == "flops" for column in chosen) else None
         text = "\n".join(part for part in (summary_header(root, values), unknown, body) if part is not None)
     else:
         text = body
