@@ -154,6 +154,13 @@ class Profile:
         self._made()
         return self.__dict__.copy()
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # A profile pickled by layerprof before records were made on first read held them as ``tree``/``records``.
+        for old in ("tree", "records"):
+            if old in state:
+                state["_" + old] = state.pop(old)
+        self.__dict__.update(state)
+
     def __del__(self) -> None:
         # A record tree is a reference cycle (parents and children): freed now if this was its last holder. The
         # records dict held elsewhere (``records = prof.records``, a view of it) keeps every record in use: then

@@ -156,3 +156,17 @@ def test_two_threads_reading_an_unread_profile_at_once_get_one_set_of_records() 
     assert len(made) == 1  # built once, by the first reader; the second waited for it
     assert [tree for tree, _ in seen] == [made[0], made[0]]
     assert [records[""] for _, records in seen] == [made[0], made[0]] and seen[0][1] is seen[1][1]
+
+
+def test_a_profile_pickled_before_deferral_still_loads() -> None:
+    # Before records were made on first read, a Profile's pickle held them as ``tree`` and ``records``.
+    import pickle
+
+    prof = _profiled(Net())
+    state = prof.profile.__getstate__()
+    old = {("tree" if key == "_tree" else "records" if key == "_records" else key): value
+           for key, value in state.items()}
+    restored = object.__new__(type(prof.profile))
+    restored.__setstate__(pickle.loads(pickle.dumps(old)))
+    assert list(restored.records) == ["", "linear", "norm", "act"]
+    assert restored.tree is restored.records[""] and restored.records["linear"].params == 36
