@@ -134,7 +134,8 @@ def annotated_repr(root: ModuleRecord, columns: Iterable[str] | None = None, dep
     values = TreeValues(root)
     body = _render(root, values, chosen, depth, _alias_positions(root))
     if header:
-        unknown = unknown_ops_note(root, values=values) if any(column.field.meter == "flops" for column in chosen) else None
+        counts_flops = any(column.field.meter == "flops" for column in chosen)
+        unknown = unknown_ops_note(root, values=values) if counts_flops else None
         text = "\n".join(part for part in (summary_header(root, values), unknown, body) if part is not None)
     else:
         text = body
