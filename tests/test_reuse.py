@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import time
 import gc
 import weakref
 from typing import Any, Callable
@@ -255,3 +256,31 @@ def test_a_change_in_the_last_piece_of_a_long_model_is_seen(change: Callable[[nn
     assert reuse._PLANS[model] is not plan
     assert len(prof.records) == 1801
     assert prof.records["599.1"].type == type(model[599][1]).__name__
+
+
+def _sleeps(seconds: float) -> Callable[..., None]:
+    def hook(*args: Any) -> None:
+        time.sleep(seconds)
+
+    return hook
+
+
+@pytest.mark.parametrize("where", ["a", ""])
+def test_a_pre_hook_added_after_a_reused_block_stays_outside_its_module(where: str) -> None:
+    # The plan knows which modules have pre-hooks of their own (its key counts them): one added since makes a new
+    # plan, whose first attach puts layerprof's pre-hook after the user's, as on a model profiled for the first time.
+    model = Net()
+    _view(model)
+    _view(model)
+    plan = reuse._PLANS[model]
+    assert plan.pre_hooked == []
+    model.get_submodule(where).register_forward_pre_hook(_sleeps(0.03))
+    with LayerProf(model) as prof:
+        model(torch.randn(2, 8)).sum().backward()
+    assert reuse._PLANS[model] is not plan and reuse._PLANS[model].pre_hooked == [0 if where == "" else 1]
+    assert prof.records[where].forward_ms < 20  # the 30 ms hook is outside the module's time...
+    if where:
+        assert prof.tree.forward_ms >= 30  # ...and inside its parent's
+    with LayerProf(model) as prof:  # the new plan, reused: the hook stays outside
+        model(torch.randn(2, 8)).sum().backward()
+    assert prof.records[where].forward_ms < 20

@@ -245,6 +245,7 @@ class LayerProf:
         self._registration: Any = None  # the global hook that sees submodules registered while profiling
         self._names: dict[int, str] = {}
         self._plan: reuse.Plan | None = None
+        self._pre_hooked: list[nn.Module] | None = None  # the first attach's modules with pre-hooks of their own
         self._example: dict[str, Any] = {}
         self._profile: Profile | None = None
         self._state = "new"  # new -> running -> done, or failed when the block raised
@@ -318,6 +319,11 @@ class LayerProf:
                         meter.start(self.model, self._records_for(meter), entries)
                         started.append(meter)
             self._probe = self.model.register_forward_pre_hook(_example_probe(self._example), with_kwargs=True)
+            if plan.key is not None:
+                # The modules with pre-hooks of their own, as the plan's key saw them at this block's start (no
+                # module's hooks changed since; the model's root now has the probe): for the first attach only,
+                # a later one (after a schedule's wait) reads the modules, whose hooks the user may have changed.
+                self._pre_hooked = [modules[0], *(modules[index] for index in plan.pre_hooked if index)]
             self._names = dict(plan.names)
             self._registration = register_module_module_registration_hook(self._module_registered)
             self._begin_step()
@@ -487,7 +493,8 @@ class LayerProf:
             plan = self._plan
             # The plan's names while the block's modules are the plan's (none joined while profiling).
             names = plan.hook_names if plan is not None and len(self._entries) == self._built else {}
-            tracker.attach(self._entries, names or None)
+            pre_hooked, self._pre_hooked = self._pre_hooked, None
+            tracker.attach(self._entries, names or None, pre_hooked if names else None)
         elif not wanted and tracker.active:
             tracker.detach()
 

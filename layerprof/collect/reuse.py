@@ -4,7 +4,8 @@ the check of its children for TorchScript and torch.compile, the name map, the s
 figures that meters derive from it (the parameter figures).
 
 A plan is keyed by a fingerprint of everything it was built from, read with C-level ``map`` calls over the
-modules of the last walk, no Python loop per module: each module's class and forward pre-hook dict, its children
+modules of the last walk, no Python loop per module: each module's class and forward pre-hook dict (which, and
+how many hooks it holds), its children
 (names and identities, in order), its parameters and buffers (names and identities), and each tensor's dtype,
 ``requires_grad`` and shape. An added, removed or replaced module or tensor, a child swapped by attribute or
 written into ``_modules`` directly, a dtype change (``.half()`` swaps ``param.data`` under the same Parameter)
@@ -40,8 +41,10 @@ _values, _keys = dict.values, dict.keys
 _not_none = partial(is_not, None)
 _LAZY = nn.parameter.UninitializedTensorMixin
 _dereference = weakref.ref.__call__
-# A fingerprint piece's classes, pre-hook dict ids, children's counts and children's ids (``_piece``'s order).
+# A fingerprint piece's classes, pre-hook dict ids, children's counts, children's ids and pre-hook counts
+# (``_piece``'s order).
 _types, _hook_ids, _child_counts, _child_ids = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(4)
+_hook_counts = itemgetter(11)
 
 
 # Modules per piece of a fingerprint: a piece's passes (tables, sizes, names, values, tensors) read the same few
@@ -69,12 +72,13 @@ def fingerprint(modules: list[nn.Module], owns: list[dict[str, Any]] | None = No
 
 def _piece(modules: list[nn.Module], owns: list[dict[str, Any]]) -> tuple[Any, ...] | None:
     """``fingerprint`` of a few modules: their classes, pre-hook dicts' ids, children (sizes, names, ids),
-    parameters and buffers (sizes, names), tensors' ids and (dtype, requires_grad, shape)."""
+    parameters and buffers (sizes, names), tensors' ids and (dtype, requires_grad, shape), and how many forward
+    pre-hooks each has (the tracker's hooks go after a module's own: ``Plan.pre_hooked``)."""
     try:
         children = list(map(_children, owns))
         params = list(map(_params, owns))
         buffers = list(map(_buffers, owns))
-        pre_hooks = list(map(id, map(_pre_hooks, owns)))
+        pre_hooks = list(map(_pre_hooks, owns))
     except KeyError:
         return None
     # Each table's size first, then names and values of the tables that hold any: most modules hold no child, no
@@ -92,11 +96,11 @@ def _piece(modules: list[nn.Module], owns: list[dict[str, Any]]) -> tuple[Any, .
     except (RuntimeError, TypeError, AttributeError):
         return None
     return (
-        list(map(type, modules)), pre_hooks,
+        list(map(type, modules)), list(map(id, pre_hooks)),
         child_counts, [*_flat(map(_keys, children))], list(map(id, _flat(map(_values, children)))),
         param_counts, [*_flat(map(_keys, params))],
         buffer_counts, [*_flat(map(_keys, buffers))],
-        list(map(id, tensors)), shapes,
+        list(map(id, tensors)), shapes, list(map(len, pre_hooks)),
     )
 
 
@@ -106,7 +110,8 @@ class Plan:
     figures derived from the model while this plan holds (``layerprof._derived``)."""
 
     __slots__ = ("_refs", "_path_names", "_path_index", "names", "hook_names", "key", "types", "_child_counts",
-                 "_child_ids", "_records", "_first_names", "_has_children", "values", "reprs", "repr_groups",
+                 "_child_ids", "_records", "_first_names", "_has_children", "pre_hooked", "values", "reprs",
+                 "repr_groups",
                  "__weakref__")
 
     def __init__(self, paths: list[tuple[str, nn.Module]]) -> None:
@@ -144,6 +149,9 @@ class Plan:
         self.types: list[type] = [*_flat(map(_types, key))]
         self._child_counts: list[int] = [*_flat(map(_child_counts, key))]
         self._child_ids: list[int] = [*_flat(map(_child_ids, key))]
+        # Entry indices of the modules with forward pre-hooks of their own, which the key checks: a block that
+        # reuses the plan hooks them without reading every module's hook dict again.
+        self.pre_hooked: list[int] = list(compress(range(len(modules)), _flat(map(_hook_counts, key))))
         # The tracker's names (id of a module's forward pre-hook dict -> first name), which the key checks.
         self.hook_names = {} if self.key is None else dict(zip(_flat(map(_hook_ids, key)), by_name))
         self.values: dict[str, Any] = {}

@@ -295,9 +295,11 @@ class Tracker:
         self.step_state.observers = tuple(observers)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
-    def attach(self, modules: Iterable[tuple[str, nn.Module]], names: dict[int, str] | None = None) -> None:
+    def attach(self, modules: Iterable[tuple[str, nn.Module]], names: dict[int, str] | None = None,
+               pre_hooked: list[nn.Module] | None = None) -> None:
         """Hook every module; if hooking fails half way, remove what was added and re-raise. ``names``: the
-        modules' names by key (``id`` of each one's forward pre-hook dict), where the caller has them already."""
+        modules' names by key (``id`` of each one's forward pre-hook dict), and ``pre_hooked``: those of the
+        modules with forward pre-hooks of their own, where the caller has them already."""
         if self._hooks is None:
             self._hooks = self._make_hooks()
         pre, post, global_pre = self._hooks
@@ -315,7 +317,7 @@ class Tracker:
                 # Global pre-hooks run before a module's own: a module with pre-hooks of its own gets ours after
                 # theirs instead. Global forward hooks run before a module's own, as ours must.
                 self.global_names.update(names)
-                own = with_forward_pre_hooks(found)
+                own = with_forward_pre_hooks(found) if pre_hooked is None else pre_hooked
                 if own:
                     _drain_keys(self.global_names, own)
                     self._handles.append(add_forward_hooks_to(own, pre, None))
