@@ -109,6 +109,7 @@ CHANGES: list[tuple[str, Callable[[Net], Any]]] = [
     ("parameter set to None (the old one dies)", lambda m: setattr(m.a, "bias", None)),
     ("buffer replaced in _buffers directly", lambda m: m.blocks[0]._buffers.__setitem__("scale", torch.ones(2))),
     ("dtype changed", lambda m: m.b.double()),
+    ("a buffer's data swapped for one of another size", lambda m: setattr(m.blocks[0].scale, "data", torch.ones(5))),
     ("requires_grad changed", lambda m: m.a.requires_grad_(False)),
     ("buffer added", lambda m: m.b.register_buffer("scale", torch.ones(5))),
     ("module shared under a second name", lambda m: m.add_module("again", m.blocks[1])),
@@ -128,6 +129,21 @@ def test_every_change_is_seen(change: Callable[[Net], Any]) -> None:
     assert _view(model) == after  # and reused again once changed
     if hook_state(model).keys() == hooks.keys():
         assert hook_state(model) == hooks  # nothing left on the model
+
+
+def test_a_shape_changed_under_the_same_count_keeps_the_plan() -> None:
+    # The plan's figures are counts, bytes, dtypes and trainable flags: a transpose swapped in under the same
+    # Parameter changes none of them, so the plan holds, and its profile is a first profile's.
+    model = Net()
+    _view(model)
+    plan = reuse._PLANS[model]
+    model.blocks[0].register_buffer("scale", torch.ones(6))  # 6 elements, to swap in a [2, 3] and a [3, 2]
+    model.blocks[0].scale.data = torch.ones(2, 3)
+    before = _view(model)
+    plan = reuse._PLANS[model]
+    model.blocks[0].scale.data = torch.ones(2, 3).t()
+    assert _view(model) == before == _view(copy.deepcopy(model))
+    assert reuse._PLANS[model] is plan
 
 
 def test_plans_do_not_keep_the_model_alive_nor_cross_models() -> None:
@@ -284,3 +300,18 @@ def test_a_pre_hook_added_after_a_reused_block_stays_outside_its_module(where: s
     with LayerProf(model) as prof:  # the new plan, reused: the hook stays outside
         model(torch.randn(2, 8)).sum().backward()
     assert prof.records[where].forward_ms < 20
+
+
+@pytest.mark.parametrize("parent", ["", "a", "blocks"])
+def test_a_module_put_in_modules_directly_inside_a_reused_block_is_named(parent: str) -> None:
+    # The block's exit reads every module's children in order against the plan's: one more anywhere is seen, a
+    # leaf's (a Linear's) included.
+    model = Net()
+    _view(model)
+    plan = reuse._PLANS[model]
+    name = f"{parent}.sneaky" if parent else "sneaky"
+    with pytest.warns(RuntimeWarning, match=rf"1 module\(s\) joined .* '{name}' \(Tanh\)"):
+        with LayerProf(model):
+            assert reuse._PLANS[model] is plan
+            model(torch.randn(2, 8)).sum().backward()
+            model.get_submodule(parent)._modules["sneaky"] = nn.Tanh()

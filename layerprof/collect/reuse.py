@@ -5,9 +5,11 @@ figures that meters derive from it (the parameter figures).
 
 A plan is keyed by a fingerprint of everything it was built from, read with C-level ``map`` calls over the
 modules of the last walk, no Python loop per module: each module's class and forward pre-hook dict (which, and
-how many hooks it holds), its children
-(names and identities, in order), its parameters and buffers (names and identities), and each tensor's dtype,
-``requires_grad`` and shape. An added, removed or replaced module or tensor, a child swapped by attribute or
+how many hooks it holds), its children (names and identities, in order), its parameters and buffers (names and
+identities), and each tensor's dtype, ``requires_grad`` and element count: what the figures derived from the plan
+(the parameter figures: counts, bytes, dtypes, trainable) are made of. A shape changed under the same count (a
+``.data`` swap to a transpose) changes none of them, and is not read: a shape costs a ``torch.Size`` per tensor,
+twice what the count costs. An added, removed or replaced module or tensor, a child swapped by attribute or
 written into ``_modules`` directly, a dtype change (``.half()`` swaps ``param.data`` under the same Parameter)
 and freezing all change it, and the next block walks the model again. Nothing here holds the model: plans sit in a
 ``WeakKeyDictionary`` by model and refer to modules by weak reference, so a dropped model takes its plan with it,
@@ -22,6 +24,7 @@ from operator import attrgetter, is_not, itemgetter
 from functools import partial
 from typing import Any, Callable
 
+import torch
 from torch import nn
 
 from ..record.records import ModuleRecord, module_paths
@@ -35,7 +38,7 @@ _children = itemgetter("_modules")
 _params = itemgetter("_parameters")
 _buffers = itemgetter("_buffers")
 _pre_hooks = itemgetter("_forward_pre_hooks")
-_tensor_key = attrgetter("dtype", "requires_grad", "shape")
+_dtype, _requires_grad, _numel = attrgetter("dtype"), attrgetter("requires_grad"), torch.Tensor.numel
 _flat = chain.from_iterable
 _values, _keys = dict.values, dict.keys
 _not_none = partial(is_not, None)
@@ -44,7 +47,7 @@ _dereference = weakref.ref.__call__
 # A fingerprint piece's classes, pre-hook dict ids, children's counts, children's ids and pre-hook counts
 # (``_piece``'s order).
 _types, _hook_ids, _child_counts, _child_ids = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(4)
-_hook_counts = itemgetter(11)
+_hook_counts = itemgetter(10)
 
 
 # Modules per piece of a fingerprint: a piece's passes (tables, sizes, names, values, tensors) read the same few
@@ -55,10 +58,10 @@ _PIECE = 512
 
 def fingerprint(modules: list[nn.Module], owns: list[dict[str, Any]] | None = None
                 ) -> list[tuple[Any, ...]] | None:
-    """Everything a plan is built from, as plain values (ids, names, classes, dtypes, shapes: no module or
+    """Everything a plan is built from, as plain values (ids, names, classes, dtypes, counts: no module or
     tensor), for ``modules`` in walk order (``owns``: their ``__dict__``, if read already), in pieces of
-    ``_PIECE`` modules. None where a parameter or buffer is lazy, or a tensor has no plain shape (nested): such a
-    model is not planned; so is one with a module whose ``__dict__`` lacks torch's tables."""
+    ``_PIECE`` modules. None where a parameter or buffer is lazy, or a tensor's dtype or count cannot be read:
+    such a model is not planned; so is one with a module whose ``__dict__`` lacks torch's tables."""
     if owns is None:
         owns = list(map(_own, modules))
     pieces = []
@@ -72,8 +75,9 @@ def fingerprint(modules: list[nn.Module], owns: list[dict[str, Any]] | None = No
 
 def _piece(modules: list[nn.Module], owns: list[dict[str, Any]]) -> tuple[Any, ...] | None:
     """``fingerprint`` of a few modules: their classes, pre-hook dicts' ids, children (sizes, names, ids),
-    parameters and buffers (sizes, names), tensors' ids and (dtype, requires_grad, shape), and how many forward
-    pre-hooks each has (the tracker's hooks go after a module's own: ``Plan.pre_hooked``)."""
+    parameters and buffers (sizes, names), tensors' ids, how many forward pre-hooks each has (the tracker's hooks
+    go after a module's own: ``Plan.pre_hooked``), and the tensors' dtypes, ``requires_grad`` and element counts
+    (three lists: no tuple made per tensor)."""
     try:
         children = list(map(_children, owns))
         params = list(map(_params, owns))
@@ -92,7 +96,7 @@ def _piece(modules: list[nn.Module], owns: list[dict[str, Any]]) -> tuple[Any, .
     if any(issubclass(kind, _LAZY) for kind in set(map(type, present))):
         return None
     try:
-        shapes = list(map(_tensor_key, present))
+        tensor_keys = list(map(_dtype, present)), list(map(_requires_grad, present)), list(map(_numel, present))
     except (RuntimeError, TypeError, AttributeError):
         return None
     return (
@@ -100,7 +104,7 @@ def _piece(modules: list[nn.Module], owns: list[dict[str, Any]]) -> tuple[Any, .
         child_counts, [*_flat(map(_keys, children))], list(map(id, _flat(map(_values, children)))),
         param_counts, [*_flat(map(_keys, params))],
         buffer_counts, [*_flat(map(_keys, buffers))],
-        list(map(id, tensors)), shapes, list(map(len, pre_hooks)),
+        list(map(id, tensors)), list(map(len, pre_hooks)), *tensor_keys,
     )
 
 
@@ -111,8 +115,7 @@ class Plan:
 
     __slots__ = ("_refs", "_path_names", "_path_index", "names", "hook_names", "key", "types", "_child_counts",
                  "_child_ids", "_records", "_first_names", "_has_children", "pre_hooked", "values", "reprs",
-                 "repr_groups",
-                 "__weakref__")
+                 "repr_groups", "__weakref__")
 
     def __init__(self, paths: list[tuple[str, nn.Module]]) -> None:
         index: dict[int, int] = {}  # id(module) -> entry index
