@@ -270,7 +270,9 @@ class Tracker:
         # when attached, which get a pre-hook of ours after theirs, so that the user's hooks are not timed.
         self.global_names: dict[int, str] = {}
         self._global_handles: tuple[Any, Any] | None = None
-        self._modules: dict[str, nn.Module] = {}  # name -> module, for the class names in the notes on exceptions
+        # What each attach hooked, (name, module) pairs, for the class names in the notes on exceptions: searched
+        # then, not made into a dict by name at every block (ten thousand entries to make and free for a note).
+        self._attached: list[list[tuple[str, nn.Module]]] = []
         # The wall clock of CPU modules: a PausableClock when a meter must stop it (``Meter.pauses_clock``).
         self.cpu_clock = cpu_clock if cpu_clock is not None else CpuClock()
         self.cuda_clocks: dict[int, Clock] = {}
@@ -309,7 +311,7 @@ class Tracker:
             if names is None:
                 names = dict(zip(map(id, map(_pre_hooks, found)), map(_first, modules)))
             self.names.update(names)
-            self._modules.update(modules)
+            self._attached.append(modules)
             # Our pre-hook runs last and our post-hook first, so the user's own hooks are not timed.
             if not self.global_hooks:
                 self._handles.append(add_forward_hooks_to(found, pre, post))
@@ -346,7 +348,7 @@ class Tracker:
         self.end_step()
         # Hooks copied onto a deep copy of a module outlive the detach and hold this tracker: it must not hold
         # the modules (attach fills this again; a note needs it only while hooked).
-        self._modules = {}
+        self._attached = []
         handles, self._handles = self._handles, []
         global_handles, self._global_handles = self._global_handles, None
         self.global_names.clear()
@@ -404,8 +406,11 @@ class Tracker:
 
     def type_name(self, name: str) -> str:
         """The class name of the module attached under ``name``, for notes."""
-        module = self._modules.get(name)
-        return "?" if module is None else type(module).__name__
+        for attached in reversed(self._attached):  # the last attach's module for a name, as a dict would hold
+            for attached_name, module in reversed(attached):
+                if attached_name == name:
+                    return type(module).__name__
+        return "?"
 
     def _make_hooks(self) -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
         tracker = self
