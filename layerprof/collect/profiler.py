@@ -241,6 +241,7 @@ class LayerProf:
         self._steps_with_calls = 0
         self._tracker: Tracker | None = None
         self._entries: list[tuple[str, nn.Module]] = []
+        self._entry_modules: list[nn.Module] = []
         self._probe: Any = None
         self._registration: Any = None  # the global hook that sees submodules registered while profiling
         self._names: dict[int, str] = {}
@@ -302,6 +303,7 @@ class LayerProf:
                         "longer hold it (a notebook cell run again), LayerProf.running_on(model).cancel()."
                     )
         self._entries = entries
+        self._entry_modules = modules  # the entries' modules while no module joins (then len(entries) > _built)
         self._built = len(entries)
         pausing = [meter for meter in self.metrics if meter.pauses_clock]
         clock = PausableClock() if pausing else None
@@ -591,7 +593,7 @@ class LayerProf:
     def _finish(self, partial: str | None = None) -> None:
         tracker = self._tracker
         assert tracker is not None
-        modules = list(map(_second, self._entries))
+        modules = self._entry_modules if len(self._entries) == self._built else list(map(_second, self._entries))
         owns = list(map(_own, modules))  # read once for the checks and the reprs: each pass over them costs misses
         compiled = compiled_while_profiling(self._entries, modules, owns)
         if compiled is not None:  # its times are partial: no profile rather than a wrong one

@@ -305,8 +305,10 @@ class Tracker:
         if self._hooks is None:
             self._hooks = self._make_hooks()
         pre, post, global_pre = self._hooks
-        modules = list(modules)
-        found = list(map(_second, modules))
+        modules = modules if type(modules) is list else list(modules)
+        # The modules without their names, read where needed: not on the common path of a reused plan (names and
+        # the modules with pre-hooks of their own given, global hooks), where a list of ten thousand costs a pass.
+        found = list(map(_second, modules)) if names is None or pre_hooked is None or not self.global_hooks else []
         try:
             if names is None:
                 names = dict(zip(map(id, map(_pre_hooks, found)), map(_first, modules)))
