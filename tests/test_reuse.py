@@ -315,3 +315,15 @@ def test_a_module_put_in_modules_directly_inside_a_reused_block_is_named(parent:
             assert reuse._PLANS[model] is plan
             model(torch.randn(2, 8)).sum().backward()
             model.get_submodule(parent)._modules["sneaky"] = nn.Tanh()
+
+
+def test_a_module_put_in_the_last_piece_of_a_long_model_inside_a_reused_block_is_named() -> None:
+    # The exit reads the children in pieces of 512 modules (reuse._PIECE), as the fingerprint: the last of four.
+    model = _long()
+    with LayerProf(model):
+        pass
+    plan = reuse._PLANS[model]
+    with pytest.warns(RuntimeWarning, match=r"1 module\(s\) joined .* '599\.1\.sneaky' \(Tanh\)"):
+        with LayerProf(model):
+            assert reuse._PLANS[model] is plan
+            model[599][1]._modules["sneaky"] = nn.Tanh()

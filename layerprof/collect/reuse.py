@@ -172,13 +172,19 @@ class Plan:
         had when it was made: then the model holds no module the plan does not know."""
         if self.key is None:
             return False
+        # In pieces, as the fingerprint: each piece's tables are still in the cache for the pass that reads the
+        # children of those that hold any (cold, 10,000 modules: 4.3 ms whole, 3.2 in pieces of 512).
+        counts: list[int] = []
+        ids: list[int] = []
         try:
-            children = list(map(_children, owns))
+            for start in range(0, len(owns), _PIECE):
+                children = list(map(_children, owns[start:start + _PIECE]))
+                piece_counts = list(map(len, children))
+                counts += piece_counts
+                ids += map(id, _flat(map(_values, compress(children, piece_counts))))
         except KeyError:
             return False
-        counts = list(map(len, children))
-        return (counts == self._child_counts
-                and list(map(id, _flat(map(_values, compress(children, counts))))) == self._child_ids)
+        return counts == self._child_counts and ids == self._child_ids
 
     def paths(self, modules: list[nn.Module]) -> list[tuple[str, nn.Module]]:
         return list(zip(self._path_names, map(modules.__getitem__, self._path_index)))
