@@ -327,3 +327,20 @@ def test_a_module_put_in_the_last_piece_of_a_long_model_inside_a_reused_block_is
         with LayerProf(model):
             assert reuse._PLANS[model] is plan
             model[599][1]._modules["sneaky"] = nn.Tanh()
+
+
+def test_a_pre_hook_added_during_a_wait_step_of_a_reused_block_stays_outside_its_module() -> None:
+    # The plan's modules with pre-hooks hold for the block's first attach only: with a schedule that waits, the
+    # first attach comes after user code has run, and reads the modules' hook dicts again.
+    model = Net()
+    _view(model)
+    plan = reuse._PLANS[model]
+    with LayerProf(model, schedule=layerprof.schedule(wait=1, active=1)) as prof:
+        assert reuse._PLANS[model] is plan
+        model(torch.randn(2, 8)).sum().backward()
+        model.a.register_forward_pre_hook(_sleeps(0.03))  # in the wait step: nothing hooked yet
+        prof.step()
+        model(torch.randn(2, 8)).sum().backward()
+        prof.step()
+    assert prof.records["a"].calls == 1 and prof.records["a"].forward_ms < 20
+    assert prof.tree.forward_ms >= 30

@@ -323,12 +323,13 @@ class LayerProf:
             self._probe = self.model.register_forward_pre_hook(_example_probe(self._example), with_kwargs=True)
             if plan.key is not None:
                 # The modules with pre-hooks of their own, as the plan's key saw them at this block's start (no
-                # module's hooks changed since; the model's root now has the probe): for the first attach only,
-                # a later one (after a schedule's wait) reads the modules, whose hooks the user may have changed.
+                # module's hooks changed since; the model's root now has the probe): for an attach here only; a
+                # later one (after a schedule's wait) reads the modules, whose hooks the user may have changed.
                 self._pre_hooked = [modules[0], *(modules[index] for index in plan.pre_hooked if index)]
             self._names = dict(plan.names)
             self._registration = register_module_module_registration_hook(self._module_registered)
             self._begin_step()
+            self._pre_hooked = None  # not attached in a schedule's wait: a later attach reads the hook dicts
         except BaseException:
             self._teardown(started + self._counting)
             raise
