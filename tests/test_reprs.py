@@ -57,14 +57,16 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_an_unchanged_model_reuses_the_texts(counted: list[str]) -> None:
     model = Net()
     first = _reprs(model)
-    # The first block calls each once; Dropout's and ReLU's (cheap, called every time) are not kept.
+    # The first block calls each once (Dropout's and ReLU's are kept too, not counted here).
     assert sorted(counted) == ["LayerNorm", "Linear"]
     assert first == _expected(model) and first["dropout"] == "p=0.5, inplace=False"
     plan = reuse._PLANS[model]
-    assert sorted(plan.reprs) == [1, 2]  # linear, norm: their entry indices after the root
+    assert sorted(kind.__name__ for kind in plan.reprs) == ["Dropout", "LayerNorm", "Linear", "ReLU"]
+    kept = dict(plan.reprs)
     counted.clear()
     assert _reprs(model) == first and _reprs(model) == first
     assert counted == [] and reuse._PLANS[model] is plan
+    assert plan.reprs == kept  # each class's texts: the same objects, nothing read again per module
 
 
 def _set_bias_none(model: Net) -> None:
@@ -148,7 +150,23 @@ def test_a_replaced_class_function_and_a_subclass_are_called(monkeypatch: pytest
 def test_the_snapshot_holds_no_table_nor_tensor_of_the_module() -> None:
     model = Net()
     _reprs(model)
-    kept = reuse._PLANS[model].reprs
-    held = [value for values, *_ in kept.values() for value in values]
-    assert held == [8, 8, (8,), 1e-05, True]  # linear's in and out features, the norm's shape, eps, affine
-    assert [no_bias for _, _, no_bias, _ in kept.values()] == [False, False]
+    kept = {kind.__name__: group for kind, group in reuse._PLANS[model].reprs.items()}
+    # linear's in and out features, the norm's shape, eps, affine, dropout's p and inplace, ReLU's inplace
+    assert {name: group.values for name, group in kept.items()} == {
+        "Linear": [8, 8], "LayerNorm": [(8,), 1e-05, True], "Dropout": [0.5, False], "ReLU": [False]}
+    assert {name: group.no_bias for name, group in kept.items()} == {
+        "Linear": [False], "LayerNorm": [False], "Dropout": None, "ReLU": None}
+
+
+def test_a_changed_module_of_a_class_is_read_alone(counted: list[str]) -> None:
+    # Three Linears: a change to the middle one's values calls its extra_repr only, the others keep their texts.
+    model = Net()
+    model.more = nn.ModuleList([nn.Linear(8, 4), nn.Linear(4, 8)])  # not called by forward
+    _reprs(model)
+    counted.clear()
+    model.more[0].out_features = 5
+    after = _reprs(model)
+    assert counted == ["Linear"] and after == _expected(model)
+    assert after["more.0"] == "in_features=8, out_features=5, bias=True"
+    counted.clear()
+    assert _reprs(model) == after and counted == []  # kept again

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import time
 import gc
 import weakref
 from typing import Any, Callable
@@ -108,6 +109,7 @@ CHANGES: list[tuple[str, Callable[[Net], Any]]] = [
     ("parameter set to None (the old one dies)", lambda m: setattr(m.a, "bias", None)),
     ("buffer replaced in _buffers directly", lambda m: m.blocks[0]._buffers.__setitem__("scale", torch.ones(2))),
     ("dtype changed", lambda m: m.b.double()),
+    ("a buffer's data swapped for one of another size", lambda m: setattr(m.blocks[0].scale, "data", torch.ones(5))),
     ("requires_grad changed", lambda m: m.a.requires_grad_(False)),
     ("buffer added", lambda m: m.b.register_buffer("scale", torch.ones(5))),
     ("module shared under a second name", lambda m: m.add_module("again", m.blocks[1])),
@@ -127,6 +129,21 @@ def test_every_change_is_seen(change: Callable[[Net], Any]) -> None:
     assert _view(model) == after  # and reused again once changed
     if hook_state(model).keys() == hooks.keys():
         assert hook_state(model) == hooks  # nothing left on the model
+
+
+def test_a_shape_changed_under_the_same_count_keeps_the_plan() -> None:
+    # The plan's figures are counts, bytes, dtypes and trainable flags: a transpose swapped in under the same
+    # Parameter changes none of them, so the plan holds, and its profile is a first profile's.
+    model = Net()
+    _view(model)
+    plan = reuse._PLANS[model]
+    model.blocks[0].register_buffer("scale", torch.ones(6))  # 6 elements, to swap in a [2, 3] and a [3, 2]
+    model.blocks[0].scale.data = torch.ones(2, 3)
+    before = _view(model)
+    plan = reuse._PLANS[model]
+    model.blocks[0].scale.data = torch.ones(2, 3).t()
+    assert _view(model) == before == _view(copy.deepcopy(model))
+    assert reuse._PLANS[model] is plan
 
 
 def test_plans_do_not_keep_the_model_alive_nor_cross_models() -> None:
@@ -255,3 +272,75 @@ def test_a_change_in_the_last_piece_of_a_long_model_is_seen(change: Callable[[nn
     assert reuse._PLANS[model] is not plan
     assert len(prof.records) == 1801
     assert prof.records["599.1"].type == type(model[599][1]).__name__
+
+
+def _sleeps(seconds: float) -> Callable[..., None]:
+    def hook(*args: Any) -> None:
+        time.sleep(seconds)
+
+    return hook
+
+
+@pytest.mark.parametrize("where", ["a", ""])
+def test_a_pre_hook_added_after_a_reused_block_stays_outside_its_module(where: str) -> None:
+    # The plan knows which modules have pre-hooks of their own (its key counts them): one added since makes a new
+    # plan, whose first attach puts layerprof's pre-hook after the user's, as on a model profiled for the first time.
+    model = Net()
+    _view(model)
+    _view(model)
+    plan = reuse._PLANS[model]
+    assert plan.pre_hooked == []
+    model.get_submodule(where).register_forward_pre_hook(_sleeps(0.03))
+    with LayerProf(model) as prof:
+        model(torch.randn(2, 8)).sum().backward()
+    assert reuse._PLANS[model] is not plan and reuse._PLANS[model].pre_hooked == [0 if where == "" else 1]
+    assert prof.records[where].forward_ms < 20  # the 30 ms hook is outside the module's time...
+    if where:
+        assert prof.tree.forward_ms >= 30  # ...and inside its parent's
+    with LayerProf(model) as prof:  # the new plan, reused: the hook stays outside
+        model(torch.randn(2, 8)).sum().backward()
+    assert prof.records[where].forward_ms < 20
+
+
+@pytest.mark.parametrize("parent", ["", "a", "blocks"])
+def test_a_module_put_in_modules_directly_inside_a_reused_block_is_named(parent: str) -> None:
+    # The block's exit reads every module's children in order against the plan's: one more anywhere is seen, a
+    # leaf's (a Linear's) included.
+    model = Net()
+    _view(model)
+    plan = reuse._PLANS[model]
+    name = f"{parent}.sneaky" if parent else "sneaky"
+    with pytest.warns(RuntimeWarning, match=rf"1 module\(s\) joined .* '{name}' \(Tanh\)"):
+        with LayerProf(model):
+            assert reuse._PLANS[model] is plan
+            model(torch.randn(2, 8)).sum().backward()
+            model.get_submodule(parent)._modules["sneaky"] = nn.Tanh()
+
+
+def test_a_module_put_in_the_last_piece_of_a_long_model_inside_a_reused_block_is_named() -> None:
+    # The exit reads the children in pieces of 512 modules (reuse._PIECE), as the fingerprint: the last of four.
+    model = _long()
+    with LayerProf(model):
+        pass
+    plan = reuse._PLANS[model]
+    with pytest.warns(RuntimeWarning, match=r"1 module\(s\) joined .* '599\.1\.sneaky' \(Tanh\)"):
+        with LayerProf(model):
+            assert reuse._PLANS[model] is plan
+            model[599][1]._modules["sneaky"] = nn.Tanh()
+
+
+def test_a_pre_hook_added_during_a_wait_step_of_a_reused_block_stays_outside_its_module() -> None:
+    # The plan's modules with pre-hooks hold for the block's first attach only: with a schedule that waits, the
+    # first attach comes after user code has run, and reads the modules' hook dicts again.
+    model = Net()
+    _view(model)
+    plan = reuse._PLANS[model]
+    with LayerProf(model, schedule=layerprof.schedule(wait=1, active=1)) as prof:
+        assert reuse._PLANS[model] is plan
+        model(torch.randn(2, 8)).sum().backward()
+        model.a.register_forward_pre_hook(_sleeps(0.03))  # in the wait step: nothing hooked yet
+        prof.step()
+        model(torch.randn(2, 8)).sum().backward()
+        prof.step()
+    assert prof.records["a"].calls == 1 and prof.records["a"].forward_ms < 20
+    assert prof.tree.forward_ms >= 30

@@ -241,10 +241,12 @@ class LayerProf:
         self._steps_with_calls = 0
         self._tracker: Tracker | None = None
         self._entries: list[tuple[str, nn.Module]] = []
+        self._entry_modules: list[nn.Module] = []
         self._probe: Any = None
         self._registration: Any = None  # the global hook that sees submodules registered while profiling
         self._names: dict[int, str] = {}
         self._plan: reuse.Plan | None = None
+        self._pre_hooked: list[nn.Module] | None = None  # the first attach's modules with pre-hooks of their own
         self._example: dict[str, Any] = {}
         self._profile: Profile | None = None
         self._state = "new"  # new -> running -> done, or failed when the block raised
@@ -301,6 +303,7 @@ class LayerProf:
                         "longer hold it (a notebook cell run again), LayerProf.running_on(model).cancel()."
                     )
         self._entries = entries
+        self._entry_modules = modules  # the entries' modules while no module joins (then len(entries) > _built)
         self._built = len(entries)
         pausing = [meter for meter in self.metrics if meter.pauses_clock]
         clock = PausableClock() if pausing else None
@@ -318,9 +321,15 @@ class LayerProf:
                         meter.start(self.model, self._records_for(meter), entries)
                         started.append(meter)
             self._probe = self.model.register_forward_pre_hook(_example_probe(self._example), with_kwargs=True)
+            if plan.key is not None:
+                # The modules with pre-hooks of their own, as the plan's key saw them at this block's start (no
+                # module's hooks changed since; the model's root now has the probe): for an attach here only; a
+                # later one (after a schedule's wait) reads the modules, whose hooks the user may have changed.
+                self._pre_hooked = [modules[0], *(modules[index] for index in plan.pre_hooked if index)]
             self._names = dict(plan.names)
             self._registration = register_module_module_registration_hook(self._module_registered)
             self._begin_step()
+            self._pre_hooked = None  # not attached in a schedule's wait: a later attach reads the hook dicts
         except BaseException:
             self._teardown(started + self._counting)
             raise
@@ -487,7 +496,8 @@ class LayerProf:
             plan = self._plan
             # The plan's names while the block's modules are the plan's (none joined while profiling).
             names = plan.hook_names if plan is not None and len(self._entries) == self._built else {}
-            tracker.attach(self._entries, names or None)
+            pre_hooked, self._pre_hooked = self._pre_hooked, None
+            tracker.attach(self._entries, names or None, pre_hooked if names else None)
         elif not wanted and tracker.active:
             tracker.detach()
 
@@ -584,7 +594,7 @@ class LayerProf:
     def _finish(self, partial: str | None = None) -> None:
         tracker = self._tracker
         assert tracker is not None
-        modules = list(map(_second, self._entries))
+        modules = self._entry_modules if len(self._entries) == self._built else list(map(_second, self._entries))
         owns = list(map(_own, modules))  # read once for the checks and the reprs: each pass over them costs misses
         compiled = compiled_while_profiling(self._entries, modules, owns)
         if compiled is not None:  # its times are partial: no profile rather than a wrong one

@@ -1,14 +1,16 @@
 """Each record's class name and ``extra_repr``, read when a block stops (a lazy module shows what it materialised
 as, as the model's own repr does), and the text kept for the next block on the same model where it cannot differ.
 
-torch.nn's own ``extra_repr`` of its costlier layers (Linear, Conv, the norms, Embedding: a microsecond or more
-each, most of it ``self.bias`` through ``nn.Module.__getattr__`` and ``str.format``) formats a few plain
-attributes of the module and whether its bias is None. For a module of exactly such a class, the text is kept with
-those values, held, and the bias's None-ness. The next block whose plan is the same (``collect/reuse.py``) reuses
-the text while every value is the same object and the bias as it was, and calls ``extra_repr`` otherwise. Only
-immutable values (numbers, strings, None, tuples of them) are kept: held, such a value cannot change in place nor
-give its address to another. A class not listed, a subclass, an ``extra_repr`` set on the instance or replaced
-on the class, an attribute missing: called at every block, as are the cheap ones (Dropout, activations).
+torch.nn's own ``extra_repr`` of its common layers (Linear, Conv, the norms, Embedding: a microsecond or more
+each, most of it ``self.bias`` through ``nn.Module.__getattr__`` and ``str.format``; Dropout and the activations,
+cheaper, but as many) formats a few plain attributes of the module and whether its bias is None. For the modules of
+exactly such a class, the texts are kept with those values, held, and the biases' None-ness, a list per class.
+The next block whose plan is the same (``collect/reuse.py``) reuses a class's texts (the same list) while every
+value is the same object and each bias as it was, checked with a few C-level passes per class, and calls
+``extra_repr`` of the modules whose values changed. Only immutable values (numbers, strings, None, tuples of them)
+are kept: held, such a value cannot change in place nor give its address to another. A class not listed, a
+subclass, an ``extra_repr`` set on the instance or replaced on the class, an attribute missing: called at every
+block.
 """
 from __future__ import annotations
 
@@ -27,14 +29,15 @@ __all__ = ["read_reprs", "write_reprs", "Reprs"]
 
 _PLAIN_REPR = nn.Module.extra_repr
 
-# torch.nn's extra_repr function -> (a getter of the attributes it formats, whether it reads ``self.bias``), each
-# read in torch's source.
-_READS: dict[Callable[..., str], tuple[Callable[[dict[str, Any]], tuple[Any, ...]], bool]] = {}
+# torch.nn's extra_repr function -> (a getter of the attributes it formats from a module's ``__dict__``, how many,
+# whether it reads ``self.bias``), each read in torch's source.
+_READS: dict[Callable[..., str], tuple[Callable[[dict[str, Any]], Any], int, bool]] = {}
 
 
 def _reads(cls: type, names: tuple[str, ...], bias: bool) -> None:
-    assert len(names) > 1, "a getter of one name returns the value, not a tuple (``_kept_group`` flattens tuples)"
-    _READS[cls.extra_repr] = (itemgetter(*names), bias)
+    # (a getter of one name returns the value, of several a tuple, which ``_read_group`` flattens)
+    assert cls.extra_repr is not _PLAIN_REPR, f"{cls.__name__} formats nothing"
+    _READS[cls.extra_repr] = (itemgetter(*names), len(names), bias)
 
 
 _reads(nn.Linear, ("in_features", "out_features"), True)
@@ -48,6 +51,14 @@ _reads(nn.Conv1d, ("in_channels", "out_channels", "kernel_size", "stride", "padd
                    "groups", "padding_mode"), True)
 if hasattr(nn, "RMSNorm"):
     _reads(nn.RMSNorm, ("normalized_shape", "eps", "elementwise_affine"), False)
+_reads(nn.Dropout, ("p", "inplace"), False)  # (_DropoutNd's: every Dropout class)
+for _activation in (nn.ReLU, nn.ReLU6, nn.SiLU, nn.Mish):
+    _reads(_activation, ("inplace",), False)
+for _activation in (nn.Softmax, nn.LogSoftmax, nn.Softmin):
+    _reads(_activation, ("dim",), False)
+_reads(nn.GELU, ("approximate",), False)
+_reads(nn.LeakyReLU, ("negative_slope", "inplace"), False)
+_reads(nn.ELU, ("alpha", "inplace"), False)
 
 # Exact class -> its torch.nn extra_repr: every torch.nn class whose extra_repr is one of the functions above (not
 # the lazy ones: a lazy module becomes its plain class once it has run), and MultiheadAttention's out_proj Linear.
@@ -60,11 +71,11 @@ _KEPT: dict[type, Any] = {
 
 _own = attrgetter("__dict__")
 _parameters = itemgetter("_parameters")
-_values_of, _text_of, _no_bias_of, _function_of = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)
 _flat = chain.from_iterable
 
 _IMMUTABLE = frozenset({int, float, bool, str, bytes, complex, type(None), torch.Size})
 _ABSENT = object()
+_UNKEPT = object()  # held in place of a value that is not kept: no value read from a module is this object
 _bias_of = methodcaller("get", "bias", _ABSENT)
 
 
@@ -75,33 +86,23 @@ def _immutable(value: Any) -> bool:
     return kind is tuple and all(map(_immutable, value))
 
 
-# (the values formatted, held; the text; whether the bias was None, None where not read; the extra_repr function)
-_Kept = tuple[tuple[Any, ...], str, "bool | None", Any]
+class _Kept:
+    """What the last block read of a plan's modules of one kept class (in entry order): the extra_repr function,
+    the values it formats, flat (``width`` per module; ``_UNKEPT`` for a value not kept), held, each bias's
+    None-ness (None where the function does not read the bias), and the texts. Flat lists per class, not a tuple
+    per module: the next block checks a class with a few C-level passes over contiguous lists."""
 
+    __slots__ = ("function", "width", "values", "no_bias", "texts")
 
-def _kept_text(module: nn.Module, own: dict[str, Any], function: Any, known: _Kept | None) -> tuple[str, _Kept | None]:
-    """The text of a module of a kept class (``own``: its ``__dict__``): ``known``'s when made from the same
-    values, else its ``extra_repr()``; and what to keep for the next block (None: nothing)."""
-    getter, reads_bias = _READS[function]
-    try:
-        values = getter(own)
-    except KeyError:  # an attribute deleted: extra_repr says what it says
-        return module.extra_repr(), None
-    no_bias = None
-    if reads_bias:
-        bias = own["_parameters"].get("bias", _ABSENT)
-        if bias is _ABSENT or "bias" in own:  # not a parameter that torch's __getattr__ would find
-            return module.extra_repr(), None
-        no_bias = bias is None
-    if known is not None and known[3] is function and known[2] is no_bias and all(map(is_, values, known[0])):
-        return known[1], known
-    text = module.extra_repr()
-    return text, ((values, text, no_bias, function) if all(map(_immutable, values)) else None)
+    def __init__(self, function: Any, width: int, values: list[Any], no_bias: list[bool] | None,
+                 texts: list[str]) -> None:
+        self.function, self.width, self.values, self.no_bias, self.texts = function, width, values, no_bias, texts
 
 
 # What a block read of its modules' reprs: each module's class name where a class changed since the plan was made
-# (None: the plan's names hold), and entry index -> extra_repr text for the modules with an extra_repr of their own.
-Reprs = tuple["list[str] | None", dict[int, str]]
+# (None: the plan's names hold), and the extra_repr texts of the modules with an extra_repr of their own, as
+# (entry indices, their texts) pairs: a class's pair is the last block's where its texts hold.
+Reprs = tuple["list[str] | None", list[tuple[list[int], list[str]]]]
 
 
 def read_reprs(modules: list[nn.Module], plan: Plan | None, owns: list[dict[str, Any]] | None = None) -> Reprs:
@@ -114,37 +115,38 @@ def read_reprs(modules: list[nn.Module], plan: Plan | None, owns: list[dict[str,
     if plan is not None and plan.key is None:
         plan = None
     if plan is None or types != plan.types:
-        return [kind.__name__ for kind in types], _read_each(modules, types, plan)
+        return [kind.__name__ for kind in types], _read_each(modules, types)
     if owns is None:
         owns = list(map(_own, modules))
     if any(map(contains, owns, repeat("extra_repr"))):
-        return None, _read_each(modules, types, plan)
+        return None, _read_each(modules, types)
     # The plan's modules by class, read a class at a time with C-level calls: no Python code per module where
     # the texts are the kept ones.
     groups = plan.repr_groups
     if groups is None:
         groups = plan.repr_groups = _by_class(types)
-    kept = plan.reprs
-    fresh: dict[int, _Kept] = {}
-    texts: dict[int, str] = {}
+    kept: dict[type, _Kept] = plan.reprs
+    texts: list[tuple[list[int], list[str]]] = []
     for kind, indices in groups.items():
         function = kind.extra_repr
         if function is _PLAIN_REPR:
             continue
         if _KEPT.get(kind) is not function:
-            texts.update(zip(indices, map(function, map(modules.__getitem__, indices))))
+            texts.append((indices, list(map(function, map(modules.__getitem__, indices)))))
             continue
-        found = _kept_group(function, indices, list(map(owns.__getitem__, indices)), kept)
-        if found is not None:
-            texts.update(zip(indices, map(_text_of, found)))
-            fresh.update(zip(indices, found))
+        known = kept.get(kind)
+        read = _read_group(function, list(map(owns.__getitem__, indices)))
+        if (known is not None and read is not None and known.function is function
+                and all(map(is_, read[0], known.values)) and read[1] == known.no_bias):
+            texts.append(known.texts)
             continue
-        for index in indices:
-            text, keep = _kept_text(modules[index], owns[index], function, kept.get(index))
-            if keep is not None:
-                fresh[index] = keep
-            texts[index] = text
-    plan.reprs = fresh
+        group = list(map(modules.__getitem__, indices))
+        if read is None:  # an attribute missing, a bias that is not a parameter: each says what it says
+            kept.pop(kind, None)
+            texts.append((indices, list(map(function, group))))
+            continue
+        kept[kind] = now = _kept_anew(function, indices, group, read, known)
+        texts.append(now.texts)
     return None, texts
 
 
@@ -156,53 +158,56 @@ def _by_class(types: list[type]) -> dict[type, list[int]]:
     return groups
 
 
-def _kept_group(function: Any, indices: list[int], owns: list[dict[str, Any]], kept: dict[int, _Kept]
-                ) -> list[_Kept] | None:
-    """What was kept for the modules at ``indices`` (all of one kept class, whose extra_repr is ``function``;
-    ``owns``: their ``__dict__``) when each still holds the same values, and its bias as it was; else None (then
-    each is read on its own)."""
-    known = list(map(kept.get, indices))
-    if any(map(is_, known, repeat(None))) or not all(map(is_, map(_function_of, known), repeat(function))):
-        return None
-    getter, reads_bias = _READS[function]
+def _read_group(function: Any, owns: list[dict[str, Any]]) -> tuple[list[Any], list[bool] | None] | None:
+    """What ``function`` (a kept extra_repr) formats of the modules whose ``__dict__`` are ``owns``: their values,
+    flat, and whether each one's bias is None (None where it reads no bias); None where a module lacks an
+    attribute or has a bias that torch's ``__getattr__`` would not find in ``_parameters``."""
+    getter, width, reads_bias = _READS[function]
     try:
-        values = list(map(getter, owns))
+        values = list(map(getter, owns)) if width == 1 else [*_flat(map(getter, owns))]
     except KeyError:
         return None
-    if reads_bias:
-        biases = list(map(_bias_of, map(_parameters, owns)))
-        if (any(map(is_, biases, repeat(_ABSENT))) or any(map(contains, owns, repeat("bias")))
-                or list(map(is_, biases, repeat(None))) != list(map(_no_bias_of, known))):
-            return None
-    # Every getter reads two names or more, so that each module's values are a tuple of one length.
-    if not all(map(is_, _flat(values), _flat(map(_values_of, known)))):
+    if not reads_bias:
+        return values, None
+    biases = list(map(_bias_of, map(_parameters, owns)))
+    if any(map(is_, biases, repeat(_ABSENT))) or any(map(contains, owns, repeat("bias"))):
         return None
-    return known
+    return values, list(map(is_, biases, repeat(None)))
 
 
-def _read_each(modules: list[nn.Module], types: list[type], plan: Plan | None) -> dict[int, str]:
-    """``read_reprs``'s texts, a module at a time: for a plan whose classes changed, or a module with an
-    ``extra_repr`` of its own."""
-    kept = plan.reprs if plan is not None else {}
-    fresh: dict[int, _Kept] = {}
-    texts: dict[int, str] = {}
-    plain = _PLAIN_REPR
-    kept_classes = _KEPT
-    for index, module, kind in zip(range(len(modules)), modules, types):
-        function = kind.extra_repr
-        own = module.__dict__
-        if function is plain and "extra_repr" not in own:
-            continue
-        if plan is None or kept_classes.get(kind) is not function or "extra_repr" in own:
-            text = module.extra_repr()
+def _kept_anew(function: Any, indices: list[int], modules: list[nn.Module], read: tuple[list[Any], list[bool] | None],
+               known: _Kept | None) -> _Kept:
+    """A class's texts where some module's values changed since ``known`` (the last block's, if any): a module's
+    kept text where its values are the same objects and its bias as it was, else its ``extra_repr()``; the
+    values kept where they are immutable (held, such a value cannot change in place nor give its address to
+    another)."""
+    values, no_bias = read
+    width = _READS[function][1]
+    texts = []
+    for position, module in enumerate(modules):
+        mine = values[position * width:(position + 1) * width]
+        if (known is not None and known.function is function
+                and all(map(is_, mine, known.values[position * width:(position + 1) * width]))
+                and (no_bias is None or no_bias[position] is known.no_bias[position])):
+            texts.append(known.texts[1][position])
         else:
-            text, keep = _kept_text(module, own, function, kept.get(index))
-            if keep is not None:
-                fresh[index] = keep
-        texts[index] = text
-    if plan is not None:
-        plan.reprs = fresh
-    return texts
+            texts.append(module.extra_repr())
+    held = [value if _immutable(value) else _UNKEPT for value in values]
+    return _Kept(function, width, held, no_bias, (indices, texts))
+
+
+def _read_each(modules: list[nn.Module], types: list[type]) -> list[tuple[list[int], list[str]]]:
+    """``read_reprs``'s texts, a module at a time: for a plan whose classes changed, or a module with an
+    ``extra_repr`` of its own (the texts the plan keeps are left for the next block)."""
+    indices = []
+    texts = []
+    plain = _PLAIN_REPR
+    for index, module, kind in zip(range(len(modules)), modules, types):
+        if kind.extra_repr is plain and "extra_repr" not in module.__dict__:
+            continue
+        indices.append(index)
+        texts.append(module.extra_repr())
+    return [(indices, texts)]
 
 
 def write_reprs(records: list[ModuleRecord], reprs: Reprs) -> None:
@@ -211,5 +216,6 @@ def write_reprs(records: list[ModuleRecord], reprs: Reprs) -> None:
     if names is not None:
         for record, name in zip(records, names):
             record.type = name
-    for index, text in texts.items():
-        records[index].extra_repr = text
+    for indices, group in texts:
+        for index, text in zip(indices, group):
+            records[index].extra_repr = text

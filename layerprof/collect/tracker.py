@@ -270,7 +270,9 @@ class Tracker:
         # when attached, which get a pre-hook of ours after theirs, so that the user's hooks are not timed.
         self.global_names: dict[int, str] = {}
         self._global_handles: tuple[Any, Any] | None = None
-        self._modules: dict[str, nn.Module] = {}  # name -> module, for the class names in the notes on exceptions
+        # What each attach hooked, (name, module) pairs, for the class names in the notes on exceptions: searched
+        # then, not made into a dict by name at every block (ten thousand entries to make and free for a note).
+        self._attached: list[list[tuple[str, nn.Module]]] = []
         # The wall clock of CPU modules: a PausableClock when a meter must stop it (``Meter.pauses_clock``).
         self.cpu_clock = cpu_clock if cpu_clock is not None else CpuClock()
         self.cuda_clocks: dict[int, Clock] = {}
@@ -295,19 +297,23 @@ class Tracker:
         self.step_state.observers = tuple(observers)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
-    def attach(self, modules: Iterable[tuple[str, nn.Module]], names: dict[int, str] | None = None) -> None:
+    def attach(self, modules: Iterable[tuple[str, nn.Module]], names: dict[int, str] | None = None,
+               pre_hooked: list[nn.Module] | None = None) -> None:
         """Hook every module; if hooking fails half way, remove what was added and re-raise. ``names``: the
-        modules' names by key (``id`` of each one's forward pre-hook dict), where the caller has them already."""
+        modules' names by key (``id`` of each one's forward pre-hook dict), and ``pre_hooked``: those of the
+        modules with forward pre-hooks of their own, where the caller has them already."""
         if self._hooks is None:
             self._hooks = self._make_hooks()
         pre, post, global_pre = self._hooks
-        modules = list(modules)
-        found = list(map(_second, modules))
+        modules = modules if type(modules) is list else list(modules)
+        # The modules without their names, read where needed: not on the common path of a reused plan (names and
+        # the modules with pre-hooks of their own given, global hooks), where a list of ten thousand costs a pass.
+        found = list(map(_second, modules)) if names is None or pre_hooked is None or not self.global_hooks else []
         try:
             if names is None:
                 names = dict(zip(map(id, map(_pre_hooks, found)), map(_first, modules)))
             self.names.update(names)
-            self._modules.update(modules)
+            self._attached.append(modules)
             # Our pre-hook runs last and our post-hook first, so the user's own hooks are not timed.
             if not self.global_hooks:
                 self._handles.append(add_forward_hooks_to(found, pre, post))
@@ -315,7 +321,7 @@ class Tracker:
                 # Global pre-hooks run before a module's own: a module with pre-hooks of its own gets ours after
                 # theirs instead. Global forward hooks run before a module's own, as ours must.
                 self.global_names.update(names)
-                own = with_forward_pre_hooks(found)
+                own = with_forward_pre_hooks(found) if pre_hooked is None else pre_hooked
                 if own:
                     _drain_keys(self.global_names, own)
                     self._handles.append(add_forward_hooks_to(own, pre, None))
@@ -344,7 +350,7 @@ class Tracker:
         self.end_step()
         # Hooks copied onto a deep copy of a module outlive the detach and hold this tracker: it must not hold
         # the modules (attach fills this again; a note needs it only while hooked).
-        self._modules = {}
+        self._attached = []
         handles, self._handles = self._handles, []
         global_handles, self._global_handles = self._global_handles, None
         self.global_names.clear()
@@ -402,8 +408,11 @@ class Tracker:
 
     def type_name(self, name: str) -> str:
         """The class name of the module attached under ``name``, for notes."""
-        module = self._modules.get(name)
-        return "?" if module is None else type(module).__name__
+        for attached in reversed(self._attached):  # the last attach's module for a name, as a dict would hold
+            for attached_name, module in reversed(attached):
+                if attached_name == name:
+                    return type(module).__name__
+        return "?"
 
     def _make_hooks(self) -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
         tracker = self
