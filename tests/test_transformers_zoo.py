@@ -300,3 +300,26 @@ def test_llama_generation_counts_every_decoding_step() -> None:
     # generate() asks for the last position's logits only (logits_to_keep=1): 4 forwards * 2 * 2 rows * 32 * 100
     # = 51,200 FLOPs in the head, not the prompt's 8 positions.
     assert prof.records["lm_head"].flops_forward == 4 * 2 * 2 * 32 * 100
+
+
+def test_layers_extending_a_key_value_cache_are_never_recomputed() -> None:
+    # Mistral as transformers builds it, use_cache=True: in training too each layer extends a cache it is handed.
+    # allow_side_effects=True let the plan wrap them, and the recomputation attended over the 3 keys the sliding
+    # window kept plus the 8 the forward appended: "size of tensor a (11) must match ... (8)" in backward.
+    config = {**DECODER, "use_cache": True}
+    model, inputs = _language_model("MistralConfig", "MistralForCausalLM", **config, sliding_window=4)()
+    step = training_step(model.train(), lambda: model(**inputs))
+    prof, plain = profiled_step_is_true(model, step)
+    records = prof.records
+    # Each decoder layer and its attention are handed the cache: 2 layers * 2 = 4 calls in the model.
+    assert [records[name].checkpoint_cache_updates for name in ("", "model.layers.0", "model.layers.0.self_attn",
+                                                                 "model.layers.0.mlp")] == [4, 2, 1, 0]
+    assert not any(record.checkpoint_side_effects for record in records.values())
+    plan = prof.checkpoint_plan(0.5, allow_side_effects=True)
+    assert plan.excluded["model.layers.1.self_attn"] == (
+        "updates a key/value cache it is handed (a recompute would find it extended): pass use_cache=False for "
+        "training, as gradient_checkpointing_enable() does")
+    assert not [name for name in plan.modules if records[name].checkpoint_cache_updates]
+    # Half is out of reach without the attention layers (the note says so); two thirds is within.
+    assert not plan.feasible and "cannot be met" in str(plan)
+    half_plan_measures_as_predicted(prof, model, step, plain, allow_side_effects=True, budget=0.67)

@@ -65,11 +65,12 @@ def profiled_step_is_true(model: nn.Module, step: Step) -> tuple[LayerProf, tupl
 
 
 def half_plan_measures_as_predicted(prof: LayerProf, model: nn.Module, step: Step,
-                                    plain: tuple[torch.Tensor, list[Any]], allow_side_effects: bool) -> None:
-    """A plan to half the saved bytes, applied and measured: exactly as predicted, within budget, the same step,
-    nothing left on the model once removed."""
+                                    plain: tuple[torch.Tensor, list[Any]], allow_side_effects: bool,
+                                    budget: float = 0.5) -> None:
+    """A plan to half the saved bytes (or another ``budget``), applied and measured: exactly as predicted, within
+    budget, the same step, nothing left on the model once removed."""
     before_hooks, before_repr = hook_state(model), repr(model)
-    plan = prof.checkpoint_plan(0.5, allow_side_effects=allow_side_effects)
+    plan = prof.checkpoint_plan(budget, allow_side_effects=allow_side_effects)
     assert plan.feasible and plan.modules
     result = verify_plan(plan, model, step, repeats=1)
     assert result.measured_saved_bytes == result.predicted_saved_bytes == plan.saved_bytes_after
