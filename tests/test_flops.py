@@ -430,6 +430,36 @@ def test_int4_packed_weight_matmul_on_the_cpu_is_counted() -> None:
     assert prof.tree.flops_forward == 2 * 3 * 64 * 32  # x [3, 64] @ w [64, 32]: 12,288
 
 
+class GroupedExperts(nn.Module):
+    """A mixture of experts' matmul as transformers runs it (Mixtral, Qwen2-MoE): the tokens sorted by expert,
+    ``offs`` ending each expert's rows, one ``_grouped_mm`` over all experts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.weight = nn.Parameter(torch.randn(3, 8, 4))  # 3 experts, each [k=8, n=4]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch._grouped_mm(x, self.weight, offs=torch.tensor([3, 7, 10], dtype=torch.int32))
+
+
+def test_grouped_matmul_of_experts_is_counted_in_both_passes() -> None:
+    # It was an unknown op, counted 0: a Mixtral's experts had no FLOPs.
+    x = torch.randn(10, 8, requires_grad=True)
+    with LayerProf(GroupedExperts(), metrics=("flops",)) as prof:
+        prof.model(x).pow(2).sum().backward()
+    assert prof.unknown_ops() == {}
+    # rows [10, 8] @ their expert's [8, 4]: 2 * 10 * 8 * 4 = 640
+    assert prof.tree.flops_forward == 640
+    # dx = dy [10, 4] @ w^T [3, 4, 8] grouped by rows (640); dw = x^T [8, 10] @ dy [10, 4] split along the 10 (640)
+    assert prof.tree.flops_backward == 640 + 640
+    formula = flop_formula(torch.ops.aten._grouped_mm.default)
+    # Batched experts [3, 2, 8] @ [3, 8, 4]: 2 * 3 * 2 * 8 * 4 = 384; [3, 2, 8] @ [8, 12] split along n into 3
+    # groups -> [2, 12]: 2 * 2 * 8 * 12 = 384.
+    assert formula(torch.Size([3, 2, 8]), torch.Size([3, 8, 4]), out_shape=torch.Size([3, 2, 4])) == 384
+    assert formula(torch.Size([3, 2, 8]), torch.Size([8, 12]), None, out_shape=torch.Size([2, 12])) == 384
+
+
 def test_summary_names_the_unknown_ops_under_a_flops_column() -> None:
     with torch.no_grad():
         prof = profile(UsesCustomOp(), torch.randn(3, 4), backward=False)

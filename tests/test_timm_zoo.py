@@ -10,8 +10,6 @@ convolution's weight gradient as an ungrouped one, so it is a reference for the 
 """
 from __future__ import annotations
 
-import socket
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -22,25 +20,19 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import layerprof
-from layerprof import LayerProf, verify_plan
+from layerprof import LayerProf
 from layerprof.cli import main
 
-from .conftest import hook_state
-from .invariants import check_profile, check_truth, count_calls, parameter_modules_have_backward
-from .models import scalar_loss
+from .zoo_checks import (flop_counter, half_plan_measures_as_predicted, profiled_step_is_true, refuse_network,
+                         training_step)
 
 timm = pytest.importorskip("timm")
 
 
 @pytest.fixture(autouse=True)
 def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
-    """pretrained=False downloads nothing: any connection timm or the Hub client tried would fail the test."""
-    def refuse(*args: Any, **kwargs: Any) -> None:
-        raise AssertionError(f"a timm test tried to reach the network: {args[-1]!r}")
-
-    monkeypatch.setattr(socket, "getaddrinfo", refuse)
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    """pretrained=False downloads nothing."""
+    refuse_network(monkeypatch, "timm")
 
 
 @dataclass(frozen=True)
@@ -86,62 +78,21 @@ def timm_step(key: str) -> tuple[nn.Module, torch.Tensor, Callable[[], tuple[tor
     if spec.grad_checkpointing:
         model.set_grad_checkpointing(True)
     x = torch.randn(2, 3, spec.side, spec.side)
-
-    def step() -> tuple[torch.Tensor, list[Any]]:
-        model.zero_grad(set_to_none=True)
-        torch.manual_seed(1)
-        loss = scalar_loss(model(x))
-        loss.backward()
-        return loss.detach(), [None if p.grad is None else p.grad.clone() for p in model.parameters()]
-
-    return model, x, step
-
-
-def _same(a: list[Any], b: list[Any]) -> bool:
-    return len(a) == len(b) and all((p is None and q is None) or torch.equal(p, q) for p, q in zip(a, b))
-
-
-def _flop_counter(model: nn.Module, x: torch.Tensor) -> tuple[dict[str, int], int]:
-    """FlopCounterMode's forward FLOPs per module (qualified names) and its total over a training step."""
-    with FlopCounterMode(display=False) as counter:
-        torch.manual_seed(1)
-        out = model(x)
-        per_module = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
-        scalar_loss(out).backward()
-    model.zero_grad(set_to_none=True)
-    top = type(model).__name__
-    return {key[len(top) + 1:] if key != top else "": flops for key, flops in per_module.items()
-            if key == top or key.startswith(top + ".")}, counter.get_total_flops()
+    return model, x, training_step(model, lambda: model(x))
 
 
 @pytest.mark.parametrize("key", list(ZOO))
 def test_timm_model(key: str) -> None:
     spec = ZOO[key]
     model, x, step = timm_step(key)
-    before_hooks, before_repr = hook_state(model), repr(model)
-    plain_loss, plain_grads = step()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "only one step was profiled")
-        with count_calls(model) as reference, LayerProf(model, metrics=("flops", "memory", "shapes")) as prof:
-            prof_loss, prof_grads = step()
-
     # Bitwise the same step, nothing left on the model, every module present with its calls.
-    assert torch.equal(plain_loss, prof_loss) and _same(plain_grads, prof_grads)
-    assert hook_state(model) == before_hooks and repr(model) == before_repr
-    check_profile(prof, model)
-    check_truth(prof, model)
-    parameter_modules_have_backward(prof, model)
-    for name, record in prof.records.items():
-        # The reference counts checkpoint re-runs too; layerprof keeps them apart from the calls.
-        recomputed = sum(1 for timing in record.call_times if timing.recompute)
-        assert record.calls + recomputed == reference[name], name
-    assert prof.unknown_ops() == {}
+    prof, plain = profiled_step_is_true(model, step)
 
     # FLOPs: backward from the forward exactly, the forward against FlopCounterMode module by module.
     root = prof.tree
     assert root.flops_backward == (2 * root.flops_forward - prof.records[spec.stem].flops_forward
                                    + spec.sdpa * (SDPA_BACKWARD - 2 * SDPA_FORWARD))
-    forward, total = _flop_counter(model, x)
+    forward, _, total = flop_counter(model, lambda: model(x))
     attention = {name for name in prof.records if name.endswith(".attn")} if spec.sdpa else set()
     for name, record in prof.records.items():
         if not record.calls:  # efficientnet's drop_path at rate 0
@@ -160,15 +111,7 @@ def test_timm_model(key: str) -> None:
         assert total > root.flops_forward + root.flops_backward
 
     # A plan to half the saved bytes, applied and measured: exactly as predicted, within budget, same step.
-    plan = prof.checkpoint_plan(0.5, allow_side_effects=True)  # BatchNorm in training: allowed
-    assert plan.feasible and plan.modules
-    result = verify_plan(plan, model, step, repeats=1)
-    assert result.measured_saved_bytes == result.predicted_saved_bytes == plan.saved_bytes_after
-    assert result.meets_budget and plan.saved_bytes_after <= plan.budget_bytes < root.saved_bytes
-    with plan.applied(model):
-        loss, grads = step()
-    assert torch.equal(loss, plain_loss) and _same(grads, plain_grads)
-    assert hook_state(model) == before_hooks and repr(model) == before_repr
+    half_plan_measures_as_predicted(prof, model, step, plain, allow_side_effects=True)  # BatchNorm in training
 
 
 @pytest.mark.filterwarnings("ignore:only one step was profiled:RuntimeWarning")

@@ -16,8 +16,9 @@ additive exactly when a storage is saved in two wrapped regions (counted in neit
 less than it could, never more than it says) or an input saved by an unwrapped sibling (counted as kept).
 
 Safety counts: ``checkpoint_side_effects`` is the number of calls, this one's and nested ones, whose forward
-changes state that a recomputation would change again (BatchNorm updating running statistics in training, an
-attention layer updating the key/value cache it is handed: Hugging Face models with ``use_cache=True``);
+changes state that a recomputation would change again (BatchNorm updating running statistics in training);
+``checkpoint_cache_updates`` those handed a key/value cache, which they extend (Hugging Face models with
+``use_cache=True``): a recomputation would attend over the keys its forward already added, so it is never allowed;
 ``checkpoint_inplace_inputs`` the number of this module's calls that modified an input in place (a checkpoint
 would have saved the input before the change); ``foreign_calls`` the calls made from a module that is not one of its
 tree ancestors (a shared module: wrapping it would nest with the wrapping of its callers).
@@ -36,8 +37,8 @@ from ..record.fields import Field, declare
 __all__ = ["CHECKPOINT_FIELDS", "STORAGES_ATTRIBUTE", "storage_table", "saved_after", "freed_by_runs", "has_side_effects", "updates_a_cache", "input_versions", "mutated_inputs", "settle_forward"]
 
 CHECKPOINT_FIELDS = (
-    "checkpoint_freed_bytes", "checkpoint_kept_bytes", "checkpoint_side_effects", "checkpoint_inplace_inputs",
-    "foreign_calls", "checkpoint_saved_tensors",
+    "checkpoint_freed_bytes", "checkpoint_kept_bytes", "checkpoint_side_effects", "checkpoint_cache_updates",
+    "checkpoint_inplace_inputs", "foreign_calls", "checkpoint_saved_tensors",
 )
 declare(
     Field("checkpoint_freed_bytes", "bytes", "Ckpt Frees", share_of="saved_bytes", meter="memory", detail=True,
@@ -46,6 +47,8 @@ declare(
           doc="input bytes a checkpoint of the module would hold that nothing else saves"),
     Field("checkpoint_side_effects", "count", "Ckpt Side Effects", meter="memory", detail=True, cost=False,
           doc="calls in the module whose recomputation would repeat a side effect (BatchNorm running stats)"),
+    Field("checkpoint_cache_updates", "count", "Ckpt Cache Updates", meter="memory", detail=True, cost=False,
+          doc="calls in the module handed a key/value cache to extend (Hugging Face use_cache=True)"),
     Field("checkpoint_inplace_inputs", "count", "In-place Inputs", meter="memory", detail=True, cost=False,
           doc="calls of the module that modified one of their inputs in place"),
     Field("foreign_calls", "count", "Foreign Calls", meter="memory", detail=True, cost=False,

@@ -136,6 +136,17 @@ def addbmm_flops(bias: Sequence[int], a: Sequence[int], b: Sequence[int], *args:
     return bmm_flops(a, b)  # bias + sum_batch a: [batch, m, k] @ b: [batch, k, n]
 
 
+@register_flop_formula(aten._grouped_mm, aten._scaled_grouped_mm, aten._scaled_grouped_mm_v2)
+def grouped_mm_flops(a: Sequence[int], b: Sequence[int], *args: Any, out_shape: Sequence[int], **kwargs: Any) -> int:
+    """Grouped matrix product (mixture-of-experts layers: each group of rows meets its expert's matrix once)."""
+    if len(a) == 3 and len(b) == 3:
+        return bmm_flops(a, b)  # a: [g, m, k] @ b: [g, k, n]
+    if len(a) == 2 and len(b) == 2:
+        return mm_flops(a, b)  # a: [m, k_total] @ b: [k_total, n], k split into g groups by offs -> [g, m, n]
+    # a: [m_total, k] @ b: [g, k, n] -> [m_total, n], rows split by offs; a: [g, m, k] @ b: [k, n_total] -> [m, n_total]
+    return 2 * prod(out_shape) * a[-1]
+
+
 @register_flop_formula(aten.addr)
 def addr_flops(bias: Sequence[int], a: Sequence[int], b: Sequence[int], *args: Any, **kwargs: Any) -> int:
     """Outer product plus bias: a rank-1 matrix product (FlopCounterMode counts 0)."""

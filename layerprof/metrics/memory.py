@@ -139,6 +139,7 @@ class _CallMemory:
     __slots__ = (
         "inputs", "self_activation", "self_saved", "activation", "saved", "log", "self_tensors", "tensors",
         "name", "parent", "depth", "input_sizes", "input_versions", "freed", "kept", "side_effects", "inplace",
+        "cache_updates",
         "forward_mark", "forward_start", "forward_delta", "forward_peak",
         "backward_mark", "backward_start", "backward_delta", "backward_peak",
     )
@@ -150,7 +151,7 @@ class _CallMemory:
         self.name = ""
         self.parent = parent
         self.depth = 0 if parent is None else parent.depth + 1
-        self.freed = self.kept = self.side_effects = self.inplace = 0
+        self.freed = self.kept = self.side_effects = self.cache_updates = self.inplace = 0
         self.self_activation = self.self_saved = 0
         self.activation = self.saved = 0  # inclusive, summed at fill
         self.self_tensors = self.tensors = 0  # every saved tensor, whatever its storage (the checkpoint's cost)
@@ -301,8 +302,8 @@ class MemoryMeter(Meter):
                     self._inputs[key] = StorageWeakRef(storage)
         parent = self._states.get(id(call.parent)) if call.parent is not None else None
         state = _CallMemory(inputs, self._log_for(call.clock.device), parent)
-        if has_side_effects(module) or updates_a_cache(args, kwargs):
-            state.side_effects = 1
+        state.side_effects = int(has_side_effects(module))
+        state.cache_updates = int(updates_a_cache(args, kwargs))
         state.input_versions = input_versions((args, kwargs))
         state.name = call.name
         self._forward.append(state)
@@ -385,6 +386,7 @@ class MemoryMeter(Meter):
                 parent.saved += state.saved
                 parent.tensors += state.tensors
                 parent.side_effects += state.side_effects
+                parent.cache_updates += state.cache_updates
         totals: dict[str, dict[str, int | None]] = {name: dict.fromkeys(MEMORY_FIELDS) for name in self._names}
         for call, state in self._calls:
             row = totals[call.name]
@@ -399,6 +401,7 @@ class MemoryMeter(Meter):
             _add(row, "checkpoint_freed_bytes", state.freed)
             _add(row, "checkpoint_kept_bytes", state.kept)
             _add(row, "checkpoint_side_effects", state.side_effects)
+            _add(row, "checkpoint_cache_updates", state.cache_updates)
             _add(row, "checkpoint_inplace_inputs", state.inplace)
             _add(row, "checkpoint_saved_tensors", state.tensors)
             _add(row, "foreign_calls", int(call.parent is not None and not _inside(call.name, call.parent.name)))

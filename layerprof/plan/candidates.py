@@ -75,9 +75,13 @@ def _why_excluded(record: ModuleRecord, allow_side_effects: bool) -> str | None:
         return "shared: called from a module that does not contain it"
     if count("checkpoint_inplace_inputs"):
         return "modifies an input in place"
+    if count("checkpoint_cache_updates"):
+        # Not a side effect to allow: the re-run would attend over the keys its forward already appended (a
+        # sliding window's cache then no longer fits the mask; a full one gives other gradients or none).
+        return ("updates a key/value cache it is handed (a recompute would find it extended): pass use_cache=False "
+                "for training, as gradient_checkpointing_enable() does")
     if count("checkpoint_side_effects") and not allow_side_effects:
-        return ("side effects on recompute (BatchNorm running statistics, a key/value cache: use_cache=False); "
-                "allow_side_effects=True to allow")
+        return "side effects on recompute (BatchNorm running statistics); allow_side_effects=True to allow"
     if _net_bytes(record) <= 0:
         return "frees nothing"
     return None
