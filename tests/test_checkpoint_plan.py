@@ -199,6 +199,8 @@ def test_verify_plan() -> None:
         assert measured > 0, name  # every wrapped module or run, leaves too: its recomputation's wall time
     assert result.step_ms_before > 0 and result.step_ms_after > 0 and result.cuda_peak_bytes is None
     assert len(result.page_faults) == 2 and min(result.page_faults) >= 0  # Linux counts them
+    assert 0 < result.fault_us < 1000  # µs a fault, timed in this process (1.5-4 on a 2-core VM)
+    assert result.fault_ms == pytest.approx((result.page_faults[1] - result.page_faults[0]) * result.fault_us / 1e3)
     assert _state(model) == before and not plan.is_applied
     with pytest.raises(TypeError, match="step must be a callable"):
         layerprof.verify_plan(plan, model, "step")
@@ -208,11 +210,11 @@ def test_verification_text_says_when_the_plan_changes_page_faults() -> None:
     from layerprof.plan.verify import Verification
     from layerprof.render.checkpoint import verification_text
 
-    def text(faults):
+    def text(faults, fault_us=None):
         return verification_text(Verification(
             predicted_saved_bytes=1024, measured_saved_bytes=1024, budget_bytes=2048, predicted_extra_ms=18.8,
             measured_extra_ms=24.2, step_ms_before=41.0, step_ms_after=65.2, recompute_ms={"encoder": (14.1, 19.0)},
-            page_faults=faults))
+            page_faults=faults, fault_us=fault_us))
 
     # ALBERT's 25 % plan in a fresh process (BENCHMARKS.md): 128 faults a step without it, 3,024 with it.
     assert text((128, 3024)).splitlines() == [
@@ -226,6 +228,15 @@ def test_verification_text_says_when_the_plan_changes_page_faults() -> None:
     assert text((1664, 608)).splitlines()[-1].startswith("  page faults a step: 1,664 -> 608 (the allocator needs "
                                                            "fewer fresh pages")
     assert "page faults" not in text((1000, 1255)) and "page faults" not in text(None)  # under 256: not said
+    # Priced at 2 µs a fault: (3,024 - 128) x 2 µs = 5.792 ms a step, and 24.2 - 5.792 = 18.408 ms measured less it.
+    assert text((128, 3024), fault_us=2.0).splitlines()[-1] == (
+        "  at 2.0 µs a fault (timed here) that is +5.79 ms a step; less that, the plan costs +18.4 ms against "
+        "+18.8 ms predicted")
+    # Fewer faults: (608 - 1,664) x 2.5 µs = -2.64 ms, so the plan would cost 24.2 + 2.64 = 26.84 ms without the saving.
+    assert text((1664, 608), fault_us=2.5).splitlines()[-1].startswith("  at 2.5 µs a fault (timed here) that is "
+                                                                       "-2.64 ms a step; less that, the plan costs "
+                                                                       "+26.8 ms")
+    assert "µs a fault" not in text((1000, 1255), fault_us=2.0)  # not said where the faults are not
 
 
 class _Sleepy(nn.Module):

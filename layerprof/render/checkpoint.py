@@ -61,7 +61,8 @@ def _cold(ms: float, cold: float | None) -> str:
 def verification_text(result: Any) -> str:
     """A Verification as text: saved bytes and step time measured against predicted, then each wrapped module's
     recomputation per step, predicted against measured, the page faults a step where the plan changes them by
-    ``FAULTS_SHOWN`` or more, and on CUDA the peak allocated memory."""
+    ``FAULTS_SHOWN`` or more (priced at the cost of a fault timed in the process, and the measured extra time less
+    that), and on CUDA the peak allocated memory."""
     error = (result.measured_saved_bytes - result.predicted_saved_bytes) / max(1, result.predicted_saved_bytes)
     lines = [
         f"verified: saved {format_bytes(result.measured_saved_bytes)} measured against "
@@ -81,10 +82,22 @@ def verification_text(result: Any) -> str:
         lines.append(f"  page faults a step: {faults[0]:,.0f} -> {faults[1]:,.0f} (the allocator "
                      f"{'hands the recomputation fresh pages' if more else 'needs fewer fresh pages'}, which the "
                      "prediction leaves out)")
+        lines += _faults_priced(result)
     if result.cuda_peak_bytes is not None:
         before, after = result.cuda_peak_bytes
         lines.append(f"CUDA max_memory_allocated: {format_bytes(before)} -> {format_bytes(after)}")
     return "\n".join(lines)
+
+
+def _faults_priced(result: Any) -> list[str]:
+    """The plan's change in page faults priced at the cost of a fault timed in the process, and the measured extra
+    time less it, to set against the prediction; nothing where the cost was not timed."""
+    fault_ms = getattr(result, "fault_ms", None)
+    if fault_ms is None:
+        return []
+    return [f"  at {result.fault_us:.1f} µs a fault (timed here) that is {format_signed_ms(fault_ms)} a step; "
+            f"less that, the plan costs {format_signed_ms(result.measured_extra_ms - fault_ms)} against "
+            f"{format_signed_ms(result.predicted_extra_ms)} predicted"]
 
 
 def wrapped_count(chosen: Any) -> str:
