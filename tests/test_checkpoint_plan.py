@@ -442,3 +442,43 @@ def test_no_run_of_a_sequential_whose_children_are_not_its_records_children() ->
     for budget in (0.9, 0.7, 0.5):
         plan = prof.checkpoint_plan(budget, wrap_cost=(0.01, 0.001))
         assert not any(parse_run(name) for point in plan.pareto() for name in point.modules), budget
+
+
+def test_plan_text_notes_a_recomputation_that_brings_the_peak_back() -> None:
+    from types import SimpleNamespace
+
+    from layerprof.render.checkpoint import plan_text
+
+    def notes(largest):
+        plan = SimpleNamespace(model_type="AlbertModel", saved_bytes_before=20 * 2**20, saved_bytes_after=2**20,
+                               budget_bytes=5 * 2**20, extra_ms=23.1, chosen=[], note=None, excluded={},
+                               largest_recompute=largest)
+        return [line for line in plan_text(plan).splitlines() if line.startswith("note")]
+
+    # 1 MiB still saved + 19.5 MiB saved again = 20.5 MiB, 102.5 % of today's 20 MiB: at least 95 %, noted.
+    assert notes(("encoder", int(19.5 * 2**20))) == [
+        "note: recomputing encoder in backward saves 19.5 MiB again at once (with 1 MiB still saved, 102.5% of "
+        "today's 20 MiB): the step's peak memory stays about where it is (a plan lowers what is held from forward "
+        "to backward, not the peak), and the allocator may map fresh pages for it every step (page faults, not in "
+        "the predicted time)"]
+    assert notes(("encoder.layer.0", 18 * 2**20)) != []  # 1 + 18 = 19 MiB: 95.0 %, the edge, noted
+    assert notes(("encoder.layer.0", 17 * 2**20)) == []  # 1 + 17 = 18 MiB: 90 %, the peak is lowered
+    assert notes(None) == []  # nothing wrapped
+
+
+def test_largest_recompute_of_a_real_plan() -> None:
+    model = _mlp(depth=4)
+    x = torch.randn(64, 16)
+    prof = _profile(model, lambda: model(x).pow(2).sum().backward())
+    # One wrapper around the whole model (the least reachable, which only it meets): it keeps x (64 x 16 float32,
+    # 4,096 bytes) and its recomputation saves all the rest again, at once.
+    whole = prof.checkpoint_plan(prof.checkpoint_plan(1).least_reachable_bytes, wrap_cost=None, runs=False)
+    assert whole.modules == [""] and whole.saved_bytes_after == 64 * 16 * 4
+    assert whole.largest_recompute == ("", whole.saved_bytes_before - 64 * 16 * 4)
+    assert "note: recomputing <model> in backward saves" in str(whole)
+    # Half the saved bytes: blocks, each called once; the largest is the one that frees most, and no note.
+    half = prof.checkpoint_plan(0.5, wrap_cost=None, runs=False)
+    most = max(half.chosen, key=lambda c: c.freed_bytes)
+    assert half.largest_recompute == (most.name, most.freed_bytes)
+    assert "again at once" not in str(half)
+    assert half.to_dict()["largest_recompute"] == [most.name, most.freed_bytes]
