@@ -302,8 +302,13 @@ def test_a_saved_profile_plans_the_same() -> None:
     prof = _profile(model, lambda: model(x).sum().backward())
     loaded = layerprof.loads(prof.to_json())
     for budget in (0.25, "50%", 0.75):
-        # Runs are worked out from the profiled step's storages, which a saved profile does not hold.
-        assert loaded.checkpoint_plan(budget).to_dict() == prof.checkpoint_plan(budget, runs=False).to_dict()
+        # Runs and the peak of saved bytes are worked out from the profiled step's storages, which a saved profile
+        # does not hold.
+        from_file, live = loaded.checkpoint_plan(budget).to_dict(), prof.checkpoint_plan(budget, runs=False).to_dict()
+        assert from_file.pop("saved_peak_bytes") is None and from_file.pop("saved_peak_at") is None
+        assert live.pop("saved_peak_bytes") > 0 and "saved_peak_at" in live.keys()
+        live.pop("saved_peak_at")
+        assert from_file == live
 
 
 def test_report_has_a_checkpoint_panel_with_memory_figures() -> None:
@@ -444,41 +449,57 @@ def test_no_run_of_a_sequential_whose_children_are_not_its_records_children() ->
         assert not any(parse_run(name) for point in plan.pareto() for name in point.modules), budget
 
 
+def test_saved_peak_of_a_table() -> None:
+    from layerprof.metrics.checkpoint_bytes import saved_after, saved_peak
+
+    # Calls in forward order: a, b (calling b.x), c. Storages: 100 bytes saved by a, 1,000 saved by b.x, 10 taken
+    # as b's input and saved by no one, 500 saved by c.
+    table = {"names": ["a", "b", "b.x", "c"], "parents": [-1, -1, 1, -1], "sizes": [100, 1000, 10, 500],
+             "savers": [[0], [2], [], [3]], "inputs": [[], [], [1], []]}
+    assert saved_peak([table], set()) == (1600, None)  # nothing wrapped: all saved at the end of forward
+    # b wrapped: 100 + 10 (its input, held) + 500 = 610 at the end of forward; when backward reaches b, c's 500 are
+    # released and b's recomputation saves its 1,000 again beside a's 100 and its input: 1,110.
+    assert saved_after([table], {"b"}) == 610 and saved_peak([table], {"b"}) == (1110, "b")
+    # c wrapped (the last call): recomputed first in backward, with all before it still held: 1,100 + 500 = today's.
+    assert saved_after([table], {"c"}) == 1100 and saved_peak([table], {"c"}) == (1600, "c")
+    # b and c as one run: its recomputation saves 1,000 + 500 again beside a's 100 and b's input 10.
+    assert saved_peak([table], set(), [["b", "c"]]) == (1610, "b")
+
+
 def test_plan_text_notes_a_recomputation_that_brings_the_peak_back() -> None:
     from types import SimpleNamespace
 
     from layerprof.render.checkpoint import plan_text
 
-    def notes(largest):
+    def notes(peak, where="encoder"):
         plan = SimpleNamespace(model_type="AlbertModel", saved_bytes_before=20 * 2**20, saved_bytes_after=2**20,
                                budget_bytes=5 * 2**20, extra_ms=23.1, chosen=[], note=None, excluded={},
-                               largest_recompute=largest)
+                               saved_peak_bytes=peak, saved_peak_at=where)
         return [line for line in plan_text(plan).splitlines() if line.startswith("note")]
 
-    # 1 MiB still saved + 19.5 MiB saved again = 20.5 MiB, 102.5 % of today's 20 MiB: at least 95 %, noted.
-    assert notes(("encoder", int(19.5 * 2**20))) == [
-        "note: recomputing encoder in backward saves 19.5 MiB again at once (with 1 MiB still saved, 102.5% of "
-        "today's 20 MiB): the step's peak memory stays about where it is (a plan lowers what is held from forward "
-        "to backward, not the peak), and the allocator may map fresh pages for it every step (page faults, not in "
-        "the predicted time)"]
-    assert notes(("encoder.layer.0", 18 * 2**20)) != []  # 1 + 18 = 19 MiB: 95.0 %, the edge, noted
-    assert notes(("encoder.layer.0", 17 * 2**20)) == []  # 1 + 17 = 18 MiB: 90 %, the peak is lowered
-    assert notes(None) == []  # nothing wrapped
+    # 20.5 MiB saved at once when backward recomputes the encoder: 102.5 % of today's 20 MiB, at least 95 %: noted.
+    assert notes(int(20.5 * 2**20)) == [
+        "note: when backward recomputes encoder, 20.5 MiB is saved at once, 102.5% of today's 20 MiB: the step's "
+        "peak memory stays about where it is (a plan lowers what is held from forward to backward, not the peak), "
+        "and the allocator may map fresh pages for the recomputation every step (page faults, not in the predicted "
+        "time)"]
+    assert notes(19 * 2**20) != []  # 95.0 %, the edge: noted
+    assert notes(18 * 2**20) == []  # 90 %: the peak is lowered
+    assert notes(20 * 2**20, where=None) == [] and notes(None, where=None) == []  # at the end of forward; no storages
 
 
-def test_largest_recompute_of_a_real_plan() -> None:
+def test_saved_peak_of_a_real_plan() -> None:
     model = _mlp(depth=4)
     x = torch.randn(64, 16)
     prof = _profile(model, lambda: model(x).pow(2).sum().backward())
     # One wrapper around the whole model (the least reachable, which only it meets): it keeps x (64 x 16 float32,
-    # 4,096 bytes) and its recomputation saves all the rest again, at once.
+    # 4,096 bytes), and its recomputation saves all the rest again beside it: today's bytes, at once.
     whole = prof.checkpoint_plan(prof.checkpoint_plan(1).least_reachable_bytes, wrap_cost=None, runs=False)
     assert whole.modules == [""] and whole.saved_bytes_after == 64 * 16 * 4
-    assert whole.largest_recompute == ("", whole.saved_bytes_before - 64 * 16 * 4)
-    assert "note: recomputing <model> in backward saves" in str(whole)
-    # Half the saved bytes: blocks, each called once; the largest is the one that frees most, and no note.
+    assert (whole.saved_peak_bytes, whole.saved_peak_at) == (whole.saved_bytes_before, "")
+    assert "note: when backward recomputes <model>, 420 KiB is saved at once, 100.0% of today's" in str(whole)
+    # Half the saved bytes, blocks wrapped: the peak is lower than today's and not noted.
     half = prof.checkpoint_plan(0.5, wrap_cost=None, runs=False)
-    most = max(half.chosen, key=lambda c: c.freed_bytes)
-    assert half.largest_recompute == (most.name, most.freed_bytes)
-    assert "again at once" not in str(half)
-    assert half.to_dict()["largest_recompute"] == [most.name, most.freed_bytes]
+    assert half.saved_bytes_after <= half.saved_peak_bytes < 0.95 * half.saved_bytes_before
+    assert "saved at once" not in str(half)
+    assert half.to_dict()["saved_peak_bytes"] == half.saved_peak_bytes

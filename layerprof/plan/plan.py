@@ -27,7 +27,7 @@ from typing import Any, Iterator
 from torch import nn
 
 from .._check import check_bool
-from ..metrics.checkpoint_bytes import STORAGES_ATTRIBUTE, saved_after
+from ..metrics.checkpoint_bytes import STORAGES_ATTRIBUTE, saved_after, saved_peak
 from ..record.records import ModuleRecord, preorder
 from ..render.checkpoint import plan_text, wrapped_count
 from ..render.units import format_counted
@@ -133,10 +133,12 @@ class CheckpointPlan:
     allowing side effects would reach less: that least, else None), ``excluded`` (module -> why it may not be
     wrapped), ``note``, ``already_recomputed`` (the outermost modules the model recomputes in backward itself,
     such as Hugging Face's gradient checkpointing: today's saved memory is with that, and a wrapper around one of
-    them nests checkpoints), ``largest_recompute`` ((name, bytes): the wrapped module or run whose one call saves
-    the most again when it is recomputed in backward, all at once, and how much; None for an empty plan). Where
-    that and ``saved_bytes_after`` come to about ``saved_bytes_before`` (one wrapper around a whole encoder), the
-    backward's peak is today's: the plan's text says so.
+    them nests checkpoints), ``saved_peak_bytes`` (the most bytes held for backward at once in a step with the plan:
+    at the end of forward, ``saved_bytes_after``, or when backward recomputes a wrapped call, which saves its
+    region's tensors again while the calls before it still hold theirs; None on a profile without storages, one
+    loaded from a file) and ``saved_peak_at`` (the wrapped module or run where it is reached, None at the end of
+    forward). Where it comes to about ``saved_bytes_before`` (one wrapper around a whole encoder), the plan does
+    not lower the step's peak: its text says so.
     """
 
     def __init__(self, root: ModuleRecord, found: list[Candidate], budget_bytes: int, resolution: int,
@@ -196,8 +198,11 @@ class CheckpointPlan:
         self.modules = [c.name for c in self.chosen]
         self.saved_bytes_after = self._saved_after(solution.chosen if solution is not None else (),
                                                    sum(c.net_bytes for c in self.chosen))
-        self.largest_recompute = max(((o.name, _saved_again(o)) for o in chosen), key=lambda pair: pair[1],
-                                     default=None)
+        self.saved_peak_bytes, self.saved_peak_at = None, None
+        if self._tables:
+            self.saved_peak_bytes, self.saved_peak_at = saved_peak(
+                self._tables, {o.name for o in chosen if isinstance(o, Candidate)},
+                [o.children for o in chosen if isinstance(o, RunOption)])
         self.extra_ms = float(sum(c.cost_ms for c in self.chosen))
         self.cold_extra_ms = float(sum(c.recompute_ms + c.cold_wrap_ms for c in self.chosen))
         self._applied: list[tuple[nn.Module, Any]] = []
@@ -340,7 +345,7 @@ class CheckpointPlan:
                        for c in self.chosen],
             "excluded": dict(self.excluded), "note": self.note, "hook_ms": self.hook_ms,
             "already_recomputed": list(self.already_recomputed),
-            "largest_recompute": None if self.largest_recompute is None else list(self.largest_recompute),
+            "saved_peak_bytes": self.saved_peak_bytes, "saved_peak_at": self.saved_peak_at,
         }
 
     def __str__(self) -> str:
@@ -350,13 +355,6 @@ class CheckpointPlan:
         return (f"<CheckpointPlan {self.model_type}: {wrapped_count(self.chosen)}, "
                 f"saved {self.saved_bytes_before} -> "
                 f"{self.saved_bytes_after} bytes (budget {self.budget_bytes}), +{self.extra_ms:.3f} ms>")
-
-
-def _saved_again(option: Candidate | RunOption) -> int:
-    """What one call of a wrapped module (or run) saves again when backward recomputes it: what wrapping frees,
-    over its calls (a run: once, as its Sequential's calls are not counted here)."""
-    calls = option.calls if isinstance(option, Candidate) else 1
-    return int(option.freed_bytes / max(1.0, calls or 1.0))
 
 
 def make_plan(root: ModuleRecord, budget: Any, allow_side_effects: bool = False,

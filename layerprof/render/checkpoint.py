@@ -13,7 +13,7 @@ __all__ = ["plan_text", "verification_text", "plot_checkpoint", "frontier_svg", 
 
 RECOMPUTED_SHOWN = 4  # names of modules the model checkpoints itself that a plan's text lists
 FAULTS_SHOWN = 256  # page faults a step (1 MiB of 4 KiB pages) a plan must add or spare for the text to say so
-PEAK_KEPT = 0.95  # a plan whose largest recomputation brings the saved bytes back to this share of today's: noted
+PEAK_KEPT = 0.95  # a plan whose recomputation brings the saved bytes back to this share of today's: noted
 
 
 def plan_text(plan: Any) -> str:
@@ -53,21 +53,18 @@ def plan_text(plan: Any) -> str:
 
 
 def _peak_kept(plan: Any) -> list[str]:
-    """A note where the plan's largest recomputation saves again, at once, about all that the plan freed: the
-    backward's peak is then today's (what a plan lowers is what is held from forward to backward), and the
-    allocator may map fresh pages for the recomputation every step (ALBERT's and GPT-2's whole-stack wrappers:
-    2,500-4,500 page faults a step at the benchmark's size; BERT's: none)."""
-    largest = getattr(plan, "largest_recompute", None)
+    """A note where the plan's peak of saved bytes, reached when backward recomputes a wrapped call, is about
+    today's: the plan lowers what is held from forward to backward, not the step's peak, and the allocator may map
+    fresh pages for the recomputation every step (ALBERT's and GPT-2's whole-stack wrappers: 2,500-4,500 page
+    faults a step at the benchmark's size; BERT's: none)."""
+    peak, where = getattr(plan, "saved_peak_bytes", None), getattr(plan, "saved_peak_at", None)
     before = plan.saved_bytes_before
-    if largest is None or not before or plan.saved_bytes_after + largest[1] < PEAK_KEPT * before:
+    if peak is None or where is None or not before or peak < PEAK_KEPT * before:
         return []
-    name, again = largest
-    held = plan.saved_bytes_after + again
-    return [f"note: recomputing {name or '<model>'} in backward saves {format_bytes(again)} again at once (with "
-            f"{format_bytes(plan.saved_bytes_after)} still saved, {format_percent(held, before)} of today's "
-            f"{format_bytes(before)}): the step's peak memory stays about where it is (a plan lowers what is held "
-            "from forward to backward, not the peak), and the allocator may map fresh pages for it every step (page "
-            "faults, not in the predicted time)"]
+    return [f"note: when backward recomputes {where or '<model>'}, {format_bytes(peak)} is saved at once, "
+            f"{format_percent(peak, before)} of today's {format_bytes(before)}: the step's peak memory stays about where "
+            "it is (a plan lowers what is held from forward to backward, not the peak), and the allocator may map fresh "
+            "pages for the recomputation every step (page faults, not in the predicted time)"]
 
 
 def _cold(ms: float, cold: float | None) -> str:
