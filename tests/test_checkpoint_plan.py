@@ -199,6 +199,8 @@ def test_verify_plan() -> None:
         assert measured > 0, name  # every wrapped module or run, leaves too: its recomputation's wall time
     assert result.step_ms_before > 0 and result.step_ms_after > 0 and result.cuda_peak_bytes is None
     assert len(result.page_faults) == 2 and min(result.page_faults) >= 0  # Linux counts them
+    assert 0 < result.fault_us < 1000  # µs a fault, timed in this process (1.5-4 on a 2-core VM)
+    assert result.fault_ms == pytest.approx((result.page_faults[1] - result.page_faults[0]) * result.fault_us / 1e3)
     assert _state(model) == before and not plan.is_applied
     with pytest.raises(TypeError, match="step must be a callable"):
         layerprof.verify_plan(plan, model, "step")
@@ -208,11 +210,11 @@ def test_verification_text_says_when_the_plan_changes_page_faults() -> None:
     from layerprof.plan.verify import Verification
     from layerprof.render.checkpoint import verification_text
 
-    def text(faults):
+    def text(faults, fault_us=None):
         return verification_text(Verification(
             predicted_saved_bytes=1024, measured_saved_bytes=1024, budget_bytes=2048, predicted_extra_ms=18.8,
             measured_extra_ms=24.2, step_ms_before=41.0, step_ms_after=65.2, recompute_ms={"encoder": (14.1, 19.0)},
-            page_faults=faults))
+            page_faults=faults, fault_us=fault_us))
 
     # ALBERT's 25 % plan in a fresh process (BENCHMARKS.md): 128 faults a step without it, 3,024 with it.
     assert text((128, 3024)).splitlines() == [
@@ -226,6 +228,15 @@ def test_verification_text_says_when_the_plan_changes_page_faults() -> None:
     assert text((1664, 608)).splitlines()[-1].startswith("  page faults a step: 1,664 -> 608 (the allocator needs "
                                                            "fewer fresh pages")
     assert "page faults" not in text((1000, 1255)) and "page faults" not in text(None)  # under 256: not said
+    # Priced at 2 µs a fault: (3,024 - 128) x 2 µs = 5.792 ms a step, and 24.2 - 5.792 = 18.408 ms measured less it.
+    assert text((128, 3024), fault_us=2.0).splitlines()[-1] == (
+        "  at 2.0 µs a fault (timed here) that is +5.79 ms a step; less that, the plan costs +18.4 ms against "
+        "+18.8 ms predicted")
+    # Fewer faults: (608 - 1,664) x 2.5 µs = -2.64 ms, so the plan would cost 24.2 + 2.64 = 26.84 ms without the saving.
+    assert text((1664, 608), fault_us=2.5).splitlines()[-1].startswith("  at 2.5 µs a fault (timed here) that is "
+                                                                       "-2.64 ms a step; less that, the plan costs "
+                                                                       "+26.8 ms")
+    assert "µs a fault" not in text((1000, 1255), fault_us=2.0)  # not said where the faults are not
 
 
 class _Sleepy(nn.Module):
@@ -291,8 +302,13 @@ def test_a_saved_profile_plans_the_same() -> None:
     prof = _profile(model, lambda: model(x).sum().backward())
     loaded = layerprof.loads(prof.to_json())
     for budget in (0.25, "50%", 0.75):
-        # Runs are worked out from the profiled step's storages, which a saved profile does not hold.
-        assert loaded.checkpoint_plan(budget).to_dict() == prof.checkpoint_plan(budget, runs=False).to_dict()
+        # Runs and the peak of saved bytes are worked out from the profiled step's storages, which a saved profile
+        # does not hold.
+        from_file, live = loaded.checkpoint_plan(budget).to_dict(), prof.checkpoint_plan(budget, runs=False).to_dict()
+        assert from_file.pop("saved_peak_bytes") is None and from_file.pop("saved_peak_at") is None
+        assert live.pop("saved_peak_bytes") > 0 and "saved_peak_at" in live.keys()
+        live.pop("saved_peak_at")
+        assert from_file == live
 
 
 def test_report_has_a_checkpoint_panel_with_memory_figures() -> None:
@@ -431,3 +447,59 @@ def test_no_run_of_a_sequential_whose_children_are_not_its_records_children() ->
     for budget in (0.9, 0.7, 0.5):
         plan = prof.checkpoint_plan(budget, wrap_cost=(0.01, 0.001))
         assert not any(parse_run(name) for point in plan.pareto() for name in point.modules), budget
+
+
+def test_saved_peak_of_a_table() -> None:
+    from layerprof.metrics.checkpoint_bytes import saved_after, saved_peak
+
+    # Calls in forward order: a, b (calling b.x), c. Storages: 100 bytes saved by a, 1,000 saved by b.x, 10 taken
+    # as b's input and saved by no one, 500 saved by c.
+    table = {"names": ["a", "b", "b.x", "c"], "parents": [-1, -1, 1, -1], "sizes": [100, 1000, 10, 500],
+             "savers": [[0], [2], [], [3]], "inputs": [[], [], [1], []]}
+    assert saved_peak([table], set()) == (1600, None)  # nothing wrapped: all saved at the end of forward
+    # b wrapped: 100 + 10 (its input, held) + 500 = 610 at the end of forward; when backward reaches b, c's 500 are
+    # released and b's recomputation saves its 1,000 again beside a's 100 and its input: 1,110.
+    assert saved_after([table], {"b"}) == 610 and saved_peak([table], {"b"}) == (1110, "b")
+    # c wrapped (the last call): recomputed first in backward, with all before it still held: 1,100 + 500 = today's.
+    assert saved_after([table], {"c"}) == 1100 and saved_peak([table], {"c"}) == (1600, "c")
+    # b and c as one run: its recomputation saves 1,000 + 500 again beside a's 100 and b's input 10.
+    assert saved_peak([table], set(), [["b", "c"]]) == (1610, "b")
+
+
+def test_plan_text_notes_a_recomputation_that_brings_the_peak_back() -> None:
+    from types import SimpleNamespace
+
+    from layerprof.render.checkpoint import plan_text
+
+    def notes(peak, where="encoder"):
+        plan = SimpleNamespace(model_type="AlbertModel", saved_bytes_before=20 * 2**20, saved_bytes_after=2**20,
+                               budget_bytes=5 * 2**20, extra_ms=23.1, chosen=[], note=None, excluded={},
+                               saved_peak_bytes=peak, saved_peak_at=where)
+        return [line for line in plan_text(plan).splitlines() if line.startswith("note")]
+
+    # 20.5 MiB saved at once when backward recomputes the encoder: 102.5 % of today's 20 MiB, at least 95 %: noted.
+    assert notes(int(20.5 * 2**20)) == [
+        "note: when backward recomputes encoder, 20.5 MiB is saved at once, 102.5% of today's 20 MiB: the step's "
+        "peak memory stays about where it is (a plan lowers what is held from forward to backward, not the peak), "
+        "and the allocator may map fresh pages for the recomputation every step (page faults, not in the predicted "
+        "time)"]
+    assert notes(19 * 2**20) != []  # 95.0 %, the edge: noted
+    assert notes(18 * 2**20) == []  # 90 %: the peak is lowered
+    assert notes(20 * 2**20, where=None) == [] and notes(None, where=None) == []  # at the end of forward; no storages
+
+
+def test_saved_peak_of_a_real_plan() -> None:
+    model = _mlp(depth=4)
+    x = torch.randn(64, 16)
+    prof = _profile(model, lambda: model(x).pow(2).sum().backward())
+    # One wrapper around the whole model (the least reachable, which only it meets): it keeps x (64 x 16 float32,
+    # 4,096 bytes), and its recomputation saves all the rest again beside it: today's bytes, at once.
+    whole = prof.checkpoint_plan(prof.checkpoint_plan(1).least_reachable_bytes, wrap_cost=None, runs=False)
+    assert whole.modules == [""] and whole.saved_bytes_after == 64 * 16 * 4
+    assert (whole.saved_peak_bytes, whole.saved_peak_at) == (whole.saved_bytes_before, "")
+    assert "note: when backward recomputes <model>, 420 KiB is saved at once, 100.0% of today's" in str(whole)
+    # Half the saved bytes, blocks wrapped: the peak is lower than today's and not noted.
+    half = prof.checkpoint_plan(0.5, wrap_cost=None, runs=False)
+    assert half.saved_bytes_after <= half.saved_peak_bytes < 0.95 * half.saved_bytes_before
+    assert "saved at once" not in str(half)
+    assert half.to_dict()["saved_peak_bytes"] == half.saved_peak_bytes

@@ -34,7 +34,7 @@ from .._tensors import iter_tensors
 from .._torch import tensor_version
 from ..record.fields import Field, declare
 
-__all__ = ["CHECKPOINT_FIELDS", "STORAGES_ATTRIBUTE", "storage_table", "saved_after", "freed_by_runs", "has_side_effects", "updates_a_cache", "input_versions", "mutated_inputs", "settle_forward"]
+__all__ = ["CHECKPOINT_FIELDS", "STORAGES_ATTRIBUTE", "storage_table", "saved_after", "freed_by_runs", "saved_peak", "has_side_effects", "updates_a_cache", "input_versions", "mutated_inputs", "settle_forward"]
 
 CHECKPOINT_FIELDS = (
     "checkpoint_freed_bytes", "checkpoint_kept_bytes", "checkpoint_side_effects", "checkpoint_cache_updates",
@@ -173,6 +173,51 @@ def saved_after(tables: Sequence[dict[str, list[Any]]], wrapped: set[str],
             if any(not inside[i] for i in saved_by) or any(outermost[i] for i in taken_by):
                 total += size
     return total
+
+
+def saved_peak(tables: Sequence[dict[str, list[Any]]], wrapped: set[str],
+                runs: Sequence[Sequence[str]] = ()) -> tuple[int, str | None]:
+    """The most bytes held for backward at once in a step with ``wrapped`` (and ``runs``) under checkpoint, and
+    the wrapped call where it is reached (None: at the end of forward, ``saved_after``). Backward releases a storage
+    that stays saved when it reaches the earliest call holding it (a saver outside every wrapped call, or the
+    outermost wrapped call whose input it is), and a wrapped call's recomputation saves its region's storages again,
+    all at once: at that moment what the calls before it hold is still held. Summed over the forwards of a step."""
+    firsts = {run[0]: run for run in runs}
+    run_of = {name: run[0] for run in runs for name in run}
+    total, where = 0, None
+    for table in tables:
+        names, parents = table["names"], table["parents"]
+        region = [-1] * len(names)  # the index of the outermost wrapped call (or run's first) holding each call
+        opened: dict[str, int] = {}
+        for i, name in enumerate(names):  # parents come before their children
+            parent = parents[i]
+            if parent >= 0 and region[parent] >= 0:
+                region[i] = region[parent]
+            elif name in wrapped or name in firsts:
+                region[i] = opened[name] = i
+            elif name in run_of and run_of[name] in opened:
+                region[i] = opened[run_of[name]]
+        held: list[tuple[int, int]] = []  # (the earliest call holding it, bytes) of each storage that stays saved
+        again: dict[int, int] = {}  # wrapped call -> the bytes its recomputation saves again
+        for size, saved_by, taken_by in zip(table["sizes"], table["savers"], table["inputs"]):
+            holders = [i for i in saved_by if region[i] < 0] + [i for i in taken_by if region[i] == i]
+            if holders:
+                held.append((min(holders), size))
+                continue
+            for start in {region[i] for i in saved_by}:
+                again[start] = again.get(start, 0) + size
+        held.sort()
+        best, best_at = sum(size for _, size in held), None
+        position, alive = 0, 0
+        for start in sorted(again):
+            while position < len(held) and held[position][0] <= start:
+                alive += held[position][1]
+                position += 1
+            if alive + again[start] > best:
+                best, best_at = alive + again[start], names[start]
+        total += best
+        where = best_at if best_at is not None else where
+    return total, where
 
 
 def freed_by_runs(tables: Sequence[dict[str, list[Any]]], runs: Sequence[Sequence[str]]) -> list[int]:

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 from torch import nn
 
 from .._check import check_bool
-from ..metrics.checkpoint_bytes import STORAGES_ATTRIBUTE, saved_after
+from ..metrics.checkpoint_bytes import STORAGES_ATTRIBUTE, saved_after, saved_peak
 from ..record.records import ModuleRecord, preorder
 from ..render.checkpoint import plan_text, wrapped_count
 from ..render.units import format_counted
@@ -133,7 +133,12 @@ class CheckpointPlan:
     allowing side effects would reach less: that least, else None), ``excluded`` (module -> why it may not be
     wrapped), ``note``, ``already_recomputed`` (the outermost modules the model recomputes in backward itself,
     such as Hugging Face's gradient checkpointing: today's saved memory is with that, and a wrapper around one of
-    them nests checkpoints).
+    them nests checkpoints), ``saved_peak_bytes`` (the most bytes held for backward at once in a step with the plan:
+    at the end of forward, ``saved_bytes_after``, or when backward recomputes a wrapped call, which saves its
+    region's tensors again while the calls before it still hold theirs; None on a profile without storages, one
+    loaded from a file) and ``saved_peak_at`` (the wrapped module or run where it is reached, None at the end of
+    forward). Where it comes to about ``saved_bytes_before`` (one wrapper around a whole encoder), the plan does
+    not lower the step's peak: its text says so.
     """
 
     def __init__(self, root: ModuleRecord, found: list[Candidate], budget_bytes: int, resolution: int,
@@ -193,6 +198,11 @@ class CheckpointPlan:
         self.modules = [c.name for c in self.chosen]
         self.saved_bytes_after = self._saved_after(solution.chosen if solution is not None else (),
                                                    sum(c.net_bytes for c in self.chosen))
+        self.saved_peak_bytes, self.saved_peak_at = None, None
+        if self._tables:
+            self.saved_peak_bytes, self.saved_peak_at = saved_peak(
+                self._tables, {o.name for o in chosen if isinstance(o, Candidate)},
+                [o.children for o in chosen if isinstance(o, RunOption)])
         self.extra_ms = float(sum(c.cost_ms for c in self.chosen))
         self.cold_extra_ms = float(sum(c.recompute_ms + c.cold_wrap_ms for c in self.chosen))
         self._applied: list[tuple[nn.Module, Any]] = []
@@ -335,6 +345,7 @@ class CheckpointPlan:
                        for c in self.chosen],
             "excluded": dict(self.excluded), "note": self.note, "hook_ms": self.hook_ms,
             "already_recomputed": list(self.already_recomputed),
+            "saved_peak_bytes": self.saved_peak_bytes, "saved_peak_at": self.saved_peak_at,
         }
 
     def __str__(self) -> str:

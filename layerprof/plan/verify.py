@@ -27,6 +27,7 @@ from torch import nn
 
 from ..collect.profiler import LayerProf
 from .apply import RecomputeTimer
+from .fault_cost import page_fault_us
 from .plan import CheckpointPlan
 
 try:
@@ -46,7 +47,9 @@ class Verification:
     ``cuda_peak_bytes``: (before, after) ``max_memory_allocated`` of a step on CUDA, else None. ``page_faults``:
     (before, after) the process's minor page faults a step, the median (None where the system does not count them):
     a plan can make the allocator hand the recomputation fresh pages, or spare it some, which the prediction
-    leaves out (a few µs a fault)."""
+    leaves out. ``fault_us``: what a minor page fault costs in this process, µs (``fault_cost.py``, timed after
+    the steps; None where faults are not counted), and ``fault_ms`` the plan's change in faults at that price, ms a
+    step: the part of a miss the allocator explains."""
 
     predicted_saved_bytes: int
     measured_saved_bytes: int
@@ -58,10 +61,18 @@ class Verification:
     recompute_ms: dict[str, tuple[float, float]] = field(default_factory=dict)
     cuda_peak_bytes: tuple[int, int] | None = None
     page_faults: tuple[float, float] | None = None
+    fault_us: float | None = None
 
     @property
     def meets_budget(self) -> bool:
         return self.measured_saved_bytes <= self.budget_bytes
+
+    @property
+    def fault_ms(self) -> float | None:
+        """The plan's change in page faults a step at ``fault_us`` a fault (ms), or None where not counted."""
+        if self.page_faults is None or self.fault_us is None:
+            return None
+        return (self.page_faults[1] - self.page_faults[0]) * self.fault_us / 1e3
 
 
 def _cuda_peak(step: Callable[[], Any]) -> int:
@@ -105,7 +116,7 @@ def verify_plan(plan: CheckpointPlan, model: nn.Module, step: Callable[[], Any],
         budget_bytes=plan.budget_bytes, predicted_extra_ms=plan.extra_ms, measured_extra_ms=step_after - step_before,
         step_ms_before=step_before, step_ms_after=step_after, recompute_ms=recompute,
         cuda_peak_bytes=None if before_peak is None else (before_peak, int(after_peak or 0)),
-        page_faults=faults,  # type: ignore[arg-type]
+        page_faults=faults, fault_us=None if resource is None else page_fault_us(),  # type: ignore[arg-type]
     )
 
 
