@@ -503,3 +503,20 @@ def test_saved_peak_of_a_real_plan() -> None:
     assert half.saved_bytes_after <= half.saved_peak_bytes < 0.95 * half.saved_bytes_before
     assert "saved at once" not in str(half)
     assert half.to_dict()["saved_peak_bytes"] == half.saved_peak_bytes
+
+
+def test_saved_peak_at_names_the_wrapped_run_not_its_first_child() -> None:
+    # A run's recomputation is where the peak is reached: the plan names the run ("1[2:7]"), one of its wrapped
+    # entries, not the run's first child ("1.2"), which it does not wrap by itself.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(64, 64), nn.Tanh())]),
+                          nn.Linear(64, 16))
+    x = torch.randn(32, 16)
+    prof = _profile(model, lambda: model(x).sum().backward())
+    at_runs = 0
+    for budget in (0.9, 0.7, 0.5, 0.3):
+        plan = prof.checkpoint_plan(budget, wrap_cost=(0.01, 0.001))
+        assert plan.saved_peak_at is None or plan.saved_peak_at in plan.modules, (budget, plan.modules,
+                                                                                  plan.saved_peak_at)
+        at_runs += plan.saved_peak_at is not None and parse_run(plan.saved_peak_at) is not None
+    assert at_runs >= 1  # (the model's one Sequential of 8 children: each budget's plan is a run of them)

@@ -643,3 +643,43 @@ def test_summary_columns() -> None:
     assert "FLOPs: 2.69 kFLOPs (100.0%)" in text  # root: forward 1,152 + backward 1,536 = 2,688
     assert "MACs: 1.34 kMACs" in text
     assert "FLOP/s:" in text and "Backward FLOPs: 1.54 kFLOPs" in text
+
+
+_WITHOUT_GROUPED_MM = """
+import torch
+from torch._ops import _OpNamespace
+
+missing = {"_grouped_mm", "_scaled_grouped_mm", "_scaled_grouped_mm_v2"}
+aten = torch.ops.aten
+for name in missing:
+    aten.__dict__.pop(name, None)
+original = _OpNamespace.__getattr__
+
+
+def without(self, name):
+    if self is aten and name in missing:
+        raise AttributeError(name)
+    return original(self, name)
+
+
+_OpNamespace.__getattr__ = without
+from layerprof.metrics.formulas import FLOP_FORMULAS
+print(sum("grouped_mm" in str(op) for op in FLOP_FORMULAS))
+"""
+
+
+def test_a_torch_without_grouped_mm_still_imports_layerprof() -> None:
+    # pyproject asks for torch>=2.1; the grouped matrix products came later (2.8, their scaled _v2 later still): on
+    # such a torch layerprof imports, without their formulas.
+    import os
+    import subprocess
+    import sys
+
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])  # this checkout's layerprof, as the suite imports it
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_GROUPED_MM], capture_output=True, text=True,
+                          env=environment, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "0"

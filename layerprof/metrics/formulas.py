@@ -136,7 +136,6 @@ def addbmm_flops(bias: Sequence[int], a: Sequence[int], b: Sequence[int], *args:
     return bmm_flops(a, b)  # bias + sum_batch a: [batch, m, k] @ b: [batch, k, n]
 
 
-@register_flop_formula(aten._grouped_mm, aten._scaled_grouped_mm, aten._scaled_grouped_mm_v2)
 def grouped_mm_flops(a: Sequence[int], b: Sequence[int], *args: Any, out_shape: Sequence[int], **kwargs: Any) -> int:
     """Grouped matrix product (mixture-of-experts layers: each group of rows meets its expert's matrix once)."""
     if len(a) == 3 and len(b) == 3:
@@ -145,6 +144,12 @@ def grouped_mm_flops(a: Sequence[int], b: Sequence[int], *args: Any, out_shape: 
         return mm_flops(a, b)  # a: [m, k_total] @ b: [k_total, n], k split into g groups by offs -> [g, m, n]
     # a: [m_total, k] @ b: [g, k, n] -> [m_total, n], rows split by offs; a: [g, m, k] @ b: [k, n_total] -> [m, n_total]
     return 2 * prod(out_shape) * a[-1]
+
+
+# Ops later than torch 2.1, which pyproject allows: counted where this torch has them.
+for _name in ("_grouped_mm", "_scaled_grouped_mm", "_scaled_grouped_mm_v2"):
+    if hasattr(aten, _name):
+        register_flop_formula(getattr(aten, _name))(grouped_mm_flops)
 
 
 @register_flop_formula(aten.addr)

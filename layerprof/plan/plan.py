@@ -200,9 +200,11 @@ class CheckpointPlan:
                                                    sum(c.net_bytes for c in self.chosen))
         self.saved_peak_bytes, self.saved_peak_at = None, None
         if self._tables:
-            self.saved_peak_bytes, self.saved_peak_at = saved_peak(
-                self._tables, {o.name for o in chosen if isinstance(o, Candidate)},
-                [o.children for o in chosen if isinstance(o, RunOption)])
+            runs = [o for o in chosen if isinstance(o, RunOption)]
+            self.saved_peak_bytes, at = saved_peak(self._tables, {o.name for o in chosen if isinstance(o, Candidate)},
+                                                   [o.children for o in runs])
+            # saved_peak names a run by its first child, which the plan does not wrap by itself: the run's name.
+            self.saved_peak_at = {run.children[0]: run.name for run in runs}.get(at, at) if at is not None else None
         self.extra_ms = float(sum(c.cost_ms for c in self.chosen))
         self.cold_extra_ms = float(sum(c.recompute_ms + c.cold_wrap_ms for c in self.chosen))
         self._applied: list[tuple[nn.Module, Any]] = []
