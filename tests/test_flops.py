@@ -649,7 +649,8 @@ _WITHOUT_GROUPED_MM = """
 import torch
 from torch._ops import _OpNamespace
 
-missing = {"_grouped_mm", "_scaled_grouped_mm", "_scaled_grouped_mm_v2"}
+missing = {"_grouped_mm", "_scaled_grouped_mm", "_scaled_grouped_mm_v2", "_weight_int8pack_mm", "_weight_int4pack_mm",
+           "_weight_int4pack_mm_for_cpu", "_weight_int4pack_mm_with_scales_and_zeros"}
 aten = torch.ops.aten
 for name in missing:
     aten.__dict__.pop(name, None)
@@ -664,13 +665,14 @@ def without(self, name):
 
 _OpNamespace.__getattr__ = without
 from layerprof.metrics.formulas import FLOP_FORMULAS
-print(sum("grouped_mm" in str(op) for op in FLOP_FORMULAS))
+print(sum("grouped_mm" in str(op) or "pack_mm" in str(op) for op in FLOP_FORMULAS))
 """
 
 
 def test_a_torch_without_grouped_mm_still_imports_layerprof() -> None:
-    # pyproject asks for torch>=2.1; the grouped matrix products came later (2.8, their scaled _v2 later still): on
-    # such a torch layerprof imports, without their formulas.
+    # pyproject asks for torch>=2.1; the grouped matrix products came later (2.8, their scaled _v2 later still), and
+    # so did the weight-packed ones (int4 for CPU, XPU's with scales and zeros): on such a torch layerprof imports,
+    # without their formulas.
     import os
     import subprocess
     import sys

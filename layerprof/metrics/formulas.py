@@ -158,13 +158,19 @@ def addr_flops(bias: Sequence[int], a: Sequence[int], b: Sequence[int], *args: A
     return 2 * a[0] * b[0]  # bias + a: [n] (x) b: [m], one multiply-accumulate per output element
 
 
-@register_flop_formula(aten._weight_int8pack_mm, aten._weight_int4pack_mm, aten._weight_int4pack_mm_for_cpu,
-                       aten._weight_int4pack_mm_with_scales_and_zeros)
 def packed_weight_mm_flops(a: Sequence[int], *args: Any, out_shape: Sequence[int], **kwargs: Any) -> int:
     """Matrix product with a weight packed to 8 or 4 bits (weight-only quantized Linear; 4 bits has one kernel per
     device: ``_for_cpu`` on the CPU, ``_with_scales_and_zeros`` on XPU); the weight's dequantization is free. The
     packed weight's shape is the packing's, so ``n`` is read from the output."""
     return 2 * a[0] * a[1] * out_shape[-1]  # a: [m, k] @ dequantized weight: [k, n] -> out [m, n]
+
+
+# The packed kernels came in over torch releases later than 2.1 (``_for_cpu``, ``_with_scales_and_zeros`` the last):
+# counted where this torch has them.
+for _name in ("_weight_int8pack_mm", "_weight_int4pack_mm", "_weight_int4pack_mm_for_cpu",
+              "_weight_int4pack_mm_with_scales_and_zeros"):
+    if hasattr(aten, _name):
+        register_flop_formula(getattr(aten, _name))(packed_weight_mm_flops)
 
 
 @register_flop_formula(aten.mv)
