@@ -61,6 +61,14 @@ def register_flop_formula(*ops: Any) -> Callable[[FlopFormula], FlopFormula]:
     return register
 
 
+def _register_where_present(formula: FlopFormula, names: Sequence[str]) -> None:
+    """Count the aten ops of ``names`` that this torch has with ``formula``: pyproject allows torch>=2.1, and many
+    kernels came later (an absent one cannot be named, and then needs no formula)."""
+    for name in names:
+        if hasattr(aten, name):
+            register_flop_formula(getattr(aten, name))(formula)
+
+
 def _out_of_place(op: Any) -> Any:
     """The out-of-place packet of an in-place op (``aten.masked_fill_`` -> ``aten.masked_fill``), else None."""
     packet = _packet(op)
@@ -146,10 +154,7 @@ def grouped_mm_flops(a: Sequence[int], b: Sequence[int], *args: Any, out_shape: 
     return 2 * prod(out_shape) * a[-1]
 
 
-# Ops later than torch 2.1, which pyproject allows: counted where this torch has them.
-for _name in ("_grouped_mm", "_scaled_grouped_mm", "_scaled_grouped_mm_v2"):
-    if hasattr(aten, _name):
-        register_flop_formula(getattr(aten, _name))(grouped_mm_flops)
+_register_where_present(grouped_mm_flops, ("_grouped_mm", "_scaled_grouped_mm", "_scaled_grouped_mm_v2"))
 
 
 @register_flop_formula(aten.addr)
@@ -165,12 +170,9 @@ def packed_weight_mm_flops(a: Sequence[int], *args: Any, out_shape: Sequence[int
     return 2 * a[0] * a[1] * out_shape[-1]  # a: [m, k] @ dequantized weight: [k, n] -> out [m, n]
 
 
-# The packed kernels came in over torch releases later than 2.1 (``_for_cpu``, ``_with_scales_and_zeros`` the last):
-# counted where this torch has them.
-for _name in ("_weight_int8pack_mm", "_weight_int4pack_mm", "_weight_int4pack_mm_for_cpu",
-              "_weight_int4pack_mm_with_scales_and_zeros"):
-    if hasattr(aten, _name):
-        register_flop_formula(getattr(aten, _name))(packed_weight_mm_flops)
+_register_where_present(packed_weight_mm_flops, ("_weight_int8pack_mm", "_weight_int4pack_mm",
+                                                 "_weight_int4pack_mm_for_cpu",
+                                                 "_weight_int4pack_mm_with_scales_and_zeros"))
 
 
 @register_flop_formula(aten.mv)
@@ -474,9 +476,8 @@ _FREE_OPS = (
     "_philox_normal", "_philox_uniform",
 )
 
+_register_where_present(free, _FREE_OPS)
 for _name in _FREE_OPS:
-    if hasattr(aten, _name):
-        register_flop_formula(getattr(aten, _name))(free)
     # The backward of an op with no multiply-accumulates has none either (reflection_pad2d_backward, ...); one
     # that decomposes is left to be priced by its parts.
     _backward = getattr(aten, _name + "_backward", None)
