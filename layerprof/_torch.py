@@ -364,7 +364,11 @@ def fsdp2_param_groups(module: Any) -> list[Any]:
     if fsdp_module is None or not isinstance(module, fsdp_module):
         return []
     state = module._get_fsdp_state()
-    return list(getattr(state, "_fsdp_param_groups", None) or ())
+    groups = vars(state).get("_fsdp_param_groups")
+    if groups is None:  # older torch (2.11): one group per unit, or None where the unit has no parameter
+        group = vars(state).get("_fsdp_param_group")
+        return [] if group is None else [group]
+    return list(groups)
 
 
 def fsdp2_comm_buffers(group: Any) -> tuple[Any, Any]:
@@ -373,7 +377,11 @@ def fsdp2_comm_buffers(group: Any) -> tuple[Any, Any]:
     gradients in the reduce dtype; None if none is kept). Compared before and after a call, they tell which
     collectives the call issued."""
     gathering = getattr(getattr(group, "_all_gather_result", None), "all_gather_output", None)
-    states = getattr(getattr(group, "comm_ctx", None), "reduce_scatter_states", None)
+    context = getattr(group, "comm_ctx", None)
+    states = getattr(context, "reduce_scatter_states", None)
+    if states is None:  # older torch (2.11) keeps the last reduce-scatter only
+        state = getattr(context, "reduce_scatter_state", None)
+        states = [state] if state is not None else []
     reducing = getattr(states[-1], "reduce_scatter_input", None) if states else None
     return gathering, reducing
 
