@@ -8,6 +8,7 @@ import warnings
 import pytest
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 import layerprof
 from layerprof import LayerProf
@@ -403,8 +404,9 @@ def test_a_plan_names_what_the_model_already_recomputes() -> None:
     model.train()
     prof = _profile(model, lambda: model(**inputs).last_hidden_state.sum().backward())
     plan = prof.checkpoint_plan(0.5)
-    # HF checkpoints each layer's forward: the layers' children re-run, the layers' own hooks do not; the encoder,
-    # the model and the embeddings are not recomputed themselves
+    # HF checkpoints each layer (its forward in transformers 5.24: the layers' children re-run, the layers' own
+    # hooks do not; its __call__ in 5.17: the layers' hooks run again too); the encoder, whose only called children
+    # are the layers, the model and the embeddings are not recomputed themselves
     assert plan.already_recomputed == ["encoder.layer.0", "encoder.layer.1"]
     assert plan.to_dict()["already_recomputed"] == ["encoder.layer.0", "encoder.layer.1"]
     assert ("note: the model already recomputes 2 modules in backward (its own checkpointing): encoder.layer.0, "
@@ -419,6 +421,34 @@ def test_a_plan_names_what_the_model_already_recomputes() -> None:
     prof = _profile(plain, lambda: plain(torch.randn(8, 16)).sum().backward())
     plan = prof.checkpoint_plan(0.5)
     assert plan.already_recomputed == [] and "already recomputes" not in str(plan)
+
+
+class _TwoLayers(nn.Module):
+    """Two MLP layers, checkpointed each by itself (``each``) or as one forward: the parent's own call is never
+    re-run, its two layers' calls both are, in backward order or in forward order."""
+
+    def __init__(self, each: bool) -> None:
+        super().__init__()
+        self.each = each
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)) for _ in range(2))
+
+    def _run(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = checkpoint(layer, x, use_reentrant=False) if self.each else layer(x)
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._run(x) if self.each else checkpoint(self._run, x, use_reentrant=False)
+
+
+@pytest.mark.parametrize("each,named", [(True, ["1.layers.0", "1.layers.1"]), (False, ["1"])], ids=["each", "whole"])
+def test_layers_checkpointed_each_are_named_and_not_their_parent(each: bool, named: list[str]) -> None:
+    net = nn.Sequential(nn.Linear(8, 8), _TwoLayers(each), nn.Linear(8, 1))
+    prof = _profile(net, lambda: net(torch.randn(4, 8)).sum().backward(), steps=2)
+    # both layers' own calls re-ran, the parent's did not, either way (call_times: the last step's calls)
+    assert [sum(t.recompute for t in prof.records[f"1.layers.{i}"].call_times) for i in (0, 1)] == [1, 1]
+    assert not any(t.recompute for t in prof.records["1"].call_times)
+    assert prof.checkpoint_plan(0.5).already_recomputed == named
 
 
 class _SequentialHoldingAnAlias(nn.Module):

@@ -50,10 +50,10 @@ def _for_side_effects(candidate: Candidate) -> bool:
 def _outermost_recomputed(root: ModuleRecord) -> list[str]:
     """The modules the model itself recomputes in backward (its own checkpointing), the outermost of each nest,
     in pre-order. A module counts where its own call was re-run; or, not re-run itself, where it is not the root and
-    each of its two or more called children was: Hugging Face's ``GradientCheckpointingLayer`` checkpoints the
-    layer's ``forward``, so the layer's hooks run once and its children's again (``collect/recompute.py``). A parent
-    of a single re-run child is not told apart from a module that merely calls a checkpointed one: the child is
-    named."""
+    its two or more called children re-ran as one forward (``_rerun_together``): Hugging Face's
+    ``GradientCheckpointingLayer`` checkpoints the layer's ``forward`` (transformers 5.24; 5.17 its ``__call__``),
+    so the layer's hooks run once and its children's again (``collect/recompute.py``). A parent of a single re-run
+    child is not told apart from a module that merely calls a checkpointed one: the child is named."""
     found: list[str] = []
     stack = [root]
     while stack:
@@ -64,7 +64,7 @@ def _outermost_recomputed(root: ModuleRecord) -> list[str]:
             found.append(record.name)
             continue
         called = _called_below(record)
-        if record is not root and record.calls and len(called) > 1 and all(map(_rerun, called)):
+        if record is not root and record.calls and len(called) > 1 and _rerun_together(called):
             found.append(record.name)
             continue
         stack.extend(reversed(record.children))
@@ -74,6 +74,23 @@ def _outermost_recomputed(root: ModuleRecord) -> list[str]:
 def _rerun(record: ModuleRecord) -> bool:
     """Whether one of the record's own calls ran again in backward."""
     return bool(record.recompute_ms) and any(timing.recompute for timing in record.call_times)
+
+
+def _rerun_together(called: list[ModuleRecord]) -> bool:
+    """Whether the modules of ``called`` (a parent's called children) all ran again in backward as one recomputed
+    forward: the first of them to re-run in a step is the first that ran forward there. A checkpointed forward
+    re-runs its children in their order; children checkpointed each by itself (an encoder's layers) re-run last
+    first, as backward reaches each, and only they were recomputed, not their parent."""
+    if not all(map(_rerun, called)):
+        return False
+    step = min(timing.step for record in called for timing in record.call_times if timing.recompute)
+
+    def first(recompute: bool) -> ModuleRecord:
+        return min(called, key=lambda record: min(
+            (timing.forward_start_ms for timing in record.call_times
+             if timing.step == step and timing.recompute == recompute), default=float("inf")))
+
+    return first(False) is first(True)
 
 
 def _called_below(record: ModuleRecord) -> list[ModuleRecord]:
