@@ -35,6 +35,15 @@ def _gpt2() -> tuple[nn.Module, dict[str, Any]]:
     return transformers.GPT2LMHeadModel(config), {"input_ids": ids, "labels": ids}
 
 
+def hf_checkpoints_layer_call() -> bool:
+    """Whether transformers' ``GradientCheckpointingLayer`` checkpoints the layer's ``__call__`` (5.17: the layer's
+    hooks run again in backward, and the checkpoint, called from the layer's parent, keeps the layer's input
+    there) rather than its ``forward`` (5.24: the hooks run once, and the layer keeps its input)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return "__call__" in vars(GradientCheckpointingLayer)
+
+
 def _t5() -> tuple[nn.Module, dict[str, Any]]:
     config = transformers.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=2,
                                    decoder_start_token_id=0)
