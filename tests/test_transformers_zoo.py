@@ -36,12 +36,19 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
     refuse_network(monkeypatch, "transformers")
 
 
+def _query_heads(q: Any, kv: Any) -> tuple[int, ...]:
+    """A key's or value's shape with as many heads as the query's: grouped-query attention (Llama's 2 key-value
+    heads for 4 query heads) as the kernel broadcasts it. torch 2.14's formulas do this themselves; torch 2.11's
+    assert that the heads are the same."""
+    return (kv[0], q[1], *kv[2:])
+
+
 def _cpu_flash_forward(q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
-    return sdpa_flop_count(q, k, v)
+    return sdpa_flop_count(q, _query_heads(q, k), _query_heads(q, v))
 
 
 def _cpu_flash_backward(grad: Any, q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
-    return sdpa_backward_flop_count(grad, q, k, v)
+    return sdpa_backward_flop_count(grad, q, _query_heads(q, k), _query_heads(q, v))
 
 
 aten = torch.ops.aten
