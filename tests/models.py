@@ -9,6 +9,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 
+# The end of torch's LayerNorm extra_repr after "elementwise_affine=True": its bias in torch 2.14, nothing in
+# torch 2.11 (whose norms do not show it). Torch's text: a test of layerprof's reads the rest.
+LAYER_NORM_BIAS = ", bias=True" if "bias=" in nn.LayerNorm(1).extra_repr() else ""
+
+
 class MLP(nn.Module):
     def __init__(self, width: int = 16) -> None:
         super().__init__()

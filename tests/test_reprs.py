@@ -2,6 +2,10 @@
 nothing it was made from changed (collect/reprs.py); every change that the model's own repr shows is seen."""
 from __future__ import annotations
 
+import ast
+import inspect
+import string
+import textwrap
 from typing import Any, Callable
 
 import pytest
@@ -11,6 +15,8 @@ from torch import nn
 import layerprof.collect.reprs as reprs
 import layerprof.collect.reuse as reuse
 from layerprof import LayerProf
+
+from .models import LAYER_NORM_BIAS
 
 
 class Net(nn.Module):
@@ -78,11 +84,12 @@ CHANGES: list[tuple[str, Callable[[Net], Any], str, str]] = [
     ("dropout probability", lambda m: setattr(m.dropout, "p", 0.3), "dropout", "p=0.3, inplace=False"),
     ("in_features edited", lambda m: setattr(m.linear, "in_features", 9), "linear",
      "in_features=9, out_features=8, bias=True"),
-    ("eps", lambda m: setattr(m.norm, "eps", 1e-3), "norm", "(8,), eps=0.001, elementwise_affine=True, bias=True"),
+    ("eps", lambda m: setattr(m.norm, "eps", 1e-3), "norm",
+     f"(8,), eps=0.001, elementwise_affine=True{LAYER_NORM_BIAS}"),
     ("the same value as another object", lambda m: setattr(m.norm, "eps", float("1e-05")), "norm",
-     "(8,), eps=1e-05, elementwise_affine=True, bias=True"),
+     f"(8,), eps=1e-05, elementwise_affine=True{LAYER_NORM_BIAS}"),
     ("a tuple replaced by an equal one", lambda m: setattr(m.norm, "normalized_shape", tuple([8])), "norm",
-     "(8,), eps=1e-05, elementwise_affine=True, bias=True"),
+     f"(8,), eps=1e-05, elementwise_affine=True{LAYER_NORM_BIAS}"),
     ("an int where a bool was", lambda m: setattr(m.act, "inplace", 1), "act", "inplace=True"),
     ("a bool where an int was", lambda m: setattr(m.linear, "out_features", True), "linear",
      "in_features=8, out_features=True, bias=True"),
@@ -123,7 +130,7 @@ def test_a_mutable_attribute_is_read_every_time(counted: list[str]) -> None:
     _reprs(model)
     counted.clear()
     model.spare.normalized_shape.append(1)
-    assert _reprs(model)["spare"] == "[8, 1], eps=1e-05, elementwise_affine=True, bias=True"
+    assert _reprs(model)["spare"] == f"[8, 1], eps=1e-05, elementwise_affine=True{LAYER_NORM_BIAS}"
     assert counted == ["LayerNorm"]  # the spare's: the others kept theirs
 
 
@@ -170,3 +177,31 @@ def test_a_changed_module_of_a_class_is_read_alone(counted: list[str]) -> None:
     assert after["more.0"] == "in_features=8, out_features=5, bias=True"
     counted.clear()
     assert _reprs(model) == after and counted == []  # kept again
+
+
+def _attributes_read(function: Callable[..., str]) -> set[str]:
+    """The module attributes an extra_repr reads, from the installed torch's source: ``self.name``, and each
+    ``{name}`` field of its strings where it formats ``**self.__dict__`` (less the fields given as keywords)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    read = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name) and node.value.id == "self"} - {"__dict__"}
+    formats = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+               and isinstance(node.func, ast.Attribute) and node.func.attr == "format"
+               and any(keyword.arg is None and ast.unparse(keyword.value) == "self.__dict__"
+                       for keyword in node.keywords)]
+    if formats:
+        fields = {field for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  for _, field, _, _ in string.Formatter().parse(node.value) if field}
+        read |= fields - {keyword.arg for node in formats for keyword in node.keywords if keyword.arg}
+    return read
+
+
+@pytest.mark.parametrize("function", list(reprs._READS), ids=lambda function: function.__qualname__)
+def test_a_kept_text_is_checked_against_every_attribute_its_function_reads(function: Callable[..., str]) -> None:
+    # The snapshot keeps a text while the values it holds are the same: every attribute this torch's function
+    # formats must be among them (the norms read their bias in torch 2.14, not in 2.11: a check of more is
+    # harmless, of fewer would keep a stale text).
+    getter, width, reads_bias = reprs._READS[function]
+    held = set(getter.__reduce__()[1]) | ({"bias"} if reads_bias else set())
+    assert len(held) == width + reads_bias
+    assert _attributes_read(function) <= held
