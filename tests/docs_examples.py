@@ -19,9 +19,13 @@ Other fences (```text, ```toml, ...) are not run. By hand::
 from __future__ import annotations
 
 import argparse
+import atexit
 import difflib
+import functools
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,6 +50,9 @@ _RULE = re.compile(r"([-=─━:]){3,}")
 # compared in its singular. Irregular plurals the library prints (units.format_counted) are listed.
 _COUNTED = re.compile(r"(<n>\s+)([A-Za-z]+)")
 _IRREGULAR = {"children": "child", "batches": "batch", "processes": "process", "matches": "match"}
+# A norm layer's bias in torch's own extra_repr ("affine=True, bias=True"): torch 2.14 prints it, torch 2.11 does
+# not. Torch's text, not layerprof's: compared without it.
+_NORM_BIAS = re.compile(r"(affine=(?:True|False)), bias=(?:True|False)")
 
 
 class DocsExampleError(AssertionError):
@@ -138,7 +145,8 @@ def parse(text: str, path: str = "<text>") -> list[Block]:
 
 def mask(text: str) -> str:
     """The text as compared: times, prefixed quantities, then other numbers masked, the noun after a count made
-    singular, rules shortened, whitespace runs collapsed."""
+    singular, rules shortened, whitespace runs collapsed, a norm layer's bias dropped."""
+    text = _NORM_BIAS.sub(r"\1", text)
     text = _TIME.sub("<t>", text)
     text = _PREFIXED.sub("<n> ", text)
     text = _NUMBER_RE.sub("<n>", text)
@@ -170,11 +178,27 @@ def bash_script(code: str) -> str:
     return "\n".join(commands) + "\n"
 
 
+@functools.cache
+def _command_folder() -> str:
+    """A folder (one per process, removed at exit) holding a ``layerprof`` command that runs this interpreter's
+    ``layerprof.cli``: the console script beside ``sys.executable`` exists only where layerprof is installed there,
+    and without it a block's ``layerprof`` ran whichever one came next on the path (another interpreter, another
+    torch) or none."""
+    folder = tempfile.mkdtemp(prefix="layerprof-docs-bin-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    command = Path(folder, "layerprof")
+    command.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -c "
+                       "'import sys; from layerprof.cli import main; sys.exit(main())' \"$@\"\n")
+    command.chmod(0o755)
+    return folder
+
+
 def environment() -> dict[str, str]:
-    """The environment a block runs in: this checkout first on the path, no display, no download, no progress bar."""
+    """The environment a block runs in: this checkout first on the path, ``python`` and ``layerprof`` this
+    interpreter's, no display, no download, no progress bar."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
+    env["PATH"] = os.pathsep.join((_command_folder(), str(Path(sys.executable).parent), env.get("PATH", "")))
     env.update(MPLBACKEND="Agg", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TQDM_DISABLE="1",
                PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
     return env

@@ -1,6 +1,10 @@
 """The docs runner itself (tests/docs_examples.py) on small synthetic pages: markers, masking, running, regenerating."""
 from __future__ import annotations
 
+import shlex
+import sys
+from pathlib import Path
+
 import pytest
 
 from tests import docs_examples as de
@@ -74,6 +78,22 @@ def test_mask_ignores_numbers_and_spacing_not_words():
     assert de.mask("3 children, 2 processes") == de.mask("1 child, 1 process")
     assert de.mask("2 modules wrapped") != de.mask("2 runs wrapped")
     assert de.mask("2 modules wrapped") != de.mask("1 module and 1 run wrapped")
+    # A norm's bias, in torch 2.14's extra_repr and not in 2.11's; any other difference still counts.
+    assert de.mask("(64, eps=1e-05, affine=True, bias=True, track_running_stats=True)") == de.mask(
+        "(64, eps=1e-05, affine=True, track_running_stats=True)")
+    assert de.mask("(8,), elementwise_affine=True, bias=True)") == de.mask("(8,), elementwise_affine=True)")
+    assert de.mask("(8,), elementwise_affine=True)") != de.mask("(8,), elementwise_affine=False)")
+    assert de.mask("(in_features=8, bias=True)") != de.mask("(in_features=8)")
+
+
+def test_layerprof_in_a_block_is_this_interpreters(tmp_path):
+    # The console script beside sys.executable may be missing (layerprof not installed there) or another
+    # interpreter's may come first on the path: a block's `layerprof` runs this one's, from this checkout.
+    md = tmp_path / "page.md"
+    md.write_text("```bash\nlayerprof --help | head -1\nwhich layerprof\n```\n")
+    usage, command = de.Page.load(md, tmp_path).run(0).splitlines()
+    assert usage.startswith("usage: layerprof SPEC --input SHAPE")
+    assert f"exec {shlex.quote(sys.executable)} -c " in Path(command).read_text()
 
 
 def test_bash_script_joins_continuations_and_drops_comments():
