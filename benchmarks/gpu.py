@@ -1,25 +1,34 @@
-"""Overhead and accuracy of layerprof on a CUDA GPU (CUDA events, one synchronize per step).
+"""Overhead, accuracy and checkpoint plans of layerprof on a CUDA GPU (CUDA events, one synchronize per step).
 
-    python benchmarks/gpu.py [--repeats 20] [--models resnet50,bert]
+    python benchmarks/gpu.py [--repeats 20] [--models resnet50,bert,deep] [--plan-repeats 10]
 
-Models: torchvision resnet50 at batch 32 (224x224) and BERT-base (12 layers, hidden 768) at batch 8, sequence
-128, built from its config (no download). Overhead: median step time, interleaved with plain steps, of one
-``LayerProf`` alternating hook-free and profiled steps (steady state) and of a fresh ``with LayerProf(model)`` per
-step (one-shot); each step ends with ``torch.cuda.synchronize()``. Accuracy: layerprof inside a torch.profiler
-session with CUDA activity on the very same steps; a module's reference time is the GPU time of the kernels
-launched inside its forward (its ``record_function`` range, annotate=True) and inside its backward range, as a
-share of the step, compared with layerprof's shares for modules above 1 % of the step.
+Models: torchvision resnet50 at batch 32 (224x224), BERT-base (12 layers, hidden 768) at batch 8, sequence 128,
+built from its config (no download), and a deep stack of 1,501 small modules (launch-bound: the cost per module).
+
+- Overhead: rounds of a plain step and a step of one ``LayerProf`` alternating hook-free and profiled steps
+  (steady state), then in a shuffled order a step inside a fresh ``with LayerProf(model)`` (one-shot, set-up and
+  tear-down included), inside torch.profiler (CPU and CUDA activity, Python stacks) and under the seed tool's
+  full backward hooks; each step ends with ``torch.cuda.synchronize()``; medians of wall time over the plain
+  median, and the extra µs per module.
+- Accuracy: layerprof inside a torch.profiler session with CUDA activity on the very same steps; a module's
+  reference time is the GPU time of the kernels launched inside its forward (its ``record_function`` range,
+  annotate=True) and inside its backward range, as a share of the step, compared with layerprof's shares for
+  modules above 1 % of the step.
+- Plans: checkpoint plans at 75, 50 and 25 % of the saved bytes from a five-step profile, verified
+  (``verify_plan``): saved bytes predicted and measured, ``max_memory_allocated`` of a step before and after,
+  extra step time predicted and measured.
 
 Needs a CUDA device; exits with a message (status 2) where there is none.
 """
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 import time
 from collections import defaultdict
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -56,32 +65,148 @@ def _step(model: nn.Module, loss_fn: Callable[[], torch.Tensor]) -> float:
     return time.perf_counter() - start
 
 
+class TorchProfiler:
+    """torch.profiler around the step, CPU and CUDA activity with Python stacks (module-level attribution)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        self.profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True)
+
+    def __enter__(self) -> TorchProfiler:
+        self.profiler.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.cuda.synchronize()
+        self.profiler.__exit__(*exc)
+
+
+class FullBackwardHooks:
+    """The seed tool's mechanism: forward pre/post hooks and full backward (pre-)hooks on every module, each
+    stamping the wall clock (no synchronize: what such a tool does on a GPU)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.handles: list[Any] = []
+
+    def __enter__(self) -> FullBackwardHooks:
+        stamps: list[float] = []
+
+        def stamp(*args: Any) -> None:
+            stamps.append(time.perf_counter())
+
+        for module in self.model.modules():
+            self.handles += [module.register_forward_pre_hook(stamp), module.register_forward_hook(stamp),
+                             module.register_full_backward_pre_hook(stamp), module.register_full_backward_hook(stamp)]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def deep_stack() -> tuple[nn.Module, Callable[[], torch.Tensor]]:
+    """500 x Sequential(Linear(16, 16), ReLU): 1,501 modules, launch-bound: the cost per module."""
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(500)]).cuda()
+    x = torch.randn(4, 16, device="cuda")
+    return model, lambda: model(x).sum()
+
+
+MODELS["deep"] = deep_stack
+
+
 def overhead(name: str, repeats: int) -> None:
+    """Rounds of a plain step, a steady profiled step, and in a shuffled order a one-shot ``with LayerProf``,
+    torch.profiler and the seed tool's hooks around a step; median wall time of each over the plain median."""
     model, loss_fn = MODELS[name]()
+    twin, twin_loss = MODELS[name]()  # the variants' model: the steady profiler stays on the first
     for _ in range(3):
         _step(model, loss_fn)
-    plain, steady, oneshot = [], [], []
+        _step(twin, twin_loss)
+    variants: dict[str, Callable[[nn.Module], Any]] = {
+        "one-shot": LayerProf, "torch.profiler": TorchProfiler, "seed hooks": FullBackwardHooks}
+    times: dict[str, list[float]] = {key: [] for key in ("plain", "steady", "twin", *variants)}
     prof = LayerProf(model, schedule=schedule(wait=1, active=1))
+    order = list(variants)
+    raised: dict[str, str] = {}
     prof.start()
     try:
-        for _ in range(repeats):
-            plain.append(_step(model, loss_fn))
+        for index in range(repeats):
+            times["plain"].append(_step(model, loss_fn))
             prof.step()
-            steady.append(_step(model, loss_fn))
+            times["steady"].append(_step(model, loss_fn))
             prof.step()
+            times["twin"].append(_step(twin, twin_loss))
+            random.Random(index).shuffle(order)
+            for key in order:
+                if key in raised:
+                    continue
+                try:
+                    times[key].append(_wrapped_step(twin, twin_loss, variants[key]))
+                except RuntimeError as error:  # the seed tool's hooks on an in-place op (ResNet's ReLU)
+                    raised[key] = str(error).split(".")[0]
+                    times.pop(key)
     finally:
         prof.stop()
-    for _ in range(repeats):
+    base, twin_base = statistics.median(times["plain"]), statistics.median(times["twin"])
+    ratios = {"steady": statistics.median(times["steady"]) / base}
+    ratios.update({key: statistics.median(times[key]) / twin_base for key in variants if key not in raised})
+    modules = sum(1 for _ in model.modules())
+    per_module = {key: (statistics.median(times[key]) - twin_base) * 1e6 / modules
+                  for key in variants if key not in raised}
+    print(f"{name}: plain {base * 1e3:.2f} ms (twin {twin_base * 1e3:.2f}); "
+          + ", ".join(f"{key} {ratio:.3f}x" for key, ratio in ratios.items())
+          + f"; one-shot over steady {ratios['one-shot'] / ratios['steady']:.3f}; extra per module (µs): "
+          + ", ".join(f"{key} {value:.1f}" for key, value in per_module.items())
+          + f"; layerprof one-shot / torch.profiler extra: "
+          f"{(ratios['one-shot'] - 1) / max(ratios['torch.profiler'] - 1, 1e-9):.2f}"
+          + "".join(f"; {key} raises: {message}" for key, message in raised.items()), flush=True)
+    del twin
+
+
+def _wrapped_step(model: nn.Module, loss_fn: Callable[[], torch.Tensor], wrapper: Callable[[nn.Module], Any]) -> float:
+    model.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with wrapper(model):
+        loss_fn().backward()
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def plan(name: str, repeats: int) -> None:
+    """Checkpoint plans at 25, 50 and 75 % of the saved bytes, applied and verified: saved bytes predicted and
+    measured, max_memory_allocated before and after, extra step time predicted and measured (medians)."""
+    import warnings
+
+    from layerprof import verify_plan
+
+    model, loss_fn = MODELS[name]()
+
+    def step() -> None:
         model.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        with LayerProf(model):
-            loss_fn().backward()
-        torch.cuda.synchronize()
-        oneshot.append(time.perf_counter() - start)
-    base = statistics.median(plain)
-    print(f"{name}: plain {base * 1e3:.1f} ms, steady {statistics.median(steady) / base:.3f}x, "
-          f"one-shot {statistics.median(oneshot) / base:.3f}x", flush=True)
+        loss_fn().backward()
+
+    for _ in range(3):
+        step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with LayerProf(model, metrics=("memory", "shapes"), schedule=schedule(wait=1, active=5)) as prof:
+            for _ in range(6):
+                step()
+                prof.step()
+    for budget in (0.75, 0.5, 0.25):
+        checkpoint_plan = prof.checkpoint_plan(budget, allow_side_effects=True)
+        result = verify_plan(checkpoint_plan, model, step, repeats=repeats)
+        peak = result.cuda_peak_bytes or (0, 0)
+        drop = (prof.tree.saved_bytes - (checkpoint_plan.saved_peak_bytes or 0)) / 2**20
+        print(f"{name} plan {budget:.0%}: {len(checkpoint_plan.modules)} wrapped; saved "
+              f"{prof.tree.saved_bytes / 2**20:.1f} -> {checkpoint_plan.saved_bytes_after / 2**20:.1f} MiB predicted, "
+              f"{result.measured_saved_bytes / 2**20:.1f} measured; CUDA peak {peak[0] / 2**20:.1f} -> "
+              f"{peak[1] / 2**20:.1f} MiB: {(peak[0] - peak[1]) / 2**20:.1f} less, {drop:.1f} predicted (saved bytes "
+              f"before less the plan's peak of saved bytes, {checkpoint_plan.saved_peak_at or 'end of forward'}); extra {checkpoint_plan.extra_ms:.2f} ms predicted, "
+              f"{result.measured_extra_ms:.2f} measured (step {result.step_ms_before:.2f} ms)", flush=True)
 
 
 def accuracy(name: str, steps: int) -> None:
@@ -95,13 +220,17 @@ def accuracy(name: str, steps: int) -> None:
             for _ in range(steps):
                 _step(model, loss_fn)
                 prof.step()
+    # The ranges are named by qualified name, the root by its type (annotate.py); backward ones with a suffix.
+    labels = {qualified or record.type: qualified for qualified, record in prof.records.items()}
     gpu_ms: dict[str, float] = defaultdict(float)
     for event in session.key_averages():
-        key = event.key
-        if key in prof.records or key.endswith(" (backward)"):
+        base, backward = event.key.removesuffix(" (backward)"), event.key.endswith(" (backward)")
+        if base in labels:
+            key = labels[base] + (" (backward)" if backward else "")
             gpu_ms[key] += getattr(event, "device_time_total", 0.0) / 1e3 / steps
     root = prof.tree
     total_ref = gpu_ms.get(root.name, 0.0) + gpu_ms.get(f"{root.name} (backward)", 0.0)
+    print(f"{name}: root {root.total_ms:.2f} ms a step by layerprof, {total_ref:.2f} ms of kernels by torch.profiler")
     worst = {"forward": (0.0, ""), "backward": (0.0, "")}
     for module_name, record in prof.records.items():
         for passname, field, key in (("forward", "forward_ms", module_name), ("backward", "backward_ms",
@@ -120,7 +249,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--models", default="resnet50,bert")
+    parser.add_argument("--models", default="resnet50,bert,deep")
+    parser.add_argument("--plan-repeats", type=int, default=10, help="timed steps with and without each plan")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("benchmarks/gpu.py needs a CUDA device; none is available here (torch "
@@ -130,7 +260,9 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     for name in args.models.split(","):
         overhead(name, args.repeats)
-        accuracy(name, args.steps)
+        if name != "deep":
+            accuracy(name, args.steps)
+            plan(name, args.plan_repeats)
 
 
 if __name__ == "__main__":

@@ -550,3 +550,19 @@ def test_saved_peak_at_names_the_wrapped_run_not_its_first_child() -> None:
                                                                                   plan.saved_peak_at)
         at_runs += plan.saved_peak_at is not None and parse_run(plan.saved_peak_at) is not None
     assert at_runs >= 1  # (the model's one Sequential of 8 children: each budget's plan is a run of them)
+
+
+def test_a_verified_steps_time_on_cuda_holds_its_kernels() -> None:
+    """On CUDA a step returns when its kernels are queued: ``verify_plan`` synchronizes before the clock starts
+    (the work queued earlier is not the step's) and before it stops (the step's kernels are)."""
+    from layerprof.plan.verify import _timed
+
+    calls: list[str] = []
+
+    def sync() -> None:
+        calls.append("sync")
+        if len(calls) == 3:
+            time.sleep(0.02)  # the step's kernels, still running when step() returned
+
+    ms, _ = _timed(lambda: calls.append("step"), sync)
+    assert calls == ["sync", "step", "sync"] and ms >= 20

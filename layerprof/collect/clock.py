@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["Clock", "CpuClock", "PausableClock", "CudaEventClock", "CudaSyncClock", "make_clock"]
+__all__ = ["Clock", "CpuClock", "PausableClock", "CurrentStream", "CudaEventClock", "CudaSyncClock", "make_clock"]
 
 
 class Clock:
@@ -86,12 +86,38 @@ class PausableClock(CpuClock):
         return self._behind_ns / 1e6
 
 
+class CurrentStream:
+    """``torch.cuda.current_stream(index)`` for a clock's stamps at the cost of one C call: the ``Stream`` object
+    (about 3 µs to make, as much as recording the event) is made again only when the raw stream changes (a
+    ``torch.cuda.stream`` block, or autograd's device thread on the forward's stream). ``raw`` and ``make``
+    exist for tests without a GPU."""
+
+    def __init__(self, index: int, raw: Callable[[int], int] | None = None,
+                 make: Callable[[int], Any] | None = None) -> None:
+        self._index = index
+        self._raw_of = raw or torch._C._cuda_getCurrentRawStream
+        self._make = make or torch.cuda.current_stream
+        self._raw: int | None = None
+        self._stream: Any = None
+
+    def __call__(self) -> Any:
+        raw = self._raw_of(self._index)
+        if raw != self._raw:
+            self._stream, self._raw = self._make(self._index), raw
+        return self._stream
+
+
+def _record(event: Any, stream: Any) -> None:
+    event.record(stream)
+
+
 class CudaEventClock(Clock):
     """CUDA events recorded on the current stream; read once after the step (one synchronize), never in a hook.
 
     Events come from a pool: a step records into events the earlier steps used, so a hook costs one
-    ``record`` and no allocation. ``events`` and ``stream`` (callables making an event and giving the stream to
-    record on) exist for tests without a GPU."""
+    ``record`` and no allocation; the current stream is looked up by its raw handle (``CurrentStream``), and the
+    event recorded by torch's C method, not through ``Event.record``'s Python wrapper. ``events`` and ``stream``
+    (callables making an event and giving the stream to record on) exist for tests without a GPU."""
 
     kind = "cuda_event"
 
@@ -100,8 +126,9 @@ class CudaEventClock(Clock):
         self.device = str(device)
         self._index = device.index if device.index is not None else torch.cuda.current_device()
         self._new_event = events or (lambda: torch.cuda.Event(enable_timing=True))
-        index = self._index
-        self._stream = stream or (lambda: torch.cuda.current_stream(index))
+        self._stream = stream or CurrentStream(self._index)
+        # torch.cuda.Event.record only fills in the stream when none is given and calls this C method.
+        self._record = _record if events is not None else torch._C._CudaEventBase.record
         self._free: list[Any] = []  # recorded and read in an earlier step
         self._used: list[Any] = []  # handed out since the last recycle
         super().__init__()
@@ -109,7 +136,7 @@ class CudaEventClock(Clock):
 
     def now(self) -> Any:
         event = self._free.pop() if self._free else self._new_event()
-        event.record(self._stream())
+        self._record(event, self._stream())
         self._used.append(event)
         return event
 

@@ -91,6 +91,7 @@ def verify_plan(plan: CheckpointPlan, model: nn.Module, step: Callable[[], Any],
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive int, got {repeats!r}")
     on_cuda = torch.cuda.is_available() and any(p.is_cuda for p in model.parameters())
+    sync = torch.cuda.synchronize if on_cuda else None
     before_peak = _cuda_peak(step) if on_cuda else None
     with plan.applied(model):
         with warnings.catch_warnings():
@@ -102,9 +103,9 @@ def verify_plan(plan: CheckpointPlan, model: nn.Module, step: Callable[[], Any],
     after: list[tuple[float, int]] = []
     recomputed: dict[str, list[float]] = {name: [] for name in plan.modules}
     for _ in range(repeats):
-        before.append(_timed(step))
-        with plan.applied(model), RecomputeTimer(torch.cuda.synchronize if on_cuda else None) as timer:
-            after.append(_timed(step))
+        before.append(_timed(step, sync))
+        with plan.applied(model), RecomputeTimer(sync) as timer:
+            after.append(_timed(step, sync))
         for name, times in recomputed.items():
             times.append(timer.ms.get(name, 0.0))
     recompute = {chosen.name: (chosen.recompute_ms, statistics.median(recomputed[chosen.name]))
@@ -124,10 +125,16 @@ def _minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource is not None else 0
 
 
-def _timed(step: Callable[[], Any]) -> tuple[float, int]:
-    """A step's wall time (ms) and the minor page faults the process took in it."""
+def _timed(step: Callable[[], Any], sync: Callable[[], Any] | None = None) -> tuple[float, int]:
+    """A step's wall time (ms) and the minor page faults the process took in it. ``sync`` (on CUDA,
+    ``torch.cuda.synchronize``) runs before the clock starts and before it stops, so that the step's kernels are
+    inside its time and the work queued before it is not."""
+    if sync is not None:
+        sync()
     faults = _minor_faults()
     start = time.perf_counter()
     step()
+    if sync is not None:
+        sync()
     elapsed = (time.perf_counter() - start) * 1e3
     return elapsed, _minor_faults() - faults
