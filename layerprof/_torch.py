@@ -25,7 +25,7 @@ __all__ = [
     "patch_fsdp2_group", "unpatch_fsdp2_group",
     "TorchDispatchMode", "StorageWeakRef", "escaped_backward", "add_forward_hooks", "remove_forward_hooks",
     "add_forward_hooks_to", "remove_forward_hooks_from", "add_global_forward_hooks", "remove_global_forward_hooks",
-    "with_forward_pre_hooks", "global_pre_hook_kwargs", "NodeHooker",
+    "with_forward_pre_hooks", "global_pre_hook_kwargs", "NodeHooker", "cuda_raw_stream", "cuda_event_record",
 ]
 
 # The sequence number the next autograd node created on this thread will get: a module call owns the nodes
@@ -327,6 +327,25 @@ def queue_backward_callback(callback: Callable[[], None]) -> bool:
     except RuntimeError:
         return False
     return True
+
+
+def cuda_raw_stream() -> Callable[[int], int]:
+    """A function of a device index giving the raw handle of its current CUDA stream: torch's C function (one
+    call per clock stamp, no Python frame), or the public ``current_stream(index).cuda_stream`` where a torch has
+    no such function. Read when a CUDA clock is made: a CPU-only torch may lack it."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw
+    return lambda index: torch.cuda.current_stream(index).cuda_stream
+
+
+def cuda_event_record() -> Callable[[Any, Any], None]:
+    """``record(event, stream)`` for a ``torch.cuda.Event``: the C method that ``Event.record`` calls once it has
+    a stream (its Python wrapper looks the current stream up when none is given), or the public method."""
+    record = getattr(getattr(torch._C, "_CudaEventBase", None), "record", None)
+    if record is not None:
+        return record
+    return lambda event, stream: event.record(stream)
 
 
 def profiler_range(name: str) -> Any:

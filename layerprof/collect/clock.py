@@ -10,6 +10,8 @@ from typing import Any, Callable
 
 import torch
 
+from .._torch import cuda_event_record, cuda_raw_stream
+
 __all__ = ["Clock", "CpuClock", "PausableClock", "CurrentStream", "CudaEventClock", "CudaSyncClock", "make_clock"]
 
 
@@ -95,7 +97,7 @@ class CurrentStream:
     def __init__(self, index: int, raw: Callable[[int], int] | None = None,
                  make: Callable[[int], Any] | None = None) -> None:
         self._index = index
-        self._raw_of = raw or torch._C._cuda_getCurrentRawStream
+        self._raw_of = raw or cuda_raw_stream()
         self._make = make or torch.cuda.current_stream
         self._raw: int | None = None
         self._stream: Any = None
@@ -128,7 +130,7 @@ class CudaEventClock(Clock):
         self._new_event = events or (lambda: torch.cuda.Event(enable_timing=True))
         self._stream = stream or CurrentStream(self._index)
         # torch.cuda.Event.record only fills in the stream when none is given and calls this C method.
-        self._record = _record if events is not None else torch._C._CudaEventBase.record
+        self._record = _record if events is not None else cuda_event_record()
         self._free: list[Any] = []  # recorded and read in an earlier step
         self._used: list[Any] = []  # handed out since the last recycle
         super().__init__()
