@@ -85,7 +85,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def start_cli(*args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
+    # This checkout first, then the path this interpreter was given (where its packages may be: torch, torchvision).
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONWARNINGS": "ignore"}
     return subprocess.Popen([sys.executable, "-m", "layerprof", *args, "--threads", "1"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
