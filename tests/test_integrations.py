@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+from unittest import mock
 from pathlib import Path
 
 import pytest
@@ -143,7 +145,12 @@ def test_lightning_ddp_on_cpu(tmp_path: Path) -> None:
                          strategy="ddp_fork", accelerator="cpu", devices=2, limit_val_batches=0,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False)
-    trainer.fit(module, _loader(4))
+    # Lightning takes MASTER_PORT from the environment where it is set, else a free port, and leaves it set in
+    # this process: a port of its own here, and the environment as it was for the worker's next tests.
+    with mock.patch.dict(os.environ):
+        os.environ.pop("MASTER_ADDR", None)
+        os.environ.pop("MASTER_PORT", None)
+        trainer.fit(module, _loader(4))
     for rank in (0, 1):
         profile = layerprof.load(tmp_path / f"ddp-rank{rank}.json")
         assert profile.meta["lightning"]["rank"] == rank
