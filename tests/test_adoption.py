@@ -224,3 +224,28 @@ def test_profiles_saved_before_keep_their_figures() -> None:
     assert loaded.records[""].forward_ms == 2.0 and loaded.records["encoder"].forward_ms == 3.0
     assert "encoder" in loaded.layerwise_summary()
     assert pickle.loads(pickle.dumps(loaded)).records["encoder"].forward_ms == 3.0
+
+
+def test_a_container_called_once_and_iterated_once_holds_both() -> None:
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.body:              # the layers called by the root, the Sequential not running
+                x = layer(x)
+            return self.body(x)                  # then the Sequential called
+
+    net = Net()
+    with torch.no_grad(), LayerProf(net, metrics=("flops",)) as prof:
+        net(torch.randn(2, 4))
+    body, first = prof.records["body"], prof.records["body.0"]
+    assert body.calls == 1 and first.calls == 2
+    check_profile(prof, net, backward=False)
+    # 2*2*4*4 = 64 FLOPs a Linear call, 4 calls: the Sequential holds all 256, its own call 128 of them.
+    assert (first.flops_forward, body.flops_forward, prof.tree.flops_forward) == (128, 256, 256)
+    iterated = prof.records["body.0"].call_times[0].forward_ms + prof.records["body.1"].call_times[0].forward_ms
+    assert body.forward_ms == pytest.approx(body.call_times[0].forward_ms + iterated, abs=1e-9)
+    assert body.self_forward_ms == pytest.approx(body.call_times[0].forward_ms - sum(
+        prof.records[name].call_times[1].forward_ms for name in ("body.0", "body.1")), abs=1e-9)

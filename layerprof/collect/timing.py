@@ -19,7 +19,7 @@ from itertools import starmap
 from operator import attrgetter
 from typing import Any, Iterable
 
-from ..record.adoption import adopters
+from ..record.adoption import PREFIXES, adopters, prefix_of
 from ..record.records import CallTiming
 from .tracker import CallTrace
 
@@ -209,15 +209,15 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
         _merge_into_parent(call, parent, task)
 
     result: dict[str, StepTimes] = {}
-    adopted: list[tuple[tuple[str, ...], float, float | None]] = []  # (adopters, forward_ms, backward_ms)
+    uncalled: list[tuple[CallTrace, tuple[Any, ...]]] = []  # calls not made by their tree parent, with timings
+    known_prefix = PREFIXES.get
     for call, timing in zip(calls, timings):
         if timing is None:
             continue
         name = call.name
-        if call.parent is None or call.parent.name != name.rpartition(".")[0]:  # else called by its tree parent
-            found = adopters(call)
-            if found:
-                adopted.append((found, timing[1], timing[3]))
+        parent = call.parent
+        if parent is None or parent.name != (known_prefix(name) or prefix_of(name)):
+            uncalled.append((call, timing))
         times = result.get(name)
         _, forward_ms, _, backward_ms, recompute, _, recursive = timing
         if times is None:
@@ -242,9 +242,23 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
                 times.backward_ms = (times.backward_ms or 0.0) + backward_ms
             own = backward_ms - children_backward.get(call, 0.0)
             times.self_backward_ms = (times.self_backward_ms or 0.0) + (own if own > 0.0 else 0.0)
-    for found, forward_ms, backward_ms in adopted:
-        _adopt(result, found, forward_ms, backward_ms)
+    for call, timing in uncalled:
+        if _may_adopt(call, result):
+            _adopt(result, adopters(call), timing[1], timing[3])
     return result
+
+
+def _may_adopt(call: CallTrace, result: dict[str, StepTimes]) -> bool:
+    """Whether a tree ancestor of the call's module below its caller's module ran in the step: else nothing
+    adopts it (a ModuleList's child called by the list's parent, on every step of most models)."""
+    caller = call.parent
+    stop = None if caller is None else caller.name
+    ancestor = call.name
+    while ancestor and ancestor != stop:
+        ancestor = prefix_of(ancestor)
+        if ancestor in result:
+            return ancestor != stop
+    return False
 
 
 def _adopt(result: dict[str, StepTimes], found: tuple[str, ...], forward_ms: float, backward_ms: float | None

@@ -23,13 +23,27 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["adopters", "tree_parent"]
+__all__ = ["PREFIXES", "adopters", "tree_parent", "prefix_of"]
+
+# Name -> its prefix (``prefix_of``), for the check made on every call of every step: a lookup costs half a
+# ``rpartition``, and a caller in a hot loop reads the dict itself.
+PREFIXES: dict[str, str] = {}
 
 
 def tree_parent(name: str) -> str | None:
     """The name of the record tree's parent of the record ``name`` (``build_tree`` attaches a record under its
     name's prefix), None for the root."""
     return name.rpartition(".")[0] if name else None
+
+
+def prefix_of(name: str) -> str:
+    """``name.rpartition(".")[0]``, remembered: the tree parent's name ("" for the root and its children)."""
+    prefix = PREFIXES.get(name)
+    if prefix is None:
+        if len(PREFIXES) > 100_000:  # names of many models: start again rather than grow without bound
+            PREFIXES.clear()
+        prefix = PREFIXES[name] = name.rpartition(".")[0]
+    return prefix
 
 
 def _caller(call: Any) -> Any:
@@ -43,7 +57,10 @@ def _covers(ancestor: str, opened: list[str]) -> bool:
     if not ancestor:
         return bool(opened)
     prefix = ancestor + "."
-    return any(name == ancestor or name.startswith(prefix) for name in opened)
+    for name in opened:
+        if name == ancestor or name.startswith(prefix):
+            return True
+    return False
 
 
 def adopters(call: Any) -> tuple[str, ...]:
@@ -56,14 +73,13 @@ def adopters(call: Any) -> tuple[str, ...]:
     name = call.name
     if not name or call.recompute:
         return ()
-    parent_name = name.rpartition(".")[0]
+    parent_name = prefix_of(name)
     caller = _caller(call)
     if caller is not None and caller.name == parent_name:  # the common case: called by its parent
         return ()
+    # The chain cannot loop: a parent, and the call another thread was running, began before the call.
     opened: list[str] = []
-    seen: set[int] = set()  # a chain through ``elsewhere`` cannot loop, but a stale one must not hang
-    while caller is not None and id(caller) not in seen:
-        seen.add(id(caller))
+    while caller is not None:
         opened.append(caller.name)
         caller = _caller(caller)
     found: list[str] = []
