@@ -129,6 +129,7 @@ class CallTrace:
     __slots__ = (
         "name", "parent", "clock", "recompute", "seq_start", "seq_end", "fwd_start", "fwd_end",
         "task", "bwd_start", "bwd_end", "passes", "observed_task", "raised", "handling", "step", "deferred",
+        "elsewhere",
     )
 
     def __init__(self, name: str, parent: CallTrace | None, clock: Clock, recompute: bool, step: _Step) -> None:
@@ -150,6 +151,10 @@ class CallTrace:
         # Nodes of this call's range that a sub-call's walk met but does not own (this call's own code between
         # sub-calls): hooked by this call's walk, which cannot reach them through the sub-calls' walked nodes.
         self.deferred: list[Any] | None = None
+        # Made with no call open on its thread: the call another thread was running then (a DataParallel replica's
+        # call runs inside the wrapper's, on a thread of its own), which the ancestors' figures read as around it
+        # (``record/adoption.py``).
+        self.elsewhere: CallTrace | None = None
 
     # -- graph node hooks: a node holds the call (in its hook dict) and never the other way round --------------
     def node_started(self, grad_outputs: Any) -> None:
@@ -387,6 +392,17 @@ class Tracker:
                 self._threads.append(state)
             return state
 
+    def _open_elsewhere(self, state: _ThreadState) -> CallTrace | None:
+        """The innermost open call of another thread than ``state``'s, if one is open (read without the lock: a
+        stack that changes meanwhile gives a call that was open, or None)."""
+        for other in self._threads:
+            if other is not state and other.stack:
+                try:
+                    return other.stack[-1]
+                except IndexError:
+                    continue
+        return None
+
     def _stack(self) -> list[CallTrace]:
         return self._thread().stack
 
@@ -445,6 +461,8 @@ class Tracker:
                 else:
                     clock = cpu_clock
                 call = CallTrace(name, stack[-1] if stack else None, clock, _graph_task_id() != -1, tracker.step_state)
+                if not stack:
+                    call.elsewhere = tracker._open_elsewhere(state)
                 handling = handled()
                 if handling is not None:  # called from an except block: its exception is not this call's
                     call.handling = handling
