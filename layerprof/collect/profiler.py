@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import sys
 import warnings
-from operator import attrgetter, is_, itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Callable, Iterable, TypeVar
 
 import torch
@@ -42,10 +41,11 @@ _T = TypeVar("_T")
 _first, _second = itemgetter(0), itemgetter(1)
 _own = attrgetter("__dict__")
 
-# Modules currently hooked by some LayerProf: two profilers on one module would time each other's hooks.
-# Keyed by id(module): a running profiler holds its modules (``_entries``) until its teardown removes them here,
-# so an id cannot be reused while it is a key (a plain dict costs a tenth of a WeakKeyDictionary per module).
-_PROFILED: dict[int, LayerProf] = {}
+# The LayerProfs running now (a dict as an ordered set), each with the modules it hooks in its ``_names`` (keyed by
+# id(module): a running profiler holds its modules, ``_entries``, until its teardown takes it out of here, so an id
+# cannot be reused while it is a key): two profilers on one module would time each other's hooks. One entry per
+# profiler, not per module: a block on ten thousand modules writes and clears no ten thousand keys here.
+_PROFILED: dict[LayerProf, None] = {}
 
 
 def _fill(tree: ModuleRecord | None, records: dict[str, ModuleRecord], stats: StepStats,
@@ -291,17 +291,17 @@ class LayerProf:
         entries = plan.entries(modules)
         # Whatever checked the model before (here, or a reused plan): .compile() since then changes no path.
         refuse_compiled_in_place(entries, modules, owns)
-        if _PROFILED:
-            for name, module in entries:
-                holder = _PROFILED.get(id(module))
-                if holder is not None and not (holder._give_way is not None and holder._give_way()):
-                    shown = f"module '{name}'" if name else "the model"
-                    raise RuntimeError(
-                        f"{shown} ({type(module).__name__}) is already being profiled by another active LayerProf "
-                        f"(started {holder._started_at}); two profilers on one model would time each other's hooks. "
-                        "Stop that one first: prof.stop() for its profile, or prof.cancel() to drop it; if you no "
-                        "longer hold it (a notebook cell run again), LayerProf.running_on(model).cancel()."
-                    )
+        for holder in list(_PROFILED):  # (giving way stops a holder, which takes it out of _PROFILED)
+            held = holder._names
+            if not held.keys().isdisjoint(plan.names) and not (holder._give_way is not None and holder._give_way()):
+                name, module = next((name, module) for name, module in entries if id(module) in held)
+                shown = f"module '{name}'" if name else "the model"
+                raise RuntimeError(
+                    f"{shown} ({type(module).__name__}) is already being profiled by another active LayerProf "
+                    f"(started {holder._started_at}); two profilers on one model would time each other's hooks. "
+                    "Stop that one first: prof.stop() for its profile, or prof.cancel() to drop it; if you no "
+                    "longer hold it (a notebook cell run again), LayerProf.running_on(model).cancel()."
+                )
         self._entries = entries
         self._entry_modules = modules  # the entries' modules while no module joins (then len(entries) > _built)
         self._built = len(entries)
@@ -312,7 +312,9 @@ class LayerProf:
         # Global module hooks unless a meter observes forward calls (its pre-hook wants the call's kwargs).
         global_hooks = not any(meter.wants_forward_hooks for meter in self.metrics)
         self._tracker = Tracker(sync=self.sync, cpu_clock=clock, global_hooks=global_hooks)
-        _PROFILED.update(dict.fromkeys(plan.names, self))
+        # The plan's names, copied only when a module joins (``_module_registered``).
+        self._names = plan.names
+        _PROFILED[self] = None
         started: list[Meter] = []
         try:
             with verified(self.model, plan.values if plan.key is not None else None):
@@ -326,7 +328,6 @@ class LayerProf:
                 # module's hooks changed since; the model's root now has the probe): for an attach here only; a
                 # later one (after a schedule's wait) reads the modules, whose hooks the user may have changed.
                 self._pre_hooked = [modules[0], *(modules[index] for index in plan.pre_hooked if index)]
-            self._names = dict(plan.names)
             self._registration = register_module_module_registration_hook(self._module_registered)
             self._begin_step()
             self._pre_hooked = None  # not attached in a schedule's wait: a later attach reads the hook dicts
@@ -398,9 +399,9 @@ class LayerProf:
         """The LayerProf running on ``model`` (or on one of its modules), None if none: to stop or cancel one
         whose variable is lost."""
         for module in _modules_in(model):
-            holder = _PROFILED.get(id(module))
-            if holder is not None:
-                return holder
+            for holder in _PROFILED:
+                if id(module) in holder._names:
+                    return holder
         return None
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, traceback: Any) -> bool:
@@ -473,12 +474,7 @@ class LayerProf:
                 _stop_all(meters)
             finally:
                 self._counting = []
-                if all(map(is_, _PROFILED.values(), itertools.repeat(self))):
-                    _PROFILED.clear()  # the common case, one profiler running: with no Python loop per module
-                else:
-                    for _, module in self._entries:
-                        if _PROFILED.get(id(module)) is self:
-                            del _PROFILED[id(module)]
+                _PROFILED.pop(self, None)
 
     # -- steps -----------------------------------------------------------------------------------------------
     def _begin_step(self) -> None:
@@ -565,9 +561,10 @@ class LayerProf:
                 holder = records[qualified.rsplit(".", 1)[0] if "." in qualified else ""]
                 records[qualified] = ModuleRecord(qualified, type(module).__name__, module.extra_repr(), holder)
             self._tracker.drop_copied_hooks(module)  # a copy of a profiled module (deepcopy inside the block)
+            if self._plan is not None and self._names is self._plan.names:
+                self._names = dict(self._names)  # the plan's stay those of its modules
             self._names[id(module)] = qualified
             self._entries.append((qualified, module))
-            _PROFILED[id(module)] = self
             added.append((qualified, module))
         if added and self._tracker.active:
             self._tracker.attach(added)
