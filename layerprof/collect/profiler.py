@@ -242,6 +242,7 @@ class LayerProf:
         self._tracker: Tracker | None = None
         self._entries: list[tuple[str, nn.Module]] = []
         self._entry_modules: list[nn.Module] = []
+        self._owns: list[dict[str, Any]] | None = None  # their ``__dict__``, where the start read them
         self._probe: Any = None
         self._registration: Any = None  # the global hook that sees submodules registered while profiling
         self._names: dict[int, str] = {}
@@ -304,6 +305,7 @@ class LayerProf:
                 )
         self._entries = entries
         self._entry_modules = modules  # the entries' modules while no module joins (then len(entries) > _built)
+        self._owns = owns
         self._built = len(entries)
         pausing = [meter for meter in self.metrics if meter.pauses_clock]
         clock = PausableClock() if pausing else None
@@ -591,8 +593,16 @@ class LayerProf:
     def _finish(self, partial: str | None = None) -> None:
         tracker = self._tracker
         assert tracker is not None
-        modules = self._entry_modules if len(self._entries) == self._built else list(map(_second, self._entries))
-        owns = list(map(_own, modules))  # read once for the checks and the reprs: each pass over them costs misses
+        owns, self._owns = self._owns, None
+        if len(self._entries) == self._built:
+            modules = self._entry_modules
+        else:
+            modules, owns = list(map(_second, self._entries)), None
+        # Read once for the checks and the reprs (each pass over them costs misses), or kept from the start: what
+        # is written into a module (``setattr``, ``.compile()``, a child put in ``_modules``) goes into the same
+        # ``__dict__`` (only code that assigns ``module.__dict__`` itself would escape it; torch has none).
+        if owns is None:
+            owns = list(map(_own, modules))
         compiled = compiled_while_profiling(self._entries, modules, owns)
         if compiled is not None:  # its times are partial: no profile rather than a wrong one
             raise RuntimeError(compiled)
