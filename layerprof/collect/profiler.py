@@ -240,7 +240,7 @@ class LayerProf:
         self._counting_done = False
         self._steps_with_calls = 0
         self._tracker: Tracker | None = None
-        self._entries: list[tuple[str, nn.Module]] = []
+        self._entries: reuse.Entries | list[tuple[str, nn.Module]] = []
         self._entry_modules: list[nn.Module] = []
         self._owns: list[dict[str, Any]] | None = None  # their ``__dict__``, where the start read them
         self._probe: Any = None

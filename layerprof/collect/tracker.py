@@ -272,7 +272,7 @@ class Tracker:
         self._global_handles: tuple[Any, Any] | None = None
         # What each attach hooked, (name, module) pairs, for the class names in the notes on exceptions: searched
         # then, not made into a dict by name at every block (ten thousand entries to make and free for a note).
-        self._attached: list[list[tuple[str, nn.Module]]] = []
+        self._attached: list[Sequence[tuple[str, nn.Module]]] = []
         # The wall clock of CPU modules: a PausableClock when a meter must stop it (``Meter.pauses_clock``).
         self.cpu_clock = cpu_clock if cpu_clock is not None else CpuClock()
         self.cuda_clocks: dict[int, Clock] = {}
@@ -305,7 +305,8 @@ class Tracker:
         if self._hooks is None:
             self._hooks = self._make_hooks()
         pre, post, global_pre = self._hooks
-        modules = modules if type(modules) is list else list(modules)
+        if not isinstance(modules, Sequence):  # (a block's ``Entries``: pairs made when read, not all at once)
+            modules = list(modules)
         # The modules without their names, read where needed: not on the common path of a reused plan (names and
         # the modules with pre-hooks of their own given, global hooks), where a list of ten thousand costs a pass.
         found = list(map(_second, modules)) if names is None or pre_hooked is None or not self.global_hooks else []
