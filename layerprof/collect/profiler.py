@@ -14,7 +14,7 @@ from torch.nn.modules.module import register_module_module_registration_hook
 
 from . import reuse
 from .annotate import Annotator
-from .clock import PausableClock
+from .clock import CpuClock, PausableClock
 from .._derived import verified
 from .._gc import gc_paused
 from .hook_cost import hook_cost
@@ -29,7 +29,7 @@ from ..record.records import ModuleRecord, module_paths
 from .schedule import Action, Schedule
 from .statistics import StepStats
 from .stepcall import RootStep
-from .timing import StepTimes, step_times
+from .timing import StepTimes, all_returned, step_times
 from .tracker import Tracker, backward_note
 from .compiled import compiled_while_profiling, refuse_compiled_in_place
 from .recompute import roll_up_recompute
@@ -66,6 +66,11 @@ def _made_later(plan: reuse.Plan, reprs: Reprs, stats: StepStats, meters: tuple[
     write_reprs(list(records.values()), reprs)
     _fill(tree, records, stats, meters)
     return tree, records
+
+
+def _step_ms(stats: StepStats) -> dict[str, Any]:
+    """The meta's per-step times of the model, for a profile that makes them when its meta is first read."""
+    return {"step_ms": stats.step_totals()}
 
 
 def _check_model(model: Any) -> list[tuple[str, nn.Module]] | None:
@@ -430,7 +435,7 @@ class LayerProf:
             if partial is not None:
                 self._drop_step()
             elif exc is None:
-                self._end_step()
+                self._end_step(last=True)
         except BaseException as error:
             self._failure = f"ending the last step raised {type(error).__name__}"
             raise
@@ -499,33 +504,44 @@ class LayerProf:
         elif not wanted and tracker.active:
             tracker.detach()
 
-    def _end_step(self) -> None:
+    def _end_step(self, last: bool = False) -> None:
+        """Close the step under way (``last``: the block's last, as it stops)."""
         tracker = self._tracker
         assert tracker is not None
         action = self._action(self.step_num)
-        times: dict[str, StepTimes] = {}
+        timed = False  # whether some call of the step was timed
         if tracker.calls:
-            for clock in tracker.clocks():
-                clock.settle()
-            times = step_times(tracker.calls, self.step_num)
-            for clock in tracker.clocks():
-                clock.recycle()  # every stamp of the step is read: CUDA events go back to their pool
-            if action is Action.RECORD:
-                if self._counting:
-                    self._counting_step = times
-                else:
-                    self._stats.add(times)
-            tracker.calls.clear()
+            calls = tracker.calls
+            if (last and action is Action.RECORD and not self._stats.steps and not self._counting
+                    and all(isinstance(clock, CpuClock) for clock in tracker.clocks()) and all_returned(calls)):
+                # The block's only step, stamped by wall clocks (no event to settle): its times are made when the
+                # profile is first read (a one-shot profile that is never read never makes them), from the calls,
+                # which hold nothing else of the step then.
+                self._stats.add_later(functools.partial(step_times, calls.copy(), self.step_num))
+                timed = True
+            else:
+                for clock in tracker.clocks():
+                    clock.settle()
+                times = step_times(calls, self.step_num)
+                for clock in tracker.clocks():
+                    clock.recycle()  # every stamp of the step is read: CUDA events go back to their pool
+                if action is Action.RECORD:
+                    if self._counting:
+                        self._counting_step = times
+                    else:
+                        self._stats.add(times)
+                timed = bool(times)
+            calls.clear()  # (the hooks hold this list)
             self._steps_with_calls += 1
         # Close the step: its graph hooks stop stamping, and every thread's call stack, walked nodes and owners
         # start clean (kept across steps they grew without bound; a KeyboardInterrupt inside a forward skips its
         # post-hook).
         tracker.end_step()
         # A step slowed by counting meters is left out of the timings (when others exist): out of meters' too.
-        recorded = action is Action.RECORD and bool(times) and not self._counting
+        recorded = action is Action.RECORD and timed and not self._counting
         for meter in self._running_meters():
             meter.end_step(recorded)
-        if times:  # counting meters stay on until a step has run something to count
+        if timed:  # counting meters stay on until a step has run something to count
             counting, self._counting = self._counting, []
             _stop_all(counting)
         self._set_observers()
@@ -639,7 +655,9 @@ class LayerProf:
             meta["peaks"] = dict(self._given_peaks)
         meta.update(steps=self._stats.steps, steps_seen=self._steps_with_calls, warmup=self.warmup,
                     schedule=None if self.schedule is None else vars(self.schedule).copy(),
-                    clock=sorted({clock.kind for clock in tracker.clocks()}), step_ms=self._stats.step_totals())
+                    clock=sorted({clock.kind for clock in tracker.clocks()}))
+        if not later:
+            meta["step_ms"] = stats.step_totals()
         if self._stats.steps == 0:
             _warn_user(
                 "LayerProf recorded no step: call the model inside the block"
@@ -648,7 +666,8 @@ class LayerProf:
         self._tracker = None
         if later:
             assert plan is not None
-            self._profile = Profile.deferred(meta, functools.partial(_made_later, plan, reprs, stats, meters))
+            self._profile = Profile.deferred(meta, functools.partial(_made_later, plan, reprs, stats, meters),
+                                             functools.partial(_step_ms, stats))
         else:
             assert self._tree is not None and self._records is not None
             # The records are in tree order unless modules joined while profiling (then the tree is walked again).
