@@ -229,6 +229,20 @@ class CallTrace:
                 observer.backward_start(starting)
 
 
+# Each thread's NodeHooker, shared by every tracker: its carrier tensor is made once per thread, not in the first
+# forward of every block (cold after a step, about 50 µs on BERT). Sharing is safe: a walk sets the carrier's dict
+# before its first node and hooks its nodes with no other code running between the two.
+_HOOKERS = threading.local()
+
+
+def _thread_hooker() -> NodeHooker:
+    try:
+        return _HOOKERS.hooker
+    except AttributeError:
+        hooker = _HOOKERS.hooker = NodeHooker()
+        return hooker
+
+
 class _ThreadState:
     """Per thread: the open calls, and which call owned each range of sequence numbers during the step."""
 
@@ -241,7 +255,7 @@ class _ThreadState:
         self.bounds: list[int] = []
         self.owners: list[CallTrace | None] = []
         self.walked: set[int] = set()  # sequence numbers of the nodes walked this step (ints: no node kept alive)
-        self.hooker = NodeHooker()  # hooks graph nodes with their owner's hook dict ``{0: owner}``
+        self.hooker = _thread_hooker()  # hooks graph nodes with their owner's hook dict ``{0: owner}``
 
     def clear(self) -> None:
         self.stack.clear()
