@@ -342,6 +342,28 @@ def test_trackers_of_one_thread_share_its_node_hooker() -> None:
         assert all(r.backward_ms is not None and r.backward_ms > 0 for r in prof.tree)
 
 
+def test_a_thread_whose_first_block_ran_in_inference_mode_times_a_later_backward() -> None:
+    # The thread's NodeHooker is made in its first profiled forward, here under inference mode (an inference
+    # tensor as its carrier), and serves the blocks after it, with grad.
+    import threading
+
+    model = MLP()
+    found: list[LayerProf] = []
+
+    def run() -> None:
+        with torch.inference_mode(), LayerProf(model):
+            model(torch.randn(2, 8))
+        with LayerProf(model) as prof:
+            model(torch.randn(2, 8)).sum().backward()
+        found.append(prof)
+
+    thread = threading.Thread(target=run)  # a thread of its own: its first profiled forward is the one above
+    thread.start()
+    thread.join()
+    assert [r.calls for r in found[0].tree] == [1] * 7
+    assert all(r.backward_ms is not None and r.backward_ms > 0 for r in found[0].tree)
+
+
 def test_clock_of_a_call_given_its_tensors_by_keyword_sees_them_on_the_global_hooks_path(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Once CUDA is initialised a call's clock follows its first tensor (args, then kwargs, then the module's
