@@ -23,7 +23,7 @@ from ..record.adoption import PREFIXES, adopters, prefix_of
 from ..record.records import CallTiming
 from .tracker import CallTrace
 
-__all__ = ["StepTimes", "step_times"]
+__all__ = ["StepTimes", "all_returned", "step_times"]
 
 
 class StepTimes:
@@ -136,6 +136,13 @@ def _nested_in_itself(call: CallTrace) -> bool:
 
 
 _name = attrgetter("name")
+
+
+def all_returned(calls: list[CallTrace]) -> bool:
+    """Whether every call's forward returned: none raised, none left open. Then every call is timed, and the
+    calls hold nothing of the step but their stamps and names (a call that did not return may still hold the
+    graph nodes its walk was to hook, or the exception being handled when it began)."""
+    return all(call.fwd_start is not None and call.fwd_end is not None and not call.raised for call in calls)
 
 
 def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes]:

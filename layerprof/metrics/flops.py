@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -195,7 +195,7 @@ class FlopMeter(Meter):
         self.outside_bytes: list[int] = [0, 0, 0]
 
     # -- lifecycle -------------------------------------------------------------------------------------------
-    def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: list[tuple[str, nn.Module]]) -> None:
+    def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: Sequence[tuple[str, nn.Module]]) -> None:
         self._uncallable = frozenset(name for name, module in entries if type(module).forward is nn.Module.forward)
         self._mode = _CountingMode(self)
         self._mode.__enter__()

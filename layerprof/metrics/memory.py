@@ -221,7 +221,7 @@ class MemoryMeter(Meter):
         self._outer: tuple[Any, Any] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
-    def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: list[tuple[str, nn.Module]]) -> None:
+    def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: Sequence[tuple[str, nn.Module]]) -> None:
         self._names = list(records)
         self._static = _storage_keys(list(model.parameters()), list(model.buffers()))
         self._reader = type(self).reader_factory()
