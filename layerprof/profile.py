@@ -84,22 +84,41 @@ class Profile:
     def __init__(self, tree: ModuleRecord, meta: dict[str, Any] | None = None,
                  records: dict[str, ModuleRecord] | None = None) -> None:
         """``records`` (by qualified name, in tree order) saves walking the tree where the caller has them."""
-        self.meta: dict[str, Any] = dict(meta or {})
+        self.meta = dict(meta or {})
         self._hold(tree, records)
 
     @classmethod
-    def deferred(cls, meta: dict[str, Any], build: Callable[[], tuple[ModuleRecord, dict[str, ModuleRecord]]]
-                 ) -> Profile:
+    def deferred(cls, meta: dict[str, Any], build: Callable[[], tuple[ModuleRecord, dict[str, ModuleRecord]]],
+                 meta_later: Callable[[], dict[str, Any]] | None = None) -> Profile:
         """A profile whose records ``build()`` makes (root, records by name in tree order) when they are first
         read: what a profiler captured when it stopped, turned into records only when someone looks. ``build``
-        must hold only that capture (numbers and texts: no module, so a profile never read holds no model)."""
+        must hold only that capture (numbers and texts: no module, so a profile never read holds no model); so
+        must ``meta_later``, whose entries join ``meta`` when it is first read."""
         profile = cls.__new__(cls)
         profile.meta = dict(meta)
         profile._build = build
+        profile._meta_later = meta_later
         return profile
 
     # Set on a deferred profile until its records are made.
     _build: Callable[[], tuple[ModuleRecord, dict[str, ModuleRecord]]] | None = None
+    # Set on a deferred profile until the entries of its meta made when first read are in it.
+    _meta_later: Callable[[], dict[str, Any]] | None = None
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """Where and how the profile was measured: environment, steps, clocks, the meters' totals."""
+        if self._meta_later is not None:
+            with _MAKING:  # one thread makes them, as the records
+                later = self._meta_later
+                if later is not None:
+                    self._meta.update(later())
+                    self._meta_later = None
+        return self._meta
+
+    @meta.setter
+    def meta(self, meta: dict[str, Any]) -> None:
+        self._meta, self._meta_later = meta, None
 
     def _hold(self, tree: ModuleRecord, records: dict[str, ModuleRecord] | None) -> None:
         self._tree = tree
@@ -152,11 +171,15 @@ class Profile:
         """Pickled (or deep-copied) with its records made: what a deferred profile would make from holds weak
         references to the model's modules, which do not pickle."""
         self._made()
-        return self.__dict__.copy()
+        state = self.__dict__.copy()
+        state["meta"] = self.meta  # as pickled before the meta had entries made when first read
+        del state["_meta"]
+        state.pop("_meta_later", None)
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # A profile pickled by layerprof before records were made on first read held them as ``tree``/``records``.
-        for old in ("tree", "records"):
+        for old in ("tree", "records", "meta"):
             if old in state:
                 state["_" + old] = state.pop(old)
         self.__dict__.update(state)

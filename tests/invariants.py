@@ -12,6 +12,29 @@ from layerprof import LayerProf
 TOLERANCE_MS = 1e-6
 
 
+def _spans(record) -> list[tuple[float, float, float | None]]:
+    """(start, end, backward) of the record's calls that count in its inclusive time: not re-runs, outermost."""
+    return [(t.forward_start_ms, t.forward_start_ms + t.forward_ms, t.backward_ms) for t in record.call_times
+            if not t.recompute and not t.recursive]
+
+
+def adopted_ms(record) -> tuple[float, float]:
+    """(forward, backward) milliseconds of the calls of ``record``'s descendants made outside every call of a
+    module of its subtree, which its inclusive times hold (record/adoption.py), found from the call times alone:
+    a call begun inside another call of the subtree is inside it (one clock, one thread)."""
+    if not record.calls:
+        return 0.0, 0.0
+    subtree = [record, *record.descendants]
+    spans = [span for member in subtree for span in _spans(member)]
+    forward = backward = 0.0
+    for member in record.descendants:
+        for start, end, backward_ms in _spans(member):
+            if not any(other_start < start < other_end for other_start, other_end, _ in spans):
+                forward += end - start
+                backward += backward_ms or 0.0
+    return forward, backward
+
+
 @contextmanager
 def count_calls(model: nn.Module) -> Iterator[Counter]:
     """Count forward calls per qualified name with plain hooks: the reference for ``calls``."""
@@ -38,7 +61,11 @@ def check_profile(prof: LayerProf, model: nn.Module, backward: bool = True,
         if record.calls:
             assert record.forward_ms is not None and record.forward_ms >= 0
             outermost = [t for t in record.call_times if not t.recompute and not t.recursive]
-            assert abs(record.forward_ms - sum(t.forward_ms for t in outermost)) < 1e-6
+            adopted_forward, adopted_backward = adopted_ms(record)
+            assert abs(record.forward_ms - sum(t.forward_ms for t in outermost) - adopted_forward) < 1e-6, name
+            if record.backward_ms is not None:
+                own = sum(t.backward_ms or 0.0 for t in outermost)
+                assert abs(record.backward_ms - own - adopted_backward) < 1e-6, name
             assert record.self_forward_ms is not None and record.self_forward_ms >= -TOLERANCE_MS
         else:
             assert record.forward_ms is None and record.backward_ms is None
@@ -62,6 +89,19 @@ def check_profile(prof: LayerProf, model: nn.Module, backward: bool = True,
         assert root.backward_ms is not None and root.backward_ms > 0
     else:
         assert all(record.backward_ms is None for record in prof.records.values())
+
+
+def children_within(prof: LayerProf, fields: tuple[str, ...]) -> None:
+    """No child above its parent, nor the children's sum, in any of ``fields``, among the modules that ran (for a
+    model whose subtrees do not overlap: no module shared by two parents nor called from a sibling's forward)."""
+    for record in prof.records.values():
+        if not record.calls:
+            continue
+        for field in fields:
+            ours = getattr(record, field)
+            theirs = [getattr(child, field) for child in record.children if child.calls]
+            assert all(value <= ours + 1e-6 for value in theirs), (record.name, field)
+            assert sum(theirs) <= ours + 1e-6, (record.name, field)
 
 
 def parameter_modules_have_backward(prof: LayerProf, model: nn.Module) -> None:

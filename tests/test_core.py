@@ -323,6 +323,47 @@ def test_profilers_on_two_models_time_only_their_own_modules() -> None:
     assert len(outer.records) == len(inner.records) == 7
 
 
+def test_trackers_of_one_thread_share_its_node_hooker() -> None:
+    # Made once per thread, not in every block's first forward (its carrier tensor costs tens of µs cold): two
+    # blocks at once hook their graph nodes with the same one, each node with its own call's dict.
+    first, second = MLP(), MLP()
+    with LayerProf(first) as outer:
+        with LayerProf(second) as inner:
+            first(torch.randn(2, 8)).sum().backward()
+            second(torch.randn(2, 8)).sum().backward()
+            shared = outer._tracker._thread().hooker
+            assert inner._tracker._thread().hooker is shared
+    with LayerProf(first) as later:
+        first(torch.randn(2, 8)).sum().backward()
+        assert later._tracker._thread().hooker is shared
+    for prof in (outer, inner, later):
+        # MLP: root, body, body.0-3, head = 7 modules, each called once, each with its backward timed.
+        assert [r.calls for r in prof.tree] == [1] * 7
+        assert all(r.backward_ms is not None and r.backward_ms > 0 for r in prof.tree)
+
+
+def test_a_thread_whose_first_block_ran_in_inference_mode_times_a_later_backward() -> None:
+    # The thread's NodeHooker is made in its first profiled forward, here under inference mode (an inference
+    # tensor as its carrier), and serves the blocks after it, with grad.
+    import threading
+
+    model = MLP()
+    found: list[LayerProf] = []
+
+    def run() -> None:
+        with torch.inference_mode(), LayerProf(model):
+            model(torch.randn(2, 8))
+        with LayerProf(model) as prof:
+            model(torch.randn(2, 8)).sum().backward()
+        found.append(prof)
+
+    thread = threading.Thread(target=run)  # a thread of its own: its first profiled forward is the one above
+    thread.start()
+    thread.join()
+    assert [r.calls for r in found[0].tree] == [1] * 7
+    assert all(r.backward_ms is not None and r.backward_ms > 0 for r in found[0].tree)
+
+
 def test_clock_of_a_call_given_its_tensors_by_keyword_sees_them_on_the_global_hooks_path(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Once CUDA is initialised a call's clock follows its first tensor (args, then kwargs, then the module's

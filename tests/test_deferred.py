@@ -4,6 +4,7 @@ unread profile holds no module; errors and warnings still come when the block en
 from __future__ import annotations
 
 import gc
+import pickle
 import weakref
 
 import pytest
@@ -172,3 +173,34 @@ def test_a_profile_pickled_before_deferral_still_loads() -> None:
     restored.__setstate__(pickle.loads(pickle.dumps(old)))
     assert list(restored.records) == ["", "linear", "norm", "act"]
     assert restored.tree is restored.records[""] and restored.records["linear"].params == 36
+
+
+@pytest.mark.parametrize("blocks", [1, 2])  # a new model, and one whose plan the block reuses
+def test_the_steps_times_are_made_when_first_read(blocks: int) -> None:
+    # The block's only step: its calls are kept as they were stamped, and turned into times (the records', the
+    # meta's per-step totals) when the profile or its meta is first read.
+    model = Net()
+    for _ in range(blocks):
+        prof = _profiled(model)
+    profile = prof.profile
+    assert prof._stats._later is not None and profile._meta_later is not None
+    meta = profile.meta
+    assert profile._meta_later is None and prof._stats._later is None
+    root = profile.records[""]
+    assert list(meta)[-1] == "step_ms" and meta["steps"] == 1  # where the block wrote it before
+    assert meta["step_ms"] == {"forward": [round(root.forward_ms, 6)], "backward": [round(root.backward_ms, 6)]}
+    copied = pickle.loads(pickle.dumps(_profiled(model).profile))
+    assert copied.meta["step_ms"]["forward"][0] > 0 and copied._meta_later is None
+
+
+def test_a_step_in_which_a_module_raised_is_timed_as_the_block_ends() -> None:
+    # A call that raised may hold what its walk was to hook (graph nodes) or the exception being handled: the
+    # profile does not keep such calls, its times are made at once.
+    model = Net()
+    _profiled(model)
+    with LayerProf(model) as prof:
+        with pytest.raises(RuntimeError):
+            model.linear(torch.randn(2, 3))  # 3 features where 8 are expected
+        _step(model)
+    assert prof._stats._later is None
+    assert prof.records["linear"].calls == 1 and prof.records[""].calls == 1  # the call that raised is none

@@ -221,6 +221,28 @@ def test_a_reused_plan_names_modules_as_a_walk_does_and_a_joined_module_is_hooke
     assert prof.records["body"].steps_run == 2 and head.backward_ms is not None
 
 
+def test_a_module_that_joins_a_reused_block_is_held_by_it_and_the_plan_keeps_its_names() -> None:
+    # A block shares its plan's names until a module joins, then copies them: the joined module is the block's
+    # (another profiler on it is refused), and the plan names only the modules it was made from.
+    model = Grows()
+    with LayerProf(model):
+        model(torch.randn(2, 8))  # call 1: the plan, without the head
+    plan = reuse._PLANS[model]
+    names, first_names = dict(plan.names), list(plan._first_names)
+    with LayerProf(model) as prof:
+        assert prof._names is plan.names and prof._entries.names is plan._first_names  # shared, no pair made
+        model(torch.randn(2, 8))
+        model(torch.randn(2, 8))  # call 3: the head joins
+        assert prof._names is not plan.names and prof._names[id(model.head)] == "head"
+        assert list(prof._entries) == [("", model), ("body", model.body), ("head", model.head)]
+        assert prof._entries[2] == ("head", model.head) and len(prof._entries) == 3
+        assert LayerProf.running_on(model.head) is prof
+        with pytest.raises(RuntimeError, match=r"the model \(Linear\) is already being profiled"):
+            LayerProf(model.head).start()
+    assert plan.names == names and id(model.head) not in plan.names and plan._first_names == first_names
+    assert LayerProf.running_on(model) is None and not layerprof.collect.profiler._PROFILED
+
+
 def test_a_plan_builds_the_tree_that_build_tree_builds() -> None:
     model = Net()
     model.add_module("again", model.blocks[1])  # a module under two names: one record, with an alias

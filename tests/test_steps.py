@@ -226,6 +226,23 @@ def test_what_can_change_between_profiles_is_read_again() -> None:
     assert env()["dtype"] == "float32"
 
 
+def test_the_dtype_and_device_come_from_the_parameter_that_parameters_gives_first() -> None:
+    # A walk that stops at the first module holding a parameter, depth first as ``parameters()`` goes: past
+    # containers without one, an empty slot, a shared module, and a parameterless first child.
+    from layerprof.collect.environment import _first_parameter
+
+    shared = nn.Linear(2, 2).double()
+    models = [
+        nn.Sequential(nn.ReLU(), nn.Sequential(nn.Sequential(), nn.Linear(2, 2).half()), nn.Linear(2, 2)),
+        nn.Sequential(nn.Sequential(shared), shared, nn.Linear(2, 2)),
+        nn.Sequential(nn.ReLU(), nn.Identity()),
+    ]
+    models[0]._modules = {"empty": None, **models[0]._modules}  # an empty slot first
+    for model in models:
+        assert _first_parameter(model) is next(model.parameters(), None)
+    assert _first_parameter(models[0]).dtype == torch.float16 and _first_parameter(models[1]) is shared.weight
+
+
 def test_benchmark_latency_throughput_and_per_module() -> None:
     model = MLP()
     x = torch.randn(16, 8)
@@ -254,8 +271,9 @@ def test_one_step_profile_writes_what_the_general_statistics_write() -> None:
     with LayerProf(model) as prof:
         model(torch.randn(2, 8)).sum().backward()
     stats = prof._stats
-    assert stats.steps == 1 and stats._first is not None
-    step = stats._first
+    assert stats._later is not None  # the profile was not read: the step's times are still to be made
+    step = stats._first_step()
+    assert stats.steps == 1 and step is not None and stats._later is None
     _, fast, _ = build_tree(model)
     stats.fill(fast)
     general = StepStats()

@@ -20,7 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 from layerprof import LayerProf
 
 from .conftest import hook_state
-from .invariants import check_profile, count_calls
+from .invariants import check_profile, children_within, count_calls
 from .zoo_checks import (flop_counter, half_plan_measures_as_predicted, profiled_step_is_true, refuse_network,
                          training_step)
 
@@ -330,3 +330,57 @@ def test_layers_extending_a_key_value_cache_are_never_recomputed() -> None:
     # Half is out of reach without the attention layers (the note says so); two thirds is within.
     assert not plan.feasible and "cannot be met" in str(plan)
     half_plan_measures_as_predicted(prof, model, step, plain, allow_side_effects=True, budget=0.67)
+
+
+def _generation_model(key: str) -> tuple[nn.Module, dict[str, Any]]:
+    """An encoder-decoder from a tiny config, in eval mode, that generates 4 tokens whatever it predicts."""
+    torch.manual_seed(0)
+    if key == "bart":
+        config = transformers.BartConfig(**SEQ2SEQ, max_position_embeddings=64, forced_eos_token_id=None)
+        model, inputs = transformers.BartForConditionalGeneration(config), {"input_ids": _tokens()}
+    elif key == "t5":
+        config = transformers.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=2,
+                                       decoder_start_token_id=0)
+        model, inputs = transformers.T5ForConditionalGeneration(config), {"input_ids": _tokens()}
+    else:
+        model, features = _whisper()
+        model.generation_config.forced_decoder_ids = None
+        inputs = {"input_features": features["input_features"]}
+    return model.eval(), inputs
+
+
+@pytest.mark.parametrize("key", ["bart", "t5", "whisper"])
+def test_encoder_decoder_generation_counts_the_encoder_in_the_model(key: str) -> None:
+    # generate() calls the encoder once by itself (model.get_encoder()(...)), outside every call of the model, then
+    # the whole model once per token: the model and its base model adopt the encoder's call (record/adoption.py).
+    model, inputs = _generation_model(key)
+    settings = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False, use_cache=True, num_beams=1)
+    plain = model.generate(**inputs, **settings)
+    with count_calls(model) as reference, LayerProf(model, metrics=("flops", "memory")) as prof:
+        profiled = model.generate(**inputs, **settings)
+    assert torch.equal(plain, profiled)
+    records = prof.records
+    # Every module present, with its own calls: the model 4 (one a token), the encoder 1.
+    assert list(records) == [name for name, _ in model.named_modules(remove_duplicate=True)]
+    assert {name: record.calls for name, record in records.items()} == {name: reference[name] for name in records}
+    encoder_name = next(name for name, module in model.named_modules() if module is model.get_encoder())
+    base = encoder_name.rpartition(".")[0]
+    root, encoder = records[""], records[encoder_name]
+    assert root.calls == 4 and encoder.calls == 1 and records[base].calls == 4
+    # Times: the model's own calls plus the encoder's call, in the model and the base model; nothing else adopted.
+    check_profile(prof, model, backward=False)
+    by_itself = encoder.call_times[0].forward_ms
+    for record in (root, records[base]):
+        assert record.forward_ms == pytest.approx(sum(t.forward_ms for t in record.call_times) + by_itself, abs=1e-6)
+    # Children never exceed their parent, in time, FLOPs and memory, nor do their sums.
+    children_within(prof, ("forward_ms", "flops_forward", "activation_bytes"))
+    # FLOPs: the root's are every op of generate() inside the model, FlopCounterMode's whole count; the root and
+    # the base model have no FLOPs of their own code, so theirs are their children's: the encoder's call by itself
+    # in (BART, Whisper: the base model's encoder and decoder; T5: the root's encoder, decoder and head).
+    with FlopCounterMode(display=False, custom_mapping=REFERENCE_FORMULAS) as counter:
+        model.generate(**inputs, **settings)
+    assert root.flops_forward == counter.get_total_flops()
+    for record in {root.name: root, base: records[base]}.values():
+        assert record.self_flops == 0
+        assert record.flops_forward == sum(child.flops_forward for child in record.children if child.calls)
+    assert encoder.flops_forward > 0 and prof.unknown_ops() == {}

@@ -79,7 +79,7 @@ class Annotator(Meter):
         self._backward: list[_Range] = []
         self._callback_queued = False
 
-    def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: list[tuple[str, nn.Module]]) -> None:
+    def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: Sequence[tuple[str, nn.Module]]) -> None:
         self._labels = {name: name or record.type for name, record in records.items()}
         on_cuda = any(p.is_cuda for p in model.parameters())
         self._nvtx = on_cuda and torch.cuda.is_available()

@@ -48,19 +48,26 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+_END = object()
+
+
 def _first_parameter(model: nn.Module) -> torch.Tensor | None:
     """``next(model.parameters(), None)``, walking modules only until one holds a parameter (``parameters()``
-    visits the whole model first: tens of microseconds on a transformer, on every profile)."""
-    stack, seen = [model], set()
-    while stack:
-        module = stack.pop()
-        if id(module) in seen:
+    visits the whole model first: tens of microseconds on a transformer, on every profile), and a module's children
+    one at a time (not every sibling stacked at once: a root of ten thousand children took 0.15 ms)."""
+    walks, seen = [iter((model,))], set()
+    while walks:
+        module = next(walks[-1], _END)
+        if module is _END:
+            walks.pop()
+            continue
+        if module is None or id(module) in seen:
             continue
         seen.add(id(module))
         for parameter in module._parameters.values():
             if parameter is not None:
                 return parameter
-        stack.extend(child for child in reversed(module._modules.values()) if child is not None)
+        walks.append(iter(module._modules.values()))
     return None
 
 

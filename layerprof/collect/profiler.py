@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import sys
 import warnings
-from operator import attrgetter, is_, itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Callable, Iterable, TypeVar
 
 import torch
@@ -15,7 +14,7 @@ from torch.nn.modules.module import register_module_module_registration_hook
 
 from . import reuse
 from .annotate import Annotator
-from .clock import PausableClock
+from .clock import CpuClock, PausableClock
 from .._derived import verified
 from .._gc import gc_paused
 from .hook_cost import hook_cost
@@ -30,7 +29,7 @@ from ..record.records import ModuleRecord, module_paths
 from .schedule import Action, Schedule
 from .statistics import StepStats
 from .stepcall import RootStep
-from .timing import StepTimes, step_times
+from .timing import StepTimes, all_returned, step_times
 from .tracker import Tracker, backward_note
 from .compiled import compiled_while_profiling, refuse_compiled_in_place
 from .recompute import roll_up_recompute
@@ -42,10 +41,11 @@ _T = TypeVar("_T")
 _first, _second = itemgetter(0), itemgetter(1)
 _own = attrgetter("__dict__")
 
-# Modules currently hooked by some LayerProf: two profilers on one module would time each other's hooks.
-# Keyed by id(module): a running profiler holds its modules (``_entries``) until its teardown removes them here,
-# so an id cannot be reused while it is a key (a plain dict costs a tenth of a WeakKeyDictionary per module).
-_PROFILED: dict[int, LayerProf] = {}
+# The LayerProfs running now (a dict as an ordered set), each with the modules it hooks in its ``_names`` (keyed by
+# id(module): a running profiler holds its modules, ``_entries``, until its teardown takes it out of here, so an id
+# cannot be reused while it is a key): two profilers on one module would time each other's hooks. One entry per
+# profiler, not per module: a block on ten thousand modules writes and clears no ten thousand keys here.
+_PROFILED: dict[LayerProf, None] = {}
 
 
 def _fill(tree: ModuleRecord | None, records: dict[str, ModuleRecord], stats: StepStats,
@@ -66,6 +66,11 @@ def _made_later(plan: reuse.Plan, reprs: Reprs, stats: StepStats, meters: tuple[
     write_reprs(list(records.values()), reprs)
     _fill(tree, records, stats, meters)
     return tree, records
+
+
+def _step_ms(stats: StepStats) -> dict[str, Any]:
+    """The meta's per-step times of the model, for a profile that makes them when its meta is first read."""
+    return {"step_ms": stats.step_totals()}
 
 
 def _check_model(model: Any) -> list[tuple[str, nn.Module]] | None:
@@ -240,8 +245,9 @@ class LayerProf:
         self._counting_done = False
         self._steps_with_calls = 0
         self._tracker: Tracker | None = None
-        self._entries: list[tuple[str, nn.Module]] = []
+        self._entries: reuse.Entries | list[tuple[str, nn.Module]] = []
         self._entry_modules: list[nn.Module] = []
+        self._owns: list[dict[str, Any]] | None = None  # their ``__dict__``, where the start read them
         self._probe: Any = None
         self._registration: Any = None  # the global hook that sees submodules registered while profiling
         self._names: dict[int, str] = {}
@@ -291,19 +297,20 @@ class LayerProf:
         entries = plan.entries(modules)
         # Whatever checked the model before (here, or a reused plan): .compile() since then changes no path.
         refuse_compiled_in_place(entries, modules, owns)
-        if _PROFILED:
-            for name, module in entries:
-                holder = _PROFILED.get(id(module))
-                if holder is not None and not (holder._give_way is not None and holder._give_way()):
-                    shown = f"module '{name}'" if name else "the model"
-                    raise RuntimeError(
-                        f"{shown} ({type(module).__name__}) is already being profiled by another active LayerProf "
-                        f"(started {holder._started_at}); two profilers on one model would time each other's hooks. "
-                        "Stop that one first: prof.stop() for its profile, or prof.cancel() to drop it; if you no "
-                        "longer hold it (a notebook cell run again), LayerProf.running_on(model).cancel()."
-                    )
+        for holder in list(_PROFILED):  # (giving way stops a holder, which takes it out of _PROFILED)
+            held = holder._names
+            if not held.keys().isdisjoint(plan.names) and not (holder._give_way is not None and holder._give_way()):
+                name, module = next((name, module) for name, module in entries if id(module) in held)
+                shown = f"module '{name}'" if name else "the model"
+                raise RuntimeError(
+                    f"{shown} ({type(module).__name__}) is already being profiled by another active LayerProf "
+                    f"(started {holder._started_at}); two profilers on one model would time each other's hooks. "
+                    "Stop that one first: prof.stop() for its profile, or prof.cancel() to drop it; if you no "
+                    "longer hold it (a notebook cell run again), LayerProf.running_on(model).cancel()."
+                )
         self._entries = entries
         self._entry_modules = modules  # the entries' modules while no module joins (then len(entries) > _built)
+        self._owns = owns
         self._built = len(entries)
         pausing = [meter for meter in self.metrics if meter.pauses_clock]
         clock = PausableClock() if pausing else None
@@ -312,7 +319,9 @@ class LayerProf:
         # Global module hooks unless a meter observes forward calls (its pre-hook wants the call's kwargs).
         global_hooks = not any(meter.wants_forward_hooks for meter in self.metrics)
         self._tracker = Tracker(sync=self.sync, cpu_clock=clock, global_hooks=global_hooks)
-        _PROFILED.update(dict.fromkeys(plan.names, self))
+        # The plan's names, copied only when a module joins (``_module_registered``).
+        self._names = plan.names
+        _PROFILED[self] = None
         started: list[Meter] = []
         try:
             with verified(self.model, plan.values if plan.key is not None else None):
@@ -326,7 +335,6 @@ class LayerProf:
                 # module's hooks changed since; the model's root now has the probe): for an attach here only; a
                 # later one (after a schedule's wait) reads the modules, whose hooks the user may have changed.
                 self._pre_hooked = [modules[0], *(modules[index] for index in plan.pre_hooked if index)]
-            self._names = dict(plan.names)
             self._registration = register_module_module_registration_hook(self._module_registered)
             self._begin_step()
             self._pre_hooked = None  # not attached in a schedule's wait: a later attach reads the hook dicts
@@ -398,9 +406,9 @@ class LayerProf:
         """The LayerProf running on ``model`` (or on one of its modules), None if none: to stop or cancel one
         whose variable is lost."""
         for module in _modules_in(model):
-            holder = _PROFILED.get(id(module))
-            if holder is not None:
-                return holder
+            for holder in _PROFILED:
+                if id(module) in holder._names:
+                    return holder
         return None
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, traceback: Any) -> bool:
@@ -427,7 +435,7 @@ class LayerProf:
             if partial is not None:
                 self._drop_step()
             elif exc is None:
-                self._end_step()
+                self._end_step(last=True)
         except BaseException as error:
             self._failure = f"ending the last step raised {type(error).__name__}"
             raise
@@ -473,12 +481,7 @@ class LayerProf:
                 _stop_all(meters)
             finally:
                 self._counting = []
-                if all(map(is_, _PROFILED.values(), itertools.repeat(self))):
-                    _PROFILED.clear()  # the common case, one profiler running: with no Python loop per module
-                else:
-                    for _, module in self._entries:
-                        if _PROFILED.get(id(module)) is self:
-                            del _PROFILED[id(module)]
+                _PROFILED.pop(self, None)
 
     # -- steps -----------------------------------------------------------------------------------------------
     def _begin_step(self) -> None:
@@ -501,33 +504,44 @@ class LayerProf:
         elif not wanted and tracker.active:
             tracker.detach()
 
-    def _end_step(self) -> None:
+    def _end_step(self, last: bool = False) -> None:
+        """Close the step under way (``last``: the block's last, as it stops)."""
         tracker = self._tracker
         assert tracker is not None
         action = self._action(self.step_num)
-        times: dict[str, StepTimes] = {}
+        timed = False  # whether some call of the step was timed
         if tracker.calls:
-            for clock in tracker.clocks():
-                clock.settle()
-            times = step_times(tracker.calls, self.step_num)
-            for clock in tracker.clocks():
-                clock.recycle()  # every stamp of the step is read: CUDA events go back to their pool
-            if action is Action.RECORD:
-                if self._counting:
-                    self._counting_step = times
-                else:
-                    self._stats.add(times)
-            tracker.calls.clear()
+            calls = tracker.calls
+            if (last and action is Action.RECORD and not self._stats.steps and not self._counting
+                    and all(isinstance(clock, CpuClock) for clock in tracker.clocks()) and all_returned(calls)):
+                # The block's only step, stamped by wall clocks (no event to settle): its times are made when the
+                # profile is first read (a one-shot profile that is never read never makes them), from the calls,
+                # which hold nothing else of the step then.
+                self._stats.add_later(functools.partial(step_times, calls.copy(), self.step_num))
+                timed = True
+            else:
+                for clock in tracker.clocks():
+                    clock.settle()
+                times = step_times(calls, self.step_num)
+                for clock in tracker.clocks():
+                    clock.recycle()  # every stamp of the step is read: CUDA events go back to their pool
+                if action is Action.RECORD:
+                    if self._counting:
+                        self._counting_step = times
+                    else:
+                        self._stats.add(times)
+                timed = bool(times)
+            calls.clear()  # (the hooks hold this list)
             self._steps_with_calls += 1
         # Close the step: its graph hooks stop stamping, and every thread's call stack, walked nodes and owners
         # start clean (kept across steps they grew without bound; a KeyboardInterrupt inside a forward skips its
         # post-hook).
         tracker.end_step()
         # A step slowed by counting meters is left out of the timings (when others exist): out of meters' too.
-        recorded = action is Action.RECORD and bool(times) and not self._counting
+        recorded = action is Action.RECORD and timed and not self._counting
         for meter in self._running_meters():
             meter.end_step(recorded)
-        if times:  # counting meters stay on until a step has run something to count
+        if timed:  # counting meters stay on until a step has run something to count
             counting, self._counting = self._counting, []
             _stop_all(counting)
         self._set_observers()
@@ -565,9 +579,10 @@ class LayerProf:
                 holder = records[qualified.rsplit(".", 1)[0] if "." in qualified else ""]
                 records[qualified] = ModuleRecord(qualified, type(module).__name__, module.extra_repr(), holder)
             self._tracker.drop_copied_hooks(module)  # a copy of a profiled module (deepcopy inside the block)
+            if self._plan is not None and self._names is self._plan.names:
+                self._names = dict(self._names)  # the plan's stay those of its modules
             self._names[id(module)] = qualified
             self._entries.append((qualified, module))
-            _PROFILED[id(module)] = self
             added.append((qualified, module))
         if added and self._tracker.active:
             self._tracker.attach(added)
@@ -594,8 +609,16 @@ class LayerProf:
     def _finish(self, partial: str | None = None) -> None:
         tracker = self._tracker
         assert tracker is not None
-        modules = self._entry_modules if len(self._entries) == self._built else list(map(_second, self._entries))
-        owns = list(map(_own, modules))  # read once for the checks and the reprs: each pass over them costs misses
+        owns, self._owns = self._owns, None
+        if len(self._entries) == self._built:
+            modules = self._entry_modules
+        else:
+            modules, owns = list(map(_second, self._entries)), None
+        # Read once for the checks and the reprs (each pass over them costs misses), or kept from the start: what
+        # is written into a module (``setattr``, ``.compile()``, a child put in ``_modules``) goes into the same
+        # ``__dict__`` (only code that assigns ``module.__dict__`` itself would escape it; torch has none).
+        if owns is None:
+            owns = list(map(_own, modules))
         compiled = compiled_while_profiling(self._entries, modules, owns)
         if compiled is not None:  # its times are partial: no profile rather than a wrong one
             raise RuntimeError(compiled)
@@ -632,7 +655,9 @@ class LayerProf:
             meta["peaks"] = dict(self._given_peaks)
         meta.update(steps=self._stats.steps, steps_seen=self._steps_with_calls, warmup=self.warmup,
                     schedule=None if self.schedule is None else vars(self.schedule).copy(),
-                    clock=sorted({clock.kind for clock in tracker.clocks()}), step_ms=self._stats.step_totals())
+                    clock=sorted({clock.kind for clock in tracker.clocks()}))
+        if not later:
+            meta["step_ms"] = stats.step_totals()
         if self._stats.steps == 0:
             _warn_user(
                 "LayerProf recorded no step: call the model inside the block"
@@ -641,7 +666,8 @@ class LayerProf:
         self._tracker = None
         if later:
             assert plan is not None
-            self._profile = Profile.deferred(meta, functools.partial(_made_later, plan, reprs, stats, meters))
+            self._profile = Profile.deferred(meta, functools.partial(_made_later, plan, reprs, stats, meters),
+                                             functools.partial(_step_ms, stats))
         else:
             assert self._tree is not None and self._records is not None
             # The records are in tree order unless modules joined while profiling (then the tree is walked again).

@@ -19,6 +19,7 @@ parameter gets no plan: its shapes are still to come.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from itertools import chain, compress
 from operator import attrgetter, is_not, itemgetter
 from functools import partial
@@ -29,7 +30,7 @@ from torch import nn
 
 from ..record.records import ModuleRecord, module_paths
 
-__all__ = ["Plan", "plan_for", "known", "fingerprint"]
+__all__ = ["Entries", "Plan", "plan_for", "known", "fingerprint"]
 
 # Read from each module's ``__dict__``: ``nn.Module`` defines ``__getattr__``, so every attribute read on a module
 # goes through a slower path than a read of its dict (about 80 ns against 25 per module and field).
@@ -120,6 +121,37 @@ def _piece(modules: list[nn.Module], owns: list[dict[str, Any]]) -> tuple[Any, .
     )
 
 
+class Entries(Sequence):
+    """A block's modules with their first names, in walk order: ``(name, module)`` pairs, each made when read.
+    Held as two lists, the plan's names and the block's modules: a block on ten thousand modules makes no ten
+    thousand pairs (nor leaves them for the garbage collector to scan) where nothing reads them one by one."""
+
+    __slots__ = ("names", "modules", "_shared")
+
+    def __init__(self, names: list[str], modules: list[nn.Module]) -> None:
+        self.names, self.modules = names, modules
+        self._shared = True  # the lists are the plan's and the block's: copied before the first append
+
+    def __len__(self) -> int:
+        return len(self.modules)
+
+    def __iter__(self) -> Any:
+        return zip(self.names, self.modules)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return list(zip(self.names[index], self.modules[index]))
+        return self.names[index], self.modules[index]
+
+    def append(self, entry: tuple[str, nn.Module]) -> None:
+        """A module that joined while profiling."""
+        if self._shared:
+            self.names, self.modules, self._shared = list(self.names), list(self.modules), False
+        name, module = entry
+        self.names.append(name)
+        self.modules.append(module)
+
+
 class Plan:
     """One walk of a model: its ``module_paths`` (a shared module once per name), the unique modules with their
     first names (``entries``), each module's record shape (class name, parent, other names), and ``values``:
@@ -201,8 +233,8 @@ class Plan:
     def paths(self, modules: list[nn.Module]) -> list[tuple[str, nn.Module]]:
         return list(zip(self._path_names, map(modules.__getitem__, self._path_index)))
 
-    def entries(self, modules: list[nn.Module]) -> list[tuple[str, nn.Module]]:
-        return list(zip(self._first_names, modules))
+    def entries(self, modules: list[nn.Module]) -> Entries:
+        return Entries(self._first_names, modules)
 
     def records(self) -> tuple[ModuleRecord, dict[str, ModuleRecord]]:
         """A new record tree, as ``build_tree(reprs=False)`` makes it: root and records by name, in walk order.

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import random
 from array import array
+from typing import Callable
 
 from ..record.records import ModuleRecord
 from .timing import StepTimes
@@ -172,17 +173,32 @@ class StepStats:
         # The first step is kept as it came and only folded into the sums when a second one arrives: a one-shot
         # profile (one step, the usual case) writes its values straight onto the records.
         self._first: dict[str, StepTimes] | None = None
+        # The first step's times where they are made when first needed (``add_later``).
+        self._later: Callable[[], dict[str, StepTimes]] | None = None
 
     def add(self, step: dict[str, StepTimes]) -> None:
         """One measured step. A module absent from it did not run in that step: it counts 0."""
         if self.steps == 0:
             self.steps, self._first = 1, step
             return
-        first, self._first = self._first, None
+        first, self._first = self._first_step(), None
         if first is not None:
             self.steps = 0
             self._add(first)
         self._add(step)
+
+    def add_later(self, make: Callable[[], dict[str, StepTimes]]) -> None:
+        """The first measured step, its times made by ``make()`` when first needed (``fill``, ``step_totals``, a
+        second step): a one-shot profile's last step, whose times a profile that is never read never needs."""
+        if self.steps:
+            raise ValueError("add_later is for the first step: a step was added already")
+        self.steps, self._later = 1, make
+
+    def _first_step(self) -> dict[str, StepTimes] | None:
+        """The first step's times, while it is the only one (None once folded into the sums)."""
+        if self._later is not None:
+            self._first, self._later = self._later(), None
+        return self._first
 
     def _add(self, step: dict[str, StepTimes]) -> None:
         self.steps += 1
@@ -235,8 +251,9 @@ class StepStats:
         """Means per recorded step in ``forward_ms`` etc., the other statistics beside them (``forward_ms_p95``...),
         ``steps`` and ``steps_run``. A pass that never ran stays None."""
         steps = self.steps
-        if self._first is not None:
-            self._fill_one(self._first, records)
+        first = self._first_step()
+        if first is not None:
+            self._fill_one(first, records)
             return
         for name, record in records.items():
             record.steps = steps
@@ -271,8 +288,8 @@ class StepStats:
 
         The root's own times where it ran; where it was never called (a trainer calls its children), the sum of
         its top-level modules. A pass that never ran is None."""
-        if self._first is not None:  # one step: its own values
-            step = self._first
+        step = self._first_step()
+        if step is not None:  # one step: its own values
             root_times = step.get("")
             times = [root_times] if root_times is not None and root_times.forward_ms is not None else [
                 value for name, value in step.items() if name and "." not in name]

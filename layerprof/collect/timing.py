@@ -8,6 +8,10 @@ backward is the sum of its intervals over passes, never the span between two pas
 
 Recursion: a module's inclusive time counts only its outermost call in a call chain (as cProfile's cumulative
 time does); ``calls`` counts every call and self times count every call's own time.
+
+A call of a descendant made outside every call of a module of an ancestor's subtree (an encoder called by itself
+before the model) is added to that ancestor's inclusive times, if the ancestor ran in the step, and to nothing
+else of it (``record/adoption.py``).
 """
 from __future__ import annotations
 
@@ -15,10 +19,11 @@ from itertools import starmap
 from operator import attrgetter
 from typing import Any, Iterable
 
+from ..record.adoption import PREFIXES, adopters, prefix_of
 from ..record.records import CallTiming
 from .tracker import CallTrace
 
-__all__ = ["StepTimes", "step_times"]
+__all__ = ["StepTimes", "all_returned", "step_times"]
 
 
 class StepTimes:
@@ -133,6 +138,13 @@ def _nested_in_itself(call: CallTrace) -> bool:
 _name = attrgetter("name")
 
 
+def all_returned(calls: list[CallTrace]) -> bool:
+    """Whether every call's forward returned: none raised, none left open. Then every call is timed, and the
+    calls hold nothing of the step but their stamps and names (a call that did not return may still hold the
+    graph nodes its walk was to hook, or the exception being handled when it began)."""
+    return all(call.fwd_start is not None and call.fwd_end is not None and not call.raised for call in calls)
+
+
 def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes]:
     """Per-module times of one step: calls, inclusive, self and recompute times, and every call's timing.
 
@@ -204,10 +216,15 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
         _merge_into_parent(call, parent, task)
 
     result: dict[str, StepTimes] = {}
+    uncalled: list[tuple[CallTrace, tuple[Any, ...]]] = []  # calls not made by their tree parent, with timings
+    known_prefix = PREFIXES.get
     for call, timing in zip(calls, timings):
         if timing is None:
             continue
         name = call.name
+        parent = call.parent
+        if parent is None or parent.name != (known_prefix(name) or prefix_of(name)):
+            uncalled.append((call, timing))
         times = result.get(name)
         _, forward_ms, _, backward_ms, recompute, _, recursive = timing
         if times is None:
@@ -232,4 +249,33 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
                 times.backward_ms = (times.backward_ms or 0.0) + backward_ms
             own = backward_ms - children_backward.get(call, 0.0)
             times.self_backward_ms = (times.self_backward_ms or 0.0) + (own if own > 0.0 else 0.0)
+    for call, timing in uncalled:
+        if _may_adopt(call, result):
+            _adopt(result, adopters(call), timing[1], timing[3])
     return result
+
+
+def _may_adopt(call: CallTrace, result: dict[str, StepTimes]) -> bool:
+    """Whether a tree ancestor of the call's module below its caller's module ran in the step: else nothing
+    adopts it (a ModuleList's child called by the list's parent, on every step of most models)."""
+    caller = call.parent
+    stop = None if caller is None else caller.name
+    ancestor = call.name
+    while ancestor and ancestor != stop:
+        ancestor = prefix_of(ancestor)
+        if ancestor in result:
+            return ancestor != stop
+    return False
+
+
+def _adopt(result: dict[str, StepTimes], found: tuple[str, ...], forward_ms: float, backward_ms: float | None
+           ) -> None:
+    """Add an adopted call's inclusive times to those of its adopters that ran in the step (a call of their own
+    that was not a checkpoint re-run)."""
+    for name in found:
+        times = result.get(name)
+        if times is None or not times.calls:
+            continue
+        times.forward_ms = (times.forward_ms or 0.0) + forward_ms
+        if backward_ms is not None:
+            times.backward_ms = (times.backward_ms or 0.0) + backward_ms

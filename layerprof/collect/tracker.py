@@ -129,6 +129,7 @@ class CallTrace:
     __slots__ = (
         "name", "parent", "clock", "recompute", "seq_start", "seq_end", "fwd_start", "fwd_end",
         "task", "bwd_start", "bwd_end", "passes", "observed_task", "raised", "handling", "step", "deferred",
+        "elsewhere",
     )
 
     def __init__(self, name: str, parent: CallTrace | None, clock: Clock, recompute: bool, step: _Step) -> None:
@@ -150,6 +151,10 @@ class CallTrace:
         # Nodes of this call's range that a sub-call's walk met but does not own (this call's own code between
         # sub-calls): hooked by this call's walk, which cannot reach them through the sub-calls' walked nodes.
         self.deferred: list[Any] | None = None
+        # Made with no call open on its thread: the call another thread was running then (a DataParallel replica's
+        # call runs inside the wrapper's, on a thread of its own), which the ancestors' figures read as around it
+        # (``record/adoption.py``).
+        self.elsewhere: CallTrace | None = None
 
     # -- graph node hooks: a node holds the call (in its hook dict) and never the other way round --------------
     def node_started(self, grad_outputs: Any) -> None:
@@ -229,6 +234,20 @@ class CallTrace:
                 observer.backward_start(starting)
 
 
+# Each thread's NodeHooker, shared by every tracker: its carrier tensor is made once per thread, not in the first
+# forward of every block (cold after a step, about 50 µs on BERT). Sharing is safe: a walk sets the carrier's dict
+# before its first node and hooks its nodes with no other code running between the two.
+_HOOKERS = threading.local()
+
+
+def _thread_hooker() -> NodeHooker:
+    try:
+        return _HOOKERS.hooker
+    except AttributeError:
+        hooker = _HOOKERS.hooker = NodeHooker()
+        return hooker
+
+
 class _ThreadState:
     """Per thread: the open calls, and which call owned each range of sequence numbers during the step."""
 
@@ -241,7 +260,7 @@ class _ThreadState:
         self.bounds: list[int] = []
         self.owners: list[CallTrace | None] = []
         self.walked: set[int] = set()  # sequence numbers of the nodes walked this step (ints: no node kept alive)
-        self.hooker = NodeHooker()  # hooks graph nodes with their owner's hook dict ``{0: owner}``
+        self.hooker = _thread_hooker()  # hooks graph nodes with their owner's hook dict ``{0: owner}``
 
     def clear(self) -> None:
         self.stack.clear()
@@ -272,7 +291,7 @@ class Tracker:
         self._global_handles: tuple[Any, Any] | None = None
         # What each attach hooked, (name, module) pairs, for the class names in the notes on exceptions: searched
         # then, not made into a dict by name at every block (ten thousand entries to make and free for a note).
-        self._attached: list[list[tuple[str, nn.Module]]] = []
+        self._attached: list[Sequence[tuple[str, nn.Module]]] = []
         # The wall clock of CPU modules: a PausableClock when a meter must stop it (``Meter.pauses_clock``).
         self.cpu_clock = cpu_clock if cpu_clock is not None else CpuClock()
         self.cuda_clocks: dict[int, Clock] = {}
@@ -305,7 +324,8 @@ class Tracker:
         if self._hooks is None:
             self._hooks = self._make_hooks()
         pre, post, global_pre = self._hooks
-        modules = modules if type(modules) is list else list(modules)
+        if not isinstance(modules, Sequence):  # (a block's ``Entries``: pairs made when read, not all at once)
+            modules = list(modules)
         # The modules without their names, read where needed: not on the common path of a reused plan (names and
         # the modules with pre-hooks of their own given, global hooks), where a list of ten thousand costs a pass.
         found = list(map(_second, modules)) if names is None or pre_hooked is None or not self.global_hooks else []
@@ -387,6 +407,17 @@ class Tracker:
                 self._threads.append(state)
             return state
 
+    def _open_elsewhere(self, state: _ThreadState) -> CallTrace | None:
+        """The innermost open call of another thread than ``state``'s, if one is open (read without the lock: a
+        stack that changes meanwhile gives a call that was open, or None)."""
+        for other in self._threads:
+            if other is not state and other.stack:
+                try:
+                    return other.stack[-1]
+                except IndexError:
+                    continue
+        return None
+
     def _stack(self) -> list[CallTrace]:
         return self._thread().stack
 
@@ -445,6 +476,8 @@ class Tracker:
                 else:
                     clock = cpu_clock
                 call = CallTrace(name, stack[-1] if stack else None, clock, _graph_task_id() != -1, tracker.step_state)
+                if not stack:
+                    call.elsewhere = tracker._open_elsewhere(state)
                 handling = handled()
                 if handling is not None:  # called from an except block: its exception is not this call's
                     call.handling = handling

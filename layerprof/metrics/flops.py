@@ -9,7 +9,9 @@ to module calls:
   credited with its ancestors. So functional code (``F.linear``, ``@``, ``einsum``, SDPA) inside any module is
   counted where it ran, in both passes, and a module called several times sums its calls;
 * a forward re-run during backward by activation checkpointing (``CallTrace.recompute``) to ``flops_recompute``,
-  never to ``flops_forward``; its calls hang under the call whose backward triggered the re-run.
+  never to ``flops_forward``; its calls hang under the call whose backward triggered the re-run;
+* and, in both passes, to the ancestors that adopt one of those calls, made outside their own (an encoder called
+  by itself before the model: ``record/adoption.py``), where they ran in the step.
 
 Every op's bytes read and written (``bytes.py``) are counted in the same pass and credited the same way.
 
@@ -24,12 +26,13 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
 
 from .._torch import TorchDispatchMode, current_autograd_node, has_decomposition, nested_sizes, sequence_nr
+from ..record.adoption import adopters
 from ..record.fields import FIELDS, Field, declare
 from ..record.records import ModuleRecord
 from .meter import Meter, register_meter
@@ -114,6 +117,16 @@ class _Totals:
         self.unknown: Counter[str] = Counter()
 
 
+def _joined(totals: _Totals, adopted: _Totals) -> _Totals:
+    """A module's own totals with what it adopted added to the inclusive ones (its self figures are its own)."""
+    joined = _Totals()
+    joined.flops = [own + more for own, more in zip(totals.flops, adopted.flops)]
+    joined.bytes = [own + more for own, more in zip(totals.bytes, adopted.bytes)]
+    joined.self_flops, joined.self_bytes = totals.self_flops, totals.self_bytes
+    joined.unknown = totals.unknown + adopted.unknown
+    return joined
+
+
 class _CountingMode(TorchDispatchMode):
     """Runs every op, then hands it to the meter. Ops with no formula but a composite decomposition are run
     decomposed, so that their parts are counted (as FlopCounterMode does)."""
@@ -167,6 +180,11 @@ class FlopMeter(Meter):
         self._logical_parent: dict[int, Any] = {}  # id(recompute call) -> the call it re-runs a part of
         self._originals: dict[str, list[Any]] = {}  # name -> its non-recompute calls in creation order
         self._totals: dict[str, _Totals] = {}
+        # id(call) -> the ancestors that adopt it (those that can run: a ModuleList cannot), and what they adopted,
+        # added to their totals where they ran in the step.
+        self._adopters: dict[int, tuple[str, ...]] = {}
+        self._adopted: dict[str, _Totals] = {}
+        self._uncallable: frozenset[str] = frozenset()
         self._override_forward: set[int] = set()  # id(call) of calls counted by a module override
         self._override_backward: dict[int, int] = {}  # id(call) -> backward FLOPs given by the override
         self._overridden_calls: list[Any] = []
@@ -177,7 +195,8 @@ class FlopMeter(Meter):
         self.outside_bytes: list[int] = [0, 0, 0]
 
     # -- lifecycle -------------------------------------------------------------------------------------------
-    def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: list[tuple[str, nn.Module]]) -> None:
+    def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: Sequence[tuple[str, nn.Module]]) -> None:
+        self._uncallable = frozenset(name for name, module in entries if type(module).forward is nn.Module.forward)
         self._mode = _CountingMode(self)
         self._mode.__enter__()
 
@@ -201,6 +220,11 @@ class FlopMeter(Meter):
             self._originals.setdefault(call.name, []).append(call)
         calls.append(call)
         self._local.current = call
+        found = adopters(call)
+        if found:
+            found = tuple(name for name in found if name not in self._uncallable)
+            if found:
+                self._adopters[id(call)] = found
         if module_flops_formula(module) is not None:
             self._override_forward.add(id(call))
 
@@ -300,6 +324,7 @@ class FlopMeter(Meter):
         """Add to the call's module and its ancestors' once each (the first, innermost, as its own ops); FLOPs
         stop below a call whose override counts them, bytes do not (an override prices FLOPs only)."""
         overridden = self._override_backward if phase == _BACKWARD else self._override_forward
+        adopting = self._adopters
         seen: set[str] = set()
         innermost, priced = True, True
         while call is not None:
@@ -321,8 +346,26 @@ class FlopMeter(Meter):
                     innermost = False
                 if unknown is not None:
                     totals.unknown[unknown] += 1
+            if adopting:
+                found = adopting.get(id(call))
+                if found:
+                    self._credit_adopters(found, seen, phase, flops, moved, unknown)
             parent = call.parent
             call = parent if parent is not None else self._logical_parent.get(id(call))
+
+    def _credit_adopters(self, found: tuple[str, ...], seen: set[str], phase: int, flops: int, moved: int,
+                         unknown: str | None) -> None:
+        """Add an op to what the ancestors that adopt a call holding it adopted, once each."""
+        for name in found:
+            if name not in seen:
+                seen.add(name)
+                totals = self._adopted.get(name)
+                if totals is None:
+                    totals = self._adopted[name] = _Totals()
+                totals.flops[phase] += flops
+                totals.bytes[phase] += moved
+                if unknown is not None:
+                    totals.unknown[unknown] += 1
 
     # -- records ---------------------------------------------------------------------------------------------
     def fill(self, records: dict[str, ModuleRecord]) -> None:
@@ -335,8 +378,11 @@ class FlopMeter(Meter):
         recomputed = {call.name for calls in self._calls.values() for call in calls if call.recompute}
         for name, record in records.items():
             totals = self._totals.get(name) or _Totals()
-            forward, backward, recompute = totals.flops
             ran = name in self._originals  # called in the counted step (records may average other steps)
+            adopted = self._adopted.get(name)
+            if adopted is not None and ran:
+                totals = _joined(totals, adopted)
+            forward, backward, recompute = totals.flops
             record.flops_forward = forward if ran else None
             record.flops_backward = backward if ran and backward_ran else None
             record.flops_recompute = recompute if recompute or name in recomputed else None
@@ -350,3 +396,5 @@ class FlopMeter(Meter):
         self._calls.clear()
         self._logical_parent.clear()
         self._originals.clear()
+        self._adopters.clear()
+        self._adopted.clear()

@@ -13,6 +13,10 @@ On every device:
   ``activation_bytes``; ``self_saved_bytes`` is the innermost part. A region under ``torch.utils.checkpoint``
   saves nothing through these hooks, which is the point of checkpointing and shows here as 0.
 
+An ancestor that adopts a call made outside its own (an encoder called by itself before the model:
+``record/adoption.py``) adds that call's inclusive figures to its inclusive ones, the CUDA deltas and peaks too,
+where it ran in the step; its self figures and the checkpoint planner's are its own calls'.
+
 Storages are deduplicated within one forward of the model (from the outermost call's start), so profiling several
 steps sums the steps like the times. The pack hook hands autograd a detached alias of the saved tensor (or chains
 to hooks installed before profiling, such as ``save_on_cpu``), so memory and gradients are those of an unprofiled
@@ -41,6 +45,7 @@ from torch import nn
 
 from .._tensors import iter_tensors
 from .._torch import StorageWeakRef, outer_saved_tensors_hooks, storage_key, tensor_version
+from ..record.adoption import adopters
 from ..record.fields import Field, declare
 from ..record.records import ModuleRecord
 from .checkpoint_bytes import (
@@ -216,7 +221,7 @@ class MemoryMeter(Meter):
         self._outer: tuple[Any, Any] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
-    def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: list[tuple[str, nn.Module]]) -> None:
+    def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: Sequence[tuple[str, nn.Module]]) -> None:
         self._names = list(records)
         self._static = _storage_keys(list(model.parameters()), list(model.buffers()))
         self._reader = type(self).reader_factory()
@@ -405,6 +410,11 @@ class MemoryMeter(Meter):
             _add(row, "checkpoint_inplace_inputs", state.inplace)
             _add(row, "checkpoint_saved_tensors", state.tensors)
             _add(row, "foreign_calls", int(call.parent is not None and not _inside(call.name, call.parent.name)))
+        ran = {call.name for call, _ in self._calls if not call.recompute}
+        for call, state in self._calls:
+            for name in adopters(call):
+                if name in ran:
+                    _adopt(totals[name], state)
         for name, row in totals.items():
             for field, value in row.items():
                 setattr(records[name], field, value)
@@ -414,6 +424,16 @@ class MemoryMeter(Meter):
         self._tables = []
         self._calls.clear()
         self._states.clear()
+
+
+def _adopt(row: dict[str, int | None], state: _CallMemory) -> None:
+    """Add a call that the row's module adopts to its inclusive figures."""
+    _add(row, "activation_bytes", state.activation)
+    _add(row, "saved_bytes", state.saved)
+    _add(row, "cuda_forward_delta_bytes", state.forward_delta)
+    _max(row, "cuda_forward_peak_bytes", state.forward_peak)
+    _add(row, "cuda_backward_delta_bytes", state.backward_delta)
+    _max(row, "cuda_backward_peak_bytes", state.backward_peak)
 
 
 def _inside(name: str, caller: str) -> bool:

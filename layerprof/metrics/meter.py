@@ -44,8 +44,9 @@ class Meter:
         """Only for a meter with ``pauses_clock``: the clock CPU module boundaries are stamped with this profile,
         given before ``start``; ``clock.pause()``/``clock.resume()`` stop it and let it run on."""
 
-    def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: list[tuple[str, nn.Module]]) -> None:
-        """Profiling begins (``__enter__``): hooks are about to go on."""
+    def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: Sequence[tuple[str, nn.Module]]) -> None:
+        """Profiling begins (``__enter__``): hooks are about to go on. ``entries``: every module once, with its
+        first name, in ``named_modules()`` order (a sequence of pairs: indexed, iterated, measured with ``len``)."""
 
     def forward_pre(self, call: Any, module: nn.Module, args: Any, kwargs: Any) -> None:
         """Before a module's forward (only if ``wants_forward_hooks``)."""

@@ -6,7 +6,7 @@ shared blocks); ``measure_params`` does so in time linear in the model's size.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -73,7 +73,7 @@ class _Totals:
             self.dtypes[key] = self.dtypes.get(key, 0) + count
 
 
-def measure_params(entries: list[tuple[str, nn.Module]]) -> dict[str, dict[str, Any]]:
+def measure_params(entries: Sequence[tuple[str, nn.Module]]) -> dict[str, dict[str, Any]]:
     """The ``PARAM_FIELDS`` of every module in ``entries`` (unique modules, parents before children, as
     ``named_modules()`` gives them), in time linear in the model's size.
 
@@ -179,7 +179,7 @@ def module_params(module: nn.Module) -> dict[str, Any]:
     return measure_params(list(module.named_modules()))[""]
 
 
-def _measure(entries: list[tuple[str, nn.Module]]) -> tuple[dict[str, dict[str, Any]], bool]:
+def _measure(entries: Sequence[tuple[str, nn.Module]]) -> tuple[dict[str, dict[str, Any]], bool]:
     """The figures, and whether a parameter or buffer is lazy (then they are measured again once it has run)."""
     lazy = any(_is_lazy(t) for _, module in entries for table in (module._parameters, module._buffers)
                for t in table.values() if t is not None)
@@ -194,12 +194,12 @@ class ParamsMeter(Meter):
     deferrable = True  # start measures the entries; fill copies those figures
 
     def __init__(self) -> None:
-        self._entries: list[tuple[str, nn.Module]] = []
+        self._entries: Sequence[tuple[str, nn.Module]] = []
         self._values: dict[str, dict[str, Any]] = {}
         self._lazy = False
         self._measured = 0  # entries measured: the profiler appends modules registered while profiling
 
-    def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: list[tuple[str, nn.Module]]) -> None:
+    def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: Sequence[tuple[str, nn.Module]]) -> None:
         self._entries = entries
         self._measure()
 

@@ -19,7 +19,7 @@ Calls re-run by activation checkpointing during backward are skipped: they repea
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -98,7 +98,7 @@ class ShapesMeter(Meter):
         self._variants: dict[str, dict[tuple[Any, ...], None]] = {}  # name -> signatures, first call first
         self._names: list[str] = []
 
-    def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: list[tuple[str, nn.Module]]) -> None:
+    def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: Sequence[tuple[str, nn.Module]]) -> None:
         self._names = list(records)
 
     def forward_pre(self, call: Any, module: nn.Module, args: Any, kwargs: Any) -> None:
