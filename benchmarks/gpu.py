@@ -10,7 +10,9 @@ built from its config (no download), and a deep stack of 1,501 small modules (la
   tear-down included), inside torch.profiler (CPU and CUDA activity, Python stacks) and under the seed tool's
   full backward hooks; each step ends with ``torch.cuda.synchronize()``; medians of wall time over the plain
   median, and the extra µs per module.
-- Accuracy: layerprof inside a torch.profiler session with CUDA activity on the very same steps; a module's
+- Accuracy (at ``--accuracy-scale`` times the batch, 4 by default, so that the step is compute-bound: on a
+  launch-bound step the events' elapsed GPU time holds the idle gaps between launches, which kernel time does
+  not): layerprof inside a torch.profiler session with CUDA activity on the very same steps; a module's
   reference time is the GPU time of the kernels launched inside its forward (its ``record_function`` range,
   annotate=True) and inside its backward range, as a share of the step, compared with layerprof's shares for
   modules above 1 % of the step.
@@ -36,20 +38,20 @@ from torch import nn
 from layerprof import LayerProf, schedule
 
 
-def resnet50() -> tuple[nn.Module, Callable[[], torch.Tensor]]:
+def resnet50(scale: int = 1) -> tuple[nn.Module, Callable[[], torch.Tensor]]:
     import torchvision
 
     model = torchvision.models.resnet50(weights=None).cuda()
-    x = torch.randn(32, 3, 224, 224, device="cuda")
+    x = torch.randn(32 * scale, 3, 224, 224, device="cuda")
     return model, lambda: model(x).sum()
 
 
-def bert_base() -> tuple[nn.Module, Callable[[], torch.Tensor]]:
+def bert_base(scale: int = 1) -> tuple[nn.Module, Callable[[], torch.Tensor]]:
     import transformers
 
     config = transformers.BertConfig(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     model = transformers.BertModel(config).cuda()
-    ids = torch.randint(0, config.vocab_size, (8, 128), device="cuda")
+    ids = torch.randint(0, config.vocab_size, (8 * scale, 128), device="cuda")
     return model, lambda: model(input_ids=ids).last_hidden_state.float().pow(2).mean()
 
 
@@ -209,10 +211,10 @@ def plan(name: str, repeats: int) -> None:
               f"{result.measured_extra_ms:.2f} measured (step {result.step_ms_before:.2f} ms)", flush=True)
 
 
-def accuracy(name: str, steps: int) -> None:
+def accuracy(name: str, steps: int, scale: int) -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    model, loss_fn = MODELS[name]()
+    model, loss_fn = MODELS[name](scale)
     for _ in range(3):
         _step(model, loss_fn)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as session:
@@ -251,6 +253,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--models", default="resnet50,bert,deep")
     parser.add_argument("--plan-repeats", type=int, default=10, help="timed steps with and without each plan")
+    parser.add_argument("--accuracy-scale", type=int, default=4,
+                        help="batch multiple for the accuracy check: a compute-bound step (at batch 32 and 8 the "
+                             "H200's steps are launch-bound, and elapsed GPU time is not kernel time)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("benchmarks/gpu.py needs a CUDA device; none is available here (torch "
@@ -261,7 +266,7 @@ def main() -> None:
     for name in args.models.split(","):
         overhead(name, args.repeats)
         if name != "deep":
-            accuracy(name, args.steps)
+            accuracy(name, args.steps, args.accuracy_scale)
             plan(name, args.plan_repeats)
 
 
