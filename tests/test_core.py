@@ -364,6 +364,38 @@ def test_a_thread_whose_first_block_ran_in_inference_mode_times_a_later_backward
     assert all(r.backward_ms is not None and r.backward_ms > 0 for r in found[0].tree)
 
 
+def test_a_step_ending_on_one_thread_leaves_the_hook_dict_another_threads_walk_is_using() -> None:
+    # A thread's NodeHooker is shared by every profiler. A walk sets the carrier's dict, then hooks nodes with
+    # it; the GIL can pass to another thread between the two. Profiler A, whose modules ran on the worker once,
+    # ends a step on the main thread while profiler B's walk on the worker is between the two: had A's step end
+    # cleared the worker's carrier (its dict set to None), B's next ``register(node)`` would hand torch a null
+    # dict, which crashes the process (a segmentation fault).
+    import threading
+
+    from layerprof.collect.tracker import _thread_hooker
+
+    first, second = MLP(), MLP()
+    mid_walk, step_ended, seen = threading.Event(), threading.Event(), []
+
+    def worker() -> None:
+        first(torch.randn(2, 8)).sum().backward()  # A's tracker gets a state for this thread
+        second(torch.randn(2, 8))  # and B's
+        hooker, owner = _thread_hooker(), {0: "B's call"}
+        hooker.use(owner)  # B's walk, between setting the dict and its next register(node)
+        mid_walk.set()
+        step_ended.wait(10)
+        seen.append(hooker._carrier._backward_hooks)
+
+    with LayerProf(first) as outer, LayerProf(second):
+        thread = threading.Thread(target=worker)
+        thread.start()
+        assert mid_walk.wait(10)
+        outer.step()  # A's step ends on the main thread
+        step_ended.set()
+        thread.join()
+    assert seen == [{0: "B's call"}]
+
+
 def test_clock_of_a_call_given_its_tensors_by_keyword_sees_them_on_the_global_hooks_path(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Once CUDA is initialised a call's clock follows its first tensor (args, then kwargs, then the module's

@@ -236,7 +236,8 @@ class CallTrace:
 
 # Each thread's NodeHooker, shared by every tracker: its carrier tensor is made once per thread, not in the first
 # forward of every block (cold after a step, about 50 µs on BERT). Sharing is safe: a walk sets the carrier's dict
-# before its first node and hooks its nodes with no other code running between the two.
+# before its first node and hooks its nodes with no other code of its thread running between the two, and only its
+# own thread clears it (``_ThreadState.clear``).
 _HOOKERS = threading.local()
 
 
@@ -251,7 +252,7 @@ def _thread_hooker() -> NodeHooker:
 class _ThreadState:
     """Per thread: the open calls, and which call owned each range of sequence numbers during the step."""
 
-    __slots__ = ("stack", "bounds", "owners", "walked", "hooker")
+    __slots__ = ("stack", "bounds", "owners", "walked", "hooker", "thread")
 
     def __init__(self) -> None:
         self.stack: list[CallTrace] = []
@@ -261,13 +262,18 @@ class _ThreadState:
         self.owners: list[CallTrace | None] = []
         self.walked: set[int] = set()  # sequence numbers of the nodes walked this step (ints: no node kept alive)
         self.hooker = _thread_hooker()  # hooks graph nodes with their owner's hook dict ``{0: owner}``
+        self.thread = threading.get_ident()
 
     def clear(self) -> None:
         self.stack.clear()
         self.bounds.clear()
         self.owners.clear()
         self.walked.clear()
-        self.hooker.clear()
+        # The hooker is the thread's, shared by every profiler: cleared from its own thread only. From another,
+        # a walk there (another profiler's) may be between setting its dict and hooking a node, which with the
+        # dict gone hands torch a null dict (a crash); its last dict stays until that thread's next walk.
+        if threading.get_ident() == self.thread:
+            self.hooker.clear()
 
 
 class Tracker:
