@@ -99,14 +99,14 @@ class CurrentStream:
         self._index = index
         self._raw_of = raw or cuda_raw_stream()
         self._make = make or torch.cuda.current_stream
-        self._raw: int | None = None
-        self._stream: Any = None
+        self._last: tuple[int | None, Any] = (None, None)  # (raw handle, Stream): one store, one read
 
     def __call__(self) -> Any:
         raw = self._raw_of(self._index)
-        if raw != self._raw:
-            self._stream, self._raw = self._make(self._index), raw
-        return self._stream
+        last = self._last
+        if raw != last[0]:
+            last = self._last = (raw, self._make(self._index))
+        return last[1]
 
 
 def _record(event: Any, stream: Any) -> None:
