@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNNABLE = ("python", "bash")
-TIMEOUT_S = 180
+TIMEOUT_S = 480
 TEARDOWN_ABORT = "terminate called without an active exception"  # std::terminate from a joinable thread at exit
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$")
