@@ -22,7 +22,6 @@ from .environment import environment
 from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters
 from ..metrics.peaks import check_peaks
-from .._tensors import first_tensor
 from .._torch import compiled_module_type, submodules
 from ..profile import Profile
 from ..record.records import ModuleRecord, module_paths
@@ -156,22 +155,6 @@ def _stop_all(meters: list[Meter]) -> None:
         raise error
 
 
-def _example_probe(example: dict[str, Any]) -> Callable[..., None]:
-    """A forward pre-hook for the model that notes the batch size and dtype of its first input in ``example``.
-    A plain function, not a bound method: ``copy.deepcopy`` of the model inside the block copies its hook dicts,
-    and would try to copy the profiler behind a bound method."""
-
-    def probe(module: nn.Module, args: Any, kwargs: Any) -> None:
-        if not example:
-            tensor = first_tensor(args, kwargs)
-            if tensor is not None:
-                example.update(batch_size=int(tensor.shape[0]) if tensor.dim() else None,
-                               input_dtype=str(tensor.dtype).replace("torch.", ""))
-        return None
-
-    return probe
-
-
 def _result(method: Callable[..., _T]) -> Callable[..., _T]:
     """A LayerProf method that calls ``method`` on the finished profile (``prof.profile``)."""
 
@@ -248,12 +231,10 @@ class LayerProf:
         self._entries: reuse.Entries | list[tuple[str, nn.Module]] = []
         self._entry_modules: list[nn.Module] = []
         self._owns: list[dict[str, Any]] | None = None  # their ``__dict__``, where the start read them
-        self._probe: Any = None
         self._registration: Any = None  # the global hook that sees submodules registered while profiling
         self._names: dict[int, str] = {}
         self._plan: reuse.Plan | None = None
         self._pre_hooked: list[nn.Module] | None = None  # the first attach's modules with pre-hooks of their own
-        self._example: dict[str, Any] = {}
         self._profile: Profile | None = None
         self._state = "new"  # new -> running -> done, or failed when the block raised
         self._in_block = False  # inside `with`: stop() is the block's job
@@ -329,12 +310,11 @@ class LayerProf:
                     if not meter.distorts_timing:
                         meter.start(self.model, self._records_for(meter), entries)
                         started.append(meter)
-            self._probe = self.model.register_forward_pre_hook(_example_probe(self._example), with_kwargs=True)
             if plan.key is not None:
                 # The modules with pre-hooks of their own, as the plan's key saw them at this block's start (no
-                # module's hooks changed since; the model's root now has the probe): for an attach here only; a
-                # later one (after a schedule's wait) reads the modules, whose hooks the user may have changed.
-                self._pre_hooked = [modules[0], *(modules[index] for index in plan.pre_hooked if index)]
+                # module's hooks changed since): for an attach here only; a later one (after a schedule's wait)
+                # reads the modules, whose hooks the user may have changed.
+                self._pre_hooked = list(map(modules.__getitem__, plan.pre_hooked))
             self._registration = register_module_module_registration_hook(self._module_registered)
             self._begin_step()
             self._pre_hooked = None  # not attached in a schedule's wait: a later attach reads the hook dicts
@@ -470,9 +450,6 @@ class LayerProf:
         try:
             if self._tracker is not None:
                 self._tracker.release()
-            if self._probe is not None:
-                self._probe.remove()
-                self._probe = None
             if self._registration is not None:
                 self._registration.remove()
                 self._registration = None
@@ -623,7 +600,7 @@ class LayerProf:
         if compiled is not None:  # its times are partial: no profile rather than a wrong one
             raise RuntimeError(compiled)
         self._warn_unseen_modules(owns)
-        meta: dict[str, Any] = {"environment": {**environment(self.model), **self._example}}
+        meta: dict[str, Any] = {"environment": {**environment(self.model), **tracker.example}}
         distorting = [m.name for m in self.metrics if m.distorts_timing]
         if self._stats.steps == 0 and self._counting_step is not None:
             # Only set while a distorting meter counted, so ``distorting`` is not empty here.

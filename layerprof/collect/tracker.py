@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from .clock import Clock, CpuClock, make_clock
+from .environment import input_facts
 from .._tensors import first_tensor, iter_tensors
 from .._torch import graph_task_id as _graph_task_id
 from .._torch import next_sequence_nr as _next_sequence_nr
@@ -287,6 +288,10 @@ class Tracker:
         self.global_hooks = global_hooks
         self.calls: list[CallTrace] = []
         self.active = False
+        # The batch size and dtype of the first tensor the model's root was called with (``input_facts``), noted by
+        # the pre-hook: no forward pre-hook of its own on the root (a handle to make and remove per block, and a
+        # hook of ours per module there instead of the global one).
+        self.example: dict[str, Any] = {}
         # id of a module's forward pre-hook dict -> the module's qualified name, for every module ever attached.
         # Keyed by the dict, not the module: a DataParallel replica (or a copy.copy) shares its original's hook
         # dicts and its calls are the original's; a deep copy has dicts of its own and is not profiled.
@@ -455,6 +460,7 @@ class Tracker:
         tracker = self
         names = self.names
         calls = self.calls
+        example = self.example
         local = self._local
         cpu_clock = self.cpu_clock
         cuda_initialized = torch.cuda.is_initialized
@@ -470,6 +476,10 @@ class Tracker:
                 name = names.get(id(module._forward_pre_hooks))
                 if name is None:  # not profiled: another model's, a deep copy of a profiled one (with our hooks)
                     return None
+                if not name and not example:  # the root's first call with a tensor: the profile's example input
+                    tensor = first_tensor(args, global_pre_hook_kwargs(get_frame(1)) if kwargs is None else kwargs)
+                    if tensor is not None:
+                        example.update(input_facts(tensor))
                 try:
                     state = local.state
                 except AttributeError:
