@@ -80,8 +80,11 @@ def environment(model: nn.Module | None = None, example: torch.Tensor | None = N
         "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
         **_device_facts(device, parameter.dtype if parameter is not None else None),
-        **input_facts(example),
+        **(input_facts(example) if example is not None else _NO_EXAMPLE),
     }
+
+
+_NO_EXAMPLE = {"batch_size": None, "input_dtype": None}
 
 
 def input_facts(example: torch.Tensor | None) -> dict[str, Any]:

@@ -38,7 +38,7 @@ __all__ = ["LayerProf"]
 
 _T = TypeVar("_T")
 _first, _second = itemgetter(0), itemgetter(1)
-_own = attrgetter("__dict__")
+_own, _kind, _name = attrgetter("__dict__"), attrgetter("kind"), attrgetter("name")
 
 # The LayerProfs running now (a dict as an ordered set), each with the modules it hooks in its ``_names`` (keyed by
 # id(module): a running profiler holds its modules, ``_entries``, until its teardown takes it out of here, so an id
@@ -226,6 +226,7 @@ class LayerProf:
         self._counting_step: dict[str, StepTimes] | None = None
         self._counting: list[Meter] = []  # timing-distorting meters while they run
         self._counting_done = False
+        self._observed = False  # whether some meter observes calls (set as the block starts)
         self._steps_with_calls = 0
         self._tracker: Tracker | None = None
         self._entries: reuse.Entries | list[tuple[str, nn.Module]] = []
@@ -293,12 +294,19 @@ class LayerProf:
         self._entry_modules = modules  # the entries' modules while no module joins (then len(entries) > _built)
         self._owns = owns
         self._built = len(entries)
-        pausing = [meter for meter in self.metrics if meter.pauses_clock]
+        pausing = []
+        forward_observed = backward_observed = False
+        for meter in self.metrics:  # one loop here, not a generator per question (each a cold frame on entry)
+            if meter.pauses_clock:
+                pausing.append(meter)
+            forward_observed = forward_observed or meter.wants_forward_hooks
+            backward_observed = backward_observed or meter.wants_backward_hooks
+        self._observed = forward_observed or backward_observed
         clock = PausableClock() if pausing else None
         for meter in pausing:
             meter.use_clock(clock)
         # Global module hooks unless a meter observes forward calls (its pre-hook wants the call's kwargs).
-        global_hooks = not any(meter.wants_forward_hooks for meter in self.metrics)
+        global_hooks = not forward_observed
         self._tracker = Tracker(sync=self.sync, cpu_clock=clock, global_hooks=global_hooks)
         # The plan's names, copied only when a module joins (``_module_registered``).
         self._names = plan.names
@@ -411,16 +419,18 @@ class LayerProf:
         self._state = "failed"  # until the profile is made
         # Read before the hooks come off: ending the step forgets which module's backward ran last.
         note = backward_note(tracker, exc, traceback) if exc is not None else None
+        ended = False  # whether the tracker's step was just closed: its detach need not close it again
         try:
             if partial is not None:
                 self._drop_step()
             elif exc is None:
                 self._end_step(last=True)
+                ended = True
         except BaseException as error:
             self._failure = f"ending the last step raised {type(error).__name__}"
             raise
         finally:
-            self._teardown(self._running_meters())
+            self._teardown(self._running_meters(), ended)
         if exc is not None:
             self._failure = f"the block raised {type(exc).__name__}"
             if note is not None:
@@ -445,11 +455,12 @@ class LayerProf:
             return f"has stopped ({self._failure})"
         return "has already stopped"
 
-    def _teardown(self, meters: list[Meter]) -> None:
-        """Take everything off the model; runs on every exit path."""
+    def _teardown(self, meters: list[Meter], ended: bool = False) -> None:
+        """Take everything off the model; runs on every exit path (``ended``: the tracker's step was just
+        closed)."""
         try:
             if self._tracker is not None:
-                self._tracker.release()
+                self._tracker.release(ended)
             if self._registration is not None:
                 self._registration.remove()
                 self._registration = None
@@ -471,7 +482,8 @@ class LayerProf:
                     meter.start(self.model, self._records_for(meter), self._entries)
                     self._counting.append(meter)
             self._counting_done = True
-        self._set_observers()
+        if self._observed:  # (else the tracker's observers stay none)
+            self._set_observers()
         if wanted and not tracker.active:
             plan = self._plan
             # The plan's names while the block's modules are the plan's (none joined while profiling).
@@ -518,10 +530,11 @@ class LayerProf:
         recorded = action is Action.RECORD and timed and not self._counting
         for meter in self._running_meters():
             meter.end_step(recorded)
-        if timed:  # counting meters stay on until a step has run something to count
+        if timed and self._counting:  # counting meters stay on until a step has run something to count
             counting, self._counting = self._counting, []
             _stop_all(counting)
-        self._set_observers()
+        if self._observed and not last:  # (the last step's observers go with the tracker)
+            self._set_observers()
 
     def _drop_step(self) -> None:
         """Forget the step under way (it did not complete): its calls, and the meters' numbers for it."""
@@ -601,8 +614,8 @@ class LayerProf:
             raise RuntimeError(compiled)
         self._warn_unseen_modules(owns)
         meta: dict[str, Any] = {"environment": {**environment(self.model), **tracker.example}}
-        distorting = [m.name for m in self.metrics if m.distorts_timing]
         if self._stats.steps == 0 and self._counting_step is not None:
+            distorting = [m.name for m in self.metrics if m.distorts_timing]
             # Only set while a distorting meter counted, so ``distorting`` is not empty here.
             self._stats.add(self._counting_step)
             meta["timing_distorted_by"] = distorting
@@ -617,7 +630,9 @@ class LayerProf:
         stats, meters = self._stats, tuple(self.metrics)
         # Made when the profile is first read where nothing needed the records while the block ran, and every
         # meter fills from its own numbers: a one-shot profile that is never read never makes them.
-        later = self._records is None and plan is not None and all(meter.deferrable for meter in meters)
+        later = self._records is None and plan is not None
+        for meter in meters:  # (a loop here: no generator frame, cold as the block exits)
+            later = later and meter.deferrable
         if not later:
             records = self._records_now()
             write_reprs(list(map(records.__getitem__, map(_first, self._entries))), reprs)
@@ -632,7 +647,7 @@ class LayerProf:
             meta["peaks"] = dict(self._given_peaks)
         meta.update(steps=self._stats.steps, steps_seen=self._steps_with_calls, warmup=self.warmup,
                     schedule=None if self.schedule is None else vars(self.schedule).copy(),
-                    clock=sorted({clock.kind for clock in tracker.clocks()}))
+                    clock=sorted(set(map(_kind, tracker.clocks()))))
         if not later:
             meta["step_ms"] = stats.step_totals()
         if self._stats.steps == 0:
@@ -650,7 +665,7 @@ class LayerProf:
             # The records are in tree order unless modules joined while profiling (then the tree is walked again).
             in_order = len(self._records) == self._built
             self._profile = Profile(self._tree, meta, self._records if in_order else None)
-        if meta["clock"] == ["wall"] and any(meter.name == "memory" for meter in self.metrics):
+        if meta["clock"] == ["wall"] and "memory" in map(_name, self.metrics):
             # A profile to plan checkpoints on: what the hooks add to each ancestor's forward, which a
             # recomputation does not pay (the planner takes it off), measured by its first plan.
             shapes = tuple(m.name for m in self.metrics if m.name == "shapes")

@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+from collections import abc
 from bisect import bisect_right
 from operator import attrgetter, itemgetter
 from time import perf_counter_ns
@@ -57,6 +58,9 @@ from .._torch import sequence_nr as _sequence_nr
 __all__ = ["CallTrace", "Tracker"]
 
 _Tensor = torch.Tensor
+# What ``attach`` takes as it is: ``collections.abc.Sequence``, not ``typing``'s alias, whose isinstance runs two
+# frames of Python code more (cold as a block starts).
+_SEQUENCES = abc.Sequence
 _first, _second = itemgetter(0), itemgetter(1)
 _pre_hooks = attrgetter("_forward_pre_hooks")
 # The exception being handled, without the tuple sys.exc_info() builds, where Python has sys.exception (3.11 on).
@@ -335,7 +339,7 @@ class Tracker:
         if self._hooks is None:
             self._hooks = self._make_hooks()
         pre, post, global_pre = self._hooks
-        if not isinstance(modules, Sequence):  # (a block's ``Entries``: pairs made when read, not all at once)
+        if not isinstance(modules, _SEQUENCES):  # (a block's ``Entries``: pairs made when read, not all at once)
             modules = list(modules)
         # The modules without their names, read where needed: not on the common path of a reused plan (names and
         # the modules with pre-hooks of their own given, global hooks), where a list of ten thousand costs a pass.
@@ -375,10 +379,12 @@ class Tracker:
         for key in copied:
             remove_forward_hooks(module, key)
 
-    def detach(self) -> None:
-        """Remove every module hook. Graph hooks die with the graph and do nothing once their step has ended."""
+    def detach(self, ended: bool = False) -> None:
+        """Remove every module hook. Graph hooks die with the graph and do nothing once their step has ended
+        (``ended``: the step was just closed by ``end_step``, with no forward since)."""
         self.active = False
-        self.end_step()
+        if not ended:
+            self.end_step()
         # Hooks copied onto a deep copy of a module outlive the detach and hold this tracker: it must not hold
         # the modules (attach fills this again; a note needs it only while hooked).
         self._attached = []
@@ -390,10 +396,10 @@ class Tracker:
         for added in handles:
             remove_forward_hooks_from(added)
 
-    def release(self) -> None:
+    def release(self, ended: bool = False) -> None:
         """Detach, and drop the hook functions, which hold this tracker: once the block is over nothing refers
         back to it (a reference cycle would keep it and its step's state until a garbage collection)."""
-        self.detach()
+        self.detach(ended)
         self._hooks = None
 
     def end_step(self) -> None:
