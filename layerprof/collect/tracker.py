@@ -303,7 +303,7 @@ class Tracker:
         # The same for the modules whose forward the global pre-hook starts: not those with pre-hooks of their own
         # when attached, which get a pre-hook of ours after theirs, so that the user's hooks are not timed.
         self.global_names: dict[int, str] = {}
-        self._global_handles: tuple[Any, Any] | None = None
+        self._global_handles: Any = None  # what add_global_forward_hooks returned
         # What each attach hooked, (name, module) pairs, for the class names in the notes on exceptions: searched
         # then, not made into a dict by name at every block (ten thousand entries to make and free for a note).
         self._attached: list[Sequence[tuple[str, nn.Module]]] = []
