@@ -36,6 +36,10 @@ from ..metrics.meter import Meter, register_meter
 from ..record.fields import Field, declare
 from ..record.records import ModuleRecord
 
+# Whether this torch was built with distributed support: fixed for the process, read once (``needed_by`` runs at
+# every LayerProf, right after a step, where each frame of torch's Python code is cache misses).
+_DISTRIBUTED = torch.distributed.is_available()
+
 __all__ = ["FsdpCommMeter", "FSDP_FIELDS"]
 
 FSDP_FIELDS = ("comm_forward_ms", "comm_backward_ms", "all_gather_bytes", "reduce_scatter_bytes")
@@ -86,8 +90,7 @@ class FsdpCommMeter(Meter):
 
     @classmethod
     def needed_by(cls, model: nn.Module) -> bool:
-        distributed = torch.distributed
-        if not distributed.is_available() or not distributed.is_initialized():
+        if not _DISTRIBUTED or not torch.distributed.is_initialized():
             return False  # fully_shard needs a process group: no walk over the modules of a plain model
         return any(fsdp2_param_groups(module) for module in model.modules())
 
