@@ -10,7 +10,6 @@ from typing import Any, Callable, Iterable, TypeVar
 
 import torch
 from torch import nn
-from torch.nn.modules.module import register_module_module_registration_hook
 
 from . import reuse
 from .annotate import Annotator
@@ -22,7 +21,7 @@ from .environment import environment
 from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters
 from ..metrics.peaks import check_peaks
-from .._torch import compiled_module_type, submodules
+from .._torch import add_module_registration_hook, compiled_module_type, remove_module_registration_hook, submodules
 from ..profile import Profile
 from ..record.records import ModuleRecord, module_paths
 from .schedule import Action, Schedule
@@ -201,9 +200,13 @@ class LayerProf:
                  warmup: int = 0, schedule: Schedule | None = None, max_samples: int = 1024,
                  annotate: bool = False, peaks: dict[str, Any] | None = None) -> None:
         self._paths = _check_model(model)
-        self._given_peaks = check_peaks(peaks)
-        warmup = check_int("warmup", warmup)
-        max_samples = check_int("max_samples", max_samples, minimum=1)
+        # The checks' functions called only where a value is not a plain default's kind: each is a frame of code
+        # that is cache misses as a one-shot block starts right after a step.
+        self._given_peaks = None if peaks is None else check_peaks(peaks)
+        if type(warmup) is not int or warmup < 0:
+            warmup = check_int("warmup", warmup)
+        if type(max_samples) is not int or max_samples < 1:
+            max_samples = check_int("max_samples", max_samples, minimum=1)
         if schedule is not None and not isinstance(schedule, Schedule):
             raise TypeError(
                 f"schedule must be a layerprof.schedule(wait=, warmup=, active=, repeat=), got {schedule!r}"
@@ -211,7 +214,7 @@ class LayerProf:
         if schedule is not None and warmup:
             raise ValueError("give either warmup= or schedule= (which has its own warmup), not both")
         self.model = model
-        self.sync = check_bool("sync", sync)
+        self.sync = sync if sync is False or sync is True else check_bool("sync", sync)
         self.warmup = warmup
         self.schedule = schedule
         self.metrics: list[Meter] = make_meters(metrics, model)
@@ -316,14 +319,14 @@ class LayerProf:
             with verified(self.model, plan.values if plan.key is not None else None):
                 for meter in self.metrics:
                     if not meter.distorts_timing:
-                        meter.start(self.model, self._records_for(meter), entries)
+                        meter.start(self.model, {} if meter.deferrable else self._records_now(), entries)
                         started.append(meter)
             if plan.key is not None:
                 # The modules with pre-hooks of their own, as the plan's key saw them at this block's start (no
                 # module's hooks changed since): for an attach here only; a later one (after a schedule's wait)
                 # reads the modules, whose hooks the user may have changed.
                 self._pre_hooked = list(map(modules.__getitem__, plan.pre_hooked))
-            self._registration = register_module_module_registration_hook(self._module_registered)
+            self._registration = add_module_registration_hook(self._module_registered)
             self._begin_step()
             self._pre_hooked = None  # not attached in a schedule's wait: a later attach reads the hook dicts
         except BaseException:
@@ -335,7 +338,8 @@ class LayerProf:
         return self
 
     def __enter__(self) -> LayerProf:
-        self.start()
+        with gc_paused():  # (start()'s work, without its frame)
+            self._start()
         self._in_block = True
         return self
 
@@ -406,7 +410,8 @@ class LayerProf:
         if self._state != "running":
             raise RuntimeError(f"LayerProf.__exit__ needs a running profile, and this one {self._state_text()}")
         self._in_block = False
-        self._stop(exc, traceback)
+        with gc_paused():  # (_stop()'s work, without its frame)
+            self._stop_profiling(exc, traceback)
         return False
 
     def _stop(self, exc: BaseException | None, traceback: Any, partial: str | None = None) -> None:
@@ -462,7 +467,7 @@ class LayerProf:
             if self._tracker is not None:
                 self._tracker.release(ended)
             if self._registration is not None:
-                self._registration.remove()
+                remove_module_registration_hook(self._registration)
                 self._registration = None
         finally:
             try:

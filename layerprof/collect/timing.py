@@ -15,8 +15,8 @@ else of it (``record/adoption.py``).
 """
 from __future__ import annotations
 
-from itertools import repeat, starmap
-from operator import attrgetter, is_not
+from itertools import starmap
+from operator import attrgetter
 from typing import Any, Iterable
 
 from ..record.adoption import PREFIXES, adopters, prefix_of
@@ -142,12 +142,10 @@ def all_returned(calls: list[CallTrace]) -> bool:
     """Whether every call's forward returned: none raised, none left open. Then every call is timed, and the
     calls hold nothing of the step but their stamps and names (a call that did not return may still hold the
     graph nodes its walk was to hook, or the exception being handled when it began)."""
-    # C-level passes, no generator: read as a one-shot block exits, when a frame of Python code is cache misses.
-    return (all(map(is_not, map(_FORWARD_START, calls), repeat(None)))
-            and all(map(is_not, map(_FORWARD_END, calls), repeat(None))) and not any(map(_RAISED, calls)))
-
-
-_FORWARD_START, _FORWARD_END, _RAISED = attrgetter("fwd_start"), attrgetter("fwd_end"), attrgetter("raised")
+    # A generator, not C-level passes (``map`` over ``attrgetter``): read once per block, right after the step, it
+    # costs half as much cold (17 µs against 32 on BERT's 46 calls): the interpreter's loop is in the cache then,
+    # builtins a block alone runs are not.
+    return all(call.fwd_start is not None and call.fwd_end is not None and not call.raised for call in calls)
 
 
 def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes]:
