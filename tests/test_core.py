@@ -341,6 +341,8 @@ def test_trackers_of_one_thread_share_its_node_hooker() -> None:
     with LayerProf(first) as later:
         first(torch.randn(2, 8)).sum().backward()
         assert later._tracker._thread().hooker is shared
+        assert shared._carrier._backward_hooks is not None  # the last walk's dict, {0: its owner call}
+    assert shared._carrier._backward_hooks is None  # let go of as the block ends (it holds the call and its step)
     for prof in (outer, inner, later):
         # MLP: root, body, body.0-3, head = 7 modules, each called once, each with its backward timed.
         assert [r.calls for r in prof.tree] == [1] * 7

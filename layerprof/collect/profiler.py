@@ -507,7 +507,9 @@ class LayerProf:
         if tracker.calls:
             calls = tracker.calls
             if (last and action is Action.RECORD and not self._stats.steps and not self._counting
-                    and all(isinstance(clock, CpuClock) for clock in tracker.clocks()) and all_returned(calls)):
+                    and isinstance(tracker.cpu_clock, CpuClock)  # (and the CUDA clocks: no generator where none)
+                    and (not tracker.cuda_clocks or all(isinstance(c, CpuClock) for c in tracker.cuda_clocks.values()))
+                    and all_returned(calls)):
                 # The block's only step, stamped by wall clocks (no event to settle): its times are made when the
                 # profile is first read (a one-shot profile that is never read never makes them), from the calls,
                 # which hold nothing else of the step then.
@@ -529,8 +531,8 @@ class LayerProf:
             self._steps_with_calls += 1
         # Close the step: its graph hooks stop stamping, and every thread's call stack, walked nodes and owners
         # start clean (kept across steps they grew without bound; a KeyboardInterrupt inside a forward skips its
-        # post-hook).
-        tracker.end_step()
+        # post-hook): after the last, they go with the tracker.
+        tracker.end_step(last)
         # A step slowed by counting meters is left out of the timings (when others exist): out of meters' too.
         recorded = action is Action.RECORD and timed and not self._counting
         for meter in self._running_meters():
@@ -652,7 +654,7 @@ class LayerProf:
             meta["peaks"] = dict(self._given_peaks)
         meta.update(steps=self._stats.steps, steps_seen=self._steps_with_calls, warmup=self.warmup,
                     schedule=None if self.schedule is None else vars(self.schedule).copy(),
-                    clock=sorted(set(map(_kind, tracker.clocks()))))
+                    clock=sorted({tracker.cpu_clock.kind, *map(_kind, tracker.cuda_clocks.values())}))
         if not later:
             meta["step_ms"] = stats.step_totals()
         if self._stats.steps == 0:

@@ -46,6 +46,7 @@ from torch import nn
 
 from .clock import Clock, CpuClock, make_clock
 from .environment import input_facts
+from .reuse import Entries
 from .._tensors import first_tensor, iter_tensors
 from .._torch import graph_task_id as _graph_task_id
 from .._torch import next_sequence_nr as _next_sequence_nr
@@ -339,7 +340,9 @@ class Tracker:
         if self._hooks is None:
             self._hooks = self._make_hooks()
         pre, post, global_pre = self._hooks
-        if not isinstance(modules, _SEQUENCES):  # (a block's ``Entries``: pairs made when read, not all at once)
+        # A sequence as it is, such as a block's ``Entries`` (pairs made when read, not all at once), told apart
+        # first without the ABC's check (a frame of Python code).
+        if type(modules) is not Entries and not isinstance(modules, _SEQUENCES):
             modules = list(modules)
         # The modules without their names, read where needed: not on the common path of a reused plan (names and
         # the modules with pre-hooks of their own given, global hooks), where a list of ten thousand costs a pass.
@@ -402,10 +405,17 @@ class Tracker:
         self.detach(ended)
         self._hooks = None
 
-    def end_step(self) -> None:
+    def end_step(self, last: bool = False) -> None:
         """Close the step: graph hooks still on live nodes stop stamping, and per-thread state starts clean
-        (a KeyboardInterrupt inside a forward skips its post-hook)."""
+        (a KeyboardInterrupt inside a forward skips its post-hook). ``last``: the tracker's last step, whose
+        per-thread state goes with the tracker; only this thread's hooker, which every tracker shares, lets go of
+        its last dict (as ``_ThreadState.clear`` does)."""
         self.step_state.open = False
+        if last:
+            hooker = getattr(_HOOKERS, "hooker", None)
+            if hooker is not None:
+                hooker.clear()
+            return
         self.step_state = _Step(self.step_state.observers)
         with self._threads_lock:
             for state in self._threads:
