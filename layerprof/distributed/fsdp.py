@@ -31,7 +31,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .._torch import fsdp2_comm_buffers, fsdp2_param_groups, graph_task_id, patch_fsdp2_group, unpatch_fsdp2_group
+from .._torch import fsdp2_comm_buffers, fsdp2_param_groups, graph_task_id, patch_fsdp2_group, process_group_initialized
+from .._torch import unpatch_fsdp2_group
 from ..metrics.meter import Meter, register_meter
 from ..record.fields import Field, declare
 from ..record.records import ModuleRecord
@@ -90,7 +91,7 @@ class FsdpCommMeter(Meter):
 
     @classmethod
     def needed_by(cls, model: nn.Module) -> bool:
-        if not _DISTRIBUTED or not torch.distributed.is_initialized():
+        if not _DISTRIBUTED or not process_group_initialized():
             return False  # fully_shard needs a process group: no walk over the modules of a plain model
         return any(fsdp2_param_groups(module) for module in model.modules())
 
