@@ -136,6 +136,15 @@ def _user_frame() -> tuple[Any, int]:
     return frame, level
 
 
+def _place(started_at: tuple[Any, int] | None) -> str:
+    """``at FILE:LINE`` of a code object's instruction at byte offset ``lasti`` (a frame's ``f_lasti``)."""
+    if started_at is None:
+        return "at ?"
+    code, lasti = started_at
+    line = next((line for start, end, line in code.co_lines() if start <= lasti < end), None)
+    return f"at {code.co_filename}:{'?' if line is None else line}"
+
+
 def _warn_user(message: str) -> None:
     """A RuntimeWarning attributed to the first frame outside layerprof, however deep inside layerprof it is
     raised."""
@@ -243,7 +252,10 @@ class LayerProf:
         self._state = "new"  # new -> running -> done, or failed when the block raised
         self._in_block = False  # inside `with`: stop() is the block's job
         self._failure = ""
-        self._started_at = ""  # where start() was called, for the error of a second profiler on the model
+        # Where start() was called, for the error of a second profiler on the model: the code and the offset of
+        # its instruction, made into a file and line only for that error (a line number is read from the code's
+        # line table: cold C code as a block starts right after a step).
+        self._started_at: tuple[Any, int] | None = None
         # Set by an integration: ends this profiler, and returns True, when the run that owns it is over (a trainer
         # that raised never calls its profiler again), so that a new profiler on the model need not wait for it.
         self._give_way: Callable[[], bool] | None = None
@@ -289,7 +301,8 @@ class LayerProf:
                 shown = f"module '{name}'" if name else "the model"
                 raise RuntimeError(
                     f"{shown} ({type(module).__name__}) is already being profiled by another active LayerProf "
-                    f"(started {holder._started_at}); two profilers on one model would time each other's hooks. "
+                    f"(started {_place(holder._started_at)}); two profilers on one model would time each other's "
+                    "hooks. "
                     "Stop that one first: prof.stop() for its profile, or prof.cancel() to drop it; if you no "
                     "longer hold it (a notebook cell run again), LayerProf.running_on(model).cancel()."
                 )
@@ -334,7 +347,7 @@ class LayerProf:
             raise
         self._state = "running"
         frame = _user_frame()[0]
-        self._started_at = "at ?" if frame is None else f"at {frame.f_code.co_filename}:{frame.f_lineno}"
+        self._started_at = None if frame is None else (frame.f_code, frame.f_lasti)
         return self
 
     def __enter__(self) -> LayerProf:
