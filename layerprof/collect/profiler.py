@@ -302,8 +302,7 @@ class LayerProf:
                 raise RuntimeError(
                     f"{shown} ({type(module).__name__}) is already being profiled by another active LayerProf "
                     f"(started {_place(holder._started_at)}); two profilers on one model would time each other's "
-                    "hooks. "
-                    "Stop that one first: prof.stop() for its profile, or prof.cancel() to drop it; if you no "
+                    "hooks. Stop that one first: prof.stop() for its profile, or prof.cancel() to drop it; if you no "
                     "longer hold it (a notebook cell run again), LayerProf.running_on(model).cancel()."
                 )
         self._entries = entries
