@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
+import sys
 from operator import attrgetter, contains, itemgetter, methodcaller, setitem
 from typing import Any, Callable
 
@@ -21,10 +22,11 @@ __all__ = [
     "compiled_in_place", "is_compiled_function",
     "next_sequence_nr", "graph_task_id", "queue_backward_callback", "sequence_nr", "current_autograd_node",
     "has_decomposition", "nested_sizes", "storage_key", "submodules", "tensor_version", "outer_saved_tensors_hooks",
-    "compiled_module_type", "fsdp2_param_groups", "FSDP2_HOOK_POINTS", "fsdp2_comm_buffers",
+    "compiled_module_type", "process_group_initialized", "fsdp2_param_groups", "FSDP2_HOOK_POINTS", "fsdp2_comm_buffers",
     "patch_fsdp2_group", "unpatch_fsdp2_group",
     "TorchDispatchMode", "StorageWeakRef", "escaped_backward", "add_forward_hooks", "remove_forward_hooks",
     "add_forward_hooks_to", "remove_forward_hooks_from", "add_global_forward_hooks", "remove_global_forward_hooks",
+    "add_module_registration_hook", "remove_module_registration_hook",
     "with_forward_pre_hooks", "global_pre_hook_kwargs", "NodeHooker", "cuda_raw_stream", "cuda_event_record",
 ]
 
@@ -162,26 +164,67 @@ def remove_forward_hooks_from(added: Any) -> None:
         _drain(map(pop, map(attrgetter(name), modules)))
 
 
-def add_global_forward_hooks(pre: Callable[..., None], post: Callable[..., None]) -> tuple[Any, Any]:
+# torch's process-wide hook tables, written under keys of our own (as ``add_forward_hooks_to`` writes a module's):
+# a block's global hooks go on and off with a few dict writes, not torch's register functions and the handles they
+# make (each a frame of Python code, and cache misses, as a one-shot block starts and ends right after a step).
+_GLOBAL_FORWARD = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_forward_hooks_with_kwargs",
+                   "_global_forward_hooks_always_called")
+_GLOBAL_REGISTRATION = "_global_module_registration_hooks"
+
+
+def add_global_forward_hooks(pre: Callable[..., None], post: Callable[..., None]) -> Any:
     """Put ``pre`` (called as ``pre(module, args)``: a global pre-hook gets no kwargs) and ``post`` (with kwargs,
     also when forward raises, then called as ``post(module, args, None)``) on every module of the process, before
-    each module's own hooks: two handles for a block, whatever the model's size. Returns the handles."""
-    pre_handle = register_module_forward_pre_hook(pre)
+    each module's own hooks, whatever the model's size. Returns what ``remove_global_forward_hooks`` takes."""
+    tables = vars(torch_module)
     try:
-        return pre_handle, register_module_forward_hook(post, with_kwargs=True, always_call=True)
-    except BaseException:
-        pre_handle.remove()
-        raise
+        pre_hooks, hooks = tables["_global_forward_pre_hooks"], tables["_global_forward_hooks"]
+        with_kwargs, always = tables["_global_forward_hooks_with_kwargs"], tables["_global_forward_hooks_always_called"]
+    except KeyError:  # another torch's internals: its public calls
+        pre_handle = register_module_forward_pre_hook(pre)
+        try:
+            return pre_handle, register_module_forward_hook(post, with_kwargs=True, always_call=True)
+        except BaseException:
+            pre_handle.remove()
+            raise
+    key = next(_HOOK_KEYS)
+    pre_hooks[key], hooks[key] = pre, post
+    with_kwargs[key] = always[key] = True
+    return key
 
 
-def remove_global_forward_hooks(handles: tuple[Any, Any]) -> None:
-    """Take off what ``add_global_forward_hooks`` put on: the handles, and the post-hook's ``with_kwargs`` mark,
-    which torch's handle leaves behind (a dict that would grow by one entry per block)."""
-    with_kwargs = getattr(torch_module, "_global_forward_hooks_with_kwargs", None)
-    for handle in handles:
+def remove_global_forward_hooks(added: Any) -> None:
+    """Take off what ``add_global_forward_hooks`` put on: its entries, or the public calls' handles and the
+    post-hook's ``with_kwargs`` mark, which torch's handle leaves behind (a dict that would grow by one entry per
+    block)."""
+    tables = vars(torch_module)
+    if type(added) is int:
+        for name in _GLOBAL_FORWARD:
+            tables[name].pop(added, None)
+        return
+    with_kwargs = tables.get("_global_forward_hooks_with_kwargs")
+    for handle in added:
         handle.remove()
         if with_kwargs is not None:
             with_kwargs.pop(handle.id, None)
+
+
+def add_module_registration_hook(hook: Callable[..., Any]) -> Any:
+    """``register_module_module_registration_hook(hook)``: ``hook(parent, name, submodule)`` runs as any module
+    registers a submodule; returns what ``remove_module_registration_hook`` takes."""
+    table = vars(torch_module).get(_GLOBAL_REGISTRATION)
+    if table is None:
+        return torch_module.register_module_module_registration_hook(hook)
+    key = next(_HOOK_KEYS)
+    table[key] = hook
+    return key
+
+
+def remove_module_registration_hook(added: Any) -> None:
+    if type(added) is int:
+        vars(torch_module)[_GLOBAL_REGISTRATION].pop(added, None)
+    else:
+        added.remove()
 
 
 def global_pre_hook_kwargs(frame: Any) -> dict[str, Any] | None:
@@ -240,6 +283,17 @@ def outer_saved_tensors_hooks() -> tuple[Any, Any] | None:
     """The saved-tensor hooks installed before ours (save_on_cpu, offloading), to chain to; None if none."""
     top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
     return top(False) if top is not None else None
+
+
+def process_group_initialized() -> bool:
+    """``torch.distributed.is_initialized()`` (on a torch built with distributed support), read from c10d's world
+    object without the two properties in between: frames of Python code that are cache misses as a LayerProf is
+    made right after a step. The public call where c10d's internals differ."""
+    world = getattr(sys.modules.get("torch.distributed.distributed_c10d"), "_world", None)
+    try:
+        return world._default_pg is not None  # type: ignore[union-attr]
+    except AttributeError:
+        return torch.distributed.is_initialized()
 
 
 def compiled_module_type() -> type | None:

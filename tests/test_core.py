@@ -308,14 +308,19 @@ def test_profilers_on_two_models_time_only_their_own_modules() -> None:
     from torch.nn.modules import module as torch_module
 
     first, second, other = MLP(), MLP(), nn.Linear(1, 1)
-    global_before = (dict(torch_module._global_forward_pre_hooks), dict(torch_module._global_forward_hooks))
+    tables = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_forward_hooks_with_kwargs",
+              "_global_forward_hooks_always_called", "_global_module_registration_hooks")
+    global_before = [dict(getattr(torch_module, table)) for table in tables]
     with LayerProf(first) as outer:
         with LayerProf(second) as inner:
             other(first(torch.randn(2, 8))).sum().backward()
             second(torch.randn(2, 8))
             second(torch.randn(2, 8)).sum().backward()
+            # One entry in each table per block (our hooks, the post-hook's two marks, the registration hook).
+            added = [len(getattr(torch_module, table)) - len(was) for table, was in zip(tables, global_before)]
+            assert added == [2] * 5
         first(torch.randn(2, 8))
-    assert (dict(torch_module._global_forward_pre_hooks), dict(torch_module._global_forward_hooks)) == global_before
+    assert [dict(getattr(torch_module, table)) for table in tables] == global_before  # (each block's entries gone)
     # MLP: root, body, body.0-3, head = 7 modules, each called once per model call.
     assert [r.calls for r in outer.tree] == [2] * 7  # two calls of `first`, one inside the inner block
     assert [r.calls for r in inner.tree] == [2] * 7
@@ -336,6 +341,8 @@ def test_trackers_of_one_thread_share_its_node_hooker() -> None:
     with LayerProf(first) as later:
         first(torch.randn(2, 8)).sum().backward()
         assert later._tracker._thread().hooker is shared
+        assert shared._carrier._backward_hooks is not None  # the last walk's dict, {0: its owner call}
+    assert shared._carrier._backward_hooks is None  # let go of as the block ends (it holds the call and its step)
     for prof in (outer, inner, later):
         # MLP: root, body, body.0-3, head = 7 modules, each called once, each with its backward timed.
         assert [r.calls for r in prof.tree] == [1] * 7

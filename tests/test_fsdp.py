@@ -239,6 +239,18 @@ def test_profiling_leaves_gradients_and_fsdp_as_found(ranks: dict[int, dict[str,
     assert ranks[1]["table"] is None and "FSDP2 communication (in no module's time): forward " in ranks[0]["table"]
 
 
+def test_process_group_read_as_torch_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # needed_by reads c10d's world object directly (no properties' frames as a LayerProf is made): it must say what
+    # torch.distributed.is_initialized() says, without a process group and with one set.
+    from torch.distributed import distributed_c10d
+
+    from layerprof._torch import process_group_initialized
+
+    assert process_group_initialized() is dist.is_initialized() is False
+    monkeypatch.setattr(distributed_c10d._world, "_default_pg", object())
+    assert process_group_initialized() is dist.is_initialized() is True
+
+
 def test_meter_runs_by_itself_only_on_fsdp2_models() -> None:
     assert not dist.is_initialized()
     assert not FsdpCommMeter.needed_by(MLP())  # no process group: not even a walk over the modules

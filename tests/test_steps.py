@@ -204,6 +204,34 @@ def test_profile_records_where_it_was_measured() -> None:
     assert env["torch"] == torch.__version__ and env["threads"] == torch.get_num_threads()
 
 
+class KeywordsOnly(nn.Module):
+    """A model called with keyword arguments only, as Hugging Face models are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+
+    def forward(self, *, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed(input_ids)
+
+
+@pytest.mark.parametrize("metrics", [None, ("shapes",)])  # global module hooks; per-module hooks (with kwargs)
+@pytest.mark.parametrize("own_hook", [False, True])  # the root with a forward pre-hook of its own (hooked apart)
+def test_the_example_input_is_the_roots_first_tensor(metrics, own_hook) -> None:
+    model = KeywordsOnly()
+    if own_hook:
+        model.register_forward_pre_hook(lambda module, args: None)
+    before = hook_state(model)
+    for _ in range(2):  # a first block, then one that reuses its plan
+        with LayerProf(model, metrics=metrics) as prof:
+            model.embed(torch.zeros(7, dtype=torch.long))  # a submodule's call first: not the model's input
+            model(input_ids=torch.zeros(3, 5, dtype=torch.long)).sum().backward()
+            model(input_ids=torch.zeros(2, 5, dtype=torch.long)).sum().backward()  # the first call's is kept
+        env = prof.meta["environment"]
+        assert (env["batch_size"], env["input_dtype"]) == (3, "int64")
+    assert hook_state(model) == before
+
+
 def test_what_can_change_between_profiles_is_read_again() -> None:
     # The machine's facts and the names of a device and dtype are kept per process; the model's dtype and the
     # threads are read at every block.

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["environment"]
+__all__ = ["environment", "input_facts"]
 
 
 @lru_cache(maxsize=1)
@@ -80,6 +80,16 @@ def environment(model: nn.Module | None = None, example: torch.Tensor | None = N
         "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
         **_device_facts(device, parameter.dtype if parameter is not None else None),
+        **(input_facts(example) if example is not None else _NO_EXAMPLE),
+    }
+
+
+_NO_EXAMPLE = {"batch_size": None, "input_dtype": None}
+
+
+def input_facts(example: torch.Tensor | None) -> dict[str, Any]:
+    """The batch size (first dimension) and dtype of a model's input ``example``."""
+    return {
         "batch_size": int(example.shape[0]) if example is not None and example.dim() > 0 else None,
         "input_dtype": str(example.dtype).replace("torch.", "") if example is not None else None,
     }

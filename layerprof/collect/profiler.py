@@ -10,7 +10,6 @@ from typing import Any, Callable, Iterable, TypeVar
 
 import torch
 from torch import nn
-from torch.nn.modules.module import register_module_module_registration_hook
 
 from . import reuse
 from .annotate import Annotator
@@ -22,8 +21,7 @@ from .environment import environment
 from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters
 from ..metrics.peaks import check_peaks
-from .._tensors import first_tensor
-from .._torch import compiled_module_type, submodules
+from .._torch import add_module_registration_hook, compiled_module_type, remove_module_registration_hook, submodules
 from ..profile import Profile
 from ..record.records import ModuleRecord, module_paths
 from .schedule import Action, Schedule
@@ -39,7 +37,7 @@ __all__ = ["LayerProf"]
 
 _T = TypeVar("_T")
 _first, _second = itemgetter(0), itemgetter(1)
-_own = attrgetter("__dict__")
+_own, _kind, _name = attrgetter("__dict__"), attrgetter("kind"), attrgetter("name")
 
 # The LayerProfs running now (a dict as an ordered set), each with the modules it hooks in its ``_names`` (keyed by
 # id(module): a running profiler holds its modules, ``_entries``, until its teardown takes it out of here, so an id
@@ -138,6 +136,15 @@ def _user_frame() -> tuple[Any, int]:
     return frame, level
 
 
+def _place(started_at: tuple[Any, int] | None) -> str:
+    """``at FILE:LINE`` of a code object's instruction at byte offset ``lasti`` (a frame's ``f_lasti``)."""
+    if started_at is None:
+        return "at ?"
+    code, lasti = started_at
+    line = next((line for start, end, line in code.co_lines() if start <= lasti < end), None)
+    return f"at {code.co_filename}:{'?' if line is None else line}"
+
+
 def _warn_user(message: str) -> None:
     """A RuntimeWarning attributed to the first frame outside layerprof, however deep inside layerprof it is
     raised."""
@@ -154,22 +161,6 @@ def _stop_all(meters: list[Meter]) -> None:
             error = error or raised
     if error is not None:
         raise error
-
-
-def _example_probe(example: dict[str, Any]) -> Callable[..., None]:
-    """A forward pre-hook for the model that notes the batch size and dtype of its first input in ``example``.
-    A plain function, not a bound method: ``copy.deepcopy`` of the model inside the block copies its hook dicts,
-    and would try to copy the profiler behind a bound method."""
-
-    def probe(module: nn.Module, args: Any, kwargs: Any) -> None:
-        if not example:
-            tensor = first_tensor(args, kwargs)
-            if tensor is not None:
-                example.update(batch_size=int(tensor.shape[0]) if tensor.dim() else None,
-                               input_dtype=str(tensor.dtype).replace("torch.", ""))
-        return None
-
-    return probe
 
 
 def _result(method: Callable[..., _T]) -> Callable[..., _T]:
@@ -218,9 +209,13 @@ class LayerProf:
                  warmup: int = 0, schedule: Schedule | None = None, max_samples: int = 1024,
                  annotate: bool = False, peaks: dict[str, Any] | None = None) -> None:
         self._paths = _check_model(model)
-        self._given_peaks = check_peaks(peaks)
-        warmup = check_int("warmup", warmup)
-        max_samples = check_int("max_samples", max_samples, minimum=1)
+        # The checks' functions called only where a value is not a plain default's kind: each is a frame of code
+        # that is cache misses as a one-shot block starts right after a step.
+        self._given_peaks = None if peaks is None else check_peaks(peaks)
+        if type(warmup) is not int or warmup < 0:
+            warmup = check_int("warmup", warmup)
+        if type(max_samples) is not int or max_samples < 1:
+            max_samples = check_int("max_samples", max_samples, minimum=1)
         if schedule is not None and not isinstance(schedule, Schedule):
             raise TypeError(
                 f"schedule must be a layerprof.schedule(wait=, warmup=, active=, repeat=), got {schedule!r}"
@@ -228,7 +223,7 @@ class LayerProf:
         if schedule is not None and warmup:
             raise ValueError("give either warmup= or schedule= (which has its own warmup), not both")
         self.model = model
-        self.sync = check_bool("sync", sync)
+        self.sync = sync if sync is False or sync is True else check_bool("sync", sync)
         self.warmup = warmup
         self.schedule = schedule
         self.metrics: list[Meter] = make_meters(metrics, model)
@@ -243,22 +238,24 @@ class LayerProf:
         self._counting_step: dict[str, StepTimes] | None = None
         self._counting: list[Meter] = []  # timing-distorting meters while they run
         self._counting_done = False
+        self._observed = False  # whether some meter observes calls (set as the block starts)
         self._steps_with_calls = 0
         self._tracker: Tracker | None = None
         self._entries: reuse.Entries | list[tuple[str, nn.Module]] = []
         self._entry_modules: list[nn.Module] = []
         self._owns: list[dict[str, Any]] | None = None  # their ``__dict__``, where the start read them
-        self._probe: Any = None
         self._registration: Any = None  # the global hook that sees submodules registered while profiling
         self._names: dict[int, str] = {}
         self._plan: reuse.Plan | None = None
         self._pre_hooked: list[nn.Module] | None = None  # the first attach's modules with pre-hooks of their own
-        self._example: dict[str, Any] = {}
         self._profile: Profile | None = None
         self._state = "new"  # new -> running -> done, or failed when the block raised
         self._in_block = False  # inside `with`: stop() is the block's job
         self._failure = ""
-        self._started_at = ""  # where start() was called, for the error of a second profiler on the model
+        # Where start() was called, for the error of a second profiler on the model: the code and the offset of
+        # its instruction, made into a file and line only for that error (a line number is read from the code's
+        # line table: cold C code as a block starts right after a step).
+        self._started_at: tuple[Any, int] | None = None
         # Set by an integration: ends this profiler, and returns True, when the run that owns it is over (a trainer
         # that raised never calls its profiler again), so that a new profiler on the model need not wait for it.
         self._give_way: Callable[[], bool] | None = None
@@ -304,20 +301,27 @@ class LayerProf:
                 shown = f"module '{name}'" if name else "the model"
                 raise RuntimeError(
                     f"{shown} ({type(module).__name__}) is already being profiled by another active LayerProf "
-                    f"(started {holder._started_at}); two profilers on one model would time each other's hooks. "
-                    "Stop that one first: prof.stop() for its profile, or prof.cancel() to drop it; if you no "
+                    f"(started {_place(holder._started_at)}); two profilers on one model would time each other's "
+                    "hooks. Stop that one first: prof.stop() for its profile, or prof.cancel() to drop it; if you no "
                     "longer hold it (a notebook cell run again), LayerProf.running_on(model).cancel()."
                 )
         self._entries = entries
         self._entry_modules = modules  # the entries' modules while no module joins (then len(entries) > _built)
         self._owns = owns
         self._built = len(entries)
-        pausing = [meter for meter in self.metrics if meter.pauses_clock]
+        pausing = []
+        forward_observed = backward_observed = False
+        for meter in self.metrics:  # one loop here, not a generator per question (each a cold frame on entry)
+            if meter.pauses_clock:
+                pausing.append(meter)
+            forward_observed = forward_observed or meter.wants_forward_hooks
+            backward_observed = backward_observed or meter.wants_backward_hooks
+        self._observed = forward_observed or backward_observed
         clock = PausableClock() if pausing else None
         for meter in pausing:
             meter.use_clock(clock)
         # Global module hooks unless a meter observes forward calls (its pre-hook wants the call's kwargs).
-        global_hooks = not any(meter.wants_forward_hooks for meter in self.metrics)
+        global_hooks = not forward_observed
         self._tracker = Tracker(sync=self.sync, cpu_clock=clock, global_hooks=global_hooks)
         # The plan's names, copied only when a module joins (``_module_registered``).
         self._names = plan.names
@@ -327,15 +331,14 @@ class LayerProf:
             with verified(self.model, plan.values if plan.key is not None else None):
                 for meter in self.metrics:
                     if not meter.distorts_timing:
-                        meter.start(self.model, self._records_for(meter), entries)
+                        meter.start(self.model, {} if meter.deferrable else self._records_now(), entries)
                         started.append(meter)
-            self._probe = self.model.register_forward_pre_hook(_example_probe(self._example), with_kwargs=True)
             if plan.key is not None:
                 # The modules with pre-hooks of their own, as the plan's key saw them at this block's start (no
-                # module's hooks changed since; the model's root now has the probe): for an attach here only; a
-                # later one (after a schedule's wait) reads the modules, whose hooks the user may have changed.
-                self._pre_hooked = [modules[0], *(modules[index] for index in plan.pre_hooked if index)]
-            self._registration = register_module_module_registration_hook(self._module_registered)
+                # module's hooks changed since): for an attach here only; a later one (after a schedule's wait)
+                # reads the modules, whose hooks the user may have changed.
+                self._pre_hooked = list(map(modules.__getitem__, plan.pre_hooked))
+            self._registration = add_module_registration_hook(self._module_registered)
             self._begin_step()
             self._pre_hooked = None  # not attached in a schedule's wait: a later attach reads the hook dicts
         except BaseException:
@@ -343,11 +346,12 @@ class LayerProf:
             raise
         self._state = "running"
         frame = _user_frame()[0]
-        self._started_at = "at ?" if frame is None else f"at {frame.f_code.co_filename}:{frame.f_lineno}"
+        self._started_at = None if frame is None else (frame.f_code, frame.f_lasti)
         return self
 
     def __enter__(self) -> LayerProf:
-        self.start()
+        with gc_paused():  # (start()'s work, without its frame)
+            self._start()
         self._in_block = True
         return self
 
@@ -418,7 +422,8 @@ class LayerProf:
         if self._state != "running":
             raise RuntimeError(f"LayerProf.__exit__ needs a running profile, and this one {self._state_text()}")
         self._in_block = False
-        self._stop(exc, traceback)
+        with gc_paused():  # (_stop()'s work, without its frame)
+            self._stop_profiling(exc, traceback)
         return False
 
     def _stop(self, exc: BaseException | None, traceback: Any, partial: str | None = None) -> None:
@@ -431,16 +436,18 @@ class LayerProf:
         self._state = "failed"  # until the profile is made
         # Read before the hooks come off: ending the step forgets which module's backward ran last.
         note = backward_note(tracker, exc, traceback) if exc is not None else None
+        ended = False  # whether the tracker's step was just closed: its detach need not close it again
         try:
             if partial is not None:
                 self._drop_step()
             elif exc is None:
                 self._end_step(last=True)
+                ended = True
         except BaseException as error:
             self._failure = f"ending the last step raised {type(error).__name__}"
             raise
         finally:
-            self._teardown(self._running_meters())
+            self._teardown(self._running_meters(), ended)
         if exc is not None:
             self._failure = f"the block raised {type(exc).__name__}"
             if note is not None:
@@ -465,16 +472,14 @@ class LayerProf:
             return f"has stopped ({self._failure})"
         return "has already stopped"
 
-    def _teardown(self, meters: list[Meter]) -> None:
-        """Take everything off the model; runs on every exit path."""
+    def _teardown(self, meters: list[Meter], ended: bool = False) -> None:
+        """Take everything off the model; runs on every exit path (``ended``: the tracker's step was just
+        closed)."""
         try:
             if self._tracker is not None:
-                self._tracker.release()
-            if self._probe is not None:
-                self._probe.remove()
-                self._probe = None
+                self._tracker.release(ended)
             if self._registration is not None:
-                self._registration.remove()
+                remove_module_registration_hook(self._registration)
                 self._registration = None
         finally:
             try:
@@ -494,7 +499,8 @@ class LayerProf:
                     meter.start(self.model, self._records_for(meter), self._entries)
                     self._counting.append(meter)
             self._counting_done = True
-        self._set_observers()
+        if self._observed:  # (else the tracker's observers stay none)
+            self._set_observers()
         if wanted and not tracker.active:
             plan = self._plan
             # The plan's names while the block's modules are the plan's (none joined while profiling).
@@ -513,7 +519,9 @@ class LayerProf:
         if tracker.calls:
             calls = tracker.calls
             if (last and action is Action.RECORD and not self._stats.steps and not self._counting
-                    and all(isinstance(clock, CpuClock) for clock in tracker.clocks()) and all_returned(calls)):
+                    and isinstance(tracker.cpu_clock, CpuClock)  # (and the CUDA clocks: no generator where none)
+                    and (not tracker.cuda_clocks or all(isinstance(c, CpuClock) for c in tracker.cuda_clocks.values()))
+                    and all_returned(calls)):
                 # The block's only step, stamped by wall clocks (no event to settle): its times are made when the
                 # profile is first read (a one-shot profile that is never read never makes them), from the calls,
                 # which hold nothing else of the step then.
@@ -535,16 +543,17 @@ class LayerProf:
             self._steps_with_calls += 1
         # Close the step: its graph hooks stop stamping, and every thread's call stack, walked nodes and owners
         # start clean (kept across steps they grew without bound; a KeyboardInterrupt inside a forward skips its
-        # post-hook).
-        tracker.end_step()
+        # post-hook): after the last, they go with the tracker.
+        tracker.end_step(last)
         # A step slowed by counting meters is left out of the timings (when others exist): out of meters' too.
         recorded = action is Action.RECORD and timed and not self._counting
         for meter in self._running_meters():
             meter.end_step(recorded)
-        if timed:  # counting meters stay on until a step has run something to count
+        if timed and self._counting:  # counting meters stay on until a step has run something to count
             counting, self._counting = self._counting, []
             _stop_all(counting)
-        self._set_observers()
+        if self._observed and not last:  # (the last step's observers go with the tracker)
+            self._set_observers()
 
     def _drop_step(self) -> None:
         """Forget the step under way (it did not complete): its calls, and the meters' numbers for it."""
@@ -623,9 +632,9 @@ class LayerProf:
         if compiled is not None:  # its times are partial: no profile rather than a wrong one
             raise RuntimeError(compiled)
         self._warn_unseen_modules(owns)
-        meta: dict[str, Any] = {"environment": {**environment(self.model), **self._example}}
-        distorting = [m.name for m in self.metrics if m.distorts_timing]
+        meta: dict[str, Any] = {"environment": {**environment(self.model), **tracker.example}}
         if self._stats.steps == 0 and self._counting_step is not None:
+            distorting = [m.name for m in self.metrics if m.distorts_timing]
             # Only set while a distorting meter counted, so ``distorting`` is not empty here.
             self._stats.add(self._counting_step)
             meta["timing_distorted_by"] = distorting
@@ -640,7 +649,9 @@ class LayerProf:
         stats, meters = self._stats, tuple(self.metrics)
         # Made when the profile is first read where nothing needed the records while the block ran, and every
         # meter fills from its own numbers: a one-shot profile that is never read never makes them.
-        later = self._records is None and plan is not None and all(meter.deferrable for meter in meters)
+        later = self._records is None and plan is not None
+        for meter in meters:  # (a loop here: no generator frame, cold as the block exits)
+            later = later and meter.deferrable
         if not later:
             records = self._records_now()
             write_reprs(list(map(records.__getitem__, map(_first, self._entries))), reprs)
@@ -655,7 +666,7 @@ class LayerProf:
             meta["peaks"] = dict(self._given_peaks)
         meta.update(steps=self._stats.steps, steps_seen=self._steps_with_calls, warmup=self.warmup,
                     schedule=None if self.schedule is None else vars(self.schedule).copy(),
-                    clock=sorted({clock.kind for clock in tracker.clocks()}))
+                    clock=sorted({tracker.cpu_clock.kind, *map(_kind, tracker.cuda_clocks.values())}))
         if not later:
             meta["step_ms"] = stats.step_totals()
         if self._stats.steps == 0:
@@ -673,7 +684,7 @@ class LayerProf:
             # The records are in tree order unless modules joined while profiling (then the tree is walked again).
             in_order = len(self._records) == self._built
             self._profile = Profile(self._tree, meta, self._records if in_order else None)
-        if meta["clock"] == ["wall"] and any(meter.name == "memory" for meter in self.metrics):
+        if meta["clock"] == ["wall"] and "memory" in map(_name, self.metrics):
             # A profile to plan checkpoints on: what the hooks add to each ancestor's forward, which a
             # recomputation does not pay (the planner takes it off), measured by its first plan.
             shapes = tuple(m.name for m in self.metrics if m.name == "shapes")

@@ -106,8 +106,9 @@ def _piece(modules: list[nn.Module], owns: list[dict[str, Any]]) -> tuple[Any, .
                                  list(compress(buffers, buffer_counts)))
     tensors = [*_flat(map(_values, params)), *_flat(map(_values, buffers))]
     present = list(filter(_not_none, tensors))
-    if any(issubclass(kind, _LAZY) for kind in set(map(type, present))):
-        return None
+    for kind in set(map(type, present)):  # (a loop, not a generator: its frame is cold as a block starts)
+        if issubclass(kind, _LAZY):
+            return None
     try:
         tensor_keys = list(map(_dtype_and_grad, present)), list(map(_numel, present))
     except (RuntimeError, TypeError, AttributeError):
@@ -257,11 +258,17 @@ class Plan:
         return made[0], dict(zip(self._first_names, made))
 
 
-# model -> its plan. Weak on the model; the plan refers to the modules weakly.
+# model -> its plan. Weak on the model; the plan refers to the modules weakly. Read through its dict of weak
+# references (``data``, what its own methods read) with a reference made here: its ``get`` and ``__contains__`` are
+# Python code, a frame each that is cache misses as a one-shot block starts, right after a step.
 _PLANS: "weakref.WeakKeyDictionary[nn.Module, Plan]" = weakref.WeakKeyDictionary()
+_BY_REFERENCE: dict[weakref.ref, Plan] = _PLANS.data  # type: ignore[assignment]
+_reference = weakref.ref
+
+
 def known(model: nn.Module) -> bool:
     """Whether ``model`` has a plan from an earlier block (still to be verified against the model)."""
-    return model in _PLANS
+    return _reference(model) in _BY_REFERENCE
 
 
 def plan_for(model: nn.Module, check: Callable[[list[tuple[str, nn.Module]]], None]
@@ -269,7 +276,7 @@ def plan_for(model: nn.Module, check: Callable[[list[tuple[str, nn.Module]]], No
     """The model's plan, its modules and, where the plan was reused, their ``__dict__`` (for the caller's checks):
     the earlier block's if the model's fingerprint is unchanged, else a new walk, passed to ``check`` (which raises
     for a child that cannot be profiled) before it is planned."""
-    plan = _PLANS.get(model)
+    plan = _BY_REFERENCE.get(_reference(model))
     if plan is not None:
         modules = plan.modules()
         if modules is not None and plan.key is not None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+from collections import abc
 from bisect import bisect_right
 from operator import attrgetter, itemgetter
 from time import perf_counter_ns
@@ -44,6 +45,8 @@ import torch
 from torch import nn
 
 from .clock import Clock, CpuClock, make_clock
+from .environment import input_facts
+from .reuse import Entries
 from .._tensors import first_tensor, iter_tensors
 from .._torch import graph_task_id as _graph_task_id
 from .._torch import next_sequence_nr as _next_sequence_nr
@@ -56,6 +59,9 @@ from .._torch import sequence_nr as _sequence_nr
 __all__ = ["CallTrace", "Tracker"]
 
 _Tensor = torch.Tensor
+# What ``attach`` takes as it is: ``collections.abc.Sequence``, not ``typing``'s alias, whose isinstance runs two
+# frames of Python code more (cold as a block starts).
+_SEQUENCES = abc.Sequence
 _first, _second = itemgetter(0), itemgetter(1)
 _pre_hooks = attrgetter("_forward_pre_hooks")
 # The exception being handled, without the tuple sys.exc_info() builds, where Python has sys.exception (3.11 on).
@@ -287,6 +293,10 @@ class Tracker:
         self.global_hooks = global_hooks
         self.calls: list[CallTrace] = []
         self.active = False
+        # The batch size and dtype of the first tensor the model's root was called with (``input_facts``), noted by
+        # the pre-hook: no forward pre-hook of its own on the root (a handle to make and remove per block, and a
+        # hook of ours per module there instead of the global one).
+        self.example: dict[str, Any] = {}
         # id of a module's forward pre-hook dict -> the module's qualified name, for every module ever attached.
         # Keyed by the dict, not the module: a DataParallel replica (or a copy.copy) shares its original's hook
         # dicts and its calls are the original's; a deep copy has dicts of its own and is not profiled.
@@ -294,7 +304,7 @@ class Tracker:
         # The same for the modules whose forward the global pre-hook starts: not those with pre-hooks of their own
         # when attached, which get a pre-hook of ours after theirs, so that the user's hooks are not timed.
         self.global_names: dict[int, str] = {}
-        self._global_handles: tuple[Any, Any] | None = None
+        self._global_handles: Any = None  # what add_global_forward_hooks returned
         # What each attach hooked, (name, module) pairs, for the class names in the notes on exceptions: searched
         # then, not made into a dict by name at every block (ten thousand entries to make and free for a note).
         self._attached: list[Sequence[tuple[str, nn.Module]]] = []
@@ -330,7 +340,9 @@ class Tracker:
         if self._hooks is None:
             self._hooks = self._make_hooks()
         pre, post, global_pre = self._hooks
-        if not isinstance(modules, Sequence):  # (a block's ``Entries``: pairs made when read, not all at once)
+        # A sequence as it is, such as a block's ``Entries`` (pairs made when read, not all at once), told apart
+        # first without the ABC's check (a frame of Python code).
+        if type(modules) is not Entries and not isinstance(modules, _SEQUENCES):
             modules = list(modules)
         # The modules without their names, read where needed: not on the common path of a reused plan (names and
         # the modules with pre-hooks of their own given, global hooks), where a list of ten thousand costs a pass.
@@ -370,10 +382,12 @@ class Tracker:
         for key in copied:
             remove_forward_hooks(module, key)
 
-    def detach(self) -> None:
-        """Remove every module hook. Graph hooks die with the graph and do nothing once their step has ended."""
+    def detach(self, ended: bool = False) -> None:
+        """Remove every module hook. Graph hooks die with the graph and do nothing once their step has ended
+        (``ended``: the step was just closed by ``end_step``, with no forward since)."""
         self.active = False
-        self.end_step()
+        if not ended:
+            self.end_step()
         # Hooks copied onto a deep copy of a module outlive the detach and hold this tracker: it must not hold
         # the modules (attach fills this again; a note needs it only while hooked).
         self._attached = []
@@ -385,16 +399,23 @@ class Tracker:
         for added in handles:
             remove_forward_hooks_from(added)
 
-    def release(self) -> None:
+    def release(self, ended: bool = False) -> None:
         """Detach, and drop the hook functions, which hold this tracker: once the block is over nothing refers
         back to it (a reference cycle would keep it and its step's state until a garbage collection)."""
-        self.detach()
+        self.detach(ended)
         self._hooks = None
 
-    def end_step(self) -> None:
+    def end_step(self, last: bool = False) -> None:
         """Close the step: graph hooks still on live nodes stop stamping, and per-thread state starts clean
-        (a KeyboardInterrupt inside a forward skips its post-hook)."""
+        (a KeyboardInterrupt inside a forward skips its post-hook). ``last``: the tracker's last step, whose
+        per-thread state goes with the tracker; only this thread's hooker, which every tracker shares, lets go of
+        its last dict (as ``_ThreadState.clear`` does)."""
         self.step_state.open = False
+        if last:
+            hooker = getattr(_HOOKERS, "hooker", None)
+            if hooker is not None:
+                hooker.clear()
+            return
         self.step_state = _Step(self.step_state.observers)
         with self._threads_lock:
             for state in self._threads:
@@ -455,6 +476,7 @@ class Tracker:
         tracker = self
         names = self.names
         calls = self.calls
+        example = self.example
         local = self._local
         cpu_clock = self.cpu_clock
         cuda_initialized = torch.cuda.is_initialized
@@ -470,6 +492,10 @@ class Tracker:
                 name = names.get(id(module._forward_pre_hooks))
                 if name is None:  # not profiled: another model's, a deep copy of a profiled one (with our hooks)
                     return None
+                if not name and not example:  # the root's first call with a tensor: the profile's example input
+                    tensor = first_tensor(args, global_pre_hook_kwargs(get_frame(1)) if kwargs is None else kwargs)
+                    if tensor is not None:
+                        example.update(input_facts(tensor))
                 try:
                     state = local.state
                 except AttributeError:

@@ -31,10 +31,15 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .._torch import fsdp2_comm_buffers, fsdp2_param_groups, graph_task_id, patch_fsdp2_group, unpatch_fsdp2_group
+from .._torch import fsdp2_comm_buffers, fsdp2_param_groups, graph_task_id, patch_fsdp2_group, process_group_initialized
+from .._torch import unpatch_fsdp2_group
 from ..metrics.meter import Meter, register_meter
 from ..record.fields import Field, declare
 from ..record.records import ModuleRecord
+
+# Whether this torch was built with distributed support: fixed for the process, read once (``needed_by`` runs at
+# every LayerProf, right after a step, where each frame of torch's Python code is cache misses).
+_DISTRIBUTED = torch.distributed.is_available()
 
 __all__ = ["FsdpCommMeter", "FSDP_FIELDS"]
 
@@ -86,8 +91,7 @@ class FsdpCommMeter(Meter):
 
     @classmethod
     def needed_by(cls, model: nn.Module) -> bool:
-        distributed = torch.distributed
-        if not distributed.is_available() or not distributed.is_initialized():
+        if not _DISTRIBUTED or not process_group_initialized():
             return False  # fully_shard needs a process group: no walk over the modules of a plain model
         return any(fsdp2_param_groups(module) for module in model.modules())
 

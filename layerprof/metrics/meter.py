@@ -6,6 +6,7 @@ in ``fill``. Timing itself is not a meter: it is always on.
 """
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any, Iterable, Sequence
 
 from torch import nn
@@ -99,6 +100,11 @@ def make_meters(names: Iterable[str] | None, model: nn.Module | None = None) -> 
             raise ValueError(f"unknown metric {name!r}; choose from: {known}")
         meters.append(METERS[name]())
     if model is not None:
-        named = {meter.name for meter in meters}
-        meters.extend(cls() for name, cls in METERS.items() if name not in named and cls.needed_by(model))
+        named = set(map(attrgetter("name"), meters))
+        for name, cls in METERS.items():  # (a loop, not generators: each is a cold frame as a one-shot block starts)
+            if name not in named and cls.needed_by.__func__ is not _NEEDED_BY_NONE and cls.needed_by(model):
+                meters.append(cls())
     return meters
+
+
+_NEEDED_BY_NONE = Meter.needed_by.__func__  # (the base's: no model needs the meter; not called)
