@@ -20,7 +20,7 @@ from .._gc import gc_paused
 from .hook_cost import hook_cost
 from .environment import environment
 from .._check import check_bool, check_int
-from ..metrics import Meter, make_meters
+from ..metrics import Meter, make_meters, measures
 from ..metrics.peaks import check_peaks
 from .._tensors import first_tensor
 from .._torch import compiled_module_type, submodules
@@ -673,7 +673,7 @@ class LayerProf:
             # The records are in tree order unless modules joined while profiling (then the tree is walked again).
             in_order = len(self._records) == self._built
             self._profile = Profile(self._tree, meta, self._records if in_order else None)
-        if meta["clock"] == ["wall"] and any(meter.name == "memory" for meter in self.metrics):
+        if meta["clock"] == ["wall"] and measures(self.metrics, "memory"):
             # A profile to plan checkpoints on: what the hooks add to each ancestor's forward, which a
             # recomputation does not pay (the planner takes it off), measured by its first plan.
             shapes = tuple(m.name for m in self.metrics if m.name == "shapes")

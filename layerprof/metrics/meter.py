@@ -13,7 +13,7 @@ from torch import nn
 from .._check import check_names
 from ..record.records import ModuleRecord
 
-__all__ = ["Meter", "METERS", "register_meter", "make_meters", "DEFAULT_METRICS"]
+__all__ = ["Meter", "METERS", "register_meter", "make_meters", "DEFAULT_METRICS", "measures"]
 
 
 class Meter:
@@ -33,6 +33,9 @@ class Meter:
     # only what ``stop`` left in the meter says so: the profiler may then make the records, and fill them, when
     # the profile is first read instead of when the block ends (a one-shot profile never read costs less).
     deferrable = False
+    # A meter that is another one with more (``live_memory`` is ``memory`` with the CPU's live bytes) names it:
+    # the two may not run together, and what asks for the other is served by this one.
+    replaces: str | None = None
 
     @classmethod
     def needed_by(cls, model: nn.Module) -> bool:
@@ -98,7 +101,15 @@ def make_meters(names: Iterable[str] | None, model: nn.Module | None = None) -> 
             known = ", ".join(sorted(METERS)) or "(none registered)"
             raise ValueError(f"unknown metric {name!r}; choose from: {known}")
         meters.append(METERS[name]())
+    named = {meter.name for meter in meters}
+    for meter in meters:
+        if meter.replaces in named:
+            raise ValueError(f"metrics: {meter.name!r} is {meter.replaces!r} with more; give one of them, not both")
     if model is not None:
-        named = {meter.name for meter in meters}
         meters.extend(cls() for name, cls in METERS.items() if name not in named and cls.needed_by(model))
     return meters
+
+
+def measures(meters: Iterable[Meter], name: str) -> bool:
+    """Whether one of ``meters`` is the meter ``name`` or one that replaces it."""
+    return any(name in (meter.name, meter.replaces) for meter in meters)
