@@ -48,6 +48,9 @@ def test_plan_is_printed_verified_and_plotted(spec: str, tmp_path: Path, capsys)
     timed = lines[end + 2:end + 2 + len(wrapped)]
     assert lines[end + 1] == "  recomputed per step, measured against predicted:" and wrapped
     assert [line.split()[0] for line in timed] == wrapped and all(" against " in line for line in timed)
+    # On the CPU the CLI profiles with live_memory: the plan predicts the step's peak, and the check measures it.
+    assert any(line.startswith("step peak: ") and " predicted (" in line for line in lines[start:end])
+    assert lines[-1].startswith("step peak (live tensor bytes): ") and " predicted (" in lines[-1]
     assert plot.read_bytes()[:4] == b"\x89PNG"
 
 
