@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from layerprof import LayerProf  # noqa: E402
 from layerprof.metrics.live_bytes import read_step  # noqa: E402
+from layerprof.render.checkpoint import peak_place  # noqa: E402
 from layerprof.render.units import format_bytes, format_ms  # noqa: E402
 
 BUDGETS = (0.75, 0.5, 0.25)
@@ -161,11 +162,6 @@ HEADER = ("| model | budget | wrapped | saved (MiB) | peak today (MiB) | peak pr
           "fall predicted | fall measured | predicted peak is |\n|---|---|---|---|---|---|---|---|---|---|---|")
 
 
-def _where(row: PeakRow) -> str:
-    name = "<model>" if row.at == "" else row.at
-    return f"{row.phase} {name}" if name is not None else row.phase
-
-
 def render_rows(rows: list[PeakRow], header: bool = True) -> str:
     lines = [HEADER] if header else []
     for row in rows:
@@ -175,7 +171,7 @@ def render_rows(rows: list[PeakRow], header: bool = True) -> str:
             f"{row.saved_after / MIB:.1f} | {row.profiled_peak / MIB:.1f} (plain {row.plain_peak / MIB:.1f}) | "
             f"{row.predicted_peak / MIB:.1f} | {row.measured_peak / MIB:.1f} | {error:+.2%} | "
             f"{(row.profiled_peak - row.predicted_peak) / MIB:.1f} | {(row.plain_peak - row.measured_peak) / MIB:.1f} | "
-            f"{_where(row)} |")
+            f"{peak_place(row.phase, row.at)} |")
     return "\n".join(lines)
 
 

@@ -20,7 +20,7 @@ from layerprof.metrics.live_bytes import LiveBytesReader, read_step
 from layerprof.metrics.checkpoint_bytes import STORAGES_ATTRIBUTE
 from layerprof.metrics.memory import TIMELINE_ATTRIBUTE, MemoryMeter, MemoryReader
 from layerprof.plan import verify
-from layerprof.plan.peak import predict_peak
+from layerprof.plan.peak import PeakPrediction, predict_peak, step_peak
 from layerprof.render.checkpoint import verification_text
 from layerprof.render.units import format_bytes
 
@@ -193,3 +193,31 @@ def test_the_cuda_path_predicts_from_the_allocator_and_verifies_with_its_peak(mo
     assert result.cuda_peak_bytes == result.peak_bytes and result.peak_bytes is not None
     assert abs(result.peak_bytes[1] - plan.predicted_peak_bytes) <= TOLERANCE * result.peak_bytes[1]
     assert "CUDA max_memory_allocated:" in verification_text(result)
+
+
+def test_the_prediction_by_hand() -> None:
+    """A step of numbers: the model ("") calls ``a`` (which calls ``a.x`` and ``a.y``) then ``b``; ``a`` is wrapped."""
+    table = {
+        "names": ["", "a", "a.x", "a.y", "b"], "parents": [-1, 0, 1, 1, 0],
+        # [forward start, forward end, backward start, backward end] as boundary numbers; the step ends at 16.
+        "bounds": [[1, 10, 11, 15], [2, 7, 13, 15], [3, 4, 14, 15], [5, 6, 13, 14], [8, 9, 11, 12]],
+        "sizes": [100, 30, 20],
+        "savers": [[2, 3], [4], []],  # 100 B saved by a.x and a.y (inside a), 30 by b, 20 by nothing...
+        "inputs": [[], [], [1]],  # ...but taken by a: its checkpoint holds it
+    }
+    # Level at each boundary and the peak of the interval ending there (index 0 unused, interval 1 before the step).
+    timeline = {"levels": [0, 0, 0, 0, 60, 60, 120, 120, 120, 150, 150, 154, 130, 130, 100, 40, 40],
+                "peaks": [0, 0, 0, 0, 80, 60, 160, 120, 120, 160, 150, 154, 190, 130, 170, 120, 40]}
+    assert step_peak(timeline) == 190  # b's backward (interval 12)
+    assert predict_peak([table], timeline, set()) == PeakPrediction(190, "backward", "b")
+    # With a wrapped: the 100 B are not held from a's forward end (boundary 7) to its backward start (13): intervals
+    # 8-13 less 100; the 20 B input is held from 7 to a's backward end (15): intervals 8-15 plus 20. So b's backward
+    # peaks at 190 - 100 + 20 = 110, a.y's at 170 + 20 = 190. a's recomputation, at boundary 13: the level there
+    # (130), plus what the plan changes in the next interval (+20), less a's own 100 B not yet recomputed, plus a's
+    # forward rise (the peak of intervals 3-7, 160, less the level at its start, 0): 210, the step's peak.
+    assert predict_peak([table], timeline, {"a"}) == PeakPrediction(210, "recompute", "a")
+    # b wrapped instead: its 30 B are not held over intervals 10-11 (150 - 30, 154 - 30); b's recomputation at 11:
+    # 154 - 30 + (160 - 120) = 164; the peak stays b's backward, 190.
+    assert predict_peak([table], timeline, {"b"}) == PeakPrediction(190, "backward", "b")
+    without = {key: value for key, value in table.items() if key != "bounds"}
+    assert predict_peak([without], timeline, {"a"}) is None  # a profile without a reader for its device

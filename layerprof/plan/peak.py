@@ -115,7 +115,7 @@ def _table_spans(table: dict[str, list[Any]], wrapped: set[str], runs: Sequence[
         if saved_by:
             if any(region[i] == i for i in taken_by):
                 continue  # a checkpoint's input: held by it as it was by its savers
-            held = [backwarded[region[i]] for i in {*saved_by} if region[i] in backwarded]
+            held = [backwarded[start] for start in {region[i] for i in saved_by} if start in backwarded]
             if not held:
                 continue
             first, last = min(r.forward_end for r in held), max(r.backward_start for r in held)
