@@ -42,12 +42,12 @@ def check_checkpoint_options(options: argparse.Namespace) -> None:
         return
     if options.eval or options.no_backward:
         raise UsageError("--checkpoint-budget plans a training step: drop --eval and --no-backward")
-    # On the CPU the live-bytes reader, so that the plan predicts the step's peak there too (CUDA has its allocator).
-    meter = "live_memory" if str(getattr(options, "device", "cpu")).startswith("cpu") else "memory"
+    # ``--metrics live_memory`` instead predicts the step's peak on the CPU too (CUDA has its allocator): not by
+    # default, a dispatch mode on every op slows the profiled step.
     if options.metrics is not None and not {"memory", "live_memory"} & set(options.metrics):
-        options.metrics = [*options.metrics, meter]
+        options.metrics = [*options.metrics, "memory"]
     elif options.metrics is None:
-        options.metrics = [*DEFAULT_METRICS, meter]
+        options.metrics = [*DEFAULT_METRICS, "memory"]
 
 
 def _number(text: str) -> Any:
