@@ -207,7 +207,10 @@ def plan(name: str, repeats: int) -> None:
               f"{prof.tree.saved_bytes / 2**20:.1f} -> {checkpoint_plan.saved_bytes_after / 2**20:.1f} MiB predicted, "
               f"{result.measured_saved_bytes / 2**20:.1f} measured; CUDA peak {peak[0] / 2**20:.1f} -> "
               f"{peak[1] / 2**20:.1f} MiB: {(peak[0] - peak[1]) / 2**20:.1f} less, {drop:.1f} predicted (saved bytes "
-              f"before less the plan's peak of saved bytes, {checkpoint_plan.saved_peak_at or 'end of forward'}); extra {checkpoint_plan.extra_ms:.2f} ms predicted, "
+              f"before less the plan's peak of saved bytes, {checkpoint_plan.saved_peak_at or 'end of forward'}); "
+              f"peak with the plan {peak[1] / 2**20:.1f} MiB measured, {(checkpoint_plan.predicted_peak_bytes or 0) / 2**20:.1f} "
+              f"predicted ({checkpoint_plan.predicted_peak_phase} {checkpoint_plan.predicted_peak_at}; profiled "
+              f"{(checkpoint_plan.profiled_peak_bytes or 0) / 2**20:.1f}); extra {checkpoint_plan.extra_ms:.2f} ms predicted, "
               f"{result.measured_extra_ms:.2f} measured (step {result.step_ms_before:.2f} ms)", flush=True)
 
 

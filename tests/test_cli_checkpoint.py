@@ -48,7 +48,16 @@ def test_plan_is_printed_verified_and_plotted(spec: str, tmp_path: Path, capsys)
     timed = lines[end + 2:end + 2 + len(wrapped)]
     assert lines[end + 1] == "  recomputed per step, measured against predicted:" and wrapped
     assert [line.split()[0] for line in timed] == wrapped and all(" against " in line for line in timed)
+    assert not any(line.startswith("step peak") for line in lines)  # on the CPU with live_memory only (below)
     assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_live_memory_predicts_and_measures_the_step_peak(spec: str, capsys) -> None:
+    argv = [spec, "-i", "32,16", "--steps", "2", "--depth", "1", "--checkpoint-budget", "50%", "--metrics", "live_memory"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("step peak: ") and " predicted (" in line for line in lines)
+    assert lines[-1].startswith("step peak (live tensor bytes): ") and " predicted (" in lines[-1]
 
 
 @pytest.mark.parametrize("extra, words", [

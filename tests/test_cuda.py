@@ -173,6 +173,36 @@ def test_a_plan_lowers_the_cuda_peak_as_its_saved_bytes_predict(cuda: torch.devi
         assert abs((before - after) - predicted) <= max(0.1 * predicted, 2**20), (budget, before - after, predicted)
 
 
+@pytest.mark.parametrize("name", ("gpt2", "bert"))
+def test_the_step_peak_with_a_plan_is_as_predicted_on_cuda(cuda: torch.device, name: str) -> None:
+    """``plan.predicted_peak_bytes`` against ``max_memory_allocated`` of a plain step with the plan, at the
+    benchmark's size and batch 16. On the CPU the live-bytes reader agrees to the byte on nearly every plan; here the
+    allocator rounds blocks to 512 bytes and libraries keep workspaces, both in the profiled step too once warm.
+    5 % allowed: not yet run on a GPU (``benchmarks/checkpoint_peak.py --device cuda`` prints the figures)."""
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model, inputs = ZOO[name].build("bench")
+    inputs = {key: value.repeat(8, 1).to(cuda) for key, value in inputs.items()}
+    model = model.to(cuda).train()
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        scalar_loss(model(**inputs)).backward()
+
+    step()
+    with LayerProf(model, metrics=("memory", "shapes")) as prof:
+        step()
+    assert prof.profile.meta["memory"]["device"].startswith("cuda")
+    for budget in (0.75, 0.5, 0.25):
+        plan = prof.checkpoint_plan(budget)
+        result = verify_plan(plan, model, step, repeats=1)
+        assert result.peak_bytes is not None and plan.predicted_peak_bytes is not None
+        before, after = result.peak_bytes
+        print(f"\n{name} {budget:.0%}: peak {before} -> {after} B measured, {plan.profiled_peak_bytes} -> "
+              f"{plan.predicted_peak_bytes} predicted ({plan.predicted_peak_phase} {plan.predicted_peak_at})")
+        assert abs(after - plan.predicted_peak_bytes) <= 0.05 * after, (budget, after, plan.predicted_peak_bytes)
+
+
 def test_autocast_on_cuda_counts_the_same_flops_and_changes_no_bit(deterministic: torch.device) -> None:
     model, step = _built("gpt2", deterministic)
 

@@ -269,7 +269,7 @@ def test_cuda_logic_nested_deltas_and_peaks(monkeypatch: pytest.MonkeyPatch) -> 
     assert (second.cuda_backward_delta_bytes, second.cuda_backward_peak_bytes) == (50, 300)
     assert (first.cuda_backward_delta_bytes, first.cuda_backward_peak_bytes) == (100, 1000)
     assert (root.cuda_backward_delta_bytes, root.cuda_backward_peak_bytes) == (150, 1050)
-    assert "CUDA allocated above the start: forward peak 1000 B, backward peak 1.03 KiB." in summary_footer(root)
+    assert "Allocated above the start (CUDA; CPU with live_memory): forward peak 1000 B, backward peak 1.03 KiB." in summary_footer(root)
 
 
 def test_peak_log_answers_any_start() -> None:

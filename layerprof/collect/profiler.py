@@ -19,7 +19,7 @@ from .._gc import gc_paused
 from .hook_cost import hook_cost
 from .environment import environment
 from .._check import check_bool, check_int
-from ..metrics import Meter, make_meters
+from ..metrics import Meter, make_meters, measures
 from ..metrics.peaks import check_peaks
 from .._torch import add_module_registration_hook, compiled_module_type, remove_module_registration_hook, submodules
 from ..profile import Profile
@@ -37,7 +37,7 @@ __all__ = ["LayerProf"]
 
 _T = TypeVar("_T")
 _first, _second = itemgetter(0), itemgetter(1)
-_own, _kind, _name = attrgetter("__dict__"), attrgetter("kind"), attrgetter("name")
+_own, _kind = attrgetter("__dict__"), attrgetter("kind")
 
 # The LayerProfs running now (a dict as an ordered set), each with the modules it hooks in its ``_names`` (keyed by
 # id(module): a running profiler holds its modules, ``_entries``, until its teardown takes it out of here, so an id
@@ -684,7 +684,7 @@ class LayerProf:
             # The records are in tree order unless modules joined while profiling (then the tree is walked again).
             in_order = len(self._records) == self._built
             self._profile = Profile(self._tree, meta, self._records if in_order else None)
-        if meta["clock"] == ["wall"] and "memory" in map(_name, self.metrics):
+        if meta["clock"] == ["wall"] and measures(self.metrics, "memory"):
             # A profile to plan checkpoints on: what the hooks add to each ancestor's forward, which a
             # recomputation does not pay (the planner takes it off), measured by its first plan.
             shapes = tuple(m.name for m in self.metrics if m.name == "shapes")

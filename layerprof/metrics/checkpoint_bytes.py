@@ -34,7 +34,7 @@ from .._tensors import iter_tensors
 from .._torch import tensor_version
 from ..record.fields import Field, declare
 
-__all__ = ["CHECKPOINT_FIELDS", "STORAGES_ATTRIBUTE", "storage_table", "saved_after", "freed_by_runs", "saved_peak", "has_side_effects", "updates_a_cache", "input_versions", "mutated_inputs", "settle_forward"]
+__all__ = ["CHECKPOINT_FIELDS", "STORAGES_ATTRIBUTE", "storage_table", "saved_after", "freed_by_runs", "saved_peak", "regions", "has_side_effects", "updates_a_cache", "input_versions", "mutated_inputs", "settle_forward"]
 
 CHECKPOINT_FIELDS = (
     "checkpoint_freed_bytes", "checkpoint_kept_bytes", "checkpoint_side_effects", "checkpoint_cache_updates",
@@ -175,6 +175,25 @@ def saved_after(tables: Sequence[dict[str, list[Any]]], wrapped: set[str],
     return total
 
 
+def regions(table: dict[str, list[Any]], wrapped: set[str], runs: Sequence[Sequence[str]] = ()) -> list[int]:
+    """For each call of one forward's table, the index of the outermost wrapped call (or the first call of a run)
+    whose checkpoint holds it, -1 for a call outside every checkpoint."""
+    firsts = {run[0] for run in runs}
+    run_of = {name: run[0] for run in runs for name in run}
+    names, parents = table["names"], table["parents"]
+    region = [-1] * len(names)
+    opened: dict[str, int] = {}
+    for i, name in enumerate(names):  # parents come before their children
+        parent = parents[i]
+        if parent >= 0 and region[parent] >= 0:
+            region[i] = region[parent]
+        elif name in wrapped or name in firsts:
+            region[i] = opened[name] = i
+        elif name in run_of and run_of[name] in opened:
+            region[i] = opened[run_of[name]]
+    return region
+
+
 def saved_peak(tables: Sequence[dict[str, list[Any]]], wrapped: set[str],
                 runs: Sequence[Sequence[str]] = ()) -> tuple[int, str | None]:
     """The most bytes held for backward at once in a step with ``wrapped`` (and ``runs``) under checkpoint, and
@@ -182,21 +201,10 @@ def saved_peak(tables: Sequence[dict[str, list[Any]]], wrapped: set[str],
     that stays saved when it reaches the earliest call holding it (a saver outside every wrapped call, or the
     outermost wrapped call whose input it is), and a wrapped call's recomputation saves its region's storages again,
     all at once: at that moment what the calls before it hold is still held. Summed over the forwards of a step."""
-    firsts = {run[0]: run for run in runs}
-    run_of = {name: run[0] for run in runs for name in run}
     total, where = 0, None
     for table in tables:
-        names, parents = table["names"], table["parents"]
-        region = [-1] * len(names)  # the index of the outermost wrapped call (or run's first) holding each call
-        opened: dict[str, int] = {}
-        for i, name in enumerate(names):  # parents come before their children
-            parent = parents[i]
-            if parent >= 0 and region[parent] >= 0:
-                region[i] = region[parent]
-            elif name in wrapped or name in firsts:
-                region[i] = opened[name] = i
-            elif name in run_of and run_of[name] in opened:
-                region[i] = opened[run_of[name]]
+        names = table["names"]
+        region = regions(table, wrapped, runs)
         held: list[tuple[int, int]] = []  # (the earliest call holding it, bytes) of each storage that stays saved
         again: dict[int, int] = {}  # wrapped call -> the bytes its recomputation saves again
         for size, saved_by, taken_by in zip(table["sizes"], table["savers"], table["inputs"]):

@@ -54,7 +54,11 @@ from .checkpoint_bytes import (
 )
 from .meter import Meter, register_meter
 
-__all__ = ["MemoryMeter", "MemoryReader", "CudaMemoryReader", "PeakLog", "MEMORY_FIELDS", "CUDA_FIELDS"]
+__all__ = ["MemoryMeter", "MemoryReader", "CudaMemoryReader", "PeakLog", "MEMORY_FIELDS", "CUDA_FIELDS",
+           "TIMELINE_ATTRIBUTE"]
+
+# The root record's private attribute holding the step's memory levels at every boundary (live profiles only).
+TIMELINE_ATTRIBUTE = "_memory_timeline"
 
 CUDA_FIELDS = (
     "cuda_forward_delta_bytes", "cuda_forward_peak_bytes", "cuda_backward_delta_bytes", "cuda_backward_peak_bytes",
@@ -92,6 +96,12 @@ class MemoryReader:
     def reset_peak(self, device: str) -> None:
         raise NotImplementedError
 
+    def open(self) -> None:
+        """The memory meter starts counting (a reader that must watch the step, as ``LiveBytesReader``, starts)."""
+
+    def close(self) -> None:
+        """The memory meter stops; after this ``read`` gives what it read last."""
+
 
 class CudaMemoryReader(MemoryReader):
     """``memory_allocated`` and ``max_memory_allocated`` of the CUDA caching allocator, read from one stats call."""
@@ -112,8 +122,10 @@ class PeakLog:
     """The peaks of the intervals between boundaries on one device, kept so that "the highest value since boundary
     ``b``" is exact for any ``b`` however calls nest or interleave (backward branches do), in O(log n).
 
-    Only a decreasing run of (interval, peak) is kept: an older interval with a lower peak can never be the
-    answer for a query that also covers a later, higher one."""
+    Only a decreasing run of (interval, peak) is kept for the queries: an older interval with a lower peak can
+    never be the answer for a query that also covers a later, higher one. ``levels[k]`` (bytes allocated at
+    boundary ``k``) and ``interval_peaks[k]`` (the peak of the interval ending there) keep the whole step, for the
+    checkpoint planner's prediction of the step's peak (index 0: nothing)."""
 
     def __init__(self, reader: MemoryReader, device: str) -> None:
         self.reader = reader
@@ -121,12 +133,16 @@ class PeakLog:
         self.count = 0  # boundaries so far; interval k ends at boundary k
         self.intervals: list[int] = []
         self.peaks: list[int] = []
+        self.levels: list[int] = [0]
+        self.interval_peaks: list[int] = [0]
 
     def boundary(self) -> tuple[int, int]:
         """Close the current interval; returns (this boundary's number, bytes allocated now)."""
         current, peak = self.reader.read(self.device)
         self.reader.reset_peak(self.device)
         self.count += 1
+        self.levels.append(current)
+        self.interval_peaks.append(peak)
         while self.peaks and self.peaks[-1] <= peak:
             self.peaks.pop()
             self.intervals.pop()
@@ -145,8 +161,8 @@ class _CallMemory:
         "inputs", "self_activation", "self_saved", "activation", "saved", "log", "self_tensors", "tensors",
         "name", "parent", "depth", "input_sizes", "input_versions", "freed", "kept", "side_effects", "inplace",
         "cache_updates",
-        "forward_mark", "forward_start", "forward_delta", "forward_peak",
-        "backward_mark", "backward_start", "backward_delta", "backward_peak",
+        "forward_mark", "forward_start", "forward_delta", "forward_peak", "forward_end_mark",
+        "backward_mark", "backward_start", "backward_delta", "backward_peak", "backward_end_mark",
     )
 
     def __init__(self, inputs: dict[int, int], log: PeakLog | None, parent: _CallMemory | None) -> None:
@@ -162,6 +178,7 @@ class _CallMemory:
         self.self_tensors = self.tensors = 0  # every saved tensor, whatever its storage (the checkpoint's cost)
         self.log = log
         self.forward_mark = self.forward_start = self.backward_mark = self.backward_start = 0
+        self.forward_end_mark = self.backward_end_mark = 0  # boundary numbers, 0 where not seen
         self.forward_delta: int | None = None
         self.forward_peak: int | None = None
         self.backward_delta: int | None = None
@@ -214,6 +231,9 @@ class MemoryMeter(Meter):
         self._savers: dict[int, list[Any]] = {}
         self._forward: list[_CallMemory] = []  # the calls of the current forward of the model
         self._tables: list[dict[str, list[Any]]] = []  # per forward: its storages, for the planner's exact figure
+        self._table_calls: list[list[_CallMemory]] = []  # per forward: its calls, whose boundaries fill adds
+        self._step_log: PeakLog | None = None  # the log of the device of the model's first call: the step's
+        self._step: dict[str, Any] = {}  # the step's own figures (meta): its peak, where it started and ended
         self._static: set[int] = set()  # parameters' and buffers' storages
         self._logs: dict[str, PeakLog | None] = {}
         self._reader: MemoryReader = MemoryReader()
@@ -225,6 +245,7 @@ class MemoryMeter(Meter):
         self._names = list(records)
         self._static = _storage_keys(list(model.parameters()), list(model.buffers()))
         self._reader = type(self).reader_factory()
+        self._reader.open()
         # Hooks installed before profiling (save_on_cpu, offloading) keep working: ours chains to them.
         self._outer = outer_saved_tensors_hooks()
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
@@ -237,8 +258,30 @@ class MemoryMeter(Meter):
         self._saved.clear()
         self._inputs.clear()
         self._settle()
-        if hooks is not None:
-            hooks.__exit__(None, None, None)
+        try:
+            self._end_of_step()
+        finally:
+            self._reader.close()
+            if hooks is not None:
+                hooks.__exit__(None, None, None)
+
+    def _end_of_step(self) -> None:
+        """Close every log's last interval (the step's end: the backward and what ran after it are in it) and keep
+        the step's figures: the most allocated from the model's first call on, and the levels there and now."""
+        for log in self._logs.values():
+            if log is not None and log.count:
+                log.boundary()
+        log = self._step_log
+        if log is not None and log.count >= 2:
+            # The interval before the first call runs from the last reset, which may be long before the step.
+            self._step = {"device": log.device, "step_peak_bytes": max(log.interval_peaks[2:]),
+                          "step_start_bytes": log.levels[1], "step_end_bytes": log.levels[-1]}
+
+    def meta(self) -> dict[str, Any]:
+        """On a device the reader covers (CUDA; the CPU with ``live_memory``): ``step_peak_bytes``, the most
+        allocated from the start of the model's first forward call to the end of the step (allocator bytes on
+        CUDA, live tensor bytes made in the step on the CPU), ``step_start_bytes`` and ``step_end_bytes``."""
+        return dict(self._step)
 
     # -- saved tensors ---------------------------------------------------------------------------------------------
     def _pack(self, tensor: torch.Tensor) -> Any:
@@ -307,6 +350,8 @@ class MemoryMeter(Meter):
                     self._inputs[key] = StorageWeakRef(storage)
         parent = self._states.get(id(call.parent)) if call.parent is not None else None
         state = _CallMemory(inputs, self._log_for(call.clock.device), parent)
+        if self._step_log is None and call.parent is None:
+            self._step_log = state.log
         state.side_effects = int(has_side_effects(module))
         state.cache_updates = int(updates_a_cache(args, kwargs))
         state.input_versions = input_versions((args, kwargs))
@@ -328,7 +373,7 @@ class MemoryMeter(Meter):
             return
         log = state.log
         if log is not None:
-            _, current = log.boundary()
+            state.forward_end_mark, current = log.boundary()
             state.forward_delta = current - state.forward_start
             state.forward_peak = log.peak_since(state.forward_mark) - state.forward_start
         inputs, state.inputs = state.inputs, set()
@@ -358,14 +403,15 @@ class MemoryMeter(Meter):
             state.backward_mark, state.backward_start = reading
 
     def backward_end(self, calls: Sequence[Any]) -> None:
-        logs_read: dict[PeakLog, int] = {}
+        logs_read: dict[PeakLog, tuple[int, int]] = {}
         for call in calls:
             state = self._states.get(id(call))
             if state is None or state.log is None or state.backward_mark == 0:  # its start was not seen
                 continue
-            current = logs_read.get(state.log)
-            if current is None:
-                current = logs_read[state.log] = state.log.boundary()[1]
+            reading = logs_read.get(state.log)
+            if reading is None:
+                reading = logs_read[state.log] = state.log.boundary()
+            state.backward_end_mark, current = reading
             # A call may end at several nodes; the last one seen is its end, so later values overwrite.
             state.backward_delta = current - state.backward_start
             state.backward_peak = state.log.peak_since(state.backward_mark) - state.backward_start
@@ -375,6 +421,7 @@ class MemoryMeter(Meter):
         if self._forward:
             settle_forward(self._forward, self._savers)
             self._tables.append(storage_table(self._forward, self._savers))
+            self._table_calls.append(self._forward)
         self._forward = []
         self._savers = {}
 
@@ -421,9 +468,24 @@ class MemoryMeter(Meter):
         if "" in records and self._tables:
             # Not a field (a table, not a number per module): kept on the live root for the planner only.
             records[""].__dict__[STORAGES_ATTRIBUTE] = self._tables
+            if self._step:
+                self._add_timeline(records[""])
         self._tables = []
+        self._table_calls = []
         self._calls.clear()
         self._states.clear()
+
+
+    def _add_timeline(self, root: ModuleRecord) -> None:
+        """Each table's calls' boundaries on the step's log (``[forward start, forward end, backward start, backward
+        end]``, 0 where not seen or on another device), and the log's levels and interval peaks on the root."""
+        log = self._step_log
+        assert log is not None
+        for table, calls in zip(self._tables, self._table_calls):
+            table["bounds"] = [[call.forward_mark, call.forward_end_mark, call.backward_mark, call.backward_end_mark]
+                               if call.log is log else [0, 0, 0, 0] for call in calls]
+        root.__dict__[TIMELINE_ATTRIBUTE] = {"device": log.device, "levels": list(log.levels),
+                                             "peaks": list(log.interval_peaks)}
 
 
 def _adopt(row: dict[str, int | None], state: _CallMemory) -> None:

@@ -6,7 +6,6 @@ in ``fill``. Timing itself is not a meter: it is always on.
 """
 from __future__ import annotations
 
-from operator import attrgetter
 from typing import Any, Iterable, Sequence
 
 from torch import nn
@@ -14,7 +13,7 @@ from torch import nn
 from .._check import check_names
 from ..record.records import ModuleRecord
 
-__all__ = ["Meter", "METERS", "register_meter", "make_meters", "DEFAULT_METRICS"]
+__all__ = ["Meter", "METERS", "register_meter", "make_meters", "DEFAULT_METRICS", "measures"]
 
 
 class Meter:
@@ -34,6 +33,9 @@ class Meter:
     # only what ``stop`` left in the meter says so: the profiler may then make the records, and fill them, when
     # the profile is first read instead of when the block ends (a one-shot profile never read costs less).
     deferrable = False
+    # A meter that is another one with more (``live_memory`` is ``memory`` with the CPU's live bytes) names it:
+    # the two may not run together, and what asks for the other is served by this one.
+    replaces: str | None = None
 
     @classmethod
     def needed_by(cls, model: nn.Module) -> bool:
@@ -99,8 +101,11 @@ def make_meters(names: Iterable[str] | None, model: nn.Module | None = None) -> 
             known = ", ".join(sorted(METERS)) or "(none registered)"
             raise ValueError(f"unknown metric {name!r}; choose from: {known}")
         meters.append(METERS[name]())
+    named = {meter.name for meter in meters}
+    for meter in meters:
+        if meter.replaces in named:
+            raise ValueError(f"metrics: {meter.name!r} is {meter.replaces!r} with more; give one of them, not both")
     if model is not None:
-        named = set(map(attrgetter("name"), meters))
         for name, cls in METERS.items():  # (a loop, not generators: each is a cold frame as a one-shot block starts)
             if name not in named and cls.needed_by.__func__ is not _NEEDED_BY_NONE and cls.needed_by(model):
                 meters.append(cls())
@@ -108,3 +113,8 @@ def make_meters(names: Iterable[str] | None, model: nn.Module | None = None) -> 
 
 
 _NEEDED_BY_NONE = Meter.needed_by.__func__  # (the base's: no model needs the meter; not called)
+
+
+def measures(meters: Iterable[Meter], name: str) -> bool:
+    """Whether one of ``meters`` is the meter ``name`` or one that replaces it."""
+    return any(name in (meter.name, meter.replaces) for meter in meters)

@@ -28,6 +28,7 @@ from torch import nn
 
 from .._check import check_bool
 from ..metrics.checkpoint_bytes import STORAGES_ATTRIBUTE, saved_after, saved_peak
+from ..metrics.memory import TIMELINE_ATTRIBUTE
 from ..record.records import ModuleRecord, preorder
 from ..render.checkpoint import plan_text, wrapped_count
 from ..render.units import format_counted
@@ -35,6 +36,7 @@ from .apply import is_wrapped, unwrap, wrap, wrap_runs
 from .budget import parse_budget
 from .candidates import Candidate, Priced, candidates, descendant_calls, require_figures
 from .gaps import gap_savings
+from .peak import predict_peak, step_peak
 from .runs import RunOption, parse_run, run_options
 from .wrap_cost import WrapCost, check_wrap_cost
 from .solver import DEFAULT_RESOLUTION, Run, best_reachable, ends_of, frontier, solve
@@ -155,7 +157,11 @@ class CheckpointPlan:
     region's tensors again while the calls before it still hold theirs; None on a profile without storages, one
     loaded from a file) and ``saved_peak_at`` (the wrapped module or run where it is reached, None at the end of
     forward). Where it comes to about ``saved_bytes_before`` (one wrapper around a whole encoder), the plan does
-    not lower the step's peak: its text says so.
+    not lower the step's peak: its text says so. The step's peak itself, where the memory meter read the step's
+    device (CUDA, or the CPU with ``metrics=("live_memory",)``; else None): ``profiled_peak_bytes`` (measured in the
+    profiled step) and ``predicted_peak_bytes`` (with the plan, ``peak.py``), reached in ``predicted_peak_phase``
+    (``"forward"``, ``"backward"``, ``"recompute"`` or ``"between calls"``) at ``predicted_peak_at`` (the module
+    whose backward or recomputation holds it, else None).
     """
 
     def __init__(self, root: ModuleRecord, found: list[Candidate], budget_bytes: int, resolution: int,
@@ -222,9 +228,29 @@ class CheckpointPlan:
                                                    [o.children for o in runs])
             # saved_peak names a run by its first child, which the plan does not wrap by itself: the run's name.
             self.saved_peak_at = {run.children[0]: run.name for run in runs}.get(at, at) if at is not None else None
+        self._predict_peak(root, chosen)
         self.extra_ms = float(sum(c.cost_ms for c in self.chosen))
         self.cold_extra_ms = float(sum(c.recompute_ms + c.cold_wrap_ms for c in self.chosen))
         self._applied: list[tuple[nn.Module, Any]] = []
+
+    def _predict_peak(self, root: ModuleRecord, chosen: list[Candidate | RunOption]) -> None:
+        """The step's peak measured in the profile and predicted with the plan (``peak.py``), where the memory
+        meter's reader covered the step's device."""
+        self.profiled_peak_bytes = self.predicted_peak_bytes = None
+        self.predicted_peak_phase = self.predicted_peak_at = None
+        timeline = root.__dict__.get(TIMELINE_ATTRIBUTE)
+        if not self._tables or timeline is None:
+            return
+        runs = [o for o in chosen if isinstance(o, RunOption)]
+        prediction = predict_peak(self._tables, timeline, {o.name for o in chosen if isinstance(o, Candidate)},
+                                  [o.children for o in runs])
+        if prediction is None:
+            return
+        self.profiled_peak_bytes = step_peak(timeline)
+        self.predicted_peak_bytes, self.predicted_peak_phase = prediction.peak_bytes, prediction.phase
+        # A run's recomputation is named by its first child, which the plan does not wrap by itself: the run's name.
+        at = prediction.at
+        self.predicted_peak_at = {run.children[0]: run.name for run in runs}.get(at, at) if at is not None else None
 
     def _allowing_side_effects(self, found: list[Candidate]) -> int | None:
         """The least saved memory a plan reaches with the modules excluded for side effects allowed, where that is
@@ -365,6 +391,8 @@ class CheckpointPlan:
             "excluded": dict(self.excluded), "note": self.note, "hook_ms": self.hook_ms,
             "already_recomputed": list(self.already_recomputed),
             "saved_peak_bytes": self.saved_peak_bytes, "saved_peak_at": self.saved_peak_at,
+            "profiled_peak_bytes": self.profiled_peak_bytes, "predicted_peak_bytes": self.predicted_peak_bytes,
+            "predicted_peak_phase": self.predicted_peak_phase, "predicted_peak_at": self.predicted_peak_at,
         }
 
     def __str__(self) -> str:

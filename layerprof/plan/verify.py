@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..collect.profiler import LayerProf
+from ..metrics.live_bytes import read_step
 from .apply import RecomputeTimer
 from .fault_cost import page_fault_us
 from .plan import CheckpointPlan
@@ -49,7 +50,12 @@ class Verification:
     a plan can make the allocator hand the recomputation fresh pages, or spare it some, which the prediction
     leaves out. ``fault_us``: what a minor page fault costs in this process, µs (``fault_cost.py``, timed after
     the steps; None where faults are not counted), and ``fault_ms`` the plan's change in faults at that price, ms a
-    step: the part of a miss the allocator explains."""
+    step: the part of a miss the allocator explains. ``peak_bytes``: (before, after) the step's peak, measured in
+    a plain step (no profiler) without and with the plan: ``max_memory_allocated`` on CUDA, on the CPU the most
+    bytes of tensors made in the step alive at once (``LiveBytesReader``; only where the plan predicts the peak, from
+    a profile with ``live_memory``, else None); ``predicted_peak_bytes`` and
+    ``profiled_peak_bytes``: the plan's prediction of it and the peak its profile measured, on the same scale
+    (None where the profile was taken without a reader for its device: on the CPU, without ``live_memory``)."""
 
     predicted_saved_bytes: int
     measured_saved_bytes: int
@@ -62,6 +68,9 @@ class Verification:
     cuda_peak_bytes: tuple[int, int] | None = None
     page_faults: tuple[float, float] | None = None
     fault_us: float | None = None
+    peak_bytes: tuple[int, int] | None = None
+    predicted_peak_bytes: int | None = None
+    profiled_peak_bytes: int | None = None
 
     @property
     def meets_budget(self) -> bool:
@@ -73,6 +82,14 @@ class Verification:
         if self.page_faults is None or self.fault_us is None:
             return None
         return (self.page_faults[1] - self.page_faults[0]) * self.fault_us / 1e3
+
+
+def _on_cuda(model: nn.Module) -> bool:
+    return torch.cuda.is_available() and any(p.is_cuda for p in model.parameters())
+
+
+def _live_peak(step: Callable[[], Any]) -> int:
+    return read_step(step).peak
 
 
 def _cuda_peak(step: Callable[[], Any]) -> int:
@@ -90,15 +107,17 @@ def verify_plan(plan: CheckpointPlan, model: nn.Module, step: Callable[[], Any],
         raise TypeError(f"step must be a callable that runs one training step, got {type(step).__name__}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive int, got {repeats!r}")
-    on_cuda = torch.cuda.is_available() and any(p.is_cuda for p in model.parameters())
+    on_cuda = _on_cuda(model)
     sync = torch.cuda.synchronize if on_cuda else None
-    before_peak = _cuda_peak(step) if on_cuda else None
+    # On the CPU only where the plan predicts the peak (a profile with live_memory): the reader slows the step.
+    step_peak = _cuda_peak if on_cuda else _live_peak if plan.predicted_peak_bytes is not None else None
+    before_peak = step_peak(step) if step_peak is not None else None
     with plan.applied(model):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # one step under the memory meter: its times are not the point here
             with LayerProf(model, metrics=("memory",)) as prof:
                 step()
-        after_peak = _cuda_peak(step) if on_cuda else None
+        after_peak = step_peak(step) if step_peak is not None else None
     before: list[tuple[float, int]] = []
     after: list[tuple[float, int]] = []
     recomputed: dict[str, list[float]] = {name: [] for name in plan.modules}
@@ -116,7 +135,9 @@ def verify_plan(plan: CheckpointPlan, model: nn.Module, step: Callable[[], Any],
         predicted_saved_bytes=plan.saved_bytes_after, measured_saved_bytes=int(prof.profile.tree.saved_bytes or 0),
         budget_bytes=plan.budget_bytes, predicted_extra_ms=plan.extra_ms, measured_extra_ms=step_after - step_before,
         step_ms_before=step_before, step_ms_after=step_after, recompute_ms=recompute,
-        cuda_peak_bytes=None if before_peak is None else (before_peak, int(after_peak or 0)),
+        cuda_peak_bytes=(before_peak, after_peak) if on_cuda else None,
+        peak_bytes=None if before_peak is None or after_peak is None else (before_peak, after_peak),
+        predicted_peak_bytes=plan.predicted_peak_bytes, profiled_peak_bytes=plan.profiled_peak_bytes,
         page_faults=faults, fault_us=None if resource is None else page_fault_us(),  # type: ignore[arg-type]
     )
 

@@ -7,9 +7,10 @@ from typing import Any
 
 from .plot_save import finish_plot, plot_suffix
 from .plot_style import new_axes
-from .units import format_bytes, format_counted, format_ms, format_percent, format_signed_ms
+from .units import format_bytes, format_counted, format_ms, format_percent, format_signed_bytes, format_signed_ms
 
-__all__ = ["plan_text", "verification_text", "plot_checkpoint", "frontier_svg", "wrapped_count", "FAULTS_SHOWN"]
+__all__ = ["plan_text", "verification_text", "plot_checkpoint", "frontier_svg", "wrapped_count", "peak_place",
+           "FAULTS_SHOWN"]
 
 RECOMPUTED_SHOWN = 4  # names of modules the model checkpoints itself that a plan's text lists
 FAULTS_SHOWN = 256  # page faults a step (1 MiB of 4 KiB pages) a plan must add or spare for the text to say so
@@ -28,6 +29,7 @@ def plan_text(plan: Any) -> str:
     if plan.note:
         lines.append(f"note: {plan.note}")
     lines += _peak_kept(plan)
+    lines += _step_peak(plan)
     recomputed = getattr(plan, "already_recomputed", ())
     if recomputed:
         shown = ", ".join(name or "<model>" for name in recomputed[:RECOMPUTED_SHOWN])
@@ -67,6 +69,27 @@ def _peak_kept(plan: Any) -> list[str]:
             "pages for the recomputation every step (page faults, not in the predicted time)"]
 
 
+def _step_peak(plan: Any) -> list[str]:
+    """The step's peak, profiled and predicted with the plan, and where the prediction puts it; nothing where the
+    profile's reader did not cover the step's device."""
+    predicted = getattr(plan, "predicted_peak_bytes", None)
+    if predicted is None:
+        return []
+    profiled = plan.profiled_peak_bytes
+    return [f"step peak: {format_bytes(profiled)} profiled -> {format_bytes(predicted)} predicted "
+            f"({format_signed_bytes(predicted - profiled)}), {peak_place(plan.predicted_peak_phase, plan.predicted_peak_at)}"]
+
+
+def peak_place(phase: str, at: str | None) -> str:
+    """Where a predicted peak is: "in forward", "in the backward of layer.3", "when layer.3 is recomputed"."""
+    name = "<model>" if at == "" else at
+    if phase == "recompute":
+        return f"when {name} is recomputed"
+    if phase == "backward" and name is not None:
+        return f"in the backward of {name}"
+    return "in forward" if phase == "forward" else f"in {phase}"
+
+
 def _cold(ms: float, cold: float | None) -> str:
     """"  (4.10 ms priced cold)" where pricing each wrapper call by the work before it made a module's wrapper
     ``ms`` less than ``cold`` (the knapsack's price), else ""."""
@@ -100,10 +123,24 @@ def verification_text(result: Any) -> str:
                      f"{'hands the recomputation fresh pages' if more else 'needs fewer fresh pages'}, which the "
                      "prediction leaves out)")
         lines += _faults_priced(result)
-    if result.cuda_peak_bytes is not None:
-        before, after = result.cuda_peak_bytes
-        lines.append(f"CUDA max_memory_allocated: {format_bytes(before)} -> {format_bytes(after)}")
+    lines += _measured_peak(result)
     return "\n".join(lines)
+
+
+def _measured_peak(result: Any) -> list[str]:
+    """The step's peak without and with the plan as measured, set beside the prediction where there is one."""
+    peaks = getattr(result, "peak_bytes", None)
+    if peaks is None:
+        return []
+    before, after = peaks
+    what = "CUDA max_memory_allocated" if result.cuda_peak_bytes is not None else "step peak (live tensor bytes)"
+    line = f"{what}: {format_bytes(before)} -> {format_bytes(after)} measured"
+    predicted, profiled = result.predicted_peak_bytes, result.profiled_peak_bytes
+    if predicted is not None and profiled is not None:
+        line += (f"; {format_bytes(predicted)} predicted ({(after - predicted) / max(1, predicted):+.1%} off), "
+                 f"a change of {format_signed_bytes(after - before)} measured against "
+                 f"{format_signed_bytes(predicted - profiled)} predicted")
+    return [line]
 
 
 def _faults_priced(result: Any) -> list[str]:

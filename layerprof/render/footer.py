@@ -71,7 +71,7 @@ def _cuda_line(root: ModuleRecord) -> str | None:
     backward = _get(root, "cuda_backward_peak_bytes")
     if forward is None and backward is None:
         return None
-    return f"CUDA allocated above the start: forward peak {format_bytes(forward)}, backward peak {format_bytes(backward)}."
+    return f"Allocated above the start (CUDA; CPU with live_memory): forward peak {format_bytes(forward)}, backward peak {format_bytes(backward)}."
 
 
 def _comm_line(root: ModuleRecord, top: int) -> str | None:

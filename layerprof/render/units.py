@@ -6,6 +6,7 @@ from ..record.fields import FIELDS
 __all__ = [
     "format_ms", "format_count", "format_bytes", "format_flops", "format_percent", "format_change", "format_ratio",
     "format_plain", "format_field", "format_value", "field_label", "format_shapes", "format_counted", "format_signed_ms",
+    "format_signed_bytes",
     "MISSING",
 ]
 
@@ -90,6 +91,13 @@ def format_bytes(value: float | None) -> str:
     if value is None:
         return MISSING
     return _scaled(float(value), 1024.0, (" ", " Ki", " Mi", " Gi", " Ti"), "B")
+
+
+def format_signed_bytes(value: float | None) -> str:
+    """A difference of bytes with its sign: ``format_signed_bytes(-3 * 2**20) == '-3 MiB'``."""
+    if value is None:
+        return MISSING
+    return ("-" if value < 0 else "+") + format_bytes(abs(value))
 
 
 def format_percent(part: float | None, whole: float | None) -> str:

@@ -1,0 +1,176 @@
+"""Live tensor bytes on the CPU, counted exactly: the reader behind ``metrics=("live_memory",)``.
+
+The CPU allocator keeps no statistics, so ``LiveBytesReader`` counts for it: a ``TorchDispatchMode`` sees every
+op's outputs, and each output storage that is new (not one the op was handed: a view, an in-place or ``out=`` op
+returns its input's) adds its ``nbytes``; a weak reference on the storage takes them off when it is freed (torch
+keeps a storage's Python object as long as the storage lives, so the callback runs when the storage itself goes).
+Only storages made while the reader is open count: parameters and the tensors that lived before are the
+baseline, 0. ``read`` gives (bytes live now, the most live since the last ``reset_peak``), as
+``CudaMemoryReader`` does for the CUDA allocator, so the memory meter's per-call deltas and peaks, and the step's
+peak, exist on the CPU too.
+
+What it sees: the tensors ops return, forward and backward (autograd runs a CPU backward on the calling thread,
+and carries the modes over to the threads it uses, so gradients count), the recomputation of a
+``torch.utils.checkpoint`` region, the ops the FLOP meter's mode runs below it. What it does not: a kernel's own
+scratch buffers (allocated below the dispatcher, freed before the op returns), tensors made on other threads, and
+devices other than the CPU.
+
+A mode on every op slows the step (tens of µs an op), so it is opt-in: ``LayerProf(model,
+metrics=("live_memory",))`` is the memory meter with this reader on CPU calls (and the CUDA reader on CUDA ones).
+
+>>> import torch
+>>> reader = LiveBytesReader()
+>>> reader.open()
+>>> a = torch.ones(256)                  # 1 KiB
+>>> b = (a * 2).view(16, 16)             # a new 1 KiB storage; the view adds nothing
+>>> del a
+>>> reader.close()
+>>> reader.read("cpu")                   # 1 KiB live, 2 KiB at the most
+(1024, 2048)
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+import torch
+
+from .._tensors import iter_tensors
+from .._torch import TorchDispatchMode, storage_key
+from .memory import CudaMemoryReader, MemoryMeter, MemoryReader
+from .meter import register_meter
+
+__all__ = ["LiveBytesReader", "DeviceReaders", "LiveMemoryMeter", "read_step"]
+
+
+class _Watch(TorchDispatchMode):
+    """Hands every op's output tensors to the reader."""
+
+    def __init__(self, reader: LiveBytesReader) -> None:
+        super().__init__()
+        self.reader = reader
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if type(out) is torch.Tensor:
+            self.reader.see((out,), (args, kwargs))
+        elif isinstance(out, (tuple, list)):
+            self.reader.see(out, (args, kwargs))
+        return out
+
+
+class LiveBytesReader(MemoryReader):
+    """Bytes of the CPU storages made since ``open()`` that are still alive, and their peak (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.current = self.peak = 0
+        self._live: dict[int, list[Any]] = {}  # storage key -> [bytes, weak reference]
+        self._mode: _Watch | None = None
+
+    def covers(self, device: str) -> bool:
+        return device == "cpu"
+
+    def read(self, device: str) -> tuple[int, int]:
+        return self.current, self.peak
+
+    def reset_peak(self, device: str) -> None:
+        self.peak = self.current
+
+    def open(self) -> None:
+        if self._mode is None:
+            self._mode = _Watch(self)
+            self._mode.__enter__()
+
+    def close(self) -> None:
+        mode, self._mode = self._mode, None
+        if mode is not None:
+            mode.__exit__(None, None, None)
+        # Frees after this would change numbers already read: stop counting them.
+        self._live = {}
+
+    def see(self, outputs: Any, inputs: Any) -> None:
+        """Count the new storages among an op's output tensors (``inputs``: the op's arguments)."""
+        handed: set[int] | None = None
+        for tensor in outputs:
+            if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
+                continue
+            try:
+                storage = tensor.untyped_storage()
+            except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested or wrapper tensors
+                continue
+            key = storage_key(storage)
+            size = storage.nbytes()
+            entry = self._live.get(key)
+            if entry is not None:  # a storage counted before, handed back (a view) or resized (an out= op)
+                if size != entry[0]:
+                    self._add(size - entry[0])
+                    entry[0] = size
+                continue
+            if handed is None:
+                handed = {storage_key(t.untyped_storage()) for t in iter_tensors(inputs)
+                          if t.device.type == "cpu" and t.layout == torch.strided}
+            if key in handed:
+                continue
+            live = self._live
+            self._live[key] = [size, weakref.ref(storage, lambda _, key=key, live=live: self._free(live, key))]
+            self._add(size)
+
+    def _add(self, size: int) -> None:
+        self.current += size
+        if self.current > self.peak:
+            self.peak = self.current
+
+    def _free(self, live: dict[int, list[Any]], key: int) -> None:
+        if live is self._live:  # not a storage of a reader since closed
+            entry = live.pop(key, None)
+            if entry is not None:
+                self.current -= entry[0]
+
+
+def read_step(step: Callable[[], Any]) -> LiveBytesReader:
+    """Run ``step()`` with a reader open; the reader, closed: ``peak`` (the most bytes of tensors made in the step
+    alive at once) and ``current`` (those left at its end)."""
+    reader = LiveBytesReader()
+    reader.open()
+    try:
+        step()
+    finally:
+        reader.close()
+    return reader
+
+
+class DeviceReaders(MemoryReader):
+    """The live-bytes reader on the CPU, the CUDA allocator's on CUDA devices."""
+
+    def __init__(self) -> None:
+        self.cpu = LiveBytesReader()
+        self.cuda = CudaMemoryReader()
+
+    def _for(self, device: str) -> MemoryReader:
+        return self.cpu if self.cpu.covers(device) else self.cuda
+
+    def covers(self, device: str) -> bool:
+        return self._for(device).covers(device)
+
+    def read(self, device: str) -> tuple[int, int]:
+        return self._for(device).read(device)
+
+    def reset_peak(self, device: str) -> None:
+        self._for(device).reset_peak(device)
+
+    def open(self) -> None:
+        self.cpu.open()
+
+    def close(self) -> None:
+        self.cpu.close()
+
+
+@register_meter
+class LiveMemoryMeter(MemoryMeter):
+    """The memory meter with the CPU's live tensor bytes counted too (``LiveBytesReader``): the per-call deltas
+    and peaks, and the step's peak, on CPU calls. Use it instead of ``"memory"``, not beside it."""
+
+    name = "live_memory"
+    replaces = "memory"
+    reader_factory: Any = DeviceReaders

@@ -1,0 +1,137 @@
+"""The CPU's live tensor bytes (``LiveBytesReader``, ``metrics=("live_memory",)``): exact numbers by hand, against
+torch.profiler's allocator events, with the FLOP meter's mode and torch.utils.checkpoint."""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from layerprof import LayerProf
+from layerprof.metrics import make_meters
+from layerprof.metrics.live_bytes import read_step
+from layerprof.metrics.memory import TIMELINE_ATTRIBUTE
+
+
+def _mlp() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 10)), torch.randn(32, 64)
+
+
+def test_per_call_figures_and_the_step_peak_by_hand() -> None:
+    model, x = _mlp()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # one step under a distorting meter
+        with LayerProf(model, metrics=("live_memory",)) as prof:
+            model(x).sum().backward()
+    first, tanh, last, root = prof.records["0"], prof.records["1"], prof.records["2"], prof.tree
+    # Forward (float32, x made before: the baseline): Linear 0 makes [32, 128] = 16384 B, Tanh another 16384 B,
+    # Linear 2 [32, 10] = 1280 B; Linear 0's output dies between Tanh and Linear 2 (Tanh saves its own output).
+    assert [(r.cuda_forward_delta_bytes, r.cuda_forward_peak_bytes) for r in (first, tanh, last)] == [
+        (16384, 16384), (16384, 16384), (1280, 1280)]
+    assert (root.cuda_forward_delta_bytes, root.cuda_forward_peak_bytes) == (16384 + 1280, 2 * 16384)
+    # Backward of Linear 2: the gradient of its input [32, 128] 16384 B, of its weight [10, 128] 5120 B and bias
+    # 40 B; of Tanh: 16384 B more (Linear 2's gradient and the saved output go only after its end).
+    assert (last.cuda_backward_delta_bytes, last.cuda_backward_peak_bytes) == (16384 + 5120 + 40,) * 2
+    assert (tanh.cuda_backward_delta_bytes, tanh.cuda_backward_peak_bytes) == (16384, 16384)
+    # The step's peak is in Linear 0's backward: the loss and its seed (4 + 4 B), Linear 2's gradients (5160 B),
+    # Tanh's gradient (16384 B), then Linear 0's weight [128, 64] 32768 B and bias 512 B gradients.
+    meta = prof.profile.meta["live_memory"]
+    assert meta == {"device": "cpu", "step_peak_bytes": 8 + 5160 + 16384 + 32768 + 512, "step_start_bytes": 0,
+                    "step_end_bytes": 5160 + 32768 + 512}  # the gradients stay; the loss, seed and Tanh's go
+    timeline = root.__dict__[TIMELINE_ATTRIBUTE]
+    # Index 0, then boundaries: 8 in forward (the model's and each layer's start and end), 6 in backward (each
+    # layer's start and end; the model's start with Linear 2's and end with Linear 0's), the step's end.
+    assert len(timeline["levels"]) == 1 + 8 + 6 + 1 and max(timeline["peaks"]) == meta["step_peak_bytes"]
+
+
+def test_a_plain_step_reads_what_the_profiled_one_did_and_the_allocator_agrees() -> None:
+    model, x = _mlp()
+    step = lambda: model(x).sum().backward()  # noqa: E731
+    step()  # the gradients exist: later steps add into them
+    with LayerProf(model, metrics=("live_memory",)) as prof:
+        step()
+        prof.step()
+        step()
+    profiled = prof.profile.meta["live_memory"]["step_peak_bytes"]
+    reader = read_step(step)
+    assert (reader.peak, reader.current) == (profiled, 0)
+    # With the gradients there (added into, then freed), in Linear 0's backward: the loss and seed (8 B), Tanh's
+    # gradient (16384 B) and Linear 0's new weight and bias gradients (32768 + 512 B) before they are added in.
+    assert profiled == 8 + 16384 + 32768 + 512
+    events = _allocator_events(step)
+    if events is None:
+        pytest.skip("this torch's profiler does not hand out its memory events")
+    # The CPU allocator's own record of the same step: the same peak and the same bytes left.
+    assert events == (reader.peak, reader.current)
+
+
+def _allocator_events(step: Callable[[], Any]) -> tuple[int, int] | None:
+    """The peak and the net of the CPU allocator's events in one step, from torch.profiler(profile_memory=True)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    try:
+        found = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                       if e.name() == "[memory]")
+    except AttributeError:
+        return None
+    level = peak = 0
+    for _, size in found:
+        level += size
+        peak = max(peak, level)
+    return peak, level
+
+
+def test_views_in_place_and_out_ops_of_older_tensors_count_nothing() -> None:
+    weight = torch.ones(64)
+    made: list[torch.Tensor] = []
+
+    def step() -> None:
+        weight.view(8, 8).t()  # views of a tensor made before: nothing new
+        weight.mul_(1.0)  # in place
+        torch.add(weight, 1.0, out=weight)
+        out = torch.empty(0)  # made in the step, then grown by an out= op: 0 B, then 64 * 4
+        torch.add(weight, 1.0, out=out)
+        made.append(out)
+
+    reader = read_step(step)
+    assert (reader.current, reader.peak) == (256, 256)
+    made.clear()
+    assert reader.current == 256  # closed: frees after it change nothing
+
+
+def test_the_flop_meter_and_a_model_that_checkpoints_itself_read_the_same() -> None:
+    model, x = _mlp()
+
+    class Checkpointed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return checkpoint(self.inner, x, use_reentrant=False)
+
+    wrapped = Checkpointed()
+    x.requires_grad_(True)  # a checkpoint needs an input that needs grad to save anything
+    step = lambda: wrapped(x).sum().backward()  # noqa: E731
+    step()
+    plain = read_step(step).peak
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with LayerProf(wrapped, metrics=("flops", "live_memory")) as both:
+            step()
+        with LayerProf(wrapped, metrics=("flops",)) as flops:
+            step()
+    # The recomputation's tensors count (its outputs are real memory in backward), under the FLOP meter's mode too.
+    assert both.profile.meta["live_memory"]["step_peak_bytes"] == plain
+    assert (both.tree.flops_forward, both.tree.flops_backward) == (flops.tree.flops_forward, flops.tree.flops_backward)
+    # In backward the recomputed Linear 0 and Tanh outputs (2 * 16384) live beside the input's gradient.
+    assert plain > 2 * 16384
+
+
+def test_live_memory_replaces_memory() -> None:
+    with pytest.raises(ValueError, match="'live_memory' is 'memory' with more"):
+        make_meters(("memory", "live_memory"))
