@@ -82,6 +82,16 @@ def test_a_plot_metric_whose_meter_runs_is_accepted(models: Path, tmp_path: Path
     assert path.read_text().startswith("<?xml")
 
 
+def test_a_memory_plot_with_the_live_memory_meter(models: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # live_memory is the memory meter with more: it gives what a memory plot needs (asking for both is refused)
+    path = tmp_path / "p.svg"
+    argv = [f"{models}:Net", "-i", "2,20", "--steps", "1", "--warmup", "0", "--metrics", "live_memory", "--plot",
+            str(path), "--plot-metric", "memory"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert path.read_text().startswith("<?xml")
+
+
 def test_a_roofline_plot_with_the_flops_meter(models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(layerprof.profile, "measure_peaks", lambda *args, **kwargs: {"flops": 1e11, "bandwidth": 1e10})

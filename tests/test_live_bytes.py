@@ -135,3 +135,38 @@ def test_the_flop_meter_and_a_model_that_checkpoints_itself_read_the_same() -> N
 def test_live_memory_replaces_memory() -> None:
     with pytest.raises(ValueError, match="'live_memory' is 'memory' with more"):
         make_meters(("memory", "live_memory"))
+
+
+def test_a_start_refused_by_torch_leaves_no_dispatch_mode() -> None:
+    # Where saved-tensor hooks are disabled (functorch transforms), the meter's start raises: the reader's mode,
+    # which would slow every later op of the process, must not stay pushed.
+    net = nn.Linear(4, 4)
+    before = torch._C._len_torch_dispatch_stack()
+    with torch.autograd.graph.disable_saved_tensors_hooks("no saved-tensor hooks here"):
+        with pytest.raises(RuntimeError, match="no saved-tensor hooks here"):
+            with LayerProf(net, metrics=("live_memory",)):
+                pass
+    assert torch._C._len_torch_dispatch_stack() == before
+    assert not net._forward_hooks and not net._forward_pre_hooks
+
+
+def test_a_closed_reader_keeps_no_weak_reference() -> None:
+    # The weak references (and their callbacks, which hold the reader's table) go with close(), without waiting
+    # for a cyclic collection: with the collector off, a storage that outlives the reader has none left.
+    import gc
+    import weakref
+
+    from layerprof.metrics.live_bytes import LiveBytesReader
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        reader = LiveBytesReader()
+        reader.open()
+        kept = torch.ones(256) * 2  # two new 1 KiB storages, the first freed: 1 KiB live, 2 KiB at the most
+        reader.close()
+        assert reader.read("cpu") == (1024, 2048)
+        assert weakref.getweakrefcount(kept.untyped_storage()) == 0
+    finally:
+        if enabled:
+            gc.enable()

@@ -192,6 +192,28 @@ def test_timing_distorting_meter_runs_on_the_first_step_only() -> None:
         del METERS["test_counting"]
 
 
+def test_a_plug_in_meter_whose_needed_by_is_a_static_method() -> None:
+    # needed_by written as a @staticmethod (no __func__): every LayerProf still starts, and the meter joins
+    # unasked where it says the model needs it.
+    @register_meter
+    class Wanted(Meter):
+        name = "test_wanted"
+
+        @staticmethod
+        def needed_by(model):  # type: ignore[no-untyped-def]
+            return isinstance(model, MLP)
+
+    try:
+        with LayerProf(MLP()) as prof:
+            pass
+        assert "test_wanted" in {meter.name for meter in prof.metrics}
+        with LayerProf(nn.Linear(2, 2)) as other:
+            pass
+        assert "test_wanted" not in {meter.name for meter in other.metrics}
+    finally:
+        del METERS["test_wanted"]
+
+
 def test_profile_records_where_it_was_measured() -> None:
     model = MLP()
     with LayerProf(model) as prof:

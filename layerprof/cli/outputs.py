@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .._files import move_into_place, temporary_beside
-from ..metrics import DEFAULT_METRICS
+from ..metrics import DEFAULT_METRICS, METERS
 from ..profile import Profile
 from ..render.plot_metrics import metric_meters
 from .errors import RunError, UsageError, one_line
@@ -62,7 +62,9 @@ def _check_plot(options: argparse.Namespace, path: Path) -> None:
             asked = ",".join([*(options.metrics or ()), "flops"])
             raise UsageError(f"--plot-kind roofline needs the flops meter (FLOPs and bytes): add --metrics {asked}")
         return
-    missing = [meter for meter in needed if meter not in chosen]
+    # A chosen meter that replaces another (live_memory: memory with more) gives what that one gives.
+    covered = {*chosen, *(getattr(METERS.get(name), "replaces", None) for name in chosen)}
+    missing = [meter for meter in needed if meter not in covered]
     if missing:
         asked = ",".join([*(options.metrics or ()), *missing])
         raise UsageError(f"--plot-metric {metric} needs the {' and '.join(missing)} meter: add --metrics {asked}")

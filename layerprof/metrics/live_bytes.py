@@ -86,8 +86,10 @@ class LiveBytesReader(MemoryReader):
         mode, self._mode = self._mode, None
         if mode is not None:
             mode.__exit__(None, None, None)
-        # Frees after this would change numbers already read: stop counting them.
-        self._live = {}
+        # Frees after this would change numbers already read: stop counting them. Clearing drops the weak
+        # references, so their callbacks never run and hold nothing (each one's default argument is this dict).
+        live, self._live = self._live, {}
+        live.clear()
 
     def see(self, outputs: Any, inputs: Any) -> None:
         """Count the new storages among an op's output tensors (``inputs``: the op's arguments)."""
@@ -108,8 +110,7 @@ class LiveBytesReader(MemoryReader):
                     entry[0] = size
                 continue
             if handed is None:
-                handed = {storage_key(t.untyped_storage()) for t in iter_tensors(inputs)
-                          if t.device.type == "cpu" and t.layout == torch.strided}
+                handed = _input_storages(inputs)
             if key in handed:
                 continue
             live = self._live
@@ -126,6 +127,18 @@ class LiveBytesReader(MemoryReader):
             entry = live.pop(key, None)
             if entry is not None:
                 self.current -= entry[0]
+
+
+def _input_storages(inputs: Any) -> set[int]:
+    """Keys of the CPU storages among an op's arguments (a wrapper tensor without a storage is skipped)."""
+    keys = set()
+    for tensor in iter_tensors(inputs):
+        if tensor.device.type == "cpu" and tensor.layout == torch.strided:
+            try:
+                keys.add(storage_key(tensor.untyped_storage()))
+            except (RuntimeError, NotImplementedError, TypeError):
+                continue
+    return keys
 
 
 def read_step(step: Callable[[], Any]) -> LiveBytesReader:

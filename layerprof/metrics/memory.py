@@ -245,11 +245,17 @@ class MemoryMeter(Meter):
         self._names = list(records)
         self._static = _storage_keys(list(model.parameters()), list(model.buffers()))
         self._reader = type(self).reader_factory()
-        self._reader.open()
         # Hooks installed before profiling (save_on_cpu, offloading) keep working: ours chains to them.
         self._outer = outer_saved_tensors_hooks()
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-        self._hooks.__enter__()
+        hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        hooks.__enter__()  # raises where saved-tensor hooks are disabled: before the reader opens, nothing to undo
+        self._hooks = hooks
+        try:
+            self._reader.open()
+        except BaseException:
+            self._hooks = None
+            hooks.__exit__(None, None, None)
+            raise
 
     def stop(self) -> None:
         hooks, self._hooks = self._hooks, None
@@ -257,8 +263,8 @@ class MemoryMeter(Meter):
         self._returned.clear()
         self._saved.clear()
         self._inputs.clear()
-        self._settle()
         try:
+            self._settle()
             self._end_of_step()
         finally:
             self._reader.close()

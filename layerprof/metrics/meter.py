@@ -107,7 +107,7 @@ def make_meters(names: Iterable[str] | None, model: nn.Module | None = None) -> 
             raise ValueError(f"metrics: {meter.name!r} is {meter.replaces!r} with more; give one of them, not both")
     if model is not None:
         for name, cls in METERS.items():  # (a loop, not generators: each is a cold frame as a one-shot block starts)
-            if name not in named and cls.needed_by.__func__ is not _NEEDED_BY_NONE and cls.needed_by(model):
+            if name not in named and getattr(cls.needed_by, "__func__", None) is not _NEEDED_BY_NONE and cls.needed_by(model):
                 meters.append(cls())
     return meters
 
