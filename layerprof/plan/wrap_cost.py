@@ -24,16 +24,8 @@ Warmer, with less work between: the same small blocks are timed twice more, back
 filler over 8 rows instead of 64 (about 0.7 s more), and each reading less the cold per-tensor cost is the per-call
 cost at that gap (``gap_points``: the gap is the plain step's forward outside the blocks, and its backward, per
 block). On a 2-core CPU, one thread: 0.15-0.19 ms a call back to back, 0.30-0.59 ms after an 8-row filler (about
-0.5 ms of forward, 0.9 of backward), 0.41-0.83 ms after the 64-row one (1.2 and 2.3 ms); the per-tensor cost reads
-the same back to back (12-13 µs) as after the 64-row filler (13-16 µs), so only the per-call cost follows the gap.
-
-Colder, with more work between: the 64-row filler is not the end of it. Once more with a filler over 256 rows (about
-4 ms of forward and 8 of backward between two calls, about 1 s more), the wrapper read 0.11-0.44 ms a call dearer
-than after the 64-row filler in 11 of 14 paired readings on a loaded 2-core host (0.73-1.17 against 0.61-0.93 ms),
-about what it costs in a model whose wrapped calls are that far apart: T5's feed-forward blocks, a T5 block apart
-(2.5-10 ms of forward, 3.6-12.6 of backward between them), were priced at the 64-row point and measured 0.85-0.91 ms
-a call against 0.62-0.71 priced in idle runs (``benchmarks/checkpoint_plan.py --split``). So the 256-row reading is
-the cold price, ``per_call_ms``, and the 64-row one a point between. The knapsack keeps the cold,
+0.5 ms of forward, 0.9 of backward), 0.41-0.83 ms cold (1.2 and 2.3 ms); the per-tensor cost reads the same back to
+back (12-13 µs) as cold (13-16 µs), so only the per-call cost follows the gap. The knapsack keeps the cold,
 additive price of every wrapper: a module's cost may not depend on whether its neighbour is wrapped too. The chosen
 plan's figures then price each of its wrapped calls at its gaps in the profiled step (``gaps.py``): the forward
 work since the last wrapped call's forward and the backward work since the last wrapped call's backward began, each
@@ -70,8 +62,7 @@ _CACHE: dict[int, WrapCost] = {}
 _SMALL, LARGE = 1, 33  # Linear(4, 4) layers in a wrapped block of the two stacks; each saves its input and weight
 _BLOCKS = 4  # wrapped blocks a stack, each followed by a filler
 _FILLER_ROWS, _FILLER_WIDTH = 64, 256  # the unwrapped work between two wrapped calls (about 2.5 MB touched)
-_GAP_ROWS = (0, 8)  # the fillers of the warmer calibrations (no filler: wrappers back to back)
-_COLD_ROWS = 256  # the filler of the coldest calibration: about 4 ms of forward and 8 of backward between two calls
+_GAP_ROWS = (0, 8)  # the fillers of the warmer calibrations (no filler: wrappers back to back), cold last
 _REPEATS = 27  # rounds a stack; see the module doc
 
 
@@ -209,13 +200,14 @@ def wrap_cost() -> WrapCost:
     found = _CACHE.get(threads)
     if found is None:
         with torch.random.fork_rng(devices=[]):  # the stacks are seeded: leave the caller's RNG as it was
-            small = _overhead_ms(_SMALL)
+            small, small_tensors, forward_gap, backward_gap = _overhead_ms(_SMALL)
             large, large_tensors = _overhead_ms(LARGE)[:2]
-            readings = [_overhead_ms(_SMALL, rows) for rows in _GAP_ROWS] + [small, _overhead_ms(_SMALL, _COLD_ROWS)]
-        small_tensors = small[1]
-        per_tensor = max(0.0, (large - small[0]) / (large_tensors - small_tensors))
-        points = gap_points([(f, b, overhead - per_tensor * small_tensors) for overhead, _, f, b in readings])
-        found = _CACHE[threads] = WrapCost(points[-1][2], per_tensor, "measured", points)
+            warmer = [_overhead_ms(_SMALL, rows) for rows in _GAP_ROWS]
+        per_tensor = max(0.0, (large - small) / (large_tensors - small_tensors))
+        per_call = max(0.0, small - per_tensor * small_tensors)
+        found = _CACHE[threads] = WrapCost(per_call, per_tensor, "measured", gap_points(
+            [(f, b, overhead - per_tensor * small_tensors) for overhead, _, f, b in warmer]
+            + [(forward_gap, backward_gap, per_call)]))
     return found
 
 
