@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from layerprof import LayerProf  # noqa: E402
 from layerprof.metrics.live_bytes import read_step  # noqa: E402
+from layerprof.plan.verify import _cuda_peak, _live_peak  # noqa: E402  (the peaks verify_plan reads)
 from layerprof.render.checkpoint import peak_place  # noqa: E402
 from layerprof.render.units import format_bytes, format_ms  # noqa: E402
 
@@ -102,17 +103,9 @@ class ReaderCost:
 
 # -- collection ------------------------------------------------------------------------------------------------
 def _peak_of(device: str) -> Callable[[Callable[[], Any]], int]:
-    if device == "cpu":
-        return lambda step: read_step(step).peak
-
-    def cuda_peak(step: Callable[[], Any]) -> int:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        step()
-        torch.cuda.synchronize()
-        return int(torch.cuda.max_memory_allocated())
-
-    return cuda_peak
+    """How ``verify_plan`` reads a plain step's peak on ``device``: live tensor bytes on the CPU, the allocator's
+    ``max_memory_allocated`` on CUDA."""
+    return _live_peak if device == "cpu" else _cuda_peak
 
 
 def collect(name: str, device: str) -> tuple[list[PeakRow], ReaderCost | None]:

@@ -143,17 +143,13 @@ def test_a_half_plan_on_cuda_measures_as_predicted(deterministic: torch.device, 
     assert hook_state(model) == before_hooks and repr(model) == before_repr
 
 
-def test_a_plan_lowers_the_cuda_peak_as_its_saved_bytes_predict(cuda: torch.device) -> None:
-    """GPT-2 at batch 16, where activations fill the memory: each plan lowers ``max_memory_allocated`` by what
-    it predicts, today's saved bytes less the plan's peak of saved bytes (the recomputation in backward saves its
-    region's bytes again). On H200: 48.5, 82.3 and 115.9 MB less against 46.4, 86.8 and 112.8 predicted. Where
-    backward's own allocations (parameter gradients) lift the peak of a plan above its saved bytes, as in
-    BERT-base's 50 % and 25 % plans, it falls less than this predicts (BENCHMARKS.md, On a GPU)."""
-    name = "gpt2"
+def _profiled_at_batch_16(name: str, cuda: torch.device) -> tuple[nn.Module, Callable[[], None], LayerProf]:
+    """A zoo transformer at the benchmark's size and batch 16 (activations fill the memory) on ``cuda``, its plain
+    training step, and a profile of one step with the memory figures a plan needs."""
     pytest.importorskip("transformers")
     torch.manual_seed(0)
     model, inputs = ZOO[name].build("bench")
-    inputs = {key: value.repeat(8, 1).to(cuda) for key, value in inputs.items()}  # batch 16: activations dominate
+    inputs = {key: value.repeat(8, 1).to(cuda) for key, value in inputs.items()}
     model = model.to(cuda).train()
 
     def step() -> None:
@@ -163,6 +159,17 @@ def test_a_plan_lowers_the_cuda_peak_as_its_saved_bytes_predict(cuda: torch.devi
     step()
     with LayerProf(model, metrics=("memory", "shapes")) as prof:
         step()
+    return model, step, prof
+
+
+def test_a_plan_lowers_the_cuda_peak_as_its_saved_bytes_predict(cuda: torch.device) -> None:
+    """GPT-2 at batch 16, where activations fill the memory: each plan lowers ``max_memory_allocated`` by what
+    it predicts, today's saved bytes less the plan's peak of saved bytes (the recomputation in backward saves its
+    region's bytes again). On H200: 48.5, 82.3 and 115.9 MB less against 46.4, 86.8 and 112.8 predicted. Where
+    backward's own allocations (parameter gradients) lift the peak of a plan above its saved bytes, as in
+    BERT-base's 50 % and 25 % plans, it falls less than this predicts (BENCHMARKS.md, On a GPU)."""
+    name = "gpt2"
+    model, step, prof = _profiled_at_batch_16(name, cuda)
     for budget in (0.75, 0.5, 0.25):
         plan = prof.checkpoint_plan(budget)
         result = verify_plan(plan, model, step, repeats=1)
@@ -179,19 +186,7 @@ def test_the_step_peak_with_a_plan_is_as_predicted_on_cuda(cuda: torch.device, n
     benchmark's size and batch 16. On the CPU the live-bytes reader agrees to the byte on nearly every plan; here the
     allocator rounds blocks to 512 bytes and libraries keep workspaces, both in the profiled step too once warm.
     5 % allowed: not yet run on a GPU (``benchmarks/checkpoint_peak.py --device cuda`` prints the figures)."""
-    pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    model, inputs = ZOO[name].build("bench")
-    inputs = {key: value.repeat(8, 1).to(cuda) for key, value in inputs.items()}
-    model = model.to(cuda).train()
-
-    def step() -> None:
-        model.zero_grad(set_to_none=True)
-        scalar_loss(model(**inputs)).backward()
-
-    step()
-    with LayerProf(model, metrics=("memory", "shapes")) as prof:
-        step()
+    model, step, prof = _profiled_at_batch_16(name, cuda)
     assert prof.profile.meta["memory"]["device"].startswith("cuda")
     for budget in (0.75, 0.5, 0.25):
         plan = prof.checkpoint_plan(budget)
