@@ -95,6 +95,19 @@ def _rerun_together(called: list[ModuleRecord]) -> bool:
     return first(False) is first(True)
 
 
+def _split(chosen: list[Candidate | RunOption]) -> tuple[set[str], list[RunOption]]:
+    """A plan's choices as the names of the modules it wraps and the runs it wraps."""
+    return {o.name for o in chosen if isinstance(o, Candidate)}, [o for o in chosen if isinstance(o, RunOption)]
+
+
+def _run_named(at: str | None, runs: list[RunOption]) -> str | None:
+    """``at`` as the plan names it: a run is found by its first child, which the plan does not wrap by itself, and
+    named as the run."""
+    if at is None:
+        return None
+    return next((run.name for run in runs if run.children[0] == at), at)
+
+
 def _called_below(record: ModuleRecord) -> list[ModuleRecord]:
     """The modules ``record`` calls directly: its called children, and those of children never called (a
     ModuleList iterated in its forward)."""
@@ -222,18 +235,16 @@ class CheckpointPlan:
         self.saved_bytes_after = self._saved_after(solution.chosen if solution is not None else (),
                                                    sum(c.net_bytes for c in self.chosen))
         self.saved_peak_bytes, self.saved_peak_at = None, None
+        wrapped, runs = _split(chosen)
         if self._tables:
-            runs = [o for o in chosen if isinstance(o, RunOption)]
-            self.saved_peak_bytes, at = saved_peak(self._tables, {o.name for o in chosen if isinstance(o, Candidate)},
-                                                   [o.children for o in runs])
-            # saved_peak names a run by its first child, which the plan does not wrap by itself: the run's name.
-            self.saved_peak_at = {run.children[0]: run.name for run in runs}.get(at, at) if at is not None else None
-        self._predict_peak(root, chosen)
+            self.saved_peak_bytes, at = saved_peak(self._tables, wrapped, [o.children for o in runs])
+            self.saved_peak_at = _run_named(at, runs)
+        self._predict_peak(root, wrapped, runs)
         self.extra_ms = float(sum(c.cost_ms for c in self.chosen))
         self.cold_extra_ms = float(sum(c.recompute_ms + c.cold_wrap_ms for c in self.chosen))
         self._applied: list[tuple[nn.Module, Any]] = []
 
-    def _predict_peak(self, root: ModuleRecord, chosen: list[Candidate | RunOption]) -> None:
+    def _predict_peak(self, root: ModuleRecord, wrapped: set[str], runs: list[RunOption]) -> None:
         """The step's peak measured in the profile and predicted with the plan (``peak.py``), where the memory
         meter's reader covered the step's device."""
         self.profiled_peak_bytes = self.predicted_peak_bytes = None
@@ -241,16 +252,12 @@ class CheckpointPlan:
         timeline = root.__dict__.get(TIMELINE_ATTRIBUTE)
         if not self._tables or timeline is None:
             return
-        runs = [o for o in chosen if isinstance(o, RunOption)]
-        prediction = predict_peak(self._tables, timeline, {o.name for o in chosen if isinstance(o, Candidate)},
-                                  [o.children for o in runs])
+        prediction = predict_peak(self._tables, timeline, wrapped, [o.children for o in runs])
         if prediction is None:
             return
         self.profiled_peak_bytes = step_peak(timeline)
         self.predicted_peak_bytes, self.predicted_peak_phase = prediction.peak_bytes, prediction.phase
-        # A run's recomputation is named by its first child, which the plan does not wrap by itself: the run's name.
-        at = prediction.at
-        self.predicted_peak_at = {run.children[0]: run.name for run in runs}.get(at, at) if at is not None else None
+        self.predicted_peak_at = _run_named(prediction.at, runs)
 
     def _allowing_side_effects(self, found: list[Candidate]) -> int | None:
         """The least saved memory a plan reaches with the modules excluded for side effects allowed, where that is
