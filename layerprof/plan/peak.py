@@ -28,7 +28,7 @@ on a 10,000-module step), not a walk of every storage in Python.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -50,6 +50,7 @@ class PeakPrediction:
     peak_bytes: int
     phase: str
     at: str | None
+    interval: int = field(default=0, compare=False)  # where: the interval's number (a recomputation's: its first)
 
 
 def step_peak(timeline: dict[str, Any]) -> int:
@@ -205,8 +206,22 @@ class PeakModel:
             held = self.levels[bs] + shift[bs + 1] - again + rise
             top = int(np.argmax(held))
             if held[top] > peak:
-                peak, at = int(held[top]), ("recompute", forward.names[int(starts[top])])
-        return PeakPrediction(peak, *(at or self._where(best)))
+                peak, at, best = int(held[top]), ("recompute", forward.names[int(starts[top])]), int(bs[top]) + 1
+        return PeakPrediction(peak, *(at or self._where(best)), interval=best)
+
+    def profiled_interval(self) -> int:
+        """The interval where the profiled step peaked (the first of equals)."""
+        return int(np.argmax(self.peaks[2:self.count + 1])) + 2
+
+    def held_across(self, interval: int) -> set[str]:
+        """The modules a call of which, wrapped, would not hold its saved bytes over ``interval``: its forward ended
+        before it and its backward had not started (a region frees bytes only there)."""
+        found: set[str] = set()
+        for forward in self.forwards:
+            ends, starts = forward.bounds[:, 1], forward.bounds[:, 2]
+            across = np.flatnonzero((ends > 0) & (ends < interval) & (interval <= starts))
+            found.update(forward.names[i] for i in across)
+        return found
 
     def _spans(self, forward: _Forward, wrapped: set[str], runs: Sequence[Sequence[str]], change: _Change
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
