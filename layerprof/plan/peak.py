@@ -213,6 +213,21 @@ class PeakModel:
         """The interval where the profiled step peaked (the first of equals)."""
         return int(np.argmax(self.peaks[2:self.count + 1])) + 2
 
+    def saved_inside(self) -> dict[str, float]:
+        """For each module, the bytes its calls and the calls inside them save, a storage counted once for each
+        call that saves it (so at least what wrapping it can take off any interval: a plan lowers the profiled peak
+        by at most the sum over its wrapped modules); infinite where a table's calls do not nest in order."""
+        found: dict[str, float] = {}
+        for forward in self.forwards:
+            if forward.ends is None:
+                return {name: float("inf") for forward in self.forwards for name in forward.names}
+            own = np.bincount(forward.savers, weights=forward.sizes[forward.saver_of], minlength=len(forward.names))
+            running = np.concatenate(([0.0], np.cumsum(own)))
+            inside = running[forward.ends] - running[:-1]
+            for name, calls in forward.calls_of.items():
+                found[name] = found.get(name, 0.0) + float(inside[calls].sum())
+        return found
+
     def held_across(self, interval: int) -> set[str]:
         """The modules a call of which, wrapped, would not hold its saved bytes over ``interval``: its forward ended
         before it and its backward had not started (a region frees bytes only there)."""

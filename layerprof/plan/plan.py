@@ -313,8 +313,12 @@ class CheckpointPlan:
             names = model.held_across(interval)
             return [c.name in names for c in self._found] + [run.children[-1] in names for run in self._runs]
 
+        inside = model.saved_inside()
+        bounds = ([inside.get(c.name, 0.0) for c in self._found] +
+                  [sum(inside.get(name, 0.0) for name in run.children) for run in self._runs])
         choice = choose_under_peak(self._weights, self._costs, self._ends, self._options, self._resolution,
-                                   peak_budget, self._peak_of, held_across, model.profiled_interval())
+                                   peak_budget, self._peak_of, held_across, model.profiled_interval(), profiled,
+                                   bounds)
         self.plans_weighed = choice.considered
         self.least_reachable_peak_bytes = choice.lowest_peak.peak_bytes
         self.least_peak_modules = [self._option(i).name for i in choice.lowest.chosen]
