@@ -32,9 +32,9 @@ def check_budget_options(options: argparse.Namespace) -> None:
         if options.allow_side_effects:
             raise UsageError("--allow-side-effects is for a checkpoint plan: add --checkpoint-budget 50%")
         return
-    flag, text = ("--checkpoint-budget", budget) if peak is None else ("--checkpoint-peak", peak)
+    flag, text, name = ("--checkpoint-budget", budget, "budget") if peak is None else ("--checkpoint-peak", peak, "peak")
     try:
-        parse_budget(_number(text), 1, name=flag)
+        parse_budget(_number(text), 1, name=name)
     except (TypeError, ValueError) as exc:
         raise UsageError(f"{flag}: {exc}") from None
 

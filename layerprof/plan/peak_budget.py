@@ -16,7 +16,8 @@ knapsack's cold time) whose predicted peak fits:
 Each frontier is walked cheapest first and left at its first plan that fits, or at the first that costs no less
 than the best fit so far. A plan is predicted (about 2 ms on a 10,000-module step) unless a bound rules it out:
 at the profiled step's peak, a plan takes off at most what its wrapped modules save, so where their saved bytes
-fall short of the peak's excess over the budget it cannot fit. At most ``MAX_WEIGHED`` plans are predicted in all.
+fall short of the peak's excess over the budget it cannot fit (where no plan fits, those are predicted after all,
+for the least peak any reaches). At most ``MAX_WEIGHED`` plans are predicted in all.
 
 Guaranteed: the plan is the cheapest of those weighed whose predicted peak fits; where the saved-bytes frontier was
 walked to its first fit (always, unless ``MAX_WEIGHED`` stopped it first: ``PeakChoice.complete``), no plan on it
@@ -63,6 +64,7 @@ def choose_under_peak(weights: Sequence[int], costs: Sequence[float], ends: Sequ
     profiled peak's excess over the budget cannot fit, and is passed over unpredicted."""
     weighed: dict[tuple[int, ...], tuple[Solution, PeakPrediction]] = {}
     fit: list[tuple[Solution, PeakPrediction]] = []
+    passed: list[Solution] = []  # ruled out by the bound: predicted only where nothing fits, for the lowest peak
 
     def walk(plans: Iterator[Solution]) -> bool:
         """Weigh ``plans`` (cheapest first) up to the first that fits or costs no less than the best fit; whether
@@ -71,6 +73,7 @@ def choose_under_peak(weights: Sequence[int], costs: Sequence[float], ends: Sequ
             if fit and solution.cost >= fit[0][0].cost:
                 return True
             if profiled_peak - sum(saved_inside[i] for i in solution.chosen) > peak_budget:
+                passed.append(solution)
                 continue  # cannot fit (see above)
             found = weighed.get(solution.chosen)
             if found is None:
@@ -94,8 +97,13 @@ def choose_under_peak(weights: Sequence[int], costs: Sequence[float], ends: Sequ
         if not elsewhere or len(weighed) >= MAX_WEIGHED:
             break
         interval = min(elsewhere, key=lambda pair: (pair[1].peak_bytes, pair[0].cost))[1].interval
-    if not weighed:  # every plan ruled out by the bound: the lowest is today's
-        weighed[()] = (Solution((), 0, 0.0), predict(()))
+    if not fit:  # the least peak any plan looked at reaches: those the bound passed over too
+        for solution in passed:
+            if len(weighed) >= MAX_WEIGHED:
+                break
+            if solution.chosen not in weighed:
+                weighed[solution.chosen] = (solution, predict(solution.chosen))
+        weighed.setdefault((), (Solution((), 0, 0.0), predict(())))
     lowest = min(weighed.values(), key=lambda pair: (pair[1].peak_bytes, pair[0].cost))
     chosen = fit[0] if fit else (None, None)
     return PeakChoice(chosen[0], chosen[1], lowest[0], lowest[1], len(weighed), complete)

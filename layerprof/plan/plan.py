@@ -327,9 +327,11 @@ class CheckpointPlan:
         if not choice.lowest.chosen:
             return None, (f"the peak budget ({peak_budget} bytes) cannot be met: none of the {choice.considered} plans "
                           f"weighed lowers the step's peak below today's ({profiled} bytes)")
+        stopped = "" if choice.complete else f" (the walk stopped at MAX_WEIGHED, {choice.considered} predictions)"
         return None, (f"the peak budget ({peak_budget} bytes) cannot be met: the least predicted step peak of the "
                       f"{choice.considered} plans weighed is {choice.lowest_peak.peak_bytes} bytes, wrapping "
-                      f"{format_counted(len(self.least_peak_modules), 'module')} (plan.least_peak_modules names them)")
+                      f"{format_counted(len(self.least_peak_modules), 'module')} (plan.least_peak_modules names them)"
+                      f"{stopped}")
 
     def _allowing_side_effects(self, found: list[Candidate]) -> int | None:
         """The least saved memory a plan reaches with the modules excluded for side effects allowed, where that is
