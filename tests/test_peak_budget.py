@@ -12,7 +12,7 @@ from layerprof.plan.solver import frontier
 from layerprof.render.checkpoint import frontier_svg, plot_checkpoint
 
 from .peak_cases import SHARES, make_case
-from .test_peak_prediction import MODELS, TOLERANCE, _live_peak, _profiled, _trained, _zoo
+from .test_peak_prediction import MODELS, TOLERANCE, _live_peak, _profiled, _trained, _zoo, profiled_model
 
 
 def _resnet18_224() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
@@ -27,11 +27,7 @@ PEAK_MODELS = {**MODELS, "resnet18": (_resnet18_224, True)}
 @pytest.mark.parametrize("name", sorted(PEAK_MODELS))
 def test_a_peak_budget_is_met_as_measured(name: str) -> None:
     build, allow = PEAK_MODELS[name]
-    torch.manual_seed(0)
-    model, inputs = build()
-    step = _trained(model, inputs)
-    profile = _profiled(model, step)
-    profiled = profile.meta["live_memory"]["step_peak_bytes"]
+    model, step, profile, profiled = profiled_model(build)
     met = 0
     for share in (0.9, 0.75, 0.6):
         plan = profile.checkpoint_plan(peak=share, allow_side_effects=allow, wrap_cost=None)
@@ -53,10 +49,7 @@ def test_a_peak_budget_is_met_as_measured(name: str) -> None:
 
 
 def test_a_peak_no_plan_reaches_names_the_least_and_the_plan_that_reaches_it() -> None:
-    torch.manual_seed(0)
-    model, inputs = _resnet18_224()
-    step = _trained(model, inputs)
-    profile = _profiled(model, step)
+    model, step, profile, _ = profiled_model(_resnet18_224)
     plan = profile.checkpoint_plan(peak=0.6, allow_side_effects=True, wrap_cost=None)
     least = plan.least_reachable_peak_bytes
     assert not plan.feasible and not plan.modules and plan.predicted_peak_bytes == plan.profiled_peak_bytes
