@@ -222,7 +222,6 @@ class CheckpointPlan:
         if budget_bytes is None:
             assert peak_budget_bytes is not None
             solution, self.note = self._under_peak(peak_budget_bytes)
-            need = 0 if solution is None else solution.freed
             out_of_reach = False
         else:
             need = self.saved_bytes_before - budget_bytes
