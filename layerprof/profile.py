@@ -390,11 +390,15 @@ class Profile:
         there, None on other ranks, a one-rank view without torch.distributed. See ``layerprof.distributed``."""
         return gather_profile(self, dst=dst, group=group, margin=margin, min_ms=min_ms)
 
-    def checkpoint_plan(self, budget: Any, allow_side_effects: bool = False, resolution: int = 4096,
-                        wrap_cost: Any = "measured", runs: bool = True) -> CheckpointPlan:
+    def checkpoint_plan(self, budget: Any = None, allow_side_effects: bool = False, resolution: int = 4096,
+                        wrap_cost: Any = "measured", runs: bool = True, *, peak: Any = None) -> CheckpointPlan:
         """The modules to recompute (wrap in ``torch.utils.checkpoint``) so that the memory saved for backward
         fits ``budget`` at the least recompute time: bytes, a size (``"2GiB"``), a percentage (``"50%"``) or a
-        fraction (``0.5``) of today's. Needs a profile of a training step with ``metrics=("memory",)``. Modules
+        fraction (``0.5``) of today's. Needs a profile of a training step with ``metrics=("memory",)``.
+        ``peak=`` instead (the same forms, a fraction of the profiled step's peak): the cheapest plan on the
+        saved-bytes frontier (and the frontiers of the bytes held at the peak) whose predicted step peak
+        (``predicted_peak_bytes``) fits; it needs the step's memory at every module boundary: a live profile
+        with ``metrics=("live_memory",)`` on the CPU, ``("memory",)`` on CUDA (``layerprof.plan.peak_budget``). Modules
         whose recomputation repeats a side effect (BatchNorm in training) are left out unless
         ``allow_side_effects``. The time a plan costs is the recomputed forwards plus the checkpoint wrapper's own
         cost, priced by ``wrap_cost``: "measured" on this host once per process (``layerprof.plan.wrap_cost``),
@@ -410,7 +414,7 @@ class Profile:
         ``runs=False`` plans over modules only.
         See ``layerprof.plan``."""
         return make_plan(self.tree, budget, allow_side_effects=allow_side_effects, resolution=resolution,
-                         wrap_cost=wrap_cost, hook_ms=self._hook_ms(), runs=runs)
+                         wrap_cost=wrap_cost, hook_ms=self._hook_ms(), runs=runs, peak=peak)
 
     def _hook_ms(self) -> float:
         """``meta["hook_ms"]``, measured now for a profile LayerProf made here on the CPU wall clock that has none

@@ -60,8 +60,27 @@ def test_live_memory_predicts_and_measures_the_step_peak(spec: str, capsys) -> N
     assert lines[-1].startswith("step peak (live tensor bytes): ") and " predicted (" in lines[-1]
 
 
+def test_a_peak_budget_is_planned_on_live_bytes_and_verified(spec: str, capsys) -> None:
+    # At batch 32 the parameters' gradients hold the step's peak and no plan lowers it; at 1024 the activations do.
+    argv = [spec, "-i", "1024,16", "--steps", "2", "--depth", "0", "--checkpoint-peak", "80%"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "--checkpoint-peak profiles with --metrics live_memory" in captured.err  # turned on, and said so
+    lines = captured.out.splitlines()
+    header = next(line for line in lines if line.startswith("Checkpoint plan for Sequential:"))
+    assert ", peak budget " in header and " budget met" not in header
+    assert any(line.startswith("step peak: ") and "within the peak budget of" in line for line in lines)
+    verified = next(line for line in lines if line.startswith("verified:"))
+    assert "budget" not in verified  # a peak budget is met or not on the peak's line
+    assert lines[-1].startswith("step peak (live tensor bytes): ") and lines[-1].endswith(" met")
+    assert " predicted (" in lines[-1] and "NOT" not in lines[-1]
+
+
 @pytest.mark.parametrize("extra, words", [
     (["--checkpoint-budget", "lots"], "--checkpoint-budget: cannot read budget 'lots'"),
+    (["--checkpoint-peak", "lots"], "--checkpoint-peak: cannot read peak 'lots'"),
+    (["--checkpoint-peak", "50%", "--checkpoint-budget", "50%"], "--checkpoint-budget and --checkpoint-peak: give one"),
+    (["--checkpoint-peak", "50%", "--no-backward"], "--checkpoint-peak plans a training step"),
     (["--checkpoint-budget", "50%", "--eval"], "plans a training step: drop --eval"),
     (["--plot", "x.png", "--plot-kind", "checkpoint"], "--plot-kind checkpoint draws the plans for a budget"),
     (["--allow-side-effects"], "--allow-side-effects is for a checkpoint plan: add --checkpoint-budget"),

@@ -248,6 +248,19 @@ def spec_checkpoint_budget(ctx: Context) -> None:
     assert status == 0 and "the budget (48 bytes) cannot be met: the least saved memory any plan reaches is 64" in out
 
 
+def spec_checkpoint_peak(ctx: Context) -> None:
+    status, out, err = ctx.run("--checkpoint-peak", "100%")
+    assert status == 0, err
+    assert "--checkpoint-peak profiles with --metrics live_memory" in err  # turned on for the step's peak, and said
+    # The step's live tensor bytes peak at 240 B (batch 2) in body.0's backward: a budget of all of it wraps nothing.
+    assert "peak budget 240 B, +0 ms per step, 0 modules wrapped" in out
+    assert "note: the peak budget (240 bytes) is not below the profiled step's peak (240 bytes): nothing to wrap" in out
+    status, out, err = ctx.run("--checkpoint-peak", "1")
+    assert status == 0 and "note: the peak budget (1 bytes) cannot be met: none of the 2 plans weighed lowers the " \
+        "step's peak below today's (240 bytes)" in out, err
+    assert "OVER the peak budget of 1 B" in out and "verified:" not in out
+
+
 def spec_allow_side_effects(ctx: Context) -> None:
     status, _, err = ctx.run("--allow-side-effects")
     assert status == 2 and "--allow-side-effects is for a checkpoint plan: add --checkpoint-budget" in err
@@ -447,6 +460,7 @@ CASES: dict[tuple[str, str], Callable[[Context], None]] = {
     ("layerprof", "--depth"): spec_depth,
     ("layerprof", "--columns"): spec_columns,
     ("layerprof", "--checkpoint-budget"): spec_checkpoint_budget,
+    ("layerprof", "--checkpoint-peak"): spec_checkpoint_peak,
     ("layerprof", "--allow-side-effects"): spec_allow_side_effects,
     ("show", "--depth"): show_depth,
     ("show", "--columns"): show_columns,

@@ -1,8 +1,9 @@
-"""``--checkpoint-budget``: plan which modules to recompute, print the plan and verify it on the model (``show``:
-print the plan of a saved profile)."""
+"""``--checkpoint-budget`` and ``--checkpoint-peak``: plan which modules to recompute, print the plan and verify it on
+the model (``show``: print the plan of a saved profile, on its saved bytes)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from torch import nn
@@ -16,38 +17,55 @@ from ..render.checkpoint import verification_text
 from .errors import RunError, UsageError, one_line
 from .run import loss_of
 
-__all__ = ["check_budget_options", "check_checkpoint_options", "plan_lines", "plan_and_verify", "plot_options"]
+__all__ = ["check_budget_options", "check_checkpoint_options", "plan_lines", "plan_and_verify", "planned",
+           "plot_options"]
 
 
 def check_budget_options(options: argparse.Namespace) -> None:
-    """The budget reads, and ``--allow-side-effects`` comes with one."""
-    budget = options.checkpoint_budget
-    if budget is None:
+    """The budget reads (one of ``--checkpoint-budget`` and ``--checkpoint-peak``), and ``--allow-side-effects``
+    comes with one."""
+    budget, peak = options.checkpoint_budget, getattr(options, "checkpoint_peak", None)
+    if budget is not None and peak is not None:
+        raise UsageError("--checkpoint-budget and --checkpoint-peak: give one (the memory saved for backward, or the "
+                         "step's peak)")
+    if budget is None and peak is None:
         if options.allow_side_effects:
             raise UsageError("--allow-side-effects is for a checkpoint plan: add --checkpoint-budget 50%")
         return
+    flag, text, name = ("--checkpoint-budget", budget, "budget") if peak is None else ("--checkpoint-peak", peak, "peak")
     try:
-        parse_budget(_number(budget), 1)
+        parse_budget(_number(text), 1, name=name)
     except (TypeError, ValueError) as exc:
-        raise UsageError(f"--checkpoint-budget: {exc}") from None
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+def planned(options: argparse.Namespace) -> bool:
+    """Whether the run plans checkpoints (``--checkpoint-budget`` or ``--checkpoint-peak``)."""
+    return options.checkpoint_budget is not None or getattr(options, "checkpoint_peak", None) is not None
 
 
 def check_checkpoint_options(options: argparse.Namespace) -> None:
-    """Before the model is built: the budget reads, the run trains, and the memory meter runs."""
-    budget = options.checkpoint_budget
-    if options.plot_kind == "checkpoint" and budget is None:
+    """Before the model is built: the budget reads, the run trains, and the memory meter runs (reading live
+    tensor bytes on the CPU for ``--checkpoint-peak``, which says so)."""
+    if options.plot_kind == "checkpoint" and not planned(options):
         raise UsageError("--plot-kind checkpoint draws the plans for a budget: add --checkpoint-budget 50%")
     check_budget_options(options)
-    if budget is None:
+    if not planned(options):
         return
+    flag = "--checkpoint-budget" if options.checkpoint_budget is not None else "--checkpoint-peak"
     if options.eval or options.no_backward:
-        raise UsageError("--checkpoint-budget plans a training step: drop --eval and --no-backward")
+        raise UsageError(f"{flag} plans a training step: drop --eval and --no-backward")
+    metrics = list(DEFAULT_METRICS if options.metrics is None else options.metrics)
+    if flag == "--checkpoint-peak" and not str(options.device).startswith("cuda") and "live_memory" not in metrics:
+        # The step's peak at every module boundary: CUDA's allocator has it, the CPU's only the live-bytes reader.
+        print("layerprof: --checkpoint-peak profiles with --metrics live_memory (the CPU's live tensor bytes, "
+              "which predict the step's peak; it slows the profiled step, 2-3x where ops are small)",
+              file=sys.stderr)
+        options.metrics = [name for name in metrics if name != "memory"] + ["live_memory"]
     # ``--metrics live_memory`` instead predicts the step's peak on the CPU too (CUDA has its allocator): not by
     # default, a dispatch mode on every op slows the profiled step.
-    if options.metrics is not None and not {"memory", "live_memory"} & set(options.metrics):
-        options.metrics = [*options.metrics, "memory"]
-    elif options.metrics is None:
-        options.metrics = [*DEFAULT_METRICS, "memory"]
+    elif not {"memory", "live_memory"} & set(metrics):
+        options.metrics = [*metrics, "memory"]
 
 
 def _number(text: str) -> Any:
@@ -64,7 +82,7 @@ def _number(text: str) -> Any:
 
 def plan_lines(profile: Profile, options: argparse.Namespace) -> tuple[CheckpointPlan, list[str]]:
     """The plan for ``--checkpoint-budget`` and its text."""
-    plan = profile.checkpoint_plan(_number(options.checkpoint_budget), allow_side_effects=options.allow_side_effects)
+    plan = profile.checkpoint_plan(**_budget(options), allow_side_effects=options.allow_side_effects)
     lines = [str(plan)]
     if plan.reachable_allowing_side_effects is not None:
         lines.append("  (--allow-side-effects lets the plan recompute them)")
@@ -93,6 +111,12 @@ def plan_and_verify(profile: Profile, model: nn.Module, args: tuple[Any, ...], k
 def plot_options(options: argparse.Namespace) -> dict[str, Any]:
     """What ``--plot-kind checkpoint`` passes to the plot: the budget and whether side effects are allowed (none
     without ``--checkpoint-budget``: ``show`` then marks the plan for half the saved memory, the plot's default)."""
-    if getattr(options, "plot_kind", None) != "checkpoint" or options.checkpoint_budget is None:
+    if getattr(options, "plot_kind", None) != "checkpoint" or not planned(options):
         return {}
-    return {"budget": _number(options.checkpoint_budget), "allow_side_effects": options.allow_side_effects}
+    return {**_budget(options), "allow_side_effects": options.allow_side_effects}
+
+
+def _budget(options: argparse.Namespace) -> dict[str, Any]:
+    """``budget=`` or ``peak=`` of ``checkpoint_plan``, as the options give it."""
+    peak = getattr(options, "checkpoint_peak", None)
+    return {"budget": _number(options.checkpoint_budget)} if peak is None else {"peak": _number(peak)}

@@ -11,7 +11,7 @@ import torch
 from ..metrics import make_meters
 from ..render.columns import resolve_columns
 from ..render.units import format_count, format_counted
-from .checkpoint import check_checkpoint_options, plan_and_verify, plot_options
+from .checkpoint import check_checkpoint_options, plan_and_verify, planned, plot_options
 from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, CLIError, RunError, UsageError, one_line
 from .inputs import InputSpec, check_input_sizes, make_inputs, parse_dtype, parse_input
 from .outputs import requested_outputs, write_outputs
@@ -89,7 +89,7 @@ def _run(options: argparse.Namespace) -> int:
                           backward=not options.no_backward, inference=options.eval,
                           metrics=options.metrics, sync=options.sync)
     print(profile.layerwise_summary(columns=options.columns, depth=options.depth), flush=True)
-    if options.checkpoint_budget is not None:
+    if planned(options):
         print(plan_and_verify(profile, model, args, named, options), flush=True)
     for path in write_outputs(profile, outputs, options.plot_kind, options.plot_metric, **plot_options(options)):
         print(f"layerprof: wrote {path}", file=sys.stderr)

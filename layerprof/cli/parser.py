@@ -117,6 +117,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     model.add_argument("--sync", action="store_true",
                        help="on CUDA, synchronize at every module boundary instead of recording events")
     add_checkpoint_options(model, "print the plan and verify it on the model")
+    model.add_argument("--checkpoint-peak", metavar="PEAK",
+                       help="plan instead so that the step's predicted peak memory fits PEAK (80%%, 0.8 of the "
+                            "profiled peak, 2GiB, bytes): the cheapest plan on the saved-bytes frontier that fits; "
+                            "profiles with live_memory on the CPU; print the plan and verify it on the model")
     shown = parser.add_argument_group("output")
     shown.add_argument("--depth", type=_depth, default=2, metavar="N",
                        help="expand modules down to this depth, root = 0; 'all' for every level (default 2)")

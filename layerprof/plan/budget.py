@@ -17,40 +17,41 @@ _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.
 _HINT = "give bytes (an int), a size such as '2GiB' or '300MB', a percentage such as '50%', or a fraction in (0, 1]"
 
 
-def parse_budget(budget: object, today: int) -> int:
-    """The budget in bytes of saved-for-backward memory, given ``today``'s saved bytes (for fractions).
+def parse_budget(budget: object, today: int, name: str = "budget") -> int:
+    """The budget in bytes, given ``today``'s bytes (for fractions): of saved-for-backward memory, or of the step's
+    peak (``name``: the argument that gave it, named in errors).
 
     >>> parse_budget("2GiB", 0), parse_budget("50%", 1000), parse_budget(0.25, 1000), parse_budget(300, 1000)
     (2147483648, 500, 250, 300)
     """
     if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
-        raise TypeError(f"budget must be bytes, a size string or a fraction, got {type(budget).__name__}; {_HINT}")
+        raise TypeError(f"{name} must be bytes, a size string or a fraction, got {type(budget).__name__}; {_HINT}")
     if isinstance(budget, str):
         text = budget.strip()
         if text.endswith("%"):
             try:
                 share = float(text[:-1]) / 100
             except ValueError:
-                raise ValueError(f"budget {budget!r} is not a percentage; {_HINT}") from None
-            return _fraction(share, today, budget)
+                raise ValueError(f"{name} {budget!r} is not a percentage; {_HINT}") from None
+            return _fraction(share, today, budget, name)
         match = _SIZE.match(text)
         if match is None or match.group(2).lower() not in _UNITS:
-            raise ValueError(f"cannot read budget {budget!r}; {_HINT}")
-        return _bytes(float(match.group(1)) * _UNITS[match.group(2).lower()], budget)
+            raise ValueError(f"cannot read {name} {budget!r}; {_HINT}")
+        return _bytes(float(match.group(1)) * _UNITS[match.group(2).lower()], budget, name)
     if isinstance(budget, float) and 0 < budget <= 1:
-        return _fraction(budget, today, budget)
+        return _fraction(budget, today, budget, name)
     if isinstance(budget, float) and not budget.is_integer():
-        raise ValueError(f"budget {budget!r}: a float budget is a fraction in (0, 1]; for bytes give an int")
-    return _bytes(budget, budget)
+        raise ValueError(f"{name} {budget!r}: a float {name} is a fraction in (0, 1]; for bytes give an int")
+    return _bytes(budget, budget, name)
 
 
-def _fraction(share: float, today: int, given: object) -> int:
+def _fraction(share: float, today: int, given: object, name: str) -> int:
     if not math.isfinite(share) or share < 0:
-        raise ValueError(f"budget {given!r} must be a share between 0 and 1 (0% to 100%); {_HINT}")
+        raise ValueError(f"{name} {given!r} must be a share between 0 and 1 (0% to 100%); {_HINT}")
     return int(math.floor(share * today))
 
 
-def _bytes(value: float, given: object) -> int:
+def _bytes(value: float, given: object, name: str) -> int:
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"budget {given!r} must be a non-negative number of bytes; {_HINT}")
+        raise ValueError(f"{name} {given!r} must be a non-negative number of bytes; {_HINT}")
     return int(value)

@@ -21,15 +21,23 @@ calls not wrapped save) is where it was, so the predicted step peak is the highe
 the recomputations. The early stop of a non-reentrant checkpoint (the last ops of a region, which save nothing
 backward needs, are not re-run) makes a recomputation rise less than its forward did: the prediction errs high
 there, by up to the region's output.
+
+A planner asks this of many plans of one profile (``checkpoint_plan(peak=...)`` of every plan on the frontier):
+``PeakModel`` reads the profile's tables once into arrays, and each plan then costs a few array passes (about 2 ms
+on a 10,000-module step), not a walk of every storage in Python.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
+
+import numpy as np
 
 from ..metrics.checkpoint_bytes import regions
 
-__all__ = ["PeakPrediction", "predict_peak", "step_peak"]
+__all__ = ["PeakModel", "PeakPrediction", "predict_peak", "step_peak"]
+
+_NONE = np.iinfo(np.int64).max  # "no boundary" where a minimum is taken
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,7 @@ class PeakPrediction:
     peak_bytes: int
     phase: str
     at: str | None
+    interval: int = field(default=0, compare=False)  # where: the interval's number (a recomputation's: its first)
 
 
 def step_peak(timeline: dict[str, Any]) -> int:
@@ -49,120 +58,263 @@ def step_peak(timeline: dict[str, Any]) -> int:
     return max(timeline["peaks"][2:], default=0)
 
 
-class _Spans:
+def _ragged(lists: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """A list of lists of call indexes as one flat array and, for each entry, the index of its list."""
+    counts = np.fromiter((len(entry) for entry in lists), dtype=np.int64, count=len(lists))
+    flat = np.fromiter((i for entry in lists for i in entry), dtype=np.int64, count=int(counts.sum()))
+    return flat, np.repeat(np.arange(len(lists), dtype=np.int64), counts)
+
+
+def _subtree_ends(parents: Sequence[int]) -> np.ndarray | None:
+    """For calls listed parents first, the end of each call's subtree (calls ``i .. end - 1``) where every subtree
+    is one stretch of the list (calls nest in time: a call's children start and end inside it); None otherwise."""
+    ends = np.arange(1, len(parents) + 1, dtype=np.int64)
+    stack: list[int] = []
+    for i, parent in enumerate(parents):
+        while stack and stack[-1] != parent:
+            ends[stack.pop()] = i
+        if parent >= 0 and not stack:
+            return None  # its parent's stretch has ended
+        stack.append(i)
+    for i in stack:
+        ends[i] = len(parents)
+    return ends
+
+
+class _Forward:
+    """One forward's storage table as arrays: the calls' boundaries, and each storage's savers and takers flat."""
+
+    def __init__(self, table: dict[str, list[Any]]) -> None:
+        self.table = table
+        self.names = table["names"]
+        count = len(self.names)
+        self.parents = np.asarray(table["parents"], dtype=np.int64).reshape(count)
+        self.bounds = np.asarray(table["bounds"], dtype=np.int64).reshape(count, 4)
+        self.ends = _subtree_ends(table["parents"])
+        self.calls_of: dict[str, list[int]] = {}
+        for i, name in enumerate(self.names):
+            self.calls_of.setdefault(name, []).append(i)
+        self.sizes = np.asarray(table["sizes"], dtype=np.int64)
+        self.savers, self.saver_of = _ragged(table["savers"])
+        self.takers, self.taker_of = _ragged(table["inputs"])
+        storages = len(self.sizes)
+        self.saved = np.bincount(self.saver_of, minlength=storages) > 0
+        self.root_taken = np.bincount(self.taker_of[self.parents[self.takers] < 0], minlength=storages) > 0
+
+    def regions(self, wrapped: set[str], runs: Sequence[Sequence[str]]) -> np.ndarray:
+        """``checkpoint_bytes.regions`` from each region's opening calls and its subtree's stretch."""
+        if self.ends is None:
+            return np.asarray(regions(self.table, wrapped, runs), dtype=np.int64)
+        firsts = {run[0] for run in runs}
+        events: list[tuple[int, int]] = []  # (call, the call opening its region)
+        for name in wrapped | firsts:
+            events += [(i, i) for i in self.calls_of.get(name, ())]
+        for run in runs:
+            opened = self.calls_of.get(run[0], [])
+            for name in run[1:]:
+                if name in wrapped or name in firsts:
+                    continue
+                for i in self.calls_of.get(name, ()):
+                    k = int(np.searchsorted(opened, i)) - 1  # the first child's last call before it
+                    if k >= 0:
+                        events.append((i, opened[k]))
+        region = np.full(len(self.names), -1, dtype=np.int64)
+        if not events:
+            return region
+        events.sort()
+        calls = np.array([call for call, _ in events], dtype=np.int64)
+        opening = np.array([start for _, start in events], dtype=np.int64)
+        ends = self.ends[calls]
+        reach = np.maximum.accumulate(ends)
+        outermost = calls >= np.concatenate(([0], reach[:-1]))  # not inside an earlier event's subtree
+        calls, opening, ends = calls[outermost], opening[outermost], ends[outermost]
+        everywhere = np.arange(len(self.names), dtype=np.int64)
+        at = np.searchsorted(calls, everywhere, side="right") - 1
+        inside = (at >= 0) & (everywhere < ends[np.maximum(at, 0)])
+        region[inside] = opening[at[inside]]
+        return region
+
+
+class _Change:
     """Additions over spans of boundaries ``[a, b)``, read per interval (interval ``k`` ends at boundary ``k``)."""
 
     def __init__(self, boundaries: int) -> None:
-        self.diff = [0] * (boundaries + 2)
+        self.diff = np.zeros(boundaries + 2, dtype=np.int64)
 
-    def add(self, start: int, end: int, size: int) -> None:
-        if start < end:
-            self.diff[start + 1] += size
-            self.diff[end + 1] -= size
+    def add(self, start: np.ndarray, end: np.ndarray, size: np.ndarray) -> None:
+        kept = start < end
+        np.add.at(self.diff, start[kept] + 1, size[kept])
+        np.add.at(self.diff, end[kept] + 1, -size[kept])
 
-    def per_interval(self) -> list[int]:
-        found, running = [], 0
-        for step in self.diff:
-            running += step
-            found.append(running)
+    def per_interval(self) -> np.ndarray:
+        return np.cumsum(self.diff)
+
+
+def _groups(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For a sorted key array: where each run of equal keys starts, and its key."""
+    starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1]))) if len(keys) else keys
+    return starts, keys[starts]
+
+
+class PeakModel:
+    """The profiled step's memory, read once, to predict its peak under many plans (see the module doc)."""
+
+    def __init__(self, tables: Sequence[dict[str, list[Any]]], timeline: dict[str, Any]) -> None:
+        self.levels = np.asarray(timeline["levels"], dtype=np.int64)
+        self.peaks = np.asarray(timeline["peaks"], dtype=np.int64)
+        self.count = len(self.levels) - 1
+        self.usable = self.count >= 2 and all("bounds" in table for table in tables)
+        self.forwards = [_Forward(table) for table in tables] if self.usable else []
+        # Range maxima of the interval peaks (a sparse table): a region's forward rise in two lookups.
+        self._maxima = [self.peaks]
+        while self.usable and 2 ** len(self._maxima) <= len(self.peaks):
+            half, last = 2 ** (len(self._maxima) - 1), self._maxima[-1]
+            self._maxima.append(np.maximum(last[:-half], last[half:]))
+
+    def _highest(self, first: np.ndarray, last: np.ndarray) -> np.ndarray:
+        """The highest interval peak over ``first .. last`` (inclusive), for each pair."""
+        level = np.floor(np.log2(np.maximum(last - first + 1, 1))).astype(np.int64)
+        found = np.empty(len(first), dtype=np.int64)
+        for k in np.unique(level):
+            chosen = level == k
+            table = self._maxima[k]
+            found[chosen] = np.maximum(table[first[chosen]], table[last[chosen] - 2**k + 1])
         return found
 
-
-@dataclass
-class _Region:
-    start: int  # the call index of the outermost wrapped call, or of a run's first call
-    forward_start: int
-    forward_end: int
-    backward_start: int
-    backward_end: int
-    again: int = 0  # bytes its recomputation saves again
-
-
-def _regions(table: dict[str, list[Any]], wrapped: set[str], runs: Sequence[Sequence[str]]
-             ) -> tuple[list[int], dict[int, _Region]] | None:
-    region = regions(table, wrapped, runs)
-    bounds = table["bounds"]
-    found: dict[int, _Region] = {}
-    for i, start in enumerate(region):
-        if start < 0:
-            continue
-        fs, fe, bs, be = bounds[i]
-        if not fs or not fe:
-            return None  # a call on another device, or one the meter did not see end
-        spans = found.get(start)
-        if spans is None:
-            found[start] = _Region(start, fs, fe, bs, be)
-            continue
-        spans.forward_start, spans.forward_end = min(spans.forward_start, fs), max(spans.forward_end, fe)
-        if bs:
-            spans.backward_start = min(spans.backward_start, bs) if spans.backward_start else bs
-        spans.backward_end = max(spans.backward_end, be)
-    return region, found
-
-
-def _table_spans(table: dict[str, list[Any]], wrapped: set[str], runs: Sequence[Sequence[str]], spans: _Spans
-                 ) -> list[_Region] | None:
-    """Add one forward's changes to ``spans``; its regions (with their ``again`` bytes), None where unknown."""
-    found = _regions(table, wrapped, runs)
-    if found is None:
-        return None
-    region, by_start = found
-    parents = table["parents"]
-    backwarded = {start: r for start, r in by_start.items() if r.backward_start and r.backward_end}
-    for size, saved_by, taken_by in zip(table["sizes"], table["savers"], table["inputs"]):
-        if any(region[i] < 0 for i in saved_by):
-            continue  # saved outside every checkpoint: held as before
-        if saved_by:
-            if any(region[i] == i for i in taken_by):
-                continue  # a checkpoint's input: held by it as it was by its savers
-            held = [backwarded[start] for start in {region[i] for i in saved_by} if start in backwarded]
-            if not held:
+    def predict(self, wrapped: set[str], runs: Sequence[Sequence[str]] = ()) -> PeakPrediction | None:
+        """The step's peak with ``wrapped`` (and ``runs``, names in call order) under checkpoint; None where a table
+        has no boundaries (a profile without a reader on its device) or a wrapped call ran on another device."""
+        if not self.usable:
+            return None
+        change = _Change(self.count)
+        recomputed = []
+        for forward in self.forwards:
+            found = self._spans(forward, wrapped, runs, change)
+            if found is None:
+                return None
+            recomputed.append(found)
+        shift = change.per_interval()
+        moved = self.peaks[2:self.count + 1] + shift[2:self.count + 1]
+        best = int(np.argmax(moved)) + 2
+        peak = int(moved[best - 2])
+        at: tuple[str, str | None] | None = None
+        for forward, (starts, again, fe, bs) in zip(self.forwards, recomputed):
+            if not len(starts):
                 continue
-            first, last = min(r.forward_end for r in held), max(r.backward_start for r in held)
-            spans.add(first, last, -size)
-            for r in held:
-                r.again += size
-                spans.add(r.backward_start, min(r.backward_end, last), size)
-            continue
-        holders = [backwarded[i] for i in taken_by if region[i] == i and i in backwarded]
-        if holders and not any(parents[i] < 0 for i in taken_by):
-            spans.add(min(r.forward_end for r in holders), max(r.backward_end for r in holders), size)
-    return list(backwarded.values())
+            fs = forward.bounds[starts, 0]  # a region's first call starts it
+            rise = self._highest(fs + 1, fe) - self.levels[fs]
+            held = self.levels[bs] + shift[bs + 1] - again + rise
+            top = int(np.argmax(held))
+            if held[top] > peak:
+                peak, at, best = int(held[top]), ("recompute", forward.names[int(starts[top])]), int(bs[top]) + 1
+        return PeakPrediction(peak, *(at or self._where(best)), interval=best)
+
+    def profiled_interval(self) -> int:
+        """The interval where the profiled step peaked (the first of equals)."""
+        return int(np.argmax(self.peaks[2:self.count + 1])) + 2
+
+    def saved_inside(self) -> dict[str, float]:
+        """For each module, the bytes its calls and the calls inside them save, a storage counted once for each
+        call that saves it (so at least what wrapping it can take off any interval: a plan lowers the profiled peak
+        by at most the sum over its wrapped modules); infinite where a table's calls do not nest in order."""
+        found: dict[str, float] = {}
+        for forward in self.forwards:
+            if forward.ends is None:
+                return {name: float("inf") for forward in self.forwards for name in forward.names}
+            own = np.bincount(forward.savers, weights=forward.sizes[forward.saver_of], minlength=len(forward.names))
+            running = np.concatenate(([0.0], np.cumsum(own)))
+            inside = running[forward.ends] - running[:-1]
+            for name, calls in forward.calls_of.items():
+                found[name] = found.get(name, 0.0) + float(inside[calls].sum())
+        return found
+
+    def held_across(self, interval: int) -> set[str]:
+        """The modules a call of which, wrapped, would not hold its saved bytes over ``interval``: its forward ended
+        before it and its backward had not started (a region frees bytes only there)."""
+        found: set[str] = set()
+        for forward in self.forwards:
+            ends, starts = forward.bounds[:, 1], forward.bounds[:, 2]
+            across = np.flatnonzero((ends > 0) & (ends < interval) & (interval <= starts))
+            found.update(forward.names[i] for i in across)
+        return found
+
+    def _spans(self, forward: _Forward, wrapped: set[str], runs: Sequence[Sequence[str]], change: _Change
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """Add one forward's changes; its recomputed regions (their opening calls, in call order) with the bytes each
+        saves again, its forward end and its backward start; None where a wrapped call's boundaries are unknown."""
+        region = forward.regions(wrapped, runs)
+        count = len(forward.names)
+        inside = region >= 0
+        members, start_of = np.flatnonzero(inside), region[inside]
+        bounds = forward.bounds[members]
+        if len(members) and not (bounds[:, 0].all() and bounds[:, 1].all()):
+            return None  # a call on another device, or one the meter did not see end
+        # Each region's spans: its forward from its first call's start to its last call's end, its backward from
+        # the earliest start seen to the latest end.
+        forward_end = np.zeros(count, dtype=np.int64)
+        backward_start = np.full(count, _NONE, dtype=np.int64)
+        backward_end = np.zeros(count, dtype=np.int64)
+        np.maximum.at(forward_end, start_of, bounds[:, 1])
+        np.minimum.at(backward_start, start_of, np.where(bounds[:, 2] > 0, bounds[:, 2], _NONE))
+        np.maximum.at(backward_end, start_of, bounds[:, 3])
+        starts = np.unique(start_of)
+        backwarded = np.zeros(count, dtype=bool)
+        backwarded[starts] = (backward_start[starts] != _NONE) & (backward_end[starts] > 0)
+        backward_start[backward_start == _NONE] = 0
+        sizes = forward.sizes
+        again = np.zeros(count, dtype=np.int64)
+        # Storages saved only inside checkpoints, none of which takes them as input: not held from the first
+        # region's forward end to the last one's backward start, except while a region's backward runs.
+        saver_region = region[forward.savers]
+        outside = np.bincount(forward.saver_of[saver_region < 0], minlength=len(sizes)) > 0
+        opened_by = region[forward.takers] == forward.takers
+        held_in = np.bincount(forward.taker_of[opened_by], minlength=len(sizes)) > 0
+        freed = forward.saved & ~outside & ~held_in
+        pick = freed[forward.saver_of] & (saver_region >= 0)
+        pick[pick] = backwarded[saver_region[pick]]
+        pairs = np.unique(forward.saver_of[pick] * count + saver_region[pick])
+        storage, held = pairs // count, pairs % count
+        first_pair, owners = _groups(storage)
+        if len(pairs):
+            first = np.minimum.reduceat(forward_end[held], first_pair)
+            last = np.maximum.reduceat(backward_start[held], first_pair)
+            change.add(first, last, -sizes[owners])
+            last_each = np.repeat(last, np.diff(np.append(first_pair, len(pairs))))
+            np.add.at(again, held, sizes[storage])
+            change.add(backward_start[held], np.minimum(backward_end[held], last_each), sizes[storage])
+        # Inputs of a region that nothing saved (not the model's own): held by its checkpoint until its backward ends.
+        pick = ~forward.saved[forward.taker_of] & opened_by
+        pick[pick] = backwarded[forward.takers[pick]]
+        taken, holder = forward.taker_of[pick], forward.takers[pick]
+        first_pair, owners = _groups(taken)
+        if len(taken):
+            first = np.minimum.reduceat(forward_end[holder], first_pair)
+            last = np.maximum.reduceat(backward_end[holder], first_pair)
+            kept = ~forward.root_taken[owners]
+            change.add(first[kept], last[kept], sizes[owners][kept])
+        recomputed = starts[backwarded[starts]]
+        return recomputed, again[recomputed], forward_end[recomputed], backward_start[recomputed]
+
+    def _where(self, interval: int) -> tuple[str, str | None]:
+        """The phase of an interval and the module whose backward holds it: the latest call whose backward started
+        before the interval and had not ended (None in forward or outside every call)."""
+        latest: tuple[int, str] | None = None
+        for forward in self.forwards:
+            fs, fe, bs, be = forward.bounds.T
+            roots = forward.parents < 0
+            if ((fs[roots] < interval) & (interval <= fe[roots])).any():
+                return "forward", None
+            inside = np.flatnonzero((bs > 0) & (bs < interval) & (interval <= be))
+            if len(inside):
+                top = bs[inside].max()
+                found = (int(top), max(forward.names[i] for i in inside[bs[inside] == top]))
+                latest = found if latest is None or found > latest else latest
+        return ("backward", latest[1]) if latest is not None else ("between calls", None)
 
 
 def predict_peak(tables: Sequence[dict[str, list[Any]]], timeline: dict[str, Any], wrapped: set[str],
                  runs: Sequence[Sequence[str]] = ()) -> PeakPrediction | None:
     """The step's peak with ``wrapped`` (and ``runs``, names in call order) under checkpoint (see the module doc);
     None where a table has no boundaries (a profile without a reader on its device) or a wrapped call ran on
-    another device."""
-    levels, peaks = timeline["levels"], timeline["peaks"]
-    count = len(levels) - 1
-    if count < 2 or any("bounds" not in table for table in tables):
-        return None
-    spans = _Spans(count)
-    recomputed: list[tuple[dict[str, list[Any]], _Region]] = []
-    for table in tables:
-        found = _table_spans(table, wrapped, runs, spans)
-        if found is None:
-            return None
-        recomputed += [(table, r) for r in found]
-    change = spans.per_interval()
-    best = max(range(2, count + 1), key=lambda k: peaks[k] + change[k])
-    prediction = PeakPrediction(peaks[best] + change[best], *_where(tables, best))
-    for table, r in recomputed:
-        rise = max(peaks[r.forward_start + 1:r.forward_end + 1]) - levels[r.forward_start]
-        at = levels[r.backward_start] + change[r.backward_start + 1] - r.again + rise
-        if at > prediction.peak_bytes:
-            prediction = PeakPrediction(at, "recompute", table["names"][r.start])
-    return prediction
-
-
-def _where(tables: Sequence[dict[str, list[Any]]], interval: int) -> tuple[str, str | None]:
-    """The phase of an interval and the module whose backward holds it: the latest call whose backward started
-    before the interval and had not ended (None in forward or outside every call)."""
-    if any(bounds[0] < interval <= bounds[1] for table in tables for bounds, parent in
-           zip(table["bounds"], table["parents"]) if parent < 0):
-        return "forward", None
-    inside = [(bounds[2], table["names"][i]) for table in tables for i, bounds in enumerate(table["bounds"])
-              if bounds[2] and bounds[2] < interval <= bounds[3]]
-    return ("backward", max(inside)[1]) if inside else ("between calls", None)
+    another device. One plan: ``PeakModel`` for many."""
+    return PeakModel(tables, timeline).predict(wrapped, runs)

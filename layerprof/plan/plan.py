@@ -36,12 +36,15 @@ from .apply import is_wrapped, unwrap, wrap, wrap_runs
 from .budget import parse_budget
 from .candidates import Candidate, Priced, candidates, descendant_calls, require_figures
 from .gaps import gap_savings
-from .peak import predict_peak, step_peak
+from .peak import PeakModel, PeakPrediction, step_peak
+from .peak_budget import choose_under_peak
 from .runs import RunOption, parse_run, run_options
 from .wrap_cost import WrapCost, check_wrap_cost
 from .solver import DEFAULT_RESOLUTION, Run, best_reachable, ends_of, frontier, solve
 
-__all__ = ["CheckpointPlan", "ChosenModule", "FrontierPoint", "make_plan"]
+__all__ = ["CheckpointPlan", "ChosenModule", "FrontierPoint", "make_plan", "require_step_peak"]
+
+_UNKNOWN_PEAK = 2**63 - 1  # a plan whose step peak cannot be predicted: never within a peak budget
 
 
 def _for_side_effects(candidate: Candidate) -> bool:
@@ -143,11 +146,13 @@ class ChosenModule(Priced):
 
 @dataclass(frozen=True)
 class FrontierPoint:
-    """One Pareto-optimal plan: saved bytes left, extra forward time per step, the modules wrapped."""
+    """One Pareto-optimal plan: saved bytes left, extra forward time per step, the modules wrapped, and the step's
+    peak predicted with it (None where the profile cannot predict it: see ``CheckpointPlan``)."""
 
     saved_bytes: int
     extra_ms: float
     modules: tuple[str, ...]
+    predicted_peak_bytes: int | None = None
 
 
 class CheckpointPlan:
@@ -175,15 +180,23 @@ class CheckpointPlan:
     profiled step) and ``predicted_peak_bytes`` (with the plan, ``peak.py``), reached in ``predicted_peak_phase``
     (``"forward"``, ``"backward"``, ``"recompute"`` or ``"between calls"``) at ``predicted_peak_at`` (the module
     whose backward or recomputation holds it, else None).
+
+    A plan made against the step's peak (``checkpoint_plan(peak=...)``, ``peak_budget.py``) has ``budget_kind``
+    ``"peak"`` (else ``"saved"``), ``peak_budget_bytes`` (else None) and ``budget_bytes`` None; ``feasible`` says
+    whether a plan weighed predicts a peak within it, ``plans_weighed`` how many were, and
+    ``least_reachable_peak_bytes`` and ``least_peak_modules`` the least predicted peak of those and the modules
+    and runs that reach it (the profiled peak and None where the budget is not below it).
     """
 
-    def __init__(self, root: ModuleRecord, found: list[Candidate], budget_bytes: int, resolution: int,
-                 wrap_cost: WrapCost | None = None, hook_ms: float = 0.0, runs: list[RunOption] | None = None
-                 ) -> None:
+    def __init__(self, root: ModuleRecord, found: list[Candidate], budget_bytes: int | None, resolution: int,
+                 wrap_cost: WrapCost | None = None, hook_ms: float = 0.0, runs: list[RunOption] | None = None,
+                 peak_budget_bytes: int | None = None) -> None:
         self.model_type = root.type
         self.wrap_cost = wrap_cost
         self.hook_ms = hook_ms
         self.budget_bytes = budget_bytes
+        self.peak_budget_bytes = peak_budget_bytes
+        self.budget_kind = "saved" if peak_budget_bytes is None else "peak"
         self.saved_bytes_before = int(root.saved_bytes or 0)
         self.already_recomputed = _outermost_recomputed(root)
         self.excluded = {c.name: c.excluded for c in found if c.excluded and c.excluded not in ("not called",
@@ -198,20 +211,32 @@ class CheckpointPlan:
         # The storages of the profiled step, on a live profile: what wrapping a set frees, exactly (else the
         # additive figure, which errs high where wrapped siblings share inputs).
         self._tables = root.__dict__.get(STORAGES_ATTRIBUTE)
+        self._timeline = timeline = root.__dict__.get(TIMELINE_ATTRIBUTE)
+        self._peak_model = PeakModel(self._tables, timeline) if self._tables and timeline is not None else None
         reachable, most = best_reachable(self._weights, self._ends, self._options)
         self.least_reachable_bytes = self._saved_after(most, reachable)
-        need = self.saved_bytes_before - budget_bytes
-        solution = solve(self._weights, self._costs, self._ends, need, resolution, self._options)
-        if solution is not None and self._tables:
-            solution = self._cheaper_within(solution, need, budget_bytes)
-        self.feasible = solution is not None
-        # Out of reach because modules with side effects are excluded: what allowing them would reach (else None).
-        out_of_reach = solution is None and need > 0 and self.saved_bytes_before > 0
-        self.reachable_allowing_side_effects = self._allowing_side_effects(found) if out_of_reach else None
+        self.least_reachable_peak_bytes: int | None = None
+        self.least_peak_modules: list[str] | None = None
+        self.plans_weighed = 0
         self.note: str | None = None
+        if budget_bytes is None:
+            assert peak_budget_bytes is not None
+            solution, self.note = self._under_peak(peak_budget_bytes)
+            out_of_reach = False
+        else:
+            need = self.saved_bytes_before - budget_bytes
+            solution = solve(self._weights, self._costs, self._ends, need, resolution, self._options)
+            if solution is not None and self._tables:
+                solution = self._cheaper_within(solution, need, budget_bytes)
+            # Out of reach because modules with side effects are excluded: what allowing them reaches (else None).
+            out_of_reach = solution is None and need > 0 and self.saved_bytes_before > 0
+        self.feasible = solution is not None
+        self.reachable_allowing_side_effects = self._allowing_side_effects(found) if out_of_reach else None
         if self.saved_bytes_before == 0:
             self.note = ("the profiled step saved nothing for backward (was its forward run under torch.no_grad or "
                          "inference_mode?): nothing to wrap")
+        elif budget_bytes is None:
+            pass  # the peak budget's note, above
         elif need <= 0:
             self.note = (f"the budget ({budget_bytes} bytes) is not below today's saved memory "
                          f"({self.saved_bytes_before} bytes): nothing to wrap")
@@ -249,15 +274,63 @@ class CheckpointPlan:
         meter's reader covered the step's device."""
         self.profiled_peak_bytes = self.predicted_peak_bytes = None
         self.predicted_peak_phase = self.predicted_peak_at = None
-        timeline = root.__dict__.get(TIMELINE_ATTRIBUTE)
-        if not self._tables or timeline is None:
+        if self._peak_model is None:
             return
-        prediction = predict_peak(self._tables, timeline, wrapped, [o.children for o in runs])
+        prediction = self._peak_model.predict(wrapped, [o.children for o in runs])
         if prediction is None:
             return
-        self.profiled_peak_bytes = step_peak(timeline)
+        self.profiled_peak_bytes = step_peak(self._timeline)
         self.predicted_peak_bytes, self.predicted_peak_phase = prediction.peak_bytes, prediction.phase
         self.predicted_peak_at = _run_named(prediction.at, runs)
+
+    def _peak_of(self, chosen: tuple[int, ...]) -> PeakPrediction:
+        """The predicted step peak of a choice of options (unknown, read as no fit: a wrapped call on another
+        device)."""
+        assert self._peak_model is not None
+        wrapped, runs = _split([self._option(i) for i in chosen])
+        found = self._peak_model.predict(wrapped, [o.children for o in runs])
+        return found if found is not None else PeakPrediction(_UNKNOWN_PEAK, "unknown", None)
+
+    def _known_peak(self, chosen: tuple[int, ...]) -> int | None:
+        if self._peak_model is None:
+            return None
+        found = self._peak_of(chosen).peak_bytes
+        return None if found == _UNKNOWN_PEAK else found
+
+    def _under_peak(self, peak_budget: int) -> tuple[Any, str | None]:
+        """The cheapest plan weighed (``peak_budget.py``) whose predicted step peak is at most ``peak_budget``, or
+        None; and the note to give (the budget is not below today's peak, or no plan weighed reaches it)."""
+        model = self._peak_model
+        assert model is not None
+        profiled = step_peak(self._timeline)
+        if peak_budget >= profiled:
+            self.least_reachable_peak_bytes = profiled
+            return solve(self._weights, self._costs, self._ends, 0), (
+                f"the peak budget ({peak_budget} bytes) is not below the profiled step's peak ({profiled} bytes): "
+                "nothing to wrap")
+        def held_across(interval: int) -> list[bool]:
+            names = model.held_across(interval)
+            return [c.name in names for c in self._found] + [run.children[-1] in names for run in self._runs]
+
+        inside = model.saved_inside()
+        bounds = ([inside.get(c.name, 0.0) for c in self._found] +
+                  [sum(inside.get(name, 0.0) for name in run.children) for run in self._runs])
+        choice = choose_under_peak(self._weights, self._costs, self._ends, self._options, self._resolution,
+                                   peak_budget, self._peak_of, held_across, model.profiled_interval(), profiled,
+                                   bounds)
+        self.plans_weighed = choice.considered
+        self.least_reachable_peak_bytes = choice.lowest_peak.peak_bytes
+        self.least_peak_modules = [self._option(i).name for i in choice.lowest.chosen]
+        if choice.chosen is not None:
+            return choice.chosen, None
+        if not choice.lowest.chosen:
+            return None, (f"the peak budget ({peak_budget} bytes) cannot be met: none of the {choice.considered} plans "
+                          f"weighed lowers the step's peak below today's ({profiled} bytes)")
+        stopped = "" if choice.complete else f" (the walk stopped at MAX_WEIGHED, {choice.considered} predictions)"
+        return None, (f"the peak budget ({peak_budget} bytes) cannot be met: the least predicted step peak of the "
+                      f"{choice.considered} plans weighed is {choice.lowest_peak.peak_bytes} bytes, wrapping "
+                      f"{format_counted(len(self.least_peak_modules), 'module')} (plan.least_peak_modules names them)"
+                      f"{stopped}")
 
     def _allowing_side_effects(self, found: list[Candidate]) -> int | None:
         """The least saved memory a plan reaches with the modules excluded for side effects allowed, where that is
@@ -302,7 +375,8 @@ class CheckpointPlan:
         bytes left against extra time per step, least memory last. The times are the knapsack's, every wrapper
         call priced cold (upper bounds; the chosen plan's ``cold_extra_ms`` is its point)."""
         points = [
-            FrontierPoint(self._saved_after(s.chosen, s.freed), s.cost, tuple(self._option(i).name for i in s.chosen))
+            FrontierPoint(self._saved_after(s.chosen, s.freed), s.cost, tuple(self._option(i).name for i in s.chosen),
+                          self._known_peak(s.chosen))
             for s in frontier(self._weights, self._costs, self._ends, self._resolution, self._options)
         ]
         kept: list[FrontierPoint] = []
@@ -386,7 +460,9 @@ class CheckpointPlan:
     def to_dict(self) -> dict[str, Any]:
         """The plan as plain numbers and names."""
         return {
-            "modules": list(self.modules), "budget_bytes": self.budget_bytes,
+            "modules": list(self.modules), "budget_kind": self.budget_kind, "budget_bytes": self.budget_bytes,
+            "peak_budget_bytes": self.peak_budget_bytes, "least_reachable_peak_bytes": self.least_reachable_peak_bytes,
+            "least_peak_modules": self.least_peak_modules, "plans_weighed": self.plans_weighed,
             "saved_bytes_before": self.saved_bytes_before, "saved_bytes_after": self.saved_bytes_after,
             "extra_ms": self.extra_ms, "cold_extra_ms": self.cold_extra_ms, "feasible": self.feasible,
             "least_reachable_bytes": self.least_reachable_bytes,
@@ -406,22 +482,34 @@ class CheckpointPlan:
         return plan_text(self)
 
     def __repr__(self) -> str:
+        if self.peak_budget_bytes is not None:
+            return (f"<CheckpointPlan {self.model_type}: {wrapped_count(self.chosen)}, step peak "
+                    f"{self.profiled_peak_bytes} -> {self.predicted_peak_bytes} bytes (peak budget "
+                    f"{self.peak_budget_bytes}), +{self.extra_ms:.3f} ms>")
         return (f"<CheckpointPlan {self.model_type}: {wrapped_count(self.chosen)}, "
                 f"saved {self.saved_bytes_before} -> "
                 f"{self.saved_bytes_after} bytes (budget {self.budget_bytes}), +{self.extra_ms:.3f} ms>")
 
 
-def make_plan(root: ModuleRecord, budget: Any, allow_side_effects: bool = False,
+def make_plan(root: ModuleRecord, budget: Any = None, allow_side_effects: bool = False,
               resolution: int = DEFAULT_RESOLUTION, wrap_cost: Any = "measured", hook_ms: float = 0.0,
-              runs: bool = True) -> CheckpointPlan:
+              runs: bool = True, peak: Any = None) -> CheckpointPlan:
     """The plan for a profile's tree; see ``Profile.checkpoint_plan``. ``hook_ms``: the profiler's own time in
     each ancestor's forward per module call (the profile's ``meta["hook_ms"]``), taken off recompute times."""
+    if (budget is None) == (peak is None):
+        raise TypeError(
+            "checkpoint_plan takes one budget: budget= for the memory saved for backward, or peak= for the step's "
+            "peak memory (each in bytes, a size such as '2GiB', a percentage such as '50%' or a fraction such as "
+            f"0.5 of today's); got {'neither' if budget is None else 'both'}")
     require_figures(root)
     allow_side_effects = check_bool("allow_side_effects", allow_side_effects)
     if isinstance(resolution, bool) or not isinstance(resolution, int) or resolution < 16:
         raise ValueError(f"resolution must be an int of at least 16 grid steps, got {resolution!r}")
-    today = int(root.saved_bytes or 0)
-    budget_bytes = parse_budget(budget, today)
+    budget_bytes = peak_bytes = None
+    if peak is None:
+        budget_bytes = parse_budget(budget, int(root.saved_bytes or 0))
+    else:
+        peak_bytes = parse_budget(peak, require_step_peak(root), name="peak")
     cost = check_wrap_cost(wrap_cost)
     runs = check_bool("runs", runs)
     found = candidates(root, allow_side_effects, cost, hook_ms)
@@ -430,4 +518,19 @@ def make_plan(root: ModuleRecord, budget: Any, allow_side_effects: bool = False,
         records = preorder(root)
         below = descendant_calls(records, [c.parent for c in found])
         options = run_options(records, found, below, root.__dict__.get(STORAGES_ATTRIBUTE), cost, hook_ms)
-    return CheckpointPlan(root, found, budget_bytes, resolution, cost, hook_ms, options)
+    return CheckpointPlan(root, found, budget_bytes, resolution, cost, hook_ms, options, peak_bytes)
+
+
+def require_step_peak(root: ModuleRecord) -> int:
+    """The profiled step's peak, which a peak budget's fractions are of; a ValueError saying what to record where
+    the profile cannot predict a plan's peak."""
+    tables, timeline = root.__dict__.get(STORAGES_ATTRIBUTE), root.__dict__.get(TIMELINE_ATTRIBUTE)
+    if not tables:
+        why = "it holds no storage table (a profile loaded from a file keeps none: plan on the live profile)"
+    elif timeline is None or not PeakModel(tables, timeline).usable:
+        why = ("the memory meter had no reader for the step's device: on the CPU, profile with "
+               "LayerProf(model, metrics=(\"live_memory\",)), which counts live tensor bytes; on CUDA "
+               "metrics=(\"memory\",) reads the allocator")
+    else:
+        return step_peak(timeline)
+    raise ValueError(f"peak: checkpoint_plan(peak=...) needs the step's memory at every module boundary, and {why}")

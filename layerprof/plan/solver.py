@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["Solution", "Run", "solve", "best_reachable", "frontier", "ends_of"]
+__all__ = ["Solution", "Run", "solve", "best_reachable", "frontier", "iter_frontier", "ends_of"]
 
 DEFAULT_RESOLUTION = 4096
 
@@ -151,23 +151,34 @@ def _release(rows: dict[int, np.ndarray], wanted: list[int], j: int) -> None:
         del rows[j]
 
 
+def _walker(choices: list[np.ndarray], units: list[list[tuple[int, int, int]]]) -> Callable[[int], list[int]]:
+    """The walk back through the table from a grid level to the options chosen, for many levels: positions
+    without options are stepped over at once, and a position's one-option bits are read as bytes."""
+    count = len(units)
+    after = [count] * (count + 1)  # the first position from i on that has an option
+    for i in range(count - 1, -1, -1):
+        after[i] = i if units[i] else after[i + 1]
+    bits = [bytes(here) if len(unit) == 1 else b"" for here, unit in zip(choices, units)]
+
+    def walk(level: int) -> list[int]:
+        chosen, i = [], after[0]
+        while i < count:
+            here = units[i]
+            k = (bits[i][level >> 3] >> (7 - (level & 7))) & 1 if len(here) == 1 else int(choices[i][level])
+            if k:
+                number, jump, unit = here[k - 1]
+                chosen.append(number)
+                level = max(0, level - unit)
+                i = after[jump]
+            else:
+                i = after[i + 1]
+        return chosen
+
+    return walk
+
+
 def _walk(choices: list[np.ndarray], units: list[list[tuple[int, int, int]]], level: int) -> list[int]:
-    chosen, i, count = [], 0, len(units)
-    while i < count:
-        here = choices[i]
-        k = 0
-        if len(here) and len(units[i]) == 1:
-            k = (here[level >> 3] >> (7 - (level & 7))) & 1
-        elif len(here):
-            k = int(here[level])
-        if k:
-            number, jump, unit = units[i][k - 1]
-            chosen.append(number)
-            level = max(0, level - unit)
-            i = jump
-        else:
-            i += 1
-    return chosen
+    return _walker(choices, units)(level)
 
 
 def solve(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int], need: int,
@@ -185,19 +196,26 @@ def solve(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int], n
 def frontier(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int],
              resolution: int = DEFAULT_RESOLUTION, runs: Sequence[Run] = ()) -> list[Solution]:
     """Every Pareto-optimal choice (bytes freed against cost) on the grid, from nothing to the most reachable."""
+    return list(iter_frontier(weights, costs, ends, resolution, runs))
+
+
+def iter_frontier(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int],
+                  resolution: int = DEFAULT_RESOLUTION, runs: Sequence[Run] = ()) -> Iterator[Solution]:
+    """``frontier``'s choices one at a time, cheapest first, each walked out of the table only when asked for (a
+    caller that stops at the first one that suits it walks no more)."""
     top, _ = best_reachable(weights, ends, runs)
     if top <= 0:
-        return [Solution((), 0, 0.0)]
+        yield Solution((), 0, 0.0)
+        return
     grid, best, choices, units = _table(_options(weights, costs, ends, runs), top, resolution)
-    found: list[Solution] = []
-    previous = None
+    # The least cost of freeing each grid level never falls as the level rises: levels in order are costs in order.
+    previous, freed = None, -1
+    walk = _walker(choices, units)
     for level in range(len(best)):
         if not math.isfinite(best[level]) or best[level] == previous:
             continue
         previous = best[level]
-        found.append(_solution(weights, costs, runs, _walk(choices, units, level)))
-    pareto: list[Solution] = []
-    for solution in sorted(found, key=lambda s: (s.cost, -s.freed)):
-        if not pareto or solution.freed > pareto[-1].freed:
-            pareto.append(solution)
-    return pareto
+        solution = _solution(weights, costs, runs, walk(level))
+        if solution.freed > freed:
+            freed = solution.freed
+            yield solution

@@ -55,11 +55,13 @@ class Verification:
     bytes of tensors made in the step alive at once (``LiveBytesReader``; only where the plan predicts the peak, from
     a profile with ``live_memory``, else None); ``predicted_peak_bytes`` and
     ``profiled_peak_bytes``: the plan's prediction of it and the peak its profile measured, on the same scale
-    (None where the profile was taken without a reader for its device: on the CPU, without ``live_memory``)."""
+    (None where the profile was taken without a reader for its device: on the CPU, without ``live_memory``).
+    ``budget_bytes`` is the plan's budget of saved bytes, ``peak_budget_bytes`` its budget of the step's peak (one is
+    None): ``meets_budget`` holds the measured saved bytes, or the measured peak with the plan, against it."""
 
     predicted_saved_bytes: int
     measured_saved_bytes: int
-    budget_bytes: int
+    budget_bytes: int | None
     predicted_extra_ms: float
     measured_extra_ms: float
     step_ms_before: float
@@ -71,10 +73,13 @@ class Verification:
     peak_bytes: tuple[int, int] | None = None
     predicted_peak_bytes: int | None = None
     profiled_peak_bytes: int | None = None
+    peak_budget_bytes: int | None = None
 
     @property
     def meets_budget(self) -> bool:
-        return self.measured_saved_bytes <= self.budget_bytes
+        if self.peak_budget_bytes is not None:
+            return self.peak_bytes is not None and self.peak_bytes[1] <= self.peak_budget_bytes
+        return self.budget_bytes is not None and self.measured_saved_bytes <= self.budget_bytes
 
     @property
     def fault_ms(self) -> float | None:
@@ -138,6 +143,7 @@ def verify_plan(plan: CheckpointPlan, model: nn.Module, step: Callable[[], Any],
         cuda_peak_bytes=(before_peak, after_peak) if on_cuda else None,
         peak_bytes=None if before_peak is None or after_peak is None else (before_peak, after_peak),
         predicted_peak_bytes=plan.predicted_peak_bytes, profiled_peak_bytes=plan.profiled_peak_bytes,
+        peak_budget_bytes=plan.peak_budget_bytes,
         page_faults=faults, fault_us=None if resource is None else page_fault_us(),  # type: ignore[arg-type]
     )
 

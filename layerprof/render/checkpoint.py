@@ -21,9 +21,12 @@ def plan_text(plan: Any) -> str:
     """A short printable plan: totals, then one line per module with why it was chosen (its wrapper priced by the
     work before its calls, and cold, as the knapsack chose, where the two differ)."""
     before, after = plan.saved_bytes_before, plan.saved_bytes_after
+    peak_budget = getattr(plan, "peak_budget_bytes", None)
+    budget = (f"peak budget {format_bytes(peak_budget)}" if peak_budget is not None
+              else f"budget {format_bytes(plan.budget_bytes)}")
     lines = [
         f"Checkpoint plan for {plan.model_type}: saved for backward {format_bytes(before)} -> {format_bytes(after)} "
-        f"({format_percent(after, before)}), budget {format_bytes(plan.budget_bytes)}, "
+        f"({format_percent(after, before)}), {budget}, "
         f"+{format_ms(plan.extra_ms)} per step, {wrapped_count(plan.chosen)} wrapped",
     ]
     if plan.note:
@@ -75,9 +78,12 @@ def _step_peak(plan: Any) -> list[str]:
     predicted = getattr(plan, "predicted_peak_bytes", None)
     if predicted is None:
         return []
-    profiled = plan.profiled_peak_bytes
+    profiled, budget = plan.profiled_peak_bytes, getattr(plan, "peak_budget_bytes", None)
+    within = "" if budget is None else (
+        f", {'within' if predicted <= budget else 'OVER'} the peak budget of {format_bytes(budget)}")
     return [f"step peak: {format_bytes(profiled)} profiled -> {format_bytes(predicted)} predicted "
-            f"({format_signed_bytes(predicted - profiled)}), {peak_place(plan.predicted_peak_phase, plan.predicted_peak_at)}"]
+            f"({format_signed_bytes(predicted - profiled)}){within}, "
+            f"{peak_place(plan.predicted_peak_phase, plan.predicted_peak_at)}"]
 
 
 def peak_place(phase: str, at: str | None) -> str:
@@ -104,10 +110,12 @@ def verification_text(result: Any) -> str:
     ``FAULTS_SHOWN`` or more (priced at the cost of a fault timed in the process, and the measured extra time less
     that), and on CUDA the peak allocated memory."""
     error = (result.measured_saved_bytes - result.predicted_saved_bytes) / max(1, result.predicted_saved_bytes)
+    met = "" if getattr(result, "peak_budget_bytes", None) is not None else (
+        f", budget {'met' if result.meets_budget else 'NOT met'}")  # a peak budget: on the peak's line
     lines = [
         f"verified: saved {format_bytes(result.measured_saved_bytes)} measured against "
-        f"{format_bytes(result.predicted_saved_bytes)} predicted ({error:+.1%}), budget "
-        f"{'met' if result.meets_budget else 'NOT met'}; step {format_ms(result.step_ms_before)} -> "
+        f"{format_bytes(result.predicted_saved_bytes)} predicted ({error:+.1%}){met}; "
+        f"step {format_ms(result.step_ms_before)} -> "
         f"{format_ms(result.step_ms_after)} ({format_signed_ms(result.measured_extra_ms)} measured, "
         f"{format_signed_ms(result.predicted_extra_ms)} predicted)"
     ]
@@ -140,6 +148,9 @@ def _measured_peak(result: Any) -> list[str]:
         line += (f"; {format_bytes(predicted)} predicted ({(after - predicted) / max(1, predicted):+.1%} off), "
                  f"a change of {format_signed_bytes(after - before)} measured against "
                  f"{format_signed_bytes(predicted - profiled)} predicted")
+    budget = getattr(result, "peak_budget_bytes", None)
+    if budget is not None:
+        line += f"; peak budget {format_bytes(budget)} {'met' if result.meets_budget else 'NOT met'}"
     return [line]
 
 
@@ -163,43 +174,78 @@ def wrapped_count(chosen: Any) -> str:
     return f"{modules} and {runs_text}" if len(chosen) > runs else runs_text
 
 
-def plot_checkpoint(profile: Any, metric: str = "total", budget: Any = 0.5, ax: Any = None,
+def plot_checkpoint(profile: Any, metric: str = "total", budget: Any = None, ax: Any = None,
                     path: str | Path | None = None, **options: Any) -> Any:
-    """The frontier of checkpoint plans: saved-for-backward memory against extra time per step (recomputation and wrappers), today's
-    point and the plan for ``budget`` marked. ``profile``: a Profile (planned here with ``options``) or a
-    CheckpointPlan. ``path``: a .png or .svg file to write the figure to (see ``plot_sunburst``)."""
+    """The frontier of checkpoint plans: saved-for-backward memory against extra time per step (recomputation and
+    wrappers), and where the profile predicts it the step's peak with each of them (``predicted_peak_bytes``);
+    today's point and the plan for ``budget`` (or ``peak=``; by default half the saved memory) marked.
+    ``profile``: a Profile (planned here with ``options``) or a CheckpointPlan. ``path``: a .png or .svg file to
+    write the figure to (see ``plot_sunburst``)."""
     plot_suffix(path)
-    plan = profile if hasattr(profile, "pareto") else profile.checkpoint_plan(budget, **options)
+    if hasattr(profile, "pareto"):
+        plan = profile
+    else:
+        plan = profile.checkpoint_plan(0.5 if budget is None and options.get("peak") is None else budget, **options)
     points = plan.pareto()
     created, ax = ax is None, new_axes(ax, (6.4, 4.2))
     scale = 2**20
     saved = [p.saved_bytes / scale for p in points]
     extra = [p.extra_ms for p in points]
-    ax.step(extra, saved, where="post", color="0.35", linewidth=1.2, gid="checkpoint:frontier")
+    ax.step(extra, saved, where="post", color="0.35", linewidth=1.2, gid="checkpoint:frontier",
+            label="saved for backward")
     ax.scatter(extra, saved, s=10, color="0.35", zorder=3, gid="checkpoint:points")
     ax.scatter([0.0], [plan.saved_bytes_before / scale], s=60, marker="o", color="tab:blue", zorder=4,
                label=f"today: {format_bytes(plan.saved_bytes_before)}", gid="checkpoint:today")
+    peaks = _frontier_peaks(plan, points)
+    if peaks is not None:
+        ax.step(extra, [peak / scale for peak in peaks], where="post", color="tab:purple", linewidth=1.2,
+                linestyle="--", label="step peak predicted", gid="checkpoint:peaks")
+        ax.scatter([0.0], [plan.profiled_peak_bytes / scale], s=40, marker="o", color="tab:purple", zorder=4,
+                   gid="checkpoint:today-peak")
     if plan.feasible:
         ax.scatter([plan.extra_ms], [plan.saved_bytes_after / scale], s=80, marker="*", color="tab:red", zorder=5,
                    label=f"plan: {format_bytes(plan.saved_bytes_after)}, +{format_ms(plan.extra_ms)}",
                    gid="checkpoint:chosen")
-    ax.axhline(plan.budget_bytes / scale, color="tab:red", linestyle=":", linewidth=1,
-               label=f"budget {format_bytes(plan.budget_bytes)}", gid="checkpoint:budget")
+        if peaks is not None:
+            ax.scatter([plan.extra_ms], [plan.predicted_peak_bytes / scale], s=80, marker="*", color="tab:purple",
+                       zorder=5, label=f"its step peak: {format_bytes(plan.predicted_peak_bytes)}",
+                       gid="checkpoint:chosen-peak")
+    line, label = _budget_line(plan)
+    ax.axhline(line / scale, color="tab:red", linestyle=":", linewidth=1, label=label, gid="checkpoint:budget")
     ax.set_xlabel("extra time per step: recomputed forwards + wrappers (ms)")
-    ax.set_ylabel("saved for backward (MiB)")
+    ax.set_ylabel("memory (MiB)" if peaks is not None else "saved for backward (MiB)")
     ax.set_title(f"{plan.model_type}: checkpoint plans (Pareto frontier)")
     ax.grid(True, linewidth=0.3)
     ax.legend(fontsize=8, frameon=False)
     return finish_plot(ax, path, created)
 
 
+def _frontier_peaks(plan: Any, points: list[Any]) -> list[int] | None:
+    """Each frontier point's predicted step peak, where the plan predicts the peak of every one; else None."""
+    if getattr(plan, "predicted_peak_bytes", None) is None:
+        return None
+    peaks = [getattr(point, "predicted_peak_bytes", None) for point in points]
+    return None if any(peak is None for peak in peaks) else peaks
+
+
+def _budget_line(plan: Any) -> tuple[int, str]:
+    """Where the plan's budget is drawn, and its label: the saved bytes' budget, or the step peak's."""
+    peak = getattr(plan, "peak_budget_bytes", None)
+    if peak is not None:
+        return peak, f"peak budget {format_bytes(peak)}"
+    return plan.budget_bytes, f"budget {format_bytes(plan.budget_bytes)}"
+
+
 def frontier_svg(plan: Any, width: int = 640, height: int = 300) -> str:
-    """The frontier as an inline SVG (no script, for the HTML report): saved bytes against extra time, today's
-    point, the plan and its budget marked."""
+    """The frontier as an inline SVG (no script, for the HTML report): saved bytes against extra time, the step's
+    predicted peak with each plan where known (dashed), today's point, the plan and its budget marked."""
     points = plan.pareto()
+    peaks = _frontier_peaks(plan, points)
+    budget, budget_label = _budget_line(plan)
     left, right, top, bottom = 70, 20, 20, 40
     most_ms = max([p.extra_ms for p in points] + [plan.extra_ms, 1e-9])
-    most_bytes = max(plan.saved_bytes_before, plan.budget_bytes, 1)
+    most_bytes = max([plan.saved_bytes_before, budget, 1] + (peaks or []) +
+                     ([plan.profiled_peak_bytes] if peaks is not None else []))
 
     def x(ms: float) -> float:
         return left + (width - left - right) * ms / most_ms
@@ -207,31 +253,50 @@ def frontier_svg(plan: Any, width: int = 640, height: int = 300) -> str:
     def y(saved: float) -> float:
         return top + (height - top - bottom) * (1 - saved / most_bytes)
 
-    path = []
-    for previous, point in zip([None, *points], points):
-        if previous is not None:
-            path.append(f"{x(point.extra_ms):.1f},{y(previous.saved_bytes):.1f}")
-        path.append(f"{x(point.extra_ms):.1f},{y(point.saved_bytes):.1f}")
+    def steps(values: list[int]) -> str:
+        path = []
+        for previous, point, value in zip([None, *values], points, values):
+            if previous is not None:
+                path.append(f"{x(point.extra_ms):.1f},{y(previous):.1f}")
+            path.append(f"{x(point.extra_ms):.1f},{y(value):.1f}")
+        return " ".join(path)
+
     parts = [
         f'<svg class="checkpoint-frontier" width="{width}" height="{height}" role="img" '
         f'aria-label="frontier of checkpoint plans" xmlns="http://www.w3.org/2000/svg">',
         f'<line x1="{left}" y1="{height - bottom}" x2="{width - right}" y2="{height - bottom}" stroke="#888"/>',
         f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="#888"/>',
-        f'<polyline points="{" ".join(path)}" fill="none" stroke="#555" stroke-width="1.5"/>',
-        f'<line x1="{left}" y1="{y(plan.budget_bytes):.1f}" x2="{width - right}" y2="{y(plan.budget_bytes):.1f}" '
-        f'stroke="#d62728" stroke-dasharray="3,3"><title>budget {format_bytes(plan.budget_bytes)}</title></line>',
+        f'<polyline points="{steps([p.saved_bytes for p in points])}" fill="none" stroke="#555" stroke-width="1.5">'
+        "<title>saved for backward</title></polyline>",
+        f'<line x1="{left}" y1="{y(budget):.1f}" x2="{width - right}" y2="{y(budget):.1f}" '
+        f'stroke="#d62728" stroke-dasharray="3,3"><title>{html.escape(budget_label)}</title></line>',
         f'<circle cx="{x(0):.1f}" cy="{y(plan.saved_bytes_before):.1f}" r="5" fill="#1f77b4">'
         f"<title>today: {format_bytes(plan.saved_bytes_before)}</title></circle>",
     ]
+    if peaks is not None:
+        parts += [
+            f'<polyline class="checkpoint-peaks" points="{steps(peaks)}" fill="none" stroke="#9467bd" '
+            'stroke-width="1.5" stroke-dasharray="6,3"><title>step peak predicted with each plan</title></polyline>',
+            f'<circle cx="{x(0):.1f}" cy="{y(plan.profiled_peak_bytes):.1f}" r="4" fill="#9467bd">'
+            f"<title>today's step peak: {format_bytes(plan.profiled_peak_bytes)}</title></circle>",
+        ]
     if plan.feasible:
         parts.append(f'<circle cx="{x(plan.extra_ms):.1f}" cy="{y(plan.saved_bytes_after):.1f}" r="6" '
                      f'fill="#d62728"><title>plan: {format_bytes(plan.saved_bytes_after)}, '
                      f"+{format_ms(plan.extra_ms)}</title></circle>")
+        if peaks is not None:
+            parts.append(f'<circle cx="{x(plan.extra_ms):.1f}" cy="{y(plan.predicted_peak_bytes):.1f}" r="6" '
+                         f'fill="#9467bd"><title>its step peak: {format_bytes(plan.predicted_peak_bytes)}</title>'
+                         "</circle>")
+    what = "memory" if peaks is not None else "saved for backward"
+    if peaks is not None:
+        parts.append(f'<text x="{width - right}" y="{top - 6}" text-anchor="end" font-size="11">solid: saved for '
+                     "backward; dashed: step peak predicted</text>")
     parts += [
         f'<text x="{(left + width - right) / 2:.0f}" y="{height - 8}" text-anchor="middle" font-size="12">'
         f"extra time per step, up to {html.escape(format_ms(most_ms))}</text>",
         f'<text x="14" y="{(top + height - bottom) / 2:.0f}" text-anchor="middle" font-size="12" '
-        f'transform="rotate(-90 14 {(top + height - bottom) / 2:.0f})">saved for backward, up to '
+        f'transform="rotate(-90 14 {(top + height - bottom) / 2:.0f})">{what}, up to '
         f"{html.escape(format_bytes(most_bytes))}</text>",
         "</svg>",
     ]

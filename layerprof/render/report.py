@@ -23,7 +23,7 @@ from ..record.roofs import peaks_of
 from .plot_roofline import plot_roofline, roofline_points
 from .checkpoint import frontier_svg, plan_text
 from .trace import call_slices
-from .units import format_counted, format_value
+from .units import format_bytes, format_counted, format_value
 
 __all__ = ["METRICS", "report_data", "report_html", "script_json"]
 
@@ -134,7 +134,11 @@ def _roofline_section(root: ModuleRecord) -> str:
 def _checkpoint_section(plan: Any) -> str:
     if plan is None:
         return ""
-    return (f'<section id="checkpoint-section">\n  <h2>Checkpoint plans</h2>\n  {frontier_svg(plan)}\n'
+    caption = ""
+    if getattr(plan, "predicted_peak_bytes", None) is not None:
+        caption = (f' <span class="caption">step peak {format_bytes(plan.profiled_peak_bytes)} profiled, '
+                   f"{format_bytes(plan.predicted_peak_bytes)} predicted with the plan</span>")
+    return (f'<section id="checkpoint-section">\n  <h2>Checkpoint plans{caption}</h2>\n  {frontier_svg(plan)}\n'
             f"  <pre>{html.escape(plan_text(plan))}</pre>\n</section>\n")
 
 
