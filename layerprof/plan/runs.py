@@ -100,14 +100,16 @@ def run_options(records: list[ModuleRecord], found: list[Candidate], below: list
             continue
         if any(child.calls != record.calls for child in children):
             continue  # a child skipped or called again: not the Sequential's forward as known
+        # blocked[k]: how many of the first k children keep a run out (a run is admissible where none inside does)
+        blocked = [0]
+        for child in children:
+            blocked.append(blocked[-1] + _blocked(found[index[id(child)]]))
         for first in range(len(children) - 1):
             for stop in range(first + 2, len(children) + 1):
                 if first == 0 and stop == len(children):
                     continue  # the Sequential itself
-                inside = children[first:stop]
-                if any(_blocked(found[index[id(child)]]) for child in inside):
-                    continue
-                found_runs.append((i, first, stop, inside))
+                if blocked[stop] == blocked[first]:
+                    found_runs.append((i, first, stop, children[first:stop]))
     weights = freed_by_runs(tables, [tuple(child.name for child in inside) for *_, inside in found_runs])
     for (i, first, stop, inside), freed in zip(found_runs, weights):
         if freed <= 0:
