@@ -100,22 +100,32 @@ def run_options(records: list[ModuleRecord], found: list[Candidate], below: list
             continue
         if any(child.calls != record.calls for child in children):
             continue  # a child skipped or called again: not the Sequential's forward as known
+        # blocked[k]: how many of the first k children keep a run out (a run is admissible where none inside does)
+        blocked = [0]
+        for child in children:
+            blocked.append(blocked[-1] + _blocked(found[index[id(child)]]))
         for first in range(len(children) - 1):
             for stop in range(first + 2, len(children) + 1):
                 if first == 0 and stop == len(children):
                     continue  # the Sequential itself
-                inside = children[first:stop]
-                if any(_blocked(found[index[id(child)]]) for child in inside):
-                    continue
-                found_runs.append((i, first, stop, inside))
+                if blocked[stop] == blocked[first]:
+                    found_runs.append((i, first, stop, children[first:stop]))
     weights = freed_by_runs(tables, [tuple(child.name for child in inside) for *_, inside in found_runs])
+    # Per Sequential, each child's recompute ms and saved tensors, read once (its runs sum slices of them, in the
+    # children's order: the same sums as child by child)
+    per_child: dict[int, tuple[list[float], list[int]]] = {}
     for (i, first, stop, inside), freed in zip(found_runs, weights):
         if freed <= 0:
             continue
         record = records[i]
-        recompute = sum(_forward_ms(child) - hook_ms * below[index[id(child)]] for child in inside)
+        if i not in per_child:
+            children = list(record.children)
+            per_child[i] = ([_forward_ms(child) - hook_ms * below[index[id(child)]] for child in children],
+                            [_saved_tensors(child) for child in children])
+        child_ms, child_tensors = per_child[i]
+        recompute = sum(child_ms[first:stop])
         recompute -= _run_tail_ms(inside) if record.calls == 1 else 0.0
-        tensors = sum(_saved_tensors(child) for child in inside)
+        tensors = sum(child_tensors[first:stop])
         options.append(RunOption(
             name=run_name(record.name, first, stop), parent=record.name, first=first, stop=stop,
             start=index[id(inside[0])], jump=ends[index[id(inside[-1])]], freed_bytes=freed, kept_bytes=0,
