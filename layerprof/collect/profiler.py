@@ -21,7 +21,8 @@ from .environment import environment
 from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters, measures
 from ..metrics.peaks import check_peaks
-from .._torch import add_module_registration_hook, compiled_module_type, remove_module_registration_hook, submodules
+from .._torch import add_module_registration_hook, compiled_module_type, eager_forwards, remove_module_registration_hook
+from .._torch import submodules
 from ..profile import Profile
 from ..record.records import ModuleRecord, module_paths
 from .schedule import Action, Schedule
@@ -597,15 +598,16 @@ class LayerProf:
             self._tracker.attach(added)
         return None
 
-    def _warn_unseen_modules(self, owns: list[dict[str, Any]]) -> None:
+    def _warn_unseen_modules(self, owns: list[dict[str, Any]]) -> bool:
         """Modules in the model now that were never hooked (put into ``_modules`` without registration);
-        ``owns``: the ``__dict__`` of the block's modules, in the order of its entries."""
+        ``owns``: the ``__dict__`` of the block's modules, in the order of its entries. True where the model holds
+        the plan's modules, and no other."""
         names = self._names
         plan = self._plan
         if plan is not None and len(self._entries) == self._built and plan.same_children(owns):
-            return  # the model holds the modules it held at the start, each hooked
+            return True  # the model holds the modules it held at the start, each hooked
         if all(id(module) in names for module in _modules_in(self.model)):
-            return
+            return False
         unseen = [(name, module) for name, module in module_paths(self.model) if id(module) not in names]
         if unseen:
             shown = ", ".join(f"'{name}' ({type(module).__name__})" for name, module in unseen[:5])
@@ -614,11 +616,13 @@ class LayerProf:
                 f"and were not profiled: {shown}. Create submodules with attribute assignment or add_module, or "
                 "before profiling.",
             )
+        return False
 
     def _finish(self, partial: str | None = None) -> None:
         tracker = self._tracker
         assert tracker is not None
         owns, self._owns = self._owns, None
+        reused = owns is not None  # (the start reads them where it reused a plan)
         if len(self._entries) == self._built:
             modules = self._entry_modules
         else:
@@ -628,10 +632,21 @@ class LayerProf:
         # ``__dict__`` (only code that assigns ``module.__dict__`` itself would escape it; torch has none).
         if owns is None:
             owns = list(map(_own, modules))
-        compiled = compiled_while_profiling(self._entries, modules, owns)
-        if compiled is not None:  # its times are partial: no profile rather than a wrong one
-            raise RuntimeError(compiled)
-        self._warn_unseen_modules(owns)
+        plan = self._plan
+        # Nothing written into a module (``reuse.written``) since the end of a block on the plan whose checks all
+        # passed, the plan's classes, none with a compiled forward: the checks pass as they did then, and what the
+        # reprs read of the modules is what they read then (read from the second block on a plan: a first block on
+        # a model reads no more than before).
+        ours = plan is not None and plan.key is not None and len(self._entries) == self._built
+        read = reuse.written(owns) if ours and reused else None
+        unchanged = (read is not None and read == plan.checked and list(map(type, modules)) == plan.types
+                     and eager_forwards(plan.classes))
+        if not unchanged:
+            compiled = compiled_while_profiling(self._entries, modules, owns)
+            if compiled is not None:  # its times are partial: no profile rather than a wrong one
+                raise RuntimeError(compiled)
+            if self._warn_unseen_modules(owns) and read is not None:
+                plan.checked = read
         meta: dict[str, Any] = {"environment": {**environment(self.model), **tracker.example}}
         if self._stats.steps == 0 and self._counting_step is not None:
             distorting = [m.name for m in self.metrics if m.distorts_timing]
@@ -644,8 +659,7 @@ class LayerProf:
             )
         # What the records show of the model is read now, whenever they are made: a later change of the model
         # cannot change the profile.
-        plan = self._plan
-        reprs = read_reprs(modules, plan if len(self._entries) == self._built else None, owns)
+        reprs = read_reprs(modules, plan if len(self._entries) == self._built else None, owns, unchanged)
         stats, meters = self._stats, tuple(self.metrics)
         # Made when the profile is first read where nothing needed the records while the block ran, and every
         # meter fills from its own numbers: a one-shot profile that is never read never makes them.
