@@ -323,7 +323,7 @@ class LayerProf:
             meter.use_clock(clock)
         # Global module hooks unless a meter observes forward calls (its pre-hook wants the call's kwargs).
         global_hooks = not forward_observed
-        self._tracker = Tracker(sync=self.sync, cpu_clock=clock, global_hooks=global_hooks)
+        self._tracker = Tracker.made(sync=self.sync, cpu_clock=clock, global_hooks=global_hooks)
         # The plan's names, copied only when a module joins (``_module_registered``).
         self._names = plan.names
         _PROFILED[self] = None
@@ -404,6 +404,7 @@ class LayerProf:
         for trainers whose step never calls the root (``collect/stepcall.py``)."""
         if self._tracker is None:
             raise RuntimeError("prof.root_step() is for a running profile: after start()")
+        self._tracker.lent = True
         return RootStep(self._tracker, self.model)
 
     @staticmethod
@@ -438,33 +439,40 @@ class LayerProf:
         # Read before the hooks come off: ending the step forgets which module's backward ran last.
         note = backward_note(tracker, exc, traceback) if exc is not None else None
         ended = False  # whether the tracker's step was just closed: its detach need not close it again
+        made = False
         try:
-            if partial is not None:
-                self._drop_step()
-            elif exc is None:
-                self._end_step(last=True)
-                ended = True
-        except BaseException as error:
-            self._failure = f"ending the last step raised {type(error).__name__}"
-            raise
+            try:
+                if partial is not None:
+                    self._drop_step()
+                elif exc is None:
+                    self._end_step(last=True)
+                    ended = True
+            except BaseException as error:
+                self._failure = f"ending the last step raised {type(error).__name__}"
+                raise
+            finally:
+                # A tracker whose block ended cleanly is detached only, and parked once the profile is made.
+                self._teardown(self._running_meters(), ended, parking=ended)
+            if exc is not None:
+                self._failure = f"the block raised {type(exc).__name__}"
+                if note is not None:
+                    exc.add_note(note)
+                self._tracker = None
+                return
+            if partial is not None and self._stats.steps == 0 and self._counting_step is None:
+                self._failure = partial
+                self._tracker = None
+                return
+            try:
+                self._finish(partial)
+            except BaseException as error:
+                self._failure = f"computing the profile raised {type(error).__name__}"
+                raise
+            made = True
+            self._state = "done"
         finally:
-            self._teardown(self._running_meters(), ended)
-        if exc is not None:
-            self._failure = f"the block raised {type(exc).__name__}"
-            if note is not None:
-                exc.add_note(note)
-            self._tracker = None
-            return
-        if partial is not None and self._stats.steps == 0 and self._counting_step is None:
-            self._failure = partial
-            self._tracker = None
-            return
-        try:
-            self._finish(partial)
-        except BaseException as error:
-            self._failure = f"computing the profile raised {type(error).__name__}"
-            raise
-        self._state = "done"
+            if ended:
+                tracker.park(made)
 
     def _state_text(self) -> str:
         if self._state == "new":
@@ -473,12 +481,15 @@ class LayerProf:
             return f"has stopped ({self._failure})"
         return "has already stopped"
 
-    def _teardown(self, meters: list[Meter], ended: bool = False) -> None:
+    def _teardown(self, meters: list[Meter], ended: bool = False, parking: bool = False) -> None:
         """Take everything off the model; runs on every exit path (``ended``: the tracker's step was just
-        closed)."""
+        closed; ``parking``: the tracker is only detached, its hook functions kept for ``Tracker.park``)."""
         try:
             if self._tracker is not None:
-                self._tracker.release(ended)
+                if parking:
+                    self._tracker.detach(ended)
+                else:
+                    self._tracker.release(ended)
             if self._registration is not None:
                 remove_module_registration_hook(self._registration)
                 self._registration = None
