@@ -293,8 +293,13 @@ class LayerProf:
         self._paths = []
         self._plan = plan
         entries = plan.entries(modules)
-        # Whatever checked the model before (here, or a reused plan): .compile() since then changes no path.
-        refuse_compiled_in_place(entries, modules, owns)
+        # Whatever checked the model before (here, or a reused plan): .compile() since then changes no path. Not
+        # read again where no module's ``__dict__`` was written into since a block's end found none compiled
+        # (``Plan.checked``: the key just read the classes), and no class's forward is compiled.
+        checked = plan.checked
+        if (checked is None or owns is None or list(map(reuse.dict_version, owns)) != checked[0]
+                or not eager_forwards(plan.classes)):
+            refuse_compiled_in_place(entries, modules, owns)
         for holder in list(_PROFILED):  # (giving way stops a holder, which takes it out of _PROFILED)
             held = holder._names
             if not held.keys().isdisjoint(plan.names) and not (holder._give_way is not None and holder._give_way()):

@@ -145,14 +145,14 @@ def table_versions(owns: list[dict[str, Any]]) -> list[int] | None:
         return None
 
 
-def written(owns: list[dict[str, Any]]) -> list[int] | None:
+def written(owns: list[dict[str, Any]]) -> tuple[list[int], list[int]] | None:
     """The versions of what a block's end reads of the modules whose ``__dict__`` are ``owns``: each ``__dict__``
-    (attributes: a compiled call or forward, what ``extra_repr`` formats), its children and its parameters (a
+    (attributes: a compiled call or forward, what ``extra_repr`` formats), then its children and its parameters (a
     bias set to None). None as ``table_versions``."""
     if dict_version is None:
         return None
     try:
-        return [*map(dict_version, owns), *map(dict_version, _flat(map(_children_and_params, owns)))]
+        return list(map(dict_version, owns)), list(map(dict_version, _flat(map(_children_and_params, owns))))
     except KeyError:
         return None
 
@@ -255,7 +255,7 @@ class Plan:
         self._tensor_reads: tuple[list[Any], list[int]] | None = None
         # ``written`` as the last block whose checks at its end all passed ended, where that block's entries were
         # this plan's.
-        self.checked: list[int] | None = None
+        self.checked: tuple[list[int], list[int]] | None = None
 
     def saw(self, owns: list[dict[str, Any]], tables: list[int] | None) -> None:
         """The key holds for the modules whose ``__dict__`` are ``owns``, whose tables read ``tables``
