@@ -657,12 +657,12 @@ class LayerProf:
         read = reuse.written(owns) if ours and reused else None
         unchanged = (read is not None and read == plan.checked and list(map(type, modules)) == plan.types
                      and eager_forwards(plan.classes))
+        passed = False  # whether the checks below all passed, on a plan's modules whose versions were read
         if not unchanged:
             compiled = compiled_while_profiling(self._entries, modules, owns)
             if compiled is not None:  # its times are partial: no profile rather than a wrong one
                 raise RuntimeError(compiled)
-            if self._warn_unseen_modules(owns) and read is not None:
-                plan.checked = read
+            passed = self._warn_unseen_modules(owns) and read is not None
         meta: dict[str, Any] = {"environment": {**environment(self.model), **tracker.example}}
         if self._stats.steps == 0 and self._counting_step is not None:
             distorting = [m.name for m in self.metrics if m.distorts_timing]
@@ -676,6 +676,9 @@ class LayerProf:
         # What the records show of the model is read now, whenever they are made: a later change of the model
         # cannot change the profile.
         reprs = read_reprs(modules, plan if len(self._entries) == self._built else None, owns, unchanged)
+        if passed:  # (the texts the plan keeps are this reading's)
+            assert plan is not None
+            plan.checked = read
         stats, meters = self._stats, tuple(self.metrics)
         # Made when the profile is first read where nothing needed the records while the block ran, and every
         # meter fills from its own numbers: a one-shot profile that is never read never makes them.
