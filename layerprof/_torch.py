@@ -378,19 +378,22 @@ def _dict_version_reader() -> Callable[[dict[Any, Any]], int] | None:
     """Dynamo's reader of a dict's version (``torch._C._dynamo.guards.dict_version``): a number that is new each
     time the dict is made or written into, unique across dicts (CPython's ``ma_version_tag`` through 3.11, a dict
     watcher of torch's from 3.12), so two equal readings of one live dict mean it holds what it held. Checked as
-    layerprof loads (two dicts, and a write into one, must read three numbers); None where torch has no such reader
-    or it does not behave so."""
+    layerprof loads: two dicts, a write into one, and an empty dict filled by ``update`` (which CPython copies whole,
+    an event a watcher may leave out) must read four numbers; None where torch has no such reader or it does not
+    behave so."""
     read = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "dict_version", None)
     if read is None:
         return None
     probe: dict[Any, Any] = {}
+    filled: dict[Any, Any] = {}
     try:
-        before = read(probe)
+        before, empty = read(probe), read(filled)
         probe[0] = 0
-        readings = {before, read(probe), read({})}
+        filled.update({1: 1})
+        readings = {before, read(probe), empty, read(filled)}
     except Exception:  # noqa: BLE001 - any failure means no reader
         return None
-    return read if len(readings) == 3 else None
+    return read if len(readings) == 4 else None
 
 
 # A dict's version, or None where torch gives none (``_dict_version_reader``).

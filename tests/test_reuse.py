@@ -383,6 +383,17 @@ def test_every_write_into_a_table_is_a_new_version(kind: type, write: Callable[[
     assert reuse.dict_version(kind(b=1)) not in (before, reuse.dict_version(table))
 
 
+@pytest.mark.skipif(reuse.dict_version is None, reason="this torch reads no dict versions")
+@pytest.mark.parametrize("kind", [dict, collections.OrderedDict])
+def test_an_empty_table_filled_by_update_is_a_new_version(kind: type) -> None:
+    # CPython copies a dict whole into an empty one (an event a dict watcher may leave out): a buffer table filled
+    # so must not read as it was.
+    table = kind()
+    before = reuse.dict_version(table)
+    table.update({"scale": torch.ones(2)})
+    assert reuse.dict_version(table) != before
+
+
 def test_the_fast_check_of_a_reused_plan_reads_no_table_and_gives_what_a_full_one_gives(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # From the second block on, the tables' versions stand for their contents (the tensors are read), and the
