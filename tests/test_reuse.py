@@ -416,6 +416,19 @@ def test_the_fast_check_of_a_reused_plan_reads_no_table_and_gives_what_a_full_on
     assert reuse._PLANS[again].checked is None
 
 
+def test_a_model_of_more_modules_than_versions_are_read_for_reads_its_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Past reuse._VERSIONED modules the key's own passes cost less than a version per table: never read there.
+    model = _long()
+    read: list[int] = []
+    real = reuse.dict_version
+    monkeypatch.setattr(reuse, "dict_version", None if real is None else (lambda d: read.append(1) or real(d)))
+    for _ in range(3):
+        with LayerProf(model):
+            pass
+    plan = reuse._PLANS[model]
+    assert len(plan.types) > reuse._VERSIONED and read == [] and plan.checked is None
+
+
 def test_a_block_that_raised_leaves_the_next_block_on_the_plan_true() -> None:
     # A block whose step raised makes no profile, and its end checks nothing: what the step changed before raising
     # is seen by the next block.
