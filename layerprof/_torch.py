@@ -28,6 +28,7 @@ __all__ = [
     "add_forward_hooks_to", "remove_forward_hooks_from", "add_global_forward_hooks", "remove_global_forward_hooks",
     "add_module_registration_hook", "remove_module_registration_hook",
     "with_forward_pre_hooks", "global_pre_hook_kwargs", "NodeHooker", "cuda_raw_stream", "cuda_event_record",
+    "dict_version", "eager_forwards",
 ]
 
 # The sequence number the next autograd node created on this thread will get: a module call owns the nodes
@@ -319,7 +320,7 @@ def is_compiled_function(function: Any) -> bool:
 _EAGER_FORWARDS: set[Any] = set()
 
 
-def _eager_forwards(classes: set[type]) -> bool:
+def eager_forwards(classes: set[type]) -> bool:
     """Whether no class of ``classes`` has a compiled ``forward``."""
     try:
         forwards = set(map(getattr, classes, itertools.repeat("forward"), itertools.repeat(None)))
@@ -351,7 +352,7 @@ def compiled_in_place(paths: list[tuple[str, Any]], modules: list[Any] | None = 
         owns = list(map(_own, modules))
     if (not any(map(contains, owns, itertools.repeat("_compiled_call_impl")))
             and not any(map(contains, owns, itertools.repeat("forward")))
-            and _eager_forwards(set(map(type, modules)))):
+            and eager_forwards(set(map(type, modules)))):
         return None  # the common case, read with C-level calls: no module has either attribute of its own
     if getattr(getattr(dynamo, "config", None), "disable", False):
         return None  # off (TORCH_COMPILE_DISABLE=1): all runs eagerly (a config read costs tens of µs)
@@ -371,6 +372,32 @@ def compiled_in_place(paths: list[tuple[str, Any]], modules: list[Any] | None = 
         if compiled:
             return name, module, "forward"
     return None
+
+
+def _dict_version_reader() -> Callable[[dict[Any, Any]], int] | None:
+    """Dynamo's reader of a dict's version (``torch._C._dynamo.guards.dict_version``): a number that is new each
+    time the dict is made or written into, unique across dicts (CPython's ``ma_version_tag`` through 3.11, a dict
+    watcher of torch's from 3.12), so two equal readings of one live dict mean it holds what it held. Checked as
+    layerprof loads: two dicts, a write into one, and an empty dict filled by ``update`` (which CPython copies whole,
+    an event a watcher may leave out) must read four numbers; None where torch has no such reader or it does not
+    behave so."""
+    read = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "dict_version", None)
+    if read is None:
+        return None
+    probe: dict[Any, Any] = {}
+    filled: dict[Any, Any] = {}
+    try:
+        before, empty = read(probe), read(filled)
+        probe[0] = 0
+        filled.update({1: 1})
+        readings = {before, read(probe), empty, read(filled)}
+    except Exception:  # noqa: BLE001 - any failure means no reader
+        return None
+    return read if len(readings) == 4 else None
+
+
+# A dict's version, or None where torch gives none (``_dict_version_reader``).
+dict_version: Callable[[dict[Any, Any]], int] | None = _dict_version_reader()
 
 
 def queue_backward_callback(callback: Callable[[], None]) -> bool:

@@ -162,6 +162,34 @@ def test_compile_inside_the_block_fails_the_profile_and_leaves_the_model_clean()
     torch.testing.assert_close(model(x), fresh(x))
 
 
+def test_compile_inside_a_block_after_reused_ones_fails_the_profile() -> None:
+    # From the second block on, a block's end first compares the versions of the modules' dicts with the last
+    # end's: .compile() writes into the module's, so the full check runs and refuses the profile.
+    model = model_with_block()
+    profile_step(model)
+    profile_step(model)
+    with pytest.raises(RuntimeError, match=re.escape("module '2.0' (Sequential) was compiled in place with .compile() "
+                                                     "while it was being profiled")):
+        with LayerProf(model):
+            model(torch.randn(2, 4)).sum().backward()
+            model[2][0].compile(backend="eager")
+    assert not _PROFILED
+
+
+def test_compile_between_reused_blocks_is_refused_at_start() -> None:
+    # From the third block on, a block's start reads the versions of the modules' dicts instead of each module's
+    # attributes: .compile() writes into the module's, so the full check runs and refuses the model by name.
+    model = model_with_block()
+    for _ in range(3):
+        profile_step(model)
+    model[2][0][2].compile()
+    before = hook_state(model)
+    with pytest.raises(TypeError, match=re.escape("module '2.0.2' (Linear) was compiled in place with .compile()")):
+        with LayerProf(model):
+            pass
+    assert hook_state(model) == before and not _PROFILED
+
+
 def test_a_compiled_child_run_under_dynamo_is_still_seen() -> None:
     # After its first (compiling) call the module carries the same mark: a model compiled, trained and then
     # handed to LayerProf is refused, not half-profiled. backend="eager" runs dynamo without a C compiler.

@@ -433,6 +433,7 @@ def test_clock_of_a_call_given_its_tensors_by_keyword_sees_them_on_the_global_ho
 
     monkeypatch.setattr(tracker_module.Tracker, "_clock_for", clock_for)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(tracker_module, "_PARKED", [])  # a parked tracker's hooks hold the unpatched function
     model = Model()
     model.proj.register_forward_hook(lambda module, args, output: outputs.append(output))
     for metrics in (None, ("shapes",)):  # global hooks (the default), hooks on every module (a meter observes calls)

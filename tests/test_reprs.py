@@ -73,6 +73,14 @@ def test_an_unchanged_model_reuses_the_texts(counted: list[str]) -> None:
     assert _reprs(model) == first and _reprs(model) == first
     assert counted == [] and reuse._PLANS[model] is plan
     assert plan.reprs == kept  # each class's texts: the same objects, nothing read again per module
+    if reuse.dict_version is not None:  # from the third block on, not even the values they were made from
+        groups: list[Any] = []
+        real = reprs._read_group
+        reprs._read_group = lambda *a: groups.append(a) or real(*a)  # type: ignore[assignment]
+        try:
+            assert _reprs(model) == first and groups == []
+        finally:
+            reprs._read_group = real
 
 
 def _set_bias_none(model: Net) -> None:
@@ -111,6 +119,18 @@ def test_every_change_between_blocks_is_seen(change: Callable[[Net], Any], modul
     _reprs(model)
     change(model)
     after = _reprs(model)
+    assert after == _expected(model) and after[module] == text
+
+
+@pytest.mark.parametrize("change,module,text", [c[1:] for c in CHANGES], ids=[c[0] for c in CHANGES])
+def test_every_change_inside_a_block_after_reused_ones_is_seen(change: Callable[[Net], Any], module: str,
+                                                               text: str) -> None:
+    # From the second block on, a block's end compares the versions of the modules' dicts with the last end's
+    # (``reuse.written``): where none was written into, the texts are the last block's, else they are read.
+    model = Net()
+    _reprs(model)
+    _reprs(model)
+    after = _reprs(model, change)
     assert after == _expected(model) and after[module] == text
 
 

@@ -1,7 +1,9 @@
 """A second block on an unchanged model reuses the first block's walk (collect/reuse.py); every change is seen."""
 from __future__ import annotations
 
+import collections
 import copy
+import threading
 import time
 import gc
 import weakref
@@ -324,13 +326,17 @@ def test_a_pre_hook_added_after_a_reused_block_stays_outside_its_module(where: s
     assert prof.records[where].forward_ms < 20
 
 
+@pytest.mark.parametrize("blocks_before", [1, 2])
 @pytest.mark.parametrize("parent", ["", "a", "blocks"])
-def test_a_module_put_in_modules_directly_inside_a_reused_block_is_named(parent: str) -> None:
+def test_a_module_put_in_modules_directly_inside_a_reused_block_is_named(parent: str, blocks_before: int) -> None:
     # The block's exit reads every module's children in order against the plan's: one more anywhere is seen, a
-    # leaf's (a Linear's) included.
+    # leaf's (a Linear's) included. After two blocks, the exit first compares the versions of the modules' dicts
+    # with those the last block's end read (``reuse.written``): the write is a new version.
     model = Net()
-    _view(model)
+    for _ in range(blocks_before):
+        _view(model)
     plan = reuse._PLANS[model]
+    assert (plan.checked is not None) == (blocks_before == 2 and reuse.dict_version is not None)
     name = f"{parent}.sneaky" if parent else "sneaky"
     with pytest.warns(RuntimeWarning, match=rf"1 module\(s\) joined .* '{name}' \(Tanh\)"):
         with LayerProf(model):
@@ -349,6 +355,106 @@ def test_a_module_put_in_the_last_piece_of_a_long_model_inside_a_reused_block_is
         with LayerProf(model):
             assert reuse._PLANS[model] is plan
             model[599][1]._modules["sneaky"] = nn.Tanh()
+
+
+WRITES: list[tuple[str, Callable[[dict[Any, Any]], Any]]] = [
+    ("set", lambda d: d.__setitem__("a", object())),
+    ("set to another value", lambda d: d.__setitem__("b", 2)),
+    ("deleted", lambda d: d.__delitem__("b")),
+    ("popped", lambda d: d.pop("b")),
+    ("set by setdefault", lambda d: d.setdefault("c", 3)),
+    ("updated", lambda d: d.update(c=3)),
+    ("cleared", lambda d: d.clear()),
+    ("an item popped", lambda d: d.popitem()),
+]
+
+
+@pytest.mark.skipif(reuse.dict_version is None, reason="this torch reads no dict versions")
+@pytest.mark.parametrize("kind", [dict, collections.OrderedDict])
+@pytest.mark.parametrize("write", [w[1] for w in WRITES], ids=[w[0] for w in WRITES])
+def test_every_write_into_a_table_is_a_new_version(kind: type, write: Callable[[dict[Any, Any]], Any]) -> None:
+    # What the fast check of a reused plan relies on: a table (a dict, or the OrderedDict of hooks) that reads the
+    # version it read before holds what it held; another dict never reads the same version.
+    table = kind(b=1)
+    before = reuse.dict_version(table)
+    assert reuse.dict_version(table) == before
+    write(table)
+    assert reuse.dict_version(table) != before
+    assert reuse.dict_version(kind(b=1)) not in (before, reuse.dict_version(table))
+
+
+@pytest.mark.skipif(reuse.dict_version is None, reason="this torch reads no dict versions")
+@pytest.mark.parametrize("kind", [dict, collections.OrderedDict])
+def test_an_empty_table_filled_by_update_is_a_new_version(kind: type) -> None:
+    # CPython copies a dict whole into an empty one (an event a dict watcher may leave out): a buffer table filled
+    # so must not read as it was.
+    table = kind()
+    before = reuse.dict_version(table)
+    table.update({"scale": torch.ones(2)})
+    assert reuse.dict_version(table) != before
+
+
+def test_the_fast_check_of_a_reused_plan_reads_no_table_and_gives_what_a_full_one_gives(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # From the second block on, the tables' versions stand for their contents (the tensors are read), and the
+    # versions of the dicts a block's end reads for its checks: profiles are those of a model without versions.
+    model = Net()
+    first = _view(model)
+    assert _view(model) == first
+    plan = reuse._PLANS[model]
+    if reuse.dict_version is not None:
+        assert plan.checked is not None
+        read: list[int] = []
+        real_piece = reuse._piece
+        monkeypatch.setattr(reuse, "_piece", lambda *a: read.append(1) or real_piece(*a))
+        assert _view(model) == first and read == []  # no table read for the key, nor its contents
+        monkeypatch.undo()
+    monkeypatch.setattr(reuse, "dict_version", None)
+    again = Net()
+    again.load_state_dict(model.state_dict())
+    assert _view(again) == _view(again) == _view(again) == first
+    assert reuse._PLANS[again].checked is None
+
+
+def test_a_model_of_more_modules_than_versions_are_read_for_reads_its_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Past reuse._VERSIONED modules the key's own passes cost less than a version per table: never read there.
+    model = _long()
+    read: list[int] = []
+    real = reuse.dict_version
+    monkeypatch.setattr(reuse, "dict_version", None if real is None else (lambda d: read.append(1) or real(d)))
+    for _ in range(3):
+        with LayerProf(model):
+            pass
+    plan = reuse._PLANS[model]
+    assert len(plan.types) > reuse._VERSIONED and read == [] and plan.checked is None
+
+
+def test_a_block_that_raised_leaves_the_next_block_on_the_plan_true() -> None:
+    # A block whose step raised makes no profile, and its end checks nothing: what the step changed before raising
+    # is seen by the next block.
+    model = Net()
+    first = _view(model)
+    _view(model)
+    with pytest.raises(ValueError, match="inside"):
+        with LayerProf(model):
+            model(torch.randn(2, 8)).sum().backward()
+            model.blocks[1].inplace = True
+            model.a.bias = None
+            raise ValueError("inside")
+    after = _view(model)
+    assert after == _view(copy.deepcopy(model)) and after != first
+    assert after["blocks.1"][0] == "ReLU" and after["a"][4] != first["a"][4]  # the params without a bias
+
+
+def test_a_block_on_another_thread_after_reused_ones_gives_the_same_profile() -> None:
+    model = Net()
+    first = _view(model)
+    _view(model)
+    seen: list[dict[str, tuple[Any, ...]]] = []
+    thread = threading.Thread(target=lambda: seen.append(_view(model)))
+    thread.start()
+    thread.join()
+    assert seen == [first] and _view(model) == first
 
 
 def test_a_pre_hook_added_during_a_wait_step_of_a_reused_block_stays_outside_its_module() -> None:

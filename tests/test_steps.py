@@ -214,6 +214,29 @@ def test_a_plug_in_meter_whose_needed_by_is_a_static_method() -> None:
         del METERS["test_wanted"]
 
 
+def test_the_default_meters_follow_the_registry() -> None:
+    # The default meters' classes are kept while the registry is as it was (its dict version): a meter that joins
+    # every model joins from its registration on, and no longer once it is taken out of the registry.
+    def names() -> list[str]:
+        return [meter.name for meter in LayerProf(nn.Linear(2, 2)).metrics]
+
+    assert names() == ["params"]
+
+    @register_meter
+    class Always(Meter):
+        name = "test_always"
+
+        @classmethod
+        def needed_by(cls, model: nn.Module) -> bool:
+            return True
+
+    try:
+        assert names() == ["params", "test_always"]
+    finally:
+        del METERS["test_always"]
+    assert names() == ["params"]
+
+
 def test_profile_records_where_it_was_measured() -> None:
     model = MLP()
     with LayerProf(model) as prof:

@@ -21,7 +21,8 @@ from .environment import environment
 from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters, measures
 from ..metrics.peaks import check_peaks
-from .._torch import add_module_registration_hook, compiled_module_type, remove_module_registration_hook, submodules
+from .._torch import add_module_registration_hook, compiled_module_type, eager_forwards, remove_module_registration_hook
+from .._torch import submodules
 from ..profile import Profile
 from ..record.records import ModuleRecord, module_paths
 from .schedule import Action, Schedule
@@ -292,8 +293,13 @@ class LayerProf:
         self._paths = []
         self._plan = plan
         entries = plan.entries(modules)
-        # Whatever checked the model before (here, or a reused plan): .compile() since then changes no path.
-        refuse_compiled_in_place(entries, modules, owns)
+        # Whatever checked the model before (here, or a reused plan): .compile() since then changes no path. Not
+        # read again where no module's ``__dict__`` was written into since a block's end found none compiled
+        # (``Plan.checked``: the key just read the classes), and no class's forward is compiled.
+        checked = plan.checked
+        if (checked is None or owns is None or list(map(reuse.dict_version, owns)) != checked[0]
+                or not eager_forwards(plan.classes)):
+            refuse_compiled_in_place(entries, modules, owns)
         for holder in list(_PROFILED):  # (giving way stops a holder, which takes it out of _PROFILED)
             held = holder._names
             if not held.keys().isdisjoint(plan.names) and not (holder._give_way is not None and holder._give_way()):
@@ -322,7 +328,7 @@ class LayerProf:
             meter.use_clock(clock)
         # Global module hooks unless a meter observes forward calls (its pre-hook wants the call's kwargs).
         global_hooks = not forward_observed
-        self._tracker = Tracker(sync=self.sync, cpu_clock=clock, global_hooks=global_hooks)
+        self._tracker = Tracker.made(sync=self.sync, cpu_clock=clock, global_hooks=global_hooks)
         # The plan's names, copied only when a module joins (``_module_registered``).
         self._names = plan.names
         _PROFILED[self] = None
@@ -403,6 +409,7 @@ class LayerProf:
         for trainers whose step never calls the root (``collect/stepcall.py``)."""
         if self._tracker is None:
             raise RuntimeError("prof.root_step() is for a running profile: after start()")
+        self._tracker.lent = True
         return RootStep(self._tracker, self.model)
 
     @staticmethod
@@ -437,33 +444,40 @@ class LayerProf:
         # Read before the hooks come off: ending the step forgets which module's backward ran last.
         note = backward_note(tracker, exc, traceback) if exc is not None else None
         ended = False  # whether the tracker's step was just closed: its detach need not close it again
+        made = False
         try:
-            if partial is not None:
-                self._drop_step()
-            elif exc is None:
-                self._end_step(last=True)
-                ended = True
-        except BaseException as error:
-            self._failure = f"ending the last step raised {type(error).__name__}"
-            raise
+            try:
+                if partial is not None:
+                    self._drop_step()
+                elif exc is None:
+                    self._end_step(last=True)
+                    ended = True
+            except BaseException as error:
+                self._failure = f"ending the last step raised {type(error).__name__}"
+                raise
+            finally:
+                # A tracker whose block ended cleanly is detached only, and parked once the profile is made.
+                self._teardown(self._running_meters(), ended, parking=ended)
+            if exc is not None:
+                self._failure = f"the block raised {type(exc).__name__}"
+                if note is not None:
+                    exc.add_note(note)
+                self._tracker = None
+                return
+            if partial is not None and self._stats.steps == 0 and self._counting_step is None:
+                self._failure = partial
+                self._tracker = None
+                return
+            try:
+                self._finish(partial)
+            except BaseException as error:
+                self._failure = f"computing the profile raised {type(error).__name__}"
+                raise
+            made = True
+            self._state = "done"
         finally:
-            self._teardown(self._running_meters(), ended)
-        if exc is not None:
-            self._failure = f"the block raised {type(exc).__name__}"
-            if note is not None:
-                exc.add_note(note)
-            self._tracker = None
-            return
-        if partial is not None and self._stats.steps == 0 and self._counting_step is None:
-            self._failure = partial
-            self._tracker = None
-            return
-        try:
-            self._finish(partial)
-        except BaseException as error:
-            self._failure = f"computing the profile raised {type(error).__name__}"
-            raise
-        self._state = "done"
+            if ended:
+                tracker.park(made)
 
     def _state_text(self) -> str:
         if self._state == "new":
@@ -472,12 +486,15 @@ class LayerProf:
             return f"has stopped ({self._failure})"
         return "has already stopped"
 
-    def _teardown(self, meters: list[Meter], ended: bool = False) -> None:
+    def _teardown(self, meters: list[Meter], ended: bool = False, parking: bool = False) -> None:
         """Take everything off the model; runs on every exit path (``ended``: the tracker's step was just
-        closed)."""
+        closed; ``parking``: the tracker is only detached, its hook functions kept for ``Tracker.park``)."""
         try:
             if self._tracker is not None:
-                self._tracker.release(ended)
+                if parking:
+                    self._tracker.detach(ended)
+                else:
+                    self._tracker.release(ended)
             if self._registration is not None:
                 remove_module_registration_hook(self._registration)
                 self._registration = None
@@ -597,15 +614,16 @@ class LayerProf:
             self._tracker.attach(added)
         return None
 
-    def _warn_unseen_modules(self, owns: list[dict[str, Any]]) -> None:
+    def _warn_unseen_modules(self, owns: list[dict[str, Any]]) -> bool:
         """Modules in the model now that were never hooked (put into ``_modules`` without registration);
-        ``owns``: the ``__dict__`` of the block's modules, in the order of its entries."""
+        ``owns``: the ``__dict__`` of the block's modules, in the order of its entries. True where the model holds
+        the plan's modules, and no other."""
         names = self._names
         plan = self._plan
         if plan is not None and len(self._entries) == self._built and plan.same_children(owns):
-            return  # the model holds the modules it held at the start, each hooked
+            return True  # the model holds the modules it held at the start, each hooked
         if all(id(module) in names for module in _modules_in(self.model)):
-            return
+            return False
         unseen = [(name, module) for name, module in module_paths(self.model) if id(module) not in names]
         if unseen:
             shown = ", ".join(f"'{name}' ({type(module).__name__})" for name, module in unseen[:5])
@@ -614,11 +632,13 @@ class LayerProf:
                 f"and were not profiled: {shown}. Create submodules with attribute assignment or add_module, or "
                 "before profiling.",
             )
+        return False
 
     def _finish(self, partial: str | None = None) -> None:
         tracker = self._tracker
         assert tracker is not None
         owns, self._owns = self._owns, None
+        reused = owns is not None  # (the start reads them where it reused a plan)
         if len(self._entries) == self._built:
             modules = self._entry_modules
         else:
@@ -628,10 +648,21 @@ class LayerProf:
         # ``__dict__`` (only code that assigns ``module.__dict__`` itself would escape it; torch has none).
         if owns is None:
             owns = list(map(_own, modules))
-        compiled = compiled_while_profiling(self._entries, modules, owns)
-        if compiled is not None:  # its times are partial: no profile rather than a wrong one
-            raise RuntimeError(compiled)
-        self._warn_unseen_modules(owns)
+        plan = self._plan
+        # Nothing written into a module (``reuse.written``) since the end of a block on the plan whose checks all
+        # passed, the plan's classes, none with a compiled forward: the checks pass as they did then, and what the
+        # reprs read of the modules is what they read then (read from the second block on a plan: a first block on
+        # a model reads no more than before).
+        ours = plan is not None and plan.key is not None and len(self._entries) == self._built
+        read = reuse.written(owns) if ours and reused else None
+        unchanged = (read is not None and read == plan.checked and list(map(type, modules)) == plan.types
+                     and eager_forwards(plan.classes))
+        passed = False  # whether the checks below all passed, on a plan's modules whose versions were read
+        if not unchanged:
+            compiled = compiled_while_profiling(self._entries, modules, owns)
+            if compiled is not None:  # its times are partial: no profile rather than a wrong one
+                raise RuntimeError(compiled)
+            passed = self._warn_unseen_modules(owns) and read is not None
         meta: dict[str, Any] = {"environment": {**environment(self.model), **tracker.example}}
         if self._stats.steps == 0 and self._counting_step is not None:
             distorting = [m.name for m in self.metrics if m.distorts_timing]
@@ -644,8 +675,10 @@ class LayerProf:
             )
         # What the records show of the model is read now, whenever they are made: a later change of the model
         # cannot change the profile.
-        plan = self._plan
-        reprs = read_reprs(modules, plan if len(self._entries) == self._built else None, owns)
+        reprs = read_reprs(modules, plan if len(self._entries) == self._built else None, owns, unchanged)
+        if passed:  # (the texts the plan keeps are this reading's)
+            assert plan is not None
+            plan.checked = read
         stats, meters = self._stats, tuple(self.metrics)
         # Made when the profile is first read where nothing needed the records while the block ran, and every
         # meter fills from its own numbers: a one-shot profile that is never read never makes them.

@@ -92,11 +92,13 @@ class _Kept:
     None-ness (None where the function does not read the bias), and the texts. Flat lists per class, not a tuple
     per module: the next block checks a class with a few C-level passes over contiguous lists."""
 
-    __slots__ = ("function", "width", "values", "no_bias", "texts")
+    __slots__ = ("function", "width", "values", "no_bias", "texts", "all_held")
 
     def __init__(self, function: Any, width: int, values: list[Any], no_bias: list[bool] | None,
                  texts: list[str]) -> None:
         self.function, self.width, self.values, self.no_bias, self.texts = function, width, values, no_bias, texts
+        # Whether every value is held: then the texts hold while nothing is written into the modules.
+        self.all_held = not any(map(is_, values, repeat(_UNKEPT)))
 
 
 # What a block read of its modules' reprs: each module's class name where a class changed since the plan was made
@@ -105,21 +107,27 @@ class _Kept:
 Reprs = tuple["list[str] | None", list[tuple[list[int], list[str]]]]
 
 
-def read_reprs(modules: list[nn.Module], plan: Plan | None, owns: list[dict[str, Any]] | None = None) -> Reprs:
+def read_reprs(modules: list[nn.Module], plan: Plan | None, owns: list[dict[str, Any]] | None = None,
+               unchanged: bool = False) -> Reprs:
     """Each module's class name and ``extra_repr`` now (``modules``: the block's entries' modules, in order),
     written onto records by ``write_reprs``. ``plan``: the block's plan when its entries are the plan's, whose
     records have their modules' class names already and which keeps the texts for the next block (``owns``: the
-    modules' ``__dict__``, if read already). A module whose class and instance have no ``extra_repr`` of their own
-    (containers) has nn.Module's, which is ""."""
-    types = list(map(type, modules))
-    if plan is not None and plan.key is None:
-        plan = None
-    if plan is None or types != plan.types:
-        return [kind.__name__ for kind in types], _read_each(modules, types)
-    if owns is None:
-        owns = list(map(_own, modules))
-    if any(map(contains, owns, repeat("extra_repr"))):
-        return None, _read_each(modules, types)
+    modules' ``__dict__``, if read already). ``unchanged``: the classes are the plan's and nothing was written
+    into a module (``reuse.written``) since the plan's texts were last read, which then hold as they are. A module
+    whose class and instance have no ``extra_repr`` of their own (containers) has nn.Module's, which is ""."""
+    if unchanged:
+        assert plan is not None
+        types = plan.types
+    else:
+        types = list(map(type, modules))
+        if plan is not None and plan.key is None:
+            plan = None
+        if plan is None or types != plan.types:
+            return [kind.__name__ for kind in types], _read_each(modules, types)
+        if owns is None:
+            owns = list(map(_own, modules))
+        if any(map(contains, owns, repeat("extra_repr"))):  # (set on an instance: written into its __dict__)
+            return None, _read_each(modules, types)
     # The plan's modules by class, read a class at a time with C-level calls: no Python code per module where
     # the texts are the kept ones.
     groups = plan.repr_groups
@@ -135,6 +143,10 @@ def read_reprs(modules: list[nn.Module], plan: Plan | None, owns: list[dict[str,
             texts.append((indices, list(map(function, map(modules.__getitem__, indices)))))
             continue
         known = kept.get(kind)
+        if unchanged and known is not None and known.function is function and known.all_held:
+            texts.append(known.texts)
+            continue
+        assert owns is not None
         read = _read_group(function, list(map(owns.__getitem__, indices)))
         if (known is not None and read is not None and known.function is function
                 and all(map(is_, read[0], known.values)) and read[1] == known.no_bias):

@@ -282,8 +282,29 @@ class _ThreadState:
             self.hooker.clear()
 
 
+# The tracker of the last block that made a profile, reset to as new, for the next block to take (``Tracker.made``):
+# a one-shot block right after a step then makes no tracker, thread-local store, lock and hook functions. One at
+# most (a second block that ends meanwhile lets its own go).
+_PARKED: list[Tracker] = []
+
+
 class Tracker:
     """Puts forward hooks on modules, graph hooks on the nodes their forward creates, and collects CallTraces."""
+
+    @classmethod
+    def made(cls, sync: bool = False, cpu_clock: CpuClock | None = None, global_hooks: bool = False) -> Tracker:
+        """``cls(sync, cpu_clock, global_hooks)``, or for the default settings (no sync, the plain wall clock, global
+        hooks) the tracker a block parked (``park``), which is as new."""
+        if cpu_clock is None and global_hooks and not sync and _PARKED:
+            try:
+                tracker = _PARKED.pop()
+            except IndexError:  # taken by another thread meanwhile
+                pass
+            else:
+                if type(tracker) is cls:
+                    return tracker
+                tracker._hooks = None  # (a subclass's block: this one goes, with its hooks' reference to it)
+        return cls(sync=sync, cpu_clock=cpu_clock, global_hooks=global_hooks)
 
     def __init__(self, sync: bool = False, cpu_clock: CpuClock | None = None, global_hooks: bool = False) -> None:
         self.sync = sync
@@ -321,6 +342,7 @@ class Tracker:
         # module is writing two functions into its hook dicts, with no closure made per module.
         self._hooks: tuple[Callable[..., None], Callable[..., None], Callable[..., None]] | None = None  # pre,
         # post, global pre: made at the first attach
+        self.lent = False  # handed to something that may outlive the block (a RootStep): never parked
 
     @property
     def backward_observers(self) -> tuple[Any, ...]:
@@ -404,6 +426,25 @@ class Tracker:
         back to it (a reference cycle would keep it and its step's state until a garbage collection)."""
         self.detach(ended)
         self._hooks = None
+
+    def park(self, made_profile: bool) -> None:
+        """The end of a detached tracker. Where its block ``made_profile`` (nothing of the block is needed any more:
+        its calls and example were copied out) and it is as ``made`` would make it (the default settings, hooks that
+        ran on one thread at most, nothing holding it), it is reset to as new and kept for the next block: its hook
+        functions read the same lists and dicts, emptied. Else its hook functions are dropped (``release``)."""
+        if (made_profile and not self.sync and self.global_hooks and type(self.cpu_clock) is CpuClock
+                and not self.lent and len(self._threads) <= 1 and not _PARKED):
+            self.calls.clear()
+            self.example.clear()
+            self.names.clear()
+            self.cuda_clocks.clear()
+            self.observers = ()
+            self.step_state = _Step()
+            for state in self._threads:
+                state.clear()
+            _PARKED.append(self)
+        else:
+            self._hooks = None
 
     def end_step(self, last: bool = False) -> None:
         """Close the step: graph hooks still on live nodes stop stamping, and per-thread state starts clean

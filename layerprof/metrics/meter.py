@@ -11,6 +11,7 @@ from typing import Any, Iterable, Sequence
 from torch import nn
 
 from .._check import check_names
+from .._torch import dict_version
 from ..record.records import ModuleRecord
 
 __all__ = ["Meter", "METERS", "register_meter", "make_meters", "DEFAULT_METRICS", "measures"]
@@ -91,23 +92,45 @@ def register_meter(cls: type[Meter]) -> type[Meter]:
     return cls
 
 
-def make_meters(names: Iterable[str] | None, model: nn.Module | None = None) -> list[Meter]:
-    """Instantiate meters by name; an unknown name is a ValueError listing the known ones. With ``model``, the
-    meters it needs (``Meter.needed_by``) are added when not named."""
-    chosen = DEFAULT_METRICS if names is None else check_names("metrics", names, "('flops', 'memory')")
-    meters = []
+def _resolve(chosen: Iterable[str]) -> tuple[list[type[Meter]], list[type[Meter]]]:
+    """The classes of the meters ``chosen`` names (an unknown name, or two that replace each other, raise), and
+    those of the meters not named whose ``needed_by`` is their own (the ones a model may need)."""
+    classes = []
     for name in chosen:
         if name not in METERS:
             known = ", ".join(sorted(METERS)) or "(none registered)"
             raise ValueError(f"unknown metric {name!r}; choose from: {known}")
-        meters.append(METERS[name]())
-    named = {meter.name for meter in meters}
-    for meter in meters:
-        if meter.replaces in named:
-            raise ValueError(f"metrics: {meter.name!r} is {meter.replaces!r} with more; give one of them, not both")
+        classes.append(METERS[name])
+    named = {cls.name for cls in classes}
+    for cls in classes:
+        if cls.replaces in named:
+            raise ValueError(f"metrics: {cls.name!r} is {cls.replaces!r} with more; give one of them, not both")
+    needing = [cls for name, cls in METERS.items()
+               if name not in named and getattr(cls.needed_by, "__func__", None) is not _NEEDED_BY_NONE]
+    return classes, needing
+
+
+# The registry's version (``dict_version``) and ``_resolve(DEFAULT_METRICS)`` as it read then: a LayerProf made with
+# the default meters right after a step reads no name and no registered meter again while the registry is as it was.
+_DEFAULT: list[Any] = [None, None]
+
+
+def make_meters(names: Iterable[str] | None, model: nn.Module | None = None) -> list[Meter]:
+    """Instantiate meters by name; an unknown name is a ValueError listing the known ones. With ``model``, the
+    meters it needs (``Meter.needed_by``) are added when not named."""
+    if names is None:
+        version = None if dict_version is None else dict_version(METERS)
+        if version is None or _DEFAULT[0] != version:
+            _DEFAULT[:] = version, _resolve(DEFAULT_METRICS)
+        classes, needing = _DEFAULT[1]
+    else:
+        classes, needing = _resolve(check_names("metrics", names, "('flops', 'memory')"))
+    meters = []
+    for cls in classes:
+        meters.append(cls())
     if model is not None:
-        for name, cls in METERS.items():  # (a loop, not generators: each is a cold frame as a one-shot block starts)
-            if name not in named and getattr(cls.needed_by, "__func__", None) is not _NEEDED_BY_NONE and cls.needed_by(model):
+        for cls in needing:
+            if cls.needed_by(model):
                 meters.append(cls())
     return meters
 
