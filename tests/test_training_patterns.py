@@ -189,6 +189,43 @@ def test_a_copy_made_inside_the_block_does_not_keep_the_model_alive() -> None:
     assert ema(torch.randn(2, 4)).shape == (2, 1)
 
 
+def _reachable(root: object, kind: type) -> list[object]:
+    """The objects of ``kind`` that ``root`` reaches through references (classes and Python modules not
+    entered: they reach everything)."""
+    import gc
+    import types
+
+    found, seen, todo = [], {id(root)}, [root]
+    while todo:
+        for referent in gc.get_referents(todo.pop()):
+            if id(referent) in seen or isinstance(referent, (type, types.ModuleType)):
+                continue
+            seen.add(id(referent))
+            if isinstance(referent, kind):
+                found.append(referent)
+            todo.append(referent)
+    return found
+
+
+def test_a_copy_made_inside_the_block_keeps_none_of_the_profilers_per_call_state() -> None:
+    # With the memory meter the hooks sit in each module's own hook dicts, and a deep copy holds the same hook
+    # functions (a function is copied as itself), so the tracker behind them: it held the last step's calls (in
+    # each thread's owners) for as long as the copy lived.
+    import copy
+
+    from layerprof.collect.tracker import CallTrace, Tracker
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    with pytest.warns(RuntimeWarning, match="only one step was profiled"):
+        with LayerProf(model, metrics=("memory",)) as prof:
+            ema = copy.deepcopy(model)
+            model(torch.randn(2, 4)).sum().backward()
+    assert prof.records["0"].calls == 1
+    assert _reachable(ema, Tracker)  # the copied hooks still hold the tracker: this test reads what it holds
+    assert _reachable(ema, CallTrace) == []  # 4 before: the root's and its three layers' calls
+    assert ema(torch.randn(2, 4)).shape == (2, 1)
+
+
 def test_a_copy_registered_on_the_model_inside_the_block_counts_once_and_is_left_clean() -> None:
     # A teacher or EMA block copied from a profiled submodule carries the profiler's hooks (copied with the hook
     # dicts); registered on the model, it gets hooked as a new module: its calls must count once, and no hook may
