@@ -352,7 +352,8 @@ def test_user_forward_hooks_count_in_the_parent_not_the_module() -> None:
     model[0].register_forward_hook(_sleeps(0.03))
     with LayerProf(model) as prof:
         model(torch.randn(2, 4))
-    assert prof.records["0"].forward_ms < 20  # its own hooks are outside its time...
+    # Under the 30 ms that one of its hooks would put in (a preemption of this 4x4 Linear may add a few ms).
+    assert prof.records["0"].forward_ms < 30  # its own hooks are outside its time...
     assert prof.tree.forward_ms >= 60  # ...and inside its parent's
 
 
@@ -362,7 +363,7 @@ def test_user_hooks_registered_inside_the_block() -> None:
         model[0].register_forward_pre_hook(_sleeps(0.03))  # after layerprof's pre-hook: inside the module's time
         model[0].register_forward_hook(_sleeps(0.03))  # after layerprof's (prepended) hook: outside
         model(torch.randn(2, 4))
-    assert 30 <= prof.records["0"].forward_ms < 55  # one 30 ms sleep in, not two
+    assert 30 <= prof.records["0"].forward_ms < 60  # one 30 ms sleep in, not two
     assert prof.tree.forward_ms >= 60
 
 
@@ -372,7 +373,7 @@ def test_user_full_backward_hook_counts_in_the_module_backward() -> None:
     with LayerProf(model) as prof:
         model(torch.randn(2, 4)).sum().backward()
     assert prof.records["1"].backward_ms >= 30
-    assert prof.records["0"].backward_ms < 20
+    assert prof.records["0"].backward_ms < 30  # the 30 ms hook is not in it
 
 
 # -- cosmetics -----------------------------------------------------------------------------------------------------

@@ -316,12 +316,13 @@ def test_a_pre_hook_added_after_a_reused_block_stays_outside_its_module(where: s
     with LayerProf(model) as prof:
         model(torch.randn(2, 8)).sum().backward()
     assert reuse._PLANS[model] is not plan and reuse._PLANS[model].pre_hooked == [0 if where == "" else 1]
-    assert prof.records[where].forward_ms < 20  # the 30 ms hook is outside the module's time...
+    # Under the 30 ms the hook would put in (a preemption of this small model's forward may add a few ms).
+    assert prof.records[where].forward_ms < 30  # the 30 ms hook is outside the module's time...
     if where:
         assert prof.tree.forward_ms >= 30  # ...and inside its parent's
     with LayerProf(model) as prof:  # the new plan, reused: the hook stays outside
         model(torch.randn(2, 8)).sum().backward()
-    assert prof.records[where].forward_ms < 20
+    assert prof.records[where].forward_ms < 30
 
 
 @pytest.mark.parametrize("parent", ["", "a", "blocks"])
@@ -364,5 +365,5 @@ def test_a_pre_hook_added_during_a_wait_step_of_a_reused_block_stays_outside_its
         prof.step()
         model(torch.randn(2, 8)).sum().backward()
         prof.step()
-    assert prof.records["a"].calls == 1 and prof.records["a"].forward_ms < 20
+    assert prof.records["a"].calls == 1 and prof.records["a"].forward_ms < 30  # not the 30 ms hook
     assert prof.tree.forward_ms >= 30
