@@ -7,6 +7,7 @@ its numbers).
 """
 from __future__ import annotations
 
+import time
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
@@ -21,3 +22,19 @@ def measured_until(attempts: int, measure: Callable[[], T], holds: Callable[[T],
             break
         result = measure()
     return result
+
+
+class Sleeper:
+    """A hook (any arguments) that sleeps ``seconds`` and keeps how long each sleep really took, in ms, on the
+    wall clock the profiler reads. A check that a sleep is outside a module's time then compares intervals
+    (``child + slept <= parent``: both sleeps and child inside the parent, disjoint), which no load can break,
+    instead of bounding the module's time by the sleep, which a preemption can reach."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.slept_ms: list[float] = []
+
+    def __call__(self, *args: object) -> None:
+        start = time.perf_counter_ns()
+        time.sleep(self.seconds)
+        self.slept_ms.append((time.perf_counter_ns() - start) / 1e6)

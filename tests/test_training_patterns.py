@@ -79,7 +79,9 @@ def test_two_backward_passes_through_one_forward_count_each_pass_not_the_gap() -
         second = _timed_backward(loss)
     check_profile(prof, model, backward_wall_ms=first + second)
     root = prof.records[""]
-    assert root.backward_ms < 30.0 <= first + second + 30.0
+    # Within the two passes as timed around them: the 30 ms between them (in neither) is not spanned. (A bound of
+    # 30 ms on the two passes themselves is one a preemption on a loaded machine reaches.)
+    assert root.backward_ms <= first + second
     assert all(len([t for t in r.call_times]) == 1 for r in prof.records.values())
     parameter_modules_have_backward(prof, model)
 
