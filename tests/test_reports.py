@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import torch
-import torchvision
 from torch import nn
 
 import layerprof
@@ -42,6 +41,7 @@ class SharedNet(nn.Module):
 
 @pytest.fixture(scope="module")
 def resnet() -> LayerProf:
+    torchvision = pytest.importorskip("torchvision")  # the tests on this profile only: the others run without it
     torch.manual_seed(0)
     model = torchvision.models.resnet18(weights=None)
     with LayerProf(model) as prof:
