@@ -186,12 +186,12 @@ def test_no_module_time_holds_communication(ranks: dict[int, dict[str, Any]], sc
         for name, row in sharded.items():
             reference = plain[name]
             # Every step sleeps 20 ms per collective: one billed to a module would be in each of its steps, so its
-            # fastest step would hold it too. That stays within a quarter of a sleep of the module's unsharded
-            # median (the fastest step, not the median: another process preempting a step on a loaded machine
-            # adds as much, but not to every step).
+            # fastest step would hold it too. That stays within half a sleep of the module's unsharded median (the
+            # fastest step, not the median: another process preempting a step on a loaded machine adds as much,
+            # but not to every step; a quarter of a sleep was reached in every step at a load of 11 on 2 cores).
             for field, reference_field in (("forward_ms_min", "forward_ms_median"),
                                            ("backward_ms_min", "backward_ms_median")):
-                assert row[field] < reference[reference_field] + SLEEP_MS / 4, (rank, scenario, name, row, reference)
+                assert row[field] < reference[reference_field] + SLEEP_MS / 2, (rank, scenario, name, row, reference)
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
