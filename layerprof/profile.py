@@ -202,7 +202,7 @@ class Profile:
         """The model's repr, each module annotated with its costs and share of the step; ``footer=True`` adds
         the totals (model size, activation and saved memory, the largest modules). A partial profile (a run
         that ended early) says so in its first line."""
-        text = annotated_repr(self.tree, columns=columns, depth=depth, footer=footer)
+        text = annotated_repr(self.tree, columns=columns, depth=depth, footer=footer, meta=self.meta)
         note = partial_note(self.meta)
         return text if note is None else f"{note}.\n{text}"
 

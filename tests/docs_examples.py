@@ -12,6 +12,11 @@ non-blank line above a fence:
   compared with a fresh run with every number masked and whitespace collapsed (timings vary, structure may not),
   and ``--regenerate`` rewrites it from a run.
 
+A block that fails naming an optional package (an extra of pyproject.toml: pandas, lightning, transformers, timm,
+tensorboard, ...) that this interpreter cannot import is skipped with that reason, not failed, and so is a later
+block of its page that fails (it may need what the skipped one made); where the package is installed, the
+failure stands.
+
 Other fences (```text, ```toml, ...) are not run. By hand::
 
     python -m tests.docs_examples [--regenerate] [FILE.md ...]
@@ -22,6 +27,7 @@ import argparse
 import atexit
 import difflib
 import functools
+import importlib.util
 import os
 import re
 import shlex
@@ -57,6 +63,10 @@ _NORM_BIAS = re.compile(r"(affine=(?:True|False)), bias=(?:True|False)")
 
 class DocsExampleError(AssertionError):
     """A block failed, timed out, or printed other than what its page shows."""
+
+
+class DocsExampleSkip(Exception):
+    """A block failed for want of an optional package that is not installed here (``missing_optional``)."""
 
 
 @dataclass
@@ -204,6 +214,40 @@ def environment() -> dict[str, str]:
     return env
 
 
+@functools.cache
+def optional_packages() -> dict[str, str]:
+    """Module name -> the extra that installs it, for every package of pyproject.toml's optional dependencies
+    (the extra of its own name, else the first that lists it; a distribution's name with ``-`` read as ``_``)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    section = re.search(r"^\[project\.optional-dependencies\]\n(.*?)(?=^\[)", text, re.M | re.S)
+    found: dict[str, str] = {}
+    extra = None
+    for line in section.group(1).splitlines() if section else ():
+        named = re.match(r"\s*([A-Za-z0-9_-]+)\s*=", line)
+        if named:
+            extra = named.group(1)
+        for requirement in re.findall(r'"([A-Za-z0-9_.-]+)', line.split("#")[0]):
+            module = requirement.replace("-", "_").lower()
+            found[module] = module if module == extra else found.get(module, extra or "")  # its own extra first
+    return found
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken package, or one an import hook hides
+        return False
+
+
+def missing_optional(stderr: str) -> str | None:
+    """Why a block that failed with ``stderr`` is skipped: an optional package its error names that this
+    interpreter cannot import; None where there is none (the failure stands)."""
+    for module, extra in optional_packages().items():
+        if re.search(rf"\b{re.escape(module)}\b", stderr) and not _installed(module):
+            return f"needs {module}, not installed here: pip install -e \".[{extra}]\""
+    return None
+
+
 def run_block(block: Block, workdir: Path, timeout: float = TIMEOUT_S) -> str:
     """Run (or write) one block in workdir; its stdout. Raises DocsExampleError when it fails or times out."""
     if block.action == "file":
@@ -233,6 +277,9 @@ def run_block(block: Block, workdir: Path, timeout: float = TIMEOUT_S) -> str:
         if done.returncode == 0 or TEARDOWN_ABORT not in done.stderr or attempt:
             break
     if done.returncode != 0:
+        missing = missing_optional(done.stderr)
+        if missing is not None:
+            raise DocsExampleSkip(f"{block.id}: {missing}")
         raise DocsExampleError(f"{block.id}: exit status {done.returncode}\n--- stdout\n{done.stdout[-3000:]}"
                                f"\n--- stderr\n{done.stderr[-6000:]}")
     return done.stdout
@@ -272,8 +319,14 @@ class Page:
             block = self.blocks[self._done]
             try:
                 self.stdout[self._done] = run_block(block, self.workdir)
+            except DocsExampleSkip as skipped:
+                self.errors[self._done] = skipped
             except DocsExampleError as error:
-                self.errors[self._done] = error
+                first = next((e for e in self.errors.values() if isinstance(e, DocsExampleSkip)), None)
+                # After a block skipped for a missing package, a failure may be for want of what that block made.
+                self.errors[self._done] = error if first is None else DocsExampleSkip(
+                    f"{block.id}: failed after a skipped block of its page ({first}): "
+                    f"{str(error).splitlines()[0].removeprefix(block.id + ': ')}")
             self._done += 1
         if index in self.errors:
             raise self.errors[index]
@@ -334,6 +387,10 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 try:
                     check_output(block, page.run(index))
+                except DocsExampleSkip as missing:
+                    counts["run"] -= 1
+                    counts["skip"] += 1
+                    skipped.append(str(missing))
                 except DocsExampleError as error:
                     failed.append(block.id)
                     print(error, file=sys.stderr)

@@ -121,6 +121,7 @@ def test_a_child_called_before_its_parent_counts_in_the_parent_and_the_root() ->
     children_within(prof, ("forward_ms", "backward_ms", "flops_forward", "flops_backward", "activation_bytes",
                             "saved_bytes"))
     # Shares of the step: the root is 100 %, the encoder within it (it was 100 % + the call by itself).
+    pytest.importorskip("pandas")
     frame = prof.to_dataframe(columns=["name", "time_percent"]).set_index("name")["time_percent"]
     assert frame[""] == pytest.approx(100.0) and (frame <= 100.0 + 1e-9).all()
     assert frame["encoder"] + frame["head"] <= 100.0 + 1e-9

@@ -18,6 +18,7 @@ from layerprof.collect.profiler import _PROFILED
 
 from .conftest import hook_state
 from .invariants import check_profile, count_calls
+from .measured import measured_until
 from .models import MLP, Boom, DictOut, KwargsDataclass, Residual, SharedLoop, UnusedBranch
 
 
@@ -532,12 +533,19 @@ def test_activation_checkpointing_reports_recompute(reentrant: bool) -> None:
 def test_root_backward_is_close_to_backward_wall_time() -> None:
     model = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(8)])
     x = torch.randn(64, 256)
-    with LayerProf(model) as prof:
-        loss = model(x).sum()
-        start = time.perf_counter()
-        loss.backward()
-        wall_ms = (time.perf_counter() - start) * 1e3
-    root = prof.tree.backward_ms
+
+    def measure() -> tuple[float, float]:
+        with LayerProf(model) as prof:
+            loss = model(x).sum()
+            start = time.perf_counter()
+            loss.backward()
+            wall_ms = (time.perf_counter() - start) * 1e3
+        return prof.tree.backward_ms, wall_ms
+
+    # The root's backward runs from its first node's start to its last node's end, inside backward(): never more
+    # than the wall time (every attempt), and most of it. A preemption before the first node or after the last
+    # (the engine's start and end, outside the root) shrinks the share of that attempt only: retried.
+    root, wall_ms = measured_until(5, measure, lambda found: found[0] >= 0.7 * found[1])
     assert root <= wall_ms
     assert root >= 0.7 * wall_ms, (root, wall_ms)
 

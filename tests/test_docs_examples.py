@@ -3,8 +3,8 @@
 Blocks of a page share one temporary directory and run in page order, each in a fresh interpreter; pages are
 independent, so the pages of the selected tests run side by side (`LAYERPROF_DOCS_WORKERS`, default: up to 2
 at once) and each test waits for its block. A block preceded by `<!-- docs-test: skip: REASON -->` is reported
-as skipped with its reason. The runner is tests/docs_examples.py (`python -m tests.docs_examples --regenerate`
-rewrites the shown outputs).
+as skipped with its reason, and so is one that fails for want of an optional package not installed here. The
+runner is tests/docs_examples.py (`python -m tests.docs_examples --regenerate` rewrites the shown outputs).
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def page_runs(request, tmp_path_factory):
 def _run_quietly(page: docs_examples.Page, last: int) -> None:
     try:
         page.run(last)
-    except docs_examples.DocsExampleError:
+    except (docs_examples.DocsExampleError, docs_examples.DocsExampleSkip):
         pass                      # kept in page.errors, raised by that block's own test
 
 
@@ -56,7 +56,11 @@ def test_block(name, index, block, page_runs):
         pytest.skip(f"{block.id}: {block.skip}")
     page, done = page_runs[name]
     done.result()
-    docs_examples.check_output(block, page.run(index))
+    try:
+        stdout = page.run(index)
+    except docs_examples.DocsExampleSkip as missing:  # an optional package not installed here
+        pytest.skip(str(missing))
+    docs_examples.check_output(block, stdout)
 
 
 def test_pages_have_blocks():

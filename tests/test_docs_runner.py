@@ -125,6 +125,41 @@ def test_failing_block_reports_its_error(tmp_path):
         page.run(1)
 
 
+def test_optional_packages_are_read_from_pyproject():
+    # Every extra's packages, named as imported, each under its own extra where it has one.
+    found = de.optional_packages()
+    assert {name: found[name] for name in ("pandas", "lightning", "transformers", "accelerate", "tensorboard",
+                                           "timm", "mkdocs")} == {
+        "pandas": "examples", "lightning": "lightning", "transformers": "transformers", "accelerate": "transformers",
+        "tensorboard": "tensorboard", "timm": "test", "mkdocs": "docs"}
+    assert "torch" not in found and "numpy" not in found  # dependencies, not extras: their failures stand
+
+
+def test_a_block_needing_a_missing_optional_package_skips_and_so_do_its_pages_later_failures(tmp_path, monkeypatch):
+    # "layerprof_absent_extra" stands for an extra's package that is not installed here; "json" for one that is.
+    monkeypatch.setattr(de, "optional_packages", lambda: {"layerprof_absent_extra": "examples", "json": "examples"})
+    md = tmp_path / "page.md"
+    md.write_text("```python\nimport layerprof_absent_extra\nopen('made.txt', 'w')\n```\n\n"
+                  "```python\nprint(open('made.txt').read())\n```\n")
+    page = de.Page.load(md, tmp_path)
+    with pytest.raises(de.DocsExampleSkip, match=r'page.md:1: needs layerprof_absent_extra, not installed here: '
+                                                 r'pip install -e "\.\[examples\]"$'):
+        page.run(0)
+    # The second block failed (no made.txt): after the skip, skipped too, its own error kept in the reason.
+    with pytest.raises(de.DocsExampleSkip, match=r"page.md:6: failed after a skipped block of its page "
+                                                 r"\(\S*page.md:1: needs layerprof_absent_extra.*\): exit status 1$"):
+        page.run(1)
+    # An installed package named in an error, or a failure on a page with no skip: the failure stands.
+    other = tmp_path / "other.md"
+    other.write_text("```python\nimport json\nraise SystemExit('json broke')\n```\n\n"
+                     "```python\nimport layerprof_absent_module_not_an_extra\n```\n")
+    page = de.Page.load(other, tmp_path)
+    with pytest.raises(de.DocsExampleError, match="json broke"):
+        page.run(0)
+    with pytest.raises(de.DocsExampleError, match="No module named 'layerprof_absent_module_not_an_extra'"):
+        page.run(1)
+
+
 def test_a_teardown_abort_is_run_once_more_and_nothing_else_is(tmp_path):
     # Each block counts its runs in a file; the first aborts as gloo's teardown does the first time only, the second
     # every time, the third fails otherwise.

@@ -186,12 +186,12 @@ def test_no_module_time_holds_communication(ranks: dict[int, dict[str, Any]], sc
         for name, row in sharded.items():
             reference = plain[name]
             # Every step sleeps 20 ms per collective: one billed to a module would be in each of its steps, so its
-            # fastest step would hold it too. That stays within a quarter of a sleep of the module's unsharded
-            # median (the fastest step, not the median: another process preempting a step on a loaded machine
-            # adds as much, but not to every step).
+            # fastest step would hold it too. That stays within half a sleep of the module's unsharded median (the
+            # fastest step, not the median: another process preempting a step on a loaded machine adds as much,
+            # but not to every step; a quarter of a sleep was reached in every step at a load of 11 on 2 cores).
             for field, reference_field in (("forward_ms_min", "forward_ms_median"),
                                            ("backward_ms_min", "backward_ms_median")):
-                assert row[field] < reference[reference_field] + SLEEP_MS / 4, (rank, scenario, name, row, reference)
+                assert row[field] < reference[reference_field] + SLEEP_MS / 2, (rank, scenario, name, row, reference)
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
@@ -268,19 +268,24 @@ def test_pausable_clock_leaves_out_paused_time_and_nests() -> None:
     from layerprof.collect.clock import PausableClock
 
     clock = PausableClock()
+    wall = time.perf_counter_ns()
     start = clock.now()
     clock.pause()
     clock.pause()  # nested: counted once, from the outermost pause to its resume
     frozen = clock.now()
+    slept = time.perf_counter_ns()
     time.sleep(0.03)
     assert clock.now() == frozen  # stands still while paused
     clock.resume()
     time.sleep(0.03)
+    slept = time.perf_counter_ns() - slept
     assert clock.now() == frozen  # still inside the outer pause
     clock.resume()
     end = clock.now()
-    # 60 ms slept, all of it paused: what the clock saw is the few microseconds of the calls themselves
-    assert (end - start) / 1e6 < 5.0 and clock.paused_ms >= 60.0
+    wall = time.perf_counter_ns() - wall
+    # 60 ms slept, all of it paused: the clock saw the wall time less the sleeps at the most (the calls themselves;
+    # measured, so a preemption between them cannot fail this), and was paused for all of them.
+    assert end - start <= wall - slept and clock.paused_ms >= slept / 1e6 >= 60.0
     time.sleep(0.01)
     assert (clock.now() - end) / 1e6 >= 10.0  # runs again, behind the wall clock by the paused time
     paused = clock.paused_ms

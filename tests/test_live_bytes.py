@@ -170,3 +170,36 @@ def test_a_closed_reader_keeps_no_weak_reference() -> None:
     finally:
         if enabled:
             gc.enable()
+
+
+def test_calls_run_on_another_thread_read_unknown_not_zero() -> None:
+    # The reader's dispatch mode is its thread's own: a step run on another thread makes tensors it never sees.
+    # Its calls read None, as the plain memory meter's CPU calls do (they read 0 before, a figure never measured).
+    import threading
+
+    def on_a_thread(work: Callable[[], Any]) -> None:
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+
+    model, x = _mlp()
+    fields = ("cuda_forward_delta_bytes", "cuda_forward_peak_bytes", "cuda_backward_delta_bytes",
+              "cuda_backward_peak_bytes")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # one step under a distorting meter
+        with LayerProf(model, metrics=("live_memory",)) as prof:
+            on_a_thread(lambda: model(x).sum().backward())
+    assert {name: [getattr(r, f) for f in fields] for name, r in prof.records.items()} == {
+        name: [None] * 4 for name in ("", "0", "1", "2")}
+    assert "live_memory" not in prof.profile.meta  # no step peak either
+    assert prof.records["0"].activation_bytes == 16384  # the meter's own figures: [32, 128] float32
+    # The forward on the block's thread, the backward on another: the forward's figures (by hand in the first
+    # test), the backward's unknown.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with LayerProf(model, metrics=("live_memory",)) as prof:
+            loss = model(x).sum()
+            on_a_thread(loss.backward)
+    first = prof.records["0"]
+    assert (first.cuda_forward_delta_bytes, first.cuda_forward_peak_bytes) == (16384, 16384)
+    assert (first.cuda_backward_delta_bytes, first.cuda_backward_peak_bytes) == (None, None)

@@ -269,7 +269,26 @@ def test_cuda_logic_nested_deltas_and_peaks(monkeypatch: pytest.MonkeyPatch) -> 
     assert (second.cuda_backward_delta_bytes, second.cuda_backward_peak_bytes) == (50, 300)
     assert (first.cuda_backward_delta_bytes, first.cuda_backward_peak_bytes) == (100, 1000)
     assert (root.cuda_backward_delta_bytes, root.cuda_backward_peak_bytes) == (150, 1050)
+    # Without the profile's meta the line names both cases; with it, the one the profile has (the fake allocator
+    # read the CPU's calls here, as live_memory does).
     assert "Allocated above the start (CUDA; CPU with live_memory): forward peak 1000 B, backward peak 1.03 KiB." in summary_footer(root)
+    assert prof.profile.meta["memory"]["device"] == "cpu"
+    assert ("Allocated above the start (CPU, live_memory): forward peak 1000 B, backward peak 1.03 KiB."
+            in prof.profile.layerwise_summary(footer=True))
+
+
+@pytest.mark.parametrize("meta,named", [
+    ({"clock": ["cuda_event", "wall"], "memory": {"device": "cuda:0"}}, "CUDA"),
+    ({"clock": ["cuda_sync", "wall"]}, "CUDA"),  # no step peak read, a call on a CUDA clock
+    ({"clock": ["wall"], "live_memory": {"device": "cpu"}}, "CPU, live_memory"),
+    ({"clock": ["cuda_event", "wall"], "live_memory": {"device": "cpu"}}, "CUDA and CPU, live_memory"),
+    ({"clock": ["wall"]}, "CUDA; CPU with live_memory"),  # the meta does not say: both named
+    (None, "CUDA; CPU with live_memory"),
+])
+def test_the_peaks_line_names_where_they_were_read(meta, named) -> None:
+    from layerprof.render.footer import allocated_where
+
+    assert allocated_where(meta) == named
 
 
 def test_peak_log_answers_any_start() -> None:

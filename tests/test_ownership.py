@@ -16,7 +16,10 @@ from layerprof.collect.profiler import _PROFILED
 
 from .conftest import hook_state
 
-SLEEP_S = 0.05  # 50 ms of backward in one node: far above a 4x4 Linear's backward, even on a loaded machine
+# 50 ms of backward in one node: far above a 4x4 Linear's backward, even on a loaded machine. A module that must not
+# hold it is checked under the whole sleep (what holding it would add), not half of it: a preemption of its backward
+# adds a few ms.
+SLEEP_S = 0.05
 
 
 class Raises(torch.autograd.Function):
@@ -100,9 +103,9 @@ def test_the_parents_own_backward_is_timed_as_its_own_not_a_siblings() -> None:
     parent, a, b = prof.records["1"], prof.records["1.a"], prof.records["1.b"]
     # The 50 ms node is Between's own: in its self backward, in neither child (each a 4x4 Linear: microseconds).
     assert parent.self_backward_ms >= SLEEP_S * 1e3
-    assert a.backward_ms < SLEEP_S * 1e3 / 2 and b.backward_ms < SLEEP_S * 1e3 / 2
+    assert a.backward_ms < SLEEP_S * 1e3 and b.backward_ms < SLEEP_S * 1e3
     assert parent.backward_ms >= parent.self_backward_ms + a.backward_ms + b.backward_ms - 1e-6
-    assert prof.records["2"].backward_ms < SLEEP_S * 1e3 / 2 and prof.records["0"].backward_ms < SLEEP_S * 1e3 / 2
+    assert prof.records["2"].backward_ms < SLEEP_S * 1e3 and prof.records["0"].backward_ms < SLEEP_S * 1e3
 
 
 def test_backward_made_outside_the_model_is_not_timed_as_a_module() -> None:
@@ -111,8 +114,8 @@ def test_backward_made_outside_the_model_is_not_timed_as_a_module() -> None:
     with LayerProf(model) as prof:
         model(Sleeps.apply(x)).sum().backward()  # 50 ms of backward after the model's, in the user's node
     # The first layer's backward ends when the user's node starts: before, it ran on to the end of the pass.
-    assert prof.records["0"].backward_ms < SLEEP_S * 1e3 / 2
-    assert prof.records[""].backward_ms < SLEEP_S * 1e3 / 2
+    assert prof.records["0"].backward_ms < SLEEP_S * 1e3
+    assert prof.records[""].backward_ms < SLEEP_S * 1e3
 
 
 def test_a_full_backward_pre_hook_counts_in_the_parents_own_backward() -> None:
@@ -125,7 +128,7 @@ def test_a_full_backward_pre_hook_counts_in_the_parents_own_backward() -> None:
         model(torch.randn(2, 4, requires_grad=True)).sum().backward()
     handle.remove()
     assert prof.records[""].self_backward_ms >= SLEEP_S * 1e3
-    assert all(prof.records[name].backward_ms < SLEEP_S * 1e3 / 2 for name in ("0", "1", "1.0", "1.1", "2"))
+    assert all(prof.records[name].backward_ms < SLEEP_S * 1e3 for name in ("0", "1", "1.0", "1.1", "2"))
 
 
 class HooksItsOutput(nn.Module):
@@ -183,5 +186,5 @@ def test_your_hooks_on_tensors_and_graph_nodes_change_gradients_as_before_and_co
     backward = {name: prof.records[name].backward_ms for name in ("0", "1", "2", "3", "4")}
     slept = SLEEP_S * 1e3
     assert backward["0"] >= slept and backward["1"] >= slept and backward["4"] >= slept, backward
-    assert backward["2"] < slept / 2 and backward["3"] < slept / 2, backward
+    assert backward["2"] < slept and backward["3"] < slept, backward
     assert prof.records[""].backward_ms >= 3 * slept

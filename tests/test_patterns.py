@@ -129,7 +129,7 @@ def test_retain_graph_passes_are_summed_never_spanned() -> None:
         time.sleep(0.030)  # user code between the passes: in no module's backward
         wall += _timed_backward(loss)
     check_truth(prof, model, wall, reference)
-    assert prof.tree.backward_ms < 10.0  # two tiny passes, not the 30 ms between them
+    assert prof.tree.backward_ms <= wall  # two tiny passes, as timed around them: not the 30 ms between them
     for name in ("0", "2"):
         # One call, two passes: its backward is the sum of two intervals.
         assert prof.records[name].backward_ms > 0
@@ -294,7 +294,7 @@ def test_cuda_event_path_follows_the_same_rules(fake_events: list[FakeEventClock
     check_profile(prof, model)
     check_truth(prof, model, wall, reference)
     if pattern == "retain_graph":
-        assert prof.tree.backward_ms < 10.0
+        assert prof.tree.backward_ms <= wall  # two tiny passes, as timed around them: not the 20 ms between them
 
 
 def test_cuda_events_come_from_a_pool_reused_step_after_step(fake_events: list[FakeEventClock]) -> None:

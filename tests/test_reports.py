@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import torch
-import torchvision
 from torch import nn
 
 import layerprof
@@ -42,6 +41,7 @@ class SharedNet(nn.Module):
 
 @pytest.fixture(scope="module")
 def resnet() -> LayerProf:
+    torchvision = pytest.importorskip("torchvision")  # the tests on this profile only: the others run without it
     torch.manual_seed(0)
     model = torchvision.models.resnet18(weights=None)
     with LayerProf(model) as prof:
@@ -129,6 +129,7 @@ def test_csv_filters_and_writes_what_it_returns(resnet: LayerProf, tmp_path: Any
 
 
 def test_dataframe_rows_equal_the_records_and_columns_are_typed(resnet: LayerProf) -> None:
+    pytest.importorskip("pandas")
     frame = resnet.to_dataframe()
     records = list(resnet.records.values())
     assert len(frame) == 68
@@ -146,6 +147,7 @@ def test_dataframe_rows_equal_the_records_and_columns_are_typed(resnet: LayerPro
 
 
 def test_dataframe_keeps_meter_fields_with_nullable_ints() -> None:
+    pytest.importorskip("pandas")
     frame = hand_built(TEACHER + [("extra.inner", "ReLU", {})]).to_dataframe()
     assert str(frame["params"].dtype) == "Int64"
     assert list(frame["params"][:3]) == [1000, 600, 400]
@@ -524,6 +526,7 @@ def test_compare_model_level_ratios_on_known_profiles() -> None:
     assert rows["total_ms"]["ratio"] == pytest.approx(1 / 3)  # 10 / 30
     assert rows["params"]["better"] == "student"
     assert rows["cuda_forward_peak_bytes"]["better"] == "same" and rows["cuda_forward_peak_bytes"]["ratio"] == 1.0
+    pytest.importorskip("pandas")
     frame = result.to_dataframe()
     assert list(frame.columns) == ["metric", "teacher", "student", "diff", "rel_diff", "ratio", "better"]
     assert frame.set_index("metric").loc["params", "ratio"] == 0.25
@@ -536,13 +539,14 @@ def test_compare_per_module_diff_and_text() -> None:
     assert fc["forward_ms_ratio"] == 0.25  # 1 / 4
     assert fc["total_ms_a"] == 12.0 and fc["total_ms_b"] == 5.0 and fc["total_ms_diff"] == -7.0
     assert fc["params_ratio"] == pytest.approx(250 / 600)
-    modules = result.to_dataframe("modules")
-    assert list(modules["name"]) == ["", "fc"] and modules["total_ms_ratio"][1] == pytest.approx(5 / 12)
     text = str(result)
     params_line = next(line for line in text.split("\n") if line.startswith("params"))
     assert params_line.split() == ["params", "1k", "250", "-75.0%", "0.25x", "student"]
     assert text.split("\n")[3].split() == ["modules", "3", "2", "-33.3%", "0.667x", "student"]
     assert "Only in teacher: 1 module;" in text
+    pytest.importorskip("pandas")
+    modules = result.to_dataframe("modules")
+    assert list(modules["name"]) == ["", "fc"] and modules["total_ms_ratio"][1] == pytest.approx(5 / 12)
 
 
 def test_compare_real_runs_and_saved_files(resnet: LayerProf, tmp_path: Any) -> None:

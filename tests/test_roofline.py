@@ -109,16 +109,16 @@ def test_big_matmul_is_compute_bound_near_the_roof(monkeypatch: pytest.MonkeyPat
         # processes by a varying factor, the fastest step much less so (as the peaks are the fastest of repeats).
         with torch.no_grad():
             record = profile(net, lambda: x, steps=25).profile.records[""]
-        assert FIELDS["bound"].value(record) == "compute"
+        bound = FIELDS["bound"].value(record)  # "overhead" where a heavy load slowed the mean step tenfold: retried
         attainable = FIELDS["attainable_ms"].value(record)
         assert attainable == pytest.approx(1000 * 2 * 512**3 / layerprof.peaks("cpu")["flops"])
         assert FIELDS["efficiency"].value(record) == pytest.approx(attainable / record.self_forward_ms)
-        ratios.append(attainable / record.forward_ms_min)
+        ratios.append((bound, attainable / record.forward_ms_min))
         # The efficiency of the least disturbed step: 0.7 to 1, and up to 10 % over where the peak itself was
         # measured in a disturbed moment (the repeatability peaks() aims at on a shared machine).
-        if 0.7 <= ratios[-1] <= 1.1:
+        if bound == "compute" and 0.7 <= ratios[-1][1] <= 1.1:
             return
-    pytest.fail(f"attainable / fastest step outside 0.7 .. 1.1 in three tries: {ratios}")
+    pytest.fail(f"not compute-bound with attainable / fastest step in 0.7 .. 1.1 in three tries: {ratios}")
 
 
 def test_layer_norm_and_relu_on_a_big_tensor_are_memory_bound() -> None:

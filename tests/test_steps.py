@@ -67,8 +67,10 @@ def test_statistics_equal_values_computed_from_the_samples(step_spy: list[dict])
         assert getattr(root, f"{field}_min") == min(values)
         assert getattr(root, f"{field}_max") == max(values)
         assert getattr(root, f"{field}_p95") == pytest.approx(float(np.percentile(values, 95)))
-    # The 30 ms warm-up steps are really excluded: every kept step slept 9 ms at most.
-    assert prof.tree.forward_ms_max < 25.0
+    # The 30 ms warm-up steps are really excluded: the spy saw them first (a sleep's lower bound holds under any
+    # load), and the statistics above are those of the other five. (A bound on the kept steps' time, which
+    # slept 9 ms at most, is one a preemption can reach.)
+    assert all(step[""].forward_ms >= 30.0 for step in step_spy[:2])
     assert prof.tree.forward_ms_min > 1.5
     assert prof.records["fc"].calls == 1
     assert len(prof.records["fc"].call_times) == 1 and prof.records["fc"].call_times[0].step == 6

@@ -79,7 +79,9 @@ def test_two_backward_passes_through_one_forward_count_each_pass_not_the_gap() -
         second = _timed_backward(loss)
     check_profile(prof, model, backward_wall_ms=first + second)
     root = prof.records[""]
-    assert root.backward_ms < 30.0 <= first + second + 30.0
+    # Within the two passes as timed around them: the 30 ms between them (in neither) is not spanned. (A bound of
+    # 30 ms on the two passes themselves is one a preemption on a loaded machine reaches.)
+    assert root.backward_ms <= first + second
     assert all(len([t for t in r.call_times]) == 1 for r in prof.records.values())
     parameter_modules_have_backward(prof, model)
 
@@ -186,6 +188,43 @@ def test_a_copy_made_inside_the_block_does_not_keep_the_model_alive() -> None:
     del prof, model
     gc.collect()
     assert model_ref() is None and weight_ref() is None
+    assert ema(torch.randn(2, 4)).shape == (2, 1)
+
+
+def _reachable(root: object, kind: type) -> list[object]:
+    """The objects of ``kind`` that ``root`` reaches through references (classes and Python modules not
+    entered: they reach everything)."""
+    import gc
+    import types
+
+    found, seen, todo = [], {id(root)}, [root]
+    while todo:
+        for referent in gc.get_referents(todo.pop()):
+            if id(referent) in seen or isinstance(referent, (type, types.ModuleType)):
+                continue
+            seen.add(id(referent))
+            if isinstance(referent, kind):
+                found.append(referent)
+            todo.append(referent)
+    return found
+
+
+def test_a_copy_made_inside_the_block_keeps_none_of_the_profilers_per_call_state() -> None:
+    # With the memory meter the hooks sit in each module's own hook dicts, and a deep copy holds the same hook
+    # functions (a function is copied as itself), so the tracker behind them: it held the last step's calls (in
+    # each thread's owners) for as long as the copy lived.
+    import copy
+
+    from layerprof.collect.tracker import CallTrace, Tracker
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    with pytest.warns(RuntimeWarning, match="only one step was profiled"):
+        with LayerProf(model, metrics=("memory",)) as prof:
+            ema = copy.deepcopy(model)
+            model(torch.randn(2, 4)).sum().backward()
+    assert prof.records["0"].calls == 1
+    assert _reachable(ema, Tracker)  # the copied hooks still hold the tracker: this test reads what it holds
+    assert _reachable(ema, CallTrace) == []  # 4 before: the root's and its three layers' calls
     assert ema(torch.randn(2, 4)).shape == (2, 1)
 
 

@@ -3,7 +3,6 @@ the tail of a region that checkpoint's early stop does not re-run, and the profi
 left out of its recompute time."""
 from __future__ import annotations
 
-import statistics
 import time
 import warnings
 from typing import Any
@@ -19,6 +18,7 @@ from layerprof.plan.candidates import candidates, descendant_calls, skipped_tail
 from layerprof.plan.wrap_cost import WrapCost, wrap_cost
 from layerprof.record.records import preorder
 from tests.checkpoint_zoo import zoo_step
+from tests.measured import measured_until
 from tests.test_checkpoint_bytes import _profile
 
 
@@ -71,8 +71,43 @@ def test_the_plan_prices_each_wrapper_and_the_choice_follows() -> None:
 def test_measured_cost_is_positive_and_cached() -> None:
     first = wrap_cost()
     # The per-tensor figure is a difference of two timings clamped at zero: on a loaded machine it can read 0.
+    # The per-call one is positive whatever the load: the wrapped step's extra thread CPU time (0.4-0.8 ms a
+    # call) is more than 32 times what a saved tensor costs (12-16 µs), which it would need to fall to 0.
     assert first.source == "measured" and first.per_call_ms > 0 and first.per_tensor_ms >= 0
     assert wrap_cost() is first
+    # Its points: back to back (no work between: gaps 0), after the 8-row filler and the cold one (work between,
+    # thread CPU time: above 0 on both sides), the cold cost last. How the cost falls with the gap is a property
+    # of the host's caches, measured in benchmarks, not asserted here (a loaded host evicts the warm ones too).
+    (forward0, backward0, _), (forward8, backward8, _), (forward, backward, cold) = first.gap_points
+    assert forward0 == backward0 == 0.0 and min(forward8, backward8, forward, backward) > 0
+    assert cold == first.per_call_ms
+
+
+def test_the_calibration_is_assembled_from_its_stacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The stacks' readings given (no clock): (overhead per block, tensors a block saves, forward gap, backward gap).
+    from layerprof.plan import wrap_cost as module
+
+    readings = {(1, 64): (0.5, 2, 1.2, 2.3), (33, 64): (1.46, 66, 1.3, 2.4), (1, 0): (0.2, 2, 0.0, 0.0),
+                (1, 8): (0.35, 2, 0.5, 0.9)}
+    asked = []
+
+    def overhead_ms(layers: int, filler_rows: int = module._FILLER_ROWS) -> tuple[float, int, float, float]:
+        asked.append((layers, filler_rows))
+        return readings[layers, filler_rows]
+
+    monkeypatch.setattr(module, "_overhead_ms", overhead_ms)
+    monkeypatch.setattr(module, "_CACHE", {})
+    cost = module.wrap_cost()
+    # The small stack (1 layer, 64-row fillers: cold), the large one (33 layers), back to back, the 8-row fillers.
+    assert asked == [(1, 64), (33, 64), (1, 0), (1, 8)]
+    # A tensor: (1.46 - 0.5) / (66 - 2) = 0.015 ms. A call: 0.5 less its 2 tensors, 0.47. The warmer points less
+    # their 2 tensors too: 0.2 - 0.03 = 0.17 back to back, 0.35 - 0.03 = 0.32 at the 8-row gaps; cold at the small
+    # stack's gaps (the large one's are not used).
+    assert cost.source == "measured"
+    assert (cost.per_tensor_ms, cost.per_call_ms) == pytest.approx((0.015, 0.47))
+    assert [point for triple in cost.gap_points for point in triple] == pytest.approx(
+        [0.0, 0.0, 0.17, 0.5, 0.9, 0.32, 1.2, 2.3, 0.47])
+    assert module.wrap_cost() is cost and len(asked) == 4  # cached: not measured again
 
 
 @pytest.mark.parametrize("bad", ["fast", (1.0,), (-1.0, 0.0), (float("nan"), 0.0), (True, 0.0), 3.0])
@@ -190,7 +225,8 @@ def test_the_profilers_own_time_is_taken_off_each_ancestor() -> None:
 
 
 def _forward_wall_ms(model: nn.Module, names: list[str], step: Any, steps: int) -> dict[str, float]:
-    """Each named module's median forward wall time over ``steps`` plain steps, hooks on those modules only."""
+    """Each named module's fastest forward wall time over ``steps`` plain steps (the first left out), hooks on
+    those modules only."""
     times: dict[str, list[float]] = {name: [] for name in names}
     started: dict[str, int] = {}
     handles = []
@@ -206,26 +242,37 @@ def _forward_wall_ms(model: nn.Module, names: list[str], step: Any, steps: int) 
     finally:
         for handle in handles:
             handle.remove()
-    return {name: statistics.median(found[1:]) for name, found in times.items()}
+    return {name: min(found[1:]) for name, found in times.items()}
 
 
 def test_hook_time_brings_a_layers_profiled_forward_near_its_bare_forward() -> None:
     """On a real model: a ViT layer (12 modules inside) is profiled slower than it runs bare, by about its
     descendants' hooks; what the planner takes off (descendant calls x hook_ms) removes most of that excess."""
+    pytest.importorskip("transformers")
     model, step = zoo_step("vit")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with LayerProf(model, metrics=("memory",)) as prof:
-            for _ in range(8):
-                step()
-                prof.step()
-    names = [name for name, _ in model.layers.named_children()]
-    layers = [f"layers.{name}" for name in names]
-    bare = _forward_wall_ms(model, layers, step, 8)
-    records = prof.profile.records
-    profiled = sum(records[name].forward_ms_median for name in layers)
-    taken = prof.checkpoint_plan(0.5).hook_ms * sum(len(preorder(records[name])) - 1 for name in layers)
-    excess = profiled - sum(bare.values())
-    # Idle, on 2 CPU cores: ~0.27-0.37 ms excess a layer at hidden 128, ~0.16-0.2 taken off; a loaded machine
-    # moves both, so the test asks only that the hooks show and that the figure is of their size.
-    assert excess > 0 and 0.25 * excess < taken < 2.0 * excess
+    layers = [f"layers.{name}" for name, _ in model.layers.named_children()]
+
+    def measure() -> tuple[float, float]:
+        """(the layers' profiled forward less their bare forward, what the planner takes off), ms."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with LayerProf(model, metrics=("memory",)) as prof:
+                for _ in range(8):
+                    step()
+                    prof.step()
+        bare = _forward_wall_ms(model, layers, step, 8)
+        records = prof.profile.records
+        profiled = sum(records[name].forward_ms_min for name in layers)
+        taken = prof.checkpoint_plan(0.5).hook_ms * sum(len(preorder(records[name])) - 1 for name in layers)
+        return profiled - sum(bare.values()), taken
+
+    # Idle, on 2 CPU cores: ~0.27-0.37 ms excess a layer at hidden 128, ~0.16-0.2 taken off. Wall-clock times of
+    # 8 steps, profiled and bare at different times: another process preempting some steps moves one and not the
+    # other, so each side is its fastest step (a preemption only slows one) and the measurement is retried
+    # (tests/measured.py); the test asks that the hooks show and the figure is of their size.
+    def of_their_size(found: tuple[float, float]) -> bool:
+        excess, taken = found
+        return excess > 0 and 0.25 * excess < taken < 2.0 * excess
+
+    found = measured_until(3, measure, of_their_size)
+    assert of_their_size(found), found  # (excess, taken) of the last attempt

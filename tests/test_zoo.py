@@ -13,6 +13,7 @@ from layerprof import LayerProf
 from .conftest import hook_state
 from .models import scalar_loss
 from .invariants import check_profile, check_truth, count_calls, parameter_modules_have_backward
+from .measured import measured_until
 
 torchvision = pytest.importorskip("torchvision")
 transformers = pytest.importorskip("transformers")
@@ -131,12 +132,22 @@ def test_zoo_profile_is_complete_correct_and_clean(name: str) -> None:
 
 def test_first_layer_and_root_backward_are_real_on_resnet() -> None:
     model = torchvision.models.resnet18(weights=None)
-    with LayerProf(model) as prof:
-        model(torch.randn(1, 3, 64, 64)).sum().backward()
-    conv1 = prof.records["conv1"]
-    # conv1's input needs no grad: a backward hook counter reads ~0 here; its weight gradient is real work.
-    assert conv1.backward_ms > 0.05 * conv1.forward_ms
-    assert prof.tree.backward_ms > 0.5 * prof.tree.forward_ms
+
+    def measure() -> tuple[Any, Any]:
+        with LayerProf(model) as prof:
+            model(torch.randn(1, 3, 64, 64)).sum().backward()
+        return prof.records["conv1"], prof.tree
+
+    def real(found: tuple[Any, Any]) -> bool:
+        conv1, root = found
+        return conv1.backward_ms > 0.05 * conv1.forward_ms and root.backward_ms > 0.5 * root.forward_ms
+
+    # conv1's input needs no grad: a backward hook counter reads ~0 here; its weight gradient is real work. conv1's
+    # forward is a fraction of a ms: a preemption inside it (a loaded machine) outweighs its backward in that
+    # attempt only, so the measurement is retried; a backward read as ~0 fails every attempt.
+    conv1, root = measured_until(3, measure, real)
+    assert conv1.backward_ms > 0.05 * conv1.forward_ms, (conv1.backward_ms, conv1.forward_ms)
+    assert root.backward_ms > 0.5 * root.forward_ms, (root.backward_ms, root.forward_ms)
 
 
 def test_module_registered_under_two_names_is_one_record_with_aliases() -> None:

@@ -560,7 +560,7 @@ class LayerProf:
             self._steps_with_calls += 1
         # Close the step: its graph hooks stop stamping, and every thread's call stack, walked nodes and owners
         # start clean (kept across steps they grew without bound; a KeyboardInterrupt inside a forward skips its
-        # post-hook): after the last, they go with the tracker.
+        # post-hook): after the last, the tracker's release clears them.
         tracker.end_step(last)
         # A step slowed by counting meters is left out of the timings (when others exist): out of meters' too.
         recorded = action is Action.RECORD and timed and not self._counting

@@ -423,9 +423,20 @@ class Tracker:
 
     def release(self, ended: bool = False) -> None:
         """Detach, and drop the hook functions, which hold this tracker: once the block is over nothing refers
-        back to it (a reference cycle would keep it and its step's state until a garbage collection)."""
+        back to it (a reference cycle would keep it and its step's state until a garbage collection). A deep
+        copy of a hooked module made inside the block holds the same functions in its copied hook dicts (a
+        function is copied as itself), and through them this tracker for the copy's life: the per-call state
+        goes now, not with the tracker (the last step's calls, each thread's stack and owners, the step's
+        observers), so that the copy keeps none of it."""
         self.detach(ended)
         self._hooks = None
+        self.calls.clear()
+        self.names.clear()
+        self.step_state = _Step()
+        self.observers = ()
+        with self._threads_lock:
+            for state in self._threads:
+                state.clear()
 
     def park(self, made_profile: bool) -> None:
         """The end of a detached tracker. Where its block ``made_profile`` (nothing of the block is needed any more:
@@ -449,7 +460,7 @@ class Tracker:
     def end_step(self, last: bool = False) -> None:
         """Close the step: graph hooks still on live nodes stop stamping, and per-thread state starts clean
         (a KeyboardInterrupt inside a forward skips its post-hook). ``last``: the tracker's last step, whose
-        per-thread state goes with the tracker; only this thread's hooker, which every tracker shares, lets go of
+        per-thread state ``release`` clears; only this thread's hooker, which every tracker shares, lets go of
         its last dict (as ``_ThreadState.clear`` does)."""
         self.step_state.open = False
         if last:

@@ -13,7 +13,9 @@ What it sees: the tensors ops return, forward and backward (autograd runs a CPU 
 and carries the modes over to the threads it uses, so gradients count), the recomputation of a
 ``torch.utils.checkpoint`` region, the ops the FLOP meter's mode runs below it. What it does not: a kernel's own
 scratch buffers (allocated below the dispatcher, freed before the op returns), tensors made on other threads, and
-devices other than the CPU.
+devices other than the CPU. A dispatch mode is its thread's own: the reader ``covers`` the CPU on the thread that
+opened it only, so a module call (or a whole step) run on another thread reads unknown (None), as the plain memory
+meter's CPU calls do, not the 0 bytes the reader saw of it.
 
 A mode on every op slows the step (tens of µs an op), so it is opt-in: ``LayerProf(model,
 metrics=("live_memory",))`` is the memory meter with this reader on CPU calls (and the CUDA reader on CUDA ones).
@@ -30,6 +32,7 @@ metrics=("live_memory",))`` is the memory meter with this reader on CPU calls (a
 """
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any, Callable
 
@@ -67,9 +70,10 @@ class LiveBytesReader(MemoryReader):
         self.current = self.peak = 0
         self._live: dict[int, list[Any]] = {}  # storage key -> [bytes, weak reference]
         self._mode: _Watch | None = None
+        self._thread: int | None = None  # the thread whose ops the mode sees, while open
 
     def covers(self, device: str) -> bool:
-        return device == "cpu"
+        return device == "cpu" and self._thread == threading.get_ident()
 
     def read(self, device: str) -> tuple[int, int]:
         return self.current, self.peak
@@ -81,9 +85,11 @@ class LiveBytesReader(MemoryReader):
         if self._mode is None:
             self._mode = _Watch(self)
             self._mode.__enter__()
+            self._thread = threading.get_ident()
 
     def close(self) -> None:
         mode, self._mode = self._mode, None
+        self._thread = None
         if mode is not None:
             mode.__exit__(None, None, None)
         # Frees after this would change numbers already read: stop counting them. Clearing drops the weak
@@ -161,7 +167,7 @@ class DeviceReaders(MemoryReader):
         self.cuda = CudaMemoryReader()
 
     def _for(self, device: str) -> MemoryReader:
-        return self.cpu if self.cpu.covers(device) else self.cuda
+        return self.cpu if device == "cpu" else self.cuda
 
     def covers(self, device: str) -> bool:
         return self._for(device).covers(device)

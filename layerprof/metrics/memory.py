@@ -87,7 +87,8 @@ class MemoryReader:
     ``reset_peak(device)``). Tests inject a fake one through ``MemoryMeter.reader_factory``."""
 
     def covers(self, device: str) -> bool:
-        """Whether this reader measures ``device`` (a clock's device string, e.g. ``"cuda:0"``)."""
+        """Whether this reader measures ``device`` (a clock's device string, e.g. ``"cuda:0"``) for work run on
+        the calling thread: asked at every call's start, and again as its backward starts and ends."""
         return False
 
     def read(self, device: str) -> tuple[int, int]:
@@ -330,11 +331,14 @@ class MemoryMeter(Meter):
 
     # -- forward -----------------------------------------------------------------------------------------------------
     def _log_for(self, device: str) -> PeakLog | None:
-        try:
-            return self._logs[device]
-        except KeyError:
-            log = self._logs[device] = PeakLog(self._reader, device) if self._reader.covers(device) else None
-            return log
+        """The device's log, None where the reader cannot measure this call (asked per call: the CPU's live-bytes
+        reader sees the ops of its own thread only, and a call run on another reads unknown, not 0)."""
+        if not self._reader.covers(device):
+            return None
+        log = self._logs.get(device)
+        if log is None:
+            log = self._logs[device] = PeakLog(self._reader, device)
+        return log
 
     def forward_pre(self, call: Any, module: nn.Module, args: Any, kwargs: Any) -> None:
         stack = self._stack
@@ -398,29 +402,36 @@ class MemoryMeter(Meter):
 
     # -- backward (CUDA only) ------------------------------------------------------------------------------------
     def backward_start(self, calls: Sequence[Any]) -> None:
-        logs_read: dict[PeakLog, tuple[int, int]] = {}
+        logs_read: dict[PeakLog, tuple[int, int] | None] = {}
         for call in calls:
             state = self._states.get(id(call))
             if state is None or state.log is None:
                 continue
-            reading = logs_read.get(state.log)
-            if reading is None:
-                reading = logs_read[state.log] = state.log.boundary()
-            state.backward_mark, state.backward_start = reading
+            reading = self._boundary_once(logs_read, state.log)
+            if reading is not None:
+                state.backward_mark, state.backward_start = reading
 
     def backward_end(self, calls: Sequence[Any]) -> None:
-        logs_read: dict[PeakLog, tuple[int, int]] = {}
+        logs_read: dict[PeakLog, tuple[int, int] | None] = {}
         for call in calls:
             state = self._states.get(id(call))
             if state is None or state.log is None or state.backward_mark == 0:  # its start was not seen
                 continue
-            reading = logs_read.get(state.log)
+            reading = self._boundary_once(logs_read, state.log)
             if reading is None:
-                reading = logs_read[state.log] = state.log.boundary()
+                continue
             state.backward_end_mark, current = reading
             # A call may end at several nodes; the last one seen is its end, so later values overwrite.
             state.backward_delta = current - state.backward_start
             state.backward_peak = state.log.peak_since(state.backward_mark) - state.backward_start
+
+    def _boundary_once(self, logs_read: dict[PeakLog, tuple[int, int] | None], log: PeakLog
+                       ) -> tuple[int, int] | None:
+        """A boundary of ``log``, read once for all the calls a graph hook hands over; None where the reader does
+        not see this thread (a backward run on another: its figures stay unknown, not 0)."""
+        if log not in logs_read:
+            logs_read[log] = log.boundary() if self._reader.covers(log.device) else None
+        return logs_read[log]
 
     def _settle(self) -> None:
         """Work out the planner's figures of the calls of the forward that just ended."""

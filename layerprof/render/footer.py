@@ -10,7 +10,7 @@ from typing import Any
 from ..record.records import ModuleRecord
 from .units import format_bytes, format_count, format_ms
 
-__all__ = ["summary_footer", "largest", "tied_groups"]
+__all__ = ["summary_footer", "largest", "tied_groups", "allocated_where"]
 
 
 def _get(record: ModuleRecord, field: str) -> Any:
@@ -66,12 +66,30 @@ def _memory_line(root: ModuleRecord, top: int) -> str | None:
     return line + "."
 
 
-def _cuda_line(root: ModuleRecord) -> str | None:
+def allocated_where(meta: dict[str, Any] | None) -> str:
+    """What the per-call peaks above the start were read from, by the profile's ``meta``: the CUDA allocator where
+    a call ran on a CUDA clock or the memory meter's step was on CUDA, the CPU's live tensor bytes where its step
+    was on the CPU (only ``live_memory`` reads the CPU); both named where the meta does not say (no meta, or a
+    profile whose step peak was not read)."""
+    meta = meta or {}
+    steps = [meta[name].get("device") for name in ("memory", "live_memory") if isinstance(meta.get(name), dict)]
+    cuda = any(str(kind).startswith("cuda") for kind in meta.get("clock") or ())
+    cuda = cuda or any(str(device).startswith("cuda") for device in steps)
+    cpu = "cpu" in steps
+    if cuda and cpu:
+        return "CUDA and CPU, live_memory"
+    if cuda or cpu:
+        return "CUDA" if cuda else "CPU, live_memory"
+    return "CUDA; CPU with live_memory"
+
+
+def _cuda_line(root: ModuleRecord, meta: dict[str, Any] | None) -> str | None:
     forward = _get(root, "cuda_forward_peak_bytes")
     backward = _get(root, "cuda_backward_peak_bytes")
     if forward is None and backward is None:
         return None
-    return f"Allocated above the start (CUDA; CPU with live_memory): forward peak {format_bytes(forward)}, backward peak {format_bytes(backward)}."
+    return (f"Allocated above the start ({allocated_where(meta)}): forward peak {format_bytes(forward)}, "
+            f"backward peak {format_bytes(backward)}.")
 
 
 def _comm_line(root: ModuleRecord, top: int) -> str | None:
@@ -96,9 +114,10 @@ def _comm_line(root: ModuleRecord, top: int) -> str | None:
     return line + "."
 
 
-def summary_footer(root: ModuleRecord, top: int = 3) -> str:
+def summary_footer(root: ModuleRecord, top: int = 3, meta: dict[str, Any] | None = None) -> str:
     """Lines of totals for the fields present on ``root`` ("" when none): model size and shared parameters,
-    activation and saved bytes with the ``top`` modules by self saved bytes, CUDA peaks, FSDP communication
-    (summed over units, with the ``top`` units by communication time)."""
-    lines = [_params_line(root), _memory_line(root, top), _cuda_line(root), _comm_line(root, top)]
+    activation and saved bytes with the ``top`` modules by self saved bytes, the peaks above the start (named
+    by the device ``meta``, the profile's, says they were read on), FSDP communication (summed over units, with
+    the ``top`` units by communication time)."""
+    lines = [_params_line(root), _memory_line(root, top), _cuda_line(root, meta), _comm_line(root, top)]
     return "\n".join(line for line in lines if line)

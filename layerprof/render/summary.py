@@ -5,7 +5,7 @@ loaded profile as well as a live one.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 from .._check import check_int
 from ..record.records import ModuleRecord
@@ -125,10 +125,11 @@ def summary_header(root: ModuleRecord, values: TreeValues | None = None) -> str:
 
 
 def annotated_repr(root: ModuleRecord, columns: Iterable[str] | None = None, depth: int | None = None,
-                   header: bool = True, footer: bool = False) -> str:
+                   header: bool = True, footer: bool = False, meta: dict[str, Any] | None = None) -> str:
     """The model's repr with each module's costs; ``depth`` limits how deep modules are expanded (root = 0; a
     summed container such as a ModuleList takes no level, so ``depth=2`` shows BERT's ``encoder.layer.0``).
-    ``footer`` adds totals below it: model size, activation and saved memory, the largest modules."""
+    ``footer`` adds totals below it: model size, activation and saved memory, the largest modules (``meta``, the
+    profile's: where its memory peaks were read)."""
     depth = check_int("depth", depth, none=True)
     chosen = resolve_columns(columns, root=root)
     values = TreeValues(root)
@@ -139,5 +140,5 @@ def annotated_repr(root: ModuleRecord, columns: Iterable[str] | None = None, dep
         text = "\n".join(part for part in (summary_header(root, values), unknown, body) if part is not None)
     else:
         text = body
-    totals = summary_footer(root) if footer else ""
+    totals = summary_footer(root, meta=meta) if footer else ""
     return text + "\n" + totals if totals else text
