@@ -241,10 +241,17 @@ def test_verification_text_says_when_the_plan_changes_page_faults() -> None:
 
 
 class _Sleepy(nn.Module):
-    """A leaf whose forward sleeps 20 ms before an op that saves its input (so a recomputation runs the sleep)."""
+    """A leaf whose forward sleeps 20 ms before an op that saves its input (so a recomputation runs the sleep),
+    keeping how long each sleep really took (ms): checks compare intervals, which no load can break."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.slept_ms: list[float] = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        start = time.perf_counter()
         time.sleep(0.02)
+        self.slept_ms.append((time.perf_counter() - start) * 1e3)
         return x.sin()
 
 
@@ -260,9 +267,12 @@ def test_recompute_timer_times_each_labelled_recomputation_only() -> None:
             start = time.perf_counter()
             loss.backward()
             backward_ms = (time.perf_counter() - start) * 1e3
-        # Each region recomputed once in this backward: its sleep (20 ms) and its sin (and tanh), nothing more.
+        # Each region recomputed once in this backward: its sleep (the last of its _Sleepy's) and its sin (and
+        # tanh), nothing more: each reading holds its own sleep, and the two are disjoint inside the backward's wall
+        # time (a region that also timed the other's recomputation would sum to more than the backward took).
         assert set(timer.ms) == {"1", "2[0:2]"}
-        assert all(20 <= ms < 40 for ms in timer.ms.values()), timer.ms
+        assert timer.ms["1"] >= net[1].slept_ms[-1] and timer.ms["2[0:2]"] >= net[2][0].slept_ms[-1], timer.ms
+        assert len(net[1].slept_ms) == len(net[2][0].slept_ms) == 2  # a forward and a recomputation each
         assert sum(timer.ms.values()) <= backward_ms
         with timer, pytest.raises(RuntimeError, match="already active"), RecomputeTimer():
             pass
@@ -286,11 +296,19 @@ def test_recompute_timer_splits_the_wrappers_forward_from_the_regions() -> None:
         assert timer.wrapper_forward_ms == {"1": 2000.0, "2[0:2]": 2000.0}
         assert timer.ms == {"1": 1000.0, "2[0:2]": 1000.0}
         assert next(ticks) == 2 * 4 + 2 * 2  # the timer read the clock 12 times
-        # On the real clock the sleeps (20 ms each) are the regions' own forward, not the wrappers'.
+        # On the real clock the sleeps (20 ms each) are the regions' own forward, not the wrappers': each
+        # wrapper's own forward is shorter than its region's sleep, each recomputation holds its region's sleep, and
+        # the two recomputations are disjoint inside the backward's wall time.
         with RecomputeTimer() as timer:
-            net(x).sum().backward()
-        assert all(0 < ms < 20 for ms in timer.wrapper_forward_ms.values()), timer.wrapper_forward_ms
-        assert all(20 <= ms < 40 for ms in timer.ms.values()), timer.ms
+            loss = net(x).sum()
+            start = time.perf_counter()
+            loss.backward()
+            backward_ms = (time.perf_counter() - start) * 1e3
+        sleeps = {"1": net[1].slept_ms, "2[0:2]": net[2][0].slept_ms}  # [..., this forward's, its recomputation's]
+        assert all(0 < timer.wrapper_forward_ms[label] < slept[-2] for label, slept in sleeps.items()), (
+            timer.wrapper_forward_ms, sleeps)
+        assert all(timer.ms[label] >= slept[-1] for label, slept in sleeps.items()), (timer.ms, sleeps)
+        assert sum(timer.ms.values()) <= backward_ms
     finally:
         for module, own in owns:
             unwrap(module, own)
