@@ -3,14 +3,16 @@
 ``metrics=("live_memory",)`` counts the CPU's live tensor bytes in a ``TorchDispatchMode`` that sees every op
 (``layerprof.metrics.live_bytes``). It counts in the first profiled step only, which is left out of the times when
 other steps were recorded; a profile of one step keeps it (``meta["timing_distorted_by"]``), and then every
-module's forward holds the reader's time on each op inside it: 2.6-2.9x the bare step on models of many small
-ops. The memory meter counts those ops per module (``live_forward_ops``), and the checkpoint planner prices a
-recomputation as the profiled forward less ``live_forward_ops x live_op_cost()``, as it takes off the hooks'
-``hook_ms`` per module call.
+module's forward holds the reader's time on each op inside it (a tiny GPT-2 layer's profiled forward: 1.6-2.0x its
+figure under the memory meter alone, 16-20 µs an op, on a 2-core CPU). The memory meter counts those ops per
+module (``live_forward_ops``), and the checkpoint planner prices a recomputation as the profiled forward less
+``live_forward_ops x live_op_cost()``, as it takes off the hooks' ``hook_ms`` per module call.
 
 ``live_op_cost()`` times a loop of small ops that make new storages (a transformer layer's: linear, layer norm, GELU,
 softmax, views, an add) with the reader open and without, in thread CPU time, and divides the difference by the ops
-the reader saw; the median over rounds (about 0.1 s, once per process). The loop runs on one thread: the reader's
+the reader saw; the median over rounds (about 0.1 s, once per process). Thread time, so that the figure is the
+host's and not its load of the moment: on a loaded host the reader slows a profiled step more, in wall time, than
+this takes off. The loop runs on one thread: the reader's
 cost is Python on the calling thread whatever the thread count, and with more, a loaded host's spin-waits at the
 ops' thread barriers would land in the calling thread's time, bare and watched alike, as noise.
 """
@@ -41,7 +43,8 @@ def _loop(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:
         del y
 
 
-def _round_ns(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, reader: LiveBytesReader | None) -> tuple[int, int]:
+def _round_ns(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+              reader: LiveBytesReader | None) -> tuple[int, int]:
     """(thread ns of one loop, ops the reader saw in it: 0 without one)."""
     if reader is not None:
         reader.open()

@@ -8,7 +8,8 @@ from typing import Any
 from ..record.records import ModuleRecord, preorder
 from .wrap_cost import WrapCost
 
-__all__ = ["Candidate", "Priced", "candidates", "descendant_calls", "reader_ops", "require_figures", "skipped_tail_ms", "tail_of"]
+__all__ = ["Candidate", "Priced", "candidates", "descendant_calls", "reader_ops", "require_figures", "skipped_tail_ms",
+           "tail_of"]
 
 
 class Priced:
