@@ -408,13 +408,18 @@ class Profile:
         recomputation is priced as the profiled forward less the profiler's own hooks inside it
         (``meta["hook_ms"]`` per module call on the CPU wall clock: measured on this host when the profile is
         first planned or saved, about 0.4 s once per process, and kept in the profile, so a saved profile plans
-        with the figure of the host that profiled it).
+        with the figure of the host that profiled it). On a profile of one step with ``metrics=("live_memory",)``
+        (the live-bytes reader on in the timed step, ``meta["timing_distorted_by"]``) the reader's time comes off
+        too: ``live_forward_ops`` (the ops it saw in the module's forward) x ``meta["live_op_ms"]`` (its time per op,
+        measured on this host as the profile is made, ``layerprof.collect.live_op_cost``). A profile of several
+        steps times steps without the reader and takes nothing off.
         Besides modules, a plan can wrap runs of consecutive children of an ``nn.Sequential`` under one
         checkpoint (named ``parent[first:stop]``, as ``checkpoint_sequential`` does), on a live profile;
         ``runs=False`` plans over modules only.
         See ``layerprof.plan``."""
         return make_plan(self.tree, budget, allow_side_effects=allow_side_effects, resolution=resolution,
-                         wrap_cost=wrap_cost, hook_ms=self._hook_ms(), runs=runs, peak=peak)
+                         wrap_cost=wrap_cost, hook_ms=self._hook_ms(), runs=runs, peak=peak,
+                         op_ms=float(self.meta.get("live_op_ms") or 0.0))
 
     def _hook_ms(self) -> float:
         """``meta["hook_ms"]``, measured now for a profile LayerProf made here on the CPU wall clock that has none

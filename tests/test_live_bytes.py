@@ -2,6 +2,7 @@
 torch.profiler's allocator events, with the FLOP meter's mode and torch.utils.checkpoint."""
 from __future__ import annotations
 
+import io
 import warnings
 from typing import Any, Callable
 
@@ -10,6 +11,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+import layerprof
 from layerprof import LayerProf
 from layerprof.metrics import make_meters
 from layerprof.metrics.live_bytes import read_step
@@ -203,3 +205,30 @@ def test_calls_run_on_another_thread_read_unknown_not_zero() -> None:
     first = prof.records["0"]
     assert (first.cuda_forward_delta_bytes, first.cuda_forward_peak_bytes) == (16384, 16384)
     assert (first.cuda_backward_delta_bytes, first.cuda_backward_peak_bytes) == (None, None)
+
+
+def test_ops_counted_per_module_for_the_planner() -> None:
+    model, x = _mlp()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # one step under a distorting meter: its times hold the reader's
+        with LayerProf(model, metrics=("live_memory",)) as prof:
+            model(x).sum().backward()
+    # Ops the reader's mode sees in each forward: Linear 0 runs t and addmm, and the memory meter's pack hook
+    # detaches the one tensor addmm saves (x, the weight's gradient needs it; x needs none, so w.t() is not
+    # saved): 3. Tanh: tanh and a detach of its saved output: 2. Linear 2: t, addmm and two detaches (its input
+    # and w.t(), both needed): 4. The root: 3 + 2 + 4 = 9 (sum runs after its forward).
+    assert [prof.records[name].live_forward_ops for name in ("0", "1", "2", "")] == [3, 2, 4, 9]
+    assert prof.profile.meta["timing_distorted_by"] == ["live_memory"]
+    assert 0 < prof.profile.meta["live_op_ms"] < 1  # tens of µs an op on a 2-core VM
+    again = layerprof.load(io.StringIO(prof.profile.to_json()))
+    assert again.records["2"].live_forward_ops == 4 and again.meta["live_op_ms"] == prof.profile.meta["live_op_ms"]
+    with LayerProf(model, metrics=("live_memory",)) as clean:
+        for _ in range(2):  # the reader counts in the first step, which the times leave out: nothing to take off
+            model(x).sum().backward()
+            clean.step()
+    assert clean.records[""].live_forward_ops == 9 and "live_op_ms" not in clean.profile.meta
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with LayerProf(model, metrics=("memory",)) as plain:
+            model(x).sum().backward()
+    assert not hasattr(plain.records[""], "live_forward_ops") or plain.records[""].live_forward_ops is None

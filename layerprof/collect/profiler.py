@@ -17,6 +17,7 @@ from .clock import CpuClock, PausableClock
 from .._derived import verified
 from .._gc import gc_paused
 from .hook_cost import hook_cost
+from .live_op_cost import live_op_cost
 from .environment import environment
 from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters, measures
@@ -722,6 +723,10 @@ class LayerProf:
             # recomputation does not pay (the planner takes it off), measured by its first plan.
             shapes = tuple(m.name for m in self.metrics if m.name == "shapes")
             self._profile.measure_hook_ms = functools.partial(hook_cost, LayerProf, shapes)
+            if "live_memory" in meta.get("timing_distorted_by", ()):
+                # The live-bytes reader ran in the one timed step: its time per op, taken off recomputations with
+                # each module's op count (live_op_cost.py); measured now, while the mode is warm (tens of ms).
+                self._profile.meta["live_op_ms"] = live_op_cost()
 
     def _records_now(self) -> dict[str, ModuleRecord]:
         """The block's records (while it runs, or as it stops), made from its plan when first asked for."""

@@ -40,10 +40,18 @@ import torch
 
 from .._tensors import iter_tensors
 from .._torch import TorchDispatchMode, storage_key
+from ..record.fields import Field, declare
 from .memory import CudaMemoryReader, MemoryMeter, MemoryReader
 from .meter import register_meter
 
 __all__ = ["LiveBytesReader", "DeviceReaders", "LiveMemoryMeter", "read_step"]
+
+declare(
+    # The reader's own time in a profiled forward is this count times ``layerprof.collect.live_op_cost``: the
+    # checkpoint planner takes it off a recomputation's price where the reader ran in the timed step.
+    Field("live_forward_ops", "count", "Live Ops", meter="live_memory", detail=True, cost=False,
+          doc="ops the live-bytes reader saw in the module's forward calls (children included), CPU calls only"),
+)
 
 
 class _Watch(TorchDispatchMode):
@@ -55,6 +63,7 @@ class _Watch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        self.reader.ops += 1
         out = func(*args, **kwargs)
         if type(out) is torch.Tensor:
             self.reader.see((out,), (args, kwargs))
@@ -68,6 +77,7 @@ class LiveBytesReader(MemoryReader):
 
     def __init__(self) -> None:
         self.current = self.peak = 0
+        self.ops = 0  # ops seen since open(): the memory meter reads it at module boundaries, for the planner
         self._live: dict[int, list[Any]] = {}  # storage key -> [bytes, weak reference]
         self._mode: _Watch | None = None
         self._thread: int | None = None  # the thread whose ops the mode sees, while open
@@ -80,6 +90,9 @@ class LiveBytesReader(MemoryReader):
 
     def reset_peak(self, device: str) -> None:
         self.peak = self.current
+
+    def op_count(self, device: str) -> int | None:
+        return self.ops if device == "cpu" else None
 
     def open(self) -> None:
         if self._mode is None:
@@ -177,6 +190,9 @@ class DeviceReaders(MemoryReader):
 
     def reset_peak(self, device: str) -> None:
         self._for(device).reset_peak(device)
+
+    def op_count(self, device: str) -> int | None:
+        return self._for(device).op_count(device)
 
     def open(self) -> None:
         self.cpu.open()

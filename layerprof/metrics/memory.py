@@ -97,6 +97,10 @@ class MemoryReader:
     def reset_peak(self, device: str) -> None:
         raise NotImplementedError
 
+    def op_count(self, device: str) -> int | None:
+        """Ops run on ``device`` since ``open()``, for a reader that sees them (``LiveBytesReader``); else None."""
+        return None
+
     def open(self) -> None:
         """The memory meter starts counting (a reader that must watch the step, as ``LiveBytesReader``, starts)."""
 
@@ -161,7 +165,7 @@ class _CallMemory:
     __slots__ = (
         "inputs", "self_activation", "self_saved", "activation", "saved", "log", "self_tensors", "tensors",
         "name", "parent", "depth", "input_sizes", "input_versions", "freed", "kept", "side_effects", "inplace",
-        "cache_updates",
+        "cache_updates", "ops",
         "forward_mark", "forward_start", "forward_delta", "forward_peak", "forward_end_mark",
         "backward_mark", "backward_start", "backward_delta", "backward_peak", "backward_end_mark",
     )
@@ -184,6 +188,7 @@ class _CallMemory:
         self.forward_peak: int | None = None
         self.backward_delta: int | None = None
         self.backward_peak: int | None = None
+        self.ops: int | None = None  # ops the reader saw in the forward (a start count until it ends)
 
 
 def _storage(tensor: torch.Tensor) -> Any:
@@ -372,6 +377,7 @@ class MemoryMeter(Meter):
         stack.append(call)
         if state.log is not None:
             state.forward_mark, state.forward_start = state.log.boundary()
+            state.ops = self._reader.op_count(state.log.device)
 
     def forward_post(self, call: Any, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         stack = self._stack
@@ -386,6 +392,8 @@ class MemoryMeter(Meter):
             state.forward_end_mark, current = log.boundary()
             state.forward_delta = current - state.forward_start
             state.forward_peak = log.peak_since(state.forward_mark) - state.forward_start
+            if state.ops is not None:
+                state.ops = self._reader.op_count(log.device) - state.ops  # type: ignore[operator]
         inputs, state.inputs = state.inputs, set()
         versions, state.input_versions = state.input_versions, []
         state.inplace = mutated_inputs(versions)
@@ -482,6 +490,13 @@ class MemoryMeter(Meter):
         for name, row in totals.items():
             for field, value in row.items():
                 setattr(records[name], field, value)
+        # Only where the reader counts ops (live_memory on the CPU): a memory profile's records stay as they were.
+        ops: dict[str, int] = {}
+        for call, state in self._calls:
+            if state.ops is not None and not call.recompute:
+                ops[call.name] = ops.get(call.name, 0) + state.ops
+        for name, count in ops.items():
+            records[name].live_forward_ops = count
         if "" in records and self._tables:
             # Not a field (a table, not a number per module): kept on the live root for the planner only.
             records[""].__dict__[STORAGES_ATTRIBUTE] = self._tables

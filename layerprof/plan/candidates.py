@@ -8,7 +8,8 @@ from typing import Any
 from ..record.records import ModuleRecord, preorder
 from .wrap_cost import WrapCost
 
-__all__ = ["Candidate", "Priced", "candidates", "descendant_calls", "require_figures", "skipped_tail_ms", "tail_of"]
+__all__ = ["Candidate", "Priced", "candidates", "descendant_calls", "reader_ops", "require_figures", "skipped_tail_ms",
+           "tail_of"]
 
 
 class Priced:
@@ -35,7 +36,8 @@ class Candidate(Priced):
     """A module in pre-order: ``net_bytes`` = freed - kept (what wrapping it saves), ``recompute_ms`` = its
     forward time per step (every call, children included; the median over steps) less the tail that checkpoint's
     early stop does not re-run (``skipped_tail_ms``) and less the profiler's hooks on the calls inside it
-    (``hook_ms`` each, ``layerprof.collect.hook_cost``), ``wrap_ms`` = the checkpoint's own cost per step (its calls
+    (``hook_ms`` each, ``layerprof.collect.hook_cost``) and the live-bytes reader's on the ops inside it
+    (``op_ms`` each, ``layerprof.collect.live_op_cost``), ``wrap_ms`` = the checkpoint's own cost per step (its calls
     and saved tensors priced by a WrapCost), ``excluded`` = why it may not be wrapped, if so."""
 
     name: str
@@ -160,6 +162,11 @@ def tail_of(children: list[ModuleRecord]) -> tuple[float, ModuleRecord | None]:
     return skipped, None
 
 
+def reader_ops(record: ModuleRecord) -> int:
+    """Ops the live-bytes reader saw in the module's forward per step (0 where it did not count them)."""
+    return int(getattr(record, "live_forward_ops", None) or 0)
+
+
 def descendant_calls(records: list[ModuleRecord], parents: list[int]) -> list[int]:
     """For each record of a pre-order list, the calls a step of the modules below it. A shared module's calls
     from a module that does not contain it (``foreign_calls``) run in that caller's forward, which the records
@@ -172,18 +179,19 @@ def descendant_calls(records: list[ModuleRecord], parents: list[int]) -> list[in
 
 
 def candidates(root: ModuleRecord, allow_side_effects: bool = False, cost: WrapCost | None = None,
-               hook_ms: float = 0.0) -> list[Candidate]:
+               hook_ms: float = 0.0, op_ms: float = 0.0) -> list[Candidate]:
     """Every module of the tree in pre-order as a Candidate: ``recompute_ms`` its forward time less the tail
     that checkpointing's early stop skips and less ``hook_ms`` for every call of a module inside it (the
-    profiler's own time in that forward, which a recomputation does not pay); ``cost`` prices the wrapper
-    (None: not counted)."""
+    profiler's own time in that forward, which a recomputation does not pay) and less ``op_ms`` for every op the
+    live-bytes reader saw in it (``live_forward_ops``, where the reader ran in the timed step); ``cost`` prices
+    the wrapper (None: not counted)."""
     records = preorder(root)
     index = {id(record): i for i, record in enumerate(records)}
     parents = [-1 if record.parent is None else index[id(record.parent)] for record in records]
     below = descendant_calls(records, parents)
     found = []
     for i, record in enumerate(records):
-        recompute = _forward_ms(record) - skipped_tail_ms(record) - hook_ms * below[i]
+        recompute = _forward_ms(record) - skipped_tail_ms(record) - hook_ms * below[i] - op_ms * reader_ops(record)
         found.append(Candidate(
             name=record.name, type=record.type, parent=parents[i],
             freed_bytes=int(getattr(record, "checkpoint_freed_bytes", None) or 0),

@@ -493,9 +493,10 @@ class CheckpointPlan:
 
 def make_plan(root: ModuleRecord, budget: Any = None, allow_side_effects: bool = False,
               resolution: int = DEFAULT_RESOLUTION, wrap_cost: Any = "measured", hook_ms: float = 0.0,
-              runs: bool = True, peak: Any = None) -> CheckpointPlan:
+              runs: bool = True, peak: Any = None, op_ms: float = 0.0) -> CheckpointPlan:
     """The plan for a profile's tree; see ``Profile.checkpoint_plan``. ``hook_ms``: the profiler's own time in
-    each ancestor's forward per module call (the profile's ``meta["hook_ms"]``), taken off recompute times."""
+    each ancestor's forward per module call (the profile's ``meta["hook_ms"]``), taken off recompute times;
+    ``op_ms``: the live-bytes reader's per op (``meta["live_op_ms"]``), taken off with each module's op count."""
     if (budget is None) == (peak is None):
         raise TypeError(
             "checkpoint_plan takes one budget: budget= for the memory saved for backward, or peak= for the step's "
@@ -512,12 +513,13 @@ def make_plan(root: ModuleRecord, budget: Any = None, allow_side_effects: bool =
         peak_bytes = parse_budget(peak, require_step_peak(root), name="peak")
     cost = check_wrap_cost(wrap_cost)
     runs = check_bool("runs", runs)
-    found = candidates(root, allow_side_effects, cost, hook_ms)
+    found = candidates(root, allow_side_effects, cost, hook_ms, op_ms)
     options = None
     if runs:
         records = preorder(root)
         below = descendant_calls(records, [c.parent for c in found])
-        options = run_options(records, found, below, root.__dict__.get(STORAGES_ATTRIBUTE), cost, hook_ms)
+        options = run_options(records, found, below, root.__dict__.get(STORAGES_ATTRIBUTE), cost, hook_ms,
+                              op_ms)
     return CheckpointPlan(root, found, budget_bytes, resolution, cost, hook_ms, options, peak_bytes)
 
 

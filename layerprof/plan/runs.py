@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 from ..metrics.checkpoint_bytes import freed_by_runs
 from ..record.records import ModuleRecord
-from .candidates import Candidate, Priced, _forward_ms, _saved_tensors, skipped_tail_ms, tail_of
+from .candidates import Candidate, Priced, _forward_ms, _saved_tensors, reader_ops, skipped_tail_ms, tail_of
 from .solver import ends_of
 from .wrap_cost import WrapCost
 
@@ -81,9 +81,10 @@ def _run_tail_ms(children: Sequence[ModuleRecord]) -> float:
 
 
 def run_options(records: list[ModuleRecord], found: list[Candidate], below: list[int], tables: Any,
-                cost: WrapCost | None, hook_ms: float) -> list[RunOption]:
+                cost: WrapCost | None, hook_ms: float, op_ms: float = 0.0) -> list[RunOption]:
     """Every admissible run of every Sequential in the pre-order ``records`` (``found`` their candidates,
-    ``below`` their descendant calls), with what it frees from the storage ``tables``; none without tables."""
+    ``below`` their descendant calls), with what it frees from the storage ``tables``; none without tables.
+    Children's times are priced as candidates' are: less ``hook_ms`` per call and ``op_ms`` per reader op inside."""
     if not tables:
         return []
     index = {id(record): i for i, record in enumerate(records)}
@@ -120,7 +121,8 @@ def run_options(records: list[ModuleRecord], found: list[Candidate], below: list
         record = records[i]
         if i not in per_child:
             children = list(record.children)
-            per_child[i] = ([_forward_ms(child) - hook_ms * below[index[id(child)]] for child in children],
+            per_child[i] = ([_forward_ms(child) - hook_ms * below[index[id(child)]] - op_ms * reader_ops(child)
+                             for child in children],
                             [_saved_tensors(child) for child in children])
         child_ms, child_tensors = per_child[i]
         recompute = sum(child_ms[first:stop])

@@ -1,0 +1,80 @@
+"""The live-bytes reader's time comes off a recomputation's price (``layerprof.collect.live_op_cost``): a plan from a
+one-step ``live_memory`` profile is priced as one from a ``memory`` profile is, on a tiny GPT-2 from its config."""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+
+import layerprof
+from layerprof.collect.live_op_cost import live_op_cost
+from layerprof.plan.candidates import candidates
+
+transformers = pytest.importorskip("transformers")
+
+ROUNDS = 9
+
+
+def _gpt2() -> tuple[torch.nn.Module, Any]:
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=1000, n_positions=64,
+                                     use_cache=False)
+    model = transformers.GPT2LMHeadModel(config).train()
+    ids = torch.randint(0, 1000, (2, 64))
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        model(input_ids=ids, labels=ids).loss.backward()
+    return model, step
+
+
+def _one_step(model: torch.nn.Module, step: Any, metrics: tuple[str, ...]) -> layerprof.Profile:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # one step, its times under the distorting meter: the case at hand
+        with layerprof.LayerProf(model, metrics=metrics) as prof:
+            step()
+    return prof.profile
+
+
+def _recompute_ms(profile: layerprof.Profile, names: tuple[str, ...], op_ms: float) -> float:
+    """The recompute ms of the modules ``names`` in ``profile``, the reader's ``op_ms`` per op taken off."""
+    found = candidates(profile.tree, hook_ms=profile._hook_ms(), op_ms=op_ms)  # as checkpoint_plan prices it
+    return sum(candidate.recompute_ms for candidate in found if candidate.name in names)
+
+
+def test_live_profile_prices_a_plan_as_a_memory_profile() -> None:
+    model, step = _gpt2()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # on a loaded host, several threads' spin-waits swamp the figures compared
+    try:
+        step()
+        names = ("transformer.h.0", "transformer.h.1")  # the layers: most of the forward's ops
+        plain, before, after = [], [], []
+        for _ in range(ROUNDS):
+            memory = _one_step(model, step, ("memory", "shapes"))
+            live = _one_step(model, step, ("live_memory", "shapes"))
+            plain.append(_recompute_ms(memory, names, 0.0))
+            before.append(_recompute_ms(live, names, 0.0))
+            after.append(_recompute_ms(live, names, live.meta["live_op_ms"]))
+        plan = live.checkpoint_plan("50%", wrap_cost=None)
+        result = layerprof.verify_plan(plan, model, step, repeats=2)
+    finally:
+        torch.set_num_threads(threads)
+    # The least of each, interleaved: load only adds time (the median of a loaded host's is 1.3-1.5x, as the reader
+    # slows more, in wall time, than in the thread time it is priced in).
+    before_ratio, after_ratio = min(before) / min(plain), min(after) / min(plain)
+    assert live.meta["live_op_ms"] == live_op_cost()  # once per process
+    # Before, the live profile priced the two layers at twice the memory profile's (7.6-8.1 ms against 3.9-4.1 on
+    # a loaded 2-core VM, one thread); with the reader's ~16 µs on each of their ops taken off, 4.3-4.8 ms.
+    # The reader's time taken off is exactly its ops in the two layers times its figure.
+    ops = sum(live.records[name].live_forward_ops for name in names)
+    assert before[-1] - after[-1] == pytest.approx(ops * live.meta["live_op_ms"])
+    # Within 25 % (1.07-1.19, 1.6-2.0 before) in three runs on a 2-core VM under a load of 9; under a load that
+    # swings within the test, 1.3-1.9 (1.5-2.8 before): the reader slows more in wall time than in the thread time
+    # it is priced in. So the band here is that the live profile's price comes nearer the memory profile's.
+    assert abs(after_ratio - 1.0) < abs(before_ratio - 1.0), (before_ratio, after_ratio)
+    # The plan priced from the live profile against its recomputation timed on the model (bare steps, loaded host:
+    # 2.1-2.8 ms predicted, 1.2-5.9 measured); a plan priced with the reader's time would be off by its 2x too.
+    assert 0 < result.predicted_extra_ms < 3 * result.measured_extra_ms + 1.0
