@@ -429,6 +429,10 @@ class Tracker:
         goes now, not with the tracker (the last step's calls, each thread's stack and owners, the step's
         observers), so that the copy keeps none of it."""
         self.detach(ended)
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Drop the hook functions and the per-call state (see ``release``) of a detached tracker."""
         self._hooks = None
         self.calls.clear()
         self.names.clear()
@@ -442,7 +446,8 @@ class Tracker:
         """The end of a detached tracker. Where its block ``made_profile`` (nothing of the block is needed any more:
         its calls and example were copied out) and it is as ``made`` would make it (the default settings, hooks that
         ran on one thread at most, nothing holding it), it is reset to as new and kept for the next block: its hook
-        functions read the same lists and dicts, emptied. Else its hook functions are dropped (``release``)."""
+        functions read the same lists and dicts, emptied. Else its hook functions and per-call state are dropped
+        (as ``release`` does)."""
         if (made_profile and not self.sync and self.global_hooks and type(self.cpu_clock) is CpuClock
                 and not self.lent and len(self._threads) <= 1 and not _PARKED):
             self.calls.clear()
@@ -455,7 +460,7 @@ class Tracker:
                 state.clear()
             _PARKED.append(self)
         else:
-            self._hooks = None
+            self._let_go()
 
     def end_step(self, last: bool = False) -> None:
         """Close the step: graph hooks still on live nodes stop stamping, and per-thread state starts clean
