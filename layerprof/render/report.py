@@ -136,8 +136,8 @@ def _checkpoint_section(plan: Any) -> str:
         return ""
     caption = ""
     if getattr(plan, "predicted_peak_bytes", None) is not None:
-        caption = (f' <span class="caption">step peak {format_bytes(plan.profiled_peak_bytes)} profiled, '
-                   f"{format_bytes(plan.predicted_peak_bytes)} predicted with the plan</span>")
+        caption = (f' <span class="caption">(step peak {format_bytes(plan.profiled_peak_bytes)} profiled, '
+                   f"{format_bytes(plan.predicted_peak_bytes)} predicted with the plan)</span>")
     return (f'<section id="checkpoint-section">\n  <h2>Checkpoint plans{caption}</h2>\n  {frontier_svg(plan)}\n'
             f"  <pre>{html.escape(plan_text(plan))}</pre>\n</section>\n")
 
