@@ -232,3 +232,49 @@ def test_ops_counted_per_module_for_the_planner() -> None:
         with LayerProf(model, metrics=("memory",)) as plain:
             model(x).sum().backward()
     assert not hasattr(plain.records[""], "live_forward_ops") or plain.records[""].live_forward_ops is None
+
+
+class _RaisesOnce(nn.Module):
+    """A Linear whose first call raises before any op (a caller catches it and calls again)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+        self.raised = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.raised:
+            self.raised = True
+            raise ValueError("first call")
+        return self.l(x)
+
+
+class _Retries(nn.Module):
+    """Many ops of its own first (the reader's running count is then large), then ``f`` twice: once raising."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.f = _RaisesOnce()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(50):
+            x = x * 1
+        try:
+            return self.f(x)
+        except ValueError:
+            return self.f(x)
+
+
+def test_a_forward_that_raised_counts_no_ops() -> None:
+    # A call whose forward raised never ends: its ops are unknown and count nothing (they read the reader's running
+    # count since the block opened before, 50 mul ops and more, which the planner took off the module's price).
+    model, x = _Retries(), torch.randn(2, 4, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # one step under a distorting meter
+        with LayerProf(model, metrics=("live_memory",)) as prof:
+            model(x).sum().backward()
+    ops = {name: prof.records[name].live_forward_ops for name in ("", "f", "f.l")}
+    # f's one call that returned is f.l's: t, addmm, and the meter's detaches of the two tensors addmm saves (its
+    # input, for the weight's gradient, and w.t(), for the input's: x requires grad): 4. The root adds its 50 muls
+    # (x * 1 saves no tensor): 54. Before, f read 4 + its raised call's start count (the 50 muls and more).
+    assert ops == {"": 54, "f": 4, "f.l": 4}, ops

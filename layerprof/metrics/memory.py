@@ -165,7 +165,7 @@ class _CallMemory:
     __slots__ = (
         "inputs", "self_activation", "self_saved", "activation", "saved", "log", "self_tensors", "tensors",
         "name", "parent", "depth", "input_sizes", "input_versions", "freed", "kept", "side_effects", "inplace",
-        "cache_updates", "ops",
+        "cache_updates", "ops", "ops_start",
         "forward_mark", "forward_start", "forward_delta", "forward_peak", "forward_end_mark",
         "backward_mark", "backward_start", "backward_delta", "backward_peak", "backward_end_mark",
     )
@@ -188,7 +188,8 @@ class _CallMemory:
         self.forward_peak: int | None = None
         self.backward_delta: int | None = None
         self.backward_peak: int | None = None
-        self.ops: int | None = None  # ops the reader saw in the forward (a start count until it ends)
+        self.ops: int | None = None  # ops the reader saw in the forward; None where it raised (never ended)
+        self.ops_start: int | None = None  # the reader's op count when the forward started
 
 
 def _storage(tensor: torch.Tensor) -> Any:
@@ -377,7 +378,7 @@ class MemoryMeter(Meter):
         stack.append(call)
         if state.log is not None:
             state.forward_mark, state.forward_start = state.log.boundary()
-            state.ops = self._reader.op_count(state.log.device)
+            state.ops_start = self._reader.op_count(state.log.device)
 
     def forward_post(self, call: Any, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         stack = self._stack
@@ -392,8 +393,8 @@ class MemoryMeter(Meter):
             state.forward_end_mark, current = log.boundary()
             state.forward_delta = current - state.forward_start
             state.forward_peak = log.peak_since(state.forward_mark) - state.forward_start
-            if state.ops is not None:
-                state.ops = self._reader.op_count(log.device) - state.ops  # type: ignore[operator]
+            if state.ops_start is not None:
+                state.ops = self._reader.op_count(log.device) - state.ops_start
         inputs, state.inputs = state.inputs, set()
         versions, state.input_versions = state.input_versions, []
         state.inplace = mutated_inputs(versions)
