@@ -278,3 +278,23 @@ def test_a_forward_that_raised_counts_no_ops() -> None:
     # input, for the weight's gradient, and w.t(), for the input's: x requires grad): 4. The root adds its 50 muls
     # (x * 1 saves no tensor): 54. Before, f read 4 + its raised call's start count (the 50 muls and more).
     assert ops == {"": 54, "f": 4, "f.l": 4}, ops
+
+
+def test_a_failing_reader_calibration_leaves_its_figure_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The reader's cost per op is measured as a one-step live block ends: where that fails, the profile keeps every
+    # figure of the step and leaves ``live_op_ms`` out (nothing is taken off a plan's prices), instead of the block
+    # raising "computing the profile raised".
+    import layerprof.collect.profiler as profiler
+
+    def broken() -> float:
+        raise RuntimeError("no cost per op to measure")
+
+    monkeypatch.setattr(profiler, "live_op_cost", broken)
+    model, x = _mlp()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # one step under a distorting meter
+        with LayerProf(model, metrics=("live_memory",)) as prof:
+            model(x).sum().backward()
+    assert "live_op_ms" not in prof.profile.meta
+    assert prof.records[""].live_forward_ops == 9  # as in test_ops_counted_per_module_for_the_planner
+    assert prof.checkpoint_plan(0.5, wrap_cost=None).saved_bytes_before > 0

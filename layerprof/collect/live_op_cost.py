@@ -81,4 +81,6 @@ def _measure() -> float:
             watched, ops = _round_ns(x, weight, bias, LiveBytesReader())
             if index and ops:
                 per_op.append((watched - bare) / ops / 1e6)
+    if not per_op:
+        raise RuntimeError("the live-bytes reader saw no op in any round: no cost per op to measure")
     return max(0.0, statistics.median(per_op))
