@@ -445,11 +445,13 @@ class Tracker:
     def park(self, made_profile: bool) -> None:
         """The end of a detached tracker. Where its block ``made_profile`` (nothing of the block is needed any more:
         its calls and example were copied out) and it is as ``made`` would make it (the default settings, hooks that
-        ran on one thread at most, nothing holding it), it is reset to as new and kept for the next block: its hook
+        ran on one thread at most and that the one parking it, so that no hook of another thread can still append a
+        call after the reset, nothing holding it), it is reset to as new and kept for the next block: its hook
         functions read the same lists and dicts, emptied. Else its hook functions and per-call state are dropped
         (as ``release`` does)."""
         if (made_profile and not self.sync and self.global_hooks and type(self.cpu_clock) is CpuClock
-                and not self.lent and len(self._threads) <= 1 and not _PARKED):
+                and not self.lent and len(self._threads) <= 1 and not _PARKED
+                and all(state.thread == threading.get_ident() for state in self._threads)):
             self.calls.clear()
             self.example.clear()
             self.names.clear()
