@@ -159,11 +159,17 @@ def _groups(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class PeakModel:
     """The profiled step's memory, read once, to predict its peak under many plans (see the module doc)."""
 
+    @staticmethod
+    def predicts(tables: Sequence[dict[str, list[Any]]], timeline: dict[str, Any]) -> bool:
+        """Whether a profile's storage ``tables`` and memory ``timeline`` can predict a plan's peak (the step's
+        memory read at two boundaries or more, and every call's boundaries recorded), without building the model."""
+        return len(timeline["levels"]) - 1 >= 2 and all("bounds" in table for table in tables)
+
     def __init__(self, tables: Sequence[dict[str, list[Any]]], timeline: dict[str, Any]) -> None:
         self.levels = np.asarray(timeline["levels"], dtype=np.int64)
         self.peaks = np.asarray(timeline["peaks"], dtype=np.int64)
         self.count = len(self.levels) - 1
-        self.usable = self.count >= 2 and all("bounds" in table for table in tables)
+        self.usable = self.predicts(tables, timeline)
         self.forwards = [_Forward(table) for table in tables] if self.usable else []
         # Range maxima of the interval peaks (a sparse table): a region's forward rise in two lookups.
         self._maxima = [self.peaks]

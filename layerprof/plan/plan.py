@@ -529,7 +529,7 @@ def require_step_peak(root: ModuleRecord) -> int:
     tables, timeline = root.__dict__.get(STORAGES_ATTRIBUTE), root.__dict__.get(TIMELINE_ATTRIBUTE)
     if not tables:
         why = "it holds no storage table (a profile loaded from a file keeps none: plan on the live profile)"
-    elif timeline is None or not PeakModel(tables, timeline).usable:
+    elif timeline is None or not PeakModel.predicts(tables, timeline):
         why = ("the memory meter had no reader for the step's device: on the CPU, profile with "
                "LayerProf(model, metrics=(\"live_memory\",)), which counts live tensor bytes; on CUDA "
                "metrics=(\"memory\",) reads the allocator")
