@@ -415,8 +415,8 @@ class Profile:
         with the figure of the host that profiled it). On a profile of one step with ``metrics=("live_memory",)``
         (the live-bytes reader on in the timed step, ``meta["timing_distorted_by"]``) the reader's time comes off
         too: ``live_forward_ops`` (the ops it saw in the module's forward) x ``meta["live_op_ms"]`` (its time per op,
-        measured on this host when the profile is first planned or saved, ``layerprof.collect.live_op_cost``). A profile of several
-        steps times steps without the reader and takes nothing off.
+        measured on this host when the profile is first planned or saved, ``layerprof.collect.live_op_cost``). A
+        profile of several steps times steps without the reader and takes nothing off.
         Besides modules, a plan can wrap runs of consecutive children of an ``nn.Sequential`` under one
         checkpoint (named ``parent[first:stop]``, as ``checkpoint_sequential`` does), on a live profile;
         ``runs=False`` plans over modules only.
