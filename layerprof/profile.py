@@ -78,8 +78,11 @@ _MAKING = threading.RLock()
 class Profile:
     """Records of one profiled model: ``tree`` (anytree root), ``records`` by qualified name, ``meta``."""
 
-    # Set by LayerProf on a profile it can plan checkpoints on: measures ``meta["hook_ms"]`` on this host.
-    measure_hook_ms: Any = None
+    # Set by LayerProf on a profile it can plan checkpoints on: how to measure on this host the figures a plan takes
+    # off its prices, by ``meta`` key (``hook_ms``; ``live_op_ms`` for a one-step live profile), measured when the
+    # profile is first planned or saved, not as it is made: most profiles are never planned. A measure that returns
+    # None (it failed) leaves its key out.
+    measures: dict[str, Any] = {}
 
     def __init__(self, tree: ModuleRecord, meta: dict[str, Any] | None = None,
                  records: dict[str, ModuleRecord] | None = None) -> None:
@@ -331,9 +334,10 @@ class Profile:
     def to_json(self, path: str | Path | None = None, indent: int | None = 1) -> str:
         """The whole profile as JSON (format version, ``meta``, every row with its call timings); written to
         ``path`` if given. ``layerprof.load`` reads it back into an identical profile, one that plans checkpoints
-        as this one does (a profile with memory figures gets its ``meta["hook_ms"]`` measured first, once per
-        process)."""
-        self._hook_ms()
+        as this one does (a profile with memory figures gets its ``meta["hook_ms"]``, and a one-step live one its
+        ``meta["live_op_ms"]``, measured first, once per process)."""
+        self._measured("hook_ms")
+        self._measured("live_op_ms")
         return export.write_text(io.dumps(self.tree, self.meta, indent=indent) + "\n", path)
 
     def to_trace(self, path: str | Path | None = None) -> str:
@@ -411,23 +415,30 @@ class Profile:
         with the figure of the host that profiled it). On a profile of one step with ``metrics=("live_memory",)``
         (the live-bytes reader on in the timed step, ``meta["timing_distorted_by"]``) the reader's time comes off
         too: ``live_forward_ops`` (the ops it saw in the module's forward) x ``meta["live_op_ms"]`` (its time per op,
-        measured on this host as the profile is made, ``layerprof.collect.live_op_cost``). A profile of several
-        steps times steps without the reader and takes nothing off.
+        measured on this host when the profile is first planned or saved, ``layerprof.collect.live_op_cost``). A
+        profile of several steps times steps without the reader and takes nothing off.
         Besides modules, a plan can wrap runs of consecutive children of an ``nn.Sequential`` under one
         checkpoint (named ``parent[first:stop]``, as ``checkpoint_sequential`` does), on a live profile;
         ``runs=False`` plans over modules only.
         See ``layerprof.plan``."""
         return make_plan(self.tree, budget, allow_side_effects=allow_side_effects, resolution=resolution,
-                         wrap_cost=wrap_cost, hook_ms=self._hook_ms(), runs=runs, peak=peak,
-                         op_ms=float(self.meta.get("live_op_ms") or 0.0))
+                         wrap_cost=wrap_cost, hook_ms=self._measured("hook_ms"), runs=runs, peak=peak,
+                         op_ms=self._measured("live_op_ms"))
 
     def _hook_ms(self) -> float:
-        """``meta["hook_ms"]``, measured now for a profile LayerProf made here on the CPU wall clock that has none
-        yet (when first planned or saved, not with every memory profile: most are never planned)."""
-        found = self.meta.get("hook_ms")
-        if found is None and self.measure_hook_ms is not None:
+        """``meta["hook_ms"]``, measured now where it can be and is not yet (``_measured``)."""
+        return self._measured("hook_ms")
+
+    def _measured(self, key: str) -> float:
+        """``meta[key]``, measured now (``measures``) for a profile LayerProf made here that has none yet; 0 where
+        there is none to measure or its measure failed."""
+        found = self.meta.get(key)
+        measure = self.measures.get(key) if found is None else None
+        if measure is not None:
             with torch.inference_mode(False):
-                found = self.meta["hook_ms"] = self.measure_hook_ms()
+                found = measure()
+            if found is not None:
+                self.meta[key] = found
         return float(found or 0.0)
 
     def unknown_ops(self) -> dict[str, int]:

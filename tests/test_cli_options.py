@@ -379,6 +379,19 @@ def _normed_profile(ctx: Context) -> str:
     return path
 
 
+def show_checkpoint_peak(ctx: Context) -> None:
+    # A profile saved with the plain memory meter on the CPU has no step peak at every boundary: refused, saying
+    # what to record; saved from a live_memory run, the file keeps the step's tables and plans by its peak.
+    status, _, err = ctx.main("show", _normed_profile(ctx), "--checkpoint-peak", "90%")
+    assert status == 2 and "no reader for the step's device" in err
+    assert "layerprof SPEC --metrics live_memory --json PATH" in err
+    path = ctx.path("live.json")
+    status, _, err = ctx.run("--metrics", "live_memory", "--json", path)
+    assert status == 0, err
+    status, out, err = ctx.main("show", path, "--depth", "0", "--checkpoint-peak", "100%")
+    assert status == 0 and "nothing to wrap" in out and "step peak: " in out and "verified:" not in out, err
+
+
 def show_checkpoint_budget(ctx: Context) -> None:
     # The saved profile of the fixture has no memory figures: refused, saying how to make one that has.
     status, _, err = ctx.main("show", str(ctx.saved), "--checkpoint-budget", "50%")
@@ -465,6 +478,7 @@ CASES: dict[tuple[str, str], Callable[[Context], None]] = {
     ("show", "--depth"): show_depth,
     ("show", "--columns"): show_columns,
     ("show", "--checkpoint-budget"): show_checkpoint_budget,
+    ("show", "--checkpoint-peak"): show_checkpoint_peak,
     ("show", "--allow-side-effects"): show_allow_side_effects,
     ("compare", "--by"): compare_by,
     ("compare", "--fail-if-slower"): compare_fail_if_slower,

@@ -13,6 +13,7 @@ from torch import nn
 
 import layerprof
 from layerprof import LayerProf
+from layerprof.collect import hook_cost
 from layerprof.plan.apply import unwrap, wrap
 from layerprof.plan.candidates import candidates, descendant_calls, skipped_tail_ms
 from layerprof.plan.wrap_cost import WrapCost, wrap_cost
@@ -184,9 +185,59 @@ def test_measuring_leaves_the_callers_rng_alone() -> None:
     torch.manual_seed(5)
     expected = torch.rand(3)
     torch.manual_seed(5)
-    module._CACHE.pop(torch.get_num_threads(), None)  # measure again, not from the cache
+    module._CACHE.clear()  # measure again, not from the cache
     module.wrap_cost()
     assert torch.equal(torch.rand(3), expected)
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_calibrations_run_on_one_thread_and_put_the_callers_count_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The host figures are Python on the calling thread; timed on several threads, a busy host adds the ops' thread
+    # barriers (layerprof/_threads.py). Each calibration runs on one, and the caller's count comes back, also where
+    # the calibration raised.
+    from layerprof.collect import hook_cost as hooks, live_op_cost as reader
+    from layerprof.plan import wrap_cost as wrapper
+
+    seen: list[tuple[str, int]] = []
+
+    def overhead(layers: int, filler_rows: int = 64) -> tuple[float, int, float, float]:
+        seen.append(("wrap", torch.get_num_threads()))
+        return 0.5 + 0.01 * layers, 2 * layers, 1.0, 2.0  # readings given: the threads are what is tested
+
+    def bare(*args: Any) -> list[float]:
+        seen.append(("hooks", torch.get_num_threads()))
+        raise _Stop
+
+    def per_op() -> float:
+        seen.append(("reader", torch.get_num_threads()))
+        return 0.02
+
+    monkeypatch.setattr(wrapper, "_overhead_ms", overhead)
+    monkeypatch.setattr(wrapper, "_CACHE", {})
+    monkeypatch.setattr(hooks, "_bare_block_ms", bare)
+    monkeypatch.setattr(hooks, "_CACHE", {})
+    monkeypatch.setattr(reader, "_measure", per_op)
+    monkeypatch.setattr(reader, "_CACHE", {})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        found = wrapper.wrap_cost()
+        assert torch.get_num_threads() == 3
+        with pytest.raises(_Stop):
+            hooks.hook_cost(LayerProf, ())
+        assert torch.get_num_threads() == 3
+        assert reader.live_op_cost() == 0.02 and torch.get_num_threads() == 3
+        torch.set_num_threads(2)
+        assert wrapper.wrap_cost() is found  # one figure a process, whatever the caller's count
+    finally:
+        torch.set_num_threads(threads)
+    # wrap_cost times the small and the large stack, then the two warmer gaps: four readings, every one on one thread.
+    assert seen == [("wrap", 1)] * 4 + [("hooks", 1), ("reader", 1)]
+    # per tensor (0.83 - 0.51) / (66 - 2) = 0.005 ms; per call 0.51 - 0.005 * 2 = 0.5 ms
+    assert (found.per_tensor_ms, found.per_call_ms) == pytest.approx((0.005, 0.5))
 
 
 def test_descendant_calls_leave_out_a_shared_modules_foreign_calls() -> None:
@@ -254,6 +305,7 @@ def test_hook_time_brings_a_layers_profiled_forward_near_its_bare_forward() -> N
 
     def measure() -> tuple[float, float]:
         """(the layers' profiled forward less their bare forward, what the planner takes off), ms."""
+        hook_cost._CACHE.clear()  # a retry calibrates again: a preempted calibration is as likely as a preempted step
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with LayerProf(model, metrics=("memory",)) as prof:

@@ -116,11 +116,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                        help="meters beside timing (e.g. flops,params; all names listed below)")
     model.add_argument("--sync", action="store_true",
                        help="on CUDA, synchronize at every module boundary instead of recording events")
-    add_checkpoint_options(model, "print the plan and verify it on the model")
-    model.add_argument("--checkpoint-peak", metavar="PEAK",
-                       help="plan instead so that the step's predicted peak memory fits PEAK (80%%, 0.8 of the "
-                            "profiled peak, 2GiB, bytes): the cheapest plan on the saved-bytes frontier that fits; "
-                            "profiles with live_memory on the CPU; print the plan and verify it on the model")
+    add_checkpoint_options(model, "print the plan and verify it on the model",
+                           "profiles with live_memory on the CPU")
     shown = parser.add_argument_group("output")
     shown.add_argument("--depth", type=_depth, default=2, metavar="N",
                        help="expand modules down to this depth, root = 0; 'all' for every level (default 2)")
@@ -131,11 +128,17 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def add_checkpoint_options(group: argparse.ArgumentParser | argparse._ArgumentGroup, then: str) -> None:
-    """``--checkpoint-budget`` and ``--allow-side-effects``; ``then``: what is done with the plan."""
+def add_checkpoint_options(group: argparse.ArgumentParser | argparse._ArgumentGroup, then: str, peak_needs: str
+                           ) -> None:
+    """``--checkpoint-budget``, ``--checkpoint-peak`` and ``--allow-side-effects``; ``then``: what is done with the
+    plan; ``peak_needs``: what a peak budget needs of the profile."""
     group.add_argument("--checkpoint-budget", metavar="BUDGET",
                        help="plan which modules to recompute so that the memory saved for backward fits BUDGET "
                             f"(50%%, 0.5, 2GiB, bytes), {then}")
+    group.add_argument("--checkpoint-peak", metavar="PEAK",
+                       help="plan instead so that the step's predicted peak memory fits PEAK (80%%, 0.8 of the "
+                            "profiled peak, 2GiB, bytes): the cheapest plan on the saved-bytes frontier that fits; "
+                            f"{peak_needs}; {then}")
     group.add_argument("--allow-side-effects", action="store_true",
                        help="with --checkpoint-budget: let the plan recompute modules with side effects (BatchNorm "
                             "in training: its running statistics then move twice a step)")

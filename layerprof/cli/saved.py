@@ -16,7 +16,7 @@ from typing import Sequence
 from ..profile import Profile, compare, load
 from ..render.gate import MAX_SHARE, MIN_MODULE_STEPS, MIN_SHARE, PASSES, Gate, different_models
 from ..render.plot_metrics import resolve_metric
-from .checkpoint import check_budget_options, plan_lines, plot_options
+from .checkpoint import check_budget_options, plan_lines, planned, plot_options
 from .errors import EXIT_OK, EXIT_SLOWER, NotComparable, UnreadableInput, UsageError, one_line
 from .outputs import requested_outputs, write_outputs
 from .parser import _Parser, _depth, _names, add_checkpoint_options, add_common_options, add_output_options
@@ -57,7 +57,8 @@ def _show_parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--columns", type=_names, metavar="A,B",
                         help="columns of the annotated tree (the names: layerprof --help)")
     add_checkpoint_options(parser, "and print the plan (a saved profile has no model to verify it on: run "
-                                   "layerprof SPEC --checkpoint-budget for that)")
+                                   "layerprof SPEC --checkpoint-budget for that)",
+                           "needs a profile saved from a run with --metrics live_memory (CPU) or memory (CUDA)")
     add_output_options(parser)
     add_common_options(parser)
     return parser
@@ -102,12 +103,14 @@ def _show(options: argparse.Namespace) -> int:
         print(profile.layerwise_summary(columns=options.columns, depth=options.depth), flush=True)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    if options.checkpoint_budget is not None:
+    if planned(options):
         try:
             print("\n".join(plan_lines(profile, options)[1]), flush=True)
-        except ValueError as exc:  # a profile without the memory meter's figures
-            raise UsageError(f"--checkpoint-budget: {one_line(exc)} (from the shell: layerprof SPEC --metrics "
-                             "memory --json PATH)") from None
+        except ValueError as exc:  # a profile without the memory meter's figures (or, for a peak, the timeline)
+            flag, metric = (("--checkpoint-budget", "memory") if options.checkpoint_peak is None
+                            else ("--checkpoint-peak", "live_memory"))
+            raise UsageError(f"{flag}: {one_line(exc)} (from the shell: layerprof SPEC --metrics {metric} --json "
+                             "PATH)") from None
     for path in write_outputs(profile, outputs, options.plot_kind, options.plot_metric, **plot_options(options)):
         print(f"layerprof: wrote {path}", file=sys.stderr)
     return EXIT_OK

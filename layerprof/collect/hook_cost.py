@@ -11,7 +11,7 @@ profiled forward less ``descendant calls x hook_cost()``.
 ``hook_cost()`` measures that figure where a model runs its hooks: cold. It profiles the stack ``wrap_cost``
 times (blocks of 33 small Linear layers, an unwrapped feed-forward filler after each) and sets each block's
 profiled forward against its bare forward in plain steps, per Linear call, the median over the blocks (about
-0.4 s, once per process, thread count and meter set). In a tight loop of modules the same hooks cost a third
+0.4 s, once per process and meter set, on one thread: ``layerprof._threads``). In a tight loop of modules the same hooks cost a third
 of it, as the wrapper does (``wrap_cost.py``). On a GPU the module times are device times, which the host's
 hooks do not lengthen as long as the host runs ahead: the planner subtracts it only on the CPU wall clock.
 """
@@ -24,11 +24,12 @@ from typing import Any, Callable
 
 import torch
 
+from .._threads import one_thread
 from ..plan.wrap_cost import LARGE, calibration_stack
 
 __all__ = ["hook_cost"]
 
-_CACHE: dict[tuple[int, tuple[str, ...]], float] = {}
+_CACHE: dict[tuple[str, ...], float] = {}
 _STEPS = 9  # profiled and bare steps; the first two of each are dropped
 
 
@@ -62,17 +63,17 @@ def hook_cost(profiler: Callable[..., Any], metrics: tuple[str, ...] = ()) -> fl
     """Milliseconds that the hooks of ``profiler`` (LayerProf, which calls this as its profile is made) on one
     module call add to the profiled forward of the modules around it, on the CPU wall clock, with the meters
     ``metrics`` that run in every timed step (the memory meter counts in a step of its own and adds nothing);
-    measured once per process, thread count and meter set (cached)."""
-    key = (torch.get_num_threads(), tuple(sorted(metrics)))
+    measured once per process and meter set, on one thread (``layerprof._threads``; cached)."""
+    key = tuple(sorted(metrics))
     found = _CACHE.get(key)
     if found is None:
         # Seeded: leave the caller's RNG as it was; a step with backward even where the caller's grad is off.
-        with torch.random.fork_rng(devices=[]), torch.enable_grad():
+        with torch.random.fork_rng(devices=[]), torch.enable_grad(), one_thread():
             stack, blocks, x = calibration_stack(LARGE)
             bare = _bare_block_ms(stack, blocks, x)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # a calibration, not the user's profile
-                with profiler(stack, metrics=key[1]) as prof:
+                with profiler(stack, metrics=key) as prof:
                     for _ in range(_STEPS):
                         stack(x).sum().backward()
                         prof.step()

@@ -24,6 +24,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from .._threads import one_thread
 from ..metrics.live_bytes import LiveBytesReader
 
 __all__ = ["live_op_cost"]
@@ -63,12 +64,8 @@ def live_op_cost() -> float:
     process (cached)."""
     found = _CACHE.get("cpu")
     if found is None:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
+        with one_thread():
             found = _CACHE["cpu"] = _measure()
-        finally:
-            torch.set_num_threads(threads)
     return found
 
 

@@ -153,6 +153,15 @@ def _warn_user(message: str) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=_user_frame()[1])
 
 
+def _live_op_ms() -> float | None:
+    """``live_op_cost()``, or None where its calibration fails: the figure is left out (nothing taken off a plan's
+    prices) rather than the user's plan or save broken."""
+    try:
+        return live_op_cost()
+    except Exception:  # noqa: BLE001 - a missing figure is the fallback for any failure
+        return None
+
+
 def _stop_all(meters: list[Meter]) -> None:
     """Stop every meter, last started first, even when one of them raises (the first error is re-raised)."""
     error: BaseException | None = None
@@ -722,15 +731,12 @@ class LayerProf:
             # A profile to plan checkpoints on: what the hooks add to each ancestor's forward, which a
             # recomputation does not pay (the planner takes it off), measured by its first plan.
             shapes = tuple(m.name for m in self.metrics if m.name == "shapes")
-            self._profile.measure_hook_ms = functools.partial(hook_cost, LayerProf, shapes)
+            later_figures = {"hook_ms": functools.partial(hook_cost, LayerProf, shapes)}
             if "live_memory" in meta.get("timing_distorted_by", ()):
                 # The live-bytes reader ran in the one timed step: its time per op, taken off recomputations with
-                # each module's op count (live_op_cost.py); measured now, while the mode is warm (tens of ms). A
-                # calibration that fails leaves the figure out (nothing taken off), not the user's block broken.
-                try:
-                    self._profile.meta["live_op_ms"] = live_op_cost()
-                except Exception:  # noqa: BLE001 - a missing figure is the fallback for any failure
-                    pass
+                # each module's op count (live_op_cost.py), measured as hook_ms is (about 0.1 s once a process).
+                later_figures["live_op_ms"] = _live_op_ms
+            self._profile.measures = later_figures
 
     def _records_now(self) -> dict[str, ModuleRecord]:
         """The block's records (while it runs, or as it stops), made from its plan when first asked for."""

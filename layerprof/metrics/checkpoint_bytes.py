@@ -57,8 +57,9 @@ declare(
           doc="tensors autograd saved in the module's forward, every one (a checkpoint's hooks handle each)"),
 )
 
-# The root record's private attribute holding ``storage_table`` of each forward (live profiles only: not saved).
-STORAGES_ATTRIBUTE = "_checkpoint_storages"
+# The root record's private attribute holding ``storage_table`` of each forward (live profiles, and profiles saved
+# from one: ``layerprof.record.step_tables``).
+from ..record.step_tables import STORAGES_ATTRIBUTE  # noqa: E402
 
 _NORMS = (nn.modules.batchnorm._BatchNorm,)
 

@@ -57,8 +57,9 @@ from .meter import Meter, register_meter
 __all__ = ["MemoryMeter", "MemoryReader", "CudaMemoryReader", "PeakLog", "MEMORY_FIELDS", "CUDA_FIELDS",
            "TIMELINE_ATTRIBUTE"]
 
-# The root record's private attribute holding the step's memory levels at every boundary (live profiles only).
-TIMELINE_ATTRIBUTE = "_memory_timeline"
+# The root record's private attribute holding the step's memory levels at every boundary (live profiles, and
+# profiles saved from one: ``layerprof.record.step_tables``).
+from ..record.step_tables import TIMELINE_ATTRIBUTE  # noqa: E402
 
 CUDA_FIELDS = (
     "cuda_forward_delta_bytes", "cuda_forward_peak_bytes", "cuda_backward_delta_bytes", "cuda_backward_peak_bytes",

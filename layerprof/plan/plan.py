@@ -528,7 +528,8 @@ def require_step_peak(root: ModuleRecord) -> int:
     the profile cannot predict a plan's peak."""
     tables, timeline = root.__dict__.get(STORAGES_ATTRIBUTE), root.__dict__.get(TIMELINE_ATTRIBUTE)
     if not tables:
-        why = "it holds no storage table (a profile loaded from a file keeps none: plan on the live profile)"
+        why = ("it holds no storage table (the memory meter keeps them on the profile it ran in, and a saved "
+               "profile keeps them in its file; one saved by an older layerprof has none: profile again)")
     elif timeline is None or not PeakModel.predicts(tables, timeline):
         why = ("the memory meter had no reader for the step's device: on the CPU, profile with "
                "LayerProf(model, metrics=(\"live_memory\",)), which counts live tensor bytes; on CUDA "

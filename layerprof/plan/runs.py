@@ -10,7 +10,7 @@ Sequential), the children's positions as in Python slicing; it has two or more c
 or held twice) offers none: its record's children are then not its positions.
 
 What a run frees is worked out exactly, from the profiled step's storages (``freed_by_runs``), so runs are planned
-on a live profile only (a profile loaded from JSON has no storage table). Its recompute time is its children's,
+where the profile holds them (a live one, or one saved with them: ``layerprof.record.step_tables``). Its recompute time is its children's,
 less the tail that checkpoint's early stop skips at its end; its wrapper costs one call per Sequential call and
 the tensors saved by all its children.
 """

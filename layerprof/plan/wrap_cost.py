@@ -3,7 +3,8 @@
 A checkpointed call pays, besides the recomputation, a set-up per call (the checkpoint's frame, its context
 managers, the RNG state it keeps, in forward and again in backward) and a Python hook per tensor autograd saves in
 the region, twice (once when the forward saves it, once when the recomputation does) plus the unpacking in
-backward. ``wrap_cost()`` measures both on the host, once per process and thread count, and the
+backward. ``wrap_cost()`` measures both on the host, once per process, on one thread (the cost is
+Python on the calling thread; ``layerprof._threads``), and the
 planner adds ``calls x per_call_ms + saved tensors x per_tensor_ms`` to each module's recompute time.
 
 It measures them where a model runs them: cold. In a training step other modules run between two wrapped calls
@@ -14,8 +15,8 @@ layers, 0.3-0.75 ms with a 512-wide Linear over 8-2,048 rows between the calls, 
 the stacks it times are wrapped blocks of small Linear layers with a small unwrapped feed-forward block (256 wide,
 64 rows: a model's other layers in miniature) between each two, in forward and in backward, the blocks
 differing only in how many tensors they save; the cost is the wrapped step minus the plain step minus the
-blocks' own forward in the plain step, in thread CPU time, the median of 27 rounds (about 3 s, once per process
-and thread count: with 9 rounds, calibrations repeated in one process read 0.33 to 1.01 ms a call; with 27, within
+blocks' own forward in the plain step, in thread CPU time, the median of 27 rounds (about 3 s, once per process:
+with 9 rounds, calibrations repeated in one process read 0.33 to 1.01 ms a call; with 27, within
 8-15 % of each other). The
 cost is host-side Python: on a GPU whose kernels run behind the host it is partly hidden, and the measured figure
 is an upper bound there.
@@ -54,6 +55,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._threads import one_thread
 from .apply import unwrap, wrap
 
 __all__ = ["WrapCost", "wrap_cost", "check_wrap_cost", "calibration_stack"]
@@ -194,18 +196,17 @@ def _overhead_ms(layers: int, filler_rows: int = _FILLER_ROWS) -> tuple[float, i
 
 
 def wrap_cost() -> WrapCost:
-    """The per-call and per-saved-tensor cost of a checkpoint wrapper on this host, measured once per process and
-    CPU thread count (cached)."""
-    threads = torch.get_num_threads()
-    found = _CACHE.get(threads)
+    """The per-call and per-saved-tensor cost of a checkpoint wrapper on this host, measured once per process, on
+    one thread (``layerprof._threads``; cached)."""
+    found = _CACHE.get(1)
     if found is None:
-        with torch.random.fork_rng(devices=[]):  # the stacks are seeded: leave the caller's RNG as it was
+        with torch.random.fork_rng(devices=[]), one_thread():  # the stacks are seeded: leave the caller's RNG
             small, small_tensors, forward_gap, backward_gap = _overhead_ms(_SMALL)
             large, large_tensors = _overhead_ms(LARGE)[:2]
             warmer = [_overhead_ms(_SMALL, rows) for rows in _GAP_ROWS]
         per_tensor = max(0.0, (large - small) / (large_tensors - small_tensors))
         per_call = max(0.0, small - per_tensor * small_tensors)
-        found = _CACHE[threads] = WrapCost(per_call, per_tensor, "measured", gap_points(
+        found = _CACHE[1] = WrapCost(per_call, per_tensor, "measured", gap_points(
             [(f, b, overhead - per_tensor * small_tensors) for overhead, _, f, b in warmer]
             + [(forward_gap, backward_gap, per_call)]))
     return found

@@ -2,7 +2,11 @@
 
 The file is the canonical rows form with a header::
 
-    {"format": "layerprof.profile", "version": 1, "layerprof": "0.1.0", "meta": {...}, "records": [row, ...]}
+    {"format": "layerprof.profile", "version": 1, "layerprof": "0.1.0", "meta": {...}, "records": [row, ...],
+     "step_tables": {...}}
+
+``step_tables``, on a profile the memory meter kept them on (``layerprof.record.step_tables``), lets a loaded
+profile plan checkpoints as the live one did; a reader that does not know it ignores it.
 
 Reading rebuilds the same tree (parents come before children in the rows), every field of every row, and the
 call timings, so everything that reads a profile (summary, tables, trace, compare) works on a loaded one. This
@@ -19,6 +23,7 @@ from .._version import __version__
 from .checks import REBUILT, check_row, shown
 from .fields import FIELDS, catalogue_version
 from .records import CallTiming, ModuleRecord, attach, tree_rows
+from .step_tables import restore_step_tables, step_tables
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "document", "dumps", "read_document", "parse"]
 
@@ -32,13 +37,17 @@ _CALL_FIELDS = tuple(f.name for f in fields(CallTiming))
 
 def document(tree: ModuleRecord, meta: dict[str, Any]) -> dict[str, Any]:
     """The JSON-ready document of a record tree and its meta."""
-    return {
+    doc = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
         "layerprof": __version__,
         "meta": meta,
         "records": tree_rows(tree),
     }
+    tables = step_tables(tree)
+    if tables is not None:
+        doc["step_tables"] = tables
+    return doc
 
 
 def dumps(tree: ModuleRecord, meta: dict[str, Any], indent: int | None = 1) -> str:
@@ -56,10 +65,13 @@ def _dumps(tree: ModuleRecord, meta: dict[str, Any], indent: int | None) -> str:
     if indent is None:
         return json.dumps(doc, default=str, ensure_ascii=False)
     rows = doc.pop("records")
+    tables = doc.pop("step_tables", None)
     head = json.dumps({**doc, "records": []}, indent=indent, default=str, ensure_ascii=False)
     encode = json.JSONEncoder(default=str, ensure_ascii=False).encode
     body = ",\n".join(" " * (2 * indent) + encode(row) for row in rows)
-    return head[: head.rindex("[]")] + "[\n" + body + "\n" + " " * indent + "]\n}"
+    # The step's tables (numbers only, often more than the rows) on one line, by the C encoder.
+    tail = "" if tables is None else ",\n" + " " * indent + '"step_tables": ' + encode(tables)
+    return head[: head.rindex("[]")] + "[\n" + body + "\n" + " " * indent + "]" + tail + "\n}"
 
 
 def _check_header(doc: Any) -> list[Any]:
@@ -144,7 +156,9 @@ def read_document(doc: Any) -> tuple[ModuleRecord, dict[str, Any]]:
     with gc_paused():
         for index, row in enumerate(records):
             by_name[row["name"]] = _record(row, check_row(index, row, by_name))
-    return next(iter(by_name.values())), doc.get("meta") or {}
+    root = next(iter(by_name.values()))
+    restore_step_tables(root, doc.get("step_tables"), by_name)
+    return root, doc.get("meta") or {}
 
 
 def parse(text: str) -> tuple[ModuleRecord, dict[str, Any]]:
