@@ -1,6 +1,7 @@
 """Where a checkpoint plan's page faults come from: glibc's heap, step by step (Linux with glibc only), one thread.
 
     python benchmarks/heap_faults.py [--model albert] [--budget 0.25] [--pairs 15] [--trim-threshold BYTES]
+                                     [--wrap MODULE]
     GLIBC_TUNABLES=glibc.malloc.trim_threshold=1073741824:glibc.malloc.mmap_threshold=33554432 \\
         python benchmarks/heap_faults.py
 
@@ -13,6 +14,7 @@ the pairs: the faults in forward and in backward, the recomputation's own; the h
 the heap's free bytes (``fordblks``) at the recomputation's start against the bytes it holds when it ends
 (``uordblks`` after less before); the free chunks by size when forward returns in the last step with the plan
 (``malloc_info``, the main arena); the paired extra time (thread CPU time) against the plan's prediction.
+``--wrap MODULE`` wraps that one module by hand instead of the plan (BERT's ``encoder``: a plan no budget makes).
 
 ``--trim-threshold BYTES`` sets glibc's trim threshold with ``mallopt`` after the warm-up steps: the heap's top is then
 never given back, and the mmap threshold stays where glibc's dynamic rule had moved it (the environment variables
@@ -33,7 +35,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -41,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import layerprof.collect.clock as clock  # noqa: E402
 from layerprof import LayerProf  # noqa: E402
-from layerprof.plan.apply import RecomputeTimer  # noqa: E402
+from layerprof.plan.apply import RecomputeTimer, unwrap, wrap  # noqa: E402
 from tests.checkpoint_zoo import ZOO, zoo_step  # noqa: E402
 
 M_TRIM_THRESHOLD = -1  # mallopt's parameter number in glibc's malloc.h
@@ -127,7 +129,7 @@ def run_step(model: torch.nn.Module, step: Any, plan: Any | None,
     finally:
         handle.remove()
     found = dict(ms=ms, forward_faults=forward[0][0] - start[0], arena_start=start[1], arena_forward=forward[0][1],
-                 arena_end=end[1], backward_faults=end[0] - forward[0][0])
+                 free_forward=forward[0][3], arena_end=end[1], backward_faults=end[0] - forward[0][0])
     recomputed = probe.points[backward_start[0]:backward_start[0] + 2]  # the first recomputation in backward
     if len(recomputed) == 2:
         (f0, a0, u0, free0), (f1, a1, u1, _) = recomputed
@@ -136,12 +138,31 @@ def run_step(model: torch.nn.Module, step: Any, plan: Any | None,
     return found
 
 
+class Wrapped:
+    """One module wrapped by hand, used where a plan is: ``applied(model)`` wraps it inside the block."""
+
+    extra_ms = None
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+
+    @contextlib.contextmanager
+    def applied(self, model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+        own = wrap(self.module, label="wrapped")
+        try:
+            yield model
+        finally:
+            unwrap(self.module, own)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="albert", choices=sorted(ZOO))
     parser.add_argument("--budget", type=float, default=0.25)
     parser.add_argument("--pairs", type=int, default=15)
     parser.add_argument("--trim-threshold", type=int, default=None, help="mallopt(M_TRIM_THRESHOLD) after warm-up")
+    parser.add_argument("--wrap", default=None, metavar="MODULE",
+                        help="wrap this module (its name in the model) instead of the plan; nothing is predicted")
     args = parser.parse_args()
     if args.pairs < 1:
         parser.error(f"--pairs must be at least 1, got {args.pairs}")
@@ -156,8 +177,12 @@ def main() -> None:
             for _ in range(3):
                 step()
                 prof.step()
-    plan = prof.checkpoint_plan(args.budget, allow_side_effects=ZOO[args.model].allow_side_effects)
-    print(f"{args.model} at {args.budget:.0%}: {sorted(plan.modules)}, +{plan.extra_ms:.1f} ms predicted")
+    if args.wrap is None:
+        plan: Any = prof.checkpoint_plan(args.budget, allow_side_effects=ZOO[args.model].allow_side_effects)
+        print(f"{args.model} at {args.budget:.0%}: {sorted(plan.modules)}, +{plan.extra_ms:.1f} ms predicted")
+    else:
+        plan = Wrapped(model.get_submodule(args.wrap))
+        print(f"{args.model}: {args.wrap} wrapped by hand")
     for _ in range(2):
         run_step(model, step, None)
         run_step(model, step, plan)
@@ -171,12 +196,13 @@ def main() -> None:
             last = index == args.pairs - 1 and planned
             rows[planned].append(run_step(model, step, plan if planned else None, chunks if last else None))
     extra = statistics.median(p["ms"] - b["ms"] for p, b in zip(rows[True], rows[False]))
-    print(f"extra step time: +{extra:.1f} ms measured (thread CPU time), +{plan.extra_ms:.1f} predicted")
+    predicted = "" if plan.extra_ms is None else f", +{plan.extra_ms:.1f} predicted"
+    print(f"extra step time: +{extra:.1f} ms measured (thread CPU time){predicted}")
     for planned, label in ((False, "plain"), (True, "with the plan")):
         got = {key: statistics.median(r[key] for r in rows[planned]) for key in rows[planned][0]}
         line = (f"{label:14s} faults: forward {got['forward_faults']:.0f}, backward {got['backward_faults']:.0f}"
-                f"; heap MiB at start {got['arena_start'] / MIB:.1f}, after forward {got['arena_forward'] / MIB:.1f}, "
-                f"at the end {got['arena_end'] / MIB:.1f}")
+                f"; heap MiB at start {got['arena_start'] / MIB:.1f}, after forward {got['arena_forward'] / MIB:.1f} "
+                f"({got['free_forward'] / MIB:.1f} free), at the end {got['arena_end'] / MIB:.1f}")
         if "recompute_faults" in got:
             line += (f"\n{'':14s} recomputation: faults {got['recompute_faults']:.0f}, heap MiB "
                      f"{got['arena_recompute_start'] / MIB:.1f} -> {got['arena_recompute_end'] / MIB:.1f}; free at its "
