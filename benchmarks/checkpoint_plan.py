@@ -40,6 +40,12 @@ Each model runs in a process of its own (spawned, one at a time), as a user's tr
 in one process the later models' steps carry what the earlier ones left (the allocator's free lists, the caches),
 which moved the last model's measured extra time by up to a factor of two. ``--same-process`` runs them all in
 this process, as before. Each process measures its own ``wrap_cost`` and ``hook_cost``, printed at the end.
+
+``--keep-heap`` (glibc only): each model's process sets glibc's trim threshold after its profiled steps
+(``heap_faults.keep_heap``), so that no step, plain or with a plan, takes fresh pages for the heap's top: the page
+faults that glibc's trimming causes (ALBERT's 25 % plan's recomputation, 2,500-5,000 a step; ResNet-50's, DenseNet's
+and the MLP's plain steps, 6,000-22,000) are out of the figures. A diagnosis of what the allocator adds to a miss;
+the default is the process a user runs.
 """
 from __future__ import annotations
 
@@ -66,6 +72,7 @@ from layerprof.plan.fault_cost import page_fault_us  # noqa: E402
 from layerprof.plan.runs import parse_run  # noqa: E402
 from tests.checkpoint_zoo import ZOO, zoo_step  # noqa: E402
 
+from benchmarks.heap_faults import keep_heap  # noqa: E402
 from benchmarks.paired import extend, pair_order, run_pairs  # noqa: E402
 
 BUDGETS = (0.25, 0.5, 0.75)
@@ -212,7 +219,8 @@ def narrow_enough(predicted_ms: float) -> float:
     return max(NARROW_SHARE * abs(predicted_ms), NARROW_MS)
 
 
-def run_model(name: str, scale: str, repeats: int, cap: int, split: int = 0) -> list[dict[str, Any]]:
+def run_model(name: str, scale: str, repeats: int, cap: int, split: int = 0, keep: bool = False
+              ) -> list[dict[str, Any]]:
     entry = ZOO[name]
     fault_us = page_fault_us()
     model, step = zoo_step(name, scale)
@@ -222,6 +230,8 @@ def run_model(name: str, scale: str, repeats: int, cap: int, split: int = 0) -> 
             for _ in range(PROFILED_STEPS):  # the memory meter runs in the first step; times from the others
                 step()
                 prof.step()
+    if keep:
+        keep_heap()  # after the model's first steps, so that glibc's mmap threshold is where they moved it
     today = int(prof.tree.saved_bytes)
     rows = []
     blocks = [model.get_submodule(n) for n in block_names(model, entry.blocks)]
@@ -425,7 +435,7 @@ def live_planning_time(blocks: int = 1_100, width: int = 8) -> tuple[int, float,
     return sum(1 for _ in net.modules()), timings[0], timings[1]
 
 
-def _calibrated_run(name: str, scale: str, repeats: int, cap: int, split: int = 0
+def _calibrated_run(name: str, scale: str, repeats: int, cap: int, split: int = 0, keep: bool = False
                     ) -> tuple[list[dict[str, Any]], tuple[float, float, float]]:
     """One model's rows, and the wrapper's and the hooks' cost as this process measured them (they are cached per
     process, so measured once before the model runs, as its plans will use them)."""
@@ -436,7 +446,7 @@ def _calibrated_run(name: str, scale: str, repeats: int, cap: int, split: int = 
 
     cost = wrap_cost()
     calibration = (cost.per_call_ms, cost.per_tensor_ms, hook_cost(LayerProf))
-    rows = run_model(name, scale, repeats, cap, split)
+    rows = run_model(name, scale, repeats, cap, split, keep)
     for row in rows:
         row["calibration"] = calibration
     return rows, calibration
@@ -453,6 +463,10 @@ def main() -> None:
     parser.add_argument("--split", type=int, default=0, metavar="PAIRS",
                         help="after each plan's pairs, this many more with the wrappers timed from inside: where "
                              "the extra time goes (recomputation, the wrappers' forward, the rest in backward)")
+    parser.add_argument("--keep-heap", action="store_true",
+                        help="glibc only: after each model's profiled steps, set the trim threshold (mallopt) so "
+                             "that the heap's top is never given back: no step takes fresh pages for it (a "
+                             "diagnosis: users' processes run with the default)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
@@ -461,11 +475,12 @@ def main() -> None:
     rows, calibrations = [], []
     for name in args.models.split(","):
         if args.same_process:
-            found, calibration = _calibrated_run(name, args.scale, args.repeats, args.max_repeats, args.split)
+            found, calibration = _calibrated_run(name, args.scale, args.repeats, args.max_repeats, args.split,
+                                                 args.keep_heap)
         else:
             with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
                 found, calibration = pool.submit(_calibrated_run, name, args.scale, args.repeats,
-                                                 args.max_repeats, args.split).result()
+                                                 args.max_repeats, args.split, args.keep_heap).result()
         rows += found
         calibrations.append(f"{name} {calibration[0]:.3f} ms + {calibration[1] * 1e3:.1f} us, {calibration[2] * 1e3:.1f} us")
     hits = sum(within(row["predicted_ms"], row["plan_ms"]) for row in rows)
