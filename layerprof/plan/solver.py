@@ -105,11 +105,18 @@ def best_reachable(weights: Sequence[int], ends: Sequence[int], runs: Sequence[R
 
 
 def _table(options: list[list[tuple[int, int, int, float]]], need: int, resolution: int
-           ) -> tuple[int, np.ndarray, list[np.ndarray], list[list[tuple[int, int, int]]]]:
+           ) -> tuple[int, np.ndarray, list[bytes], list[list[tuple[int, int, int]]]]:
+    """The table of ``best`` (see the module doc) on the grid for ``need``: the grid step, the row of position 0,
+    per position the levels where each of its options is taken (one packed row of bits per option, in the order
+    of ``units``; b"" for a position without options), and ``units``: per position its options worth a grid unit,
+    as (number, jump, units).
+
+    At a position, each option in turn is taken where it is cheaper than the least so far (passing over, then the
+    options before it); at each level the last one so taken is the choice, as if it kept a pick per level. Levels
+    above the most a row can free are infinite: each option touches only those its row and its units reach."""
     count = len(options)
     grid = max(1, math.ceil(need / resolution))
     target = math.ceil(need / grid)
-    # Per position, the options worth a grid unit: (number, jump, units).
     units = [[(number, jump, min(target, max(0, weight) // grid)) for number, jump, weight, _ in here]
              for here in options]
     costs = [{number: cost for number, _, _, cost in here} for here in options]
@@ -119,66 +126,74 @@ def _table(options: list[list[tuple[int, int, int, float]]], need: int, resoluti
     for here in units:
         for _, jump, _ in here:
             wanted[jump] += 1
-    rows: dict[int, np.ndarray] = {}
-    last = np.full(target + 1, np.inf)
+    width = target + 1
+    last = np.full(width, np.inf)
     last[0] = 0.0
-    rows[count] = last
-    # Per position, the option chosen at each grid level: 0 none, k the k-th of units[i] (bits where only one).
-    choices: list[np.ndarray] = [np.zeros(0, dtype=np.uint8)] * count
+    # Position -> its row and the highest level where the row is finite (above it every entry is infinite).
+    rows: dict[int, tuple[np.ndarray, int]] = {count: (last, 0)}
+    choices: list[bytes] = [b""] * count
+    take = np.empty(width)
     for i in range(count - 1, -1, -1):
-        row = rows[i + 1]
-        pick = np.zeros(target + 1, dtype=np.uint16) if units[i] else None
-        for k, (number, jump, unit) in enumerate(units[i], start=1):
-            after = rows[jump]
-            take = np.empty_like(after)
-            take[:unit] = after[0]
-            take[unit:] = after[: target + 1 - unit]
-            take += costs[i][number]
-            better = take < row
-            row = np.where(better, take, row)
-            pick[better] = k
+        here = units[i]
+        if not here:
+            rows[i] = rows[i + 1]
+            _release(rows, wanted, i + 1)
+            continue
+        row, top = rows[i + 1]
+        row = row.copy()
+        marks = np.zeros((len(here), width), dtype=bool)
+        price = costs[i]
+        for k, (number, jump, unit) in enumerate(here):
+            after, high = rows[jump]
+            cost = price[number]
+            stop = min(width, high + unit + 1)  # taking it is infinite from here on
+            part = take[:stop]
+            part[:unit] = after[0] + cost
+            np.add(after[: stop - unit], cost, out=part[unit:])
+            np.less(part, row[:stop], out=marks[k, :stop])
+            np.fmin(part, row[:stop], out=row[:stop])  # where equal the row's own (fmin: a NaN cost never taken)
+            top = max(top, stop - 1)
             _release(rows, wanted, jump)
-        if pick is not None:
-            choices[i] = np.packbits(pick.astype(bool)) if len(units[i]) == 1 else pick
+        choices[i] = np.packbits(marks, axis=1).tobytes()
         _release(rows, wanted, i + 1)
-        rows[i] = row
-    return grid, rows[0], choices, units
+        rows[i] = (row, top)
+    return grid, rows[0][0], choices, units
 
 
-def _release(rows: dict[int, np.ndarray], wanted: list[int], j: int) -> None:
+def _release(rows: dict[int, tuple[np.ndarray, int]], wanted: list[int], j: int) -> None:
     wanted[j] -= 1
     if wanted[j] == 0:
         del rows[j]
 
 
-def _walker(choices: list[np.ndarray], units: list[list[tuple[int, int, int]]]) -> Callable[[int], list[int]]:
+def _walker(choices: list[bytes], units: list[list[tuple[int, int, int]]], width: int
+            ) -> Callable[[int], list[int]]:
     """The walk back through the table from a grid level to the options chosen, for many levels: positions
-    without options are stepped over at once, and a position's one-option bits are read as bytes."""
+    without options are stepped over at once; at a position, the last option whose bit is set at the level is
+    the one chosen there."""
     count = len(units)
     after = [count] * (count + 1)  # the first position from i on that has an option
     for i in range(count - 1, -1, -1):
         after[i] = i if units[i] else after[i + 1]
-    bits = [bytes(here) if len(unit) == 1 else b"" for here, unit in zip(choices, units)]
+    size = (width + 7) // 8  # bytes of one option's row of bits
 
     def walk(level: int) -> list[int]:
         chosen, i = [], after[0]
         while i < count:
-            here = units[i]
-            k = (bits[i][level >> 3] >> (7 - (level & 7))) & 1 if len(here) == 1 else int(choices[i][level])
-            if k:
-                number, jump, unit = here[k - 1]
-                chosen.append(number)
-                level = max(0, level - unit)
-                i = after[jump]
+            here, bits = units[i], choices[i]
+            at, shift = level >> 3, 7 - (level & 7)
+            for k in range(len(here) - 1, -1, -1):
+                if (bits[k * size + at] >> shift) & 1:
+                    number, jump, unit = here[k]
+                    chosen.append(number)
+                    level = max(0, level - unit)
+                    i = after[jump]
+                    break
             else:
                 i = after[i + 1]
         return chosen
 
     return walk
-
-
-def _walk(choices: list[np.ndarray], units: list[list[tuple[int, int, int]]], level: int) -> list[int]:
-    return _walker(choices, units)(level)
 
 
 def solve(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int], need: int,
@@ -190,7 +205,7 @@ def solve(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int], n
     grid, best, choices, units = _table(_options(weights, costs, ends, runs), need, resolution)
     if not math.isfinite(best[-1]):
         return None
-    return _solution(weights, costs, runs, _walk(choices, units, len(best) - 1))
+    return _solution(weights, costs, runs, _walker(choices, units, len(best))(len(best) - 1))
 
 
 def frontier(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int],
@@ -210,7 +225,7 @@ def iter_frontier(weights: Sequence[int], costs: Sequence[float], ends: Sequence
     grid, best, choices, units = _table(_options(weights, costs, ends, runs), top, resolution)
     # The least cost of freeing each grid level never falls as the level rises: levels in order are costs in order.
     previous, freed = None, -1
-    walk = _walker(choices, units)
+    walk = _walker(choices, units, len(best))
     for level in range(len(best)):
         if not math.isfinite(best[level]) or best[level] == previous:
             continue
