@@ -27,6 +27,7 @@ from typing import Any, Iterator
 from torch import nn
 
 from .._check import check_bool
+from .._gc import gc_paused
 from ..metrics.checkpoint_bytes import STORAGES_ATTRIBUTE, saved_after, saved_peak
 from ..metrics.memory import TIMELINE_ATTRIBUTE
 from ..record.records import ModuleRecord, preorder
@@ -513,14 +514,17 @@ def make_plan(root: ModuleRecord, budget: Any = None, allow_side_effects: bool =
         peak_bytes = parse_budget(peak, require_step_peak(root), name="peak")
     cost = check_wrap_cost(wrap_cost)
     runs = check_bool("runs", runs)
-    found = candidates(root, allow_side_effects, cost, hook_ms, op_ms)
-    options = None
-    if runs:
-        records = preorder(root)
-        below = descendant_calls(records, [c.parent for c in found])
-        options = run_options(records, found, below, root.__dict__.get(STORAGES_ATTRIBUTE), cost, hook_ms,
-                              op_ms)
-    return CheckpointPlan(root, found, budget_bytes, resolution, cost, hook_ms, options, peak_bytes)
+    # The candidates, runs and tables of a 10,000-module tree are some 100,000 objects: without the pause they
+    # trigger a full collection over the profile's and the model's objects, which costs more than the plan.
+    with gc_paused():
+        found = candidates(root, allow_side_effects, cost, hook_ms, op_ms)
+        options = None
+        if runs:
+            records = preorder(root)
+            below = descendant_calls(records, [c.parent for c in found])
+            options = run_options(records, found, below, root.__dict__.get(STORAGES_ATTRIBUTE), cost, hook_ms,
+                                  op_ms)
+        return CheckpointPlan(root, found, budget_bytes, resolution, cost, hook_ms, options, peak_bytes)
 
 
 def require_step_peak(root: ModuleRecord) -> int:
