@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -59,13 +59,35 @@ def ends_of(parents: Sequence[int]) -> list[int]:
     return ends
 
 
-def _options(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int], runs: Sequence[Run]
-             ) -> list[list[tuple[int, int, int, float]]]:
-    """For each position, its options as (number, jump, weight, cost): the node first, then its runs."""
-    found = [[(i, ends[i], int(weights[i]), float(costs[i]))] for i in range(len(weights))]
-    for k, run in enumerate(runs):
-        found[run.start].append((len(weights) + k, run.jump, int(run.weight), float(run.cost)))
-    return found
+class _Options(NamedTuple):
+    """Every option in position order (at a position its node first, then its runs in their order): ``numbers``,
+    ``jumps``, ``weights`` and ``costs`` as arrays, and ``offsets``: position i's options are
+    ``offsets[i]:offsets[i + 1]``."""
+
+    numbers: np.ndarray
+    jumps: np.ndarray
+    weights: np.ndarray
+    costs: np.ndarray
+    offsets: list[int]
+
+    def kept(self, keep: np.ndarray, count: int) -> _Options:
+        """The options where ``keep`` is true, in the same order."""
+        positions = np.repeat(np.arange(count), np.diff(self.offsets))[keep]
+        return _Options(self.numbers[keep], self.jumps[keep], self.weights[keep], self.costs[keep],
+                        np.searchsorted(positions, np.arange(count + 1)).tolist())
+
+
+def _options(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int], runs: Sequence[Run]) -> _Options:
+    count = len(weights)
+    starts = np.concatenate([np.arange(count), np.fromiter((run.start for run in runs), np.int64, len(runs))])
+    order = np.argsort(starts, kind="stable")  # the nodes come first, so first at their position
+
+    def column(nodes: Sequence[Any], field: str, dtype: type) -> np.ndarray:
+        found = np.fromiter((getattr(run, field) for run in runs), dtype, len(runs))
+        return np.concatenate([np.asarray(nodes, dtype=dtype).reshape(count), found])[order]
+
+    return _Options(order, column(ends, "jump", np.int64), column(weights, "weight", np.int64),
+                    column(costs, "cost", np.float64), np.searchsorted(starts[order], np.arange(count + 1)).tolist())
 
 
 def _weight(weights: Sequence[int], runs: Sequence[Run], option: int) -> int:
@@ -86,46 +108,55 @@ def best_reachable(weights: Sequence[int], ends: Sequence[int], runs: Sequence[R
     """The most bytes any admissible choice frees (options with weight <= 0 are never worth choosing), and it."""
     count = len(weights)
     options = _options(weights, [0.0] * count, ends, runs)
+    options = options.kept(options.weights > 0, count)
+    numbers, jumps, freed, offsets = (options.numbers.tolist(), options.jumps.tolist(), options.weights.tolist(),
+                                      options.offsets)
     best = [0] * (count + 1)
-    take: list[tuple[int, int] | None] = [None] * count
+    take: list[int] = [-1] * count  # the option taken at each position, -1 none
     for i in range(count - 1, -1, -1):
         best[i] = best[i + 1]
-        for number, jump, weight, _ in options[i]:
-            if weight > 0 and weight + best[jump] > best[i]:
-                best[i], take[i] = weight + best[jump], (number, jump)
+        for o in range(offsets[i], offsets[i + 1]):
+            if freed[o] + best[jumps[o]] > best[i]:
+                best[i], take[i] = freed[o] + best[jumps[o]], o
     chosen, i = [], 0
     while i < count:
-        found = take[i]
-        if found is None:
+        o = take[i]
+        if o < 0:
             i += 1
         else:
-            chosen.append(found[0])
-            i = found[1]
+            chosen.append(numbers[o])
+            i = jumps[o]
     return best[0], tuple(chosen)
 
 
-def _table(options: list[list[tuple[int, int, int, float]]], need: int, resolution: int
-           ) -> tuple[int, np.ndarray, list[bytes], list[list[tuple[int, int, int]]]]:
-    """The table of ``best`` (see the module doc) on the grid for ``need``: the grid step, the row of position 0,
-    per position the levels where each of its options is taken (one packed row of bits per option, in the order
-    of ``units``; b"" for a position without options), and ``units``: per position its options worth a grid unit,
-    as (number, jump, units).
+class _Table(NamedTuple):
+    """The table of ``best`` (see the module doc) on the grid for a need: the grid step, the row of position 0,
+    and per position the options worth a grid unit (``numbers``, ``jumps``, ``units``: position i's are
+    ``offsets[i]:offsets[i + 1]``) and the levels where each is taken (``choices``: one packed row of bits per
+    option, in their order; b"" for a position without options)."""
 
-    At a position, each option in turn is taken where it is cheaper than the least so far (passing over, then the
-    options before it); at each level the last one so taken is the choice, as if it kept a pick per level. Levels
-    above the most a row can free are infinite: each option touches only those its row and its units reach."""
-    count = len(options)
+    grid: int
+    best: np.ndarray
+    numbers: list[int]
+    jumps: list[int]
+    units: list[int]
+    offsets: list[int]
+    choices: list[bytes]
+
+
+def _table(options: _Options, need: int, resolution: int) -> _Table:
+    """At a position, each option in turn is taken where it is cheaper than the least so far (passing over, then
+    the options before it); at each level the last one so taken is the choice, as if it kept a pick per level.
+    Levels above the most a row can free are infinite: each option touches only those its row and its units
+    reach."""
+    count = len(options.offsets) - 1
     grid = max(1, math.ceil(need / resolution))
     target = math.ceil(need / grid)
-    units = [[(number, jump, min(target, max(0, weight) // grid)) for number, jump, weight, _ in here]
-             for here in options]
-    costs = [{number: cost for number, _, _, cost in here} for here in options]
-    units = [[option for option in here if option[2] > 0] for here in units]
+    every = np.minimum(target, np.maximum(options.weights, 0) // grid)
+    worth = options.kept(every > 0, count)
+    units, jumps, costs, offsets = every[every > 0].tolist(), worth.jumps.tolist(), worth.costs.tolist(), worth.offsets
     # Row j is needed by position j - 1 (passed over) and by every option that jumps to j.
-    wanted = [1] * (count + 1)
-    for here in units:
-        for _, jump, _ in here:
-            wanted[jump] += 1
+    wanted = (np.bincount(worth.jumps, minlength=count + 1) + 1).tolist()
     width = target + 1
     last = np.full(width, np.inf)
     last[0] = 0.0
@@ -134,18 +165,17 @@ def _table(options: list[list[tuple[int, int, int, float]]], need: int, resoluti
     choices: list[bytes] = [b""] * count
     take = np.empty(width)
     for i in range(count - 1, -1, -1):
-        here = units[i]
-        if not here:
+        first, stop_at = offsets[i], offsets[i + 1]
+        if first == stop_at:
             rows[i] = rows[i + 1]
             _release(rows, wanted, i + 1)
             continue
         row, top = rows[i + 1]
         row = row.copy()
-        marks = np.zeros((len(here), width), dtype=bool)
-        price = costs[i]
-        for k, (number, jump, unit) in enumerate(here):
+        marks = np.zeros((stop_at - first, width), dtype=bool)
+        for k in range(stop_at - first):
+            jump, unit, cost = jumps[first + k], units[first + k], costs[first + k]
             after, high = rows[jump]
-            cost = price[number]
             stop = min(width, high + unit + 1)  # taking it is infinite from here on
             part = take[:stop]
             part[:unit] = after[0] + cost
@@ -157,7 +187,7 @@ def _table(options: list[list[tuple[int, int, int, float]]], need: int, resoluti
         choices[i] = np.packbits(marks, axis=1).tobytes()
         _release(rows, wanted, i + 1)
         rows[i] = (row, top)
-    return grid, rows[0][0], choices, units
+    return _Table(grid, rows[0][0], worth.numbers.tolist(), jumps, units, offsets, choices)
 
 
 def _release(rows: dict[int, tuple[np.ndarray, int]], wanted: list[int], j: int) -> None:
@@ -166,28 +196,27 @@ def _release(rows: dict[int, tuple[np.ndarray, int]], wanted: list[int], j: int)
         del rows[j]
 
 
-def _walker(choices: list[bytes], units: list[list[tuple[int, int, int]]], width: int
-            ) -> Callable[[int], list[int]]:
+def _walker(table: _Table) -> Callable[[int], list[int]]:
     """The walk back through the table from a grid level to the options chosen, for many levels: positions
     without options are stepped over at once; at a position, the last option whose bit is set at the level is
     the one chosen there."""
-    count = len(units)
+    numbers, jumps, units, offsets, choices = table.numbers, table.jumps, table.units, table.offsets, table.choices
+    count = len(offsets) - 1
     after = [count] * (count + 1)  # the first position from i on that has an option
     for i in range(count - 1, -1, -1):
-        after[i] = i if units[i] else after[i + 1]
-    size = (width + 7) // 8  # bytes of one option's row of bits
+        after[i] = i if offsets[i] < offsets[i + 1] else after[i + 1]
+    size = (len(table.best) + 7) // 8  # bytes of one option's row of bits
 
     def walk(level: int) -> list[int]:
         chosen, i = [], after[0]
         while i < count:
-            here, bits = units[i], choices[i]
+            first, bits = offsets[i], choices[i]
             at, shift = level >> 3, 7 - (level & 7)
-            for k in range(len(here) - 1, -1, -1):
+            for k in range(offsets[i + 1] - first - 1, -1, -1):
                 if (bits[k * size + at] >> shift) & 1:
-                    number, jump, unit = here[k]
-                    chosen.append(number)
-                    level = max(0, level - unit)
-                    i = after[jump]
+                    chosen.append(numbers[first + k])
+                    level = max(0, level - units[first + k])
+                    i = after[jumps[first + k]]
                     break
             else:
                 i = after[i + 1]
@@ -202,10 +231,10 @@ def solve(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int], n
     nodes weight 0 (and leave ineligible runs out)."""
     if need <= 0:
         return Solution((), 0, 0.0)
-    grid, best, choices, units = _table(_options(weights, costs, ends, runs), need, resolution)
-    if not math.isfinite(best[-1]):
+    table = _table(_options(weights, costs, ends, runs), need, resolution)
+    if not math.isfinite(table.best[-1]):
         return None
-    return _solution(weights, costs, runs, _walker(choices, units, len(best))(len(best) - 1))
+    return _solution(weights, costs, runs, _walker(table)(len(table.best) - 1))
 
 
 def frontier(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int],
@@ -222,10 +251,11 @@ def iter_frontier(weights: Sequence[int], costs: Sequence[float], ends: Sequence
     if top <= 0:
         yield Solution((), 0, 0.0)
         return
-    grid, best, choices, units = _table(_options(weights, costs, ends, runs), top, resolution)
+    table = _table(_options(weights, costs, ends, runs), top, resolution)
+    best = table.best
     # The least cost of freeing each grid level never falls as the level rises: levels in order are costs in order.
     previous, freed = None, -1
-    walk = _walker(choices, units, len(best))
+    walk = _walker(table)
     for level in range(len(best)):
         if not math.isfinite(best[level]) or best[level] == previous:
             continue
