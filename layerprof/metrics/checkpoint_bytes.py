@@ -248,19 +248,29 @@ def freed_by_runs(tables: Sequence[dict[str, list[Any]]], runs: Sequence[Sequenc
             calls_of.setdefault(name, []).append(i)
             if parents[i] >= 0:
                 below[parents[i]].append(i)
+        # name -> its calls and every call inside them, and the storages those save: read once for every run the
+        # module is in (a Sequential's child is in up to half its runs)
+        within: dict[str, tuple[set[int], set[int]]] = {}
         for k, run in enumerate(runs):
-            inside: set[int] = set()  # the run's calls and every call inside them
-            pending = [i for name in run for i in calls_of.get(name, ())]
-            while pending:
-                call = pending.pop()
-                if call not in inside:
-                    inside.add(call)
-                    pending.extend(below[call])
+            parts = []
+            for name in run:
+                found = within.get(name)
+                if found is None:
+                    calls: set[int] = set()
+                    pending = list(calls_of.get(name, ()))
+                    while pending:
+                        call = pending.pop()
+                        if call not in calls:
+                            calls.add(call)
+                            pending.extend(below[call])
+                    found = within[name] = (calls, {row for i in calls for row in saves[i]})
+                parts.append(found)
+            inside = set().union(*(calls for calls, _ in parts))  # the run's calls and every call inside them
             held = {row for i in calls_of.get(run[0], ()) if not (parents[i] >= 0 and parents[i] in inside)
                     for row in takes[i]}
-            touched = {row for i in inside for row in saves[i]}
+            touched = set().union(*(rows for _, rows in parts))
             for row in touched - held:
-                if all(i in inside for i in savers[row]):
+                if inside.issuperset(savers[row]):
                     freed[k] += sizes[row]
             for row in held:
                 if not savers[row]:
