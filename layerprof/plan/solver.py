@@ -38,10 +38,9 @@ class Solution:
     cost: float
 
 
-@dataclass(frozen=True)
-class Run:
+class Run(NamedTuple):
     """An option besides the nodes: it covers pre-order positions ``start .. jump - 1``, frees ``weight`` and
-    costs ``cost``."""
+    costs ``cost``. A tuple, so that the solver reads thousands as columns at once."""
 
     start: int
     jump: int
@@ -79,15 +78,15 @@ class _Options(NamedTuple):
 
 def _options(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int], runs: Sequence[Run]) -> _Options:
     count = len(weights)
-    starts = np.concatenate([np.arange(count), np.fromiter((run.start for run in runs), np.int64, len(runs))])
+    starts, jumps, freed, prices = (list(column) for column in zip(*runs)) if runs else ([], [], [], [])
+    starts = np.concatenate([np.arange(count), np.asarray(starts, dtype=np.int64)])
     order = np.argsort(starts, kind="stable")  # the nodes come first, so first at their position
 
-    def column(nodes: Sequence[Any], field: str, dtype: type) -> np.ndarray:
-        found = np.fromiter((getattr(run, field) for run in runs), dtype, len(runs))
-        return np.concatenate([np.asarray(nodes, dtype=dtype).reshape(count), found])[order]
+    def column(nodes: Sequence[Any], found: list[Any], dtype: type) -> np.ndarray:
+        return np.concatenate([np.asarray(nodes, dtype=dtype).reshape(count), np.asarray(found, dtype=dtype)])[order]
 
-    return _Options(order, column(ends, "jump", np.int64), column(weights, "weight", np.int64),
-                    column(costs, "cost", np.float64), np.searchsorted(starts[order], np.arange(count + 1)).tolist())
+    return _Options(order, column(ends, jumps, np.int64), column(weights, freed, np.int64),
+                    column(costs, prices, np.float64), np.searchsorted(starts[order], np.arange(count + 1)).tolist())
 
 
 def _weight(weights: Sequence[int], runs: Sequence[Run], option: int) -> int:
