@@ -124,13 +124,22 @@ def run_options(records: list[ModuleRecord], found: list[Candidate], below: list
         starts = [index[id(child)] for child in children]
         jumps = [ends[start] for start in starts]
         calls = record.calls or 0
+        # Going back from a run's last child, the early stop's tail ends at the last child before the stop that
+        # saves tensors or has children of its own (``tail_of``), whatever the run's first child when that is
+        # before it: read once per stop.
+        tails: dict[int, tuple[int, float]] = {}  # stop -> where its tail ends (-1: past the first child), and it
         for first, stop in spans:
             freed = next(weights)
             if freed <= 0:
                 continue
             inside = children[first:stop]
             recompute = sum(child_ms[first:stop])
-            recompute -= _run_tail_ms(inside) if record.calls == 1 else 0.0
+            if record.calls == 1:
+                if stop not in tails:
+                    at = next((k for k in range(stop - 1, -1, -1) if child_tensors[k] or children[k].children), -1)
+                    tails[stop] = (at, _run_tail_ms(children[max(0, at):stop]))
+                ends_at, tail = tails[stop]
+                recompute -= tail if first <= ends_at else _run_tail_ms(inside)
             options.append(RunOption(
                 name=run_name(record.name, first, stop), parent=record.name, first=first, stop=stop,
                 start=starts[first], jump=jumps[stop - 1], freed_bytes=freed, kept_bytes=0,
