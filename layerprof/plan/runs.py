@@ -110,8 +110,10 @@ def run_options(records: list[ModuleRecord], found: list[Candidate], below: list
         families.append((i, children, [(first, stop) for first in range(len(children) - 1)
                                        for stop in range(first + 2, len(children) + 1)
                                        if blocked[stop] == blocked[first] and not (first == 0 and stop == len(children))]))
-    weights = iter(freed_by_runs(tables, [tuple(child.name for child in children[first:stop])
-                                          for _, children, spans in families for first, stop in spans]))
+    # Each run's children's names, in order: what freed_by_runs reads and the option's ``children``.
+    inside = [tuple(names[first:stop]) for _, children, spans in families
+              for names in ([child.name for child in children],) for first, stop in spans]
+    weights = iter(zip(freed_by_runs(tables, inside), inside))
     options = []
     for i, children, spans in families:
         record = records[i]
@@ -120,7 +122,6 @@ def run_options(records: list[ModuleRecord], found: list[Candidate], below: list
         child_ms = [_forward_ms(child) - hook_ms * below[index[id(child)]] - op_ms * reader_ops(child)
                     for child in children]
         child_tensors = [_saved_tensors(child) for child in children]
-        names = [child.name for child in children]
         starts = [index[id(child)] for child in children]
         jumps = [ends[start] for start in starts]
         calls = record.calls or 0
@@ -129,21 +130,20 @@ def run_options(records: list[ModuleRecord], found: list[Candidate], below: list
         # before it: read once per stop.
         tails: dict[int, tuple[int, float]] = {}  # stop -> where its tail ends (-1: past the first child), and it
         for first, stop in spans:
-            freed = next(weights)
+            freed, run = next(weights)
             if freed <= 0:
                 continue
-            inside = children[first:stop]
             recompute = sum(child_ms[first:stop])
             if record.calls == 1:
                 if stop not in tails:
                     at = next((k for k in range(stop - 1, -1, -1) if child_tensors[k] or children[k].children), -1)
                     tails[stop] = (at, _run_tail_ms(children[max(0, at):stop]))
                 ends_at, tail = tails[stop]
-                recompute -= tail if first <= ends_at else _run_tail_ms(inside)
+                recompute -= tail if first <= ends_at else _run_tail_ms(children[first:stop])
             options.append(RunOption(
                 name=run_name(record.name, first, stop), parent=record.name, first=first, stop=stop,
                 start=starts[first], jump=jumps[stop - 1], freed_bytes=freed, kept_bytes=0,
-                recompute_ms=max(0.0, recompute), children=tuple(names[first:stop]),
+                recompute_ms=max(0.0, recompute), children=run,
                 wrap_ms=0.0 if cost is None else cost.of(calls, sum(child_tensors[first:stop]))))
     return options
 
