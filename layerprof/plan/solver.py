@@ -175,14 +175,19 @@ def _table(options: _Options, need: int, resolution: int) -> _Table:
         for k in range(stop_at - first):
             jump, unit, cost = jumps[first + k], units[first + k], costs[first + k]
             after, high = rows[jump]
-            stop = min(width, high + unit + 1)  # taking it is infinite from here on
-            part = take[:stop]
+            stop = high + unit + 1  # taking it is infinite from here on
+            if stop > width:
+                stop = width
+            part, least = take[:stop], row[:stop]
             part[:unit] = after[0] + cost
             np.add(after[: stop - unit], cost, out=part[unit:])
-            np.less(part, row[:stop], out=marks[k, :stop])
-            np.fmin(part, row[:stop], out=row[:stop])  # where equal the row's own (fmin: a NaN cost never taken)
-            top = max(top, stop - 1)
-            _release(rows, wanted, jump)
+            np.less(part, least, out=marks[k, :stop])
+            np.fmin(part, least, out=least)  # where equal the row's own (fmin: a NaN cost never taken)
+            if stop > top:
+                top = stop - 1
+            wanted[jump] -= 1
+            if not wanted[jump]:
+                del rows[jump]
         choices[i] = np.packbits(marks, axis=1).tobytes()
         _release(rows, wanted, i + 1)
         rows[i] = (row, top)
