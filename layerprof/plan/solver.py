@@ -102,6 +102,17 @@ def _solution(weights: Sequence[int], costs: Sequence[float], runs: Sequence[Run
                     sum(_cost(costs, runs, o) for o in chosen))
 
 
+def _pricing(weights: Sequence[int], costs: Sequence[float], runs: Sequence[Run]) -> Callable[[list[int]], Solution]:
+    """``_solution`` for many choices: every option's bytes and cost read once, each choice's summed in its order."""
+    freed = [int(weight) for weight in weights] + [int(run.weight) for run in runs]
+    price = [float(cost) for cost in costs] + [float(run.cost) for run in runs]
+
+    def solution(chosen: list[int]) -> Solution:
+        return Solution(tuple(chosen), sum([freed[o] for o in chosen]), sum([price[o] for o in chosen]))
+
+    return solution
+
+
 def best_reachable(weights: Sequence[int], ends: Sequence[int], runs: Sequence[Run] = ()
                    ) -> tuple[int, tuple[int, ...]]:
     """The most bytes any admissible choice frees (options with weight <= 0 are never worth choosing), and it."""
@@ -210,18 +221,19 @@ def _walker(table: _Table) -> Callable[[int], list[int]]:
     for i in range(count - 1, -1, -1):
         after[i] = i if offsets[i] < offsets[i + 1] else after[i + 1]
     size = (len(table.best) + 7) // 8  # bytes of one option's row of bits
+    here = [(offsets[i], offsets[i + 1] - offsets[i] - 1, choices[i]) for i in range(count)]  # first, last k, bits
 
     def walk(level: int) -> list[int]:
         chosen, i = [], after[0]
         while i < count:
-            first, bits = offsets[i], choices[i]
+            first, k, bits = here[i]
             at, shift = level >> 3, 7 - (level & 7)
-            for k in range(offsets[i + 1] - first - 1, -1, -1):
-                if (bits[k * size + at] >> shift) & 1:
-                    chosen.append(numbers[first + k])
-                    level = max(0, level - units[first + k])
-                    i = after[jumps[first + k]]
-                    break
+            while k >= 0 and not (bits[k * size + at] >> shift) & 1:
+                k -= 1
+            if k >= 0:
+                chosen.append(numbers[first + k])
+                level = max(0, level - units[first + k])
+                i = after[jumps[first + k]]
             else:
                 i = after[i + 1]
         return chosen
@@ -259,12 +271,12 @@ def iter_frontier(weights: Sequence[int], costs: Sequence[float], ends: Sequence
     best = table.best
     # The least cost of freeing each grid level never falls as the level rises: levels in order are costs in order.
     previous, freed = None, -1
-    walk = _walker(table)
+    walk, solution_of = _walker(table), _pricing(weights, costs, runs)
     for level in range(len(best)):
         if not math.isfinite(best[level]) or best[level] == previous:
             continue
         previous = best[level]
-        solution = _solution(weights, costs, runs, walk(level))
+        solution = solution_of(walk(level))
         if solution.freed > freed:
             freed = solution.freed
             yield solution
