@@ -1,5 +1,5 @@
 """Garbage collection paused while layerprof makes or reads thousands of its own objects (collecting, saving,
-loading), shared by the layers that do."""
+loading, planning), shared by the layers that do."""
 from __future__ import annotations
 
 import gc

@@ -5,6 +5,7 @@ import copy
 import platform
 import time
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -399,23 +400,44 @@ def test_runs_of_a_sequential_are_planned_applied_and_removed() -> None:
     assert not any("forward" in module.__dict__ for module in other.modules())
 
 
-@pytest.mark.parametrize("name", ["mlp", "resnet50", "densenet121"])
-def test_what_a_run_frees_is_the_replay_of_the_storages(name: str) -> None:
-    """``freed_by_runs`` (which touches only a run's storages) against replaying every storage of the step with
-    the run wrapped (``saved_after``), for every run of every Sequential of real models (nested calls inside)."""
-    from layerprof.metrics.checkpoint_bytes import STORAGES_ATTRIBUTE, freed_by_runs, saved_after
+def _every_run(name: str) -> tuple[Any, list[tuple[str, ...]]]:
+    """The storage tables of a zoo model's profiled step, and every run of every Sequential in it (its children's
+    names), runs from one child in order."""
+    from layerprof.metrics.checkpoint_bytes import STORAGES_ATTRIBUTE
     from tests.checkpoint_zoo import zoo_step
 
     if name != "mlp":
         pytest.importorskip("torchvision")
     model, step = zoo_step(name)
     prof = _profile(model, step)
-    tables = prof.tree.__dict__[STORAGES_ATTRIBUTE]
     runs = [tuple(child.name for child in record.children[first:stop])
             for record in prof.records.values() if record.type == "Sequential"
             for first in range(len(record.children)) for stop in range(first + 2, len(record.children) + 1)]
+    return prof.tree.__dict__[STORAGES_ATTRIBUTE], runs
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet50", "densenet121"])
+def test_what_a_run_frees_is_the_replay_of_the_storages(name: str) -> None:
+    """``freed_by_runs`` (which touches only a run's storages) against replaying every storage of the step with
+    the run wrapped (``saved_after``), for every run of every Sequential of real models (nested calls inside)."""
+    from layerprof.metrics.checkpoint_bytes import freed_by_runs, saved_after
+
+    tables, runs = _every_run(name)
     before = saved_after(tables, set())
     assert len(runs) >= 10 and freed_by_runs(tables, runs) == [before - saved_after(tables, set(), [run]) for run in runs]
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet50"])
+def test_what_a_run_frees_does_not_hang_on_the_order_of_the_runs(name: str) -> None:
+    """``freed_by_runs`` carries a run's calls and storages on to the next run where that one only adds a module
+    (the planner's order): in reverse order no run extends the one before, and each is read afresh, with the
+    same figures (nested calls, storages saved in several children)."""
+    from layerprof.metrics.checkpoint_bytes import freed_by_runs
+
+    tables, runs = _every_run(name)
+    forward = freed_by_runs(tables, runs)
+    assert len(runs) >= 10 and sum(1 for value in forward if value > 0) >= 5  # runs that free something
+    assert freed_by_runs(tables, runs[::-1]) == forward[::-1]
 
 
 @pytest.mark.filterwarnings("ignore:`gradient_checkpointing_enable` is deprecated:FutureWarning")

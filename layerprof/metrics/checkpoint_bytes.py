@@ -249,21 +249,37 @@ def freed_by_runs(tables: Sequence[dict[str, list[Any]]], runs: Sequence[Sequenc
             calls_of.setdefault(name, []).append(i)
             if parents[i] >= 0:
                 below[parents[i]].append(i)
+        # The run's calls and every call inside them, per storage saved there how many of its savers are not, and
+        # the bytes of those all of whose savers are: carried on to the next run where that is this one and one more
+        # module (a Sequential's runs from one child, in order), so that each call is added once per first child.
+        previous: Sequence[str] = ()
+        inside: set[int] = set()
+        missing: dict[int, int] = {}
+        full = 0
         for k, run in enumerate(runs):
-            inside: set[int] = set()  # the run's calls and every call inside them
-            pending = [i for name in run for i in calls_of.get(name, ())]
-            while pending:
-                call = pending.pop()
-                if call not in inside:
+            added: Sequence[str] = run
+            if len(run) > 1 and tuple(run[:-1]) == tuple(previous):
+                added = run[-1:]
+            else:
+                inside, missing, full = set(), {}, 0
+            for name in added:
+                pending = list(calls_of.get(name, ()))
+                while pending:
+                    call = pending.pop()
+                    if call in inside:
+                        continue
                     inside.add(call)
                     pending.extend(below[call])
+                    for row in saves[call]:
+                        left = missing.get(row, len(savers[row])) - 1
+                        missing[row] = left
+                        if left == 0:
+                            full += sizes[row]
+            previous = run
+            freed[k] += full
             held = {row for i in calls_of.get(run[0], ()) if not (parents[i] >= 0 and parents[i] in inside)
                     for row in takes[i]}
-            touched = {row for i in inside for row in saves[i]}
-            for row in touched - held:
-                if all(i in inside for i in savers[row]):
-                    freed[k] += sizes[row]
-            for row in held:
-                if not savers[row]:
+            for row in held:  # the checkpoint holds them: not freed, and those nothing saves are held on top
+                if not savers[row] or missing.get(row) == 0:
                     freed[k] -= sizes[row]
     return freed

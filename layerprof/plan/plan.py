@@ -27,6 +27,7 @@ from typing import Any, Iterator
 from torch import nn
 
 from .._check import check_bool
+from .._gc import gc_paused
 from ..metrics.checkpoint_bytes import STORAGES_ATTRIBUTE, saved_after, saved_peak
 from ..metrics.memory import TIMELINE_ATTRIBUTE
 from ..record.records import ModuleRecord, preorder
@@ -211,6 +212,8 @@ class CheckpointPlan:
         # The storages of the profiled step, on a live profile: what wrapping a set frees, exactly (else the
         # additive figure, which errs high where wrapped siblings share inputs).
         self._tables = root.__dict__.get(STORAGES_ATTRIBUTE)
+        # Chosen options -> saved_after of them, while the plan is made (None after).
+        self._replayed: dict[tuple[int, ...], int] | None = {}
         self._timeline = timeline = root.__dict__.get(TIMELINE_ATTRIBUTE)
         self._peak_model = PeakModel(self._tables, timeline) if self._tables and timeline is not None else None
         reachable, most = best_reachable(self._weights, self._ends, self._options)
@@ -268,6 +271,7 @@ class CheckpointPlan:
         self.extra_ms = float(sum(c.cost_ms for c in self.chosen))
         self.cold_extra_ms = float(sum(c.recompute_ms + c.cold_wrap_ms for c in self.chosen))
         self._applied: list[tuple[nn.Module, Any]] = []
+        self._replayed = None  # (not kept for the frontier: its thousands of points are replayed once each)
 
     def _predict_peak(self, root: ModuleRecord, wrapped: set[str], runs: list[RunOption]) -> None:
         """The step's peak measured in the profile and predicted with the plan (``peak.py``), where the memory
@@ -350,9 +354,15 @@ class CheckpointPlan:
 
     def _saved_after(self, chosen: tuple[int, ...], freed: int) -> int:
         if self._tables:
-            options = [self._option(i) for i in chosen]
-            return saved_after(self._tables, {o.name for o in options if isinstance(o, Candidate)},
-                               [o.children for o in options if isinstance(o, RunOption)])
+            # A plan made cheaper within the budget is replayed again at the end.
+            found = None if self._replayed is None else self._replayed.get(chosen)
+            if found is None:
+                options = [self._option(i) for i in chosen]
+                found = saved_after(self._tables, {o.name for o in options if isinstance(o, Candidate)},
+                                    [o.children for o in options if isinstance(o, RunOption)])
+                if self._replayed is not None:
+                    self._replayed[chosen] = found
+            return found
         return self.saved_bytes_before - freed
 
     def _cheaper_within(self, solution: Any, need: int, budget_bytes: int) -> Any:
@@ -513,14 +523,17 @@ def make_plan(root: ModuleRecord, budget: Any = None, allow_side_effects: bool =
         peak_bytes = parse_budget(peak, require_step_peak(root), name="peak")
     cost = check_wrap_cost(wrap_cost)
     runs = check_bool("runs", runs)
-    found = candidates(root, allow_side_effects, cost, hook_ms, op_ms)
-    options = None
-    if runs:
-        records = preorder(root)
-        below = descendant_calls(records, [c.parent for c in found])
-        options = run_options(records, found, below, root.__dict__.get(STORAGES_ATTRIBUTE), cost, hook_ms,
-                              op_ms)
-    return CheckpointPlan(root, found, budget_bytes, resolution, cost, hook_ms, options, peak_bytes)
+    # The candidates, runs and tables of a 10,000-module tree are some 100,000 objects: without the pause they
+    # trigger a full collection over the profile's and the model's objects, which costs more than the plan.
+    with gc_paused():
+        found = candidates(root, allow_side_effects, cost, hook_ms, op_ms)
+        options = None
+        if runs:
+            records = preorder(root)
+            below = descendant_calls(records, [c.parent for c in found])
+            options = run_options(records, found, below, root.__dict__.get(STORAGES_ATTRIBUTE), cost, hook_ms,
+                                  op_ms)
+        return CheckpointPlan(root, found, budget_bytes, resolution, cost, hook_ms, options, peak_bytes)
 
 
 def require_step_peak(root: ModuleRecord) -> int:

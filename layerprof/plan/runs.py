@@ -89,15 +89,17 @@ def run_options(records: list[ModuleRecord], found: list[Candidate], below: list
         return []
     index = {id(record): i for i, record in enumerate(records)}
     ends = ends_of([candidate.parent for candidate in found])
-    found_runs: list[tuple[int, int, int, list[ModuleRecord]]] = []
-    options = []
+    # Per Sequential offering runs: its index, children and the (first, stop) of its admissible runs.
+    families: list[tuple[int, list[ModuleRecord], list[tuple[int, int]]]] = []
     # Parents holding a child recorded under another name (an alias): their record's children are not their
     # positions, by which a run is cut when applied.
-    holding_aliases = {alias.rpartition(".")[0] for record in records for alias in record.aliases}
+    holding_aliases = {alias.rpartition(".")[0] for record in records if record.aliases for alias in record.aliases}
     for i, record in enumerate(records):
+        if record.type != "Sequential":
+            continue
         children = list(record.children)
-        if record.type != "Sequential" or not 3 <= len(children) <= MAX_CHILDREN or found[i].excluded in (
-                "not called",) or _blocked(found[i]) or record.name in holding_aliases:
+        if not 3 <= len(children) <= MAX_CHILDREN or found[i].excluded in ("not called",) or _blocked(
+                found[i]) or record.name in holding_aliases:
             continue
         if any(child.calls != record.calls for child in children):
             continue  # a child skipped or called again: not the Sequential's forward as known
@@ -105,34 +107,44 @@ def run_options(records: list[ModuleRecord], found: list[Candidate], below: list
         blocked = [0]
         for child in children:
             blocked.append(blocked[-1] + _blocked(found[index[id(child)]]))
-        for first in range(len(children) - 1):
-            for stop in range(first + 2, len(children) + 1):
-                if first == 0 and stop == len(children):
-                    continue  # the Sequential itself
-                if blocked[stop] == blocked[first]:
-                    found_runs.append((i, first, stop, children[first:stop]))
-    weights = freed_by_runs(tables, [tuple(child.name for child in inside) for *_, inside in found_runs])
-    # Per Sequential, each child's recompute ms and saved tensors, read once (its runs sum slices of them, in the
-    # children's order: the same sums as child by child)
-    per_child: dict[int, tuple[list[float], list[int]]] = {}
-    for (i, first, stop, inside), freed in zip(found_runs, weights):
-        if freed <= 0:
-            continue
+        families.append((i, children, [(first, stop) for first in range(len(children) - 1)
+                                       for stop in range(first + 2, len(children) + 1)
+                                       if blocked[stop] == blocked[first] and not (first == 0 and stop == len(children))]))
+    # Each run's children's names, in order: what freed_by_runs reads and the option's ``children``.
+    inside = [tuple(names[first:stop]) for _, children, spans in families
+              for names in ([child.name for child in children],) for first, stop in spans]
+    weights = iter(zip(freed_by_runs(tables, inside), inside))
+    options = []
+    for i, children, spans in families:
         record = records[i]
-        if i not in per_child:
-            children = list(record.children)
-            per_child[i] = ([_forward_ms(child) - hook_ms * below[index[id(child)]] - op_ms * reader_ops(child)
-                             for child in children],
-                            [_saved_tensors(child) for child in children])
-        child_ms, child_tensors = per_child[i]
-        recompute = sum(child_ms[first:stop])
-        recompute -= _run_tail_ms(inside) if record.calls == 1 else 0.0
-        tensors = sum(child_tensors[first:stop])
-        options.append(RunOption(
-            name=run_name(record.name, first, stop), parent=record.name, first=first, stop=stop,
-            start=index[id(inside[0])], jump=ends[index[id(inside[-1])]], freed_bytes=freed, kept_bytes=0,
-            recompute_ms=max(0.0, recompute), children=tuple(child.name for child in inside),
-            wrap_ms=0.0 if cost is None else cost.of(record.calls or 0, tensors)))
+        # Each child's recompute ms and saved tensors, read once; a run's are summed over its children in their
+        # order, as child by child (the same floating-point sums)
+        child_ms = [_forward_ms(child) - hook_ms * below[index[id(child)]] - op_ms * reader_ops(child)
+                    for child in children]
+        child_tensors = [_saved_tensors(child) for child in children]
+        starts = [index[id(child)] for child in children]
+        jumps = [ends[start] for start in starts]
+        calls = record.calls or 0
+        # Going back from a run's last child, the early stop's tail ends at the last child before the stop that
+        # saves tensors or has children of its own (``tail_of``), whatever the run's first child when that is
+        # before it: read once per stop.
+        tails: dict[int, tuple[int, float]] = {}  # stop -> where its tail ends (-1: past the first child), and it
+        for first, stop in spans:
+            freed, run = next(weights)
+            if freed <= 0:
+                continue
+            recompute = sum(child_ms[first:stop])
+            if record.calls == 1:
+                if stop not in tails:
+                    at = next((k for k in range(stop - 1, -1, -1) if child_tensors[k] or children[k].children), -1)
+                    tails[stop] = (at, _run_tail_ms(children[max(0, at):stop]))
+                ends_at, tail = tails[stop]
+                recompute -= tail if first <= ends_at else _run_tail_ms(children[first:stop])
+            options.append(RunOption(
+                name=run_name(record.name, first, stop), parent=record.name, first=first, stop=stop,
+                start=starts[first], jump=jumps[stop - 1], freed_bytes=freed, kept_bytes=0,
+                recompute_ms=max(0.0, recompute), children=run,
+                wrap_ms=0.0 if cost is None else cost.of(calls, sum(child_tensors[first:stop]))))
     return options
 
 

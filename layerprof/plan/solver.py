@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -38,10 +38,9 @@ class Solution:
     cost: float
 
 
-@dataclass(frozen=True)
-class Run:
+class Run(NamedTuple):
     """An option besides the nodes: it covers pre-order positions ``start .. jump - 1``, frees ``weight`` and
-    costs ``cost``."""
+    costs ``cost``. A tuple, so that the solver reads thousands as columns at once."""
 
     start: int
     jump: int
@@ -59,13 +58,35 @@ def ends_of(parents: Sequence[int]) -> list[int]:
     return ends
 
 
-def _options(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int], runs: Sequence[Run]
-             ) -> list[list[tuple[int, int, int, float]]]:
-    """For each position, its options as (number, jump, weight, cost): the node first, then its runs."""
-    found = [[(i, ends[i], int(weights[i]), float(costs[i]))] for i in range(len(weights))]
-    for k, run in enumerate(runs):
-        found[run.start].append((len(weights) + k, run.jump, int(run.weight), float(run.cost)))
-    return found
+class _Options(NamedTuple):
+    """Every option in position order (at a position its node first, then its runs in their order): ``numbers``,
+    ``jumps``, ``weights`` and ``costs`` as arrays, and ``offsets``: position i's options are
+    ``offsets[i]:offsets[i + 1]``."""
+
+    numbers: np.ndarray
+    jumps: np.ndarray
+    weights: np.ndarray
+    costs: np.ndarray
+    offsets: list[int]
+
+    def kept(self, keep: np.ndarray, count: int) -> _Options:
+        """The options where ``keep`` is true, in the same order."""
+        positions = np.repeat(np.arange(count), np.diff(self.offsets))[keep]
+        return _Options(self.numbers[keep], self.jumps[keep], self.weights[keep], self.costs[keep],
+                        np.searchsorted(positions, np.arange(count + 1)).tolist())
+
+
+def _options(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int], runs: Sequence[Run]) -> _Options:
+    count = len(weights)
+    starts, jumps, freed, prices = (list(column) for column in zip(*runs)) if runs else ([], [], [], [])
+    starts = np.concatenate([np.arange(count), np.asarray(starts, dtype=np.int64)])
+    order = np.argsort(starts, kind="stable")  # the nodes come first, so first at their position
+
+    def column(nodes: Sequence[Any], found: list[Any], dtype: type) -> np.ndarray:
+        return np.concatenate([np.asarray(nodes, dtype=dtype).reshape(count), np.asarray(found, dtype=dtype)])[order]
+
+    return _Options(order, column(ends, jumps, np.int64), column(weights, freed, np.int64),
+                    column(costs, prices, np.float64), np.searchsorted(starts[order], np.arange(count + 1)).tolist())
 
 
 def _weight(weights: Sequence[int], runs: Sequence[Run], option: int) -> int:
@@ -81,104 +102,143 @@ def _solution(weights: Sequence[int], costs: Sequence[float], runs: Sequence[Run
                     sum(_cost(costs, runs, o) for o in chosen))
 
 
+def _pricing(weights: Sequence[int], costs: Sequence[float], runs: Sequence[Run]) -> Callable[[list[int]], Solution]:
+    """``_solution`` for many choices: every option's bytes and cost read once, each choice's summed in its order."""
+    freed = [int(weight) for weight in weights] + [int(run.weight) for run in runs]
+    price = [float(cost) for cost in costs] + [float(run.cost) for run in runs]
+
+    def solution(chosen: list[int]) -> Solution:
+        return Solution(tuple(chosen), sum([freed[o] for o in chosen]), sum([price[o] for o in chosen]))
+
+    return solution
+
+
 def best_reachable(weights: Sequence[int], ends: Sequence[int], runs: Sequence[Run] = ()
                    ) -> tuple[int, tuple[int, ...]]:
     """The most bytes any admissible choice frees (options with weight <= 0 are never worth choosing), and it."""
     count = len(weights)
     options = _options(weights, [0.0] * count, ends, runs)
+    options = options.kept(options.weights > 0, count)
+    numbers, jumps, freed, offsets = (options.numbers.tolist(), options.jumps.tolist(), options.weights.tolist(),
+                                      options.offsets)
     best = [0] * (count + 1)
-    take: list[tuple[int, int] | None] = [None] * count
+    take: list[int] = [-1] * count  # the option taken at each position, -1 none
     for i in range(count - 1, -1, -1):
         best[i] = best[i + 1]
-        for number, jump, weight, _ in options[i]:
-            if weight > 0 and weight + best[jump] > best[i]:
-                best[i], take[i] = weight + best[jump], (number, jump)
+        for o in range(offsets[i], offsets[i + 1]):
+            if freed[o] + best[jumps[o]] > best[i]:
+                best[i], take[i] = freed[o] + best[jumps[o]], o
     chosen, i = [], 0
     while i < count:
-        found = take[i]
-        if found is None:
+        o = take[i]
+        if o < 0:
             i += 1
         else:
-            chosen.append(found[0])
-            i = found[1]
+            chosen.append(numbers[o])
+            i = jumps[o]
     return best[0], tuple(chosen)
 
 
-def _table(options: list[list[tuple[int, int, int, float]]], need: int, resolution: int
-           ) -> tuple[int, np.ndarray, list[np.ndarray], list[list[tuple[int, int, int]]]]:
-    count = len(options)
+class _Table(NamedTuple):
+    """The table of ``best`` (see the module doc) on the grid for a need: the grid step, the row of position 0,
+    and per position the options worth a grid unit (``numbers``, ``jumps``, ``units``: position i's are
+    ``offsets[i]:offsets[i + 1]``) and the levels where each is taken (``choices``: one packed row of bits per
+    option, in their order; b"" for a position without options)."""
+
+    grid: int
+    best: np.ndarray
+    numbers: list[int]
+    jumps: list[int]
+    units: list[int]
+    offsets: list[int]
+    choices: list[bytes]
+
+
+def _table(options: _Options, need: int, resolution: int) -> _Table:
+    """At a position, each option in turn is taken where it is cheaper than the least so far (passing over, then
+    the options before it); at each level the last one so taken is the choice, as if it kept a pick per level.
+    Levels above the most a row can free are infinite: each option touches only those its row and its units
+    reach."""
+    count = len(options.offsets) - 1
     grid = max(1, math.ceil(need / resolution))
     target = math.ceil(need / grid)
-    # Per position, the options worth a grid unit: (number, jump, units).
-    units = [[(number, jump, min(target, max(0, weight) // grid)) for number, jump, weight, _ in here]
-             for here in options]
-    costs = [{number: cost for number, _, _, cost in here} for here in options]
-    units = [[option for option in here if option[2] > 0] for here in units]
+    every = np.minimum(target, np.maximum(options.weights, 0) // grid)
+    worth = options.kept(every > 0, count)
+    units, jumps, costs, offsets = every[every > 0].tolist(), worth.jumps.tolist(), worth.costs.tolist(), worth.offsets
     # Row j is needed by position j - 1 (passed over) and by every option that jumps to j.
-    wanted = [1] * (count + 1)
-    for here in units:
-        for _, jump, _ in here:
-            wanted[jump] += 1
-    rows: dict[int, np.ndarray] = {}
-    last = np.full(target + 1, np.inf)
+    wanted = (np.bincount(worth.jumps, minlength=count + 1) + 1).tolist()
+    width = target + 1
+    last = np.full(width, np.inf)
     last[0] = 0.0
-    rows[count] = last
-    # Per position, the option chosen at each grid level: 0 none, k the k-th of units[i] (bits where only one).
-    choices: list[np.ndarray] = [np.zeros(0, dtype=np.uint8)] * count
+    # Position -> its row and the highest level where the row is finite (above it every entry is infinite).
+    rows: dict[int, tuple[np.ndarray, int]] = {count: (last, 0)}
+    choices: list[bytes] = [b""] * count
+    take = np.empty(width)
     for i in range(count - 1, -1, -1):
-        row = rows[i + 1]
-        pick = np.zeros(target + 1, dtype=np.uint16) if units[i] else None
-        for k, (number, jump, unit) in enumerate(units[i], start=1):
-            after = rows[jump]
-            take = np.empty_like(after)
-            take[:unit] = after[0]
-            take[unit:] = after[: target + 1 - unit]
-            take += costs[i][number]
-            better = take < row
-            row = np.where(better, take, row)
-            pick[better] = k
-            _release(rows, wanted, jump)
-        if pick is not None:
-            choices[i] = np.packbits(pick.astype(bool)) if len(units[i]) == 1 else pick
+        first, stop_at = offsets[i], offsets[i + 1]
+        if first == stop_at:
+            rows[i] = rows[i + 1]
+            _release(rows, wanted, i + 1)
+            continue
+        row, top = rows[i + 1]
+        row = row.copy()
+        marks = np.zeros((stop_at - first, width), dtype=bool)
+        for k in range(stop_at - first):
+            jump, unit, cost = jumps[first + k], units[first + k], costs[first + k]
+            after, high = rows[jump]
+            stop = high + unit + 1  # taking it is infinite from here on
+            if stop > width:
+                stop = width
+            part, least = take[:stop], row[:stop]
+            part[:unit] = after[0] + cost
+            np.add(after[: stop - unit], cost, out=part[unit:])
+            np.less(part, least, out=marks[k, :stop])
+            np.fmin(part, least, out=least)  # where equal the row's own (fmin: a NaN cost never taken)
+            if stop > top:
+                top = stop - 1
+            wanted[jump] -= 1
+            if not wanted[jump]:
+                del rows[jump]
+        choices[i] = np.packbits(marks, axis=1).tobytes()
         _release(rows, wanted, i + 1)
-        rows[i] = row
-    return grid, rows[0], choices, units
+        rows[i] = (row, top)
+    return _Table(grid, rows[0][0], worth.numbers.tolist(), jumps, units, offsets, choices)
 
 
-def _release(rows: dict[int, np.ndarray], wanted: list[int], j: int) -> None:
+def _release(rows: dict[int, tuple[np.ndarray, int]], wanted: list[int], j: int) -> None:
     wanted[j] -= 1
     if wanted[j] == 0:
         del rows[j]
 
 
-def _walker(choices: list[np.ndarray], units: list[list[tuple[int, int, int]]]) -> Callable[[int], list[int]]:
+def _walker(table: _Table) -> Callable[[int], list[int]]:
     """The walk back through the table from a grid level to the options chosen, for many levels: positions
-    without options are stepped over at once, and a position's one-option bits are read as bytes."""
-    count = len(units)
+    without options are stepped over at once; at a position, the last option whose bit is set at the level is
+    the one chosen there."""
+    numbers, jumps, units, offsets, choices = table.numbers, table.jumps, table.units, table.offsets, table.choices
+    count = len(offsets) - 1
     after = [count] * (count + 1)  # the first position from i on that has an option
     for i in range(count - 1, -1, -1):
-        after[i] = i if units[i] else after[i + 1]
-    bits = [bytes(here) if len(unit) == 1 else b"" for here, unit in zip(choices, units)]
+        after[i] = i if offsets[i] < offsets[i + 1] else after[i + 1]
+    size = (len(table.best) + 7) // 8  # bytes of one option's row of bits
+    here = [(offsets[i], offsets[i + 1] - offsets[i] - 1, choices[i]) for i in range(count)]  # first, last k, bits
 
     def walk(level: int) -> list[int]:
         chosen, i = [], after[0]
         while i < count:
-            here = units[i]
-            k = (bits[i][level >> 3] >> (7 - (level & 7))) & 1 if len(here) == 1 else int(choices[i][level])
-            if k:
-                number, jump, unit = here[k - 1]
-                chosen.append(number)
-                level = max(0, level - unit)
-                i = after[jump]
+            first, k, bits = here[i]
+            at, shift = level >> 3, 7 - (level & 7)
+            while k >= 0 and not (bits[k * size + at] >> shift) & 1:
+                k -= 1
+            if k >= 0:
+                chosen.append(numbers[first + k])
+                level = max(0, level - units[first + k])
+                i = after[jumps[first + k]]
             else:
                 i = after[i + 1]
         return chosen
 
     return walk
-
-
-def _walk(choices: list[np.ndarray], units: list[list[tuple[int, int, int]]], level: int) -> list[int]:
-    return _walker(choices, units)(level)
 
 
 def solve(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int], need: int,
@@ -187,10 +247,10 @@ def solve(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int], n
     nodes weight 0 (and leave ineligible runs out)."""
     if need <= 0:
         return Solution((), 0, 0.0)
-    grid, best, choices, units = _table(_options(weights, costs, ends, runs), need, resolution)
-    if not math.isfinite(best[-1]):
+    table = _table(_options(weights, costs, ends, runs), need, resolution)
+    if not math.isfinite(table.best[-1]):
         return None
-    return _solution(weights, costs, runs, _walk(choices, units, len(best) - 1))
+    return _solution(weights, costs, runs, _walker(table)(len(table.best) - 1))
 
 
 def frontier(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int],
@@ -207,15 +267,16 @@ def iter_frontier(weights: Sequence[int], costs: Sequence[float], ends: Sequence
     if top <= 0:
         yield Solution((), 0, 0.0)
         return
-    grid, best, choices, units = _table(_options(weights, costs, ends, runs), top, resolution)
+    table = _table(_options(weights, costs, ends, runs), top, resolution)
+    best = table.best
     # The least cost of freeing each grid level never falls as the level rises: levels in order are costs in order.
     previous, freed = None, -1
-    walk = _walker(choices, units)
+    walk, solution_of = _walker(table), _pricing(weights, costs, runs)
     for level in range(len(best)):
         if not math.isfinite(best[level]) or best[level] == previous:
             continue
         previous = best[level]
-        solution = _solution(weights, costs, runs, walk(level))
+        solution = solution_of(walk(level))
         if solution.freed > freed:
             freed = solution.freed
             yield solution
