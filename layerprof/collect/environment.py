@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["environment", "input_facts"]
+__all__ = ["environment", "environment_of", "input_facts"]
 
 
 @lru_cache(maxsize=1)
@@ -73,7 +73,12 @@ def _first_parameter(model: nn.Module) -> torch.Tensor | None:
 
 def environment(model: nn.Module | None = None, example: torch.Tensor | None = None) -> dict[str, Any]:
     """Facts about the machine and run; ``model`` gives device and dtype, ``example`` the batch size."""
-    parameter = _first_parameter(model) if model is not None else None
+    return environment_of(_first_parameter(model) if model is not None else None, example)
+
+
+def environment_of(parameter: torch.Tensor | None, example: torch.Tensor | None = None) -> dict[str, Any]:
+    """``environment`` of a model whose first parameter (``next(model.parameters(), None)``) is ``parameter``,
+    where the caller knows it without a walk of the model."""
     device = parameter.device if parameter is not None else (example.device if example is not None else None)
     return {
         **_machine(),

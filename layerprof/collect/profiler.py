@@ -18,7 +18,7 @@ from .._derived import verified
 from .._gc import gc_paused
 from .hook_cost import hook_cost
 from .live_op_cost import live_op_cost
-from .environment import environment
+from .environment import environment, environment_of
 from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters, measures
 from ..metrics.peaks import check_peaks
@@ -73,9 +73,37 @@ def _step_ms(stats: StepStats) -> dict[str, Any]:
     return {"step_ms": stats.step_totals()}
 
 
+# The classes of the models that passed ``_refuse_model``: nn.Module subclasses that are neither TorchScript nor
+# torch.compile's wrapper. What a class is a subclass of does not change (``torch.compile`` wraps a model in an
+# instance of its own class, and no class made before dynamo was loaded can derive from dynamo's), so a model of a
+# class seen here needs no ``isinstance`` (cold, each one is several microseconds as a block starts right after a
+# step: the three took about 20 µs). Bounded, for classes made on the fly.
+_PLAIN_MODELS: set[type] = set()
+
+
 def _check_model(model: Any) -> list[tuple[str, nn.Module]] | None:
     """Refuse what LayerProf cannot profile (with what to do instead); the model's ``module_paths``, or None for a
     model profiled before, whose plan the block's start checks against the model (``reuse.plan_for``)."""
+    kind = type(model)
+    try:
+        seen = kind in _PLAIN_MODELS
+    except TypeError:  # a class whose metaclass makes it unhashable: checked every time
+        seen = True
+        _refuse_model(model)
+    if not seen:
+        _refuse_model(model)
+        if len(_PLAIN_MODELS) >= 1024:
+            _PLAIN_MODELS.clear()
+        _PLAIN_MODELS.add(kind)
+    if reuse.known(model):
+        return None
+    paths = module_paths(model)
+    _check_children(paths, compiled_module_type())
+    return paths
+
+
+def _refuse_model(model: Any) -> None:
+    """Raise for a model that is not an eager nn.Module (TorchScript, a torch.compile wrapper, anything else)."""
     if isinstance(model, torch.jit.ScriptModule):
         raise TypeError(
             "LayerProf cannot profile a TorchScript module: its submodules' hooks never run. "
@@ -89,11 +117,6 @@ def _check_model(model: Any) -> list[tuple[str, nn.Module]] | None:
         )
     if not isinstance(model, nn.Module):
         raise TypeError(f"LayerProf expects a torch.nn.Module, got {type(model).__module__}.{type(model).__qualname__}")
-    if reuse.known(model):
-        return None
-    paths = module_paths(model)
-    _check_children(paths, compiled)
-    return paths
 
 
 def _check_children(paths: list[tuple[str, nn.Module]], compiled: type | None) -> None:
@@ -664,7 +687,11 @@ class LayerProf:
             if compiled is not None:  # its times are partial: no profile rather than a wrong one
                 raise RuntimeError(compiled)
             passed = self._warn_unseen_modules(owns) and read is not None
-        meta: dict[str, Any] = {"environment": {**environment(self.model), **tracker.example}}
+        # The model's device and dtype from its first parameter: the plan's where nothing was written into the
+        # model since a clean end (its tables hold what the plan was made from), without a walk of the model.
+        parameter = plan.first_parameter() if unchanged and plan is not None else reuse.UNKNOWN
+        facts = environment(self.model) if parameter is reuse.UNKNOWN else environment_of(parameter)
+        meta: dict[str, Any] = {"environment": {**facts, **tracker.example}}
         if self._stats.steps == 0 and self._counting_step is not None:
             distorting = [m.name for m in self.metrics if m.distorts_timing]
             # Only set while a distorting meter counted, so ``distorting`` is not empty here.
