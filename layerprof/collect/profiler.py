@@ -22,7 +22,7 @@ from .environment import environment, environment_of
 from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters, measures
 from ..metrics.peaks import check_peaks
-from .._torch import add_module_registration_hook, compiled_module_type, eager_forwards, remove_module_registration_hook
+from .._torch import add_module_registration_hook, compiled_module_type, remove_module_registration_hook
 from .._torch import submodules
 from ..profile import Profile
 from ..record.records import ModuleRecord, module_paths
@@ -322,7 +322,7 @@ class LayerProf:
         # (``Plan.checked``: the key just read the classes), and no class's forward is compiled.
         checked = plan.checked
         if (checked is None or owns is None or list(map(reuse.dict_version, owns)) != checked[0]
-                or not eager_forwards(plan.classes)):
+                or not plan.eager()):
             refuse_compiled_in_place(entries, modules, owns)
         for holder in list(_PROFILED):  # (giving way stops a holder, which takes it out of _PROFILED)
             held = holder._names
@@ -680,7 +680,7 @@ class LayerProf:
         ours = plan is not None and plan.key is not None and len(self._entries) == self._built
         read = reuse.written(owns) if ours and reused else None
         unchanged = (read is not None and read == plan.checked and list(map(type, modules)) == plan.types
-                     and eager_forwards(plan.classes))
+                     and plan.eager())
         passed = False  # whether the checks below all passed, on a plan's modules whose versions were read
         if not unchanged:
             compiled = compiled_while_profiling(self._entries, modules, owns)

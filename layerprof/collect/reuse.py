@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from itertools import chain, compress
+from itertools import chain, compress, repeat
 from operator import attrgetter, is_not, itemgetter
 from functools import partial
 from typing import Any, Callable
@@ -35,7 +35,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .._torch import dict_version
+from .._torch import dict_version, eager_forwards
 from ..record.records import ModuleRecord, module_paths
 
 __all__ = ["Entries", "Plan", "UNKNOWN", "plan_for", "known", "fingerprint", "table_versions", "written"]
@@ -210,7 +210,7 @@ class Plan:
 
     __slots__ = ("_refs", "_path_names", "_path_index", "names", "hook_names", "key", "types", "_child_counts",
                  "_child_ids", "_records", "_first_names", "_has_children", "pre_hooked", "values", "reprs",
-                 "repr_groups", "classes", "_seen_tables", "_tensor_refs", "_tensor_reads", "checked", "_first",
+                 "repr_groups", "classes", "_class_list", "_forwards", "_seen_tables", "_tensor_refs", "_tensor_reads", "checked", "_first",
                  "__weakref__")
 
     def __init__(self, paths: list[tuple[str, nn.Module]]) -> None:
@@ -258,6 +258,9 @@ class Plan:
         self.reprs: dict[int, tuple[Any, ...]] = {}
         self.repr_groups: dict[type, list[int]] | None = None  # entry indices by class, made when first read
         self.classes = set(self.types)
+        # The classes' forwards as ``eager`` last found them all eager, in the order of ``_class_list``.
+        self._class_list = list(self.classes)
+        self._forwards: list[Any] | None = None
         # The tables' versions when the key last held, with the tensors they held then (weakly) and what the key
         # reads of those (``unchanged``): kept from the first block that reuses the plan (a first block on a model
         # reads no more than before), none where torch gives no versions.
@@ -302,6 +305,21 @@ class Plan:
             return False
         # (alive: the same tables hold them)
         return _tensors_read(list(map(_dereference, self._tensor_refs))) == self._tensor_reads
+
+    def eager(self) -> bool:
+        """``eager_forwards(self.classes)``: whether no class of the plan has a compiled ``forward``, told without
+        hashing the forwards where they are the functions it last found eager (a compiled forward is a new
+        function): as a block starts and ends, about a third less, cold."""
+        forwards = list(map(getattr, self._class_list, repeat("forward"), repeat(None)))
+        try:
+            if forwards == self._forwards:
+                return True
+        except Exception:  # noqa: BLE001 - a forward whose == raises: read as eager_forwards reads it
+            pass
+        if not eager_forwards(self.classes):
+            return False
+        self._forwards = forwards
+        return True
 
     def first_parameter(self) -> Any:
         """The first parameter of the plan's modules in walk order (``next(model.parameters(), None)``, which the
