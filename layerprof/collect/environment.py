@@ -79,14 +79,27 @@ def environment(model: nn.Module | None = None, example: torch.Tensor | None = N
 def environment_of(parameter: torch.Tensor | None, example: torch.Tensor | None = None) -> dict[str, Any]:
     """``environment`` of a model whose first parameter (``next(model.parameters(), None)``) is ``parameter``,
     where the caller knows it without a walk of the model."""
-    device = parameter.device if parameter is not None else (example.device if example is not None else None)
+    if parameter is not None and parameter.is_cpu:
+        # A CPU model's device facts by its dtype alone: no device object made and hashed (cold C++ code as a
+        # block ends right after a step).
+        dtype = parameter.dtype
+        device_facts = _CPU_FACTS.get(dtype)
+        if device_facts is None:
+            device_facts = _CPU_FACTS[dtype] = _device_facts(parameter.device, dtype)
+    else:
+        device = parameter.device if parameter is not None else (example.device if example is not None else None)
+        device_facts = _device_facts(device, parameter.dtype if parameter is not None else None)
     return {
         **_machine(),
         "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
-        **_device_facts(device, parameter.dtype if parameter is not None else None),
+        **device_facts,
         **(input_facts(example) if example is not None else _NO_EXAMPLE),
     }
+
+
+# ``_device_facts`` of the CPU by dtype.
+_CPU_FACTS: dict[torch.dtype, dict[str, Any]] = {}
 
 
 _NO_EXAMPLE = {"batch_size": None, "input_dtype": None}

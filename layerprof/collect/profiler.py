@@ -230,6 +230,33 @@ class LayerProf:
             sheet's); kept in ``meta["peaks"]``. None: measured by ``layerprof.peaks()`` when first needed.
     """
 
+    # State that starts as these defaults, read from the class until a block sets it on the instance: a one-shot
+    # block writes 26 attributes on its LayerProf, not 31. Past 30, CPython (3.11) moves an instance's attributes
+    # from the compact values that share their class's keys into a dict of its own (made, filled and freed per
+    # block): the defaults here took about 20 µs off a one-shot block, cold right after a step.
+    # The block's records, made from its plan only when something reads them while it runs (a meter that is not
+    # ``deferrable``, a module that joins): else the profile makes them when it is first read.
+    _tree: ModuleRecord | None = None
+    _records: dict[str, ModuleRecord] | None = None
+    _counting_step: dict[str, StepTimes] | None = None
+    _counting_done = False
+    _observed = False  # whether some meter observes calls (set as the block starts)
+    _tracker: Tracker | None = None
+    _owns: list[dict[str, Any]] | None = None  # the entries' ``__dict__``, where the start read them
+    _registration: Any = None  # the global hook that sees submodules registered while profiling
+    _plan: reuse.Plan | None = None
+    _pre_hooked: list[nn.Module] | None = None  # the first attach's modules with pre-hooks of their own
+    _profile: Profile | None = None
+    _in_block = False  # inside `with`: stop() is the block's job
+    _failure = ""
+    # Where start() was called, for the error of a second profiler on the model: the code and the offset of its
+    # instruction, made into a file and line only for that error (a line number is read from the code's line
+    # table: cold C code as a block starts right after a step).
+    _started_at: tuple[Any, int] | None = None
+    # Set by an integration: ends this profiler, and returns True, when the run that owns it is over (a trainer
+    # that raised never calls its profiler again), so that a new profiler on the model need not wait for it.
+    _give_way: Callable[[], bool] | None = None
+
     def __init__(self, model: nn.Module, *, sync: bool = False, metrics: Iterable[str] | None = None,
                  warmup: int = 0, schedule: Schedule | None = None, max_samples: int = 1024,
                  annotate: bool = False, peaks: dict[str, Any] | None = None) -> None:
@@ -254,36 +281,14 @@ class LayerProf:
         self.metrics: list[Meter] = make_meters(metrics, model)
         if annotate:  # an observer on the meters' hooks: nothing runs for it when off
             self.metrics.append(Annotator())
-        # The block's records, made from its plan only when something reads them while it runs (a meter that is
-        # not ``deferrable``, a module that joins): else the profile makes them when it is first read.
-        self._tree: ModuleRecord | None = None
-        self._records: dict[str, ModuleRecord] | None = None
         self.step_num = 0
         self._stats = StepStats(max_samples=max_samples)
-        self._counting_step: dict[str, StepTimes] | None = None
         self._counting: list[Meter] = []  # timing-distorting meters while they run
-        self._counting_done = False
-        self._observed = False  # whether some meter observes calls (set as the block starts)
         self._steps_with_calls = 0
-        self._tracker: Tracker | None = None
         self._entries: reuse.Entries | list[tuple[str, nn.Module]] = []
         self._entry_modules: list[nn.Module] = []
-        self._owns: list[dict[str, Any]] | None = None  # their ``__dict__``, where the start read them
-        self._registration: Any = None  # the global hook that sees submodules registered while profiling
         self._names: dict[int, str] = {}
-        self._plan: reuse.Plan | None = None
-        self._pre_hooked: list[nn.Module] | None = None  # the first attach's modules with pre-hooks of their own
-        self._profile: Profile | None = None
         self._state = "new"  # new -> running -> done, or failed when the block raised
-        self._in_block = False  # inside `with`: stop() is the block's job
-        self._failure = ""
-        # Where start() was called, for the error of a second profiler on the model: the code and the offset of
-        # its instruction, made into a file and line only for that error (a line number is read from the code's
-        # line table: cold C code as a block starts right after a step).
-        self._started_at: tuple[Any, int] | None = None
-        # Set by an integration: ends this profiler, and returns True, when the run that owns it is over (a trainer
-        # that raised never calls its profiler again), so that a new profiler on the model need not wait for it.
-        self._give_way: Callable[[], bool] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def _action(self, step: int) -> Action:
