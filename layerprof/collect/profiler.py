@@ -567,7 +567,7 @@ class LayerProf:
             if (last and action is Action.RECORD and not self._stats.steps and not self._counting
                     and isinstance(tracker.cpu_clock, CpuClock)  # (and the CUDA clocks: no generator where none)
                     and (not tracker.cuda_clocks or all(isinstance(c, CpuClock) for c in tracker.cuda_clocks.values()))
-                    and all_returned(calls)):
+                    and (tracker.counted_all_returned() or all_returned(calls))):
                 # The block's only step, stamped by wall clocks (no event to settle): its times are made when the
                 # profile is first read (a one-shot profile that is never read never makes them), from the calls,
                 # which hold nothing else of the step then.
@@ -586,6 +586,7 @@ class LayerProf:
                         self._stats.add(times)
                 timed = bool(times)
             calls.clear()  # (the hooks hold this list)
+            tracker.returned = 0
             self._steps_with_calls += 1
         # Close the step: its graph hooks stop stamping, and every thread's call stack, walked nodes and owners
         # start clean (kept across steps they grew without bound; a KeyboardInterrupt inside a forward skips its
@@ -605,6 +606,7 @@ class LayerProf:
         """Forget the step under way (it did not complete): its calls, and the meters' numbers for it."""
         assert self._tracker is not None
         self._tracker.calls.clear()
+        self._tracker.returned = 0
         for meter in self._running_meters():
             meter.end_step(False)
 
