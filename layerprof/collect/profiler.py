@@ -380,7 +380,11 @@ class LayerProf:
             self._teardown(started + self._counting)
             raise
         self._state = "running"
-        frame = _user_frame()[0]
+        # (``start()`` and ``__enter__`` call this: their caller's frame is the user's, unless layerprof's own code
+        # started the block; one frame object made, not one per level walked)
+        frame: Any = sys._getframe(2)
+        if frame.f_code.co_filename.startswith(_PACKAGE):
+            frame = _user_frame()[0]
         self._started_at = None if frame is None else (frame.f_code, frame.f_lasti)
         return self
 
@@ -732,9 +736,11 @@ class LayerProf:
             meta["partial"] = partial
         if self._given_peaks is not None:
             meta["peaks"] = dict(self._given_peaks)
-        meta.update(steps=self._stats.steps, steps_seen=self._steps_with_calls, warmup=self.warmup,
-                    schedule=None if self.schedule is None else vars(self.schedule).copy(),
-                    clock=sorted({tracker.cpu_clock.kind, *map(_kind, tracker.cuda_clocks.values())}))
+        meta["steps"], meta["steps_seen"], meta["warmup"] = self._stats.steps, self._steps_with_calls, self.warmup
+        meta["schedule"] = None if self.schedule is None else vars(self.schedule).copy()
+        cuda_clocks = tracker.cuda_clocks
+        meta["clock"] = (sorted({tracker.cpu_clock.kind, *map(_kind, cuda_clocks.values())}) if cuda_clocks
+                         else [tracker.cpu_clock.kind])
         if not later:
             meta["step_ms"] = stats.step_totals()
         if self._stats.steps == 0:

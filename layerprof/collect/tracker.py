@@ -454,9 +454,10 @@ class Tracker:
         call after the reset, nothing holding it), it is reset to as new and kept for the next block: its hook
         functions read the same lists and dicts, emptied. Else its hook functions and per-call state are dropped
         (as ``release`` does)."""
+        threads = self._threads
         if (made_profile and not self.sync and self.global_hooks and type(self.cpu_clock) is CpuClock
-                and not self.lent and len(self._threads) <= 1 and not _PARKED
-                and all(state.thread == threading.get_ident() for state in self._threads)):
+                and not self.lent and not _PARKED
+                and (not threads or (len(threads) == 1 and threads[0].thread == threading.get_ident()))):
             self.calls.clear()
             self.returned = 0
             self.example.clear()
