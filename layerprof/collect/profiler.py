@@ -382,8 +382,11 @@ class LayerProf:
         self._state = "running"
         # (``start()`` and ``__enter__`` call this: their caller's frame is the user's, unless layerprof's own code
         # started the block; one frame object made, not one per level walked)
-        frame: Any = sys._getframe(2)
-        if frame.f_code.co_filename.startswith(_PACKAGE):
+        try:
+            frame: Any = sys._getframe(2)
+        except ValueError:  # called from C with no Python frame above
+            frame = None
+        if frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
             frame = _user_frame()[0]
         self._started_at = None if frame is None else (frame.f_code, frame.f_lasti)
         return self
