@@ -480,11 +480,13 @@ class Tracker:
     def end_step(self, last: bool = False) -> None:
         """Close the step: graph hooks still on live nodes stop stamping, and per-thread state starts clean
         (a KeyboardInterrupt inside a forward skips its post-hook). ``last``: the tracker's last step, whose
-        per-thread state ``park`` or ``release`` clears as the block ends, with the shared hooker of this thread
-        if it walked for this tracker (``_ThreadState.clear``; a thread that never walked for it holds none of
-        its dicts)."""
+        per-thread state ``release`` clears; only this thread's hooker, which every tracker shares, lets go of
+        its last dict (as ``_ThreadState.clear`` does)."""
         self.step_state.open = False
         if last:
+            hooker = getattr(_HOOKERS, "hooker", None)
+            if hooker is not None:
+                hooker.clear()
             return
         self.step_state = _Step(self.step_state.observers)
         with self._threads_lock:
