@@ -290,11 +290,19 @@ def process_group_initialized() -> bool:
     """``torch.distributed.is_initialized()`` (on a torch built with distributed support), read from c10d's world
     object without the two properties in between: frames of Python code that are cache misses as a LayerProf is
     made right after a step. The public call where c10d's internals differ."""
-    world = getattr(sys.modules.get("torch.distributed.distributed_c10d"), "_world", None)
+    c10d = _C10D[0] if _C10D else None
+    if c10d is None:
+        c10d = sys.modules.get("torch.distributed.distributed_c10d")
+        if c10d is not None:  # (a module, once imported, stays the one torch's functions read)
+            _C10D.append(c10d)
     try:
-        return world._default_pg is not None  # type: ignore[union-attr]
+        return c10d._world._default_pg is not None  # type: ignore[union-attr]
     except AttributeError:
         return torch.distributed.is_initialized()
+
+
+# c10d's module once imported: the lookup in ``sys.modules`` (thousands of entries, cold) is made until then only.
+_C10D: list[Any] = []
 
 
 def compiled_module_type() -> type | None:

@@ -117,6 +117,30 @@ def test_a_class_forward_compiled_after_a_profile_saw_it_eager_is_refused() -> N
     assert profile_step(model).records["1"].calls == 1
 
 
+@pytest.mark.parametrize("when", ["between", "inside"])
+def test_a_class_forward_compiled_after_reused_blocks_is_refused(when: str) -> None:
+    # From the second block on a plan, a block's start and end compare the classes' forwards with the functions the
+    # plan last found eager (``Plan.eager``): a compiled forward is another function, read again and refused.
+    model = nn.Sequential(nn.Linear(4, 4), LaterCompiled())
+    for _ in range(3):
+        profile_step(model)
+    eager = LaterCompiled.forward
+    try:
+        if when == "between":
+            LaterCompiled.forward = torch.compile(eager)
+            with pytest.raises(TypeError, match=re.escape("the forward of module '1' (LaterCompiled) is a torch.compile'd")):
+                with LayerProf(model):
+                    pass
+        else:
+            with pytest.raises(RuntimeError, match=re.escape("module '1' (LaterCompiled)")):
+                with LayerProf(model):
+                    model(torch.randn(2, 4)).sum().backward()
+                    LaterCompiled.forward = torch.compile(eager)
+    finally:
+        LaterCompiled.forward = eager
+    assert not _PROFILED and profile_step(model).records["1"].calls == 1
+
+
 def test_what_is_not_compiled_is_profiled_in_full() -> None:
     # compile(disable=True) stores the plain _call_impl, and torch.compiler.disable marks a wrapper that never
     # compiles: both run eagerly, hooks and all, so every module gets its forward and backward.

@@ -499,6 +499,35 @@ def test_bad_arguments_say_what_to_do() -> None:
         LayerProf(nn.Linear(2, 2), metrics=("nope",))
 
 
+def test_a_one_shot_block_writes_at_most_30_attributes_on_its_layerprof() -> None:
+    # Past 30, CPython 3.11 keeps an instance's attributes in a dict of its own instead of compact values sharing
+    # the class's keys: made and freed per block (LayerProf's class-level defaults keep it at 26).
+    net = nn.Linear(2, 2)
+    for _ in range(2):  # (the second block reuses the first one's plan)
+        with LayerProf(net) as prof:
+            net(torch.randn(1, 2)).sum().backward()
+        assert len(vars(prof)) <= 30
+
+
+def test_a_model_class_is_let_through_unchecked_only_once_it_passed_the_checks() -> None:
+    # LayerProf keeps the classes of models that passed its checks (_PLAIN_MODELS): a refused model's class is not
+    # kept, so that it is refused every time, and a subclass or a wrapper of a kept class is checked for itself.
+    from layerprof.collect import profiler
+
+    with LayerProf(nn.Linear(2, 2)) as prof:
+        prof.model(torch.randn(1, 2)).sum().backward()
+    assert nn.Linear in profiler._PLAIN_MODELS
+    scripted, compiled = torch.jit.script(nn.Linear(2, 2)), torch.compile(nn.Linear(2, 2))
+    for _ in range(2):
+        with pytest.raises(TypeError, match="TorchScript"):
+            LayerProf(scripted)
+        with pytest.raises(TypeError, match=re.escape("LayerProf(compiled._orig_mod)")):
+            LayerProf(compiled)
+        with pytest.raises(TypeError, match="expects a torch.nn.Module, got builtins.str"):
+            LayerProf("resnet18")  # type: ignore[arg-type]
+    assert not {type(scripted), type(compiled), str} & profiler._PLAIN_MODELS
+
+
 def test_results_before_exit_raise() -> None:
     model = MLP()
     with LayerProf(model) as prof:

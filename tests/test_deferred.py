@@ -204,3 +204,23 @@ def test_a_step_in_which_a_module_raised_is_timed_as_the_block_ends() -> None:
         _step(model)
     assert prof._stats._later is None
     assert prof.records["linear"].calls == 1 and prof.records[""].calls == 1  # the call that raised is none
+
+
+def test_the_tracker_counts_the_calls_that_returned_and_starts_each_step_and_block_from_none() -> None:
+    # A block's end tells that every call returned from the tracker's count of returns (no pass over the calls):
+    # 4 calls (the root, linear, norm, act) returned 4 times; a call that raised is not counted; the count
+    # starts again with each step, and with each block on a parked tracker.
+    model = Net()
+    for _ in range(3):
+        with LayerProf(model) as prof:
+            tracker = prof._tracker
+            assert tracker is not None and tracker.returned == 0
+            _step(model)
+            assert tracker.returned == len(tracker.calls) == 4 and tracker.counted_all_returned()
+            prof.step()
+            assert tracker.returned == len(tracker.calls) == 0
+            with pytest.raises(RuntimeError):
+                model.linear(torch.randn(2, 3))  # 3 features where 8 are expected: 1 call, none returned
+            _step(model)
+            assert (tracker.returned, len(tracker.calls)) == (4, 5) and not tracker.counted_all_returned()
+    assert prof.records["linear"].calls == 1 and prof.records[""].calls == 1  # (means of two steps: 1 each)

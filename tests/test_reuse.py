@@ -474,3 +474,53 @@ def test_a_pre_hook_added_during_a_wait_step_of_a_reused_block_stays_outside_its
     # The 30 ms hook: outside "a", inside the model (measured, tests/measured.py).
     assert prof.records["a"].calls == 1 and prof.records["a"].forward_ms + hook.slept_ms[-1] <= prof.tree.forward_ms
     assert prof.tree.forward_ms >= 30
+
+
+def _environment(model: nn.Module, inside: Callable[[], Any] = lambda: None) -> dict[str, Any]:
+    with LayerProf(model) as prof:
+        model(torch.randn(2, 8)).sum().backward()
+        inside()
+    return prof.meta["environment"]
+
+
+class Bare(nn.Module):
+    """No parameter of its own, its first child none either: the first parameter is the second child's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = nn.ReLU()
+        self.last = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last(self.act(x).to(self.last.weight.dtype)).float()
+
+
+def test_the_environment_of_a_reused_plan_is_its_first_parameters_even_when_it_changes_inside_the_block() -> None:
+    # A reused plan's end with nothing written into the model reads the device and dtype from the first parameter
+    # the plan kept (no walk); a parameter replaced inside the block is a write: read from the model again.
+    model = Bare()
+    assert [_environment(model)["dtype"] for _ in range(3)] == ["float32"] * 3
+    assert reuse._PLANS[model].first_parameter() is model.last.weight  # (the ReLU holds none)
+    model.last.half()  # the same Parameter, its data swapped: read from it at the end
+    assert _environment(model)["dtype"] == "float16"
+    model.last.float()
+    _environment(model)
+
+    kept = model.last.weight  # (alive: the plan's first parameter, which a block that read it would read)
+
+    def swap() -> None:
+        model.last.weight = nn.Parameter(kept.detach().double())
+        model.last.bias = nn.Parameter(model.last.bias.detach().double())
+
+    assert _environment(model, swap)["dtype"] == "float64"
+    assert reuse._PLANS[model].first_parameter() is kept  # (the plan's, its start's: not read at this end)
+    assert _environment(model)["dtype"] == "float64"  # (a new plan)
+
+
+def test_the_environment_of_a_model_without_parameters_has_no_dtype() -> None:
+    model = nn.Sequential(nn.ReLU(), nn.Tanh())
+    for _ in range(3):
+        with LayerProf(model) as prof:
+            model(torch.randn(2, 8, requires_grad=True)).sum().backward()
+        assert prof.meta["environment"]["dtype"] is None and prof.meta["environment"]["device"] is None
+    assert reuse._PLANS[model].first_parameter() is None

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["environment", "input_facts"]
+__all__ = ["environment", "environment_of", "input_facts"]
 
 
 @lru_cache(maxsize=1)
@@ -73,15 +73,33 @@ def _first_parameter(model: nn.Module) -> torch.Tensor | None:
 
 def environment(model: nn.Module | None = None, example: torch.Tensor | None = None) -> dict[str, Any]:
     """Facts about the machine and run; ``model`` gives device and dtype, ``example`` the batch size."""
-    parameter = _first_parameter(model) if model is not None else None
-    device = parameter.device if parameter is not None else (example.device if example is not None else None)
+    return environment_of(_first_parameter(model) if model is not None else None, example)
+
+
+def environment_of(parameter: torch.Tensor | None, example: torch.Tensor | None = None) -> dict[str, Any]:
+    """``environment`` of a model whose first parameter (``next(model.parameters(), None)``) is ``parameter``,
+    where the caller knows it without a walk of the model."""
+    if parameter is not None and parameter.is_cpu:
+        # A CPU model's device facts by its dtype alone: no device object made and hashed (cold C++ code as a
+        # block ends right after a step).
+        dtype = parameter.dtype
+        device_facts = _CPU_FACTS.get(dtype)
+        if device_facts is None:
+            device_facts = _CPU_FACTS[dtype] = _device_facts(parameter.device, dtype)
+    else:
+        device = parameter.device if parameter is not None else (example.device if example is not None else None)
+        device_facts = _device_facts(device, parameter.dtype if parameter is not None else None)
     return {
         **_machine(),
         "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
-        **_device_facts(device, parameter.dtype if parameter is not None else None),
+        **device_facts,
         **(input_facts(example) if example is not None else _NO_EXAMPLE),
     }
+
+
+# ``_device_facts`` of the CPU by dtype.
+_CPU_FACTS: dict[torch.dtype, dict[str, Any]] = {}
 
 
 _NO_EXAMPLE = {"batch_size": None, "input_dtype": None}

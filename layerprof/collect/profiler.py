@@ -18,11 +18,11 @@ from .._derived import verified
 from .._gc import gc_paused
 from .hook_cost import hook_cost
 from .live_op_cost import live_op_cost
-from .environment import environment
+from .environment import environment, environment_of
 from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters, measures
 from ..metrics.peaks import check_peaks
-from .._torch import add_module_registration_hook, compiled_module_type, eager_forwards, remove_module_registration_hook
+from .._torch import add_module_registration_hook, compiled_module_type, remove_module_registration_hook
 from .._torch import submodules
 from ..profile import Profile
 from ..record.records import ModuleRecord, module_paths
@@ -73,9 +73,37 @@ def _step_ms(stats: StepStats) -> dict[str, Any]:
     return {"step_ms": stats.step_totals()}
 
 
+# The classes of the models that passed ``_refuse_model``: nn.Module subclasses that are neither TorchScript nor
+# torch.compile's wrapper. What a class is a subclass of does not change (``torch.compile`` wraps a model in an
+# instance of its own class, and no class made before dynamo was loaded can derive from dynamo's), so a model of a
+# class seen here needs no ``isinstance`` (cold, each one is several microseconds as a block starts right after a
+# step: the three took about 20 µs). Bounded, for classes made on the fly.
+_PLAIN_MODELS: set[type] = set()
+
+
 def _check_model(model: Any) -> list[tuple[str, nn.Module]] | None:
     """Refuse what LayerProf cannot profile (with what to do instead); the model's ``module_paths``, or None for a
     model profiled before, whose plan the block's start checks against the model (``reuse.plan_for``)."""
+    kind = type(model)
+    try:
+        seen = kind in _PLAIN_MODELS
+    except TypeError:  # a class whose metaclass makes it unhashable: checked every time
+        seen = True
+        _refuse_model(model)
+    if not seen:
+        _refuse_model(model)
+        if len(_PLAIN_MODELS) >= 1024:
+            _PLAIN_MODELS.clear()
+        _PLAIN_MODELS.add(kind)
+    if reuse.known(model):
+        return None
+    paths = module_paths(model)
+    _check_children(paths, compiled_module_type())
+    return paths
+
+
+def _refuse_model(model: Any) -> None:
+    """Raise for a model that is not an eager nn.Module (TorchScript, a torch.compile wrapper, anything else)."""
     if isinstance(model, torch.jit.ScriptModule):
         raise TypeError(
             "LayerProf cannot profile a TorchScript module: its submodules' hooks never run. "
@@ -89,11 +117,6 @@ def _check_model(model: Any) -> list[tuple[str, nn.Module]] | None:
         )
     if not isinstance(model, nn.Module):
         raise TypeError(f"LayerProf expects a torch.nn.Module, got {type(model).__module__}.{type(model).__qualname__}")
-    if reuse.known(model):
-        return None
-    paths = module_paths(model)
-    _check_children(paths, compiled)
-    return paths
 
 
 def _check_children(paths: list[tuple[str, nn.Module]], compiled: type | None) -> None:
@@ -216,6 +239,33 @@ class LayerProf:
             sheet's); kept in ``meta["peaks"]``. None: measured by ``layerprof.peaks()`` when first needed.
     """
 
+    # State that starts as these defaults, read from the class until a block sets it on the instance: a one-shot
+    # block writes 26 attributes on its LayerProf, not 31. Past 30, CPython (3.11) moves an instance's attributes
+    # from the compact values that share their class's keys into a dict of its own (made, filled and freed per
+    # block): the defaults here took about 20 µs off a one-shot block, cold right after a step.
+    # The block's records, made from its plan only when something reads them while it runs (a meter that is not
+    # ``deferrable``, a module that joins): else the profile makes them when it is first read.
+    _tree: ModuleRecord | None = None
+    _records: dict[str, ModuleRecord] | None = None
+    _counting_step: dict[str, StepTimes] | None = None
+    _counting_done = False
+    _observed = False  # whether some meter observes calls (set as the block starts)
+    _tracker: Tracker | None = None
+    _owns: list[dict[str, Any]] | None = None  # the entries' ``__dict__``, where the start read them
+    _registration: Any = None  # the global hook that sees submodules registered while profiling
+    _plan: reuse.Plan | None = None
+    _pre_hooked: list[nn.Module] | None = None  # the first attach's modules with pre-hooks of their own
+    _profile: Profile | None = None
+    _in_block = False  # inside `with`: stop() is the block's job
+    _failure = ""
+    # Where start() was called, for the error of a second profiler on the model: the code and the offset of its
+    # instruction, made into a file and line only for that error (a line number is read from the code's line
+    # table: cold C code as a block starts right after a step).
+    _started_at: tuple[Any, int] | None = None
+    # Set by an integration: ends this profiler, and returns True, when the run that owns it is over (a trainer
+    # that raised never calls its profiler again), so that a new profiler on the model need not wait for it.
+    _give_way: Callable[[], bool] | None = None
+
     def __init__(self, model: nn.Module, *, sync: bool = False, metrics: Iterable[str] | None = None,
                  warmup: int = 0, schedule: Schedule | None = None, max_samples: int = 1024,
                  annotate: bool = False, peaks: dict[str, Any] | None = None) -> None:
@@ -240,36 +290,14 @@ class LayerProf:
         self.metrics: list[Meter] = make_meters(metrics, model)
         if annotate:  # an observer on the meters' hooks: nothing runs for it when off
             self.metrics.append(Annotator())
-        # The block's records, made from its plan only when something reads them while it runs (a meter that is
-        # not ``deferrable``, a module that joins): else the profile makes them when it is first read.
-        self._tree: ModuleRecord | None = None
-        self._records: dict[str, ModuleRecord] | None = None
         self.step_num = 0
         self._stats = StepStats(max_samples=max_samples)
-        self._counting_step: dict[str, StepTimes] | None = None
         self._counting: list[Meter] = []  # timing-distorting meters while they run
-        self._counting_done = False
-        self._observed = False  # whether some meter observes calls (set as the block starts)
         self._steps_with_calls = 0
-        self._tracker: Tracker | None = None
         self._entries: reuse.Entries | list[tuple[str, nn.Module]] = []
         self._entry_modules: list[nn.Module] = []
-        self._owns: list[dict[str, Any]] | None = None  # their ``__dict__``, where the start read them
-        self._registration: Any = None  # the global hook that sees submodules registered while profiling
         self._names: dict[int, str] = {}
-        self._plan: reuse.Plan | None = None
-        self._pre_hooked: list[nn.Module] | None = None  # the first attach's modules with pre-hooks of their own
-        self._profile: Profile | None = None
         self._state = "new"  # new -> running -> done, or failed when the block raised
-        self._in_block = False  # inside `with`: stop() is the block's job
-        self._failure = ""
-        # Where start() was called, for the error of a second profiler on the model: the code and the offset of
-        # its instruction, made into a file and line only for that error (a line number is read from the code's
-        # line table: cold C code as a block starts right after a step).
-        self._started_at: tuple[Any, int] | None = None
-        # Set by an integration: ends this profiler, and returns True, when the run that owns it is over (a trainer
-        # that raised never calls its profiler again), so that a new profiler on the model need not wait for it.
-        self._give_way: Callable[[], bool] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def _action(self, step: int) -> Action:
@@ -308,7 +336,7 @@ class LayerProf:
         # (``Plan.checked``: the key just read the classes), and no class's forward is compiled.
         checked = plan.checked
         if (checked is None or owns is None or list(map(reuse.dict_version, owns)) != checked[0]
-                or not eager_forwards(plan.classes)):
+                or not plan.eager()):
             refuse_compiled_in_place(entries, modules, owns)
         for holder in list(_PROFILED):  # (giving way stops a holder, which takes it out of _PROFILED)
             held = holder._names
@@ -361,7 +389,14 @@ class LayerProf:
             self._teardown(started + self._counting)
             raise
         self._state = "running"
-        frame = _user_frame()[0]
+        # (``start()`` and ``__enter__`` call this: their caller's frame is the user's, unless layerprof's own code
+        # started the block; one frame object made, not one per level walked)
+        try:
+            frame: Any = sys._getframe(2)
+        except ValueError:  # called from C with no Python frame above
+            frame = None
+        if frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+            frame = _user_frame()[0]
         self._started_at = None if frame is None else (frame.f_code, frame.f_lasti)
         return self
 
@@ -548,7 +583,7 @@ class LayerProf:
             if (last and action is Action.RECORD and not self._stats.steps and not self._counting
                     and isinstance(tracker.cpu_clock, CpuClock)  # (and the CUDA clocks: no generator where none)
                     and (not tracker.cuda_clocks or all(isinstance(c, CpuClock) for c in tracker.cuda_clocks.values()))
-                    and all_returned(calls)):
+                    and (tracker.counted_all_returned() or all_returned(calls))):
                 # The block's only step, stamped by wall clocks (no event to settle): its times are made when the
                 # profile is first read (a one-shot profile that is never read never makes them), from the calls,
                 # which hold nothing else of the step then.
@@ -567,6 +602,7 @@ class LayerProf:
                         self._stats.add(times)
                 timed = bool(times)
             calls.clear()  # (the hooks hold this list)
+            tracker.returned = 0
             self._steps_with_calls += 1
         # Close the step: its graph hooks stop stamping, and every thread's call stack, walked nodes and owners
         # start clean (kept across steps they grew without bound; a KeyboardInterrupt inside a forward skips its
@@ -586,6 +622,7 @@ class LayerProf:
         """Forget the step under way (it did not complete): its calls, and the meters' numbers for it."""
         assert self._tracker is not None
         self._tracker.calls.clear()
+        self._tracker.returned = 0
         for meter in self._running_meters():
             meter.end_step(False)
 
@@ -666,14 +703,18 @@ class LayerProf:
         ours = plan is not None and plan.key is not None and len(self._entries) == self._built
         read = reuse.written(owns) if ours and reused else None
         unchanged = (read is not None and read == plan.checked and list(map(type, modules)) == plan.types
-                     and eager_forwards(plan.classes))
+                     and plan.eager())
         passed = False  # whether the checks below all passed, on a plan's modules whose versions were read
         if not unchanged:
             compiled = compiled_while_profiling(self._entries, modules, owns)
             if compiled is not None:  # its times are partial: no profile rather than a wrong one
                 raise RuntimeError(compiled)
             passed = self._warn_unseen_modules(owns) and read is not None
-        meta: dict[str, Any] = {"environment": {**environment(self.model), **tracker.example}}
+        # The model's device and dtype from its first parameter: the plan's where nothing was written into the
+        # model since a clean end (its tables hold what the plan was made from), without a walk of the model.
+        parameter = plan.first_parameter() if unchanged and plan is not None else reuse.UNKNOWN
+        facts = environment(self.model) if parameter is reuse.UNKNOWN else environment_of(parameter)
+        meta: dict[str, Any] = {"environment": {**facts, **tracker.example}}
         if self._stats.steps == 0 and self._counting_step is not None:
             distorting = [m.name for m in self.metrics if m.distorts_timing]
             # Only set while a distorting meter counted, so ``distorting`` is not empty here.
@@ -707,9 +748,11 @@ class LayerProf:
             meta["partial"] = partial
         if self._given_peaks is not None:
             meta["peaks"] = dict(self._given_peaks)
-        meta.update(steps=self._stats.steps, steps_seen=self._steps_with_calls, warmup=self.warmup,
-                    schedule=None if self.schedule is None else vars(self.schedule).copy(),
-                    clock=sorted({tracker.cpu_clock.kind, *map(_kind, tracker.cuda_clocks.values())}))
+        meta["steps"], meta["steps_seen"], meta["warmup"] = self._stats.steps, self._steps_with_calls, self.warmup
+        meta["schedule"] = None if self.schedule is None else vars(self.schedule).copy()
+        cuda_clocks = tracker.cuda_clocks
+        meta["clock"] = (sorted({tracker.cpu_clock.kind, *map(_kind, cuda_clocks.values())}) if cuda_clocks
+                         else [tracker.cpu_clock.kind])
         if not later:
             meta["step_ms"] = stats.step_totals()
         if self._stats.steps == 0:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from itertools import chain, compress
+from itertools import chain, compress, repeat
 from operator import attrgetter, is_not, itemgetter
 from functools import partial
 from typing import Any, Callable
@@ -35,10 +35,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .._torch import dict_version
+from .._torch import dict_version, eager_forwards
 from ..record.records import ModuleRecord, module_paths
 
-__all__ = ["Entries", "Plan", "plan_for", "known", "fingerprint", "table_versions", "written"]
+__all__ = ["Entries", "Plan", "UNKNOWN", "plan_for", "known", "fingerprint", "table_versions", "written"]
 
 # Read from each module's ``__dict__``: ``nn.Module`` defines ``__getattr__``, so every attribute read on a module
 # goes through a slower path than a read of its dict (about 80 ns against 25 per module and field).
@@ -53,6 +53,8 @@ _values, _keys = dict.values, dict.keys
 _not_none = partial(is_not, None)
 _LAZY = nn.parameter.UninitializedTensorMixin
 _dereference = weakref.ref.__call__
+# What ``Plan.first_parameter`` gives where the plan cannot tell.
+UNKNOWN = object()
 # A fingerprint piece's classes, pre-hook dict ids, children's counts, children's ids and pre-hook counts
 # (``_piece``'s order).
 _types, _hook_ids, _child_counts, _child_ids = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(4)
@@ -208,7 +210,8 @@ class Plan:
 
     __slots__ = ("_refs", "_path_names", "_path_index", "names", "hook_names", "key", "types", "_child_counts",
                  "_child_ids", "_records", "_first_names", "_has_children", "pre_hooked", "values", "reprs",
-                 "repr_groups", "classes", "_seen_tables", "_tensor_refs", "_tensor_reads", "checked", "__weakref__")
+                 "repr_groups", "classes", "_class_list", "_forwards", "_seen_tables", "_tensor_refs", "_tensor_reads", "checked", "_first",
+                 "__weakref__")
 
     def __init__(self, paths: list[tuple[str, nn.Module]]) -> None:
         index: dict[int, int] = {}  # id(module) -> entry index
@@ -255,6 +258,9 @@ class Plan:
         self.reprs: dict[int, tuple[Any, ...]] = {}
         self.repr_groups: dict[type, list[int]] | None = None  # entry indices by class, made when first read
         self.classes = set(self.types)
+        # The classes' forwards as ``eager`` last found them all eager, in the order of ``_class_list``.
+        self._class_list = list(self.classes)
+        self._forwards: list[Any] | None = None
         # The tables' versions when the key last held, with the tensors they held then (weakly) and what the key
         # reads of those (``unchanged``): kept from the first block that reuses the plan (a first block on a model
         # reads no more than before), none where torch gives no versions.
@@ -264,6 +270,17 @@ class Plan:
         # ``written`` as the last block whose checks at its end all passed ended, where that block's entries were
         # this plan's.
         self.checked: tuple[list[int], list[int]] | None = None
+        # The first parameter in walk order, weakly (``first_parameter``): None where the modules hold none,
+        # UNKNOWN where it takes no weak reference.
+        self._first: Any = None
+        for table in map(_params, map(_own, modules)) if self.key is not None else ():
+            first = next(filter(_not_none, table.values()), None)
+            if first is not None:
+                try:
+                    self._first = weakref.ref(first)
+                except TypeError:
+                    self._first = UNKNOWN
+                break
 
     def saw(self, owns: list[dict[str, Any]], tables: list[int] | None) -> None:
         """The key holds for the modules whose ``__dict__`` are ``owns``, whose tables read ``tables``
@@ -288,6 +305,32 @@ class Plan:
             return False
         # (alive: the same tables hold them)
         return _tensors_read(list(map(_dereference, self._tensor_refs))) == self._tensor_reads
+
+    def eager(self) -> bool:
+        """``eager_forwards(self.classes)``: whether no class of the plan has a compiled ``forward``, told without
+        hashing the forwards where they are the functions it last found eager (a compiled forward is a new
+        function): as a block starts and ends, about a third less, cold."""
+        forwards = list(map(getattr, self._class_list, repeat("forward"), repeat(None)))
+        try:
+            if forwards == self._forwards:
+                return True
+        except Exception:  # noqa: BLE001 - a forward whose == raises: read as eager_forwards reads it
+            pass
+        if not eager_forwards(self.classes):
+            return False
+        self._forwards = forwards
+        return True
+
+    def first_parameter(self) -> Any:
+        """The first parameter of the plan's modules in walk order (``next(model.parameters(), None)``, which the
+        profile's environment reads the device and dtype of), as the plan was made: valid while the key holds and
+        nothing was written into the tables since (a block's end that ``written`` finds unchanged). None where they
+        hold no parameter; UNKNOWN where the plan cannot tell (the parameter takes no weak reference, or died)."""
+        first = self._first
+        if first is None or first is UNKNOWN:
+            return first
+        parameter = first()
+        return UNKNOWN if parameter is None else parameter
 
     def modules(self) -> list[nn.Module] | None:
         """The unique modules in walk order, or None when one of them has died (the model changed)."""

@@ -313,6 +313,10 @@ class Tracker:
         # and popping them on exit. Only where no observer needs a pre-hook's kwargs (a global pre-hook gets none).
         self.global_hooks = global_hooks
         self.calls: list[CallTrace] = []
+        # How many of ``calls`` returned from their forward (the post-hook's normal path): equal to their number,
+        # every call returned (``all_returned`` without a pass over them, cold after the step). Reset with ``calls``;
+        # a lost update between threads only makes it smaller, so that the pass is made.
+        self.returned = 0
         self.active = False
         # The batch size and dtype of the first tensor the model's root was called with (``input_facts``), noted by
         # the pre-hook: no forward pre-hook of its own on the root (a handle to make and remove per block, and a
@@ -435,6 +439,7 @@ class Tracker:
         """Drop the hook functions and the per-call state (see ``release``) of a detached tracker."""
         self._hooks = None
         self.calls.clear()
+        self.returned = 0
         self.names.clear()
         self.step_state = _Step()
         self.observers = ()
@@ -449,10 +454,12 @@ class Tracker:
         call after the reset, nothing holding it), it is reset to as new and kept for the next block: its hook
         functions read the same lists and dicts, emptied. Else its hook functions and per-call state are dropped
         (as ``release`` does)."""
+        threads = self._threads
         if (made_profile and not self.sync and self.global_hooks and type(self.cpu_clock) is CpuClock
-                and not self.lent and len(self._threads) <= 1 and not _PARKED
-                and all(state.thread == threading.get_ident() for state in self._threads)):
+                and not self.lent and not _PARKED
+                and (not threads or (len(threads) == 1 and threads[0].thread == threading.get_ident()))):
             self.calls.clear()
+            self.returned = 0
             self.example.clear()
             self.names.clear()
             self.cuda_clocks.clear()
@@ -463,6 +470,12 @@ class Tracker:
             _PARKED.append(self)
         else:
             self._let_go()
+
+    def counted_all_returned(self) -> bool:
+        """True where the count of returns says that every call of the step returned from its forward (what
+        ``timing.all_returned`` reads from the calls): the hooks ran on one thread, no RootStep folded calls away,
+        and as many returned as there are calls. False says nothing: read the calls."""
+        return not self.lent and len(self._threads) <= 1 and self.returned == len(self.calls)
 
     def end_step(self, last: bool = False) -> None:
         """Close the step: graph hooks still on live nodes stop stamping, and per-thread state starts clean
@@ -626,6 +639,7 @@ class Tracker:
                 if not has_note(error):
                     error.add_note(raised_note(name, type(module).__name__))
                 return None
+            tracker.returned += 1
             if seq > call.seq_start:
                 _walk(call, output, module, state)
             for observer in tracker.observers:
