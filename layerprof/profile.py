@@ -439,6 +439,8 @@ class Profile:
                 found = measure()
             if found is not None:
                 self.meta[key] = found
+            else:  # failed: not tried again at every plan and save
+                self.measures = {other: m for other, m in self.measures.items() if other != key}
         return float(found or 0.0)
 
     def unknown_ops(self) -> dict[str, int]:

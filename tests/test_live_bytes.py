@@ -301,3 +301,4 @@ def test_a_failing_reader_calibration_leaves_its_figure_out(monkeypatch: pytest.
     assert prof.records[""].live_forward_ops == 9  # as in test_ops_counted_per_module_for_the_planner
     assert prof.checkpoint_plan(0.5, wrap_cost=None).saved_bytes_before > 0
     assert "live_op_ms" not in prof.profile.meta and "hook_ms" in prof.profile.meta
+    assert "live_op_ms" not in prof.profile.measures  # failed once: not measured again at every plan and save

@@ -85,6 +85,9 @@ def _set(path: tuple, value):
     (_set(("storages", 0, "bounds", 0), [1, 2, 3]), r"'step_tables.storages\[0\].bounds\[0\]' must hold four marks"),
     (_set(("storages", 0, "bounds", 0), [1, 2, 3, 10 ** 9]),
      r"'step_tables.storages\[0\].bounds\[0\]' must be a list of integers from 0 to \d+"),
+    (_set(("storages", 0, "bounds"), None), r"'step_tables.storages\[0\].bounds' must hold four marks per call"),
+    (_set(("storages", 0, "sizes", 0), 2 ** 63), r"'step_tables.storages\[0\].sizes' must be a list of integers from 0"),
+    (_set(("timeline", "levels", 0), 2 ** 64), r"'step_tables.timeline.levels' must be a list of integers from 0"),
     (_set(("timeline", "peaks"), [0]), r"'step_tables.timeline': 1 peaks for \d+ levels"),
     (_set(("timeline", "device"), None), "'step_tables.timeline' must be an object with a 'device' string"),
 ])

@@ -240,6 +240,36 @@ def test_calibrations_run_on_one_thread_and_put_the_callers_count_back(monkeypat
     assert (found.per_tensor_ms, found.per_call_ms) == pytest.approx((0.005, 0.5))
 
 
+def test_calibrations_of_two_threads_take_turns() -> None:
+    # The thread count is the process's: two threads calibrating at once must not put back each other's 1, nor
+    # measure one figure twice (the second finds it in the cache once its turn comes).
+    import threading
+
+    from layerprof._threads import calibrated
+
+    cache: dict[str, float] = {}
+    seen: list[int] = []
+
+    def measure() -> float:
+        seen.append(torch.get_num_threads())
+        time.sleep(0.2)  # the other thread asks meanwhile
+        return 1.5
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        found: list[float] = []
+        workers = [threading.Thread(target=lambda: found.append(calibrated(cache, "k", measure))) for _ in range(2)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == [1] and found == [1.5, 1.5] and cache == {"k": 1.5}
+
+
 def test_descendant_calls_leave_out_a_shared_modules_foreign_calls() -> None:
     shared = nn.Linear(8, 8)
     model = nn.Sequential(nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Sequential(shared, nn.Tanh())),

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-from .._threads import one_thread
+from .._threads import calibrated
 from ..plan.wrap_cost import LARGE, calibration_stack
 
 __all__ = ["hook_cost"]
@@ -65,20 +65,20 @@ def hook_cost(profiler: Callable[..., Any], metrics: tuple[str, ...] = ()) -> fl
     ``metrics`` that run in every timed step (the memory meter counts in a step of its own and adds nothing);
     measured once per process and meter set, on one thread (``layerprof._threads``; cached)."""
     key = tuple(sorted(metrics))
-    found = _CACHE.get(key)
-    if found is None:
-        # Seeded: leave the caller's RNG as it was; a step with backward even where the caller's grad is off.
-        with torch.random.fork_rng(devices=[]), torch.enable_grad(), one_thread():
-            stack, blocks, x = calibration_stack(LARGE)
-            bare = _bare_block_ms(stack, blocks, x)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # a calibration, not the user's profile
-                with profiler(stack, metrics=key) as prof:
-                    for _ in range(_STEPS):
-                        stack(x).sum().backward()
-                        prof.step()
-            records = prof.records
-            profiled = [float(records[str(2 * index)].forward_ms_median) for index in range(len(blocks))]
-        found = _CACHE[key] = max(0.0, statistics.median(
-            (inside - alone) / LARGE for inside, alone in zip(profiled, bare)))
-    return found
+    return calibrated(_CACHE, key, lambda: _measure(profiler, key))
+
+
+def _measure(profiler: Callable[..., Any], metrics: tuple[str, ...]) -> float:
+    # Seeded: leave the caller's RNG as it was; a step with backward even where the caller's grad is off.
+    with torch.random.fork_rng(devices=[]), torch.enable_grad():
+        stack, blocks, x = calibration_stack(LARGE)
+        bare = _bare_block_ms(stack, blocks, x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a calibration, not the user's profile
+            with profiler(stack, metrics=metrics) as prof:
+                for _ in range(_STEPS):
+                    stack(x).sum().backward()
+                    prof.step()
+        records = prof.records
+        profiled = [float(records[str(2 * index)].forward_ms_median) for index in range(len(blocks))]
+    return max(0.0, statistics.median((inside - alone) / LARGE for inside, alone in zip(profiled, bare)))

@@ -24,7 +24,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .._threads import one_thread
+from .._threads import calibrated
 from ..metrics.live_bytes import LiveBytesReader
 
 __all__ = ["live_op_cost"]
@@ -62,11 +62,7 @@ def _round_ns(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
 def live_op_cost() -> float:
     """Milliseconds that the live-bytes reader adds to one op on this host's CPU (thread time), measured once per
     process (cached)."""
-    found = _CACHE.get("cpu")
-    if found is None:
-        with one_thread():
-            found = _CACHE["cpu"] = _measure()
-    return found
+    return calibrated(_CACHE, "cpu", lambda: _measure())
 
 
 def _measure() -> float:

@@ -55,12 +55,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._threads import one_thread
+from .._threads import calibrated
 from .apply import unwrap, wrap
 
 __all__ = ["WrapCost", "wrap_cost", "check_wrap_cost", "calibration_stack"]
 
-_CACHE: dict[int, WrapCost] = {}
+_CACHE: dict[str, WrapCost] = {}
 _SMALL, LARGE = 1, 33  # Linear(4, 4) layers in a wrapped block of the two stacks; each saves its input and weight
 _BLOCKS = 4  # wrapped blocks a stack, each followed by a filler
 _FILLER_ROWS, _FILLER_WIDTH = 64, 256  # the unwrapped work between two wrapped calls (about 2.5 MB touched)
@@ -198,18 +198,19 @@ def _overhead_ms(layers: int, filler_rows: int = _FILLER_ROWS) -> tuple[float, i
 def wrap_cost() -> WrapCost:
     """The per-call and per-saved-tensor cost of a checkpoint wrapper on this host, measured once per process, on
     one thread (``layerprof._threads``; cached)."""
-    found = _CACHE.get(1)
-    if found is None:
-        with torch.random.fork_rng(devices=[]), one_thread():  # the stacks are seeded: leave the caller's RNG
-            small, small_tensors, forward_gap, backward_gap = _overhead_ms(_SMALL)
-            large, large_tensors = _overhead_ms(LARGE)[:2]
-            warmer = [_overhead_ms(_SMALL, rows) for rows in _GAP_ROWS]
-        per_tensor = max(0.0, (large - small) / (large_tensors - small_tensors))
-        per_call = max(0.0, small - per_tensor * small_tensors)
-        found = _CACHE[1] = WrapCost(per_call, per_tensor, "measured", gap_points(
-            [(f, b, overhead - per_tensor * small_tensors) for overhead, _, f, b in warmer]
-            + [(forward_gap, backward_gap, per_call)]))
-    return found
+    return calibrated(_CACHE, "cpu", _measure)
+
+
+def _measure() -> WrapCost:
+    with torch.random.fork_rng(devices=[]):  # the stacks are seeded: leave the caller's RNG as it was
+        small, small_tensors, forward_gap, backward_gap = _overhead_ms(_SMALL)
+        large, large_tensors = _overhead_ms(LARGE)[:2]
+        warmer = [_overhead_ms(_SMALL, rows) for rows in _GAP_ROWS]
+    per_tensor = max(0.0, (large - small) / (large_tensors - small_tensors))
+    per_call = max(0.0, small - per_tensor * small_tensors)
+    return WrapCost(per_call, per_tensor, "measured", gap_points(
+        [(f, b, overhead - per_tensor * small_tensors) for overhead, _, f, b in warmer]
+        + [(forward_gap, backward_gap, per_call)]))
 
 
 def gap_points(measured: list[tuple[float, float, float]]) -> tuple[tuple[float, float, float], ...]:

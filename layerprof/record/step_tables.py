@@ -85,8 +85,8 @@ def _table(where: str, table: Any, names: Collection[str], levels: int | None) -
                              "damaged")
         for i, calls_of in enumerate(lists):
             _ints(f"{where}.{key}[{i}]", calls_of, 0, len(calls) - 1)
-    bounds = table.get("bounds")
-    if bounds is not None:
+    if "bounds" in table:  # the planner reads the key's presence: a null is as damaged as a wrong list
+        bounds = table["bounds"]
         if not isinstance(bounds, list) or len(bounds) != len(calls):
             raise ValueError(f"'{where}.bounds' must hold four marks per call; the file is damaged")
         for i, marks in enumerate(bounds):
@@ -95,9 +95,12 @@ def _table(where: str, table: Any, names: Collection[str], levels: int | None) -
                 raise ValueError(f"'{where}.bounds[{i}]' must hold four marks; the file is damaged")
 
 
+_INT64_MAX = 2**63 - 1  # the planner reads the tables into int64 arrays
+
+
 def _ints(where: str, values: Any, least: int, most: int | None) -> None:
-    """A list of integers from ``least`` to ``most`` (inclusive; None: no upper bound)."""
-    if not isinstance(values, list) or any(type(v) is not int or v < least or (most is not None and v > most)
-                                           for v in values):
+    """A list of integers from ``least`` to ``most`` (inclusive; None: up to what an int64 holds)."""
+    top = _INT64_MAX if most is None else most
+    if not isinstance(values, list) or any(type(v) is not int or v < least or v > top for v in values):
         bound = f"from {least}" + ("" if most is None else f" to {most}")
         raise ValueError(f"'{where}' must be a list of integers {bound}; the file is damaged")

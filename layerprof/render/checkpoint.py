@@ -1,6 +1,7 @@
 """The checkpoint plan as text and as a frontier plot (saved memory against extra time per step)."""
 from __future__ import annotations
 
+import functools
 import html
 import platform
 from pathlib import Path
@@ -16,7 +17,12 @@ __all__ = ["plan_text", "verification_text", "plot_checkpoint", "frontier_svg", 
 RECOMPUTED_SHOWN = 4  # names of modules the model checkpoints itself that a plan's text lists
 # On glibc a recomputation's fresh pages are the heap's top, given back to the system later in the step and taken
 # again in the next (BENCHMARKS.md, "Session 13"): what keeps it, said where a plan adds faults.
-GLIBC = platform.libc_ver()[0] == "glibc"
+@functools.lru_cache(maxsize=None)
+def glibc() -> bool:
+    """Whether this process runs on glibc (read when first needed: off glibc ``libc_ver`` reads the executable)."""
+    return platform.libc_ver()[0] == "glibc"
+
+
 KEEP_HEAP = ("  (glibc gives the top of its heap back to the system and takes it again each step; after the first "
              "steps, ctypes.CDLL(\"libc.so.6\").mallopt(-1, 2**30), M_TRIM_THRESHOLD, keeps it, and the process its peak heap)")
 FAULTS_SHOWN = 256  # page faults a step (1 MiB of 4 KiB pages) a plan must add or spare for the text to say so
@@ -136,7 +142,7 @@ def verification_text(result: Any) -> str:
         lines.append(f"  page faults a step: {faults[0]:,.0f} -> {faults[1]:,.0f} (the allocator "
                      f"{'hands the recomputation fresh pages' if more else 'needs fewer fresh pages'}, which the "
                      "prediction leaves out)")
-        if more and GLIBC:
+        if more and glibc():
             lines.append(KEEP_HEAP)
         lines += _faults_priced(result)
     lines += _measured_peak(result)
