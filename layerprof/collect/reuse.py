@@ -271,8 +271,8 @@ class Plan:
         # this plan's.
         self.checked: tuple[list[int], list[int]] | None = None
         # The first parameter in walk order, weakly (``first_parameter``): None where the modules hold none,
-        # UNKNOWN where it takes no weak reference.
-        self._first: Any = None
+        # UNKNOWN where it takes no weak reference, or where the plan has no key (the modules were not walked).
+        self._first: Any = None if self.key is not None else UNKNOWN
         for table in map(_params, map(_own, modules)) if self.key is not None else ():
             first = next(filter(_not_none, table.values()), None)
             if first is not None:
