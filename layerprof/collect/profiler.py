@@ -601,8 +601,7 @@ class LayerProf:
                     else:
                         self._stats.add(times)
                 timed = bool(times)
-            calls.clear()  # (the hooks hold this list)
-            tracker.returned = 0
+            tracker.clear_calls()
             self._steps_with_calls += 1
         # Close the step: its graph hooks stop stamping, and every thread's call stack, walked nodes and owners
         # start clean (kept across steps they grew without bound; a KeyboardInterrupt inside a forward skips its
@@ -621,8 +620,7 @@ class LayerProf:
     def _drop_step(self) -> None:
         """Forget the step under way (it did not complete): its calls, and the meters' numbers for it."""
         assert self._tracker is not None
-        self._tracker.calls.clear()
-        self._tracker.returned = 0
+        self._tracker.clear_calls()
         for meter in self._running_meters():
             meter.end_step(False)
 

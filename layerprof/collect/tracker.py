@@ -435,11 +435,16 @@ class Tracker:
         self.detach(ended)
         self._let_go()
 
+    def clear_calls(self) -> None:
+        """Forget the calls recorded so far, and the count of those that returned with them (the hooks hold the
+        list: it is emptied, not replaced)."""
+        self.calls.clear()
+        self.returned = 0
+
     def _let_go(self) -> None:
         """Drop the hook functions and the per-call state (see ``release``) of a detached tracker."""
         self._hooks = None
-        self.calls.clear()
-        self.returned = 0
+        self.clear_calls()
         self.names.clear()
         self.step_state = _Step()
         self.observers = ()
@@ -458,8 +463,7 @@ class Tracker:
         if (made_profile and not self.sync and self.global_hooks and type(self.cpu_clock) is CpuClock
                 and not self.lent and not _PARKED
                 and (not threads or (len(threads) == 1 and threads[0].thread == threading.get_ident()))):
-            self.calls.clear()
-            self.returned = 0
+            self.clear_calls()
             self.example.clear()
             self.names.clear()
             self.cuda_clocks.clear()
