@@ -4,6 +4,7 @@ convolutions, fused attention), plans verified with ``max_memory_allocated``, th
 Skipped where there is no CUDA device (CI has none). On a GPU machine: ``bash benchmarks/gpu_check.sh``."""
 from __future__ import annotations
 
+import gc
 import time
 from typing import Any, Callable, Iterator
 
@@ -145,8 +146,14 @@ def test_a_half_plan_on_cuda_measures_as_predicted(deterministic: torch.device, 
 
 def _profiled_at_batch_16(name: str, cuda: torch.device) -> tuple[nn.Module, Callable[[], None], LayerProf]:
     """A zoo transformer at the benchmark's size and batch 16 (activations fill the memory) on ``cuda``, its plain
-    training step, and a profile of one step with the memory figures a plan needs."""
+    training step, and a profile of one step with the memory figures a plan needs.
+
+    The earlier tests' garbage is collected first: ``max_memory_allocated`` counts every tensor alive, and a cycle
+    of an earlier test's model freed between the profiled step and the plain steps moved the plain peak under the
+    profiled one (GPT-2 on an H100, 2026-11-26: 9.9 MB, every predicted peak that much high)."""
     pytest.importorskip("transformers")
+    gc.collect()
+    torch.cuda.empty_cache()
     torch.manual_seed(0)
     model, inputs = ZOO[name].build("bench")
     inputs = {key: value.repeat(8, 1).to(cuda) for key, value in inputs.items()}
@@ -162,30 +169,14 @@ def _profiled_at_batch_16(name: str, cuda: torch.device) -> tuple[nn.Module, Cal
     return model, step, prof
 
 
-def test_a_plan_lowers_the_cuda_peak_as_its_saved_bytes_predict(cuda: torch.device) -> None:
-    """GPT-2 at batch 16, where activations fill the memory: each plan lowers ``max_memory_allocated`` by what
-    it predicts, today's saved bytes less the plan's peak of saved bytes (the recomputation in backward saves its
-    region's bytes again). On H200: 48.5, 82.3 and 115.9 MB less against 46.4, 86.8 and 112.8 predicted. Where
-    backward's own allocations (parameter gradients) lift the peak of a plan above its saved bytes, as in
-    BERT-base's 50 % and 25 % plans, it falls less than this predicts (BENCHMARKS.md, On a GPU)."""
-    name = "gpt2"
-    model, step, prof = _profiled_at_batch_16(name, cuda)
-    for budget in (0.75, 0.5, 0.25):
-        plan = prof.checkpoint_plan(budget)
-        result = verify_plan(plan, model, step, repeats=1)
-        assert result.cuda_peak_bytes is not None and plan.saved_peak_bytes is not None
-        before, after = result.cuda_peak_bytes
-        predicted = prof.tree.saved_bytes - plan.saved_peak_bytes
-        print(f"\n{name} {budget:.0%}: peak {before} -> {after} B ({before - after} less), {predicted} predicted")
-        assert abs((before - after) - predicted) <= max(0.1 * predicted, 2**20), (budget, before - after, predicted)
-
-
 @pytest.mark.parametrize("name", ("gpt2", "bert"))
 def test_the_step_peak_with_a_plan_is_as_predicted_on_cuda(cuda: torch.device, name: str) -> None:
     """``plan.predicted_peak_bytes`` against ``max_memory_allocated`` of a plain step with the plan, at the
-    benchmark's size and batch 16. On the CPU the live-bytes reader agrees to the byte on nearly every plan; here the
-    allocator rounds blocks to 512 bytes and libraries keep workspaces, both in the profiled step too once warm.
-    5 % allowed: not yet run on a GPU (``benchmarks/checkpoint_peak.py --device cuda`` prints the figures)."""
+    benchmark's size and batch 16; and the fall from today's peak, predicted against measured. The allocator rounds
+    blocks to 512 bytes and libraries keep workspaces, both in the profiled step too once warm. On an H100
+    (2026-11-26, ``benchmarks/checkpoint_peak.py --device cuda``) the predicted peaks were 0.05-0.4 % off for BERT
+    and 0.9-4.3 % high for GPT-2; the falls: GPT-2 37.7 and 80.2 MB predicted against 37.7 and 82.3 measured, BERT
+    25.0, 36.8 and 65.3 against 26.5, 38.9 and 67.4."""
     model, step, prof = _profiled_at_batch_16(name, cuda)
     assert prof.profile.meta["memory"]["device"].startswith("cuda")
     for budget in (0.75, 0.5, 0.25):
@@ -195,7 +186,12 @@ def test_the_step_peak_with_a_plan_is_as_predicted_on_cuda(cuda: torch.device, n
         before, after = result.peak_bytes
         print(f"\n{name} {budget:.0%}: peak {before} -> {after} B measured, {plan.profiled_peak_bytes} -> "
               f"{plan.predicted_peak_bytes} predicted ({plan.predicted_peak_phase} {plan.predicted_peak_at})")
+        # Today's peak is the plain step's: the profiler's hooks hold no tensor longer than the step does.
+        assert abs(plan.profiled_peak_bytes - before) <= 0.01 * before, (budget, plan.profiled_peak_bytes, before)
         assert abs(after - plan.predicted_peak_bytes) <= 0.05 * after, (budget, after, plan.predicted_peak_bytes)
+        predicted_fall = plan.profiled_peak_bytes - plan.predicted_peak_bytes
+        assert abs((before - after) - predicted_fall) <= max(0.1 * predicted_fall, 0.02 * before), (
+            budget, before - after, predicted_fall)
 
 
 def test_autocast_on_cuda_counts_the_same_flops_and_changes_no_bit(deterministic: torch.device) -> None:

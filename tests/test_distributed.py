@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+from torch.distributed.device_mesh import init_device_mesh
 
 from layerprof import GatheredProfile, LayerProf, register_timed_comm_hook
 from layerprof.distributed.crossrank import cross_rank_stats, shown_names, spread
@@ -251,8 +252,9 @@ def _worker(rank: int) -> dict[str, Any]:
     result["fsdp1"] = {"view": _view(_profile(fsdp1, steps=2).gather())}
     torch.manual_seed(0)
     fsdp2 = Net()
-    fully_shard(fsdp2.fc1)
-    fully_shard(fsdp2)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))  # not the machine's GPU, where it has one
+    fully_shard(fsdp2.fc1, mesh=mesh)
+    fully_shard(fsdp2, mesh=mesh)
     result["fsdp2"] = {"view": _view(_profile(fsdp2, steps=2).gather())}
     return result
 

@@ -65,9 +65,18 @@ class SlowReduceScatter(DefaultReduceScatter):
         return super().__call__(*args, **kwargs)
 
 
+def cpu_mesh() -> Any:
+    """The ranks' CPU mesh: without one, ``fully_shard`` shards onto the machine's accelerator where it has one (a
+    GPU machine moved these CPU ranks' parameters to CUDA, whose event clock no host-side pause can stop)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (dist.get_world_size(),))
+
+
 def _shard(model: MLP, units: list[nn.Module], **options: Any) -> MLP:
+    mesh = cpu_mesh()
     for unit in units:
-        fully_shard(unit, **options)
+        fully_shard(unit, mesh=mesh, **options)
         unit.set_custom_all_gather(SlowAllGather())
         unit.set_custom_reduce_scatter(SlowReduceScatter())
     return model

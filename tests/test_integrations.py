@@ -138,6 +138,8 @@ def test_lightning_prints_the_summary_once(tmp_path: Path, capfd, caplog) -> Non
 
 
 def test_lightning_ddp_on_cpu(tmp_path: Path) -> None:
+    if torch.cuda.is_initialized():  # Lightning refuses to fork then (a forked child cannot use CUDA)
+        pytest.skip("ddp_fork after this process initialized CUDA (an earlier test here ran on the GPU)")
     pl, module = _lightning_module()
     from layerprof.integrations.lightning import LayerProfProfiler
 
