@@ -4,6 +4,7 @@ profile: every module that ran and owns a parameter that got a gradient has back
 their parent, the root's backward fits in the wall time of the backward calls, exact call counts."""
 from __future__ import annotations
 
+import sys
 import time
 from typing import Callable
 
@@ -192,15 +193,18 @@ def test_a_copy_made_inside_the_block_does_not_keep_the_model_alive() -> None:
 
 
 def _reachable(root: object, kind: type) -> list[object]:
-    """The objects of ``kind`` that ``root`` reaches through references (classes and Python modules not
-    entered: they reach everything)."""
+    """The objects of ``kind`` that ``root`` reaches through references (classes, Python modules and their
+    namespaces not entered: they reach everything, a function's ``__globals__`` too; through them, on a GPU machine,
+    an earlier test's call still held by CUDA's autograd thread was found)."""
     import gc
     import types
 
+    namespaces = {id(vars(module)) for module in list(sys.modules.values()) if hasattr(module, "__dict__")}
     found, seen, todo = [], {id(root)}, [root]
     while todo:
         for referent in gc.get_referents(todo.pop()):
-            if id(referent) in seen or isinstance(referent, (type, types.ModuleType)):
+            if (id(referent) in seen or isinstance(referent, (type, types.ModuleType))
+                    or id(referent) in namespaces):
                 continue
             seen.add(id(referent))
             if isinstance(referent, kind):
