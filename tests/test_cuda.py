@@ -148,9 +148,10 @@ def _profiled_at_batch_16(name: str, cuda: torch.device) -> tuple[nn.Module, Cal
     """A zoo transformer at the benchmark's size and batch 16 (activations fill the memory) on ``cuda``, its plain
     training step, and a profile of one step with the memory figures a plan needs.
 
-    The earlier tests' garbage is collected first: ``max_memory_allocated`` counts every tensor alive, and a cycle
-    of an earlier test's model freed between the profiled step and the plain steps moved the plain peak under the
-    profiled one (GPT-2 on an H100, 2026-11-26: 9.9 MB, every predicted peak that much high)."""
+    The earlier tests' garbage is collected first: ``max_memory_allocated`` counts every tensor alive. On an H100
+    (2026-11-26) the profiled step's peak was 9.9 MB above the plain steps' after it in this file's run, so every
+    predicted peak was that much high, and equal to the byte in a fresh process; an earlier test's model in a
+    reference cycle, collected in between, is the likely cause (not confirmed on a GPU)."""
     pytest.importorskip("transformers")
     gc.collect()
     torch.cuda.empty_cache()
