@@ -10,9 +10,9 @@ built from its config (no download), and a deep stack of 1,501 small modules (la
   tear-down included), inside torch.profiler (CPU and CUDA activity, Python stacks) and under the seed tool's
   full backward hooks; each step ends with ``torch.cuda.synchronize()``; medians of wall time over the plain
   median, and the extra µs per module.
-- Accuracy (at ``--accuracy-scale`` times the batch, by default 4 for ResNet-50 and 16 for BERT, so that the step is compute-bound: on a
-  launch-bound step the events' elapsed GPU time holds the idle gaps between launches, which kernel time does
-  not): layerprof inside a torch.profiler session with CUDA activity on the very same steps; a module's
+- Accuracy (at ``--accuracy-scale`` times the batch, by default 4 for ResNet-50 and 16 for BERT, so that the step
+  is compute-bound: on a launch-bound step the events' elapsed GPU time holds the idle gaps between launches, which
+  kernel time does not): layerprof inside a torch.profiler session with CUDA activity on the very same steps; a module's
   reference time is the GPU time of the kernels launched inside its forward (its ``record_function`` range,
   annotate=True) and inside its backward range, as a share of the step, compared with layerprof's shares for
   modules above 1 % of the step.
