@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-__all__ = ["Paired", "extend", "median_ci", "pair_order", "run_pairs"]
+__all__ = ["Paired", "cuda_timed", "extend", "median_ci", "pair_order", "run_pairs"]
 
 
 def median_ci(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
@@ -85,6 +85,9 @@ class Paired:
         return (statistics.median(f[0] for f in self.faults), statistics.median(f[1] for f in self.faults))
 
 
+Timer = Callable[[Callable[[], Any]], tuple[float, int]]  # a step run and timed: (ms, minor page faults)
+
+
 def _timed(run: Callable[[], Any]) -> tuple[float, int]:
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     start = time.process_time()
@@ -93,31 +96,48 @@ def _timed(run: Callable[[], Any]) -> tuple[float, int]:
     return elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
 
 
-def _one_pair(base: Callable[[], Any], step: Callable[[], Any], index: int, into: Paired | None) -> None:
+def cuda_timed(run: Callable[[], Any]) -> tuple[float, int]:
+    """A step on a GPU: wall time from a synchronize before it (the work queued earlier is not the step's) to one
+    after it (its kernels are); process CPU time would leave the GPU's time out."""
+    import torch
+
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    run()
+    torch.cuda.synchronize()
+    elapsed = (time.perf_counter() - start) * 1e3
+    return elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+
+
+def _one_pair(base: Callable[[], Any], step: Callable[[], Any], index: int, into: Paired | None,
+              timed: Timer = _timed) -> None:
     if pair_order(index):
-        (plain, plain_faults), (changed, changed_faults) = _timed(base), _timed(step)
+        (plain, plain_faults), (changed, changed_faults) = timed(base), timed(step)
     else:
-        (changed, changed_faults), (plain, plain_faults) = _timed(step), _timed(base)
+        (changed, changed_faults), (plain, plain_faults) = timed(step), timed(base)
     if into is not None:
         into.differences.append(changed - plain)
         into.bases.append(plain)
         into.faults.append((plain_faults, changed_faults))
 
 
-def run_pairs(base: Callable[[], Any], steps: dict[str, Callable[[], Any]], repeats: int) -> dict[str, Paired]:
+def run_pairs(base: Callable[[], Any], steps: dict[str, Callable[[], Any]], repeats: int,
+              timed: Timer = _timed) -> dict[str, Paired]:
     """``repeats`` pairs of each step against ``base``, the steps interleaved round by round, after one warm-up
-    round that is not kept."""
+    round that is not kept. ``timed``: how a step is timed (process CPU time; ``cuda_timed`` on a GPU)."""
     found = {key: Paired() for key in steps}
     for index in range(repeats + 1):
         for key, step in steps.items():
-            _one_pair(base, step, index, found[key] if index else None)
+            _one_pair(base, step, index, found[key] if index else None, timed)
     return found
 
 
 _LEAST = 6  # pairs below which no order statistics make a 95 % interval of the median (median_ci)
 
 
-def extend(base: Callable[[], Any], step: Callable[[], Any], paired: Paired, half_width: float, cap: int) -> Paired:
+def extend(base: Callable[[], Any], step: Callable[[], Any], paired: Paired, half_width: float, cap: int,
+           timed: Timer = _timed) -> Paired:
     """More pairs of ``step`` against ``base`` until the 95 % interval of the median difference is at most
     ``half_width`` either side, or there are ``cap`` pairs; checked at even counts of at least 6 only, so that as
     many pairs ran base first as change first and the interval is a 95 % one."""
@@ -125,5 +145,5 @@ def extend(base: Callable[[], Any], step: Callable[[], Any], paired: Paired, hal
         count = len(paired.differences)
         if count % 2 == 0 and count >= _LEAST and paired.half_width <= half_width:
             break
-        _one_pair(base, step, count + 1, paired)  # index as in run_pairs, where index 0 was the warm-up round
+        _one_pair(base, step, count + 1, paired, timed)  # index as in run_pairs, where index 0 was the warm-up round
     return paired

@@ -2,9 +2,11 @@
 and when ``extend`` stops adding pairs."""
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from benchmarks.paired import Paired, extend, median_ci, pair_order, run_pairs
+from benchmarks.paired import Paired, cuda_timed, extend, median_ci, pair_order, run_pairs
 
 
 def test_median_ci_order_statistics() -> None:
@@ -64,3 +66,36 @@ def test_extend_runs_to_the_cap_while_wide() -> None:
     assert len(paired.differences) == 7 and len(log) == 10
     assert log[:4] == ["plan", "base", "base", "plan"]
     assert paired.half_width == pytest.approx(50.0)  # n = 7: no rank at 95 % beyond the range (-50, 50)
+
+
+def test_pairs_take_the_timer_given() -> None:
+    # A timer of known figures: the plan's step 7 ms, the plain one 5 ms, so every difference is exactly 2.
+    log: list[str] = []
+    base, plan = _steps(log)
+
+    def timed(run: Any) -> tuple[float, int]:
+        run()
+        return (7.0 if log[-1] == "plan" else 5.0), 3
+
+    found = run_pairs(base, {"plan": plan}, repeats=4, timed=timed)["plan"]
+    extend(base, plan, found, half_width=-1.0, cap=8, timed=timed)
+    assert found.differences == [2.0] * 8 and found.bases == [5.0] * 8 and found.faults == [(3, 3)] * 8
+
+
+def test_cuda_timed_synchronizes_before_and_after_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU step returns when its kernels are queued: the clock starts after the queue is drained and stops
+    after the step's kernels are done (the second synchronize, standing in here for 20 ms of kernels)."""
+    import time
+
+    import torch
+
+    calls: list[str] = []
+
+    def synchronize(*args: Any) -> None:
+        calls.append("sync")
+        if len(calls) == 3:
+            time.sleep(0.02)
+
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    ms, _ = cuda_timed(lambda: calls.append("step"))
+    assert calls == ["sync", "step", "sync"] and ms >= 20
