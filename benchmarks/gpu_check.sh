@@ -5,8 +5,8 @@
 #
 #     bash benchmarks/gpu_check.sh [OUTDIR] [SECONDS]
 #
-# Logs go to OUTDIR (default $OUT, else /tmp/gpu_check): cuda_tests.log, cli.log, gpu.log, peak_saved.log,
-# peak_budget.log, suite.log. SECONDS (default 450) bounds the whole run; each stage has its own limit inside it, so a
+# Logs go to OUTDIR (default $OUT, else /tmp/gpu_check): stages.log (when each stage began), cuda_tests.log, cli.log,
+# gpu.log, peak_saved.log, peak_budget.log, suite.log. SECONDS (default 450) bounds the whole run; each stage has its own limit inside it, so a
 # slow stage still leaves the logs of the others.
 set -u
 out=${1:-${OUT:-/tmp/gpu_check}}

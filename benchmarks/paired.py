@@ -2,7 +2,8 @@
 
 Each pair runs the two steps in one order or the other, alternately (base first, then the change first: over two
 pairs an A B B A sequence, so that a linear drift of the machine cancels), and times each in process CPU time
-(other work on a shared machine does not count), with the minor page faults the step took. The figure is the median
+(other work on a shared machine does not count; on a GPU ``cuda_timed``, wall time between synchronizes), with the
+minor page faults the step took. The figure is the median
 of the paired differences; beside it a distribution-free 95 % confidence interval of that median from the order
 statistics (``median_ci``), which needs no assumption on the differences' distribution (steps on a loaded host have
 long tails). ``extend`` adds pairs for one change until that interval is narrow enough or a cap is reached: the

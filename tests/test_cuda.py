@@ -175,9 +175,9 @@ def test_the_step_peak_with_a_plan_is_as_predicted_on_cuda(cuda: torch.device, n
     """``plan.predicted_peak_bytes`` against ``max_memory_allocated`` of a plain step with the plan, at the
     benchmark's size and batch 16; and the fall from today's peak, predicted against measured. The allocator rounds
     blocks to 512 bytes and libraries keep workspaces, both in the profiled step too once warm. On an H100
-    (2026-11-26, ``benchmarks/checkpoint_peak.py --device cuda``) the predicted peaks were 0.05-0.4 % off for BERT
-    and 0.9-4.3 % high for GPT-2; the falls: GPT-2 37.7 and 80.2 MB predicted against 37.7 and 82.3 measured, BERT
-    25.0, 36.8 and 65.3 against 26.5, 38.9 and 67.4."""
+    (2026-11-26, this test) BERT's predicted peaks were 1.0, 1.4 and 1.8 % high, and its falls 25.0, 36.8 and 65.3 MB
+    predicted against 26.5, 38.9 and 67.4 measured; GPT-2's falls 37.7 and 80.2 MB against 37.7 and 82.3, its peaks
+    9.9 MB high (the profiled step's peak was, see ``_profiled_at_batch_16``)."""
     model, step, prof = _profiled_at_batch_16(name, cuda)
     assert prof.profile.meta["memory"]["device"].startswith("cuda")
     for budget in (0.75, 0.5, 0.25):

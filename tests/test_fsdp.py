@@ -9,6 +9,7 @@ landed in ``fc1``).
 """
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,7 @@ class SlowReduceScatter(DefaultReduceScatter):
         return super().__call__(*args, **kwargs)
 
 
+@functools.cache
 def cpu_mesh() -> Any:
     """The ranks' CPU mesh: without one, ``fully_shard`` shards onto the machine's accelerator where it has one (a
     GPU machine moved these CPU ranks' parameters to CUDA, whose event clock no host-side pause can stop)."""

@@ -152,10 +152,14 @@ def test_verify_plan_sets_the_measured_peak_beside_the_predicted() -> None:
             f"{format_bytes(after)} predicted (+0.0% off), a change of +{format_bytes(after - before)} measured "
             f"against +{format_bytes(after - before)} predicted") in verification_text(result)
     assert "profiled:" not in verification_text(result)
-    # On CUDA the peak counts every tensor alive: 3 MiB freed outside the step since the profile moves both peaks.
-    moved = dataclasses.replace(result, peak_bytes=(before - 3 * 2**20, after - 3 * 2**20))
-    assert (f"today's peak measured {format_bytes(before - 3 * 2**20)} against {format_bytes(before)} profiled: "
-            f"memory held outside the step changed since the profile") in verification_text(moved)
+    # On CUDA the peak counts every tensor alive: 3 MiB taken outside the step since the profile moves both peaks.
+    moved = (before + 3 * 2**20, after + 3 * 2**20)
+    on_cuda = dataclasses.replace(result, peak_bytes=moved, cuda_peak_bytes=moved)
+    assert (f"today's peak measured {format_bytes(moved[0])} against {format_bytes(before)} profiled: "
+            f"memory held outside the step changed since the profile") in verification_text(on_cuda)
+    # On the CPU both count the step's own tensors: there the profiled step differed from a plain one.
+    assert (f"today's peak measured {format_bytes(moved[0])} against {format_bytes(before)} profiled: the profiled "
+            f"step's peak differs from a plain step's") in verification_text(dataclasses.replace(result, peak_bytes=moved))
 
 
 class _AllocatorOnCpu(MemoryReader):

@@ -166,12 +166,14 @@ def _measured_peak(result: Any) -> list[str]:
     if budget is not None:
         line += f"; peak budget {format_bytes(budget)} {'met' if result.meets_budget else 'NOT met'}"
     if profiled is not None and abs(before - profiled) > max(0.01 * profiled, 2**20):
-        # The prediction starts from the profiled step's peak. CUDA's counts every tensor alive, so memory freed
-        # or taken outside the step since (an earlier model's garbage collected, an optimizer's state made), or a
-        # first step's one-time allocations in the profiled one, move the plain step's peak away from it.
+        # The prediction starts from the profiled step's peak. CUDA's counts every tensor alive, so memory freed or
+        # taken outside the step since (an earlier model collected, an optimizer's state made) moves a plain step's
+        # peak away from it; the live bytes count the step's own tensors, which differ only where the steps do.
+        why = ("memory held outside the step changed since the profile (or the profiled step made one-time "
+               "allocations)" if result.cuda_peak_bytes is not None else "the profiled step's peak differs from a "
+               "plain step's (one-time allocations in the profiled step, or steps that differ)")
         return [line, f"  today's peak measured {format_bytes(before)} against {format_bytes(profiled)} profiled: "
-                      f"memory held outside the step changed since the profile (or the profiled step made one-time "
-                      f"allocations); the changes compare, the peaks are off by that much"]
+                      f"{why}; the changes compare, the peaks are off by that much"]
     return [line]
 
 
