@@ -7,7 +7,10 @@ and 500 x Sequential(Linear(16, 16), ReLU) (1,501 modules) for the cost per modu
 in one run, each round interleaving a plain step with every variant (the twin's variants in a shuffled order each
 round, so that none always runs with the code of the one before it in the caches):
 
-- layerprof steady: one LayerProf whose schedule alternates hook-free and profiled steps (what a loop pays);
+- layerprof steady: one LayerProf whose schedule alternates hook-free and profiled steps (what a loop pays), on
+  the model; its plain and steady steps run back to back at each round's start, and once more each in the round's
+  shuffled order among the twin's variants ("steady placed as the one-shot step is"), since the first pair's plain
+  step follows the twin's steps and its steady step follows that plain step;
 - layerprof one-shot: a fresh ``with LayerProf(model)`` around the step, set-up and tear-down included (the
   design card's usage); "one-shot + read" also reads every record's ``call_times`` after the block (made when
   first read, so the one-shot figure alone would hide that work);
@@ -165,6 +168,13 @@ def _deepspeed_available() -> bool:
 _clock: Callable[[], float] = time.process_time
 
 
+# The steady profiler's model's own plain and steady steps, a second time each round, in the shuffled order among
+# the twin's variants: placed as the one-shot step and the twin's plain step are. The first pair runs back to back
+# at the round's start, its plain step right after the previous round's twin steps (the model's tensors out of the
+# caches) and its steady step right after that plain step (in them): a quotient of a colder base.
+MIXED = ("plain_mixed", "layerprof_steady_mixed")
+
+
 def step_time(model: nn.Module, loss_fn: Callable[[], torch.Tensor], wrapper: Callable[[nn.Module], Any] | None) -> float:
     model.zero_grad(set_to_none=True)
     start = _clock()
@@ -210,13 +220,14 @@ def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch
     # The peers run on the twin, so the twin's own plain step is their baseline ("plain" in wrappers): two copies
     # of a model can differ by a few percent in speed (where their tensors landed in memory).
     samples: dict[str, list[float]] = {
-        key: [] for key in ["plain", "layerprof_steady", "twin_plain", *(k for k in wrappers if k != "plain")]
+        key: [] for key in ["plain", "layerprof_steady", "twin_plain", *(k for k in wrappers if k != "plain"),
+                            *MIXED]
     }
     # A profiled model cannot be profiled twice at once: the other variants run on an identical twin.
     steady = LayerProf(model, schedule=layerprof.schedule(wait=1, active=1), metrics=metrics)
     steady.start()
     try:
-        order = list(wrappers.items())
+        order: list[tuple[str, Any]] = [*wrappers.items(), *((key, None) for key in MIXED)]
         for round_ in range(repeats):
             samples["plain"].append(timed(loss_fn, model))  # a wait step: no hook on the model
             steady.step()
@@ -230,7 +241,14 @@ def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch
             # whom, and measured the same).
             random.Random(round_).shuffle(order)
             for key, wrapper in order:
-                samples["twin_plain" if key == "plain" else key].append(step_time(twin, twin_loss, wrapper))
+                if key == "plain_mixed":  # the model's own plain step, placed as the twin's variants are
+                    samples[key].append(timed(loss_fn, model))
+                elif key == "layerprof_steady_mixed":  # and its steady step: the schedule's active step, then wait
+                    steady.step()
+                    samples[key].append(timed(loss_fn, model))
+                    steady.step()
+                else:
+                    samples["twin_plain" if key == "plain" else key].append(step_time(twin, twin_loss, wrapper))
                 # What a variant left for the collector is collected here, untimed: else the first step after it
                 # to allocate enough pays (torch.profiler's garbage cost the next one-shot step 1.4 ms on BERT).
                 gc.collect(1)
@@ -238,10 +256,11 @@ def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch
         steady.stop()
     medians = {key: statistics.median(values) for key, values in samples.items()}
     modules = len(list(model.modules()))
-    result = {"modules": modules, "plain_ms": medians["plain"] * 1e3, "twin_plain_ms": medians["twin_plain"] * 1e3}
+    result = {"modules": modules, "plain_ms": medians["plain"] * 1e3, "twin_plain_ms": medians["twin_plain"] * 1e3,
+              "plain_mixed_ms": medians["plain_mixed"] * 1e3}
     for key in samples:
-        if key not in ("plain", "twin_plain"):
-            base = medians["plain" if key == "layerprof_steady" else "twin_plain"]
+        if key not in ("plain", "twin_plain", "plain_mixed"):
+            base = medians[{"layerprof_steady": "plain", "layerprof_steady_mixed": "plain_mixed"}.get(key, "twin_plain")]
             result[f"{key}_ratio"] = medians[key] / base
             result[f"{key}_us_per_module"] = (medians[key] - base) / modules * 1e6
     for key in raised:
@@ -319,6 +338,10 @@ def print_targets(results: dict[str, dict[str, float]]) -> None:
         if read is not None:
             print(f"    one-shot + reading every call_times {read:.3f} ({read * twin:.2f} ms), / steady step "
                   f"{read / steady:.3f}")
+        mixed = r.get("layerprof_steady_mixed_ratio")
+        if mixed is not None:
+            print(f"    steady placed as the one-shot step is (its own plain step {r['plain_mixed_ms']:.2f} ms): "
+                  f"{mixed:.3f}; one-shot step / steady step so placed {oneshot / mixed:.3f}")
         print(f"    one-shot step / steady step {oneshot / steady:.3f}; one-shot overhead / steady overhead "
               f"{(oneshot - 1) / (steady - 1) if steady != 1 else float('nan'):.2f}; overhead / torch.profiler's: "
               f"one-shot {(oneshot - 1) / (torchprof - 1) if torchprof != 1 else float('nan'):.2f}, steady "

@@ -372,6 +372,39 @@ def test_a_thread_whose_first_block_ran_in_inference_mode_times_a_later_backward
     assert all(r.backward_ms is not None and r.backward_ms > 0 for r in found[0].tree)
 
 
+def test_a_thread_that_walks_and_lives_on_keeps_no_call_of_a_finished_profile() -> None:
+    # CUDA's autograd thread runs every backward on a GPU and lives as long as the process: where checkpointing
+    # recomputes a forward there, that thread walks graph nodes, and its hooker kept the last walk's dict, the
+    # finished call, its clock (the event pool) and its step, until its next walk. A worker thread that runs the
+    # backward and then waits stands in for it.
+    import threading
+
+    from layerprof.collect.tracker import _thread_hooker
+
+    model = MLP()
+    hookers: list[Any] = []
+    done, finished = threading.Event(), threading.Event()
+
+    def backward(loss: torch.Tensor) -> None:
+        loss.backward()  # the recomputation's forward runs here, and its walks
+        hookers.append(_thread_hooker())
+        done.set()
+        finished.wait(10)
+
+    with LayerProf(model) as prof:
+        loss = checkpoint(model.body, torch.randn(2, 8), use_reentrant=False).sum()
+        thread = threading.Thread(target=backward, args=(loss,))
+        thread.start()
+        assert done.wait(10)
+    try:
+        # Its forward ran again on the worker (the walk this is about), as recomputation, not a second call.
+        assert prof.records["body"].calls == 1 and prof.records["body"].recompute_ms > 0
+        assert hookers[0]._carrier._backward_hooks is None
+    finally:
+        finished.set()
+        thread.join()
+
+
 def test_a_step_ending_on_one_thread_leaves_the_hook_dict_another_threads_walk_is_using() -> None:
     # A thread's NodeHooker is shared by every profiler. A walk sets the carrier's dict, then hooks nodes with
     # it; the GIL can pass to another thread between the two. Profiler A, whose modules ran on the worker once,
