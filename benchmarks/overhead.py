@@ -275,6 +275,10 @@ def main() -> None:
     parser.add_argument("--metrics", default=None,
                         help="comma-separated metrics for the steady-state profiler, e.g. flops (default: the defaults)")
     parser.add_argument("--models", default="resnet18,bert,deep", help="comma-separated subset of resnet18,bert,deep")
+    parser.add_argument("--variants", default=None,
+                        help="comma-separated subset of the twin's variants to run (default: all; the twin's plain "
+                             "step always runs), e.g. layerprof_oneshot: the one-shot step without the peers' steps "
+                             "around it")
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                         help="time steps with this process's CPU time (default) or the wall clock")
     args = parser.parse_args()
@@ -293,6 +297,12 @@ def main() -> None:
     }
     if _deepspeed_available():
         wrappers["deepspeed_flops"] = DeepSpeedFlops
+    if args.variants is not None:
+        kept = {key for key in args.variants.split(",") if key}
+        unknown = kept - set(wrappers)
+        if unknown:
+            parser.error(f"--variants: unknown {sorted(unknown)}; choose from {sorted(k for k in wrappers if k != 'plain')}")
+        wrappers = {key: wrapper for key, wrapper in wrappers.items() if key == "plain" or key in kept}
     print(f"torch {torch.__version__}, 1 thread, median of {args.repeats} interleaved steps, {args.clock} clock, "
           f"metrics={metrics}")
     print(f"machine: {machine()}")
