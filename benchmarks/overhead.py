@@ -4,13 +4,11 @@
 
 Models: torchvision resnet18 at batch 2 (224x224), a 2-layer BERT (hidden 128, sequence 32, batch 8) from a config,
 and 500 x Sequential(Linear(16, 16), ReLU) (1,501 modules) for the cost per module per step. Measured side by side
-in one run, each round interleaving a plain step with every variant (the twin's variants in a shuffled order each
-round, so that none always runs with the code of the one before it in the caches):
+in one run, each round interleaving a plain step with every variant (the twin's variants in the orders of a
+balanced design: over a cycle of rounds each comes first, and right after each other one, equally often, because a
+step carries over what the one before it left in the caches and the allocator):
 
-- layerprof steady: one LayerProf whose schedule alternates hook-free and profiled steps (what a loop pays), on
-  the model; its plain and steady steps run back to back at each round's start, and once more each in the round's
-  shuffled order among the twin's variants ("steady placed as the one-shot step is"), since the first pair's plain
-  step follows the twin's steps and its steady step follows that plain step;
+- layerprof steady: one LayerProf whose schedule alternates hook-free and profiled steps (what a loop pays);
 - layerprof one-shot: a fresh ``with LayerProf(model)`` around the step, set-up and tear-down included (the
   design card's usage); "one-shot + read" also reads every record's ``call_times`` after the block (made when
   first read, so the one-shot figure alone would hide that work);
@@ -168,11 +166,27 @@ def _deepspeed_available() -> bool:
 _clock: Callable[[], float] = time.process_time
 
 
-# The steady profiler's model's own plain and steady steps, a second time each round, in the shuffled order among
-# the twin's variants: placed as the one-shot step and the twin's plain step are. The first pair runs back to back
-# at the round's start, its plain step right after the previous round's twin steps (the model's tensors out of the
-# caches) and its steady step right after that plain step (in them): a quotient of a colder base.
-MIXED = ("plain_mixed", "layerprof_steady_mixed")
+def balanced_orders(keys: list[str], seed: int = 0) -> list[list[str]]:
+    """Orders of ``keys`` in which each key comes first equally often and follows every other key equally often
+    (a Williams design: the rows of a Latin square whose first row runs 0, 1, n-1, 2, n-2, ...; for an odd count
+    with their mirror images too): n orders for an even count of keys, 2n for an odd one. Which key is which symbol
+    is a seeded shuffle. Rounds cycle through them: balanced over a whole number of cycles."""
+    count = len(keys)
+    if count < 2:
+        return [list(keys)]
+    first, low, high = [0], 1, count - 1
+    while len(first) < count:
+        first.append(low)
+        low += 1
+        if len(first) < count:
+            first.append(high)
+            high -= 1
+    rows = [[(symbol + shift) % count for symbol in first] for shift in range(count)]
+    if count % 2:
+        rows += [row[::-1] for row in rows]
+    names = list(keys)
+    random.Random(seed).shuffle(names)
+    return [[names[symbol] for symbol in row] for row in rows]
 
 
 def step_time(model: nn.Module, loss_fn: Callable[[], torch.Tensor], wrapper: Callable[[nn.Module], Any] | None) -> float:
@@ -196,7 +210,8 @@ def timed(loss_fn: Callable[[], torch.Tensor], model: nn.Module) -> float:
 def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch.Tensor]]], repeats: int,
             wrappers: dict[str, Callable[[nn.Module], Any] | None], metrics: tuple[str, ...] | None = None) -> dict[str, float]:
     """Interleaved rounds: plain step, steady-state profiled step, then on the twin a plain step and one step under
-    each other variant, in an order shuffled every round (each ratio is to the plain step of the model it ran on).
+    each other variant, in the round's order of a balanced design (each ratio is to the plain step of the model it
+    ran on).
 
     Steady state: one LayerProf whose schedule alternates hook-free and profiled steps (wait=1, active=1), so the
     plain and the profiled step of a round run back to back; hooks go on and off in prof.step(), outside the
@@ -220,14 +235,13 @@ def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch
     # The peers run on the twin, so the twin's own plain step is their baseline ("plain" in wrappers): two copies
     # of a model can differ by a few percent in speed (where their tensors landed in memory).
     samples: dict[str, list[float]] = {
-        key: [] for key in ["plain", "layerprof_steady", "twin_plain", *(k for k in wrappers if k != "plain"),
-                            *MIXED]
+        key: [] for key in ["plain", "layerprof_steady", "twin_plain", *(k for k in wrappers if k != "plain")]
     }
     # A profiled model cannot be profiled twice at once: the other variants run on an identical twin.
     steady = LayerProf(model, schedule=layerprof.schedule(wait=1, active=1), metrics=metrics)
     steady.start()
     try:
-        order: list[tuple[str, Any]] = [*wrappers.items(), *((key, None) for key in MIXED)]
+        orders = balanced_orders(list(wrappers))
         for round_ in range(repeats):
             samples["plain"].append(timed(loss_fn, model))  # a wait step: no hook on the model
             steady.step()
@@ -235,20 +249,13 @@ def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch
             samples["layerprof_steady"].append(timed(loss_fn, model))
             steady.step()
             gc.collect(1)
-            # The twin's variants in a new order every round (a seeded shuffle): a variant that always ran right
-            # after another would find layerprof's code in the caches (one-shot + read after one-shot measured
-            # 0.005-0.03 below one-shot alone, where reading then made nothing; rotating the order keeps who follows
-            # whom, and measured the same).
-            random.Random(round_).shuffle(order)
-            for key, wrapper in order:
-                if key == "plain_mixed":  # the model's own plain step, placed as the twin's variants are
-                    samples[key].append(timed(loss_fn, model))
-                elif key == "layerprof_steady_mixed":  # and its steady step: the schedule's active step, then wait
-                    steady.step()
-                    samples[key].append(timed(loss_fn, model))
-                    steady.step()
-                else:
-                    samples["twin_plain" if key == "plain" else key].append(step_time(twin, twin_loss, wrapper))
+            # The twin's variants in an order of a balanced design (``balanced_orders``): each follows each other
+            # one equally often, because a step carries over what the one before it left (the one-shot block's step
+            # right after torch.profiler's ran 14.2 ms on BERT, after a plain step 13.1), and a seeded shuffle had
+            # placed them unevenly (with seven steps a round, the one-shot block after a peer's step in 14 of 30
+            # rounds and the twin's plain step in 5).
+            for key in orders[round_ % len(orders)]:
+                samples["twin_plain" if key == "plain" else key].append(step_time(twin, twin_loss, wrappers[key]))
                 # What a variant left for the collector is collected here, untimed: else the first step after it
                 # to allocate enough pays (torch.profiler's garbage cost the next one-shot step 1.4 ms on BERT).
                 gc.collect(1)
@@ -256,11 +263,10 @@ def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch
         steady.stop()
     medians = {key: statistics.median(values) for key, values in samples.items()}
     modules = len(list(model.modules()))
-    result = {"modules": modules, "plain_ms": medians["plain"] * 1e3, "twin_plain_ms": medians["twin_plain"] * 1e3,
-              "plain_mixed_ms": medians["plain_mixed"] * 1e3}
+    result = {"modules": modules, "plain_ms": medians["plain"] * 1e3, "twin_plain_ms": medians["twin_plain"] * 1e3}
     for key in samples:
-        if key not in ("plain", "twin_plain", "plain_mixed"):
-            base = medians[{"layerprof_steady": "plain", "layerprof_steady_mixed": "plain_mixed"}.get(key, "twin_plain")]
+        if key not in ("plain", "twin_plain"):
+            base = medians["plain" if key == "layerprof_steady" else "twin_plain"]
             result[f"{key}_ratio"] = medians[key] / base
             result[f"{key}_us_per_module"] = (medians[key] - base) / modules * 1e6
     for key in raised:
@@ -348,10 +354,6 @@ def print_targets(results: dict[str, dict[str, float]]) -> None:
         if read is not None:
             print(f"    one-shot + reading every call_times {read:.3f} ({read * twin:.2f} ms), / steady step "
                   f"{read / steady:.3f}")
-        mixed = r.get("layerprof_steady_mixed_ratio")
-        if mixed is not None:
-            print(f"    steady placed as the one-shot step is (its own plain step {r['plain_mixed_ms']:.2f} ms): "
-                  f"{mixed:.3f}; one-shot step / steady step so placed {oneshot / mixed:.3f}")
         print(f"    one-shot step / steady step {oneshot / steady:.3f}; one-shot overhead / steady overhead "
               f"{(oneshot - 1) / (steady - 1) if steady != 1 else float('nan'):.2f}; overhead / torch.profiler's: "
               f"one-shot {(oneshot - 1) / (torchprof - 1) if torchprof != 1 else float('nan'):.2f}, steady "
