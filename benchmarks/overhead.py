@@ -1,6 +1,6 @@
 """Overhead of LayerProf and its peers: median profiled step / median plain step, interleaved, one thread.
 
-    python benchmarks/overhead.py [--repeats 30] [--models resnet18,bert,deep] [--clock cpu|wall]
+    python benchmarks/overhead.py [--repeats 30] [--models resnet18,bert,deep] [--variants ...] [--clock cpu|wall]
 
 Models: torchvision resnet18 at batch 2 (224x224), a 2-layer BERT (hidden 128, sequence 32, batch 8) from a config,
 and 500 x Sequential(Linear(16, 16), ReLU) (1,501 modules) for the cost per module per step. Measured side by side
