@@ -99,16 +99,12 @@ def _timed(run: Callable[[], Any]) -> tuple[float, int]:
 
 def cuda_timed(run: Callable[[], Any]) -> tuple[float, int]:
     """A step on a GPU: wall time from a synchronize before it (the work queued earlier is not the step's) to one
-    after it (its kernels are); process CPU time would leave the GPU's time out."""
+    after it (its kernels are), as ``verify_plan`` times it; process CPU time would leave the GPU's time out."""
     import torch
 
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    run()
-    torch.cuda.synchronize()
-    elapsed = (time.perf_counter() - start) * 1e3
-    return elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    from layerprof.plan.verify import _timed as synchronized
+
+    return synchronized(run, torch.cuda.synchronize)
 
 
 def _one_pair(base: Callable[[], Any], step: Callable[[], Any], index: int, into: Paired | None,
