@@ -73,12 +73,11 @@ from layerprof.plan.runs import parse_run  # noqa: E402
 from tests.checkpoint_zoo import ZOO, zoo_step  # noqa: E402
 
 from benchmarks.heap_faults import keep_heap  # noqa: E402
-from benchmarks.paired import extend, pair_order, run_pairs  # noqa: E402
+from benchmarks.paired import band, extend, narrow_enough, pair_order, run_pairs, within  # noqa: E402
 
 BUDGETS = (0.25, 0.5, 0.75)
 PROFILED_STEPS = 6  # the forward times predicted are medians over the last five
 RECOMPUTE_CHECK = 0.75  # the budget whose plans get a per-module recompute check
-NARROW_SHARE, NARROW_MS = 0.10, 1.0  # a plan's pairs are added until its 95 % interval is this narrow (or the cap)
 
 
 def saved_bytes(model: nn.Module, step: Callable[[], Any]) -> int:
@@ -213,12 +212,6 @@ class _Sequential(nn.Module):
         return checkpoint_sequential(self.body, self.segments, x, use_reentrant=False)
 
 
-def narrow_enough(predicted_ms: float) -> float:
-    """The half-width of the 95 % interval of a plan's measured extra time at which its pairs stop: 10 % of the
-    predicted extra time, or 1 ms where that is more."""
-    return max(NARROW_SHARE * abs(predicted_ms), NARROW_MS)
-
-
 def run_model(name: str, scale: str, repeats: int, cap: int, split: int = 0, keep: bool = False
               ) -> list[dict[str, Any]]:
     entry = ZOO[name]
@@ -305,17 +298,12 @@ def _mib(value: int | None) -> str:
     return "-" if value is None else f"{value / 2**20:.2f}"
 
 
-def within(predicted: float, measured: float) -> bool:
-    """The issue's target: measured extra time within 25 % of predicted, or within 2 ms."""
-    return abs(measured - predicted) <= max(2.0, 0.25 * abs(predicted))
-
-
 def clearly_outside(row: dict[str, Any]) -> bool:
     """Whether the whole 95 % interval of a plan's measured extra time misses the 25 % (or 2 ms) band around the
     prediction: a miss the noise of the measurement does not explain."""
     predicted, (low, high) = row["predicted_ms"], row["plan_ci"]
-    band = max(2.0, 0.25 * abs(predicted))
-    return high < predicted - band or low > predicted + band
+    tolerance = band(predicted)
+    return high < predicted - tolerance or low > predicted + tolerance
 
 
 def format_row(row: dict[str, Any]) -> str:

@@ -41,7 +41,7 @@ from torch import nn
 from layerprof import LayerProf, schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.paired import cuda_timed, extend, run_pairs  # noqa: E402
+from benchmarks.paired import cuda_timed, extend, narrow_enough, run_pairs, within  # noqa: E402
 
 
 def resnet50(scale: int = 1) -> tuple[nn.Module, Callable[[], torch.Tensor]]:
@@ -219,10 +219,10 @@ def plan(name: str, repeats: int) -> None:
         # pairs in alternating order, then more until the median's 95 % interval is within 10 % of the prediction
         # (or 1 ms) either side, or about three times the pairs (an even count: as many in each order).
         pairs = run_pairs(step, {"plan": planned}, repeats, timed=cuda_timed)["plan"]
-        extend(step, planned, pairs, max(0.1 * abs(checkpoint_plan.extra_ms), 1.0), 3 * repeats + repeats % 2,
+        extend(step, planned, pairs, narrow_enough(checkpoint_plan.extra_ms), 3 * repeats + repeats % 2,
                timed=cuda_timed)
         low, high = pairs.ci
-        close = abs(pairs.median - checkpoint_plan.extra_ms) <= max(0.25 * abs(checkpoint_plan.extra_ms), 2.0)
+        verdict = "within" if within(checkpoint_plan.extra_ms, pairs.median) else "outside"
         peak = result.cuda_peak_bytes or (0, 0)
         drop = (prof.tree.saved_bytes - (checkpoint_plan.saved_peak_bytes or 0)) / 2**20
         print(f"{name} plan {budget:.0%}: {len(checkpoint_plan.modules)} wrapped; saved "
@@ -234,7 +234,7 @@ def plan(name: str, repeats: int) -> None:
               f"predicted ({checkpoint_plan.predicted_peak_phase} {checkpoint_plan.predicted_peak_at}; profiled "
               f"{(checkpoint_plan.profiled_peak_bytes or 0) / 2**20:.1f}); extra {checkpoint_plan.extra_ms:.2f} ms predicted, "
               f"{pairs.median:.2f} measured (95 % interval {low:.2f} .. {high:.2f}, {len(pairs.differences)} pairs; "
-              f"step {pairs.base_ms:.2f} ms): {'within' if close else 'outside'} 25 % or 2 ms", flush=True)
+              f"step {pairs.base_ms:.2f} ms): {verdict} 25 % or 2 ms", flush=True)
 
 
 def accuracy(name: str, steps: int, scale: int) -> None:

@@ -18,7 +18,25 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-__all__ = ["Paired", "cuda_timed", "extend", "median_ci", "pair_order", "run_pairs"]
+__all__ = ["Paired", "band", "cuda_timed", "extend", "median_ci", "narrow_enough", "pair_order", "run_pairs", "within"]
+
+NARROW_SHARE, NARROW_MS = 0.10, 1.0  # a plan's pairs are added until its 95 % interval is this narrow (or the cap)
+
+
+def band(predicted_ms: float) -> float:
+    """The checkpoint issue's tolerance on a plan's extra time either side of its prediction: 25 %, or 2 ms."""
+    return max(2.0, 0.25 * abs(predicted_ms))
+
+
+def within(predicted: float, measured: float) -> bool:
+    """The issue's target: measured extra time within 25 % of predicted, or within 2 ms."""
+    return abs(measured - predicted) <= band(predicted)
+
+
+def narrow_enough(predicted_ms: float) -> float:
+    """The half-width of the 95 % interval of a plan's measured extra time at which its pairs stop: 10 % of the
+    predicted extra time, or 1 ms where that is more."""
+    return max(NARROW_SHARE * abs(predicted_ms), NARROW_MS)
 
 
 def median_ci(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
