@@ -106,6 +106,18 @@ def test_frontier_is_monotone_and_ends_at_the_most_reachable() -> None:
         assert point.cost == pytest.approx(solve(weights, costs, ends, point.freed).cost)
 
 
+def test_the_frontier_keeps_the_most_freed_for_a_cost_when_options_cost_nothing() -> None:
+    """Recomputations priced at 0 ms (a live profile whose reader's time took off a module's whole forward): the
+    frontier's point at cost 0 wraps every free option, not none. Under the root (0, not an option): a block (1)
+    of two leaves (2, 3), and a leaf (4); the leaves 2 and 4 cost nothing, 3 costs 1 ms, the block 5 ms."""
+    ends = ends_of([-1, 0, 1, 1, 0])
+    weights, costs = [0, 100, 30, 40, 20], [0.0, 5.0, 0.0, 1.0, 0.0]
+    points = [(p.chosen, p.freed, p.cost) for p in frontier(weights, costs, ends, resolution=1000)]
+    # Nothing (today) first; then 2 and 4 for free (30 + 20 bytes); then 3 for 1 ms (+40); then the block with 4
+    # (100 + 20) for 5 ms. Before, the free levels gave the first of them, which frees nothing: (), then 3 alone.
+    assert points == [((), 0, 0.0), ((2, 4), 50, 0.0), ((2, 3, 4), 90, 1.0), ((1, 4), 120, 5.0)]
+
+
 @pytest.mark.parametrize("given, today, expected", [
     (1000, 5000, 1000), ("2GiB", 0, 2 * 2**30), ("300MB", 0, 300 * 10**6), ("1.5 kib", 0, 1536),
     ("50%", 999, 499), (0.25, 1000, 250), (1.0, 1000, 1000), ("0", 10, 0), (2.0, 10, 2),
@@ -253,14 +265,15 @@ def test_solver_and_frontier_match_the_plain_table_with_runs() -> None:
         if top <= 0:
             continue
         best, walk = _reference(weights, costs, ends, runs, top, resolution)
-        reference, previous, freed = [], None, -1
+        # Nothing first, then for each cost the highest level it reaches (the most freed for it).
+        reference, freed = [], -1
         for level, value in enumerate(best):
-            if math.isfinite(value) and value != previous:
-                previous, chosen = value, walk(level)
+            if math.isfinite(value) and (level == 0 or level == len(best) - 1 or best[level + 1] != value):
+                chosen = walk(level)
                 total = sum(weights[i] if i < count else runs[i - count].weight for i in chosen)
                 if total > freed:
                     freed = total
                     reference.append((tuple(chosen), total))
         assert [(s.chosen, s.freed) for s in frontier(weights, costs, ends, resolution, runs)] == reference
         points += len(reference)
-    assert compared == 150 and with_runs > 40 and points > 600  # 45 with runs and 750 points with this seed
+    assert compared == 150 and with_runs > 40 and points > 600  # 45 with runs and 854 points with this seed

@@ -270,12 +270,14 @@ def iter_frontier(weights: Sequence[int], costs: Sequence[float], ends: Sequence
     table = _table(_options(weights, costs, ends, runs), top, resolution)
     best = table.best
     # The least cost of freeing each grid level never falls as the level rises: levels in order are costs in order.
-    previous, freed = None, -1
+    # Of the levels one cost reaches, the highest is the frontier's (it frees the most for that cost): where options
+    # cost nothing (a recomputation priced at 0 ms), the first levels all cost 0, and the lowest would free nothing.
+    # Level 0, wrapping nothing (today), is yielded first all the same.
+    freed, last = -1, len(best) - 1
     walk, solution_of = _walker(table), _pricing(weights, costs, runs)
     for level in range(len(best)):
-        if not math.isfinite(best[level]) or best[level] == previous:
+        if not math.isfinite(best[level]) or (level and level < last and best[level + 1] == best[level]):
             continue
-        previous = best[level]
         solution = solution_of(walk(level))
         if solution.freed > freed:
             freed = solution.freed
