@@ -102,4 +102,7 @@ def test_annotate_cost_is_small() -> None:
             return time.perf_counter() - start
 
     seconds(True)
-    assert min(seconds(True) for _ in range(3)) < 3 * min(seconds(False) for _ in range(3))
+    # Interleaved, the least of each: a burst over the three annotated runs (about 55 ms) cannot take all four.
+    pairs = [(seconds(True), seconds(False)) for _ in range(4)]
+    annotated, plain = min(a for a, _ in pairs), min(p for _, p in pairs)
+    assert annotated < 3 * plain, (annotated, plain)

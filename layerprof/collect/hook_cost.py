@@ -11,7 +11,10 @@ profiled forward less ``descendant calls x hook_cost()``.
 ``hook_cost()`` measures that figure where a model runs its hooks: cold. It profiles the stack ``wrap_cost``
 times (blocks of 33 small Linear layers, an unwrapped feed-forward filler after each) and sets each block's
 profiled forward against its bare forward in plain steps, per Linear call, the median over the blocks (about
-0.4 s, once per process and meter set, on one thread: ``layerprof._threads``). In a tight loop of modules the same hooks cost a third
+0.4 s, once per process and meter set, on one thread: ``layerprof._threads``). Each block's forward is its least
+over the steps, profiled and bare: noise only adds time, and the profiled steps run after the bare ones, so a
+burst over half of either side's steps moved their medians' difference (2.5-3.7x the figure over the profiled
+steps, to 0 over the bare ones, in an experiment that slowed five steps' Linear calls). In a tight loop of modules the same hooks cost a third
 of it, as the wrapper does (``wrap_cost.py``). On a GPU the module times are device times, which the host's
 hooks do not lengthen as long as the host runs ahead: the planner subtracts it only on the CPU wall clock.
 """
@@ -34,7 +37,7 @@ _STEPS = 9  # profiled and bare steps; the first two of each are dropped
 
 
 def _bare_block_ms(stack: torch.nn.Module, blocks: list[torch.nn.Module], x: torch.Tensor) -> list[float]:
-    """Each block's median forward wall time over plain training steps, timed by hooks on the blocks alone."""
+    """Each block's least forward wall time over plain training steps, timed by hooks on the blocks alone."""
     times: list[list[float]] = [[] for _ in blocks]
     started = [0] * len(blocks)
 
@@ -56,7 +59,7 @@ def _bare_block_ms(stack: torch.nn.Module, blocks: list[torch.nn.Module], x: tor
     finally:
         for handle in handles:
             handle.remove()
-    return [statistics.median(found[2:]) for found in times]
+    return [min(found[2:]) for found in times]
 
 
 def hook_cost(profiler: Callable[..., Any], metrics: tuple[str, ...] = ()) -> float:
@@ -80,5 +83,5 @@ def _measure(profiler: Callable[..., Any], metrics: tuple[str, ...]) -> float:
                     stack(x).sum().backward()
                     prof.step()
         records = prof.records
-        profiled = [float(records[str(2 * index)].forward_ms_median) for index in range(len(blocks))]
+        profiled = [float(records[str(2 * index)].forward_ms_min) for index in range(len(blocks))]
     return max(0.0, statistics.median((inside - alone) / LARGE for inside, alone in zip(profiled, bare)))
