@@ -8,7 +8,7 @@ from typing import Callable
 import pytest
 
 from layerprof.plan.budget import parse_budget
-from layerprof.plan.solver import Run, best_reachable, ends_of, frontier, solve
+from layerprof.plan.solver import Run, best_reachable, ends_of, frontier, iter_frontier, solve
 
 
 def _random_tree(rng: random.Random, count: int) -> list[int]:
@@ -116,6 +116,11 @@ def test_the_frontier_keeps_the_most_freed_for_a_cost_when_options_cost_nothing(
     # Nothing (today) first; then 2 and 4 for free (30 + 20 bytes); then 3 for 1 ms (+40); then the block with 4
     # (100 + 20) for 5 ms. Before, the free levels gave the first of them, which frees nothing: (), then 3 alone.
     assert points == [((), 0, 0.0), ((2, 4), 50, 0.0), ((2, 3, 4), 90, 1.0), ((1, 4), 120, 5.0)]
+    # Both ends of each cost, for the peak planner: also the first plan the table finds at a cost's lowest level
+    # (3 and 4 for 1 ms: 60 bytes, the least over 50; the block alone for 5 ms: 100, the least over 90).
+    both = [(p.chosen, p.freed, p.cost) for p in iter_frontier(weights, costs, ends, resolution=1000, both_ends=True)]
+    assert both == [((), 0, 0.0), ((2, 4), 50, 0.0), ((3, 4), 60, 1.0), ((2, 3, 4), 90, 1.0), ((1,), 100, 5.0),
+                    ((1, 4), 120, 5.0)]
 
 
 @pytest.mark.parametrize("given, today, expected", [

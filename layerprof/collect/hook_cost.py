@@ -13,9 +13,10 @@ times (blocks of 33 small Linear layers, an unwrapped feed-forward filler after 
 profiled forward against its bare forward in plain steps, per Linear call, the median over the blocks (about
 0.4 s, once per process and meter set, on one thread: ``layerprof._threads``). Each block's forward is its least
 over the steps, profiled and bare: noise only adds time, and the profiled steps run after the bare ones, so a
-burst over half of either side's steps moved their medians' difference (2.5-3.7x the figure over the profiled
-steps, to 0 over the bare ones, in an experiment that slowed five steps' Linear calls). In a tight loop of modules the same hooks cost a third
-of it, as the wrapper does (``wrap_cost.py``). On a GPU the module times are device times, which the host's
+burst over half of either side's steps moved their medians' difference (3.0-3.8x the figure over the profiled
+steps, to 0 over the bare ones, in experiments that slowed five steps' Linear calls). The first two steps of each
+side are left out (cold). In a tight loop of modules the same hooks cost a third of it, as the wrapper does
+(``wrap_cost.py``). On a GPU the module times are device times, which the host's
 hooks do not lengthen as long as the host runs ahead: the planner subtracts it only on the CPU wall clock.
 """
 from __future__ import annotations
@@ -33,7 +34,8 @@ from ..plan.wrap_cost import LARGE, calibration_stack
 __all__ = ["hook_cost"]
 
 _CACHE: dict[tuple[str, ...], float] = {}
-_STEPS = 9  # profiled and bare steps; the first two of each are dropped
+_STEPS = 9  # profiled and bare steps
+_DROPPED = 2  # the first steps of each, cold
 
 
 def _bare_block_ms(stack: torch.nn.Module, blocks: list[torch.nn.Module], x: torch.Tensor) -> list[float]:
@@ -59,7 +61,7 @@ def _bare_block_ms(stack: torch.nn.Module, blocks: list[torch.nn.Module], x: tor
     finally:
         for handle in handles:
             handle.remove()
-    return [min(found[2:]) for found in times]
+    return [min(found[_DROPPED:]) for found in times]
 
 
 def hook_cost(profiler: Callable[..., Any], metrics: tuple[str, ...] = ()) -> float:
@@ -78,7 +80,7 @@ def _measure(profiler: Callable[..., Any], metrics: tuple[str, ...]) -> float:
         bare = _bare_block_ms(stack, blocks, x)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a calibration, not the user's profile
-            with profiler(stack, metrics=metrics) as prof:
+            with profiler(stack, metrics=metrics, warmup=_DROPPED) as prof:
                 for _ in range(_STEPS):
                     stack(x).sum().backward()
                     prof.step()

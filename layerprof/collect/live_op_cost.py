@@ -11,9 +11,11 @@ module (``live_forward_ops``), and the checkpoint planner prices a recomputation
 ``live_op_cost()`` times a loop of small ops that make new storages (a transformer layer's: linear, layer norm, GELU,
 softmax, views, an add) with the reader open and without, in thread CPU time, in interleaved rounds (about 0.1 s,
 once per process): the least watched round less the least bare one, per op the reader saw. Noise only adds time,
-so the least of each is its own; a median of the rounds' differences was not: in one CI run it came out at about
-2.1x the reader's cost (as that run's test figures imply), which priced nearly every recomputation of a live
-profile at 0 ms. Thread time, so that the figure
+and a burst over a few rounds does not move the least of each; it moved a median of the rounds' differences: in
+one CI run that came out at about 2.1x the reader's cost (as that run's test figures imply), which priced nearly
+every recomputation of a live profile at 0 ms. The least reads a few percent below that median on an idle host
+(15.4 against 16.1 µs an op, one calibration): the watched rounds vary more, partly with the reader's own work. It
+errs on the side of taking less off a recomputation's price. Thread time, so that the figure
 is the host's and not its load of the moment: on a loaded host the reader slows a profiled step more, in wall time,
 than this takes off. The loop runs on one thread: the reader's cost is Python on the calling thread whatever the
 thread count, and with more, a loaded host's spin-waits at the ops' thread barriers would land in the calling

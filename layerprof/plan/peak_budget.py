@@ -13,7 +13,9 @@ knapsack's cold time) whose predicted peak fits:
   profiled step's peak, then, ``ROUNDS - 1`` more times, at the peak of the lowest plan weighed so far, among the
   intervals not yet looked at.
 
-Each frontier is walked cheapest first and left at its first plan that fits, or at the first that costs no less
+Each frontier is walked at both ends of each cost (``iter_frontier(both_ends=True)``: the plan that frees the most
+for it, and the one at the lowest level it reaches, which frees less and can hold less at the peak), cheapest
+first, and left at its first plan that fits, or at the first that costs no less
 than the best fit so far. A plan is predicted (about 2 ms on a 10,000-module step) unless a bound rules it out:
 at the profiled step's peak, a plan takes off at most what its wrapped modules save, so where their saved bytes
 fall short of the peak's excess over the budget it cannot fit (where no plan fits, those are predicted after all,
@@ -85,14 +87,14 @@ def choose_under_peak(weights: Sequence[int], costs: Sequence[float], ends: Sequ
                 return True
         return True
 
-    complete = walk(iter_frontier(weights, costs, ends, resolution, runs))
+    complete = walk(iter_frontier(weights, costs, ends, resolution, runs, both_ends=True))
     interval, looked, count = profiled_interval, set(), len(weights)
     for _ in range(ROUNDS if rounds is None else rounds):
         looked.add(interval)
         mask = held_across(interval)
         walk(iter_frontier([w if mask[i] else 0 for i, w in enumerate(weights)], costs, ends, resolution,
                            [run if mask[count + k] else Run(run.start, run.jump, 0, run.cost)
-                            for k, run in enumerate(runs)]))
+                            for k, run in enumerate(runs)], both_ends=True))
         elsewhere = [pair for pair in weighed.values() if pair[1].interval not in looked]
         if not elsewhere or len(weighed) >= MAX_WEIGHED:
             break

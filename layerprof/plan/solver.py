@@ -255,14 +255,23 @@ def solve(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int], n
 
 def frontier(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int],
              resolution: int = DEFAULT_RESOLUTION, runs: Sequence[Run] = ()) -> list[Solution]:
-    """Every Pareto-optimal choice (bytes freed against cost) on the grid, from nothing to the most reachable."""
+    """Every Pareto-optimal choice (bytes freed against cost) on the grid, from nothing (today's point, first even
+    where a plan that costs nothing frees some) to the most reachable."""
     return list(iter_frontier(weights, costs, ends, resolution, runs))
 
 
+def _same_cost(a: float, b: float) -> bool:
+    """Two levels' least costs are one cost: equal but for the rounding of their sums' order."""
+    return a == b or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
 def iter_frontier(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int],
-                  resolution: int = DEFAULT_RESOLUTION, runs: Sequence[Run] = ()) -> Iterator[Solution]:
+                  resolution: int = DEFAULT_RESOLUTION, runs: Sequence[Run] = (),
+                  both_ends: bool = False) -> Iterator[Solution]:
     """``frontier``'s choices one at a time, cheapest first, each walked out of the table only when asked for (a
-    caller that stops at the first one that suits it walks no more)."""
+    caller that stops at the first one that suits it walks no more). ``both_ends``: for each cost, also the plan
+    at the lowest level it reaches, before the frontier's (the peak planner weighs both: the one that frees less
+    can hold less at the step's peak)."""
     top, _ = best_reachable(weights, ends, runs)
     if top <= 0:
         yield Solution((), 0, 0.0)
@@ -272,12 +281,17 @@ def iter_frontier(weights: Sequence[int], costs: Sequence[float], ends: Sequence
     # The least cost of freeing each grid level never falls as the level rises: levels in order are costs in order.
     # Of the levels one cost reaches, the highest is the frontier's (it frees the most for that cost): where options
     # cost nothing (a recomputation priced at 0 ms), the first levels all cost 0, and the lowest would free nothing.
-    # Level 0, wrapping nothing (today), is yielded first all the same.
+    # Level 0, wrapping nothing (today), is yielded first all the same. On the grid: a walk at the highest level
+    # can, rounded, free a few bytes less than one at a lower level of the same cost.
     freed, last = -1, len(best) - 1
     walk, solution_of = _walker(table), _pricing(weights, costs, runs)
     for level in range(len(best)):
-        if not math.isfinite(best[level]) or (level and level < last and best[level + 1] == best[level]):
+        cost = best[level]
+        if not math.isfinite(cost):
             continue
+        if level and level < last and _same_cost(best[level + 1], cost):
+            if not both_ends or _same_cost(best[level - 1], cost):
+                continue
         solution = solution_of(walk(level))
         if solution.freed > freed:
             freed = solution.freed
