@@ -106,6 +106,7 @@ def test_the_frontier_figures_show_each_plans_predicted_peak() -> None:
     model, inputs = _zoo("gpt2", "tiny")()
     profile = _profiled(model, _trained(model, inputs))
     plan = profile.checkpoint_plan(peak="80%", wrap_cost=None)
+    assert not plan.host_figures_high and "modules timed" not in str(plan)  # the figures as measured
     points = plan.pareto()
     assert all(point.predicted_peak_bytes is not None for point in points)
     assert points[0].predicted_peak_bytes == plan.profiled_peak_bytes  # wrapping nothing: today's peak
@@ -135,6 +136,9 @@ def test_a_live_profile_priced_at_nothing_still_plans_under_a_peak(monkeypatch: 
     assert plan.feasible and plan.modules and plan.predicted_peak_bytes <= plan.peak_budget_bytes
     assert plan.cold_extra_ms == 0.0
     assert plan.pareto()[0].modules == ()  # today's point first all the same
+    # Said: every timed module loses more than its forward to the figure (1 ms an op).
+    assert plan.host_figures_high and len(plan.over_deducted) == plan.timed_modules >= 3
+    assert f"note: for {plan.timed_modules} of the {plan.timed_modules} modules timed" in str(plan)
 
 
 def test_the_peak_plan_against_every_admissible_set_on_small_nets() -> None:

@@ -49,6 +49,12 @@ class Candidate(Priced):
     calls: float
     excluded: str | None
     wrap_ms: float = 0.0  # the checkpoint's own cost per step, beyond the recomputation (wrap_cost.py)
+    # The profiler's own time taken off (hooks and reader) over the forward it was taken from, for a module timed at
+    # TIMED_MS or more (else None): above 1, more than the forward holds, which only a host figure read high gives.
+    deducted_share: float | None = None
+
+
+TIMED_MS = 0.05  # a module's forward, less the early stop's tail, from which its deducted share is read
 
 
 def require_figures(root: ModuleRecord) -> None:
@@ -191,7 +197,9 @@ def candidates(root: ModuleRecord, allow_side_effects: bool = False, cost: WrapC
     below = descendant_calls(records, parents)
     found = []
     for i, record in enumerate(records):
-        recompute = _forward_ms(record) - skipped_tail_ms(record) - hook_ms * below[i] - op_ms * reader_ops(record)
+        forward = _forward_ms(record) - skipped_tail_ms(record)
+        deducted = hook_ms * below[i] + op_ms * reader_ops(record)
+        recompute = forward - hook_ms * below[i] - op_ms * reader_ops(record)  # (the sums' order of the runs')
         found.append(Candidate(
             name=record.name, type=record.type, parent=parents[i],
             freed_bytes=int(getattr(record, "checkpoint_freed_bytes", None) or 0),
@@ -199,5 +207,6 @@ def candidates(root: ModuleRecord, allow_side_effects: bool = False, cost: WrapC
             recompute_ms=max(0.0, recompute), calls=record.calls,
             excluded=_why_excluded(record, allow_side_effects),
             wrap_ms=0.0 if cost is None else cost.of(record.calls or 0, _saved_tensors(record)),
+            deducted_share=deducted / forward if forward >= TIMED_MS else None,
         ))
     return found

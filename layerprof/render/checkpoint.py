@@ -43,6 +43,14 @@ def plan_text(plan: Any) -> str:
     ]
     if plan.note:
         lines.append(f"note: {plan.note}")
+    if getattr(plan, "host_figures_high", False):
+        lines.append(
+            f"note: for {len(plan.over_deducted)} of the {plan.timed_modules} modules timed, the profiler's own time "
+            "taken off their recomputation (hook_ms a module call inside; meta[\"live_op_ms\"] a live reader's op) "
+            "exceeds their profiled forward, which a figure measured right does not: the host figures read high "
+            "(measured once a process, in a burst of load), and those recomputations are priced at 0 ms. Plan again "
+            "in a new process; for a live profile, profile several steps (prof.step() after each), whose times the "
+            "reader does not hold")
     lines += _peak_kept(plan)
     lines += _step_peak(plan)
     recomputed = getattr(plan, "already_recomputed", ())
