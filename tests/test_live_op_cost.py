@@ -53,15 +53,14 @@ def _priced(model: torch.nn.Module, step: Any) -> tuple[float, float, Any, layer
     memory profile's, before and after the reader's time is taken off; the verified 50 % plan of the last live
     profile; that profile; the last round's (before, after))."""
     reader._CACHE.clear()  # a retry calibrates again: a burst in the calibration is as likely as one in a step
-    names = LAYERS
     plain, before, after = [], [], []
     for _ in range(ROUNDS):
         memory = _one_step(model, step, ("memory", "shapes"))
         live = _one_step(model, step, ("live_memory", "shapes"))
-        plain.append(_recompute_ms(memory, names, 0.0))
-        before.append(_recompute_ms(live, names, 0.0))
+        plain.append(_recompute_ms(memory, LAYERS, 0.0))
+        before.append(_recompute_ms(live, LAYERS, 0.0))
         assert "live_op_ms" not in live.meta  # measured when the profile is first planned or saved
-        after.append(_recompute_ms(live, names, live._measured("live_op_ms")))
+        after.append(_recompute_ms(live, LAYERS, live._measured("live_op_ms")))
     plan = live.checkpoint_plan("50%", wrap_cost=None)
     # Five steps each side: the median of two is their mean, which one preempted step moves by half its delay.
     result = layerprof.verify_plan(plan, model, step, repeats=5)

@@ -198,8 +198,8 @@ def candidates(root: ModuleRecord, allow_side_effects: bool = False, cost: WrapC
     found = []
     for i, record in enumerate(records):
         forward = _forward_ms(record) - skipped_tail_ms(record)
-        deducted = hook_ms * below[i] + op_ms * reader_ops(record)
-        recompute = forward - hook_ms * below[i] - op_ms * reader_ops(record)  # (the sums' order of the runs')
+        hooks, reader = hook_ms * below[i], op_ms * reader_ops(record)
+        recompute = forward - hooks - reader  # (in the order the runs' sums take them off)
         found.append(Candidate(
             name=record.name, type=record.type, parent=parents[i],
             freed_bytes=int(getattr(record, "checkpoint_freed_bytes", None) or 0),
@@ -207,6 +207,6 @@ def candidates(root: ModuleRecord, allow_side_effects: bool = False, cost: WrapC
             recompute_ms=max(0.0, recompute), calls=record.calls,
             excluded=_why_excluded(record, allow_side_effects),
             wrap_ms=0.0 if cost is None else cost.of(record.calls or 0, _saved_tensors(record)),
-            deducted_share=deducted / forward if forward >= TIMED_MS else None,
+            deducted_share=(hooks + reader) / forward if forward >= TIMED_MS else None,
         ))
     return found
