@@ -160,13 +160,13 @@ def test_a_block_needing_a_missing_optional_package_skips_and_so_do_its_pages_la
         page.run(1)
 
 
-def test_a_teardown_abort_is_run_once_more_and_nothing_else_is(tmp_path):
-    # Each block counts its runs in a file; the first aborts as gloo's teardown does the first time only, the second
-    # every time, the third fails otherwise.
+def test_a_teardown_abort_is_run_again_up_to_three_times_and_nothing_else_is(tmp_path):
+    # Each block counts its runs in a file; the first aborts as gloo's teardown does the first two times only, the
+    # second every time, the third fails otherwise.
     abort = f"echo x >> {{name}}; echo 'the output'; echo '{de.TEARDOWN_ABORT}' >&2"
     md = tmp_path / "page.md"
     md.write_text(
-        f"```bash\n{abort.format(name='once')}; [ $(wc -l < once) -ge 2 ]\n```\n\n"
+        f"```bash\n{abort.format(name='twice')}; [ $(wc -l < twice) -ge 3 ]\n```\n\n"
         f"```bash\n{abort.format(name='always')}; false\n```\n\n"
         "```bash\necho x >> other; echo 'another error' >&2; false\n```\n")
     page = de.Page.load(md, tmp_path)
@@ -177,7 +177,8 @@ def test_a_teardown_abort_is_run_once_more_and_nothing_else_is(tmp_path):
         de.run_block(page.blocks[1], workdir)
     with pytest.raises(de.DocsExampleError, match="another error"):
         de.run_block(page.blocks[2], workdir)
-    assert [len((workdir / name).read_text().split()) for name in ("once", "always", "other")] == [2, 2, 1]
+    assert de.TEARDOWN_RUNS == 3
+    assert [len((workdir / name).read_text().split()) for name in ("twice", "always", "other")] == [3, 3, 1]
 
 
 def test_regenerate_rewrites_output_blocks(tmp_path):
