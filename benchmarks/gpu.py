@@ -6,8 +6,9 @@ Models: torchvision resnet50 at batch 32 (224x224), BERT-base (12 layers, hidden
 built from its config (no download), and a deep stack of 1,501 small modules (launch-bound: the cost per module).
 
 - Overhead: rounds of a plain step and a step of one ``LayerProf`` alternating hook-free and profiled steps
-  (steady state), then in a shuffled order a step inside a fresh ``with LayerProf(model)`` (one-shot, set-up and
-  tear-down included), inside torch.profiler (CPU and CUDA activity, Python stacks) and under the seed tool's
+  (steady state, the reading after the step included: its ``prof.step()``), then in a shuffled order a step inside a
+  fresh ``with LayerProf(model)`` (one-shot, set-up, reading and tear-down included; and the same making every
+  CUDA event anew, as before the process-wide event pool), inside torch.profiler (CPU and CUDA activity, Python stacks) and under the seed tool's
   full backward hooks; each step ends with ``torch.cuda.synchronize()``; medians of wall time over the plain
   median, and the extra µs per module.
 - Accuracy (at ``--accuracy-scale`` times the batch, by default 4 for ResNet-50 and 16 for BERT, so that the step
@@ -39,6 +40,7 @@ import torch
 from torch import nn
 
 from layerprof import LayerProf, schedule
+from layerprof.collect import clock as clock_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.paired import cuda_timed, extend, narrow_enough, run_pairs, within  # noqa: E402
@@ -127,6 +129,13 @@ def deep_stack() -> tuple[nn.Module, Callable[[], torch.Tensor]]:
 MODELS["deep"] = deep_stack
 
 
+def _with_new_events(model: nn.Module) -> LayerProf:
+    """A one-shot block that makes every CUDA event anew, as before the process-wide pool (the steady profiler's
+    clock keeps its own pool's list)."""
+    clock_module._POOLS.clear()
+    return LayerProf(model)
+
+
 def overhead(name: str, repeats: int) -> None:
     """Rounds of a plain step, a steady profiled step, and in a shuffled order a one-shot ``with LayerProf``,
     torch.profiler and the seed tool's hooks around a step; median wall time of each over the plain median."""
@@ -136,7 +145,8 @@ def overhead(name: str, repeats: int) -> None:
         _step(model, loss_fn)
         _step(twin, twin_loss)
     variants: dict[str, Callable[[nn.Module], Any]] = {
-        "one-shot": LayerProf, "torch.profiler": TorchProfiler, "seed hooks": FullBackwardHooks}
+        "one-shot": LayerProf, "one-shot, new events": _with_new_events, "torch.profiler": TorchProfiler,
+        "seed hooks": FullBackwardHooks}
     times: dict[str, list[float]] = {key: [] for key in ("plain", "steady", "twin", *variants)}
     prof = LayerProf(model, schedule=schedule(wait=1, active=1))
     order = list(variants)
@@ -146,8 +156,10 @@ def overhead(name: str, repeats: int) -> None:
         for index in range(repeats):
             times["plain"].append(_step(model, loss_fn))
             prof.step()
-            times["steady"].append(_step(model, loss_fn))
-            prof.step()
+            took = _step(model, loss_fn)
+            start = time.perf_counter()
+            prof.step()  # the step's reading (a synchronize, then the events read), as a one-shot block's exit has it
+            times["steady"].append(took + time.perf_counter() - start)
             times["twin"].append(_step(twin, twin_loss))
             random.Random(index).shuffle(order)
             for key in order:
@@ -285,6 +297,7 @@ def main() -> None:
                              "BERT's 16): a compute-bound step (at batch 32 and 8 the steps are launch-bound, and "
                              "elapsed GPU time is not kernel time; on an H100 BERT at 4 still was: 89 ms elapsed "
                              "against 55 ms of kernels, its shares 9-11 points from torch.profiler's)")
+    parser.add_argument("--overhead-only", action="store_true", help="skip the accuracy check and the plans")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("benchmarks/gpu.py needs a CUDA device; none is available here (torch "
@@ -294,7 +307,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     for name in args.models.split(","):
         overhead(name, args.repeats)
-        if name != "deep":
+        if name != "deep" and not args.overhead_only:
             accuracy(name, args.steps, args.accuracy_scale or ACCURACY_SCALES[name])
             plan(name, args.plan_repeats)
 

@@ -72,7 +72,8 @@ def _priced(model: torch.nn.Module, step: Any) -> tuple[float, float, Any, layer
 def _holds(found: tuple[float, float, Any, layerprof.Profile, list[float]]) -> bool:
     before_ratio, after_ratio, result = found[:3]
     return (abs(after_ratio - 1.0) < abs(before_ratio - 1.0)
-            and 0 < result.predicted_extra_ms < 3 * result.measured_extra_ms + 1.0)
+            and 0 < result.predicted_extra_ms < 3 * result.measured_extra_ms + 1.0
+            and not found[3].checkpoint_plan("50%", wrap_cost=None).host_figures_high)
 
 
 def test_live_profile_prices_a_plan_as_a_memory_profile() -> None:
@@ -87,7 +88,9 @@ def test_live_profile_prices_a_plan_as_a_memory_profile() -> None:
     before_ratio, after_ratio, result, live, (before, after) = found
     assert live.meta["live_op_ms"] == live_op_cost()  # once per process (per attempt here: measured afresh)
     # Measured right, no module loses more than its profiled forward to the reader's time and the hooks' (at most
-    # 0.86 of it here; 0.80-0.93 over the zoo's live profiles): the plan does not say the figures read high.
+    # 0.86 of it here; 0.80-0.93 over the zoo's live profiles): the plan does not say the figures read high. A
+    # calibration can read high on a busy host (the least of its watched rounds all loaded, of its bare rounds
+    # one not), so this is one of the conditions retried above.
     assert not live.checkpoint_plan("50%", wrap_cost=None).host_figures_high
     # Before, the live profile priced the two layers at twice the memory profile's (7.6-8.1 ms against 3.9-4.1 on
     # a loaded 2-core VM, one thread); with the reader's ~16 µs on each of their ops taken off, 4.3-4.8 ms.

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+import layerprof.collect.clock as clock_module
 import layerprof.collect.profiler as profiler_module
 from layerprof import LayerProf
 from layerprof.collect.clock import CudaEventClock
@@ -311,6 +312,38 @@ def test_cuda_events_come_from_a_pool_reused_step_after_step(fake_events: list[F
     assert made[1] == made[2] == made[3] == made[0]
     assert 0 < clock.pool_size <= made[0]
     assert prof.tree.steps == 4 and prof.tree.forward_ms > 0 and prof.tree.backward_ms > 0
+
+
+def test_a_fresh_block_records_into_the_events_an_earlier_block_read(
+        fake_events: list[FakeEventClock], monkeypatch: pytest.MonkeyPatch) -> None:
+    """One-shot use, a fresh ``with LayerProf`` around each step: the pool is the process's, so only the first
+    block makes its step's events; each later one makes one, its clock's origin (kept, never recycled)."""
+    monkeypatch.setitem(clock_module._POOLS, FakeEvent, [])
+    model = _mlp()
+    made = [FakeEvent.made]
+    for _ in range(3):
+        with LayerProf(model) as prof:
+            model(torch.randn(8, 16)).sum().backward()
+        made.append(FakeEvent.made)
+        assert prof.tree.forward_ms > 0 and prof.tree.backward_ms > 0
+        check_profile(prof, model)
+    stamps = made[1] - made[0] - 1  # the first block: its origin and a new event for every stamp
+    assert stamps >= 3 * 4  # four module calls (the Sequential and its three children), three stamps or more each
+    assert made[2] - made[1] == made[3] - made[2] == 1, made
+    assert len(clock_module._POOLS[FakeEvent]) == stamps  # each later block took one for its origin, made one
+    assert [clock.settled for clock in fake_events] == [1, 1, 1]
+
+
+def test_the_event_pool_keeps_at_most_its_cap(fake_events: list[FakeEventClock],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(clock_module._POOLS, FakeEvent, [])
+    monkeypatch.setattr(clock_module, "POOL_CAP", 5)
+    model = _mlp()
+    for _ in range(2):
+        with LayerProf(model) as prof:
+            model(torch.randn(8, 16)).sum().backward()
+        assert len(clock_module._POOLS[FakeEvent]) == 5
+    assert prof.tree.backward_ms > 0
 
 
 # -- modules registered during the profiled forward ------------------------------------------------------------

@@ -106,7 +106,9 @@ def test_the_frontier_figures_show_each_plans_predicted_peak() -> None:
     model, inputs = _zoo("gpt2", "tiny")()
     profile = _profiled(model, _trained(model, inputs))
     plan = profile.checkpoint_plan(peak="80%", wrap_cost=None)
-    assert not plan.host_figures_high and "modules timed" not in str(plan)  # the figures as measured
+    # (Not asserted here: that the plan does not say its host figures read high. Under three busy processes on
+    # the 2 cores it said so in 2 of 6 runs, and in one run of the suite on 12 workers of a GPU machine; the live
+    # profile test checks it, retried.)
     points = plan.pareto()
     assert all(point.predicted_peak_bytes is not None for point in points)
     assert points[0].predicted_peak_bytes == plan.profiled_peak_bytes  # wrapping nothing: today's peak
