@@ -1,6 +1,7 @@
 """Where a one-shot block's extra cost goes: its phases beside a steady profiled step, on one model.
 
-    python benchmarks/oneshot_phases.py [--repeats 40] [--model bert|deep]
+    python benchmarks/oneshot_phases.py [--repeats 40] [--model bert|deep] [--after plain|torch.profiler]
+        [--no-collect]
 
 Each round, interleaved as in ``overhead.py``: a plain step and a steady profiled step on the model (one LayerProf
 with ``schedule(wait=1, active=1)``), then on an identical twin a plain step and a one-shot block timed by phase:
@@ -8,7 +9,9 @@ with ``schedule(wait=1, active=1)``), then on an identical twin a plain step and
 inside is given as its extra over the twin's plain step, beside the steady step's extra over the model's plain
 step. Garbage collections are timed with ``gc.callbacks`` (layerprof pauses collection while it builds, so a
 block's collections fall in its step). CPU time of this process, medians of ``--repeats`` rounds after 3 warm-up
-rounds, one thread. Models as in ``overhead.py``: BERT 2 layers (hidden 128, sequence 32, batch 8) or the
+rounds, one thread. ``--after torch.profiler`` runs a step of the twin under torch.profiler (Python stacks) right
+before the block, as ``overhead.py``'s balanced orders place a peer before it in some rounds; ``--no-collect`` leaves
+out the ``gc.collect(1)`` between steps. Models as in ``overhead.py``: BERT 2 layers (hidden 128, sequence 32, batch 8) or the
 1,501-module deep stack.
 """
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch
 
 import layerprof
 from layerprof import LayerProf
-from overhead import bert, deep_stack
+from overhead import TorchProfiler, bert, deep_stack
 
 _clock = time.process_time
 
@@ -46,7 +49,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--model", choices=("bert", "deep"), default="bert")
+    parser.add_argument("--after", choices=("plain", "torch.profiler"), default="plain",
+                        help="the twin's step right before the one-shot block: a plain one (the default), or one "
+                             "under torch.profiler with Python stacks, as overhead.py's shuffle can place it")
+    parser.add_argument("--no-collect", action="store_true",
+                        help="no gc.collect(1) between the steps: collections fall where the steps leave them")
     args = parser.parse_args()
+    collect = (lambda: None) if args.no_collect else (lambda: gc.collect(1))
     torch.set_num_threads(1)
     factory = bert if args.model == "bert" else deep_stack
     torch.manual_seed(0)
@@ -69,12 +78,17 @@ def main() -> None:
                 loss().backward()
                 values.append(_clock() - start)
                 steady.step()
-                gc.collect(1)
+                collect()
             twin.zero_grad(set_to_none=True)
             start = _clock()
             twin_loss().backward()
             values.append(_clock() - start)
-            gc.collect(1)
+            collect()
+            if args.after == "torch.profiler":
+                twin.zero_grad(set_to_none=True)
+                with TorchProfiler(twin):
+                    twin_loss().backward()
+                collect()
             twin.zero_grad(set_to_none=True)
             collections.total = 0.0
             t0 = _clock()
@@ -89,7 +103,7 @@ def main() -> None:
             del prof
             t5 = _clock()
             values += [t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, collections.total]
-            gc.collect(1)
+            collect()
             if round_ >= 3:
                 for key, value in zip(keys, values):
                     samples[key].append(value)
@@ -101,7 +115,8 @@ def main() -> None:
     step_extra = m["step"] - m["twin_plain"]
     outside = m["init"] + m["enter"] + m["exit"] + m["free"]
     ratio = (m["twin_plain"] + outside + step_extra) / m["twin_plain"] / (m["steady"] / m["plain"])
-    print(f"torch {torch.__version__}, {args.model}, medians of {args.repeats} rounds, CPU time, µs")
+    print(f"torch {torch.__version__}, {args.model}, medians of {args.repeats} rounds, CPU time, µs; the block after "
+          f"a {args.after} step, {'no collections between steps' if args.no_collect else 'gc.collect(1) between steps'}")
     print(f"plain step {m['plain']:.0f} (twin {m['twin_plain']:.0f}); steady step +{steady_extra:.0f} "
           f"({m['steady'] / m['plain']:.3f})")
     print(f"one-shot: LayerProf() {m['init']:.0f}, enter {m['enter']:.0f}, step +{step_extra:.0f} (steady's "

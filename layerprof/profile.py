@@ -425,10 +425,6 @@ class Profile:
                          wrap_cost=wrap_cost, hook_ms=self._measured("hook_ms"), runs=runs, peak=peak,
                          op_ms=self._measured("live_op_ms"))
 
-    def _hook_ms(self) -> float:
-        """``meta["hook_ms"]``, measured now where it can be and is not yet (``_measured``)."""
-        return self._measured("hook_ms")
-
     def _measured(self, key: str) -> float:
         """``meta[key]``, measured now (``measures``) for a profile LayerProf made here that has none yet; 0 where
         there is none to measure or its measure failed."""

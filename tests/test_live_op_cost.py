@@ -44,7 +44,7 @@ def _one_step(model: torch.nn.Module, step: Any, metrics: tuple[str, ...]) -> la
 
 def _recompute_ms(profile: layerprof.Profile, names: tuple[str, ...], op_ms: float) -> float:
     """The recompute ms of the modules ``names`` in ``profile``, the reader's ``op_ms`` per op taken off."""
-    found = candidates(profile.tree, hook_ms=profile._hook_ms(), op_ms=op_ms)  # as checkpoint_plan prices it
+    found = candidates(profile.tree, hook_ms=profile._measured("hook_ms"), op_ms=op_ms)  # as checkpoint_plan prices it
     return sum(candidate.recompute_ms for candidate in found if candidate.name in names)
 
 

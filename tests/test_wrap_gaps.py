@@ -106,7 +106,7 @@ def test_adjacent_blocks_of_a_real_model_cost_less_than_cold() -> None:
     model = nn.Sequential(*(nn.Sequential(nn.Linear(128, 128), nn.Tanh(), nn.Linear(128, 128), nn.Tanh())
                             for _ in range(6)))
     prof = _profile(model, torch.randn(64, 128, requires_grad=True))
-    records, hook_ms = prof.profile.records, prof.profile._hook_ms()
+    records, hook_ms = prof.profile.records, prof.profile._measured("hook_ms")
     # The real step's call times, priced by given points that only a gap of a second reaches cold (the measured
     # points follow the host's caches, which a loaded machine moves: not what this test is about).
     wide = WrapCost(0.8, 0.01, "measured", ((0.0, 0.0, 0.2), (1000.0, 1000.0, 0.8)))
