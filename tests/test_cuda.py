@@ -229,6 +229,33 @@ def test_the_event_pool_stops_growing_in_a_long_run(cuda: torch.device) -> None:
     assert prof.tree.steps == 4
 
 
+def test_a_fresh_block_records_into_the_events_of_the_block_before(cuda: torch.device,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """One-shot use: a fresh ``with LayerProf`` on a model profiled before makes one CUDA event at most (its
+    clock's origin, kept by the clock, takes one from the pool) and takes the stamps of its step from the process's
+    pool (fuller where earlier tests left events in it: then it makes none)."""
+    from layerprof.collect import clock as clock_module
+
+    model, step = _built("bert", cuda)
+    step()
+    with LayerProf(model):
+        step()
+    made = [0]
+    event_type = torch.cuda.Event
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        made[0] += 1
+        return event_type(*args, **kwargs)
+
+    monkeypatch.setattr(torch.cuda, "Event", counted)
+    free = clock_module._POOLS[torch.cuda.current_device() if cuda.index is None else cuda.index]
+    before = len(free)
+    with LayerProf(model) as prof:
+        step()
+    assert before > 0 and made[0] <= 1 and len(free) == before - 1 + made[0], (made, before, len(free))
+    check_truth(prof, model)
+
+
 def test_sync_clock_on_a_real_model(cuda: torch.device) -> None:
     model, step = _built("resnet50", cuda)
     step()
