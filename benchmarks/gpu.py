@@ -8,9 +8,9 @@ built from its config (no download), and a deep stack of 1,501 small modules (la
 - Overhead: rounds of a plain step and a step of one ``LayerProf`` alternating hook-free and profiled steps
   (steady state, the reading after the step included: its ``prof.step()``), then in a shuffled order a step inside a
   fresh ``with LayerProf(model)`` (one-shot, set-up, reading and tear-down included; and the same making every
-  CUDA event anew, as before the process-wide event pool), inside torch.profiler (CPU and CUDA activity, Python stacks) and under the seed tool's
-  full backward hooks; each step ends with ``torch.cuda.synchronize()``; medians of wall time over the plain
-  median, and the extra µs per module.
+  CUDA event anew, as before the process-wide event pool), inside torch.profiler (CPU and CUDA activity, Python
+  stacks) and under the seed tool's full backward hooks; each step ends with ``torch.cuda.synchronize()``; medians
+  of wall time over the plain median, and the extra µs per module.
 - Accuracy (at ``--accuracy-scale`` times the batch, by default 4 for ResNet-50 and 16 for BERT, so that the step
   is compute-bound: on a launch-bound step the events' elapsed GPU time holds the idle gaps between launches, which
   kernel time does not): layerprof inside a torch.profiler session with CUDA activity on the very same steps; a module's

@@ -10,9 +10,9 @@ inside is given as its extra over the twin's plain step, beside the steady step'
 step. Garbage collections are timed with ``gc.callbacks`` (layerprof pauses collection while it builds, so a
 block's collections fall in its step). CPU time of this process, medians of ``--repeats`` rounds after 3 warm-up
 rounds, one thread. ``--after torch.profiler`` runs a step of the twin under torch.profiler (Python stacks) right
-before the block, as ``overhead.py``'s balanced orders place a peer before it in some rounds; ``--no-collect`` leaves
-out the ``gc.collect(1)`` between steps. Models as in ``overhead.py``: BERT 2 layers (hidden 128, sequence 32, batch 8) or the
-1,501-module deep stack.
+before the block, as ``overhead.py``'s balanced orders place a peer before it in some rounds; ``--no-collect``
+leaves out the ``gc.collect(1)`` between steps. Models as in ``overhead.py``: BERT 2 layers (hidden 128, sequence
+32, batch 8) or the 1,501-module deep stack.
 """
 from __future__ import annotations
 
@@ -115,8 +115,9 @@ def main() -> None:
     step_extra = m["step"] - m["twin_plain"]
     outside = m["init"] + m["enter"] + m["exit"] + m["free"]
     ratio = (m["twin_plain"] + outside + step_extra) / m["twin_plain"] / (m["steady"] / m["plain"])
+    between = "no collections between steps" if args.no_collect else "gc.collect(1) between steps"
     print(f"torch {torch.__version__}, {args.model}, medians of {args.repeats} rounds, CPU time, µs; the block after "
-          f"a {args.after} step, {'no collections between steps' if args.no_collect else 'gc.collect(1) between steps'}")
+          f"a {args.after} step, {between}")
     print(f"plain step {m['plain']:.0f} (twin {m['twin_plain']:.0f}); steady step +{steady_extra:.0f} "
           f"({m['steady'] / m['plain']:.3f})")
     print(f"one-shot: LayerProf() {m['init']:.0f}, enter {m['enter']:.0f}, step +{step_extra:.0f} (steady's "

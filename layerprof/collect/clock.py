@@ -121,16 +121,16 @@ class CudaEventClock(Clock):
 
     Events come from a pool shared by every clock of the process on the device: a step records into events that
     earlier steps, of this block or of an earlier one, made and read, so a hook costs one ``record`` and no
-    allocation, and a fresh ``with LayerProf(model)`` around one step makes one, its clock's origin (kept by the
-    clock, never recycled), once a block before it ran (a new
-    event costs more than a recorded one, and its destruction more again: on an H100, a stamp took 4.5-7.7 µs with
-    a new event against 2.9-3.9 from the pool, and a one-shot block around BERT-base's step cost 79 µs a module
-    over the plain step with the shared pool against 110 making its events anew, in the same run). Events go back only once read (``recycle``, after the step's
+    allocation, and a fresh ``with LayerProf(model)`` around one step makes one, for its clock's origin (kept by the
+    clock, never recycled), once a block before it ran. A new event costs more than a recorded one, and its
+    destruction more again: on an H100, a stamp took 4.5-7.7 µs with a new event against 2.9-3.9 from the pool, and
+    a one-shot block around BERT-base's step cost 79 µs a module over the plain step with the shared pool against
+    110 making its events anew, in the same run. Events go back only once read (``recycle``, after the step's
     synchronize): the pool holds as many as the steps read at once ever held, and lives as long as the process.
-    The current stream is looked up by its raw handle
-    (``CurrentStream``), and the event recorded by torch's C method, not through ``Event.record``'s Python wrapper.
-    ``events`` and ``stream`` (callables making an event and giving the stream to record on) exist for tests
-    without a GPU; clocks made with the same ``events`` share a pool as real ones do."""
+    The current stream is looked up by its raw handle (``CurrentStream``), and the event recorded by torch's C
+    method, not through ``Event.record``'s Python wrapper. ``events`` and ``stream`` (callables making an event and
+    giving the stream to record on) exist for tests without a GPU; clocks made with the same ``events`` share a
+    pool as real ones do."""
 
     kind = "cuda_event"
 
