@@ -89,21 +89,9 @@ def _options(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int]
                     column(costs, prices, np.float64), np.searchsorted(starts[order], np.arange(count + 1)).tolist())
 
 
-def _weight(weights: Sequence[int], runs: Sequence[Run], option: int) -> int:
-    return int(weights[option]) if option < len(weights) else int(runs[option - len(weights)].weight)
-
-
-def _cost(costs: Sequence[float], runs: Sequence[Run], option: int) -> float:
-    return float(costs[option]) if option < len(costs) else float(runs[option - len(costs)].cost)
-
-
-def _solution(weights: Sequence[int], costs: Sequence[float], runs: Sequence[Run], chosen: list[int]) -> Solution:
-    return Solution(tuple(chosen), sum(_weight(weights, runs, o) for o in chosen),
-                    sum(_cost(costs, runs, o) for o in chosen))
-
-
 def _pricing(weights: Sequence[int], costs: Sequence[float], runs: Sequence[Run]) -> Callable[[list[int]], Solution]:
-    """``_solution`` for many choices: every option's bytes and cost read once, each choice's summed in its order."""
+    """The ``Solution`` of a choice of options (their numbers), for many choices: every option's bytes and cost read
+    once, each choice's summed in its order."""
     freed = [int(weight) for weight in weights] + [int(run.weight) for run in runs]
     price = [float(cost) for cost in costs] + [float(run.cost) for run in runs]
 
@@ -250,7 +238,7 @@ def solve(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int], n
     table = _table(_options(weights, costs, ends, runs), need, resolution)
     if not math.isfinite(table.best[-1]):
         return None
-    return _solution(weights, costs, runs, _walker(table)(len(table.best) - 1))
+    return _pricing(weights, costs, runs)(_walker(table)(len(table.best) - 1))
 
 
 def frontier(weights: Sequence[int], costs: Sequence[float], ends: Sequence[int],
