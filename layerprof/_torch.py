@@ -24,7 +24,7 @@ __all__ = [
     "has_decomposition", "nested_sizes", "storage_key", "submodules", "tensor_version", "outer_saved_tensors_hooks",
     "compiled_module_type", "process_group_initialized", "fsdp2_param_groups", "FSDP2_HOOK_POINTS", "fsdp2_comm_buffers",
     "patch_fsdp2_group", "unpatch_fsdp2_group",
-    "TorchDispatchMode", "StorageWeakRef", "escaped_backward", "add_forward_hooks", "remove_forward_hooks",
+    "TorchDispatchMode", "ready_mode", "StorageWeakRef", "escaped_backward", "add_forward_hooks", "remove_forward_hooks",
     "add_forward_hooks_to", "remove_forward_hooks_from", "add_global_forward_hooks", "remove_global_forward_hooks",
     "add_module_registration_hook", "remove_module_registration_hook",
     "with_forward_pre_hooks", "global_pre_hook_kwargs", "NodeHooker", "cuda_raw_stream", "cuda_event_record",
@@ -226,6 +226,15 @@ def remove_module_registration_hook(added: Any) -> None:
         vars(torch_module)[_GLOBAL_REGISTRATION].pop(added, None)
     else:
         added.remove()
+
+
+def ready_mode(mode_type: type) -> None:
+    """Load what a ``TorchDispatchMode`` subclass's first op would: torch wraps its ``__torch_dispatch__`` to keep
+    dynamo out, and the wrapper imports ``torch._dynamo`` on its first call (about 1 s, once a process). Called as
+    a meter starts, so that the import is not timed inside the first module that runs an op."""
+    skips = getattr(mode_type, "_should_skip_dynamo", None)
+    if skips is not None and "torch._dynamo" not in sys.modules and skips():
+        import torch._dynamo  # noqa: F401
 
 
 def global_pre_hook_kwargs(frame: Any) -> dict[str, Any] | None:

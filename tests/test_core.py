@@ -241,7 +241,7 @@ def test_exception_raised_by_user_code_in_block_gets_no_module_note() -> None:
     assert not getattr(raised.value, "__notes__", [])
 
 
-@pytest.mark.parametrize("metrics", [("shapes",), None], ids=["hooks on every module", "global hooks"])
+@pytest.mark.parametrize("metrics", [("shapes",), None], ids=["a meter observing calls", "timing only"])
 def test_hooking_failure_half_way_leaves_no_hook(metrics: tuple[str, ...] | None) -> None:
     from collections import OrderedDict
     from torch.nn.modules import module as torch_module
@@ -251,12 +251,10 @@ def test_hooking_failure_half_way_leaves_no_hook(metrics: tuple[str, ...] | None
             raise RuntimeError("cannot hook")
 
     model = MLP()
-    if metrics:  # a meter that observes forward calls: hooks in every module's dicts, body.2's last one refuses
-        model.body[2]._forward_hooks_always_called = Refusing()
-    else:  # global hooks, and one of ours after the user's pre-hooks on body.0 and body.2, whose second dict refuses
-        model.body[0].register_forward_pre_hook(lambda module, args: None)
-        model.body[2].register_forward_pre_hook(lambda module, args: None)
-        model.body[2]._forward_pre_hooks_with_kwargs = Refusing()
+    # Global hooks, and one of ours after the user's pre-hooks on body.0 and body.2, whose second dict refuses
+    model.body[0].register_forward_pre_hook(lambda module, args: None)
+    model.body[2].register_forward_pre_hook(lambda module, args: None)
+    model.body[2]._forward_pre_hooks_with_kwargs = Refusing()
     before = hook_state(model)
     global_before = (dict(torch_module._global_forward_pre_hooks), dict(torch_module._global_forward_hooks))
     with pytest.raises(RuntimeError, match="cannot hook"):
@@ -265,6 +263,43 @@ def test_hooking_failure_half_way_leaves_no_hook(metrics: tuple[str, ...] | None
     assert hook_state(model) == before
     assert (dict(torch_module._global_forward_pre_hooks), dict(torch_module._global_forward_hooks)) == global_before
     assert not _PROFILED
+
+
+@pytest.mark.parametrize("metrics", [None, ("shapes",), ("memory",), ("flops",)])
+def test_a_block_writes_no_hook_into_a_module_meters_or_not(metrics: tuple[str, ...] | None) -> None:
+    # Torch's global module hooks, whatever the meters: a module carrying a forward hook can run otherwise
+    # (nn.TransformerEncoderLayer's fused inference path checks every module's hook dicts under it). A meter that
+    # observes calls gets their keyword arguments all the same.
+    model = KwargsDataclass()
+    before = hook_state(model)
+    with LayerProf(model, metrics=metrics) as prof:
+        assert hook_state(model) == before
+        model(features=torch.randn(3, 8)).logits.sum().backward()
+    assert hook_state(model) == before
+    if metrics == ("shapes",):
+        assert prof.records[""].input_paths == ["features"] and prof.records[""].input_shapes == [[3, 8]]
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+@pytest.mark.parametrize("metrics", [None, ("flops",)])
+def test_a_nested_tensor_input(metrics: tuple[str, ...] | None) -> None:
+    # A strided nested tensor has no sizes (``.shape`` raises): the block reads its first dimension as the batch.
+    # aten.linear decomposes on plain tensors, and on this one cannot: the FLOP meter runs it as it is and lists it.
+    linear = nn.Linear(4, 4)
+    nested = torch.nested.nested_tensor([torch.randn(3, 4), torch.randn(2, 4)])
+    with torch.no_grad():
+        expected = linear(nested)
+        with LayerProf(linear, metrics=metrics) as prof:
+            out = linear(nested)
+        plain = LayerProf(linear, metrics=metrics)
+        with plain:
+            linear(torch.randn(3, 4))
+    assert all(torch.equal(a, b) for a, b in zip(out.unbind(), expected.unbind()))
+    assert prof.tree.calls == 1 and prof.tree.forward_ms > 0
+    assert prof.profile.meta["environment"]["batch_size"] == 2
+    if metrics:
+        assert prof.profile.unknown_ops() == {"aten.linear": 1}
+        assert plain.tree.flops_forward == 2 * 3 * 4 * 4  # on a plain tensor it still decomposes: 96
 
 
 def test_hooks_written_directly_behave_as_torchs_own() -> None:
@@ -572,6 +607,15 @@ def test_warns_when_the_model_never_ran() -> None:
     with pytest.warns(RuntimeWarning, match="recorded no step: call the model inside the block"):
         with LayerProf(MLP()):
             pass
+
+
+def test_warns_when_every_step_that_ran_was_warm_up() -> None:
+    model = MLP()
+    # One step in the block, and warmup=2: the model ran, but in a step left out, which the warning says
+    with pytest.warns(RuntimeWarning, match=r"the 1 step\(s\) that ran the model were all warm-up \(warmup=2\)"):
+        with LayerProf(model, warmup=2) as prof:
+            model(torch.randn(2, 8)).sum().backward()
+    assert prof.profile.meta["steps"] == 0 and prof.profile.meta["steps_seen"] == 1
 
 
 @pytest.mark.parametrize("reentrant", [True, False])

@@ -171,9 +171,54 @@ def test_transformer_encoder_layer_fast_path() -> None:
     with torch.inference_mode():  # runs as aten._transformer_encoder_layer_fwd
         fast = profile(layer, x, backward=False)
     assert fast.tree.flops_forward == attention + feed_forward  # 73,728
+    # The fused path ran: no child was called. A hook on the layer or a child would have turned it off, so the
+    # meter must not put one there (torch checks every module's hook dicts under the layer)
+    assert all(not record.calls for name, record in fast.records.items() if name)
     slow = profile(layer, x, backward=False)
     assert slow.tree.flops_forward == attention + feed_forward
     assert slow.records["linear1"].flops_forward == 2 * 16 * 16 * 32
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_transformer_encoder_with_a_padding_mask_runs_its_nested_path_counted() -> None:
+    # In inference with a padding mask, nn.TransformerEncoder turns its input into a nested tensor of the unpadded
+    # sequences and each layer runs fused on it. Two layers, width 16, feed-forward 32, sequences of 5 and 3 tokens:
+    # per layer and sequence s, the in-projections and out-projection 2 * 16 * 16 * (2s + 2s), the scores and the
+    # weighted sum 2 * s * s * (16 + 16), the feed-forward 2 * 2 * s * 16 * 32.
+    torch.manual_seed(0)
+    encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 2).eval()
+    x = torch.randn(2, 5, 16)
+    mask = torch.zeros(2, 5, dtype=torch.bool)
+    mask[1, 3:] = True
+    per_sequence = [2 * 16 * 16 * 4 * s + 2 * s * s * 32 + 4 * s * 16 * 32 for s in (5, 3)]  # 21,120 and 13,824
+    with torch.no_grad():
+        expected = encoder(x, src_key_padding_mask=mask)
+        with LayerProf(encoder, metrics=("flops",)) as prof:
+            out = encoder(x, src_key_padding_mask=mask)
+    assert torch.equal(out, expected)
+    assert prof.tree.flops_forward == 2 * sum(per_sequence) == 69_888
+    assert prof.records["layers.0"].flops_forward == prof.records["layers.1"].flops_forward == sum(per_sequence)
+
+
+def test_the_first_counting_block_loads_torchs_dispatch_wrapper_before_it_times() -> None:
+    # torch wraps a dispatch mode's __torch_dispatch__ in a wrapper that imports torch._dynamo (about 1 s) on its
+    # first call: in a fresh process that landed inside the first module's forward time
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, layerprof\n"
+        "m = torch.nn.Linear(2, 2)\n"
+        "assert 'torch._dynamo' not in sys.modules\n"
+        "for metrics in ('flops', 'live_memory'):\n"
+        "    prof = layerprof.LayerProf(m, metrics=(metrics,))\n"
+        "    prof.start()\n"
+        "    print(metrics, 'torch._dynamo' in sys.modules)\n"
+        "    prof.cancel()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "flops True"
 
 
 # -- recurrent layers -----------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ delta/peak logic driven by a fake allocator (plus a real CUDA check where a GPU 
 from __future__ import annotations
 
 import gc
+import warnings
 from typing import Any
 
 import pytest
@@ -110,6 +111,65 @@ def test_checkpointing_reduces_saved_bytes(mode: str) -> None:
     assert ckpt.tree.saved_bytes == 256 < plain.tree.saved_bytes
     assert ckpt.tree.self_saved_bytes == 128
     assert ckpt.tree.activation_bytes == plain.tree.activation_bytes  # the forward returns the same tensors
+
+
+class CheckpointedSelfAttention(nn.Module):
+    """A model that checkpoints its own attention call, as self-attention: the same tensor as query, key, value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self.attn, x, x, x, use_reentrant=False)[0]
+
+
+@pytest.mark.parametrize("metrics", [("memory",), ("live_memory",)])
+def test_a_tensor_saved_in_slots_in_a_row_unpacks_as_one(metrics: tuple[str, ...]) -> None:
+    # checkpoint saves its inputs x, x, x; unpacked as three objects, the recomputation would take
+    # MultiheadAttention's other path (it tests ``query is key``) and torch raises a CheckpointError. The pack hook
+    # hands one alias for the three, which autograd unpacks as one object where x needs no grad.
+    torch.manual_seed(0)
+    model = CheckpointedSelfAttention()
+    x = torch.randn(2, 5, 8)
+    model(x).sum().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # one step under a distorting meter
+        with LayerProf(model, metrics=metrics) as prof:
+            model(x).sum().backward()
+    got = [p.grad for p in model.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert prof.records["attn"].recompute_ms is not None
+    # Where x needs grad autograd unpacks each slot as a new object whatever the hook hands (torch's save_on_cpu
+    # fails the same way): the error says why, and what to do
+    x.requires_grad_(True)
+    with pytest.raises(torch.utils.checkpoint.CheckpointError) as raised:
+        with LayerProf(model, metrics=metrics):
+            model(x).sum().backward()
+    assert any("query is key" in note and "checkpoint(lambda x: attn(x, x, x), x)" in note
+               for note in raised.value.__notes__)
+
+
+def test_torch_func_under_the_memory_meter_says_why_it_raises() -> None:
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    params = {name: value.detach() for name, value in model.named_parameters()}
+
+    def loss(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(model, p, (x.unsqueeze(0),)).squeeze()
+
+    per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))
+    before = hook_state(model)
+    with pytest.raises(RuntimeError, match="saved tensor hooks") as raised:
+        with LayerProf(model, metrics=("memory",)):
+            per_sample(params, torch.randn(4, 8))
+    assert any("metrics=('memory',) counts what autograd saves with saved-tensor hooks" in note
+               and "'flops' and 'shapes' work there" in note for note in raised.value.__notes__)
+    assert hook_state(model) == before
+    with LayerProf(model, metrics=("shapes",)) as prof:  # the same code, profiled without the meter
+        per_sample(params, torch.randn(4, 8))
+    assert prof.tree.calls == 1
 
 
 @pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])

@@ -59,18 +59,25 @@ def test_a_block_that_raised_or_was_cancelled_parks_nothing(parked: list[tracker
     assert parked == []
 
 
-def test_only_a_block_with_the_default_settings_parks_and_takes(parked: list[tracker_module.Tracker]) -> None:
+def test_only_a_block_with_the_default_clock_parks_and_takes(parked: list[tracker_module.Tracker]) -> None:
     model = nn.Linear(4, 4)
-    for options in ({"sync": True}, {"metrics": ("shapes",)}):  # a synced clock; hooks on every module
-        with LayerProf(model, **options):  # type: ignore[arg-type]
-            _step(model)
-        assert parked == [], options
+    with LayerProf(model, sync=True):  # a synced clock
+        _step(model)
+    assert parked == []
     with LayerProf(model):
         _step(model)
     tracker = parked[0]
-    with LayerProf(model, metrics=("shapes",)) as other:
+    with LayerProf(model, sync=True) as synced:
+        assert synced._tracker is not tracker
         _step(model)
-    assert other._tracker is None and parked == [tracker]  # not taken by a block that hooks every module
+    assert parked == [tracker]
+    # A meter observing calls hooks through the global hooks too: its block takes the parked tracker, and parks it
+    # again as new (no observer left on it)
+    with LayerProf(model, metrics=("shapes",)) as other:
+        assert other._tracker is tracker and parked == []
+        _step(model)
+    assert parked == [tracker] and tracker.observers == () and tracker.backward_observers == ()
+    assert other.records[""].input_shapes is not None
 
 
 def test_two_blocks_at_once_take_one_tracker_and_park_one(parked: list[tracker_module.Tracker]) -> None:

@@ -214,21 +214,25 @@ def _reachable(root: object, kind: type) -> list[object]:
 
 
 def test_a_copy_made_inside_the_block_keeps_none_of_the_profilers_per_call_state() -> None:
-    # With the memory meter the hooks sit in each module's own hook dicts, and a deep copy holds the same hook
-    # functions (a function is copied as itself), so the tracker behind them: it held the last step's calls (in
-    # each thread's owners) for as long as the copy lived.
+    # A module with a forward pre-hook of its own gets one of ours in its own hook dict (after the user's), and a
+    # deep copy holds the same hook function (a function is copied as itself), so the tracker behind it: it held
+    # the last step's calls (in each thread's owners) for as long as the copy lived. The other modules are hooked
+    # through torch's global hooks, meters or not, and their copies carry nothing of the profiler.
     import copy
 
     from layerprof.collect.tracker import CallTrace, Tracker
 
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    model[0].register_forward_pre_hook(lambda module, args: None)
+    unhooked = hook_state(model[2])
     with pytest.warns(RuntimeWarning, match="only one step was profiled"):
         with LayerProf(model, metrics=("memory",)) as prof:
             ema = copy.deepcopy(model)
             model(torch.randn(2, 4)).sum().backward()
     assert prof.records["0"].calls == 1
-    assert _reachable(ema, Tracker)  # the copied hooks still hold the tracker: this test reads what it holds
+    assert _reachable(ema, Tracker)  # the copied pre-hook still holds the tracker: this test reads what it holds
     assert _reachable(ema, CallTrace) == []  # 4 before: the root's and its three layers' calls
+    assert hook_state(ema[2]) == unhooked and not _reachable(ema[2], Tracker)
     assert ema(torch.randn(2, 4)).shape == (2, 1)
 
 

@@ -108,6 +108,7 @@ _NO_EXAMPLE = {"batch_size": None, "input_dtype": None}
 def input_facts(example: torch.Tensor | None) -> dict[str, Any]:
     """The batch size (first dimension) and dtype of a model's input ``example``."""
     return {
-        "batch_size": int(example.shape[0]) if example is not None and example.dim() > 0 else None,
+        # (``size(0)``, not ``shape[0]``: a strided nested tensor has no sizes, but its first dimension)
+        "batch_size": int(example.size(0)) if example is not None and example.dim() > 0 else None,
         "input_dtype": str(example.dtype).replace("torch.", "") if example is not None else None,
     }

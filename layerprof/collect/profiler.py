@@ -30,7 +30,7 @@ from .schedule import Action, Schedule
 from .statistics import StepStats
 from .stepcall import RootStep
 from .timing import StepTimes, all_returned, step_times
-from .tracker import Tracker, backward_note
+from .tracker import NOTE_PREFIX, Tracker, backward_note
 from .compiled import compiled_while_profiling, refuse_compiled_in_place
 from .recompute import roll_up_recompute
 from .reprs import Reprs, read_reprs, write_reprs
@@ -364,9 +364,10 @@ class LayerProf:
         clock = PausableClock() if pausing else None
         for meter in pausing:
             meter.use_clock(clock)
-        # Global module hooks unless a meter observes forward calls (its pre-hook wants the call's kwargs).
-        global_hooks = not forward_observed
-        self._tracker = Tracker.made(sync=self.sync, cpu_clock=clock, global_hooks=global_hooks)
+        # Torch's global module hooks, meters or not: a hook on a module itself changes what some modules run (an
+        # nn.TransformerEncoderLayer in inference takes its fused path only while it and its children carry none),
+        # and a meter observing forward calls is given their kwargs from the frame that calls a global pre-hook.
+        self._tracker = Tracker.made(sync=self.sync, cpu_clock=clock)
         # The plan's names, copied only when a module joins (``_module_registered``).
         self._names = plan.names
         _PROFILED[self] = None
@@ -507,6 +508,10 @@ class LayerProf:
                 self._failure = f"the block raised {type(exc).__name__}"
                 if note is not None:
                     exc.add_note(note)
+                for meter in self.metrics:
+                    explained = meter.explain(exc)
+                    if explained is not None:
+                        exc.add_note(f"{NOTE_PREFIX}{explained}")
                 self._tracker = None
                 return
             if partial is not None and self._stats.steps == 0 and self._counting_step is None:
@@ -754,10 +759,14 @@ class LayerProf:
         if not later:
             meta["step_ms"] = stats.step_totals()
         if self._stats.steps == 0:
-            _warn_user(
-                "LayerProf recorded no step: call the model inside the block"
-                + (" (all steps were warm-up or outside the schedule)" if self.step_num else ""),
-            )
+            if self._steps_with_calls:  # the model ran, in steps the profile was told to leave out
+                _warn_user(
+                    f"LayerProf recorded no step: the {self._steps_with_calls} step(s) that ran the model were all "
+                    f"warm-up (warmup={self.warmup}) or outside the schedule. A step ends at prof.step() or at the end "
+                    "of the block: run more steps, or lower warmup / change the schedule.",
+                )
+            else:
+                _warn_user("LayerProf recorded no step: call the model inside the block")
         self._tracker = None
         if later:
             assert plan is not None

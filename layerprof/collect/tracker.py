@@ -293,10 +293,10 @@ class Tracker:
     """Puts forward hooks on modules, graph hooks on the nodes their forward creates, and collects CallTraces."""
 
     @classmethod
-    def made(cls, sync: bool = False, cpu_clock: CpuClock | None = None, global_hooks: bool = False) -> Tracker:
-        """``cls(sync, cpu_clock, global_hooks)``, or for the default settings (no sync, the plain wall clock, global
-        hooks) the tracker a block parked (``park``), which is as new."""
-        if cpu_clock is None and global_hooks and not sync and _PARKED:
+    def made(cls, sync: bool = False, cpu_clock: CpuClock | None = None) -> Tracker:
+        """``cls(sync, cpu_clock)``, or for the default settings (no sync, the plain wall clock) the tracker a block
+        parked (``park``), which is as new."""
+        if cpu_clock is None and not sync and _PARKED:
             try:
                 tracker = _PARKED.pop()
             except IndexError:  # taken by another thread meanwhile
@@ -305,14 +305,16 @@ class Tracker:
                 if type(tracker) is cls:
                     return tracker
                 tracker._hooks = None  # (a subclass's block: this one goes, with its hooks' reference to it)
-        return cls(sync=sync, cpu_clock=cpu_clock, global_hooks=global_hooks)
+        return cls(sync=sync, cpu_clock=cpu_clock)
 
-    def __init__(self, sync: bool = False, cpu_clock: CpuClock | None = None, global_hooks: bool = False) -> None:
+    def __init__(self, sync: bool = False, cpu_clock: CpuClock | None = None) -> None:
         self.sync = sync
-        # Global module hooks (torch's ``register_module_forward_pre_hook``/``register_module_forward_hook``): two
-        # hooks for a block whatever the model's size, instead of writing into every module's hook dicts on entry
-        # and popping them on exit. Only where no observer needs a pre-hook's kwargs (a global pre-hook gets none).
-        self.global_hooks = global_hooks
+        # Modules are hooked through torch's global module hooks (``register_module_forward_pre_hook`` and
+        # ``register_module_forward_hook``): two hooks for a block whatever the model's size, nothing written into
+        # a module's hook dicts (a module that carries a hook can run otherwise: ``nn.TransformerEncoderLayer``
+        # takes its fused inference path only where it and its children carry none). Observers get a call's kwargs
+        # from the frame that calls a global pre-hook. Only a module with forward pre-hooks of its own gets one of
+        # ours, after theirs.
         self.calls: list[CallTrace] = []
         # How many of ``calls`` returned from their forward (the post-hook's normal path): equal to their number,
         # every call returned (``all_returned`` without a pass over them, cold after the step). Reset with ``calls``;
@@ -343,8 +345,8 @@ class Tracker:
         self._threads: list[_ThreadState] = []
         self._threads_lock = threading.Lock()
         self._handles: list[Any] = []
-        # One pre-hook and one post-hook for every module (the name is looked up from the module), so hooking a
-        # module is writing two functions into its hook dicts, with no closure made per module.
+        # One pre-hook and one post-hook for every module (the name is looked up from the module's pre-hook dict):
+        # the global ones, and the pre-hook put after a module's own, no closure made per module.
         self._hooks: tuple[Callable[..., None], Callable[..., None], Callable[..., None]] | None = None  # pre,
         # post, global pre: made at the first attach
         self.lent = False  # handed to something that may outlive the block (a RootStep): never parked
@@ -373,25 +375,22 @@ class Tracker:
             modules = list(modules)
         # The modules without their names, read where needed: not on the common path of a reused plan (names and
         # the modules with pre-hooks of their own given, global hooks), where a list of ten thousand costs a pass.
-        found = list(map(_second, modules)) if names is None or pre_hooked is None or not self.global_hooks else []
+        found = list(map(_second, modules)) if names is None or pre_hooked is None else []
         try:
             if names is None:
                 names = dict(zip(map(id, map(_pre_hooks, found)), map(_first, modules)))
             self.names.update(names)
             self._attached.append(modules)
-            # Our pre-hook runs last and our post-hook first, so the user's own hooks are not timed.
-            if not self.global_hooks:
-                self._handles.append(add_forward_hooks_to(found, pre, post))
-            else:
-                # Global pre-hooks run before a module's own: a module with pre-hooks of its own gets ours after
-                # theirs instead. Global forward hooks run before a module's own, as ours must.
-                self.global_names.update(names)
-                own = with_forward_pre_hooks(found) if pre_hooked is None else pre_hooked
-                if own:
-                    _drain_keys(self.global_names, own)
-                    self._handles.append(add_forward_hooks_to(own, pre, None))
-                if self._global_handles is None:
-                    self._global_handles = add_global_forward_hooks(global_pre, post)
+            # Our pre-hook runs last and our post-hook first, so the user's own hooks are not timed. Global pre-hooks
+            # run before a module's own: a module with pre-hooks of its own gets ours after theirs instead. Global
+            # forward hooks run before a module's own, as ours must.
+            self.global_names.update(names)
+            own = with_forward_pre_hooks(found) if pre_hooked is None else pre_hooked
+            if own:
+                _drain_keys(self.global_names, own)
+                self._handles.append(add_forward_hooks_to(own, pre, None))
+            if self._global_handles is None:
+                self._global_handles = add_global_forward_hooks(global_pre, post)
         except BaseException:
             self.detach()
             raise
@@ -461,7 +460,7 @@ class Tracker:
         functions read the same lists and dicts, emptied. Else its hook functions and per-call state are dropped
         (as ``release`` does)."""
         threads = self._threads
-        if (made_profile and not self.sync and self.global_hooks and type(self.cpu_clock) is CpuClock
+        if (made_profile and not self.sync and type(self.cpu_clock) is CpuClock
                 and not self.lent and not _PARKED
                 and (not threads or (len(threads) == 1 and threads[0].thread == threading.get_ident()))):
             self.clear_calls()
@@ -592,8 +591,14 @@ class Tracker:
                     call.handling = handling
                 calls.append(call)
                 stack.append(call)
-                for observer in tracker.observers:
-                    observer.forward_pre(call, module, args, kwargs)
+                observers = tracker.observers
+                if observers:
+                    if kwargs is None:  # a global pre-hook: torch gives no kwargs, its caller's frame holds them
+                        kwargs = global_pre_hook_kwargs(get_frame(1))
+                        if kwargs is None:
+                            kwargs = {}
+                    for observer in observers:
+                        observer.forward_pre(call, module, args, kwargs)
                 call.seq_start = seq = next_seq()
                 state.bounds.append(seq)
                 state.owners.append(call)

@@ -31,7 +31,8 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from .._torch import TorchDispatchMode, current_autograd_node, has_decomposition, nested_sizes, sequence_nr
+from .._torch import TorchDispatchMode, current_autograd_node, has_decomposition, nested_sizes, ready_mode
+from .._torch import sequence_nr
 from ..record.adoption import adopters
 from ..record.fields import FIELDS, Field, declare
 from ..record.records import ModuleRecord
@@ -127,6 +128,17 @@ def _joined(totals: _Totals, adopted: _Totals) -> _Totals:
     return joined
 
 
+def _nested_in(values: Any) -> bool:
+    """Whether ``values`` (an op's arguments) hold a nested tensor, directly or in a list or tuple."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            if value.is_nested:
+                return True
+        elif type(value) in (list, tuple) and _nested_in(value):
+            return True
+    return False
+
+
 class _CountingMode(TorchDispatchMode):
     """Runs every op, then hands it to the meter. Ops with no formula but a composite decomposition are run
     decomposed, so that their parts are counted (as FlopCounterMode does)."""
@@ -144,11 +156,16 @@ class _CountingMode(TorchDispatchMode):
         if kind is _VIEW or (kind is _FREE and not meter.count_bytes):
             return func(*args, **kwargs)
         if kind is _DECOMPOSE:
-            with self:
-                result = func.decompose(*args, **kwargs)
-            if result is not NotImplemented:
-                return result
-            kind = meter._kinds[func] = _UNKNOWN
+            if _nested_in(args) or _nested_in(kwargs.values()):
+                # A strided nested tensor has no sizes for the decomposition to read: the op runs as it is, listed
+                # as unknown (for this call only: on plain tensors it decomposes).
+                kind = _UNKNOWN
+            else:
+                with self:
+                    result = func.decompose(*args, **kwargs)
+                if result is not NotImplemented:
+                    return result
+                kind = meter._kinds[func] = _UNKNOWN
         out = func(*args, **kwargs)
         meter._count(func, kind, args, kwargs, out)
         return out
@@ -197,6 +214,7 @@ class FlopMeter(Meter):
     # -- lifecycle -------------------------------------------------------------------------------------------
     def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: Sequence[tuple[str, nn.Module]]) -> None:
         self._uncallable = frozenset(name for name, module in entries if type(module).forward is nn.Module.forward)
+        ready_mode(_CountingMode)
         self._mode = _CountingMode(self)
         self._mode.__enter__()
 

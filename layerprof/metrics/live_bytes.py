@@ -39,7 +39,7 @@ from typing import Any, Callable
 import torch
 
 from .._tensors import iter_tensors
-from .._torch import TorchDispatchMode, storage_key
+from .._torch import TorchDispatchMode, ready_mode, storage_key
 from ..record.fields import Field, declare
 from .memory import CudaMemoryReader, MemoryMeter, MemoryReader
 from .meter import register_meter
@@ -96,6 +96,7 @@ class LiveBytesReader(MemoryReader):
 
     def open(self) -> None:
         if self._mode is None:
+            ready_mode(_Watch)
             self._mode = _Watch(self)
             self._mode.__enter__()
             self._thread = threading.get_ident()

@@ -37,6 +37,8 @@ place, and the counts that make wrapping unsafe or ambiguous (``checkpoint_side_
 """
 from __future__ import annotations
 
+import weakref
+
 from bisect import bisect_left
 from typing import Any, Sequence
 
@@ -247,6 +249,10 @@ class MemoryMeter(Meter):
         self._reader: MemoryReader = MemoryReader()
         self._hooks: Any = None
         self._outer: tuple[Any, Any] | None = None
+        # The last tensor packed and the alias handed for it (weak references: nothing kept alive), so that one
+        # tensor saved in several slots in a row (``checkpoint(attn, x, x, x)`` saves its inputs so) unpacks as one
+        # object, as without hooks: ``nn.MultiheadAttention`` takes its self-attention path on ``query is key``.
+        self._last_packed: tuple[Any, Any] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: Sequence[tuple[str, nn.Module]]) -> None:
@@ -271,6 +277,7 @@ class MemoryMeter(Meter):
         self._returned.clear()
         self._saved.clear()
         self._inputs.clear()
+        self._last_packed = None
         try:
             self._settle()
             self._end_of_step()
@@ -297,6 +304,20 @@ class MemoryMeter(Meter):
         CUDA, live tensor bytes made in the step on the CPU), ``step_start_bytes`` and ``step_end_bytes``."""
         return dict(self._step)
 
+    def explain(self, error: BaseException) -> str | None:
+        if isinstance(error, RuntimeError) and "saved tensor hooks" in str(error):
+            return (f"metrics=({self.name!r},) counts what autograd saves with saved-tensor hooks, which this code "
+                    "does not run with (torch.func's grad, vjp, jacrev and hessian do not support them); profile it "
+                    "without that metric: timing, 'flops' and 'shapes' work there")
+        if type(error).__name__ == "CheckpointError" and "Recomputed values" in str(error):
+            return (f"metrics=({self.name!r},) counts what autograd saves with saved-tensor hooks, under which "
+                    "autograd unpacks a saved tensor that needs grad as a new object each time (torch's "
+                    "save_on_cpu does the same). A checkpointed call given one tensor in several arguments that "
+                    "tests their identity (nn.MultiheadAttention as self-attention: query is key) then recomputes "
+                    "another path. Pass the tensor once (checkpoint(lambda x: attn(x, x, x), x)), or profile "
+                    "without that metric")
+        return None
+
     # -- saved tensors ---------------------------------------------------------------------------------------------
     def _pack(self, tensor: torch.Tensor) -> Any:
         if self._stack:
@@ -321,7 +342,14 @@ class MemoryMeter(Meter):
             return self._outer[0](tensor)
         # Not the tensor itself: a saved output would then hold its own grad_fn, a reference cycle. The alias
         # shares the version counter, so the in-place check that hooks turn off in autograd can be redone.
-        return tensor.detach(), tensor_version(tensor)
+        last = self._last_packed
+        if last is not None and last[0]() is tensor:
+            alias = last[1]()
+            if alias is not None:
+                return alias, tensor_version(tensor)
+        alias = tensor.detach()
+        self._last_packed = (weakref.ref(tensor), weakref.ref(alias))
+        return alias, tensor_version(tensor)
 
     def _unpack(self, packed: Any) -> Any:
         if self._outer is not None:

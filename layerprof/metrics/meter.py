@@ -79,6 +79,12 @@ class Meter:
         """Numbers that belong to the whole run rather than a module; kept in ``profile.meta[self.name]``."""
         return {}
 
+    def explain(self, error: BaseException) -> str | None:
+        """What to tell the user about ``error``, raised in a block this meter ran in, where the meter is why it
+        was raised (what the meter installs that the code cannot run with, and what to do); None otherwise. The
+        profiler adds it to the exception as a note."""
+        return None
+
 
 METERS: dict[str, type[Meter]] = {}
 
