@@ -397,8 +397,9 @@ class Profile:
     def checkpoint_plan(self, budget: Any = None, allow_side_effects: bool = False, resolution: int = 4096,
                         wrap_cost: Any = "measured", runs: bool = True, *, peak: Any = None) -> CheckpointPlan:
         """The modules to recompute (wrap in ``torch.utils.checkpoint``) so that the memory saved for backward
-        fits ``budget`` at the least recompute time: bytes, a size (``"2GiB"``), a percentage (``"50%"``) or a
-        fraction (``0.5``) of today's. Needs a profile of a training step with ``metrics=("memory",)``.
+        fits ``budget`` at the least recompute time: bytes (an int), a size (``"2GiB"``), a percentage (``"50%"``)
+        or a fraction (``0.5`` or ``"0.5"``: a float in (0, 1]; a float above 1 is refused) of today's. Needs a
+        profile of a training step with ``metrics=("memory",)``.
         ``peak=`` instead (the same forms, a fraction of the profiled step's peak): the cheapest plan on the
         saved-bytes frontier (and the frontiers of the bytes held at the peak) whose predicted step peak
         (``predicted_peak_bytes``) fits; it needs the step's memory at every module boundary: a live profile

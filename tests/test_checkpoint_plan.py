@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import io
 import platform
 import time
 import warnings
@@ -14,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 import layerprof
 from layerprof import LayerProf
-from layerprof.plan.apply import RecomputeTimer, unwrap, wrap, wrap_runs
+from layerprof.plan.apply import RecomputeTimer, is_wrapped, unwrap, wrap, wrap_runs
 from layerprof.plan.runs import parse_run, recomputed_children
 
 
@@ -104,6 +105,74 @@ def test_apply_remove_and_errors() -> None:
     assert not any("forward" in module.__dict__ for module in renamed.modules())
     with pytest.raises(TypeError, match="apply takes the nn.Module"):
         plan.apply("model")
+
+
+@pytest.mark.parametrize("runs", [True, False], ids=["runs of a Sequential", "modules"])
+def test_a_deep_copy_made_while_a_plan_is_applied_runs_its_own_modules(runs: bool) -> None:
+    # An EMA or teacher copy made inside training, while a plan is applied: the copy's wrapped modules run the
+    # copy's own forward and parameters (the wrapper is copied with its module), and the copy pickles
+    model = _flat_mlp() if runs else _mlp()
+    x = torch.randn(8, 16)
+    prof = _profile(model, lambda: model(x).sum().backward())
+    prof.profile.meta["hook_ms"] = 0.0
+    plan = prof.checkpoint_plan(0.5, wrap_cost=None, runs=runs)
+    assert plan.modules and all(bool(parse_run(name)) == runs for name in plan.modules)
+    before = _state(model)
+    with plan.applied(model):
+        copied = copy.deepcopy(model)
+    assert _state(model) == before
+    wrapped = [name for name, module in copied.named_modules() if is_wrapped(module)]
+    assert wrapped == ([""] if runs else plan.modules)
+    reference = copy.deepcopy(model)  # the same parameters, unwrapped
+    with torch.no_grad():
+        for mine, theirs in zip(copied.parameters(), reference.parameters()):
+            mine.mul_(0.5)
+            theirs.mul_(0.5)
+    model.zero_grad(set_to_none=True)
+    got, expected = _run(copied, x), _run(reference, x)
+    assert torch.equal(got[0], expected[0]) and all(torch.equal(a, b) for a, b in zip(got[1], expected[1]))
+    assert all(p.grad is None for p in model.parameters())  # none of it ran the original's modules
+    buffer = io.BytesIO()
+    torch.save(copied, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert [name for name, module in loaded.named_modules() if is_wrapped(module)] == wrapped
+    assert torch.equal(_run(loaded, x)[0], got[0])
+
+
+class _SelfAttentionBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, 8)
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed(x)  # needs grad: autograd unpacks each of its saved slots as a new object
+        return self.attn(hidden, hidden, hidden)[0]
+
+
+def test_a_wrapped_module_given_one_tensor_in_several_arguments_gets_it_once() -> None:
+    # nn.MultiheadAttention takes its self-attention path on `query is key`: the wrapper passes the tensor to
+    # checkpoint once, so the recomputation sees one object again, under saved-tensor hooks too (the memory meter,
+    # which verify_plan runs; torch's save_on_cpu)
+    torch.manual_seed(0)
+    model = _SelfAttentionBlock()
+    x = torch.randn(2, 5, 8)
+    expected = _run(model, x)
+    own = wrap(model.attn)
+    try:
+        with torch.autograd.graph.save_on_cpu():
+            under_hooks = _run(model, x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # one step under a distorting meter
+            with LayerProf(model, metrics=("memory",)) as prof:
+                profiled = _run(model, x)
+    finally:
+        unwrap(model.attn, own)
+    for got in (under_hooks, profiled):
+        assert torch.equal(got[0], expected[0]) and all(torch.equal(a, b) for a, b in zip(got[1], expected[1]))
+    # What the wrapped attention keeps is its input, for the recomputation: [2, 5, 8] float32, 320 B
+    assert prof.records["attn"].saved_bytes == 2 * 5 * 8 * 4
 
 
 def test_budget_edges() -> None:
@@ -383,7 +452,7 @@ def test_runs_of_a_sequential_are_planned_applied_and_removed() -> None:
     assert str(plan).splitlines()[0].endswith(f"{counted} wrapped") and counted in repr(plan)
     assert [entry["run"] for entry in plan.to_dict()["chosen"]] == [c.run for c in plan.chosen]
     with plan.applied(model):
-        assert type(model.__dict__["forward"]).__name__ == "function"  # the Sequential's forward, replaced
+        assert is_wrapped(model)  # the Sequential's forward, replaced
         got = _run(model, x)  # the same Dropout masks in forward and recompute: bitwise equal
         measured = _profile(model, lambda: model(x).pow(2).sum().backward())
     assert torch.equal(got[0], expected[0]) and all(torch.equal(a, b) for a, b in zip(got[1], expected[1]))

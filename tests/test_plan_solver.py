@@ -5,7 +5,9 @@ import math
 import random
 from typing import Callable
 
+import numpy as np
 import pytest
+import torch
 
 from layerprof.plan.budget import parse_budget
 from layerprof.plan.solver import Run, best_reachable, ends_of, frontier, iter_frontier, solve
@@ -125,7 +127,9 @@ def test_the_frontier_keeps_the_most_freed_for_a_cost_when_options_cost_nothing(
 
 @pytest.mark.parametrize("given, today, expected", [
     (1000, 5000, 1000), ("2GiB", 0, 2 * 2**30), ("300MB", 0, 300 * 10**6), ("1.5 kib", 0, 1536),
-    ("50%", 999, 499), (0.25, 1000, 250), (1.0, 1000, 1000), ("0", 10, 0), (2.0, 10, 2),
+    ("50%", 999, 499), (0.25, 1000, 250), (1.0, 1000, 1000), ("0", 10, 0), ("300", 1000, 300),
+    ("0.5", 1000, 500), (" 1.0 ", 1000, 1000), (np.int64(300), 1000, 300), (np.float32(0.25), 1000, 250),
+    (torch.tensor(0.5).item(), 1000, 500),
 ])
 def test_parse_budget(given: object, today: int, expected: int) -> None:
     assert parse_budget(given, today) == expected
@@ -135,6 +139,8 @@ def test_parse_budget(given: object, today: int, expected: int) -> None:
     ("lots", ValueError, "cannot read budget 'lots'"), ("2 parsecs", ValueError, "cannot read budget"),
     ("x%", ValueError, "not a percentage"), (-5, ValueError, "non-negative"), (1.5, ValueError, "fraction in (0, 1]"),
     (None, TypeError, "got NoneType"), (True, TypeError, "got bool"), ("-10%", ValueError, "between 0 and 1"),
+    (2.0, ValueError, "for bytes give an int (int(2.0))"), ("1.5", ValueError, "fraction in (0, 1]"),
+    (np.float64(1.5), ValueError, "fraction in (0, 1]"), (float("nan"), ValueError, "non-negative"),
 ])
 def test_parse_budget_errors(given: object, error: type, words: str) -> None:
     with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)").replace("%", "%")):

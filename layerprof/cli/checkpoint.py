@@ -34,7 +34,7 @@ def check_budget_options(options: argparse.Namespace) -> None:
         return
     flag, text, name = ("--checkpoint-budget", budget, "budget") if peak is None else ("--checkpoint-peak", peak, "peak")
     try:
-        parse_budget(_number(text), 1, name=name)
+        parse_budget(text, 1, name=name)
     except (TypeError, ValueError) as exc:
         raise UsageError(f"{flag}: {exc}") from None
 
@@ -66,18 +66,6 @@ def check_checkpoint_options(options: argparse.Namespace) -> None:
     # default, a dispatch mode on every op slows the profiled step.
     elif not {"memory", "live_memory"} & set(metrics):
         options.metrics = [*metrics, "memory"]
-
-
-def _number(text: str) -> Any:
-    """A budget as typed: "0.5" is a fraction, "1000000" bytes, anything else a size or a percentage."""
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        return text
 
 
 def plan_lines(profile: Profile, options: argparse.Namespace) -> tuple[CheckpointPlan, list[str]]:
@@ -119,4 +107,4 @@ def plot_options(options: argparse.Namespace) -> dict[str, Any]:
 def _budget(options: argparse.Namespace) -> dict[str, Any]:
     """``budget=`` or ``peak=`` of ``checkpoint_plan``, as the options give it."""
     peak = getattr(options, "checkpoint_peak", None)
-    return {"budget": _number(options.checkpoint_budget)} if peak is None else {"peak": _number(peak)}
+    return {"budget": options.checkpoint_budget} if peak is None else {"peak": peak}

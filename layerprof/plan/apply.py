@@ -18,6 +18,7 @@ the wrapper's own forward work.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import time
 from typing import Any, Callable
@@ -99,15 +100,21 @@ class _Slot:
         self.index = index
 
 
-def _pull_tensors(value: Any, tensors: list[torch.Tensor]) -> Any:
-    """A copy of ``value``'s lists, tuples and dicts with each tensor moved to ``tensors`` and a _Slot left."""
+def _pull_tensors(value: Any, tensors: list[torch.Tensor], slots: dict[int, _Slot]) -> Any:
+    """A copy of ``value``'s lists, tuples and dicts with each tensor moved to ``tensors`` and a _Slot left: one
+    slot per tensor object (``slots``: by ``id``), so that an argument given twice (``attn(x, x, x)``) is one input
+    of the checkpoint and the same object again when recomputed (``nn.MultiheadAttention`` takes its
+    self-attention path on ``query is key``; saved-tensor hooks unpack each input anew)."""
     if isinstance(value, torch.Tensor):
-        tensors.append(value)
-        return _Slot(len(tensors) - 1)
+        slot = slots.get(id(value))
+        if slot is None:
+            tensors.append(value)
+            slot = slots[id(value)] = _Slot(len(tensors) - 1)
+        return slot
     if type(value) in (list, tuple):
-        return type(value)(_pull_tensors(item, tensors) for item in value)
+        return type(value)(_pull_tensors(item, tensors, slots) for item in value)
     if type(value) is dict:
-        return {key: _pull_tensors(item, tensors) for key, item in value.items()}
+        return {key: _pull_tensors(item, tensors, slots) for key, item in value.items()}
     return value
 
 
@@ -121,16 +128,43 @@ def _put_tensors(value: Any, tensors: tuple[Any, ...]) -> Any:
     return value
 
 
-def _checkpointed(forward: Callable[..., Any], label: str | None = None) -> Callable[..., Any]:
-    @functools.wraps(forward)
-    def run(*args: Any, **kwargs: Any) -> Any:
+class _Wrapper:
+    """A forward put on a module as its instance attribute: marked (``is_wrapped``), wearing the wrapped
+    forward's name, doc and signature (``__wrapped__``), and copied with the module. A deep copy of a wrapped
+    module (an EMA or teacher copy made while a plan is applied) gets a wrapper of its own over the copy's forward
+    and children, not one that runs the original's; a pickled one is rebuilt from the same parts."""
+
+    _layerprof_checkpointed = True  # (``_MARK``)
+
+    def _parts(self) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), self._parts()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Wrapper:
+        return type(self)(*copy.deepcopy(self._parts(), memo))
+
+
+class _Checkpointed(_Wrapper):
+    """``forward`` run under ``checkpoint(..., use_reentrant=False)``, RNG state preserved, while grad is on."""
+
+    def __init__(self, forward: Callable[..., Any], label: str | None = None) -> None:
+        self._forward, self._label = forward, label
+        functools.update_wrapper(self, forward)
+
+    def _parts(self) -> tuple[Any, ...]:
+        return self._forward, self._label
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        forward, label = self._forward, self._label
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
         # The tensors go to checkpoint as its inputs (it holds them for the recomputation, as the planner counts),
         # and the lists that held them are copies: a caller appending to a list it passed (DenseNet's blocks do)
         # must not change what the recomputation sees.
         tensors: list[torch.Tensor] = []
-        layout = _pull_tensors((args, kwargs), tensors)
+        layout = _pull_tensors((args, kwargs), tensors, {})
         runs = [0]  # of body for this call: the first is the forward, later ones recompute it
 
         def body(*flat: Any) -> Any:
@@ -148,9 +182,6 @@ def _checkpointed(forward: Callable[..., Any], label: str | None = None) -> Call
             return checkpoint(body, *tensors, use_reentrant=False, preserve_rng_state=True)
         return timer._call(label, lambda: checkpoint(body, *tensors, use_reentrant=False, preserve_rng_state=True))
 
-    setattr(run, _MARK, True)
-    return run
-
 
 def is_wrapped(module: nn.Module) -> bool:
     """Whether ``module.forward`` is a checkpoint wrapper put there by ``wrap``."""
@@ -161,7 +192,7 @@ def wrap(module: nn.Module, label: str | None = None) -> Any:
     """Wrap ``module``'s forward; returns what ``unwrap`` needs to restore it (the instance's own forward or a
     marker that it had none). ``label``: the name its recomputations are timed under by a RecomputeTimer."""
     own = module.__dict__.get("forward", _MISSING)
-    module.forward = _checkpointed(module.forward, label)  # type: ignore[method-assign]
+    module.forward = _Checkpointed(module.forward, label)  # type: ignore[method-assign]
     return own
 
 
@@ -171,8 +202,25 @@ def _in_order(modules: tuple[nn.Module, ...], input: Any) -> Any:
     return input
 
 
+class _RunsForward(_Wrapper):
+    """``nn.Sequential.forward`` over ``segments``: the children outside the runs, and each run as one
+    ``_Checkpointed`` of ``_in_order`` over its children."""
+
+    def __init__(self, segments: list[Callable[[Any], Any]]) -> None:
+        self._segments = segments
+        functools.update_wrapper(self, nn.Sequential.forward, updated=())
+
+    def _parts(self) -> tuple[Any, ...]:
+        return (self._segments,)
+
+    def __call__(self, input: Any) -> Any:
+        for segment in self._segments:
+            input = segment(input)
+        return input
+
+
 def _run_forward(sequential: nn.Sequential, spans: list[tuple[int, int]], labels: dict[tuple[int, int], str]
-                 ) -> Callable[[Any], Any]:
+                 ) -> _RunsForward:
     """``nn.Sequential.forward`` with the children at each ``[first, stop)`` of ``spans`` run under one
     checkpoint, labelled by ``labels``."""
     children = list(sequential)
@@ -180,18 +228,11 @@ def _run_forward(sequential: nn.Sequential, spans: list[tuple[int, int]], labels
     position = 0
     for first, stop in sorted(spans):
         segments += children[position:first]
-        segments.append(_checkpointed(functools.partial(_in_order, tuple(children[first:stop])),
+        segments.append(_Checkpointed(functools.partial(_in_order, tuple(children[first:stop])),
                                       labels.get((first, stop))))
         position = stop
     segments += children[position:]
-
-    def forward(input: Any) -> Any:
-        for segment in segments:
-            input = segment(input)
-        return input
-
-    setattr(forward, _MARK, True)
-    return forward
+    return _RunsForward(segments)
 
 
 def wrap_runs(sequential: nn.Module, spans: list[tuple[int, int]],

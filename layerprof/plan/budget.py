@@ -1,8 +1,11 @@
-"""Reading a memory budget: bytes, a size with a unit ("2GiB", "300MB", "1.5 gb"), a percentage ("50%") or a
-fraction of today's saved bytes (``0.5``)."""
+"""Reading a memory budget: bytes (an int, or a string of digits), a size with a unit ("2GiB", "300MB", "1.5 gb"),
+a percentage ("50%") or a fraction of today's saved bytes (a float in (0, 1], or a string that spells one: ``0.5``,
+``"0.5"``). A float above 1 is refused rather than read as bytes: ``1.0`` is all of today's, and ``2.0`` bytes is
+almost surely not what was meant."""
 from __future__ import annotations
 
 import math
+import numbers
 import re
 
 __all__ = ["parse_budget"]
@@ -24,8 +27,9 @@ def parse_budget(budget: object, today: int, name: str = "budget") -> int:
     >>> parse_budget("2GiB", 0), parse_budget("50%", 1000), parse_budget(0.25, 1000), parse_budget(300, 1000)
     (2147483648, 500, 250, 300)
     """
-    if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
+    if isinstance(budget, bool) or not isinstance(budget, (numbers.Real, str)):
         raise TypeError(f"{name} must be bytes, a size string or a fraction, got {type(budget).__name__}; {_HINT}")
+    given = budget
     if isinstance(budget, str):
         text = budget.strip()
         if text.endswith("%"):
@@ -37,12 +41,21 @@ def parse_budget(budget: object, today: int, name: str = "budget") -> int:
         match = _SIZE.match(text)
         if match is None or match.group(2).lower() not in _UNITS:
             raise ValueError(f"cannot read {name} {budget!r}; {_HINT}")
-        return _bytes(float(match.group(1)) * _UNITS[match.group(2).lower()], budget, name)
-    if isinstance(budget, float) and 0 < budget <= 1:
-        return _fraction(budget, today, budget, name)
-    if isinstance(budget, float) and not budget.is_integer():
-        raise ValueError(f"{name} {budget!r}: a float {name} is a fraction in (0, 1]; for bytes give an int")
-    return _bytes(budget, budget, name)
+        if match.group(2):
+            return _bytes(float(match.group(1)) * _UNITS[match.group(2).lower()], budget, name)
+        # A bare number reads as the number it spells: "300" bytes as 300 does, "0.5" a fraction as 0.5 does
+        number = match.group(1)
+        budget = int(number) if number.isdigit() else float(number)
+    # numpy's and torch's scalars as Python's: a budget computed from an array or a tensor
+    budget = int(budget) if isinstance(budget, numbers.Integral) else float(budget)
+    if isinstance(budget, int):
+        return _bytes(budget, given, name)
+    if 0 < budget <= 1:
+        return _fraction(budget, today, given, name)
+    if math.isfinite(budget) and budget > 1:
+        raise ValueError(f"{name} {given!r}: a float {name} is a fraction in (0, 1]; for bytes give an int "
+                         f"(int({budget!r})) or a size such as '2GiB'")
+    return _bytes(budget, given, name)
 
 
 def _fraction(share: float, today: int, given: object, name: str) -> int:
