@@ -10,10 +10,20 @@ __all__ = ["temporary_beside", "move_into_place", "write_text_atomic"]
 
 
 def temporary_beside(path: Path) -> Path:
-    """A new empty file in ``path``'s folder, hidden, with the same suffix (writers pick a format by suffix)."""
+    """A new empty file in ``path``'s folder, hidden, with the same suffix (writers pick a format by suffix).
+    An error names ``path`` and its folder, not the temporary file, which the caller never asked for."""
     if path.is_dir():
         raise IsADirectoryError(f"{str(path)!r} is a folder; give the path of a file in it")
-    handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}")
+    folder = path.parent
+    if not folder.is_dir():
+        kind = NotADirectoryError if folder.exists() else FileNotFoundError
+        shown = "is not a folder" if folder.exists() else "does not exist: create it first"
+        raise kind(f"cannot write {str(path)!r}: {str(folder)!r} {shown}")
+    try:
+        handle, name = tempfile.mkstemp(dir=folder, prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}")
+    except OSError as error:
+        raise type(error)(error.errno, f"cannot write {str(path)!r} in folder {str(folder)!r} ({error.strerror})"
+                          ) from None
     os.close(handle)
     return Path(name)
 

@@ -426,6 +426,14 @@ def test_exports_write_whole_files_or_nothing(tmp_path: Path, monkeypatch: pytes
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json"]  # no partial file, no temporary left
     with pytest.raises(IsADirectoryError, match="is a folder; give the path of a file in it"):
         prof.to_markdown(tmp_path)
+    # A folder that does not exist, or a file where the folder should be: the error names the path given and the
+    # folder, not the hidden temporary file the writer starts with
+    missing = tmp_path / "no" / "x.csv"
+    with pytest.raises(FileNotFoundError, match=f"^cannot write '{missing}': '{missing.parent}' does not exist"):
+        prof.to_csv(missing)
+    with pytest.raises(NotADirectoryError, match=f"^cannot write '{path / 'x.png'}': '{path}' is not a folder"):
+        prof.plot("top", path=str(path / "x.png"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json"]
 
 
 def test_a_plot_is_saved_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
