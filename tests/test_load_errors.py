@@ -93,19 +93,19 @@ _DELETE = object()
     (("version",), -5, "unsupported version -5: profile versions start at 1"),
     (("version",), 2, "unsupported version 2: this layerprof (" + layerprof.__version__
      + ") reads profile versions up to 1; upgrade layerprof to load it"),
-    (("records", 1, "forward_ms"), "fast", "record '0': field 'forward_ms' must be a number or null, "
+    (("records", 1, "forward_ms"), "fast", "record '0': field 'forward_ms' must be a finite number or null, "
      'got "fast" (a string)'),
-    (("records", 1, "calls"), True, "record '0': field 'calls' must be a number or null, got true (a boolean)"),
+    (("records", 1, "calls"), True, "record '0': field 'calls' must be a finite number or null, got true (a boolean)"),
     (("records", 1, "calls"), -1, "record '0': field 'calls' must be a number >= 0, got -1 (a number)"),
     # A null count loaded, and the summary then failed comparing it (found by the fuzz test below)
     (("records", 1, "steps_run"), None, "record '0': field 'steps_run' must be a number >= 0, got null (null)"),
     (("records", 1, "steps"), -2, "record '0': field 'steps' must be a number >= 0, got -2 (a number)"),
-    (("records", 1, "params"), "40", "record '0': field 'params' must be a number or null, got \"40\" (a string)"),
+    (("records", 1, "params"), "40", "record '0': field 'params' must be a finite number or null, got \"40\" (a string)"),
     (("records", 1, "input_shapes"), 5, "record '0': field 'input_shapes' must be a list or null, got 5 (a number)"),
     (("records", 1, "param_dtypes"), [], "record '0': field 'param_dtypes' must be an object or null, got []"),
     (("records", 1, "aliases"), "x", "record '0': 'aliases' must be a list or null, got \"x\" (a string)"),
     (("records", 1, "extra_repr"), None, "record '0': 'extra_repr' must be a string, got null (null)"),
-    (("records", 1, "call_times", 0, "forward_ms"), "1", "record '0': call_times 'forward_ms' must be a number"),
+    (("records", 1, "call_times", 0, "forward_ms"), "1", "record '0': call_times 'forward_ms' must be a finite number"),
     (("records", 1, "call_times", 0, "step"), 0.5, "record '0': call_times 'step' must be an integer, got 0.5"),
     (("records", 1, "call_times", 0), 3, "record '0': a call_times entry must be an object or null, got 3"),
     (("records", 1, "parent"), "2.0", "record '0' comes before its parent '2.0'; the file is damaged"),
@@ -113,6 +113,13 @@ _DELETE = object()
     (("records", 0, "parent"), "0", "the first record must be the root (parent null), got record '' with parent '0'"),
     (("records", 3, "parent"), "0", "record '2' cannot be a child of '0': names are the parent's plus one part"),
     (("records", 2, "name"), "0", "record '0' appears twice"),
+    # JSON's NaN and Infinity, which Python reads and writes and no profile holds: the renderers failed on them
+    (("records", 1, "forward_ms"), float("inf"), "record '0': field 'forward_ms' must be a finite number or null, "
+     "got Infinity"),
+    (("records", 2, "backward_ms"), float("nan"), "record '1': field 'backward_ms' must be a finite number or null, "
+     "got NaN"),
+    (("records", 1, "call_times", 0, "forward_ms"), float("-inf"), "record '0': call_times 'forward_ms' must be a "
+     "finite number, got -Infinity"),
 ])
 def test_damaged_profiles_name_the_first_thing_wrong(tmp_path: Path, saved: dict[str, Any], path: tuple[Any, ...],
                                                    value: Any, message: str) -> None:
@@ -130,10 +137,12 @@ def test_parent_order_is_checked(saved: dict[str, Any]) -> None:
 
 def test_fields_of_unknown_meters_load_and_tree_fields_are_not_overwritten(saved: dict[str, Any]) -> None:
     doc = copy.deepcopy(saved)
-    doc["records"][1].update(my_meter={"a": [1]}, children=["x"], _private=1, total_ms=-3.0)
+    doc["records"][1].update(my_meter={"a": [1]}, children=["x"], _private=1, total_ms=-3.0, my_rate=float("nan"))
+    doc["meta"]["my_meter"] = {"rate": float("inf")}  # another program's: its business
     profile = layerprof.loads(json.dumps(doc))
     record = profile.records["0"]
-    assert record.my_meter == {"a": [1]}
+    assert record.my_meter == {"a": [1]} and record.my_rate != record.my_rate  # NaN
+    assert profile.meta["my_meter"] == {"rate": float("inf")} and "Linear" in profile.layerwise_summary()
     assert record.children == () and not hasattr(record, "_private") and record.parent is profile.tree
     assert record.total_ms == record.forward_ms + record.backward_ms
 
@@ -203,7 +212,7 @@ def test_fuzz_truncations_and_mutations(saved: dict[str, Any]) -> None:
 @pytest.mark.parametrize("field, value, message", [
     ("shared_with", {"weight": 1}, "field 'shared_with' entry 'weight' must be a list, got 1 (a number)"),
     ("shared_with", {"weight": [2]}, "field 'shared_with' entry 'weight' must be a string, got 2 (a number)"),
-    ("param_dtypes", {"float32": "40"}, "field 'param_dtypes' entry 'float32' must be a number, got \"40\""),
+    ("param_dtypes", {"float32": "40"}, "field 'param_dtypes' entry 'float32' must be a finite number, got \"40\""),
 ])
 def test_entries_of_known_object_fields_are_checked(saved: dict[str, Any], field: str, value: Any,
                                                     message: str) -> None:

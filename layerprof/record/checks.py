@@ -10,6 +10,8 @@ which name what is wrong.
 """
 from __future__ import annotations
 
+import math
+
 import json
 from typing import Any
 
@@ -58,10 +60,17 @@ _JSON_NAMES = {str: "a string", int: "a number", float: "a number", bool: "a boo
 
 
 _NUMBERS = (int, float)  # by exact type: a bool is an int to isinstance, and not a number here
+
+
+def _finite_number(value: Any) -> bool:
+    """An int or a finite float (JSON's NaN and Infinity, which Python reads and writes, are no figure here)."""
+    return (type(value) in _NUMBERS or (isinstance(value, _NUMBERS) and not isinstance(value, bool))) and (
+        type(value) is int or math.isfinite(value))
+
+
 _ACCEPTS: dict[str, Any] = {
-    "number": lambda value: value is None or type(value) in _NUMBERS or (
-        isinstance(value, _NUMBERS) and not isinstance(value, bool)),
-    "number!": lambda value: type(value) in _NUMBERS or (isinstance(value, _NUMBERS) and not isinstance(value, bool)),
+    "number": lambda value: value is None or _finite_number(value),
+    "number!": _finite_number,
     "int": lambda value: isinstance(value, int) and not isinstance(value, bool),
     "bool": lambda value: isinstance(value, bool),
     "list": lambda value: value is None or isinstance(value, list),
@@ -70,7 +79,7 @@ _ACCEPTS: dict[str, Any] = {
     "text": lambda value: isinstance(value, str),
     "any": lambda value: True,
 }
-_WANTED = {"number": "a number or null", "number!": "a number", "int": "an integer", "bool": "true or false",
+_WANTED = {"number": "a finite number or null", "number!": "a finite number", "int": "an integer", "bool": "true or false",
            "list": "a list or null", "list!": "a list", "dict": "an object or null", "text": "a string"}
 
 
@@ -93,11 +102,13 @@ def _cached(name: str) -> Any:
     return _CACHES[name]
 
 
-def check_row(index: int, row: Any, by_name: dict[str, ModuleRecord]) -> ModuleRecord | None:
+def check_row(index: int, row: Any, by_name: dict[str, ModuleRecord], each: bool = False) -> ModuleRecord | None:
     """The parent record of row ``index`` (None for the root) once the row is found good; a ValueError naming
-    the first thing wrong with it otherwise. ``by_name`` holds the records of the rows before it."""
+    the first thing wrong with it otherwise. ``by_name`` holds the records of the rows before it. ``each``: check
+    every value, even in a row shaped as a good one (the document holds a value its shape does not tell from a good
+    one: a NaN)."""
     shape = (tuple(row), tuple(map(type, row.values()))) if type(row) is dict else None
-    if shape is None or shape not in _cached("good_rows") or not _values_good(index, row, by_name):
+    if each or shape is None or shape not in _cached("good_rows") or not _values_good(index, row, by_name):
         _check_each_value(index, row, by_name)
         if shape is not None:
             _remember(_cached("good_rows"), shape)

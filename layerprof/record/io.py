@@ -148,14 +148,17 @@ def _record(row: dict[str, Any], parent: ModuleRecord | None) -> ModuleRecord:
     return record
 
 
-def read_document(doc: Any) -> tuple[ModuleRecord, dict[str, Any]]:
+def read_document(doc: Any, non_finite: bool = False) -> tuple[ModuleRecord, dict[str, Any]]:
     """The record tree and meta of a parsed document (see ``document``). Anything that is not a profile this
-    version reads is a ValueError naming the first thing wrong, before any record is used."""
+    version reads is a ValueError naming the first thing wrong, before any record is used. ``non_finite``: the
+    text held a NaN or an Infinity, which layerprof never writes: every value of every row is checked, so that one
+    in a record's figures is named (the renderers read those; a meter of another program may keep one in a field
+    of its own, or in the meta, which are its business)."""
     records = _check_header(doc)
     by_name: dict[str, ModuleRecord] = {}
     with gc_paused():
         for index, row in enumerate(records):
-            by_name[row["name"]] = _record(row, check_row(index, row, by_name))
+            by_name[row["name"]] = _record(row, check_row(index, row, by_name, each=non_finite))
     root = next(iter(by_name.values()))
     restore_step_tables(root, doc.get("step_tables"), by_name)
     return root, doc.get("meta") or {}
@@ -165,11 +168,17 @@ def parse(text: str) -> tuple[ModuleRecord, dict[str, Any]]:
     """The record tree and meta of JSON text written by ``dumps``; a ValueError when it is not one."""
     if not text.strip():
         raise ValueError("the file is empty, not a layerprof profile")
+    constants: list[str] = []  # NaN, Infinity and -Infinity, which Python's json reads and a profile never holds
+
+    def constant(token: str) -> float:
+        constants.append(token)
+        return float(token)
+
     with gc_paused():  # the parsed rows are thousands of new objects, as are the records made from them
         try:
-            doc = json.loads(text)
+            doc = json.loads(text, parse_constant=constant)
         except json.JSONDecodeError as error:
             raise ValueError(f"not a layerprof profile: invalid JSON ({error})") from None
         except RecursionError:
             raise ValueError("not a layerprof profile: JSON nested too deeply") from None
-        return read_document(doc)
+        return read_document(doc, non_finite=bool(constants))
