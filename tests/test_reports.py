@@ -549,6 +549,24 @@ def test_compare_per_module_diff_and_text() -> None:
     assert list(modules["name"]) == ["", "fc"] and modules["total_ms_ratio"][1] == pytest.approx(5 / 12)
 
 
+def test_compare_matches_modules_by_name_and_type() -> None:
+    # A teacher whose block '1' is a Sequential, a student whose '1' is one Linear: the same name, not the same
+    # module. Only the roots match whatever their types: they are the two models.
+    teacher = hand_built([("", "Net", dict(forward_ms=9.0)), ("0", "Linear", dict(forward_ms=1.0)),
+                          ("1", "Sequential", dict(forward_ms=6.0)), ("1.0", "Linear", dict(forward_ms=3.0))])
+    student = hand_built([("", "Small", dict(forward_ms=3.0)), ("0", "Linear", dict(forward_ms=1.0)),
+                          ("1", "Linear", dict(forward_ms=1.5))])
+    result = layerprof.compare(teacher, student, names=("teacher", "student"))
+    assert result.matched == ["", "0"] and result.retyped == ["1"]
+    assert result.only_a == ["1", "1.0"] and result.only_b == ["1"]
+    assert [row["name"] for row in result.modules] == ["", "0"]
+    assert str(result).endswith("Only in teacher: 2 modules; only in student: 1 (1 name in both with another type "
+                                "each, such as '1': Sequential and Linear).")
+    for names in (("only-one",), "ab", ("a", "b", "c")):
+        with pytest.raises(ValueError, match=r"names must be two labels, one per profile"):
+            layerprof.compare(teacher, student, names=names)
+
+
 def test_compare_real_runs_and_saved_files(resnet: LayerProf, tmp_path: Any) -> None:
     path = tmp_path / "resnet.json"
     resnet.to_json(path)

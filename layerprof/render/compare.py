@@ -63,7 +63,9 @@ def _compared(metric: str, a: Any, b: Any, names: tuple[str, str]) -> dict[str, 
 
 
 class Comparison:
-    """Model-level rows (``model``) and per-module rows for names present in both profiles (``modules``).
+    """Model-level rows (``model``) and per-module rows for the modules in both profiles, by name and type
+    (``modules``; ``matched`` their names, ``only_a`` and ``only_b`` the others, ``retyped`` the names in both that
+    hold another type in each).
 
     ``model``: ``{metric, a, b, diff, rel_diff, ratio, better}`` for the number of modules and every cost the
     roots carry. ``modules``: ``{name, type_a, type_b, field_a, field_b, field_diff, field_ratio, ...}``.
@@ -72,6 +74,8 @@ class Comparison:
     def __init__(self, a: Profile, b: Profile, names: tuple[str, str] = ("a", "b"),
                  module_fields: Sequence[str] | None = None) -> None:
         self.a, self.b = a, b
+        if isinstance(names, str) or not isinstance(names, Sequence) or len(names) != 2:
+            raise ValueError(f"names must be two labels, one per profile, e.g. ('teacher', 'student'); got {names!r}")
         self.names = (str(names[0]), str(names[1]))
         if self.names[0] == self.names[1]:
             raise ValueError(f"the two profiles need different names, got {names!r}")
@@ -81,9 +85,16 @@ class Comparison:
         for field in _ordered_fields([row_a, row_b]):
             self.model.append(_compared(field, value_of(root_a, field, row_a), value_of(root_b, field, row_b),
                                         self.names))
-        self.matched = [name for name in a.records if name in b.records]
-        self.only_a = [name for name in a.records if name not in b.records]
-        self.only_b = [name for name in b.records if name not in a.records]
+        # Modules match by name and type: a name in both that holds another type (a teacher's block where the
+        # student has one layer) is not the same module, and is in neither's matches. The roots always match: they
+        # are the two models.
+        records_a, records_b = a.records, b.records
+        self.retyped = [name for name, record in records_a.items()
+                        if name and name in records_b and records_b[name].type != record.type]
+        other = set(self.retyped)
+        self.matched = [name for name in records_a if name in records_b and name not in other]
+        self.only_a = [name for name in records_a if name not in records_b or name in other]
+        self.only_b = [name for name in records_b if name not in records_a or name in other]
         self.module_fields = self._module_fields(module_fields)
         self.modules = [self._module_row(name) for name in self.matched]
 
@@ -158,8 +169,11 @@ class Comparison:
         if modules:
             parts.append(modules)
         if self.only_a or self.only_b:
+            retyped = (f" ({format_counted(len(self.retyped), 'name')} in both with another type each, such as "
+                       f"'{self.retyped[0]}': {self.a.records[self.retyped[0]].type} and "
+                       f"{self.b.records[self.retyped[0]].type})" if self.retyped else "")
             parts.append(f"Only in {a_name}: {format_counted(len(self.only_a), 'module')}; "
-                         f"only in {b_name}: {len(self.only_b)}.")
+                         f"only in {b_name}: {len(self.only_b)}{retyped}.")
         return "\n".join(parts).rstrip("\n")
 
     def __repr__(self) -> str:
