@@ -96,6 +96,13 @@ def test_shown_names_strip_ddp_and_nested_fsdp_wrappers() -> None:
     assert {name: (m.type, m.raw_name) for name, m in modules.items()} == {
         "": ("Net", "_fsdp_wrapped_module"), "layer": ("Linear", "_fsdp_wrapped_module.layer._fsdp_wrapped_module")}
     assert step.type == "FullyShardedDataParallel"
+    # checkpoint_wrapper then FSDP2's fully_shard on a block: the wrapper's class is renamed FSDPCheckpointWrapper
+    sharded = {"": {"type": "FSDPSequential"}, "2": {"type": "FSDPCheckpointWrapper"},
+               "2._checkpoint_wrapped_module": {"type": "Linear"}}
+    assert shown_names(sharded) == {"": "", "2": "2", "2._checkpoint_wrapped_module": "2"}
+    rows = {name: {**row, "forward_ms": 1.0, "backward_ms": 1.0} for name, row in sharded.items()}
+    assert {name: m.type for name, m in cross_rank_stats({0: rows})[1].items()} == {"": "FSDPSequential",
+                                                                                    "2": "Linear"}
 
 
 def test_gathered_profile_rows_table_and_communication() -> None:

@@ -19,7 +19,8 @@ from typing import Any, Mapping
 
 from ..record.fields import Field, declare
 
-__all__ = ["Spread", "ModuleSpread", "spread", "shown_names", "cross_rank_stats", "straggler_floor", "stragglers", "WRAPPED_ATTRIBUTE", "PASSES"]
+__all__ = ["Spread", "ModuleSpread", "spread", "shown_names", "cross_rank_stats", "straggler_floor", "stragglers", "WRAPPED_ATTRIBUTE", "wrapped_attribute",
+           "PASSES"]
 
 # Wrapper class name -> the attribute holding the wrapped module.
 WRAPPED_ATTRIBUTE = {
@@ -28,6 +29,19 @@ WRAPPED_ATTRIBUTE = {
     "CheckpointWrapper": "_checkpoint_wrapped_module",
     "OffloadWrapper": "_checkpoint_wrapped_module",
 }
+# The class FSDP2's ``fully_shard`` gives a module it shards: ``FSDP`` + the module's class name.
+_SHARDED_PREFIX = "FSDP"
+
+
+def wrapped_attribute(type_name: str) -> str | None:
+    """The attribute that holds the wrapped module of a wrapper of class ``type_name``, sharded by FSDP2 or not
+    (``checkpoint_wrapper`` then ``fully_shard`` on a block: ``FSDPCheckpointWrapper``); None for any other."""
+    found = WRAPPED_ATTRIBUTE.get(type_name)
+    if found is None and type_name.startswith(_SHARDED_PREFIX):
+        found = WRAPPED_ATTRIBUTE.get(type_name[len(_SHARDED_PREFIX):])
+    return found
+
+
 PASSES = ("forward_ms", "backward_ms", "total_ms")
 # (attribute of a Spread, key suffix in a row)
 _ROW_KEYS = (("min", "rank_min"), ("median", "rank_median"), ("max", "rank_max"),
@@ -123,7 +137,7 @@ def shown_names(rows: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
         kept = []
         for index, part in enumerate(parts):
             parent = rows.get(".".join(parts[:index]))
-            if parent is None or WRAPPED_ATTRIBUTE.get(parent["type"]) != part:
+            if parent is None or wrapped_attribute(parent["type"]) != part:
                 kept.append(part)
         shown[name] = ".".join(kept)
     return shown
