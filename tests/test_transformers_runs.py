@@ -127,6 +127,31 @@ def test_train_twice_with_one_callback_profiles_both(tmp_path: Path) -> None:
     assert layerprof.load(tmp_path / "layerprof-2.json").meta["steps"] == 2
 
 
+def test_a_copy_made_or_saved_during_training_carries_nothing_of_the_callback(tmp_path: Path) -> None:
+    # An EMA or best-model snapshot deep-copied in a callback, and torch.save(model) of the whole model: the
+    # callback's check on the model was a closure in the model's hook dict, which every copy kept after the run
+    # and which no pickle could save
+    import copy
+    import io
+
+    model = _model()
+    before = _hooks(model)
+    seen: list[torch.nn.Module] = []
+
+    class Snapshot(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step == 2:
+                seen.append(copy.deepcopy(model))
+                torch.save(model, io.BytesIO())
+
+    trainer = _trainer(model, tmp_path, Tokens(), LayerProfCallback())
+    trainer.add_callback(Snapshot())
+    trainer.train()
+    assert len(seen) == 1 and _hooks(seen[0]) == before and _hooks(model) == before
+    torch.save(seen[0], io.BytesIO())
+    assert layerprof.load(tmp_path / "layerprof.json").meta["steps"] == 4
+
+
 def test_evaluate_alone_profiles_nothing(tmp_path: Path) -> None:
     model = _model()
     before = _hooks(model)

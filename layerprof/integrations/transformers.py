@@ -23,6 +23,8 @@ import weakref
 from pathlib import Path
 from typing import Any, Iterable
 
+from torch.nn.modules.module import register_module_forward_pre_hook
+
 from ..collect.profiler import LayerProf
 from ..collect.schedule import Schedule
 from ..profile import Profile
@@ -61,14 +63,17 @@ def _on_a_stack(frame: Any) -> bool:
     return False
 
 
-def _run_check(callback: weakref.ref) -> Any:
-    """A forward pre-hook for the model: a call after the run ended (it raised) ends the callback's profile.
-    A plain function holding a weak reference, so that a deep copy of the model copies no callback."""
+def _run_check(callback: weakref.ref, model: weakref.ref) -> Any:
+    """A global forward pre-hook (torch's ``register_module_forward_pre_hook``): a call of the model after the
+    run ended (it raised) ends the callback's profile. Global, not on the model: a hook in the model's own dict
+    went with every deep copy made during training (an EMA, a best-model snapshot), which kept it after the run,
+    and no closure there pickles (``torch.save(model)`` in a callback raised). It holds weak references only."""
 
     def check(module: Any, args: Any) -> None:
-        owner = callback()
-        if owner is not None:
-            owner._end_if_over()
+        if module is model():
+            owner = callback()
+            if owner is not None:
+                owner._end_if_over()
         return None
 
     return check
@@ -137,7 +142,7 @@ class LayerProfCallback(_transformers.TrainerCallback):
             prof._give_way = self._give_way
             prof.start()
             self._prof = prof
-            self._check = model.register_forward_pre_hook(_run_check(weakref.ref(self)))
+            self._check = register_module_forward_pre_hook(_run_check(weakref.ref(self), weakref.ref(model)))
         elif self._prof.running:  # not cancelled by hand (LayerProf.running_on(model).cancel())
             self._prof.step()  # the gap since the last optimizer step ends
 
