@@ -64,13 +64,22 @@ def one_line(capsys: pytest.CaptureFixture[str]) -> str:
     (["--json", "{d}/p.json", "--trace", "{d}/p.json"], "--trace '{d}/p.json': another output writes there too"),
     (["-i", "99999999999999999999"], "--input '99999999999999999999' has 1e+20 elements, more than a tensor can hold"),
     (["-i", "3037000500,3037000500"], "--input '3037000500,3037000500' has 9.22e+18 elements, more than a tensor"),
+    # a column no meter of the run records would print "—" on every module
+    (["--columns", "forward,flops"], "--columns forward,flops needs the flops meter: add --metrics flops"),
+    (["--columns", "input_shapes,saved_bytes", "--metrics", "params"],
+     "--columns input_shapes,saved_bytes needs the shapes and memory meter: add --metrics params,shapes,memory"),
+    # an output over the model's own file
+    (["--report", "{models}"], "--report '{models}' is the model file this command reads; give the output another"),
 ])
 def test_options_are_checked_before_the_model_is_built(extra: list[str], message: str, models: Path, tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    argv = [f"{models}:broken", "-i", "2,20", *(arg.replace("{d}", str(tmp_path)) for arg in extra)]
+    source = models.read_text()
+    argv = [f"{models}:broken", "-i", "2,20",
+            *(arg.replace("{d}", str(tmp_path)).replace("{models}", str(models)) for arg in extra)]
     assert main(argv) == 2  # `broken` raises if it is built: exit 2 proves the check came first
-    assert one_line(capsys).startswith("layerprof: error: " + message.replace("{d}", str(tmp_path)))
-    assert list(tmp_path.iterdir()) == []
+    message = message.replace("{d}", str(tmp_path)).replace("{models}", str(models))
+    assert one_line(capsys).startswith("layerprof: error: " + message)
+    assert list(tmp_path.iterdir()) == [] and models.read_text() == source
 
 
 def test_a_plot_metric_whose_meter_runs_is_accepted(models: Path, tmp_path: Path,

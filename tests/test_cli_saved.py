@@ -66,6 +66,13 @@ def test_errors_have_their_own_exit_status(saved, tmp_path, capsys) -> None:
     assert main(["show", str(bad)]) == 3
     assert "not a layerprof profile" in capsys.readouterr().err
     assert main(["compare", str(a), str(tmp_path)]) == 3  # a folder is not a profile
+    # An output over the profile it reads would leave a file that no longer loads
+    before = a.read_text()
+    capsys.readouterr()
+    assert main(["show", str(a), "--csv", str(a)]) == 2
+    assert capsys.readouterr().err.strip() == (f"layerprof: error: --csv '{a}' is the profile this command reads; "
+                                               "give the output another path")
+    assert a.read_text() == before
 
 
 def test_spec_run_writes_report_and_speedscope(tmp_path, capsys) -> None:

@@ -9,12 +9,13 @@ from typing import Sequence
 import torch
 
 from ..metrics import make_meters
+from ..record.fields import FIELDS, Field
 from ..render.columns import resolve_columns
 from ..render.units import format_count, format_counted
 from .checkpoint import check_checkpoint_options, plan_and_verify, planned, plot_options
 from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, CLIError, RunError, UsageError, one_line
 from .inputs import InputSpec, check_input_sizes, make_inputs, parse_dtype, parse_input
-from .outputs import requested_outputs, write_outputs
+from .outputs import missing_meters, requested_outputs, write_outputs
 from .parser import build_parser
 from .run import run_profile
 from .saved import SUBCOMMANDS, run_saved
@@ -39,14 +40,27 @@ def _device(text: str) -> torch.device:
 
 
 def _check_names(options: argparse.Namespace) -> None:
-    """Unknown metric or column names fail before the model is built, with the library's message."""
+    """Unknown metric or column names fail before the model is built, with the library's message; so does a
+    column whose meter ``--metrics`` leaves out (it would print "—" for every module)."""
     try:
         if options.metrics is not None:
             make_meters(options.metrics)
-        if options.columns is not None:
-            resolve_columns(options.columns)
+        columns = resolve_columns(options.columns) if options.columns is not None else []
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+    missing = missing_meters(options, (meter for column in columns for meter in _meters_of(column.field)))
+    if missing:
+        asked = ",".join([*(options.metrics or ()), *missing])
+        raise UsageError(f"--columns {','.join(options.columns)} needs the {' and '.join(missing)} meter: add "
+                         f"--metrics {asked}")
+
+
+def _meters_of(field: Field) -> list[str]:
+    """The meters that record ``field``: its own, and those of the stored fields it is made of."""
+    named = [field.meter, *(FIELDS[part].meter for part in field.parts if part in FIELDS)]
+    if field.of is not None and field.of in FIELDS:
+        named.append(FIELDS[field.of].meter)
+    return [meter for meter in named if meter is not None]
 
 
 def _headline(spec: str, model: torch.nn.Module, inputs: list[InputSpec], options: argparse.Namespace,

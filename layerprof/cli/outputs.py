@@ -12,6 +12,7 @@ from ..metrics import DEFAULT_METRICS, METERS
 from ..profile import Profile
 from ..render.plot_metrics import metric_meters
 from .errors import RunError, UsageError, one_line
+from .spec import spec_file
 
 __all__ = ["Output", "requested_outputs", "write_outputs"]
 
@@ -56,18 +57,22 @@ def _check_plot(options: argparse.Namespace, path: Path) -> None:
             raise UsageError(f"--plot-metric: {exc}") from None
     if not hasattr(options, "metrics"):
         return  # `show`: the saved profile decides what it holds (``check_plot_fields``, once it is loaded)
-    chosen = DEFAULT_METRICS if options.metrics is None else options.metrics
     if kind == "roofline":
-        if "flops" not in chosen:
-            asked = ",".join([*(options.metrics or ()), "flops"])
-            raise UsageError(f"--plot-kind roofline needs the flops meter (FLOPs and bytes): add --metrics {asked}")
-        return
-    # A chosen meter that replaces another (live_memory: memory with more) gives what that one gives.
-    covered = {*chosen, *(getattr(METERS.get(name), "replaces", None) for name in chosen)}
-    missing = [meter for meter in needed if meter not in covered]
+        needed = ("flops",)
+    missing = missing_meters(options, needed)
     if missing:
         asked = ",".join([*(options.metrics or ()), *missing])
+        if kind == "roofline":
+            raise UsageError(f"--plot-kind roofline needs the flops meter (FLOPs and bytes): add --metrics {asked}")
         raise UsageError(f"--plot-metric {metric} needs the {' and '.join(missing)} meter: add --metrics {asked}")
+
+
+def missing_meters(options: argparse.Namespace, needed: Any) -> list[str]:
+    """Of the meters ``needed`` (names, in order), those that ``--metrics`` (or the default ones) leaves out. A
+    chosen meter that replaces another (live_memory: memory with more) gives what that one gives."""
+    chosen = DEFAULT_METRICS if options.metrics is None else options.metrics
+    covered = {*chosen, *(getattr(METERS.get(name), "replaces", None) for name in chosen)}
+    return [meter for meter in dict.fromkeys(needed) if meter not in covered]
 
 
 def requested_outputs(options: argparse.Namespace) -> list[Output]:
@@ -87,7 +92,23 @@ def requested_outputs(options: argparse.Namespace) -> list[Output]:
     for index, target in enumerate(targets):
         if target in targets[:index]:
             raise UsageError(f"--{outputs[index].flag} {str(outputs[index].path)!r}: another output writes there too")
+    read = {path.resolve(): shown for path, shown in _inputs(options)}
+    for output, target in zip(outputs, targets):
+        if target in read:
+            raise UsageError(f"--{output.flag} {str(output.path)!r} is the {read[target]} this command reads; give "
+                             "the output another path")
     return outputs
+
+
+def _inputs(options: argparse.Namespace) -> list[tuple[Path, str]]:
+    """The files the command reads (the model's file, the saved profiles), each with what it is, for the
+    check that no output is written over one."""
+    found = [(Path(getattr(options, key)).expanduser(), "profile") for key in ("profile", "a", "b")
+             if isinstance(getattr(options, key, None), str)]
+    model = spec_file(options.spec) if isinstance(getattr(options, "spec", None), str) else None
+    if model is not None:
+        found.append((model, "model file"))
+    return found
 
 
 def write_outputs(profile: Profile, outputs: list[Output], plot_kind: str = "sunburst",

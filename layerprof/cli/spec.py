@@ -15,7 +15,7 @@ from torch import nn
 
 from .errors import RunError, UsageError, one_line
 
-__all__ = ["load_model", "parse_kwargs", "split_spec"]
+__all__ = ["load_model", "parse_kwargs", "spec_file", "split_spec"]
 
 
 def parse_kwargs(text: str | None) -> dict[str, Any]:
@@ -44,6 +44,13 @@ def split_spec(spec: str) -> tuple[str, str]:
 
 def _is_path(where: str) -> bool:
     return where.endswith(".py") or "/" in where or os.sep in where
+
+
+def spec_file(spec: str) -> Path | None:
+    """The file a ``path/to/file.py:callable`` spec names (None for a ``package.module:callable`` or a spec that
+    does not read; ``load_model`` says what is wrong with it)."""
+    where, colon, attribute = spec.rpartition(":")
+    return Path(where).expanduser() if colon and where and attribute and _is_path(where) else None
 
 
 def _import_file(where: str) -> ModuleType:
