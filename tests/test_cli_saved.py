@@ -65,7 +65,9 @@ def test_errors_have_their_own_exit_status(saved, tmp_path, capsys) -> None:
     bad.write_text('{"format": "something else"}')
     assert main(["show", str(bad)]) == 3
     assert "not a layerprof profile" in capsys.readouterr().err
+    capsys.readouterr()
     assert main(["compare", str(a), str(tmp_path)]) == 3  # a folder is not a profile
+    assert capsys.readouterr().err.strip().endswith(f"B '{tmp_path}' is a folder, not a profile file")
     # An output over the profile it reads would leave a file that no longer loads
     before = a.read_text()
     capsys.readouterr()

@@ -81,6 +81,8 @@ def _compare_parser(prog: str) -> argparse.ArgumentParser:
 
 def _load(path: str, what: str) -> Profile:
     if not Path(path).is_file():
+        if Path(path).is_dir():
+            raise UnreadableInput(f"{what} {path!r} is a folder, not a profile file")
         raise UnreadableInput(f"{what} {path!r}: no such file")
     try:
         return load(path)
