@@ -242,7 +242,7 @@ class Profile:
         Use ``leaves=True`` for a breakdown whose times add up without counting containers."""
         if by != "type":
             raise ValueError(f"aggregate groups by 'type' only, got by={by!r}")
-        return Table.by_type(self.select(**filters))
+        return Table.by_type(self.select(**filters), root=self.tree)
 
     def top(self, k: int = 10, by: str = "total_ms", depth: int | None = None, **filters: Any) -> Table:
         """The ``k`` modules with the largest ``by`` (any numeric field: times, FLOPs, params, bytes; or

@@ -3,12 +3,15 @@ each quantity shown once and in its unit."""
 from __future__ import annotations
 
 import importlib.util
+import io
+import re
 
 import pytest
 import torch
 from torch import nn
 
 from layerprof import LayerProf
+from layerprof.render.table import Table
 
 
 @pytest.fixture(scope="module")
@@ -64,3 +67,80 @@ def test_calls_that_vary_over_steps_print_as_a_short_mean() -> None:
             prof.step()
     assert prof.records["0"].calls == pytest.approx(4 / 3)
     assert "1.33 calls" in prof.layerwise_summary() and "1.3333" not in prof.layerwise_summary()
+
+
+# -- a selection that matches no module ---------------------------------------------------------------------------
+def test_a_filter_that_matches_nothing_keeps_the_header(prof: LayerProf) -> None:
+    header = prof.to_csv().splitlines()[0]
+    assert header.startswith("name,type,depth,parent,calls,forward_ms,backward_ms,")
+    assert prof.to_csv(type="Conv2d") == header + "\n"  # the columns of the unfiltered table, no rows
+    assert prof.rows()[10:].to_csv() == header + "\n"  # an empty slice too
+    assert prof.to_csv(type="Conv2d", columns=("name", "forward")) == "name,forward_ms\n"
+    assert prof.to_markdown(type="Conv2d") == (
+        "| Name | Type | Forward | Backward | Time % | Params |\n|:---|:---|:---|:---|:---|:---|\n")
+    assert prof.to_markdown(type="Conv2d", columns=("name", "forward")) == "| Name | Forward |\n|:---|:---|\n"
+    assert prof.to_latex(type="Conv2d").splitlines()[:3] == [
+        "\\begin{tabular}{llllll}", "\\toprule", "Name & Type & Forward & Backward & Time \\% & Params \\\\"]
+    assert prof.top(3, type="Conv2d").to_markdown() == "| Name | Type | Total |\n|:---|:---|:---|\n"
+    # the columns of the whole tree's aggregate
+    assert prof.aggregate(type="Conv2d").to_csv() == prof.aggregate().to_csv().splitlines()[0] + "\n"
+    assert prof.aggregate(type="Conv2d").to_csv().startswith("type,modules,calls,forward_ms,backward_ms,")
+    assert Table.by_type([]).to_markdown() == "| Type | Modules | Calls | Total |\n|:---|:---|:---|:---|\n"
+    head = re.compile(r"<thead>.*</thead>\n<tbody>\n")
+    assert head.search(prof.to_html(type="Conv2d")).group() == head.search(prof.to_html()).group()
+    assert "<tbody>\n</tbody>" in prof.to_html(type="Conv2d")
+
+
+def test_an_empty_aggregate_given_its_tree_has_the_tree_aggregates_columns(prof: LayerProf) -> None:
+    everything = Table.by_type(prof.records.values()).to_csv().splitlines()[0]
+    assert everything.startswith("type,modules,calls,forward_ms,backward_ms,")
+    assert Table.by_type([], root=prof.tree).to_csv() == everything + "\n"
+
+
+def test_an_empty_selection_reads_back_as_a_frame_with_its_columns(prof: LayerProf) -> None:
+    pandas = pytest.importorskip("pandas")
+    frame = pandas.read_csv(io.StringIO(prof.to_csv(type="Conv2d")))  # EmptyDataError without a header
+    assert list(frame.columns) == prof.to_csv().splitlines()[0].split(",") and len(frame) == 0
+    empty = prof.to_dataframe(type="Conv2d")
+    assert list(empty.columns) == list(prof.to_dataframe().columns) and len(empty) == 0
+
+
+def test_an_empty_column_selection_is_refused_by_every_table_export(prof: LayerProf) -> None:
+    exports = [prof.to_csv, prof.to_markdown, prof.to_latex, prof.to_html]
+    if importlib.util.find_spec("pandas") is not None:
+        exports.append(prof.to_dataframe)
+    for export in exports:
+        with pytest.raises(ValueError, match=r"^columns is empty: name at least one column, e\.g\. columns=\('name', "):
+            export(columns=())
+
+
+# -- derived fields, computed when asked for by name ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def metered() -> LayerProf:
+    net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 1))
+    net[2].requires_grad_(False)
+    with LayerProf(net, metrics=("params", "flops")) as prof, torch.no_grad():
+        for _ in range(2):  # FLOPs counted in the first step, times from the second
+            net(torch.randn(4, 8))
+            prof.step()
+    return prof
+
+
+def test_derived_fields_are_columns_of_every_table(metered: LayerProf) -> None:
+    # size = param + buffer bytes: Linear(8, 16) (8*16+16)*4 = 576; BatchNorm1d(16) 32*4 params + 2*16*4
+    # running stats + 8 (num_batches_tracked, int64) = 264; Linear(16, 1) 17*4 = 68; all 908.
+    # frozen_params: the last Linear's 17. macs = flops / 2: 2*4*8*16 / 2 = 512 and 2*4*16 / 2 = 64 (forward only).
+    assert metered.to_csv(columns=("name", "size", "frozen_params", "macs")) == (
+        "name,size,frozen_params,macs\n,908,17,576.0\n0,576,0,512.0\n1,264,0,0.0\n2,68,17,64.0\n")
+    assert metered.to_markdown(columns=("name", "size", "macs"), leaves=True).splitlines()[2:] == [
+        "| 0 | 576 B | 512 MACs |", "| 1 | 264 B | 0 MACs |", "| 2 | 68 B | 64 MACs |"]
+    # flops_per_s = flops / total time; forward_percent: a share of the root's forward (the root's own: 100).
+    row = metered.rows(name="0").to_dataframe(columns=("flops_per_s", "forward_ms")).iloc[0]
+    assert row["flops_per_s"] == pytest.approx(1024 / (row["forward_ms"] / 1000))
+    assert metered.to_csv(columns=("name", "forward_percent"), depth=0) == "name,forward_percent\n,100.0\n"
+    # An aggregate computes them from its summed rows: the two Linears' 576 + 68 bytes and 512 + 64 MACs.
+    assert metered.aggregate().to_csv(columns=("type", "modules", "size", "macs")) == (
+        "type,modules,size,macs\nSequential,1,908,576.0\nLinear,2,644,576.0\nBatchNorm1d,1,264,0.0\n")
+    # Computed, never stored: the rows and the records keep the stored fields only.
+    assert "macs" not in metered.to_csv().splitlines()[0].split(",")
+    assert not hasattr(metered.records["0"], "macs")

@@ -236,6 +236,61 @@ def test_top_by_type_resnet(resnet_profile, axes) -> None:
     assert "Conv2d ×20" in [tick.get_text() for tick in ax.get_yticklabels()]  # 1 + 8 blocks * 2 + 3 downsample
 
 
+def metered_with_buffers() -> layerprof.Profile:
+    """Parameters, buffers, a frozen layer and forward FLOPs, all known exactly."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 1))
+    model[2].requires_grad_(False)
+    with layerprof.LayerProf(model, metrics=("params", "flops")) as prof, torch.no_grad():
+        for _ in range(2):  # FLOPs counted in the first step, times from the second
+            model(torch.randn(4, 8))
+            prof.step()
+    return prof.profile
+
+
+def test_computed_fields_that_add_up_are_plotted(axes) -> None:
+    profile = metered_with_buffers()
+    # size = param + buffer bytes: Linear(8, 16) 144*4 = 576; BatchNorm1d(16) 32*4 + 2*16*4 + 8 (an int64 count)
+    # = 264; Linear(16, 1) 17*4 = 68; 908 in all (not anytree's ``record.size``, the root's 4 records).
+    ax = layerprof.plot_top(profile, k=3, metric="size", ax=axes)
+    bars = [(bar.get_gid(), bar.get_width()) for bar in ax.patches if (bar.get_gid() or "").startswith("top:")]
+    assert bars == [("top:0", 576.0), ("top:1", 264.0), ("top:2", 68.0)]
+    assert ax.get_title().endswith("Size, total 908 B")
+    figure, ax = plt.subplots()
+    try:  # macs = flops / 2: 2*4*8*16 / 2 = 512 and 2*4*16 / 2 = 64; the BatchNorm adds none
+        ax = layerprof.plot_sunburst(profile, metric="macs", ax=ax)
+        drawn = by_gid(wedges(ax))
+        assert angle(drawn["module:0"]) == pytest.approx(360 * 512 / 576)
+        assert angle(drawn["module:2"]) == pytest.approx(360 * 64 / 576)
+        assert ax.get_title() == "Sequential: MACs, total 576 MACs"
+    finally:
+        plt.close(figure)
+    figure, ax = plt.subplots()
+    try:  # frozen_params: the last Linear's 16 + 1
+        ax = layerprof.plot_top(profile, metric="frozen_params", by_type=True, ax=ax)
+        assert [(bar.get_gid(), bar.get_width()) for bar in ax.patches
+                if (bar.get_gid() or "").startswith("top:")] == [("top:Linear", 17.0)]
+    finally:
+        plt.close(figure)
+    from layerprof.render.plot_metrics import metric_meters
+
+    assert [metric_meters(name) for name in ("macs", "size", "frozen_params")] == [("flops",), ("params",), ("params",)]
+
+
+def test_rates_and_shares_are_refused_with_the_reason() -> None:
+    profile = metered_with_buffers()
+    before = plt.get_fignums()
+    with pytest.raises(ValueError, match=r"^cannot plot metric 'flops_per_s': its values \(flop/s\) do not add up "
+                                         r"over modules, as the areas of a plot must; plot an amount such as 'flops'"):
+        layerprof.plot_top(profile, metric="flops_per_s")
+    with pytest.raises(ValueError, match=r"^cannot plot metric 'time_percent': it is a share, .* plot 'total_ms'$"):
+        layerprof.plot_sunburst(profile, metric="time_percent")
+    with pytest.raises(ValueError, match=r"^cannot plot metric 'mean_forward': its values \(ms\) do not add up"):
+        profile.plot("icicle", metric="mean_forward")
+    with pytest.raises(ValueError, match=r"^cannot plot metric 'bound': it is not a number$"):
+        profile.plot("top", metric="bound")
+    assert plt.get_fignums() == before
+
+
 # -- figures and files ----------------------------------------------------------------------------------------
 def test_new_figure_only_without_ax(resnet_profile, axes) -> None:
     before = plt.get_fignums()

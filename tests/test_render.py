@@ -178,3 +178,37 @@ def test_counts_are_singular_for_one() -> None:
     from layerprof.distributed.table import rank_table
 
     assert rank_table(prof.gather()).startswith("Across 1 rank, per step")  # one process: a one-rank view
+
+
+# -- Markdown cells ----------------------------------------------------------------------------------------------
+class _Keyed(nn.Module):
+    """Modules under keys a Markdown renderer would read as HTML, emphasis, code, links or table syntax."""
+
+    KEYS = ["<b>", "*x*", "_y_", "a_b", "`c`", "[l](u)", "p|q", "~~s~~", "a&amp;", "back\\slash"]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.d = nn.ModuleDict({key: nn.Identity() for key in self.KEYS})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for module in self.d.values():
+            x = module(x)
+        return x
+
+
+def test_markdown_cells_show_module_names_as_written() -> None:
+    prof = _profile(_Keyed(), torch.randn(2, 4, requires_grad=True))
+    lines = prof.to_markdown(columns=("name", "type")).splitlines()
+    # HTML as entities, Markdown punctuation backslash-escaped; an ``_`` inside a word (a_b) is inert and kept.
+    assert lines[4:] == [
+        "| d.&lt;b&gt; | Identity |", "| d.\\*x\\* | Identity |", "| d.\\_y\\_ | Identity |",
+        "| d.a_b | Identity |", "| d.\\`c\\` | Identity |", "| d.\\[l\\](u) | Identity |",
+        "| d.p\\|q | Identity |", "| d.\\~\\~s\\~\\~ | Identity |", "| d.a&amp;amp; | Identity |",
+        "| d.back\\\\slash | Identity |"]
+    assert prof.to_markdown(columns=("name", "forward_ms"), raw=True).splitlines()[0] == "| name | forward_ms |"
+    markdown_it = pytest.importorskip("markdown_it")
+    import html
+
+    rendered = markdown_it.MarkdownIt("commonmark").enable(["table", "strikethrough"]).render("\n".join(lines))
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", rendered)[0::2]  # the name column
+    assert [html.unescape(cell) for cell in cells] == ["(root)", "d", *(f"d.{key}" for key in _Keyed.KEYS)]

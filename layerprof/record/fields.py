@@ -1,8 +1,11 @@
 """The field catalogue: every quantity layerprof knows, declared once.
 
-A field's name is its one name everywhere: the record attribute, the row key, the JSON key, the table column, the
-summary column, the plot metric, the compared metric. Its declaration says its unit (which is how it is printed),
-its label, how values of several modules combine, and, for a derived field, how it is computed from stored ones.
+A field's name is its one name everywhere: the table and summary column, the plot metric (for a field that adds
+up over modules), the compared metric, and for a stored field the record attribute and the row and JSON key. A
+derived field is stored nowhere, on a record or in a row: what reads one computes it with ``Field.value`` (a
+table asked for ``macs`` by name, the summary, a plot). Its declaration says its unit (which is how it is
+printed), its label, how values of several modules combine, and, for a derived field, how it is computed from
+stored ones.
 Renderers, comparisons, aggregation and exports read this catalogue; meters declare their fields here as data
 (``declare``), and never import a renderer.
 

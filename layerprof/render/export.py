@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -18,7 +19,7 @@ from .units import field_label, format_field, format_plain
 
 __all__ = [
     "table_columns", "display_columns", "page_columns", "PAGE_COLUMNS", "to_dataframe", "to_csv", "to_markdown",
-    "to_latex", "to_text", "cell_text", "latex_escape", "iter_cells", "headers", "write_text",
+    "to_latex", "to_text", "cell_text", "latex_escape", "markdown_escape", "iter_cells", "headers", "write_text",
 ]
 
 ROOT_LABEL = "(root)"
@@ -143,17 +144,33 @@ def _is_numeric_column(rows: Sequence[dict[str, Any]], column: str) -> bool:
     )
 
 
+# What a Markdown renderer (CommonMark, GFM tables and strikethrough) would read in a cell rather than show:
+# HTML and entities are written as entities, the rest of the punctuation it acts on backslash-escaped.
+_MARKDOWN_ESCAPES = str.maketrans({
+    "&": "&amp;", "<": "&lt;", ">": "&gt;", "\\": "\\\\", "|": "\\|", "`": "\\`", "*": "\\*", "[": "\\[",
+    "]": "\\]", "~": "\\~", "\n": " ",
+})
+# An ``_`` between two letters or digits neither opens nor closes emphasis (CommonMark's rule for ``_``): left as
+# is, so that ``forward_ms`` and ``word_embeddings`` read as written.
+_LOOSE_UNDERSCORE = re.compile(r"(?<![^\W_])_|_(?![^\W_])")
+
+
+def markdown_escape(text: str) -> str:
+    r"""``text`` as a Markdown table cell that renders as ``text``.
+
+    >>> print(markdown_escape("d.<b>|*x*_y_ a_b"))
+    d.&lt;b&gt;\|\*x\*\_y\_ a_b
+    """
+    return _LOOSE_UNDERSCORE.sub(r"\\_", text.translate(_MARKDOWN_ESCAPES))
+
+
 def to_markdown(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None, raw: bool = False) -> str:
     """A GitHub-flavoured Markdown pipe table; numeric columns right-aligned."""
     chosen = list(columns) if columns is not None else display_columns(rows)
-
-    def escape(text: str) -> str:
-        return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(escape(_header(c, raw)) for c in chosen) + " |"]
+    lines = ["| " + " | ".join(markdown_escape(_header(c, raw)) for c in chosen) + " |"]
     lines.append("|" + "|".join("---:" if _is_numeric_column(rows, c) else ":---" for c in chosen) + "|")
     for row in rows:
-        lines.append("| " + " | ".join(escape(cell_text(c, row.get(c), raw)) or " " for c in chosen) + " |")
+        lines.append("| " + " | ".join(markdown_escape(cell_text(c, row.get(c), raw)) or " " for c in chosen) + " |")
     return "\n".join(lines) + "\n"
 
 

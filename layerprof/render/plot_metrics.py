@@ -1,13 +1,15 @@
-"""What a plot can show: any numeric field of the catalogue (``record.fields``), summed over its parts.
+"""What a plot can show: any field of the catalogue (``record.fields``) that adds up over modules, stored, summed
+over its parts, or computed from a record (``macs``, ``size``, ``frozen_params``).
 
 Every field is an inclusive value (the module with its children); self values are derived over the tree by the
-layout (``plot_layout.py``), never read from the records.
+layout (``plot_layout.py``), never read from the records. A rate or a share (``flops_per_s``, ``time_percent``)
+does not add up, and a plot's areas must add up to the model's: such a field is refused with the reason.
 """
 from __future__ import annotations
 
 from typing import Iterable
 
-from ..record.fields import ALIASES, FIELDS, canonical
+from ..record.fields import ALIASES, FIELDS, Field, canonical
 from ..record.records import ModuleRecord
 from .columns import Column
 from .units import format_value
@@ -27,6 +29,7 @@ class PlotMetric(Column):
 
     @property
     def fields(self) -> tuple[str, ...]:
+        """The fields read on a record: a summed field's parts, or the field itself (stored or computed)."""
         return self.field.parts or (self.field.name,)
 
     def format(self, value: float | None) -> str:
@@ -36,7 +39,7 @@ class PlotMetric(Column):
         """The record's inclusive value; a field that was not measured on this record counts as 0."""
         total = 0.0
         for name in fields or self.fields:
-            value = getattr(record, name, None)
+            value = _value(record, name)
             if value is not None:
                 total += float(value)
         return total
@@ -55,24 +58,50 @@ def root_of(profile: object) -> ModuleRecord:
     )
 
 
+def _value(record: object, name: str) -> object:
+    # Through the catalogue: a computed field is no record attribute (and ``record.size`` is anytree's count of
+    # the nodes under it, not the field ``size``).
+    declared = FIELDS.get(name)
+    return declared.value(record) if declared is not None else getattr(record, name, None)
+
+
 def _recorded(records: Iterable[ModuleRecord], field: str) -> bool:
-    return any(getattr(record, field, None) is not None for record in records)
+    return any(_value(record, field) is not None for record in records)
+
+
+def _why_not(field: Field) -> str | None:
+    """Why a field cannot be plotted, None if it can."""
+    if field.unit in ("text", "data", "shapes"):
+        return "it is not a number"
+    if field.unit == "percent":
+        return f"it is a share, and a plot shows each module's share already: plot {field.of!r}"
+    if field.detail or field.combine == "none" or field.unit not in PLOTTABLE_UNITS:
+        return (f"its values ({field.unit}) do not add up over modules, as the areas of a plot must; plot an amount "
+                "such as 'flops' or 'total'")
+    return None
 
 
 def plot_metric_names() -> list[str]:
-    """Short names first (``forward``, ``total``, ``memory``...), then every numeric stored or summed field."""
-    fields = [f.name for f in FIELDS.values() if f.unit in PLOTTABLE_UNITS and not f.detail
-              and (not f.derived or f.parts)]
+    """Short names first (``forward``, ``total``, ``memory``...), then every field that adds up over modules."""
+    fields = [f.name for f in FIELDS.values() if _why_not(f) is None]
     return [alias for alias, targets in ALIASES.items() if targets[0] in fields] + fields
+
+
+def _plottable(name: str, resolved: str | None) -> PlotMetric:
+    """The metric of the field ``resolved`` (``name`` as given); a ValueError naming the reason otherwise."""
+    declared = FIELDS.get(resolved) if resolved is not None else None
+    if declared is None:
+        raise ValueError(f"unknown plot metric {name!r}; choose from: {', '.join(plot_metric_names())}")
+    reason = _why_not(declared)
+    if reason is not None:
+        raise ValueError(f"cannot plot metric {name!r}: {reason}")
+    return PlotMetric(declared)
 
 
 def metric_meters(name: str) -> tuple[str, ...]:
     """The meters that record plot metric ``name`` (empty for times), before any profile exists: the command line
     checks ``--plot-metric`` against ``--metrics`` with it. A ValueError for an unknown name."""
-    resolved = canonical(name)
-    if resolved is None or resolved not in plot_metric_names():
-        raise ValueError(f"unknown plot metric {name!r}; choose from: {', '.join(plot_metric_names())}")
-    metric = PlotMetric(FIELDS[resolved])
+    metric = _plottable(name, canonical(name))
     meters = (FIELDS[part].meter for part in metric.fields if part in FIELDS)
     return tuple(dict.fromkeys(meter for meter in meters if meter is not None))
 
@@ -85,10 +114,7 @@ def resolve_metric(name: str, root: ModuleRecord) -> tuple[PlotMetric, tuple[str
     record (naming the missing field and how to record it).
     """
     records = [root, *root.descendants]
-    resolved = canonical(name, present=lambda field: _recorded(records, field))
-    if resolved is None or resolved not in plot_metric_names():
-        raise ValueError(f"unknown plot metric {name!r}; choose from: {', '.join(plot_metric_names())}")
-    metric = PlotMetric(FIELDS[resolved])
+    metric = _plottable(name, canonical(name, present=lambda field: _recorded(records, field)))
     present = tuple(field for field in metric.fields if _recorded(records, field))
     if present:
         return metric, present

@@ -13,7 +13,7 @@ from ..record.fields import FIELDS, derived_fields, detail_fields
 from ..record.records import ModuleRecord
 
 __all__ = ["is_number", "numeric_fields", "derived_names", "FILTERS", "select", "record_rows", "value_of",
-           "aggregate_by_type", "top_records"]
+           "RowView", "with_fields", "aggregate_by_type", "AGGREGATE_COLUMNS", "top_records"]
 
 
 def is_number(value: Any) -> bool:
@@ -46,6 +46,29 @@ def value_of(record: ModuleRecord, field: str, row: dict[str, Any] | None = None
     if declared is not None:
         return declared.value(record, record.root)
     return getattr(record, field, None)
+
+
+class RowView:
+    """A row read as a record (``view.flops_forward`` is ``row.get("flops_forward")``), so that a catalogue field
+    computes over rows that have no record behind them: an aggregate's, a hand-made table's. A share of the model
+    or a roofline figure needs the tree, and is None here."""
+
+    def __init__(self, row: dict[str, Any]) -> None:
+        self.row = row
+
+    def __getattr__(self, name: str) -> Any:
+        return self.row.get(name)
+
+
+def with_fields(rows: list[dict[str, Any]], names: Iterable[str],
+                records: list[ModuleRecord] | None = None) -> list[dict[str, Any]]:
+    """``rows`` with the catalogue fields ``names`` computed into each (new dicts; the rows are left as they are),
+    from ``records`` (one per row) where the rows are of records, else from the rows themselves."""
+    names = list(names)
+    if not names:
+        return rows
+    sources = records if records is not None else [RowView(row) for row in rows]
+    return [{**row, **{name: value_of(source, name, row) for name in names}} for row, source in zip(rows, sources)]
 
 
 # The keyword filters of ``select`` (and of every Profile table method).
@@ -116,6 +139,10 @@ def _combine(field: str, values: list[float]) -> float | None:
     if how == "none":
         return None
     return max(values) if how == "max" else sum(values)
+
+
+# What every aggregate row holds, whatever its modules measured: the columns of an aggregate of no module.
+AGGREGATE_COLUMNS = ("type", "modules", "calls", "total_ms")
 
 
 def aggregate_by_type(records: Iterable[ModuleRecord]) -> list[dict[str, Any]]:

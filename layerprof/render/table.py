@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence, overload
+from typing import Any, Callable, Iterable, Iterator, Sequence, overload
 
 from ..record.fields import FIELDS, canonical
-from ..record.records import ModuleRecord
+from ..record.records import ModuleRecord, preorder, tree_rows
 from . import export
 from .html import html_table, notebook_style, to_html
-from .rows import aggregate_by_type, record_rows
+from .rows import AGGREGATE_COLUMNS, aggregate_by_type, record_rows, with_fields
 from .units import format_counted
 
 __all__ = ["Table"]
@@ -34,12 +34,19 @@ class Table(Sequence[dict[str, Any]]):
     """
 
     def __init__(self, rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None,
-                 step_ms: float | None = None, page_lead: Sequence[str] | None = None) -> None:
+                 step_ms: float | None = None, page_lead: Sequence[str] | None = None,
+                 like: Table | None = None) -> None:
         self.rows: list[dict[str, Any]] = list(rows)
         # The whole step's time, for the share column of human-readable forms; None: no share is shown.
         self.step_ms = step_ms
+        # An empty table takes its columns from ``like`` (the table it was selected from): a filter that matches
+        # no module gives a header, with the columns a selection that matched some would have.
+        self._like = like
+        # The records the rows are of, where known: a field asked for by name and not in the rows is computed
+        # from them (a share of the model, a roofline figure), else from the row itself.
+        self._records: list[ModuleRecord] | None = None
         self.columns: list[str] = (
-            list(columns) if columns is not None else export.display_columns(self.human_rows())
+            list(columns) if columns is not None else export.display_columns(self._template().human_rows())
         )
         # A page (Markdown, LaTeX) shows ``page_lead`` then the page's usual columns; a table given its columns
         # and no lead shows just those.
@@ -48,13 +55,29 @@ class Table(Sequence[dict[str, Any]]):
 
     @classmethod
     def of_records(cls, records: Iterable[ModuleRecord], root: ModuleRecord) -> Table:
-        """The canonical rows of ``records``, with shares of the step of ``root``."""
-        return cls(record_rows(records), step_ms=root.total_ms if root.total_ms else 0.0)
+        """The canonical rows of ``records``, with shares of the step of ``root``; with no records, the columns of
+        every record under ``root``."""
+        chosen = list(records)
+        step_ms = root.total_ms if root.total_ms else 0.0
+        like = None if chosen else cls(tree_rows(root), step_ms=step_ms)
+        table = cls(record_rows(chosen), step_ms=step_ms, like=like)
+        table._records = chosen
+        return table
 
     @classmethod
-    def by_type(cls, records: Iterable[ModuleRecord]) -> Table:
-        """One row per module type (see ``rows.aggregate_by_type``)."""
-        return cls(aggregate_by_type(records))
+    def by_type(cls, records: Iterable[ModuleRecord], root: ModuleRecord | None = None) -> Table:
+        """One row per module type (see ``rows.aggregate_by_type``); with no records, the columns of the
+        aggregate of every record under ``root``, or without a root those every aggregate has."""
+        rows = aggregate_by_type(records)
+        if rows:
+            return cls(rows)
+        if root is None:
+            return cls(rows, AGGREGATE_COLUMNS)
+        return cls(rows, like=cls.by_type(preorder(root)))
+
+    def _template(self) -> Table:
+        """The table whose rows give the columns: this one, or for an empty one the table it was selected from."""
+        return self._like if not self.rows and self._like is not None else self
 
     def human_rows(self) -> list[dict[str, Any]]:
         """The rows for people: ``total_ms`` and ``time_percent`` inserted after ``backward_ms`` when the table
@@ -90,10 +113,11 @@ class Table(Sequence[dict[str, Any]]):
 
     def _page(self, columns: Sequence[str] | None) -> tuple[list[dict[str, Any]], list[str]]:
         """The rows and columns of a page table: ``columns``, or the lead and the usual page columns."""
-        rows = self.page_rows()
         if columns is not None:
-            return rows, self._chosen(columns, rows)
-        return rows, export.page_columns(rows, self._page_lead) if self._page_adds else self._page_lead
+            return self._select(columns, Table.page_rows)
+        if not self._page_adds:
+            return self.page_rows(), self._page_lead
+        return self.page_rows(), export.page_columns(self._template().page_rows(), self._page_lead)
 
     @overload
     def __getitem__(self, index: int) -> dict[str, Any]: ...
@@ -103,6 +127,8 @@ class Table(Sequence[dict[str, Any]]):
         if isinstance(index, slice):
             part = copy.copy(self)
             part.rows = self.rows[index]
+            part._records = None if self._records is None else self._records[index]
+            part._like = self._template()
             return part
         return self.rows[index]
 
@@ -112,32 +138,50 @@ class Table(Sequence[dict[str, Any]]):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.rows)
 
-    def _chosen(self, columns: Sequence[str] | None, rows: Sequence[dict[str, Any]] | None = None) -> list[str]:
-        """``columns`` checked against what the rows hold (short names such as ``forward`` resolved), or the
-        default columns. A name the rows do not hold is a ValueError that lists those they do."""
+    def _select(self, columns: Sequence[str] | None, form: Callable[[Table], list[dict[str, Any]]] | None = None
+                ) -> tuple[list[dict[str, Any]], list[str]]:
+        """The rows in ``form`` and ``columns`` checked against what such rows hold (short names such as ``forward``
+        resolved; a derived field they lack, such as ``macs``, computed into them), or the default columns. A
+        name they neither hold nor can compute is a ValueError that lists those they hold."""
+        form = form or Table.human_rows
+        rows = form(self)
         if columns is None:
-            return self.columns
+            return rows, self.columns
         if isinstance(columns, str):
             raise TypeError(f"columns must be a list of names, e.g. columns=[{columns!r}], not a string")
-        rows = self.human_rows() if rows is None else rows
-        present = {key: None for row in rows for key in row}
+        if not columns:
+            raise ValueError("columns is empty: name at least one column, e.g. columns=('name', 'forward'), or "
+                             "leave columns out for the default ones")
+        template = self._template()
+        if template.rows:
+            present = {key: None for row in form(template) for key in row}
+        else:
+            present = dict.fromkeys(self.columns)
         chosen = []
         for name in columns:
             resolved = name if name in present else canonical(name, present=lambda key: key in present)
-            if resolved not in present:
+            declared = FIELDS.get(resolved) if resolved is not None else None
+            # A derived field is computed; with no rows to look at, any declared field is taken as it would be.
+            computable = declared is not None and (declared.derived or not template.rows)
+            if resolved not in present and not computable:
                 raise ValueError(f"unknown column {name!r}: the rows hold {', '.join(present)}")
             chosen.append(resolved)
-        return chosen
+        return with_fields(rows, [c for c in chosen if c not in present], self._records), chosen
+
+    def _machine(self, columns: Sequence[str] | None) -> tuple[list[dict[str, Any]], list[str]]:
+        """The rows and columns of a machine-readable table: every stored field, or ``columns``."""
+        if columns is not None:
+            return self._select(columns)
+        template = self._template()
+        return self.rows, export.table_columns(template.rows) if template.rows else self.columns
 
     def to_dataframe(self, columns: Sequence[str] | None = None) -> Any:
         """A pandas DataFrame of every field (or ``columns``), raw numbers, units in the column names."""
-        return export.to_dataframe(self.human_rows() if columns else self.rows,
-                                   None if columns is None else self._chosen(columns))
+        return export.to_dataframe(*self._machine(columns))
 
     def to_csv(self, path: str | Path | None = None, columns: Sequence[str] | None = None) -> str:
         """CSV of every field (or ``columns``); written to ``path`` if given."""
-        chosen = None if columns is None else self._chosen(columns)
-        return export.write_text(export.to_csv(self.human_rows() if columns else self.rows, chosen), path)
+        return export.write_text(export.to_csv(*self._machine(columns)), path)
 
     def to_markdown(self, path: str | Path | None = None, columns: Sequence[str] | None = None,
                     raw: bool = False) -> str:
@@ -155,7 +199,8 @@ class Table(Sequence[dict[str, Any]]):
     def to_html(self, path: str | Path | None = None, columns: Sequence[str] | None = None, raw: bool = False,
                 title: str = "layerprof") -> str:
         """A self-contained HTML page with the table, names indented by depth; written to ``path`` if given."""
-        text = to_html(self.human_rows(), self._chosen(columns), raw, title=title, indent=self.step_ms is not None)
+        rows, chosen = self._select(columns)
+        text = to_html(rows, chosen, raw, title=title, indent=self.step_ms is not None)
         return export.write_text(text, path)
 
     def __str__(self) -> str:
