@@ -88,7 +88,8 @@ def layout_tree(
     values = _values(root, metric, fields)
     total = values[id(root)]
     if total <= 0:
-        raise ValueError(f"nothing to plot: the {metric.label} of the model is 0")
+        raise ValueError(f"nothing to plot: the model's {metric.name} ({metric.label}) is 0 in this profile; plot "
+                         "another metric")
     trunk = _trunk(root, values)
     # Colour branches are numbered before any grouping, so a module has the same colour in every plot.
     heads = [

@@ -75,14 +75,14 @@ def format_count(value: float | None) -> str:
         return MISSING
     if abs(value) < 1000 and value != int(value):
         return _three(value)
-    return _scaled(float(value), 1000.0, ("", "k", "M", "G", "T", "P"), "")
+    return _scaled(float(value), 1000.0, ("", "k", "M", "G", "T", "P", "E"), "")
 
 
 def format_flops(value: float | None, suffix: str = "FLOPs") -> str:
     """FLOPs (or FLOP/s with ``suffix='FLOP/s'``): ``format_flops(3.6e9) == '3.6 GFLOPs'``."""
     if value is None:
         return MISSING
-    text = _scaled(float(value), 1000.0, (" ", " k", " M", " G", " T", " P"), suffix)
+    text = _scaled(float(value), 1000.0, (" ", " k", " M", " G", " T", " P", " E", " Z"), suffix)
     return text
 
 
@@ -90,7 +90,7 @@ def format_bytes(value: float | None) -> str:
     """Bytes in binary units: ``format_bytes(46_827_520) == '44.7 MiB'``."""
     if value is None:
         return MISSING
-    return _scaled(float(value), 1024.0, (" ", " Ki", " Mi", " Gi", " Ti"), "B")
+    return _scaled(float(value), 1024.0, (" ", " Ki", " Mi", " Gi", " Ti", " Pi", " Ei"), "B")
 
 
 def format_signed_bytes(value: float | None) -> str:
