@@ -157,6 +157,8 @@ def test_lightning_ddp_on_cpu(tmp_path: Path) -> None:
         profile = layerprof.load(tmp_path / f"ddp-rank{rank}.json")
         assert profile.meta["lightning"]["rank"] == rank
         assert profile.meta["steps"] == 2  # 4 batches split over 2 ranks
+        # training_step calls self(x), inside DDP's call of the LightningModule: one call of each per batch
+        assert profile.tree.calls == 1 and profile.records["net.0"].calls == 1
         assert profile.records["net.0"].backward_ms > 0
 
 

@@ -1,10 +1,14 @@
-"""Lightning runs as users meet them: an exception or an interrupt mid-run, a graceful stop, fit twice, validate
-alone, max_steps with accumulation, and the root's times when training_step never calls the LightningModule.
-Real Trainers on CPU, a few batches each."""
+"""Lightning runs as users meet them: an exception or an interrupt mid-run or at an epoch's end, a graceful stop,
+fit twice, validate alone, max_steps with accumulation, and the root's times when training_step never calls the
+LightningModule or calls it under DDP. Real Trainers on CPU, a few batches each."""
 from __future__ import annotations
 
+import os
 import signal
+import socket
+import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -153,8 +157,46 @@ def test_an_exception_before_any_batch_writes_nothing(tmp_path: Path) -> None:
     assert profiler.profile_result is None and not list(tmp_path.glob("layerprof*"))
 
 
-def test_an_exception_after_the_last_batch_gives_way_to_the_next_profiler(tmp_path: Path) -> None:
-    # on_train_end raises after the epoch: no action of the profiler sees it, and Lightning never calls it again.
+class FailsAtEpochEnd(pl.Callback):
+    """Raises in ``on_train_epoch_end`` of epoch 0, as a callback computing epoch metrics might."""
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        raise RuntimeError("epoch-end metric failed")
+
+
+@pytest.mark.parametrize("where, batches", [("on_train_epoch_end", 4), ("on_train_end", 8)])
+def test_an_exception_outside_the_epochs_batches_writes_a_partial_profile(tmp_path: Path, where: str,
+                                                                           batches: int) -> None:
+    # Outside the run_training_epoch action, which no action of the profiler sees: Lightning tells the callback the
+    # profiler added (on_exception). Epoch 0's end hooks: 4 batches done; on_train_end: 2 epochs of 4 batches.
+    module = Net()
+    before = _hooks(module)
+    module.fail_on_train_end = where == "on_train_end"
+    profiler = LayerProfProfiler(dirpath=tmp_path / "prof")
+    callbacks = [FailsAtEpochEnd()] if where == "on_train_epoch_end" else []
+    with pytest.raises(RuntimeError):
+        _trainer(tmp_path, profiler, max_epochs=2, callbacks=callbacks).fit(module, _loader(4))
+    assert LayerProf.running_on(module) is None
+    _clean(module, before)
+    assert sorted(path.name for path in (tmp_path / "prof").iterdir()) == ["layerprof-rank0.json",
+                                                                          "layerprof-rank0.txt"]
+    saved = layerprof.load(tmp_path / "prof" / "layerprof-rank0.json")
+    assert saved.meta["steps"] == batches and saved.records["net.0"].calls == 1
+    assert saved.meta["partial"] == "RuntimeError raised outside the training epoch's batches"
+    assert [(p.meta["steps"], p.meta["partial"]) for p in profiler.profiles] == [(batches, saved.meta["partial"])]
+
+
+@pytest.fixture
+def untold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning tells the profiler of no exception outside the epoch's batches, as in a worker it started itself
+    (ddp_spawn, ddp_fork), whose exception goes to the launching process and no callback."""
+    from layerprof.integrations import lightning
+
+    monkeypatch.setattr(lightning._EndOnException, "on_exception", lambda self, trainer, module, exception: None)
+
+
+def test_an_exception_never_reported_gives_way_to_the_next_profiler(tmp_path: Path, untold: None) -> None:
+    # on_train_end raises after the epoch; no action of the profiler sees it, and nothing tells it.
     module = Net()
     before = _hooks(module)
     module.fail_on_train_end = True
@@ -172,7 +214,7 @@ def test_an_exception_after_the_last_batch_gives_way_to_the_next_profiler(tmp_pa
     _clean(module, before)
 
 
-def test_the_same_profiler_after_a_run_that_raised_after_its_last_batch(tmp_path: Path) -> None:
+def test_the_same_profiler_after_a_run_that_was_never_reported_to_have_raised(tmp_path: Path, untold: None) -> None:
     module = Net()
     before = _hooks(module)
     module.fail_on_train_end = True
@@ -259,6 +301,49 @@ def test_the_root_carries_the_training_step(tmp_path: Path, call_self: bool) -> 
     assert root.self_forward_ms > 0 and root.self_backward_ms > 0
     header = profiler.summary().splitlines()[0]
     assert "—" not in header and header.startswith("Step: forward ")
+
+
+class BatchClock(pl.Callback):
+    """The wall time of each training batch, from on_train_batch_start to on_train_batch_end (around the action)."""
+
+    def __init__(self) -> None:
+        self.ms: list[float] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.ms.append((time.perf_counter() - self._start) * 1e3)
+
+
+@pytest.mark.parametrize("call_self", [False, True], ids=["self.net(x)", "self(x)"])
+def test_under_ddp_the_root_counts_one_call_per_batch(tmp_path: Path, call_self: bool) -> None:
+    # DDP runs training_step through a call of the LightningModule itself (Lightning's forward redirection), so a
+    # self(x) in it is a call of the root inside a call of the root: both fold into the step's call.
+    if torch.distributed.is_initialized():
+        pytest.skip("a process group is already set up in this process")
+    module = Net(call_self=call_self)
+    before = _hooks(module)
+    profiler, clock = LayerProfProfiler(), BatchClock()
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    # Lightning leaves the process group (and the environment it set) to the process: both go after the run, or a
+    # later test here that forks DDP workers hangs.
+    with mock.patch.dict(os.environ, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}):
+        try:
+            _trainer(tmp_path, profiler, strategy="ddp", devices=1, callbacks=[clock]).fit(module, _loader(4))
+        finally:
+            if torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
+    profile = profiler.profile_result
+    root, net = profile.tree, profile.records["net"]
+    assert profile.meta["steps"] == 4 and "partial" not in profile.meta
+    assert root.calls == 1 and net.calls == 1 and profile.records["net.0"].calls == 1
+    # Not lost: the root spans net's forward and backward; not doubled: within the batch (forward, backward, step).
+    assert root.forward_ms > net.forward_ms > 0 and root.backward_ms > net.backward_ms > 0
+    assert root.forward_ms + root.backward_ms < sum(clock.ms) / len(clock.ms)
+    _clean(module, before)
 
 
 def test_training_is_bitwise_the_same_with_the_profiler(tmp_path: Path) -> None:

@@ -92,7 +92,15 @@ class RootStep:
         if call is None:
             return
         calls = self.tracker.calls  # the hooks append to this very list: changed in place
-        inner = [c for c in calls[self._first + 1:] if c.parent is call and c.name == call.name]
+        # The root's calls inside the step's call, and those inside them: a framework may run its step as a call of
+        # the root (under DDP, Lightning's forward redirection runs training_step in a call of the LightningModule,
+        # so a ``self(x)`` there is a call of the root inside a call of the root). In the order they began: a call
+        # before the calls made inside it.
+        inner, within = [], {id(call)}
+        for other in calls[self._first + 1:]:
+            if other.name == call.name and other.parent is not None and id(other.parent) in within:
+                inner.append(other)
+                within.add(id(other))
         task = next((c.task for c in calls[self._first + 1:] if c.task is not None), None)
         if inner:
             folded = set(map(id, inner))

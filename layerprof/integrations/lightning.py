@@ -11,7 +11,9 @@ At the end of the run each rank writes ``<filename>-rank<k>.json`` (``layerprof 
 logs one line saying where (``profiler.summary()`` returns the summary, to print once); a later
 ``fit`` with the same profiler is profiled too, into ``<filename>-rank<k>-<n>.json`` for the n-th. A run that ends
 on an exception or an interrupt takes every hook off at once and writes the batches completed before it as a
-partial profile (``meta["partial"]`` says why). Needs ``lightning`` (``pip install lightning``).
+partial profile (``meta["partial"]`` says why): the profiler's actions see an exception in a batch or between
+batches, and a callback it adds to the trainer (``on_exception``) one outside the epoch's batches (an epoch's end
+hooks, ``on_train_end``). Needs ``lightning`` (``pip install lightning``).
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from ._optional import require
 from .steps import GapSchedule
 
 _profilers = require("lightning.pytorch.profilers", "lightning", "layerprof.integrations.lightning")
+_callbacks = require("lightning.pytorch.callbacks", "lightning", "layerprof.integrations.lightning")
 
 __all__ = ["LayerProfProfiler"]
 
@@ -41,6 +44,19 @@ _STOPPED = "the trainer stopped without ending the profile"
 def _watched(action_name: str) -> bool:
     return action_name in (ACTION, EPOCH) or (action_name.startswith("[Strategy]")
                                              and action_name.endswith(".training_step"))
+
+
+class _EndOnException(_callbacks.Callback):
+    """Ends its profiler's profile when the run raises: Lightning tells its callbacks (not its profiler) of an
+    exception, and outside the training epoch's batches (``on_train_epoch_end``, a scheduler stepped at an epoch's
+    end, ``on_train_end``) no action of the profiler sees it."""
+
+    def __init__(self, profiler: LayerProfProfiler) -> None:
+        self.profiler = profiler
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        if self.profiler._prof is not None:  # else: ended by the action it was raised in, or never begun
+            self.profiler._finish(partial=f"{type(exception).__name__} raised outside the training epoch's batches")
 
 
 class LayerProfProfiler(_profilers.Profiler):
@@ -81,6 +97,10 @@ class LayerProfProfiler(_profilers.Profiler):
         super().setup(stage, local_rank=local_rank, log_dir=log_dir)
         if self._prof is not None:
             self._finish(partial=_STOPPED)
+        proxy = getattr(self, "_lightning_module", None)
+        callbacks = proxy.trainer.callbacks if proxy is not None else None
+        if callbacks is not None and not any(isinstance(c, _EndOnException) for c in callbacks):
+            callbacks.insert(0, _EndOnException(self))  # first: a user's on_exception that raises skips the rest
 
     def _raised(self, action_name: str) -> BaseException | None:
         """The exception leaving this action, if it raised: ``stop`` runs in the action's ``finally``, where
@@ -135,7 +155,7 @@ class LayerProfProfiler(_profilers.Profiler):
 
     def _give_way(self) -> bool:
         """A new profiler wants the model: end this one if its trainer is no longer running (it stopped on an
-        exception outside the training epoch, which no action of this profiler saw)."""
+        exception that neither an action of this profiler nor its trainer's ``on_exception`` told it of)."""
         trainer = self._trainer() if self._trainer is not None else None
         status = getattr(getattr(trainer, "state", None), "status", None)
         if status is not None and getattr(status, "value", status) == "running":
