@@ -329,11 +329,14 @@ def test_under_ddp_the_root_counts_one_call_per_batch(tmp_path: Path, call_self:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
     # Lightning leaves the process group (and the environment it set) to the process: both go after the run, or a
-    # later test here that forks DDP workers hangs.
+    # later test here that forks DDP workers hangs. It sets torch's thread count for its processes too (the cores
+    # over the processes): put back, or later tests in this process run on other threads than the suite's one.
+    threads = torch.get_num_threads()
     with mock.patch.dict(os.environ, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}):
         try:
             _trainer(tmp_path, profiler, strategy="ddp", devices=1, callbacks=[clock]).fit(module, _loader(4))
         finally:
+            torch.set_num_threads(threads)
             if torch.distributed.is_initialized():
                 torch.distributed.destroy_process_group()
     profile = profiler.profile_result
