@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+import layerprof
 from layerprof import LayerProf
 from layerprof.metrics.shapes import tensor_specs
 from layerprof.render.units import format_shapes
@@ -24,6 +25,20 @@ def _profile(model: nn.Module, *args: Any, metrics: tuple[str, ...] = ("shapes",
     with LayerProf(model, metrics=metrics) as prof:
         model(*args, **kwargs)
     return prof
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+@pytest.mark.parametrize("layout", [torch.strided, torch.jagged], ids=["strided", "jagged"])
+def test_a_nested_tensors_shape_has_none_for_its_ragged_dimension(layout: torch.layout) -> None:
+    # Two components, [3, 4] and [2, 4]: 2 of them, a ragged dimension, then 4. A strided nested tensor has no
+    # shape to read (it was recorded as []), a jagged one a symbolic size (a SymInt in the record)
+    nested = torch.nested.nested_tensor([torch.randn(3, 4), torch.randn(2, 4)], layout=layout)
+    with torch.no_grad():
+        prof = _profile(nn.Linear(4, 4), nested)
+    record = prof.records[""]
+    assert record.input_shapes == record.output_shapes == [[2, None, 4]]
+    assert layerprof.loads(prof.profile.to_json()).records[""].input_shapes == [[2, None, 4]]
+    assert "In: [2, ?, 4]" in prof.layerwise_summary(columns=("input_shapes",))
 
 
 def test_linear_shapes_dtypes_paths() -> None:

@@ -5,7 +5,8 @@ What a record holds (numbers and strings only; no tensor is kept, only ``torch.S
 - ``input_shapes``: the shapes of the tensors of the module's first call, flattened depth first: positional
   arguments, then keyword arguments in the order given; inside them list/tuple items in order, dict (and Hugging
   Face ``ModelOutput``) values in insertion order, dataclass fields in declaration order. Non-tensor values are
-  skipped. ``Linear`` on a ``[4, 10]`` input: ``[[4, 10]]``.
+  skipped. ``Linear`` on a ``[4, 10]`` input: ``[[4, 10]]``; on a nested tensor of a ``[3, 4]`` and a ``[2, 4]``,
+  ``[[2, None, 4]]`` (None for a ragged dimension; the summary shows ``?``).
 - ``input_dtypes``: the dtype of each of those tensors, e.g. ``["float32"]``.
 - ``input_paths``: where each tensor sat, as keys joined by dots: ``"0"`` is the first positional argument,
   ``"attention_mask"`` a keyword argument, ``"1.hidden.0"`` item 0 of field ``hidden`` of the second argument.
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 
 from .._tensors import iter_tensor_paths
+from .._torch import nested_sizes
 from ..record.fields import Field, declare
 from ..record.records import ModuleRecord
 from .meter import Meter, register_meter
@@ -46,15 +48,27 @@ declare(
 
 MAX_VARIANTS = 64
 
-# One tensor's entry: (path keys, shape, dtype). Shapes and dtypes hold no reference to the tensor.
-Spec = tuple[tuple[Any, ...], torch.Size, torch.dtype]
+# One tensor's entry: (path keys, shape, dtype). Shapes and dtypes hold no reference to the tensor; a nested
+# tensor's shape is a tuple with None for each ragged dimension.
+Spec = tuple[tuple[Any, ...], tuple[Any, ...], torch.dtype]
 
 
 def _spec(path: tuple[Any, ...], tensor: torch.Tensor) -> Spec:
     try:
+        if tensor.is_nested:
+            return path, _nested_shape(tensor), tensor.dtype
         return path, tensor.shape, tensor.dtype
-    except RuntimeError:  # a nested (jagged) tensor has no single shape
+    except RuntimeError:  # a tensor subclass with no shape to read
         return path, torch.Size(), tensor.dtype
+
+
+def _nested_shape(tensor: torch.Tensor) -> tuple[int | None, ...]:
+    """A nested tensor's shape: its number of components, then each dimension, None where the components differ
+    (a strided one has no ``shape``; a jagged one has a symbolic size where they differ)."""
+    if tensor.layout == torch.jagged:
+        return tuple(size if type(size) is int else None for size in tensor.shape)
+    sizes = nested_sizes(tensor)
+    return (len(sizes), *(column[0] if len(set(column)) == 1 else None for column in zip(*sizes)))
 
 
 def tensor_specs(args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> tuple[Spec, ...]:

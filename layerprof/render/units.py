@@ -183,5 +183,7 @@ def format_shapes(shapes: list[list[int]] | None, limit: int = 3) -> str:
         return MISSING
     if not shapes:
         return "()"
-    shown = ", ".join("[" + ", ".join(str(size) for size in shape) + "]" for shape in shapes[:limit])
+    # (a nested tensor's ragged dimension is None: "?")
+    shown = ", ".join("[" + ", ".join("?" if size is None else str(size) for size in shape) + "]"
+                      for shape in shapes[:limit])
     return shown + (f", … +{len(shapes) - limit}" if len(shapes) > limit else "")
