@@ -44,6 +44,9 @@ CONSTRUCTOR = [
     (dict(max_samples="many"), TypeError, "max_samples must be an int >= 1, got 'many' (str)"),
     (dict(sync="yes"), TypeError, "sync must be True or False, got 'yes' (str)"),
     (dict(sync=None), TypeError, "sync must be True or False, got None (NoneType)"),
+    (dict(annotate="no"), TypeError, "annotate must be True or False, got 'no' (str)"),  # "no" turned it on
+    (dict(peaks={"flops": 1e12, "bandwidth": 1e11, "source": 5}), TypeError,
+     "peaks['source'] says where the figures come from, a string such as 'datasheet'; got 5"),
     (dict(metrics="flops,params"), TypeError,
      "metrics must be a sequence of names, not a string: write metrics=('flops', 'params')"),
     (dict(metrics="flops"), TypeError, "metrics must be a sequence of names, not a string: write metrics=('flops',)"),
@@ -144,7 +147,9 @@ def test_results_after_a_failed_block_say_the_block_raised() -> None:
             1 / 0  # noqa: B018
     message = ("no profile: the block raised ZeroDivisionError before profiling finished, so nothing was recorded. "
                "Fix the error and profile again with a new LayerProf(model)")
-    for read in (lambda: prof.profile, prof.layerwise_summary, lambda: prof.meta, prof.to_dict):
+    # (records and tree read as {} and None before)
+    for read in (lambda: prof.profile, prof.layerwise_summary, lambda: prof.meta, prof.to_dict,
+                 lambda: prof.records, lambda: prof.tree):
         with pytest.raises(RuntimeError) as info:
             read()
         assert str(info.value) == message

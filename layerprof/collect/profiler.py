@@ -288,8 +288,8 @@ class LayerProf:
         self.warmup = warmup
         self.schedule = schedule
         self.metrics: list[Meter] = make_meters(metrics, model)
-        if annotate:  # an observer on the meters' hooks: nothing runs for it when off
-            self.metrics.append(Annotator())
+        if annotate if annotate is False or annotate is True else check_bool("annotate", annotate):
+            self.metrics.append(Annotator())  # an observer on the meters' hooks: nothing runs for it when off
         self.step_num = 0
         self._stats = StepStats(max_samples=max_samples)
         self._counting: list[Meter] = []  # timing-distorting meters while they run
@@ -802,9 +802,12 @@ class LayerProf:
     @property
     def tree(self) -> ModuleRecord | None:
         """The root record: the profile's once profiling has stopped; while running, the records being filled
-        (made when first read); None before start."""
+        (made when first read); None before start. After a block that raised or was cancelled, a RuntimeError
+        that says so, as ``profile`` gives."""
         if self._state == "done" and self._profile is not None:
             return self._profile.tree
+        if self._state == "failed":
+            return self.profile.tree  # (raises, saying why there is no profile)
         if self._state == "running":
             self._records_now()
         return self._tree
@@ -814,6 +817,8 @@ class LayerProf:
         """Records by qualified name, as ``tree``."""
         if self._state == "done" and self._profile is not None:
             return self._profile.records
+        if self._state == "failed":
+            return self.profile.records  # (raises, saying why there is no profile)
         if self._state == "running":
             return self._records_now()
         return {} if self._records is None else self._records

@@ -121,5 +121,8 @@ def check_peaks(value: Any) -> dict[str, Any] | None:
         number = value[key]
         if isinstance(number, bool) or not isinstance(number, Real) or not number > 0 or number == float("inf"):
             raise ValueError(f"peaks[{key!r}] must be a positive finite number, got {number!r}")
-    return {**value, "flops": float(value["flops"]), "bandwidth": float(value["bandwidth"]),
-            "source": value.get("source", "given")}
+    source = value.get("source", "given")
+    if not isinstance(source, str):
+        raise TypeError(f"peaks['source'] says where the figures come from, a string such as 'datasheet'; got "
+                        f"{source!r}")
+    return {**value, "flops": float(value["flops"]), "bandwidth": float(value["bandwidth"]), "source": source}
