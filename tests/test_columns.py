@@ -131,7 +131,7 @@ def test_derived_fields_are_columns_of_every_table(metered: LayerProf) -> None:
     # running stats + 8 (num_batches_tracked, int64) = 264; Linear(16, 1) 17*4 = 68; all 908.
     # frozen_params: the last Linear's 17. macs = flops / 2: 2*4*8*16 / 2 = 512 and 2*4*16 / 2 = 64 (forward only).
     assert metered.to_csv(columns=("name", "size", "frozen_params", "macs")) == (
-        "name,size,frozen_params,macs\n,908,17,576.0\n0,576,0,512.0\n1,264,0,0.0\n2,68,17,64.0\n")
+        "name,size,frozen_params,macs\n,908,17,576\n0,576,0,512\n1,264,0,0\n2,68,17,64\n")  # counts, as ints
     assert metered.to_markdown(columns=("name", "size", "macs"), leaves=True).splitlines()[2:] == [
         "| 0 | 576 B | 512 MACs |", "| 1 | 264 B | 0 MACs |", "| 2 | 68 B | 64 MACs |"]
     # flops_per_s = flops / total time; forward_percent: a share of the root's forward (the root's own: 100).
@@ -140,7 +140,7 @@ def test_derived_fields_are_columns_of_every_table(metered: LayerProf) -> None:
     assert metered.to_csv(columns=("name", "forward_percent"), depth=0) == "name,forward_percent\n,100.0\n"
     # An aggregate computes them from its summed rows: the two Linears' 576 + 68 bytes and 512 + 64 MACs.
     assert metered.aggregate().to_csv(columns=("type", "modules", "size", "macs")) == (
-        "type,modules,size,macs\nSequential,1,908,576.0\nLinear,2,644,576.0\nBatchNorm1d,1,264,0.0\n")
+        "type,modules,size,macs\nSequential,1,908,576\nLinear,2,644,576\nBatchNorm1d,1,264,0\n")
     # Computed, never stored: the rows and the records keep the stored fields only.
     assert "macs" not in metered.to_csv().splitlines()[0].split(",")
     assert not hasattr(metered.records["0"], "macs")

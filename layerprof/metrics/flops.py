@@ -52,8 +52,11 @@ def _flops_per_second(record: ModuleRecord) -> float | None:
 
 
 def _macs(record: ModuleRecord) -> float | None:
+    """FLOPs / 2, a count (an int) where that is whole: every matmul-like FLOP count is twice its MACs."""
     flops = FIELDS["flops"].value(record)
-    return None if flops is None else flops / 2
+    if flops is None:
+        return None
+    return flops // 2 if isinstance(flops, int) and flops % 2 == 0 else flops / 2
 
 
 declare(
