@@ -9,7 +9,6 @@ from typing import Sequence
 import torch
 
 from ..metrics import make_meters
-from ..record.fields import FIELDS, Field
 from ..render.columns import resolve_columns
 from ..render.units import format_count, format_counted
 from .checkpoint import check_checkpoint_options, plan_and_verify, planned, plot_options
@@ -48,19 +47,12 @@ def _check_names(options: argparse.Namespace) -> None:
         columns = resolve_columns(options.columns) if options.columns is not None else []
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    missing = missing_meters(options, (meter for column in columns for meter in _meters_of(column.field)))
+    missing = missing_meters(options, (meter for column in columns for meter in column.field.meters))
     if missing:
         asked = ",".join([*(options.metrics or ()), *missing])
         raise UsageError(f"--columns {','.join(options.columns)} needs the {' and '.join(missing)} meter: add "
                          f"--metrics {asked}")
 
-
-def _meters_of(field: Field) -> list[str]:
-    """The meters that record ``field``: its own, and those of the stored fields it is made of."""
-    named = [field.meter, *(FIELDS[part].meter for part in field.parts if part in FIELDS)]
-    if field.of is not None and field.of in FIELDS:
-        named.append(FIELDS[field.of].meter)
-    return [meter for meter in named if meter is not None]
 
 
 def _headline(spec: str, model: torch.nn.Module, inputs: list[InputSpec], options: argparse.Namespace,

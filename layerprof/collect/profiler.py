@@ -288,8 +288,9 @@ class LayerProf:
         self.warmup = warmup
         self.schedule = schedule
         self.metrics: list[Meter] = make_meters(metrics, model)
-        if annotate if annotate is False or annotate is True else check_bool("annotate", annotate):
-            self.metrics.append(Annotator())  # an observer on the meters' hooks: nothing runs for it when off
+        annotate = annotate if annotate is False or annotate is True else check_bool("annotate", annotate)
+        if annotate:  # an observer on the meters' hooks: nothing runs for it when off
+            self.metrics.append(Annotator())
         self.step_num = 0
         self._stats = StepStats(max_samples=max_samples)
         self._counting: list[Meter] = []  # timing-distorting meters while they run

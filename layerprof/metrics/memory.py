@@ -44,6 +44,7 @@ from typing import Any, Sequence
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import CheckpointError
 
 from .._tensors import iter_tensors
 from .._torch import StorageWeakRef, outer_saved_tensors_hooks, storage_key, tensor_version
@@ -309,7 +310,7 @@ class MemoryMeter(Meter):
             return (f"metrics=({self.name!r},) counts what autograd saves with saved-tensor hooks, which this code "
                     "does not run with (torch.func's grad, vjp, jacrev and hessian do not support them); profile it "
                     "without that metric: timing, 'flops' and 'shapes' work there")
-        if type(error).__name__ == "CheckpointError" and "Recomputed values" in str(error):
+        if isinstance(error, CheckpointError) and "Recomputed values" in str(error):
             return (f"metrics=({self.name!r},) counts what autograd saves with saved-tensor hooks, under which "
                     "autograd unpacks a saved tensor that needs grad as a new object each time (torch's "
                     "save_on_cpu does the same). A checkpointed call given one tensor in several arguments that "

@@ -93,6 +93,15 @@ class Field:
         return getattr(record, self.name, None)
 
     @property
+    def meters(self) -> tuple[str, ...]:
+        """The meters that record this field before anything reads it: its own, and those of the stored fields it
+        is made of (its parts, the field it is a share of); empty for times."""
+        named = [self.meter, *(FIELDS[part].meter for part in self.parts if part in FIELDS)]
+        if self.of is not None and self.of in FIELDS:
+            named.append(FIELDS[self.of].meter)
+        return tuple(dict.fromkeys(meter for meter in named if meter is not None))
+
+    @property
     def hint(self) -> str:
         """How to get this field recorded."""
         if self.meter is None:

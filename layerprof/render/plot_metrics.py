@@ -101,9 +101,7 @@ def _plottable(name: str, resolved: str | None) -> PlotMetric:
 def metric_meters(name: str) -> tuple[str, ...]:
     """The meters that record plot metric ``name`` (empty for times), before any profile exists: the command line
     checks ``--plot-metric`` against ``--metrics`` with it. A ValueError for an unknown name."""
-    metric = _plottable(name, canonical(name))
-    meters = (FIELDS[part].meter for part in metric.fields if part in FIELDS)
-    return tuple(dict.fromkeys(meter for meter in meters if meter is not None))
+    return _plottable(name, canonical(name)).field.meters
 
 
 def resolve_metric(name: str, root: ModuleRecord) -> tuple[PlotMetric, tuple[str, ...]]:
