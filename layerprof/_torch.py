@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 __all__ = [
     "compiled_in_place", "is_compiled_function",
     "next_sequence_nr", "graph_task_id", "queue_backward_callback", "sequence_nr", "current_autograd_node",
+    "batched_grad_fn",
     "has_decomposition", "nested_sizes", "storage_key", "submodules", "tensor_version", "outer_saved_tensors_hooks",
     "compiled_module_type", "process_group_initialized", "fsdp2_param_groups", "FSDP2_HOOK_POINTS", "fsdp2_comm_buffers",
     "patch_fsdp2_group", "unpatch_fsdp2_group",
@@ -81,6 +82,21 @@ def escaped_backward(traceback: Any) -> bool:
 # An autograd node's sequence number (AccumulateGrad nodes get the largest possible). A C-level caller rather
 # than a function: the tracker reads it once per graph node per step.
 sequence_nr: Callable[[Any], int] = methodcaller("_sequence_nr")
+
+# functorch's batched-tensor test and unwrapping (a torch without them has no vmap: nothing is batched).
+_is_batched: Callable[[torch.Tensor], bool] = getattr(torch._C._functorch, "is_batchedtensor", lambda tensor: False)
+_unwrapped: Callable[[torch.Tensor], torch.Tensor] = getattr(torch._C._functorch, "get_unwrapped", lambda t: t)
+
+
+def batched_grad_fn(tensor: torch.Tensor) -> Any:
+    """The autograd node that made the value a ``torch.func.vmap`` batched tensor wraps (each level of nested
+    vmaps unwrapped), or None: the wrapper reads ``grad_fn is None`` and ``requires_grad`` False, while autograd
+    recorded the ops on the value inside, which a backward after the vmap runs through."""
+    while _is_batched(tensor):
+        tensor = _unwrapped(tensor)
+        if tensor.grad_fn is not None:
+            return tensor.grad_fn
+    return None
 
 
 def submodules(module: Any) -> dict[str, Any]:

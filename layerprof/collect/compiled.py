@@ -27,11 +27,13 @@ _WHAT_TO_DO = {
 }
 
 
-def _describe(name: str, module: nn.Module, how: str) -> str:
+def _describe(name: str, module: nn.Module, how: str, meanwhile: bool = False) -> str:
+    """What was found; ``meanwhile``: it happened during the block (said in the past, as a change)."""
     shown = f"module '{name}'" if name else "the model"
     if how == "compile":
         return f"{shown} ({type(module).__name__}) was compiled in place with .compile()"
-    return f"the forward of {shown} ({type(module).__name__}) is a torch.compile'd function"
+    verb = "became" if meanwhile else "is"
+    return f"the forward of {shown} ({type(module).__name__}) {verb} a torch.compile'd function"
 
 
 _CONSEQUENCE = (
@@ -66,5 +68,5 @@ def compiled_while_profiling(paths: list[tuple[str, nn.Module]], modules: list[n
     found = compiled_in_place(paths, modules, owns)
     if found is None:
         return None
-    return (f"the profile is refused: {_describe(*found)} while it was being profiled, and {_CONSEQUENCE} "
-            + _WHAT_TO_DO[found[2]])
+    return (f"the profile is refused: {_describe(*found, meanwhile=True)} while it was being profiled, and "
+            f"{_CONSEQUENCE} " + _WHAT_TO_DO[found[2]])

@@ -53,6 +53,7 @@ from .._torch import next_sequence_nr as _next_sequence_nr
 from .._torch import add_forward_hooks_to, add_global_forward_hooks, escaped_backward, remove_forward_hooks
 from .._torch import global_pre_hook_kwargs, remove_forward_hooks_from, remove_global_forward_hooks
 from .._torch import NodeHooker, with_forward_pre_hooks
+from .._torch import batched_grad_fn as _batched_grad_fn
 from .._torch import queue_backward_callback as _queue_backward_callback
 from .._torch import sequence_nr as _sequence_nr
 
@@ -707,6 +708,8 @@ def _roots(output: Any, lo: int, hi: int) -> list[Any]:
     roots = []
     for tensor in iter_tensors(output):
         node = tensor.grad_fn
+        if node is None:  # inside torch.func.vmap, the node is the wrapped value's
+            node = _batched_grad_fn(tensor)
         if node is not None and lo <= _sequence_nr(node) < hi:
             roots.append(node)
     return roots
@@ -722,6 +725,8 @@ def _walk(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState) 
     deferred = call.deferred
     if isinstance(output, _Tensor):  # the common case, without building a list of tensors
         node = output.grad_fn
+        if node is None:
+            node = _batched_grad_fn(output)  # inside torch.func.vmap, the node is the wrapped value's
         if node is None:
             todo = []
         else:

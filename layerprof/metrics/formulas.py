@@ -175,6 +175,20 @@ _register_where_present(packed_weight_mm_flops, ("_weight_int8pack_mm", "_weight
                                                  "_weight_int4pack_mm_with_scales_and_zeros"))
 
 
+def dynamic_quantized_linear_flops(x: Sequence[int], *args: Any, out_shape: Sequence[int], **kwargs: Any) -> int:
+    """Linear with an int8 (or fp16) weight and the input quantized on the fly
+    (``torch.ao.quantization.quantize_dynamic``); the quantization and the fused ReLU are free. The packed weight
+    is an opaque object, so ``n`` is read from the output."""
+    return 2 * prod(x) * out_shape[-1]  # x: [*, k] @ weight: [k, n] -> out [*, n]
+
+
+for _name in ("linear_dynamic", "linear_relu_dynamic", "linear_dynamic_fp16", "linear_relu_dynamic_fp16",
+              "linear_dynamic_fp16_unpacked_weight"):
+    # Quantized kernels are registered where torch was built with them (absent from some builds).
+    if hasattr(torch.ops.quantized, _name):
+        register_flop_formula(getattr(torch.ops.quantized, _name))(dynamic_quantized_linear_flops)
+
+
 @register_flop_formula(aten.mv)
 def mv_flops(a: Sequence[int], x: Sequence[int], *args: Any, **kwargs: Any) -> int:
     """Matrix-vector product (FlopCounterMode counts 0)."""
@@ -474,6 +488,8 @@ _FREE_OPS = (
     "_unsafe_masked_index", "_unsafe_masked_index_put_accumulate", "embedding_renorm", "_embedding_bag_forward_only",
     "segment_reduce", "_segment_reduce_backward", "_cummax_helper", "_cummin_helper", "_philox_key_split",
     "_philox_normal", "_philox_uniform",
+    # sparse COO tensors made from indices and values (the gradient of an Embedding with sparse=True)
+    "_sparse_coo_tensor_with_dims_and_tensors", "_sparse_coo_tensor_with_dims", "_coalesced_",
 )
 
 _register_where_present(free, _FREE_OPS)
