@@ -4,6 +4,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -363,3 +364,38 @@ def test_one_step_profile_writes_what_the_general_statistics_write() -> None:
             row.pop("_NodeMixin__parent", None)
         assert mine == theirs, name
     assert any(record.backward_ms for record in fast.values())
+
+
+def test_a_step_ended_between_forward_and_backward_is_warned_of() -> None:
+    """``prof.step()`` between a forward and its backward closes the step before its backward runs: the backward
+    is not timed (no module has backward time), and the block says so, naming the modules, instead of silently
+    losing it. The right order, and a graph kept across steps (truncated BPTT with retain_graph), warn of nothing."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    x = torch.randn(3, 4)
+    with pytest.warns(RuntimeWarning) as caught:
+        with LayerProf(model) as prof:
+            for _ in range(3):
+                out = model(x)
+                prof.step()
+                out.sum().backward()
+    assert [str(w.message) for w in caught] == [
+        "layerprof: the backward of 3 module(s) ('2', '1', '0') began after prof.step() had ended the step of their "
+        "forward, so their backward time is not in the profile. Call prof.step() after loss.backward() (and the "
+        "optimizer step), not between a forward and its backward."
+    ]
+    assert all(record.backward_ms is None for record in prof.records.values())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with LayerProf(model) as prof:
+            for _ in range(3):
+                model(x).sum().backward()
+                prof.step()
+        assert all(record.backward_ms > 0 for name, record in prof.records.items() if name in ("0", "2"))
+        cell, state = nn.Linear(4, 4), torch.zeros(3, 4)
+        with LayerProf(cell) as prof:
+            for _ in range(3):  # each backward runs through the earlier steps' graphs again
+                state = torch.tanh(cell(state) + x)
+                state.sum().backward(retain_graph=True)
+                prof.step()
+        assert prof.tree.backward_ms > 0

@@ -176,6 +176,17 @@ def _warn_user(message: str) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=_user_frame()[1])
 
 
+def _warn_late_backward(names: list[str]) -> None:
+    """Calls whose backward began only after ``prof.step()`` had closed their step (``Tracker.late``)."""
+    shown = ", ".join("the model" if not name else f"'{name}'" for name in names[:5])
+    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+    _warn_user(
+        f"layerprof: the backward of {len(names)} module(s) ({shown}{more}) began after prof.step() had ended the "
+        "step of their forward, so their backward time is not in the profile. Call prof.step() after "
+        "loss.backward() (and the optimizer step), not between a forward and its backward."
+    )
+
+
 def _live_op_ms() -> float | None:
     """``live_op_cost()``, or None where its calibration fails: the figure is left out (nothing taken off a plan's
     prices) rather than the user's plan or save broken."""
@@ -728,6 +739,8 @@ class LayerProf:
                 f"only one step was profiled, and metrics {distorting} slowed it down: its times include their "
                 "overhead. Profile several steps (call prof.step() after each) for clean times.",
             )
+        if tracker.late:
+            _warn_late_backward(tracker.late)
         # What the records show of the model is read now, whenever they are made: a later change of the model
         # cannot change the profile.
         reprs = read_reprs(modules, plan if len(self._entries) == self._built else None, owns, unchanged)

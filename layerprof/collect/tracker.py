@@ -74,13 +74,22 @@ class _Step:
     its step do nothing), the backward observers to tell, and per backward pass (graph task) the call whose
     node started last, which ends when the next node of the pass starts or the pass finishes."""
 
-    __slots__ = ("open", "observers", "pending", "_outside")
+    __slots__ = ("open", "observers", "pending", "_outside", "late")
 
-    def __init__(self, observers: tuple[Any, ...] = ()) -> None:
+    def __init__(self, observers: tuple[Any, ...] = (), late: list[str] | None = None) -> None:
         self.open = True
         self.observers = observers
         self.pending: dict[int, CallTrace | Outside] = {}
         self._outside: Outside | None = None
+        # The tracker's list of calls whose backward began only after their step was closed (``Tracker.late``).
+        self.late = late
+
+    def began_late(self, call: CallTrace) -> None:
+        """A node of ``call``, a call of this closed step that had no backward in it, started: its backward runs
+        after ``prof.step()`` ended the step (called between the forward and the backward), untimed."""
+        late = self.late
+        if late is not None and call.name not in late:
+            late.append(call.name)
 
     def pass_finished(self, task: int) -> None:
         """Run by the engine when backward pass ``task`` is over: ends the call whose node ran last."""
@@ -174,7 +183,11 @@ class CallTrace:
         task = _graph_task_id()
         pending = step.pending
         previous = pending.get(task)
-        if previous is self or not step.open:  # another node of the call already running: nothing changes
+        if previous is self:  # another node of the call already running: nothing changes
+            return None
+        if not step.open:  # a graph that outlives its step
+            if self.task is None:
+                step.began_late(self)
             return None
         if previous is None:
             _queue_backward_callback(functools.partial(step.pass_finished, task))
@@ -341,7 +354,10 @@ class Tracker:
         self.cpu_clock = cpu_clock if cpu_clock is not None else CpuClock()
         self.cuda_clocks: dict[int, Clock] = {}
         self.observers: tuple[Any, ...] = ()  # set between steps by the profiler, as are backward_observers
-        self.step_state = _Step()
+        # Names of calls whose backward began after their step was closed (``_Step.began_late``), for the profiler
+        # to warn of; a parked tracker starts a new list (the graphs of its last block may still run).
+        self.late: list[str] = []
+        self.step_state = _Step((), self.late)
         self._local = threading.local()
         self._threads: list[_ThreadState] = []
         self._threads_lock = threading.Lock()
@@ -469,7 +485,8 @@ class Tracker:
             self.names.clear()
             self.cuda_clocks.clear()
             self.observers = ()
-            self.step_state = _Step()
+            self.late = []
+            self.step_state = _Step((), self.late)
             for state in self._threads:
                 state.clear()
             _PARKED.append(self)
@@ -493,7 +510,7 @@ class Tracker:
             if hooker is not None:
                 hooker.clear()
             return
-        self.step_state = _Step(self.step_state.observers)
+        self.step_state = _Step(self.step_state.observers, self.late)
         with self._threads_lock:
             for state in self._threads:
                 state.clear()
