@@ -51,6 +51,7 @@ class Field:
         always: every row carries it, measured or not (None); other stored fields only where a meter set them.
         meter: the meter that records it (its name in ``LayerProf(model, metrics=(...))``), None for timing.
         doc: one line on what it means.
+        needs: how a profile comes to hold it, where neither a meter nor a plain training step does.
     """
 
     name: str
@@ -66,6 +67,7 @@ class Field:
     always: bool = False
     meter: str | None = None
     doc: str = ""
+    needs: str = ""
 
     def __post_init__(self) -> None:
         if self.unit not in UNITS:
@@ -104,6 +106,8 @@ class Field:
     @property
     def hint(self) -> str:
         """How to get this field recorded."""
+        if self.needs:
+            return self.needs
         if self.meter is None:
             return "call the model (and .backward() for backward time) inside the `with LayerProf(model)` block"
         return f"run with LayerProf(model, metrics=({self.meter!r},))"
@@ -195,7 +199,9 @@ declare(
     Field("self_backward_ms", "ms", "Self Backward", share_of="total_ms", always=True,
           doc="backward time minus the backward of the calls made from inside this module's calls"),
     Field("recompute_ms", "ms", "Recompute", share_of="total_ms", always=True,
-          doc="forward re-run during backward by activation checkpointing (inside the enclosing backward)"),
+          doc="forward re-run during backward by activation checkpointing (inside the enclosing backward)",
+          needs="it is measured where modules run under activation checkpointing: wrap some in "
+                "torch.utils.checkpoint, or apply a plan (prof.checkpoint_plan(budget).applied(model))"),
     Field("steps", "count", "Steps", cost=False, detail=True, always=True, combine="max",
           doc="profiled steps the figures are over"),
     Field("steps_run", "count", "Steps Run", cost=False, detail=True, always=True, combine="max",

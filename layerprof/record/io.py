@@ -18,6 +18,7 @@ import json
 from dataclasses import fields
 from typing import Any
 
+from .._check import check_int
 from .._gc import gc_paused
 from .._version import __version__
 from .checks import REBUILT, check_row, shown
@@ -56,6 +57,9 @@ def dumps(tree: ModuleRecord, meta: dict[str, Any], indent: int | None = 1) -> s
     With an ``indent``, the header and ``meta`` are indented and each record is one line: readable, diffable
     line by line, and written by json's C encoder (an indented encoding is pure Python, several times slower).
     ``indent=None`` gives one line."""
+    # Checked here, before any encoding: a string or a float indent (which ``json.dumps`` would take) failed
+    # with "can't multiply sequence by non-int".
+    indent = check_int("indent", indent, none=True)
     with gc_paused():
         return _dumps(tree, meta, indent)
 

@@ -148,7 +148,7 @@ def _is_numeric_column(rows: Sequence[dict[str, Any]], column: str) -> bool:
 # HTML and entities are written as entities, the rest of the punctuation it acts on backslash-escaped.
 _MARKDOWN_ESCAPES = str.maketrans({
     "&": "&amp;", "<": "&lt;", ">": "&gt;", "\\": "\\\\", "|": "\\|", "`": "\\`", "*": "\\*", "[": "\\[",
-    "]": "\\]", "~": "\\~", "\n": " ",
+    "]": "\\]", "~": "\\~", "\n": " ", "\r": " ",  # a line break (\n, \r or both) would end the row
 })
 # An ``_`` between two letters or digits neither opens nor closes emphasis (CommonMark's rule for ``_``): left as
 # is, so that ``forward_ms`` and ``word_embeddings`` read as written.
@@ -174,14 +174,22 @@ def to_markdown(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = 
     return "\n".join(lines) + "\n"
 
 
+# ``<``, ``>`` and ``|`` are no special characters, but LaTeX's default font encoding (OT1) has no glyph for them
+# and prints "¡", "¿" and "—": written as commands, they print as themselves in any encoding. A line break would
+# end the cell's paragraph (two in a row are an error inside a tabular): a name's line breaks become spaces.
 _LATEX_ESCAPES = {
     "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
-    "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "µ": r"$\mu$", "—": "---",
+    "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "<": r"\textless{}", ">": r"\textgreater{}",
+    "|": r"\textbar{}", "\n": " ", "\r": " ", "µ": r"$\mu$", "—": "---",
 }
 
 
 def latex_escape(text: str) -> str:
-    """Escape LaTeX's special characters (and write µ and the missing-value dash in plain LaTeX)."""
+    r"""Escape LaTeX's special characters (and write µ and the missing-value dash in plain LaTeX).
+
+    >>> print(latex_escape("a<b>|c_1 50% µs"))
+    a\textless{}b\textgreater{}\textbar{}c\_1 50\% $\mu$s
+    """
     return "".join(_LATEX_ESCAPES.get(char, char) for char in text)
 
 

@@ -7,17 +7,20 @@ a caller can read the plot back.
 from __future__ import annotations
 
 import math
+import numbers
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from .._check import check_int
 from ..record.records import ModuleRecord
 from .plot_layout import Layout, Segment, exclusive_values, layout_tree
 from .plot_metrics import PlotMetric, resolve_metric, root_of
 from .plot_roofline import plot_roofline
 from .plot_save import finish_plot, plot_suffix
 from .plot_style import (
-    SELF_HATCH, fit_label, new_axes, palette_colour, points_per_unit, segment_colour, text_width_pt, wrap_label,
+    SELF_HATCH, fit_label, new_axes, palette_colour, plain_text, points_per_unit, segment_colour, text_width_pt,
+    wrap_label,
 )
 from .checkpoint import plot_checkpoint
 from .units import format_counted, format_percent
@@ -28,14 +31,26 @@ FONT_SIZE = 7.0
 LEGEND_ENTRIES = 12
 
 
+def _check_min_share(min_share: Any) -> float:
+    """``min_share`` as a share of the total in [0, 1): at 1 or more every module would be grouped as "other"."""
+    allowed = "a share of the total, at least 0 and below 1 (such as 0.004)"
+    if isinstance(min_share, bool) or not isinstance(min_share, numbers.Real):
+        raise TypeError(f"min_share must be {allowed}, got {min_share!r} ({type(min_share).__name__})")
+    if not 0 <= min_share < 1:
+        raise ValueError(f"min_share must be {allowed}, got {min_share!r}")
+    return float(min_share)
+
+
 def _prepare(profile: Any, metric: str, depth: int | None, min_share: float) -> tuple[ModuleRecord, PlotMetric, Layout]:
+    depth = check_int("depth", depth, none=True)  # -1 was drawn without a word; "2" failed deep in the layout
+    min_share = _check_min_share(min_share)
     root = root_of(profile)
     chosen, fields = resolve_metric(metric, root)
     return root, chosen, layout_tree(root, chosen, fields, depth=depth, min_share=min_share)
 
 
 def _title(root: ModuleRecord, metric: PlotMetric, total: float, what: str = "") -> str:
-    return f"{root.type}: {what}{metric.label}, total {metric.format(total)}"
+    return f"{plain_text(root.type)}: {what}{metric.label}, total {metric.format(total)}"
 
 
 def _legend(ax: Any, layout: Layout) -> None:
@@ -45,7 +60,8 @@ def _legend(ax: Any, layout: Layout) -> None:
     drawn = [(branch, head) for branch, head in enumerate(layout.heads) if id(head) in values]
     heads = sorted(drawn, key=lambda item: -values[id(item[1])])[:LEGEND_ENTRIES]
     handles = [
-        Patch(facecolor=palette_colour(branch), label=f"{head.name}  {format_percent(values[id(head)], layout.total)}")
+        Patch(facecolor=palette_colour(branch),
+              label=f"{plain_text(head.name)}  {format_percent(values[id(head)], layout.total)}")
         for branch, head in heads
     ]
     handles.append(Patch(facecolor="white", edgecolor="0.4", hatch=SELF_HATCH, label="self (own - children)"))
@@ -109,7 +125,8 @@ def plot_sunburst(
     name = wrap_label(root.type, 1.7 * unit_x, FONT_SIZE + 1)
     lines = name.count("\n") + 1 if name else 0
     if name and (lines + 1) * 1.3 * (FONT_SIZE + 1) <= 1.6 * unit_x:
-        ax.text(0, 0.1, name, ha="center", va="bottom", fontsize=FONT_SIZE + 1, weight="bold", linespacing=1.1)
+        ax.text(0, 0.1, plain_text(name), ha="center", va="bottom", fontsize=FONT_SIZE + 1, weight="bold",
+                linespacing=1.1)
     ax.text(0, -0.05, chosen.format(layout.total), ha="center", va="top", fontsize=FONT_SIZE + 1)
     ax.set_title(_title(root, chosen, layout.total))
     _legend(ax, layout)
@@ -130,7 +147,8 @@ def _wedge_label(ax: Any, segment: Segment, theta1: float, theta2: float, unit: 
     angle = (angle + 180.0) % 360.0 - 180.0
     if angle > 90.0 or angle < -90.0:
         angle += 180.0  # keep text upright
-    ax.text(radius * math.cos(middle), radius * math.sin(middle), text, rotation=angle, rotation_mode="anchor",
+    ax.text(radius * math.cos(middle), radius * math.sin(middle), plain_text(text), rotation=angle,
+            rotation_mode="anchor",
             ha="center", va="center", fontsize=FONT_SIZE)
 
 
@@ -176,7 +194,8 @@ def _bar_label(ax: Any, segment: Segment, level: int, width_pt: float, height_pt
     if text is None:
         text, rotation = fit_label(segment.labels(), height_pt, width_pt, FONT_SIZE), 90.0
     if text is not None:
-        ax.text(center, level, text, ha="center", va="center", rotation=rotation, fontsize=FONT_SIZE, clip_on=True)
+        ax.text(center, level, plain_text(text), ha="center", va="center", rotation=rotation, fontsize=FONT_SIZE,
+                clip_on=True)
 
 
 def _value_axis(axis: Any, metric: PlotMetric) -> None:
@@ -203,8 +222,7 @@ def plot_top(profile: Any, k: int = 10, metric: str = "total", by_type: bool = F
     Bars are coloured by module type. A shared module is one bar, under its first name. ``ax`` and ``path`` as
     for ``plot_sunburst``.
     """
-    if k < 1:
-        raise ValueError(f"k must be at least 1, got {k}")
+    k = check_int("k", k, minimum=1)
     plot_suffix(path)
     root, chosen, layout = _prepare(profile, metric, None, 0.0)
     rows: dict[str, float] = defaultdict(float)
@@ -217,7 +235,7 @@ def plot_top(profile: Any, k: int = 10, metric: str = "total", by_type: bool = F
         counts[key] += 1
     ranked = sorted(rows.items(), key=lambda item: -item[1])
     shown, rest = ranked[:k], ranked[k:]
-    labels = [f"{key} ×{counts[key]}" if by_type else f"{key} ({kinds[key]})" for key, _ in shown]
+    labels = [plain_text(f"{key} ×{counts[key]}" if by_type else f"{key} ({kinds[key]})") for key, _ in shown]
     widths = [value for _, value in shown]
     types = list(dict.fromkeys(kinds[key] for key, _ in shown))
     colours = [palette_colour(types.index(kinds[key])) for key, _ in shown]

@@ -17,7 +17,7 @@ from ..record.records import ModuleRecord, preorder
 from ..record.roofs import peaks_of
 from .plot_metrics import root_of
 from .plot_save import finish_plot, plot_suffix
-from .plot_style import new_axes
+from .plot_style import new_axes, plain_text
 from .units import format_bytes, format_counted, format_flops, format_ms
 
 __all__ = ["plot_roofline", "roofline_points", "BOUND_COLOURS"]
@@ -55,7 +55,7 @@ def _label_largest(ax: Any, points: list[dict[str, Any]], count: int) -> None:
             continue
         placed.append(at)
         short = ".".join(point["name"].split(".")[-4:])
-        ax.annotate(f"{short} ({format_ms(point['ms'])})", (point["x"], point["y"]), fontsize=FONT_SIZE,
+        ax.annotate(f"{plain_text(short)} ({format_ms(point['ms'])})", (point["x"], point["y"]), fontsize=FONT_SIZE,
                     xytext=(5, 3), textcoords="offset points")
 
 
@@ -133,9 +133,10 @@ def plot_roofline(profile: Any, metric: str = "total", ax: Any = None, labels: i
     ax.set_xlabel("arithmetic intensity of own ops (FLOP / byte)")
     ax.set_ylabel("achieved FLOP/s (own ops over self time)")
     source = peaks.get("source", "measured")
-    ax.set_title(f"{root.type}: roofline per module ({source} peaks, {peaks.get('device', '?')}, "
+    model = plain_text(root.type)
+    ax.set_title(f"{model}: roofline per module ({source} peaks, {peaks.get('device', '?')}, "
                  f"threads: {peaks.get('threads', '?')})" if source == "measured" else
-                 f"{root.type}: roofline per module ({source} peaks)", fontsize=FONT_SIZE + 3)
+                 f"{model}: roofline per module ({source} peaks)", fontsize=FONT_SIZE + 3)
     ax.legend(fontsize=FONT_SIZE + 0.5, loc="lower right", frameon=False)
     ax.grid(True, which="major", color="0.9", linewidth=0.6)
     return finish_plot(ax, path, created)

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 from .plot_layout import Segment
 
 __all__ = ["segment_colour", "palette_colour", "fit_label", "new_axes", "text_width_pt", "points_per_unit",
-           "wrap_label"]
+           "wrap_label", "plain_text"]
 
 TRUNK_GREY = (0.80, 0.80, 0.80)
 OTHER_GREY = (0.93, 0.93, 0.93)
@@ -43,6 +43,17 @@ def segment_colour(segment: Segment) -> tuple[float, float, float]:
     if segment.branch < 0:
         return _lighten(TRUNK_GREY, 0.25 if segment.kind == "self" else 0.0)
     return _lighten(palette_colour(segment.branch), min(0.7, 0.22 * segment.shade))
+
+
+def plain_text(text: str) -> str:
+    r"""``text`` (a module's name or type) as matplotlib should draw it: literally. matplotlib reads text between
+    two ``$`` as mathtext, which draws ``a$x_1$`` in italics with a subscript and raises on ``$\frac$``; an
+    escaped ``\$`` is drawn as ``$`` and opens no formula.
+
+    >>> plain_text("cost$x_1$")
+    'cost\\$x_1\\$'
+    """
+    return text.replace("$", r"\$")
 
 
 def text_width_pt(text: str, fontsize: float) -> float:
