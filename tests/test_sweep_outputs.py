@@ -40,6 +40,19 @@ def test_plots_of_modules_named_with_dollar_signs_are_written(kind: str, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{kind}.png"]
 
 
+def test_the_checkpoint_plot_of_a_model_whose_class_has_dollar_signs(tmp_path: Path) -> None:
+    # The frontier plot's title holds the model's class name: "Net$\frac$" raised as every other plot did.
+    torch.manual_seed(0)
+    net = type("Net$\\frac$", (nn.Sequential,), {})(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
+    with layerprof.LayerProf(net, metrics=("memory",)) as prof:
+        for _ in range(2):
+            net(torch.randn(4, 8)).sum().backward()
+            prof.step()
+    path = tmp_path / "checkpoint.png"
+    prof.plot("checkpoint", path=path)
+    assert path.stat().st_size > 0
+
+
 def test_plot_labels_show_dollar_signs_as_written() -> None:
     import matplotlib.pyplot as plt
 

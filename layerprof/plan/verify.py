@@ -27,6 +27,7 @@ from torch import nn
 
 from ..collect.profiler import LayerProf
 from ..metrics.live_bytes import read_step
+from ..record.records import ModuleRecord, preorder
 from .apply import RecomputeTimer
 from .fault_cost import page_fault_us
 from .plan import CheckpointPlan
@@ -107,7 +108,8 @@ def _cuda_peak(step: Callable[[], Any]) -> int:
 
 def verify_plan(plan: CheckpointPlan, model: nn.Module, step: Callable[[], Any], repeats: int = 5) -> Verification:
     """Apply ``plan`` to ``model``, profile one ``step()`` (a forward and backward of the model) with the memory
-    meter, time ``repeats`` steps with and without it, and remove the plan (also on error)."""
+    meter, time ``repeats`` steps with and without it, and remove the plan (also on error). A ValueError where
+    ``step`` runs no backward through the model."""
     if not callable(step):
         raise TypeError(f"step must be a callable that runs one training step, got {type(step).__name__}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
@@ -122,6 +124,7 @@ def verify_plan(plan: CheckpointPlan, model: nn.Module, step: Callable[[], Any],
             warnings.simplefilter("ignore")  # one step under the memory meter: its times are not the point here
             with LayerProf(model, metrics=("memory",)) as prof:
                 step()
+            _require_backward(prof.profile.tree)
         after_peak = step_peak(step) if step_peak is not None else None
     before: list[tuple[float, int]] = []
     after: list[tuple[float, int]] = []
@@ -146,6 +149,15 @@ def verify_plan(plan: CheckpointPlan, model: nn.Module, step: Callable[[], Any],
         peak_budget_bytes=plan.peak_budget_bytes,
         page_faults=faults, fault_us=None if resource is None else page_fault_us(),  # type: ignore[arg-type]
     )
+
+
+def _require_backward(root: ModuleRecord) -> None:
+    """A ValueError where the profiled step ran no backward through the model: the recomputations a plan adds run
+    there, so a forward alone measures none of its cost (it read as a plan that costs nothing)."""
+    if not any(record.backward_ms for record in preorder(root)):
+        raise ValueError("step: verify_plan needs a step that runs backward through the model (the plan's "
+                         "recomputations run there), and this one ran none: call .backward() on the loss inside "
+                         "step, e.g. step = lambda: model(x).sum().backward()")
 
 
 def _minor_faults() -> int:
