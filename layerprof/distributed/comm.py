@@ -29,14 +29,14 @@ import threading
 import warnings
 import weakref
 from time import perf_counter_ns
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from torch import nn
 
 from ..metrics.meter import Meter, register_meter
 from ..record.records import ModuleRecord
 
-__all__ = ["CommTimer", "CommMeter", "register_timed_comm_hook"]
+__all__ = ["CommTimer", "CommMeter", "register_timed_comm_hook", "time_ddp_wrapper"]
 
 # One timer per DDP model: DDP refuses a second register_comm_hook.
 _TIMERS: "weakref.WeakKeyDictionary[nn.Module, CommTimer]" = weakref.WeakKeyDictionary()
@@ -122,16 +122,29 @@ class CommMeter(Meter):
         self._callback_queued = False
         self.steps: list[dict[str, Any]] = []
         self.note: str | None = None
+        # The DDP wrapper around the profiled model, where a trainer profiles the module that its strategy wrapped
+        # (set by ``time_ddp_wrapper``); None: the profiled model must be the DDP model itself.
+        self.ddp_model: nn.Module | None = None
 
-    def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: list[tuple[str, nn.Module]]) -> None:
+    def _ddp_model(self, model: nn.Module) -> nn.Module | None:
+        """The DDP model whose communication to time: ``model`` itself, or ``ddp_model`` where it wraps ``model``."""
         from torch.nn.parallel import DistributedDataParallel
 
-        if not isinstance(model, DistributedDataParallel):
+        if isinstance(model, DistributedDataParallel):
+            return model
+        wrapper = self.ddp_model
+        if isinstance(wrapper, DistributedDataParallel) and any(inner is model for inner in wrapper.modules()):
+            return wrapper
+        return None
+
+    def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: list[tuple[str, nn.Module]]) -> None:
+        ddp_model = self._ddp_model(model)
+        if ddp_model is None:
             self.note = f"not a DistributedDataParallel model ({type(model).__name__}): no communication to time"
             warnings.warn(f"ddp_comm: {self.note}", RuntimeWarning, stacklevel=4)
             return
         try:
-            self._timer = register_timed_comm_hook(model)
+            self._timer = register_timed_comm_hook(ddp_model)
         except RuntimeError as error:  # a communication hook of the user's is already registered
             self.note = (
                 f"DDP already has a communication hook ({error}); to time it, register it with "
@@ -193,3 +206,14 @@ class CommMeter(Meter):
             summary[field] = statistics.fmean(values) if values else None
         summary["per_step"] = [dict(step) for step in self.steps]
         return summary
+
+
+def time_ddp_wrapper(meters: Iterable[Meter], ddp_model: Any) -> None:
+    """Let the ``ddp_comm`` meters among ``meters`` time ``ddp_model``, the DistributedDataParallel wrapper of the
+    model they profile. A trainer (Lightning's DDP strategy, the Hugging Face Trainer under torchrun) hands
+    layerprof the module it wrapped, whose own class is not DDP; call before the profiler starts. A ``ddp_model``
+    that is not a DDP model wrapping the profiled one is ignored (the meter then notes that there is nothing to
+    time)."""
+    for meter in meters:
+        if isinstance(meter, CommMeter):
+            meter.ddp_model = ddp_model

@@ -150,11 +150,16 @@ def _row_total(row: Mapping[str, Any]) -> float | None:
     return (forward or 0.0) + (backward or 0.0)
 
 
+def _types(present: Mapping[int, Mapping[str, Any]]) -> str:
+    """The module's class over the ranks that have it; where ranks built different models, each class once, in rank
+    order, joined by " | " (``ReLU | Tanh``), so that the row says it compares different modules."""
+    return " | ".join(dict.fromkeys(row["type"] for row in present.values()))
+
+
 def _module_spread(name: str, raw_name: str, rows_by_rank: Mapping[int, Mapping[str, Mapping[str, Any]]],
                    margin: float, min_ms: float) -> ModuleSpread:
-    present = {rank: rows[raw_name] for rank, rows in rows_by_rank.items() if raw_name in rows}
-    first = next(iter(present.values()))
-    module = ModuleSpread(name, first["type"], raw_name, sorted(present))
+    present = {rank: rows[raw_name] for rank, rows in sorted(rows_by_rank.items()) if raw_name in rows}
+    module = ModuleSpread(name, _types(present), raw_name, sorted(present))
     module.forward_ms = spread({rank: row.get("forward_ms") for rank, row in present.items()})
     module.backward_ms = spread({rank: row.get("backward_ms") for rank, row in present.items()})
     module.total_ms = spread({rank: _row_total(row) for rank, row in present.items()})

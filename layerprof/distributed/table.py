@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..render.export import to_text
+from ..render.summary import partial_note
 from ..render.units import MISSING, format_counted, format_ms
 
 if TYPE_CHECKING:
@@ -37,6 +38,12 @@ def _row(module: ModuleSpread) -> list[str]:
     ]
 
 
+def _partial_ranks(gathered: GatheredProfile) -> list[str]:
+    """A line per rank whose run ended early: its means are over the steps it completed, not the others' steps."""
+    notes = ((rank, partial_note(payload.get("meta") or {})) for rank, payload in gathered.per_rank.items())
+    return [f"Rank {rank}: {note}" for rank, note in sorted(notes) if note is not None]
+
+
 def rank_table(gathered: GatheredProfile, depth: int | None = None) -> str:
     """The cross-rank view as text; ``depth`` limits the module rows (the root has depth 0)."""
     step = gathered.step
@@ -47,6 +54,7 @@ def rank_table(gathered: GatheredProfile, depth: int | None = None) -> str:
         + (f", slowest rank {step.total_ms.slowest_rank}" if step.total_ms is not None and gathered.world_size > 1 else "")
         + f"; stragglers: {_ranks(step.stragglers) or 'none'}",
     ]
+    lines.extend(_partial_ranks(gathered))
     comm = gathered.communication
     if comm:
         parts = [f"{label} {_three(comm.get(field))}" for field, label in

@@ -26,6 +26,7 @@ from typing import Any, Iterable
 from ..collect.profiler import LayerProf
 from ..collect.schedule import Schedule
 from ..collect.stepcall import RootStep
+from ..distributed.comm import time_ddp_wrapper
 from ..profile import Profile
 from ..render.units import format_counted
 from ._optional import require
@@ -150,6 +151,9 @@ class LayerProfProfiler(_profilers.Profiler):
     def _begin(self) -> None:
         prof = LayerProf(self._module(), metrics=self.metrics, schedule=GapSchedule.around(self.schedule))
         prof._give_way = self._give_way
+        trainer = self._trainer() if self._trainer is not None else None
+        # Under DDP the strategy trains a DistributedDataParallel of the LightningModule: the ddp_comm meter times it.
+        time_ddp_wrapper(prof.metrics, getattr(getattr(trainer, "strategy", None), "model", None))
         prof.start()
         self._prof, self._root = prof, prof.root_step()
 

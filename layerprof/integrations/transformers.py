@@ -27,6 +27,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 
 from ..collect.profiler import LayerProf
 from ..collect.schedule import Schedule
+from ..distributed.comm import time_ddp_wrapper
 from ..profile import Profile
 from ._optional import require
 from .steps import GapSchedule
@@ -95,6 +96,18 @@ def _tensorboard_dir(args: Any) -> str:
             or os.path.join(args.output_dir, "runs", "layerprof"))
 
 
+def _refuse_compiled_training(args: Any) -> None:
+    """Refuse a Trainer that compiles its model, before the first step. Its callbacks get the eager model while
+    it trains a ``torch.compile`` wrapper of it, so dynamo would trace layerprof's hooks: graphs broken and
+    recompiled at every hook, compilation counted as forward time (seconds per module), no error."""
+    if getattr(args, "torch_compile", False):
+        raise ValueError(
+            "LayerProfCallback cannot profile a Trainer that compiles its model (TrainingArguments(torch_compile=True), "
+            "also set by torch_compile_backend or torch_compile_mode): dynamo would trace layerprof's hooks, breaking "
+            "the compiled graphs, and the times would include compilation. Profile with torch_compile=False (the "
+            "eager model's module times), or train compiled without the callback.")
+
+
 class LayerProfCallback(_transformers.TrainerCallback):
     """A TrainerCallback that runs LayerProf over the training steps.
 
@@ -132,6 +145,7 @@ class LayerProfCallback(_transformers.TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._prof is not None:  # an earlier run (or attempt, with auto_find_batch_size) that raised
             self._finish(partial=_OVER)
+        _refuse_compiled_training(args)
         self._run, self._context = _train_frame(), (args, state)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
@@ -140,6 +154,9 @@ class LayerProfCallback(_transformers.TrainerCallback):
                 return  # outside a train() this callback saw begin
             prof = LayerProf(model, metrics=self.metrics, schedule=GapSchedule.around(self.schedule))
             prof._give_way = self._give_way
+            # Under torchrun the Trainer trains a DistributedDataParallel of the model: the ddp_comm meter times it.
+            trainer = self._run.f_locals.get("self") if self._run is not None else None
+            time_ddp_wrapper(prof.metrics, getattr(trainer, "model_wrapped", None))
             prof.start()
             self._prof = prof
             self._check = register_module_forward_pre_hook(_run_check(weakref.ref(self), weakref.ref(model)))
