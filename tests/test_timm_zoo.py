@@ -154,7 +154,6 @@ def test_vit_in_inference_mode_counts_its_attention() -> None:
         - prof.records["blocks.0.attn.proj"].flops_forward == SDPA_FORWARD
 
 
-@pytest.mark.filterwarnings("ignore:only one step was profiled:RuntimeWarning")
 def test_command_line_names_timm_models(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     kwargs = '{"model_name": "vit_tiny_patch16_224", "img_size": 32, "num_classes": 10}'
     saved = tmp_path / "vit.json"
@@ -163,7 +162,7 @@ def test_command_line_names_timm_models(capsys: pytest.CaptureFixture[str], tmp_
     assert status == 0
     assert capsys.readouterr().out.startswith(
         "VisionTransformer from timm:create_model: 5.49M parameters | cpu, float32 | input 2x3x32x32 | "
-        "0 warm-up + 1 step, inference (eval)\n")
+        "0 warm-up + 1 step counting flops + 1 step, inference (eval)\n")
     # --eval runs under inference_mode: the linears and the patch convolution (FlopCounterMode's 108,535,296) and
     # the 12 fused attention calls
     assert layerprof.load(saved).tree.flops_forward == 108_535_296 + 12 * SDPA_FORWARD

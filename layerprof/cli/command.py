@@ -2,21 +2,26 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import os
 import sys
 import traceback
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
 from ..metrics import make_meters
+from ..profile import Profile
 from ..render.columns import resolve_columns
 from ..render.units import format_count, format_counted
 from .checkpoint import check_checkpoint_options, plan_and_verify, planned, plot_options
 from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, CLIError, RunError, UsageError, one_line
-from .inputs import InputSpec, check_input_sizes, make_inputs, parse_dtype, parse_input
-from .outputs import missing_meters, requested_outputs, write_outputs
+from .inputs import (InputSpec, check_forward_takes, check_input_names, check_input_sizes, make_inputs, parse_dtype,
+                     parse_input)
+from .outputs import Output, missing_meters, requested_outputs, write_outputs
 from .parser import build_parser
-from .run import run_profile
+from .run import metering_meters, run_profile
 from .saved import SUBCOMMANDS, run_saved
 from .spec import load_model, parse_kwargs
 
@@ -62,14 +67,25 @@ def _headline(spec: str, model: torch.nn.Module, inputs: list[InputSpec], option
     dtype_name = str(dtype or torch.float32).replace("torch.", "")
     shown = ", ".join(map(str, inputs))
     shown_params = format_counted(params, "parameter", shown=format_count(params))
+    metering = metering_meters(options.metrics, options.warmup)
+    metered = f"1 step counting {' and '.join(metering)} + " if metering else ""
     return (f"{type(model).__name__} from {spec}: {shown_params} | {device}, {dtype_name} | "
-            f"input {shown} | {options.warmup} warm-up + {format_counted(options.steps, 'step')}, {mode}")
+            f"input {shown} | {options.warmup} warm-up + {metered}{format_counted(options.steps, 'step')}, {mode}")
+
+
+def _measure_roofs_if_saved(profile: Profile, options: argparse.Namespace, outputs: list[Output]) -> None:
+    """Measure the machine's roofs now (under a second) when a profile with FLOPs is saved, so the file holds those
+    of the machine it ran on: else whoever reads it measures their own (``layerprof show`` elsewhere), or finds
+    none (a CUDA profile read without a GPU), and the roofline columns of the file are of the wrong machine."""
+    if "flops" in (options.metrics or ()) and any(output.flag == "json" for output in outputs):
+        profile.peaks()
 
 
 def _run(options: argparse.Namespace) -> int:
     inputs = [parse_input(text) for text in options.input]
     if not inputs:
         raise UsageError("give the model's input shape, e.g. --input 2,3,224,224 (repeat for several inputs)")
+    check_input_names(inputs)
     kwargs = parse_kwargs(options.kwargs)
     dtype = parse_dtype(options.dtype, "--dtype") if options.dtype else None
     if dtype is not None and not dtype.is_floating_point:
@@ -84,6 +100,7 @@ def _run(options: argparse.Namespace) -> int:
     torch.manual_seed(options.seed)
 
     model = load_model(options.spec, kwargs)
+    check_forward_takes(model, inputs)
     try:
         model.to(device=device, dtype=dtype)
     except Exception as exc:
@@ -97,9 +114,65 @@ def _run(options: argparse.Namespace) -> int:
     print(profile.layerwise_summary(columns=options.columns, depth=options.depth), flush=True)
     if planned(options):
         print(plan_and_verify(profile, model, args, named, options), flush=True)
+    _measure_roofs_if_saved(profile, options, outputs)
     for path in write_outputs(profile, outputs, options.plot_kind, options.plot_metric, **plot_options(options)):
         print(f"layerprof: wrote {path}", file=sys.stderr)
     return 0
+
+
+class _Stdout(io.TextIOBase):
+    """stdout for a reader that may leave early (``layerprof ... | head``): once the pipe is closed, what is
+    printed is dropped and the command goes on, so the files asked for are still written and ``compare``'s gate
+    still decides the exit status (a BrokenPipeError would end the run as an internal error)."""
+
+    def __init__(self, stream: io.TextIOBase) -> None:
+        super().__init__()
+        self._stream = stream
+        self._gone = False
+
+    def write(self, text: str) -> int:
+        self._forward("write", text)
+        return len(text)
+
+    def flush(self) -> None:
+        self._forward("flush")
+
+    # What callers ask of a terminal (the progress bar shows only on one) is the stream's.
+    def isatty(self) -> bool:
+        return not self._gone and self._stream.isatty()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self._stream.encoding
+
+    def _forward(self, method: str, *args: str) -> None:
+        if self._gone:
+            return
+        try:
+            getattr(self._stream, method)(*args)
+        except BrokenPipeError:
+            self._gone = True
+            self._silence()
+
+    def _silence(self) -> None:
+        # What the closed pipe left in the stream's buffer would raise again when Python flushes it at exit.
+        with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+
+
+@contextlib.contextmanager
+def _stdout_reader_may_leave() -> Iterator[None]:
+    stdout = sys.stdout
+    sys.stdout = _Stdout(stdout)
+    try:
+        yield
+    finally:
+        sys.stdout = stdout
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "layerprof") -> int:
@@ -112,6 +185,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "layerprof") -> int:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
+    with _stdout_reader_may_leave():
+        return _main(argv, prog, debug)
+
+
+def _main(argv: list[str], prog: str, debug: bool) -> int:
     try:
         if argv and argv[0] in SUBCOMMANDS:  # a SPEC always has a ':', so these names are free
             return run_saved(argv, prog)

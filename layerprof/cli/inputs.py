@@ -1,17 +1,21 @@
 """``--input`` specs (``[name=]2,3,224,224[:dtype]``) and the random tensors built from them."""
 from __future__ import annotations
 
+import inspect
 import math
 import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
+from .._torch import with_forward_pre_hooks
 from ..render.units import format_bytes
 from .errors import RunError, UsageError, one_line
 
-__all__ = ["InputSpec", "parse_input", "parse_dtype", "make_inputs", "check_input_sizes"]
+__all__ = ["InputSpec", "parse_input", "parse_dtype", "make_inputs", "check_input_names", "check_input_sizes",
+           "check_forward_takes"]
 
 _ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}
 
@@ -58,6 +62,35 @@ def parse_input(text: str) -> InputSpec:
     if math.prod(shape) >= 2**63:
         raise UsageError(f"--input {text!r} has {math.prod(shape):.3g} elements, more than a tensor can hold (2^63)")
     return InputSpec(shape, dtype, name or None)
+
+
+def check_input_names(specs: list[InputSpec]) -> None:
+    """A UsageError for a keyword given twice: the second would silently replace the first."""
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.name in seen:
+            raise UsageError(f"--input {spec.name}= is given twice; give each keyword input once")
+        if spec.name is not None:
+            seen.add(spec.name)
+
+
+def check_forward_takes(model: nn.Module, specs: list[InputSpec]) -> None:
+    """A UsageError, before any step runs, when ``forward``'s signature cannot take these inputs (too many or too
+    few positional ones, an unknown keyword): the command line's mistake, not the model's failure."""
+    if with_forward_pre_hooks([model]):  # a pre-hook may supply or rewrite the arguments: only a call can tell
+        return
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):  # a builtin or C++ forward: no signature to check against
+        return
+    positional = [spec for spec in specs if spec.name is None]
+    try:
+        signature.bind(*positional, **{spec.name: spec for spec in specs if spec.name is not None})
+    except TypeError as exc:
+        shown = ", ".join(map(str, specs))
+        raise UsageError(f"--input: {type(model).__name__}.forward{signature} cannot take the inputs given "
+                         f"({shown}): {exc}; give one --input per positional argument of forward, "
+                         "NAME=SHAPE for a keyword") from None
 
 
 def _random(spec: InputSpec, float_dtype: torch.dtype, vocab: int, device: torch.device) -> torch.Tensor:

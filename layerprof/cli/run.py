@@ -10,10 +10,11 @@ from torch import nn
 from .._tensors import loss_of as _loss_of
 from ..profile import Profile
 from ..collect.profiler import LayerProf
+from ..metrics import make_meters
 from ..render.progress import progress
 from .errors import RunError, one_line
 
-__all__ = ["loss_of", "run_profile", "progress"]
+__all__ = ["loss_of", "run_profile", "progress", "metering_meters"]
 
 
 def loss_of(output: Any) -> torch.Tensor:
@@ -27,16 +28,26 @@ def loss_of(output: Any) -> torch.Tensor:
     return loss
 
 
+def metering_meters(metrics: list[str] | None, warmup: int) -> list[str]:
+    """The meters that need a step of their own: those that slow a step down (flops, memory...) count in the
+    first profiled step, which the profile then leaves out of its times. A warm-up step serves; with ``--warmup
+    0`` one more step runs for them, so that ``--steps N`` still gives N timed steps (else N - 1)."""
+    if warmup:
+        return []
+    return [meter.name for meter in make_meters(metrics) if meter.distorts_timing]
+
+
 def run_profile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, steps: int, warmup: int,
                 backward: bool, inference: bool, metrics: list[str] | None, sync: bool = False,
                 show_progress: bool | None = None) -> Profile:
-    """Run ``warmup + steps`` steps under LayerProf, calling ``prof.step()`` between them; returns the Profile.
+    """Run ``warmup + steps`` steps under LayerProf (one more for the meters without a warm-up step:
+    ``metering_meters``), calling ``prof.step()`` between them; returns the Profile.
 
     ``inference``: ``model.eval()`` and ``torch.inference_mode()``, forward only. Otherwise the model trains:
     forward, and with ``backward`` the backward of ``loss_of(output)``, gradients cleared after each step.
     """
     model.train(not inference)
-    total = warmup + steps
+    total = warmup + steps + bool(metering_meters(metrics, warmup))
     grad_mode = torch.inference_mode() if inference else contextlib.nullcontext()
     prof = LayerProf(model, warmup=warmup, metrics=metrics, sync=sync)
     try:
