@@ -111,3 +111,33 @@ def test_show_plot_draws_a_saved_profile(saved, tmp_path, capsys) -> None:
     assert ("layerprof: error: --plot-metric: cannot plot metric 'flops': no record of this profile holds the field"
             in capsys.readouterr().err)
     assert not (tmp_path / "f.png").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--plot", "PLOT", "--plot-kind", "roofline"],
+     "--plot-kind roofline: 'A' was saved without the flops meter's figures (FLOPs and bytes): profile with "
+     "--metrics flops --json PATH"),
+    (["--columns", "flops,bound"],
+     "--columns flops,bound: 'A' was saved without the flops meter's figures: profile with --metrics flops --json "
+     "PATH"),
+    (["--columns", "forward,saved_bytes"],
+     "--columns forward,saved_bytes: 'A' was saved without the memory meter's figures: profile with --metrics memory "
+     "--json PATH"),
+    (["--checkpoint-budget", "50%"],
+     "--checkpoint-budget: ValueError: checkpoint_plan needs the saved-for-backward bytes of every module, and it "
+     "has no memory figures: profile a training step (forward and backward) with LayerProf(model, "
+     "metrics=(\"memory\", \"shapes\")) and plan on that (from the shell: layerprof SPEC --metrics memory --json "
+     "PATH)"),
+])
+def test_show_refuses_what_the_saved_profile_cannot_give_before_printing(saved, tmp_path, capsys, argv,
+                                                                         message) -> None:
+    """Asked for figures of a meter the profile was saved without, ``show`` printed the whole summary, then failed
+    (a roofline plot, a checkpoint plan) or printed "—" in every row and exited 0 (columns): now a usage error,
+    and nothing printed before it."""
+    a, _ = saved
+    plot = tmp_path / "r.png"
+    argv = [str(plot) if arg == "PLOT" else arg for arg in argv]
+    assert main(["show", str(a), *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and not plot.exists()
+    assert err.strip() == "layerprof: error: " + message.replace("'A'", repr(str(a)))

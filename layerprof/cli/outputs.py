@@ -56,7 +56,7 @@ def _check_plot(options: argparse.Namespace, path: Path) -> None:
         except ValueError as exc:
             raise UsageError(f"--plot-metric: {exc}") from None
     if not hasattr(options, "metrics"):
-        return  # `show`: the saved profile decides what it holds (``check_plot_fields``, once it is loaded)
+        return  # `show`: the saved profile decides what it holds (``saved._check_plot_figures``, once loaded)
     if kind == "roofline":
         needed = ("flops",)
     missing = missing_meters(options, needed)

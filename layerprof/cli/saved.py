@@ -15,6 +15,9 @@ from typing import Sequence
 
 from ..profile import Profile, compare, load
 from ..render.gate import MAX_SHARE, MIN_MODULE_STEPS, MIN_SHARE, PASSES, Gate, different_models
+from ..record.fields import Field, stored_fields
+from ..record.records import preorder
+from ..render.columns import resolve_columns
 from ..render.plot_metrics import resolve_metric
 from .checkpoint import check_budget_options, plan_lines, planned, plot_options
 from .errors import EXIT_OK, EXIT_SLOWER, NotComparable, UnreadableInput, UsageError, one_line
@@ -96,26 +99,61 @@ def _show(options: argparse.Namespace) -> int:
     outputs = requested_outputs(options)
     check_budget_options(options)
     profile = _load(options.profile, "PROFILE")
+    # What the profile must hold for what was asked is checked before anything is printed: a usage error after
+    # the whole summary reads as a run that half worked.
     if options.plot is not None:
-        try:
-            resolve_metric(options.plot_metric, profile.tree)
-        except ValueError as exc:
-            raise UsageError(f"--plot-metric: {exc}") from None
+        _check_plot_figures(profile, options)
     try:
-        print(profile.layerwise_summary(columns=options.columns, depth=options.depth), flush=True)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from exc
+        columns = resolve_columns(options.columns, root=profile.tree) if options.columns is not None else []
+    except ValueError as exc:  # an unknown name: the message lists the profile's columns
+        raise UsageError(str(exc)) from None
+    _check_column_figures(profile, options, [column.field for column in columns])
+    plan = None
     if planned(options):
         try:
-            print("\n".join(plan_lines(profile, options)[1]), flush=True)
+            plan = plan_lines(profile, options)[1]
         except ValueError as exc:  # a profile without the memory meter's figures (or, for a peak, the timeline)
             flag, metric = (("--checkpoint-budget", "memory") if options.checkpoint_peak is None
                             else ("--checkpoint-peak", "live_memory"))
             raise UsageError(f"{flag}: {one_line(exc)} (from the shell: layerprof SPEC --metrics {metric} --json "
                              "PATH)") from None
+    try:
+        print(profile.layerwise_summary(columns=options.columns, depth=options.depth), flush=True)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    if plan is not None:
+        print("\n".join(plan), flush=True)
     for path in write_outputs(profile, outputs, options.plot_kind, options.plot_metric, **plot_options(options)):
         print(f"layerprof: wrote {path}", file=sys.stderr)
     return EXIT_OK
+
+
+def _recorded(profile: Profile, meter: str) -> bool:
+    """Whether the saved profile holds figures of ``meter``: some record has one of its fields."""
+    names = [field.name for field in stored_fields() if field.meter == meter]
+    return any(getattr(record, name, None) is not None for record in preorder(profile.tree) for name in names)
+
+
+def _check_plot_figures(profile: Profile, options: argparse.Namespace) -> None:
+    if options.plot_kind == "roofline":
+        if not _recorded(profile, "flops"):
+            raise UsageError(f"--plot-kind roofline: {options.profile!r} was saved without the flops meter's "
+                             "figures (FLOPs and bytes): profile with --metrics flops --json PATH")
+        return
+    try:
+        resolve_metric(options.plot_metric, profile.tree)
+    except ValueError as exc:
+        raise UsageError(f"--plot-metric: {exc}") from None
+
+
+def _check_column_figures(profile: Profile, options: argparse.Namespace, fields: list[Field]) -> None:
+    """A column whose meter left no figure in the profile would print "—" for every module."""
+    missing = [meter for meter in dict.fromkeys(m for field in fields for m in field.meters)
+               if not _recorded(profile, meter)]
+    if missing:
+        raise UsageError(f"--columns {','.join(options.columns)}: {options.profile!r} was saved without the "
+                         f"{' and '.join(missing)} meter's figures: profile with --metrics {','.join(missing)} "
+                         "--json PATH")
 
 
 def _compare(options: argparse.Namespace) -> int:
