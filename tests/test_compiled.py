@@ -251,3 +251,33 @@ def test_with_dynamo_disabled_a_compiled_module_runs_eagerly_and_is_profiled(mon
     prof = profile_step(model)
     for name in ("2", "2.0", "2.0.0", "2.0.2"):
         assert prof.records[name].calls == 1 and prof.records[name].backward_ms > 0, name
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_a_model_called_through_a_compiled_wrapper_held_apart_is_refused_before_it_compiles(whole: bool) -> None:
+    """``compiled = torch.compile(model)`` then ``compiled(x)`` in a block on ``model``: dynamo traced layerprof's
+    hooks and the root's forward read the compilation (seconds) with no error. The wrapper's own call comes first
+    (through torch's global pre-hooks, in eager): it is refused there, before dynamo runs, and nothing stays on the
+    model; the same for a child's wrapper called from the model, while other compiled modules run."""
+    model = model_with_block()
+    compiled = torch.compile(model if whole else model[2], backend="eager")
+    before = hook_state(model)  # (as compile left it)
+    x = torch.randn(2, 4)
+    with pytest.raises(RuntimeError) as info:
+        with LayerProf(model) as prof:
+            (compiled(x) if whole else compiled(model[1](model[0](x)))).sum().backward()
+    shown, what = ("the model", "model") if whole else ("module '2'", "module")
+    assert str(info.value) == (
+        f"the profile is refused: {shown} was called through torch.compile({what}), a compiled wrapper of it held "
+        "apart from it, and dynamo traces its calls, layerprof's hooks included, so its modules would get partial "
+        "times (no backward, graphs broken and recompiled at every hook) instead of the eager model's. Call the "
+        f"{what} itself inside the block, and the compiled wrapper outside it.")
+    assert not _PROFILED and hook_state(model) == before
+    with pytest.raises(RuntimeError, match="no profile: the block raised RuntimeError"):
+        prof.profile
+    unrelated = torch.compile(nn.Linear(4, 4), backend="eager")  # another model's wrapper is not this model's
+    with LayerProf(model) as prof:
+        model(unrelated(x)).sum().backward()
+    assert prof.records["2.0.2"].backward_ms > 0
+    torch.testing.assert_close(compiled(x) if whole else compiled(model[1](model[0](x))),
+                               model(x) if whole else model[2](model[1](model[0](x))))

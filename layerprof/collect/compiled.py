@@ -18,7 +18,7 @@ from .._torch import compiled_in_place, compiled_module_type
 
 _second = itemgetter(1)
 
-__all__ = ["compiled_while_profiling", "refuse_compiled_in_place"]
+__all__ = ["compiled_while_profiling", "refuse_compiled_in_place", "refuse_compiled_wrapper"]
 
 _WHAT_TO_DO = {
     "compile": "Profile the eager model: before calling .compile(), or an eager copy (copy.deepcopy(model) leaves "
@@ -70,3 +70,19 @@ def compiled_while_profiling(paths: list[tuple[str, nn.Module]], modules: list[n
         return None
     return (f"the profile is refused: {_describe(*found, meanwhile=True)} while it was being profiled, and "
             f"{_CONSEQUENCE} " + _WHAT_TO_DO[found[2]])
+
+
+def refuse_compiled_wrapper(wrapper: nn.Module, name: str) -> None:
+    """Raise where ``wrapper``, called while profiling, is a ``torch.compile(module)`` of the profiled module
+    ``name``, held apart from the model (``compiled = torch.compile(model)``, then ``compiled(x)`` in the block):
+    before dynamo traces that call, which the global hooks' pre-hook of the wrapper precedes."""
+    optimized = compiled_module_type()
+    if optimized is None or not isinstance(wrapper, optimized):
+        return
+    shown = f"module '{name}'" if name else "the model"
+    what = "module" if name else "model"
+    raise RuntimeError(
+        f"the profile is refused: {shown} was called through torch.compile({what}), a compiled wrapper of it held "
+        f"apart from it, and {_CONSEQUENCE} Call the {what} itself inside the block, and the compiled wrapper "
+        "outside it."
+    )

@@ -54,6 +54,7 @@ from .._torch import add_forward_hooks_to, add_global_forward_hooks, escaped_bac
 from .._torch import global_pre_hook_kwargs, remove_forward_hooks_from, remove_global_forward_hooks
 from .._torch import NodeHooker, with_forward_pre_hooks
 from .._torch import batched_grad_fn as _batched_grad_fn
+from .compiled import refuse_compiled_wrapper
 from .._torch import queue_backward_callback as _queue_backward_callback
 from .._torch import sequence_nr as _sequence_nr
 
@@ -585,6 +586,9 @@ class Tracker:
                     return None
                 name = names.get(id(module._forward_pre_hooks))
                 if name is None:  # not profiled: another model's, a deep copy of a profiled one (with our hooks)
+                    inner = module._modules.get("_orig_mod")  # a torch.compile(module) of a profiled one?
+                    if inner is not None and id(inner._forward_pre_hooks) in names:
+                        refuse_compiled_wrapper(module, names[id(inner._forward_pre_hooks)])
                     return None
                 if not name and not example:  # the root's first call with a tensor: the profile's example input
                     tensor = first_tensor(args, global_pre_hook_kwargs(get_frame(1)) if kwargs is None else kwargs)
