@@ -263,12 +263,47 @@ def _worker(rank: int) -> dict[str, Any]:
     fully_shard(fsdp2.fc1, mesh=mesh)
     fully_shard(fsdp2, mesh=mesh)
     result["fsdp2"] = {"view": _view(_profile(fsdp2, steps=2).gather())}
+
+    # rank 1's block raises in its third step: its gather() still takes part in the collective, then raises
+    torch.manual_seed(0)
+    net, x = Net(), torch.randn(4, 8)
+    prof = LayerProf(net)
+    try:
+        with prof:
+            for step in range(3):
+                if rank == 1 and step == 2:
+                    raise ValueError("bad batch")
+                net(x).sum().backward()
+                prof.step()
+    except ValueError:
+        pass
+    try:
+        gathered = prof.gather()
+    except RuntimeError as error:
+        result["failed"] = {"raised": str(error)}
+    else:
+        result["failed"] = {"view": _view(gathered),
+                            "failed_ranks": None if gathered is None else gathered.failed_ranks}
     return result
 
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
     return run_ranks(_worker, tmp_path_factory.mktemp("ranks"))
+
+
+def test_a_rank_whose_block_raised_still_takes_part_in_gather(two_ranks: dict[int, dict[str, Any]]) -> None:
+    """Rank 1's block raised: its ``gather()`` sends why it has no profile and raises as ``prof.profile`` does,
+    and rank 0 gets its own profile with rank 1 listed as failed (before: rank 1 raised before the collective, and
+    rank 0 waited in it until the group's timeout)."""
+    assert two_ranks[1]["failed"] == {"raised": "no profile: the block raised ValueError before profiling finished, "
+                                                "so nothing was recorded. Fix the error and profile again with a new "
+                                                "LayerProf(model)"}
+    failed = two_ranks[0]["failed"]
+    assert failed["failed_ranks"] == {"1": "the block raised ValueError"}  # (JSON keys)
+    assert list(failed["view"]["per_rank_names"]) == ["0"]
+    assert "Rank 1: no profile (the block raised ValueError)" in failed["view"]["table"].splitlines()
+    assert failed["view"]["table"].startswith("Across 1 rank, per step")
 
 
 def test_both_ranks_records_arrive_on_rank_0_with_the_same_structure(two_ranks: dict[int, dict[str, Any]]) -> None:

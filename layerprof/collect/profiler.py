@@ -24,6 +24,7 @@ from ..metrics import Meter, make_meters, measures
 from ..metrics.peaks import check_peaks
 from .._torch import add_module_registration_hook, compiled_module_type, remove_module_registration_hook
 from .._torch import submodules
+from ..distributed.gather import gather_failure
 from ..profile import Profile
 from ..record.records import ModuleRecord, module_paths
 from .schedule import Action, Schedule
@@ -882,7 +883,14 @@ class LayerProf:
     to_report = _result(Profile.to_report)
     to_tensorboard = _result(Profile.to_tensorboard)
     plot = _result(Profile.plot)
-    gather = _result(Profile.gather)
+
+    @functools.wraps(Profile.gather)
+    def gather(self, dst: int = 0, group: Any = None, margin: float = 0.2, min_ms: float | None = None) -> Any:
+        if self._state == "failed":
+            # A collective: this rank still takes part, sending why it has no profile (the other ranks would wait
+            # for it until the group's timeout), then raises as ``prof.profile`` does.
+            gather_failure(f"{self._failure}", dst, group)
+        return self.profile.gather(dst, group, margin, min_ms)
     unknown_ops = _result(Profile.unknown_ops)
     checkpoint_plan = _result(Profile.checkpoint_plan)
 

@@ -3,7 +3,9 @@
 Each rank profiles its own model as usual (``LayerProf(ddp_model)``); ``prof.gather()`` then sends the rank's
 rows (``Profile.to_dict()`` without the per-call timings) and meta to ``dst`` with ``gather_object`` and returns
 there a ``GatheredProfile``: per module the min, median and max over ranks, the slowest rank, the stragglers.
-Every rank of the group must call it (it is a collective); ranks other than ``dst`` get None.
+Every rank of the group must call it (it is a collective); ranks other than ``dst`` get None. A rank whose block
+raised still takes part (``prof.gather()`` sends why it has no profile, then raises there): ``dst`` lists it in
+``failed_ranks`` instead of waiting for it.
 
 Without an initialized process group (a plain ``python train.py``), ``gather()`` returns a one-rank view of the
 local profile, so one script runs both under torchrun and alone.
@@ -22,7 +24,8 @@ from .table import rank_table
 if TYPE_CHECKING:
     from ..profile import Profile
 
-__all__ = ["GatheredProfile", "gather_profile", "rank_payload", "register_timed_comm_hook", "CommMeter"]
+__all__ = ["GatheredProfile", "gather_profile", "gather_failure", "rank_payload", "register_timed_comm_hook",
+           "CommMeter"]
 
 COMM_FIELDS = ("comm_ms", "exposed_ms", "launch_ms")
 
@@ -55,6 +58,9 @@ class GatheredProfile:
     """
 
     def __init__(self, payloads: Sequence[Mapping[str, Any]], margin: float = 0.2, min_ms: float | None = None) -> None:
+        # Ranks whose profiling failed sent why instead of a profile (``gather_failure``): listed, not compared.
+        self.failed_ranks: dict[int, str] = {int(p["rank"]): str(p[_FAILED]) for p in payloads if _FAILED in p}
+        payloads = [p for p in payloads if _FAILED not in p]
         self.per_rank: dict[int, dict[str, Any]] = {int(p["rank"]): dict(p) for p in payloads}
         self.ranks = sorted(self.per_rank)
         self.margin = margin
@@ -119,6 +125,35 @@ class GatheredProfile:
                 f"{format_counted(len(self.modules), 'module')}, stragglers {self.straggler_ranks}>")
 
 
+_FAILED = "failed"  # the key of a failed rank's payload: why it has no profile
+
+
+def _initialized() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _gather(payload: dict[str, Any], dst: int, group: Any) -> list[Any] | None:
+    """Every rank's ``payload`` on ``dst`` (None elsewhere): torch's ``gather_object``."""
+    import torch.distributed as dist
+
+    received: list[Any] | None = [None] * dist.get_world_size(group) if dist.get_rank() == dst else None
+    dist.gather_object(payload, received, dst=dst, group=group)
+    return received
+
+
+def gather_failure(why: str, dst: int = 0, group: Any = None) -> None:
+    """This rank's part in ``gather_profile`` where its profiling failed (``why``): it sends that, so that the
+    ranks whose profiles it would have joined do not wait for it until the group's timeout; ``dst`` then lists the
+    rank in ``failed_ranks``. The caller raises after it. Nothing to do without an initialized process group."""
+    if not _initialized():
+        return
+    import torch.distributed as dist
+
+    _gather({"rank": dist.get_rank(), "world_size": dist.get_world_size(), _FAILED: why}, dst, group)
+
+
 def gather_profile(profile: Profile, dst: int = 0, group: Any = None, margin: float = 0.2,
                    min_ms: float | None = None) -> GatheredProfile | None:
     """Collect every rank's profile on rank ``dst``; a collective: every rank of ``group`` must call it.
@@ -127,14 +162,12 @@ def gather_profile(profile: Profile, dst: int = 0, group: Any = None, margin: fl
     rule (see ``GatheredProfile``). Returns the ``GatheredProfile`` on ``dst`` and None elsewhere; without an initialized process group, a
     one-rank view of ``profile``. On NCCL, ``gather_object`` needs ``torch.cuda.set_device(local_rank)`` first.
     """
+    if not _initialized():
+        return GatheredProfile([rank_payload(profile)], margin=margin, min_ms=min_ms)
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
-        return GatheredProfile([rank_payload(profile)], margin=margin, min_ms=min_ms)
-    rank = dist.get_rank()  # global, as gather_object's dst is
-    payload = rank_payload(profile, rank, dist.get_world_size())
-    received: list[Any] | None = [None] * dist.get_world_size(group) if rank == dst else None
-    dist.gather_object(payload, received, dst=dst, group=group)
+    # (the rank is global, as gather_object's dst is)
+    received = _gather(rank_payload(profile, dist.get_rank(), dist.get_world_size()), dst, group)
     if received is None:
         return None
     return GatheredProfile(received, margin=margin, min_ms=min_ms)

@@ -55,6 +55,7 @@ def rank_table(gathered: GatheredProfile, depth: int | None = None) -> str:
         + f"; stragglers: {_ranks(step.stragglers) or 'none'}",
     ]
     lines.extend(_partial_ranks(gathered))
+    lines.extend(f"Rank {rank}: no profile ({why})" for rank, why in sorted(gathered.failed_ranks.items()))
     comm = gathered.communication
     if comm:
         parts = [f"{label} {_three(comm.get(field))}" for field, label in
