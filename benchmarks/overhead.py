@@ -208,7 +208,8 @@ def timed(loss_fn: Callable[[], torch.Tensor], model: nn.Module) -> float:
 
 
 def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch.Tensor]]], repeats: int,
-            wrappers: dict[str, Callable[[nn.Module], Any] | None], metrics: tuple[str, ...] | None = None) -> dict[str, float]:
+            wrappers: dict[str, Callable[[nn.Module], Any] | None], metrics: tuple[str, ...] | None = None,
+            swap: bool = False) -> dict[str, float]:
     """Interleaved rounds: plain step, steady-state profiled step, then on the twin a plain step and one step under
     each other variant, in the round's order of a balanced design (each ratio is to the plain step of the model it
     ran on).
@@ -222,6 +223,8 @@ def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch
     torch.manual_seed(0)
     twin, twin_loss = factory()
     twin.load_state_dict(model.state_dict())
+    if swap:  # the copy made second takes the steady profiler, the first the other variants (``--swap``)
+        (model, loss_fn), (twin, twin_loss) = (twin, twin_loss), (model, loss_fn)
     wrappers = dict(wrappers)
     raised: list[str] = []
     for key, wrapper in list(wrappers.items()):
@@ -243,12 +246,24 @@ def measure(name: str, factory: Callable[[], tuple[nn.Module, Callable[[], torch
     try:
         orders = balanced_orders(list(wrappers))
         for round_ in range(repeats):
-            samples["plain"].append(timed(loss_fn, model))  # a wait step: no hook on the model
-            steady.step()
-            gc.collect(1)
-            samples["layerprof_steady"].append(timed(loss_fn, model))
-            steady.step()
-            gc.collect(1)
+            # The model's pair, in turns plain step first and steady step first: the first of the two runs after
+            # the twin's last step of the round before, on the other copy's tensors, and reads slower (BERT's plain
+            # step, always first until session 18, read 5-7 % above the twin's plain step, whichever copy held the
+            # steady profiler: ``--swap``), which read the steady ratio low by as much.
+            if round_ % 2 == 0:
+                samples["plain"].append(timed(loss_fn, model))  # a wait step: no hook on the model
+                steady.step()
+                gc.collect(1)
+                samples["layerprof_steady"].append(timed(loss_fn, model))
+                steady.step()
+                gc.collect(1)
+            else:
+                steady.step()  # (the wait step's end, untimed: the profiled step comes first)
+                samples["layerprof_steady"].append(timed(loss_fn, model))
+                steady.step()
+                gc.collect(1)
+                samples["plain"].append(timed(loss_fn, model))
+                gc.collect(1)
             # The twin's variants in an order of a balanced design (``balanced_orders``): each follows each other
             # one equally often, because a step carries over what the one before it left (the one-shot block's step
             # right after torch.profiler's ran 14.2 ms on BERT, after a plain step 13.1), and a seeded shuffle had
@@ -285,6 +300,10 @@ def main() -> None:
                         help="comma-separated subset of the twin's variants to run (default: all; the twin's plain "
                              "step always runs), e.g. layerprof_oneshot: the one-shot step without the peers' steps "
                              "around it")
+    parser.add_argument("--swap", action="store_true",
+                        help="give the steady profiler the copy made second and the other variants the first: two "
+                             "copies of a model can differ by a few percent in speed, which the two ratios then "
+                             "divide out differently")
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                         help="time steps with this process's CPU time (default) or the wall clock")
     args = parser.parse_args()
@@ -314,11 +333,12 @@ def main() -> None:
     print(f"machine: {machine()}")
     results = {}
     if "resnet18" in chosen:
-        results["resnet18"] = measure("resnet18 b2", resnet18, args.repeats, wrappers, metrics)
+        results["resnet18"] = measure("resnet18 b2", resnet18, args.repeats, wrappers, metrics, args.swap)
     if "bert" in chosen:
-        results["bert"] = measure("bert 2x128 s32 b8", bert, args.repeats, wrappers, metrics)
+        results["bert"] = measure("bert 2x128 s32 b8", bert, args.repeats, wrappers, metrics, args.swap)
     if "deep" in chosen:
-        results["deep"] = measure("500 x Sequential(Linear(16,16), ReLU)", deep_stack, args.repeats, wrappers, metrics)
+        results["deep"] = measure("500 x Sequential(Linear(16,16), ReLU)", deep_stack, args.repeats, wrappers, metrics,
+                                  args.swap)
     print_targets(results)
     print(f"load average at the end: {', '.join(f'{load:.1f}' for load in os.getloadavg())}")
 
