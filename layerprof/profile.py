@@ -17,7 +17,7 @@ from typing import IO, Any, Callable, Iterable, Sequence
 import torch
 
 from ._gc import gc_paused
-from .distributed.gather import gather_profile
+from .distributed.gather import gather_failure, gather_profile
 from .metrics.peaks import peaks as measure_peaks
 from .record import io
 from .record.records import ModuleRecord, preorder, release_tree
@@ -393,6 +393,12 @@ class Profile:
         """Collect every rank's profile on rank ``dst`` (a collective) and compare them: a ``GatheredProfile``
         there, None on other ranks, a one-rank view without torch.distributed. See ``layerprof.distributed``."""
         return gather_profile(self, dst=dst, group=group, margin=margin, min_ms=min_ms)
+
+    @staticmethod
+    def gather_failure(why: str, dst: int = 0, group: Any = None) -> None:
+        """The part in ``gather`` of a rank that has no profile (``why``): the other ranks then list it instead of
+        waiting for it (``layerprof.distributed.gather_failure``)."""
+        gather_failure(why, dst=dst, group=group)
 
     def checkpoint_plan(self, budget: Any = None, allow_side_effects: bool = False, resolution: int = 4096,
                         wrap_cost: Any = "measured", runs: bool = True, *, peak: Any = None) -> CheckpointPlan:

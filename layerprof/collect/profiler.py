@@ -24,7 +24,6 @@ from ..metrics import Meter, make_meters, measures
 from ..metrics.peaks import check_peaks
 from .._torch import add_module_registration_hook, compiled_module_type, remove_module_registration_hook
 from .._torch import submodules
-from ..distributed.gather import gather_failure
 from ..profile import Profile
 from ..record.records import ModuleRecord, module_paths
 from .schedule import Action, Schedule
@@ -889,7 +888,7 @@ class LayerProf:
         if self._state == "failed":
             # A collective: this rank still takes part, sending why it has no profile (the other ranks would wait
             # for it until the group's timeout), then raises as ``prof.profile`` does.
-            gather_failure(f"{self._failure}", dst, group)
+            Profile.gather_failure(f"{self._failure}", dst, group)
         return self.profile.gather(dst, group, margin, min_ms)
     unknown_ops = _result(Profile.unknown_ops)
     checkpoint_plan = _result(Profile.checkpoint_plan)
