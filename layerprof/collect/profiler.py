@@ -740,7 +740,7 @@ class LayerProf:
                 "overhead. Profile several steps (call prof.step() after each) for clean times.",
             )
         if tracker.late:
-            _warn_late_backward(tracker.late)
+            _warn_late_backward(list(tracker.late))
         # What the records show of the model is read now, whenever they are made: a later change of the model
         # cannot change the profile.
         reprs = read_reprs(modules, plan if len(self._entries) == self._built else None, owns, unchanged)

@@ -77,20 +77,21 @@ class _Step:
 
     __slots__ = ("open", "observers", "pending", "_outside", "late")
 
-    def __init__(self, observers: tuple[Any, ...] = (), late: list[str] | None = None) -> None:
+    def __init__(self, observers: tuple[Any, ...] = (), late: dict[str, None] | None = None) -> None:
         self.open = True
         self.observers = observers
         self.pending: dict[int, CallTrace | Outside] = {}
         self._outside: Outside | None = None
-        # The tracker's list of calls whose backward began only after their step was closed (``Tracker.late``).
+        # The tracker's names (a dict, in order) of calls whose backward began only after their step was closed
+        # (``Tracker.late``).
         self.late = late
 
     def began_late(self, call: CallTrace) -> None:
         """A node of ``call``, a call of this closed step that had no backward in it, started: its backward runs
         after ``prof.step()`` ended the step (called between the forward and the backward), untimed."""
         late = self.late
-        if late is not None and call.name not in late:
-            late.append(call.name)
+        if late is not None and call.name not in late:  # (a dict: each of a call's nodes asks)
+            late[call.name] = None
 
     def pass_finished(self, task: int) -> None:
         """Run by the engine when backward pass ``task`` is over: ends the call whose node ran last."""
@@ -357,7 +358,7 @@ class Tracker:
         self.observers: tuple[Any, ...] = ()  # set between steps by the profiler, as are backward_observers
         # Names of calls whose backward began after their step was closed (``_Step.began_late``), for the profiler
         # to warn of; a parked tracker starts a new list (the graphs of its last block may still run).
-        self.late: list[str] = []
+        self.late: dict[str, None] = {}
         self.step_state = _Step((), self.late)
         self._local = threading.local()
         self._threads: list[_ThreadState] = []
@@ -486,7 +487,7 @@ class Tracker:
             self.names.clear()
             self.cuda_clocks.clear()
             self.observers = ()
-            self.late = []
+            self.late = {}
             self.step_state = _Step((), self.late)
             for state in self._threads:
                 state.clear()
