@@ -6,9 +6,10 @@ those is refused here, once, rather than failing later with Python's own message
 from __future__ import annotations
 
 import numbers
+import os
 from typing import Any
 
-__all__ = ["check_int", "check_bool", "check_names"]
+__all__ = ["check_int", "check_bool", "check_names", "check_text", "check_path"]
 
 
 def _shown(value: Any) -> str:
@@ -59,3 +60,26 @@ def check_names(name: str, value: Any, example: str) -> tuple[str, ...]:
         if not isinstance(item, str):
             raise TypeError(f"{name} must hold names (strings) such as {example}, got {_shown(item)} among them")
     return names
+
+
+def check_text(name: str, value: Any) -> str | None:
+    """``value`` if it is a string or None; a TypeError naming ``name`` otherwise."""
+    if value is None or isinstance(value, str):
+        return value
+    raise TypeError(f"{name} must be a string or None, got {_shown(value)}")
+
+
+def check_path(value: Any, *, columns: bool = False) -> Any:
+    """``value`` if it is a file path (str or os.PathLike) or None; a TypeError otherwise. Where the method also
+    takes ``columns``, a list is most likely columns given where the path goes (``to_csv(["name", "forward"])``):
+    the message then says to write ``columns=``.
+
+    >>> check_path(["name"], columns=True)
+    Traceback (most recent call last):
+    ...
+    TypeError: path must be a file path (a str or a Path) or None, got ['name'] (list); to choose columns, write columns=['name']
+    """
+    if value is None or isinstance(value, (str, os.PathLike)):
+        return value
+    hint = f"; to choose columns, write columns={value!r}" if columns and isinstance(value, (list, tuple)) else ""
+    raise TypeError(f"path must be a file path (a str or a Path) or None, got {_shown(value)}{hint}")

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._check import check_bool, check_int
 from .collect.environment import environment
 from .collect.profiler import LayerProf
 from ._tensors import first_tensor, loss_of
@@ -62,15 +63,22 @@ def benchmark(model: nn.Module, inputs: Any, *, iters: int = 50, warmup: int = 1
     ``inputs`` is a tensor, a tuple of positional arguments, or a dict of keyword arguments. Forward-only under
     ``torch.inference_mode()`` by default; ``backward=True`` times forward + backward of the sum of the floating
     outputs. On CUDA each iteration is synchronized. ``per_module=True`` then profiles ``iters`` more steps with
-    LayerProf (after the same warm-up) and attaches the Profile, so the latency figures stay free of hooks.
+    LayerProf (after one warm-up step with the hooks on, where ``warmup`` > 0: the model is warm from the timed
+    ones) and attaches the Profile, so the latency figures stay free of hooks.
 
     >>> import torch
     >>> result = benchmark(torch.nn.Linear(4, 2), torch.randn(8, 4), iters=5, warmup=1)
     >>> result.batch_size, len(result.samples_ms)
     (8, 5)
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"benchmark times a torch.nn.Module, got {type(model).__module__}.{type(model).__qualname__}")
+    iters, warmup = check_int("iters", iters, minimum=None), check_int("warmup", warmup, minimum=None)
     if iters < 1 or warmup < 0:
         raise ValueError(f"need iters >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
+    backward, per_module = check_bool("backward", backward), check_bool("per_module", per_module)
+    if progress is not None and not isinstance(progress, bool):
+        raise TypeError(f"progress must be True, False or None (a bar for long runs on a terminal), got {progress!r}")
     args, kwargs = _split_inputs(inputs)
     example = first_tensor(args, kwargs)
     cuda = example is not None and example.is_cuda
@@ -85,7 +93,8 @@ def benchmark(model: nn.Module, inputs: Any, *, iters: int = 50, warmup: int = 1
                     raise ValueError("backward=True needs a model output that requires grad; none of its tensors does")
                 loss.backward()
 
-    total = warmup + iters * (2 if per_module else 1)
+    profiled_steps = iters + min(warmup, 1)  # per_module: the model is warm from the timed calls, one step with hooks
+    total = warmup + iters + (profiled_steps if per_module else 0)
     # Unless asked, a bar only for long runs, and only on a terminal (None).
     enabled = progress if progress is not None else (None if total >= 100 else False)
     bar = progress_bar(total, enabled, "layerprof benchmark", "it", required=bool(progress))
@@ -108,7 +117,7 @@ def benchmark(model: nn.Module, inputs: Any, *, iters: int = 50, warmup: int = 1
         profile = None
         if per_module:
             with LayerProf(model, warmup=min(warmup, 1)) as prof:
-                for _ in range(iters + min(warmup, 1)):
+                for _ in range(profiled_steps):
                     run()
                     prof.step()
                     if bar is not None:

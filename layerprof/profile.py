@@ -16,6 +16,7 @@ from typing import IO, Any, Callable, Iterable, Sequence
 
 import torch
 
+from ._check import check_bool, check_path, check_text
 from ._gc import gc_paused
 from .distributed.gather import gather_failure, gather_profile
 from .metrics.peaks import peaks as measure_peaks
@@ -28,7 +29,7 @@ from .render import export
 from .render.compare import Comparison
 from .render.html import html_table, notebook_style
 from .render.plot import save_plot
-from .record.fields import canonical
+from .record.fields import canonical, detail_fields
 from .render.rows import FILTERS, derived_names, is_number, numeric_fields, select, top_records, value_of
 from .metrics.roofline import ROOFLINE_FIELDS
 from .render.summary import annotated_repr, partial_note
@@ -205,6 +206,7 @@ class Profile:
         """The model's repr, each module annotated with its costs and share of the step; ``footer=True`` adds
         the totals (model size, activation and saved memory, the largest modules). A partial profile (a run
         that ended early) says so in its first line."""
+        footer = check_bool("footer", footer)
         text = annotated_repr(self.tree, columns=columns, depth=depth, footer=footer, meta=self.meta)
         note = partial_note(self.meta)
         return text if note is None else f"{note}.\n{text}"
@@ -255,11 +257,16 @@ class Profile:
         >>> len(prof.top(2, by="forward_ms", depth=1))
         2
         """
+        if not isinstance(by, str):
+            raise TypeError(f"by must be the name of one numeric field, such as by='forward_ms', got {by!r}")
         by = canonical(by) or by
         records = self.records.values()
         known = set(numeric_fields(self.to_dict().values()))
-        if by not in known and by in derived_names() and any(is_number(value_of(record, by)) for record in records):
-            known.add(by)  # only ``by`` is computed: a roofline field would measure the machine's peaks
+        # A derived field (only ``by`` is computed: a roofline field would measure the machine's peaks) or a detail
+        # one (``forward_ms_p95``: left out of the tables unless asked for, and asked for here).
+        if (by not in known and (by in derived_names() or by in detail_fields())
+                and any(is_number(value_of(record, by)) for record in records)):
+            known.add(by)
         if by not in known:
             known |= {name for name in derived_names() if name not in ROOFLINE_FIELDS
                       and any(is_number(value_of(record, name)) for record in records)}
@@ -273,9 +280,10 @@ class Profile:
         beside = [by, "bound", "efficiency", "attainable_ms"] if by in ROOFLINE_FIELDS else [by]
         rows = [{**row, **{name: value_of(record, name, row) for name in beside}}
                 for record, row in zip(chosen, table.rows)]
-        rest = [c for c in export.display_columns(rows) if c not in ("name", "type", "calls", *beside)]
-        return Table(rows, ["name", "type", "calls", *beside, *rest], step_ms=table.step_ms,
-                     page_lead=["name", "type", *beside])
+        lead = ["name", "type", "calls", *(c for c in beside if c not in ("name", "type", "calls"))]
+        rest = [c for c in export.display_columns(rows) if c not in lead]
+        page_lead = list(dict.fromkeys(["name", "type", *beside]))
+        return Table(rows, [*lead, *rest], step_ms=table.step_ms, page_lead=page_lead)
 
     def roofline(self, **filters: Any) -> Table:
         """Each module's own ops against the machine's roofs (``peaks()``): self time, FLOPs, bytes, intensity,
@@ -328,7 +336,7 @@ class Profile:
     def to_html(self, path: str | Path | None = None, columns: Sequence[str] | None = None, raw: bool = False,
                 title: str | None = None, **filters: Any) -> str:
         """A self-contained HTML page with the table, names indented by depth; written to ``path`` if given."""
-        shown = title if title is not None else f"layerprof: {self.tree.type}"
+        shown = f"layerprof: {self.tree.type}" if check_text("title", title) is None else title
         return self.rows(**filters).to_html(path, columns, raw, title=shown)
 
     def to_json(self, path: str | Path | None = None, indent: int | None = 1) -> str:
@@ -336,6 +344,7 @@ class Profile:
         ``path`` if given. ``layerprof.load`` reads it back into an identical profile, one that plans checkpoints
         as this one does (a profile with memory figures gets its ``meta["hook_ms"]``, and a one-step live one its
         ``meta["live_op_ms"]``, measured first, once per process)."""
+        check_path(path)
         self._measured("hook_ms")
         self._measured("live_op_ms")
         return export.write_text(io.dumps(self.tree, self.meta, indent=indent) + "\n", path)
@@ -343,6 +352,7 @@ class Profile:
     def to_trace(self, path: str | Path | None = None) -> str:
         """Chrome trace-event JSON of every call's forward and backward, for ui.perfetto.dev or
         chrome://tracing; written to ``path`` if given."""
+        check_path(path)
         return export.write_text(trace_json(self.tree, self.meta), path)
 
     def to_speedscope(self, path: str | Path | None = None) -> str:
@@ -357,6 +367,7 @@ class Profile:
         >>> [frame["name"] for frame in doc["shared"]["frames"]], [p["type"] for p in doc["profiles"]]
         (['Sequential', '0 (Linear)', '1 (ReLU)'], ['evented', 'evented', 'sampled'])
         """
+        check_path(path)
         return export.write_text(speedscope_json(self.tree, self.meta), path)
 
     def to_report(self, path: str | Path | None = None) -> str:
@@ -372,6 +383,7 @@ class Profile:
         >>> page.startswith("<!DOCTYPE html>"), "<script src" in page
         (True, False)
         """
+        check_path(path)
         plan = self.checkpoint_plan(0.5) if getattr(self.tree, "checkpoint_freed_bytes", None) is not None else None
         return export.write_text(report_html(self.tree, self.meta, checkpoint=plan), path)
 
@@ -518,6 +530,8 @@ def load(source: str | Path | IO[str]) -> Profile:
         return _parsed(source.read(), repr(name) if isinstance(name, str) else "the stream")  # type: ignore[union-attr]
     if not isinstance(source, (str, Path)):
         raise TypeError(f"load takes a path or an open file, got {type(source).__name__}; for JSON text use loads")
+    if isinstance(source, str) and source.lstrip().startswith("{"):
+        raise ValueError("load takes a path or an open file, and this is JSON text: read it with layerprof.loads(text)")
     return _parsed(Path(source).read_bytes(), repr(str(source)))
 
 

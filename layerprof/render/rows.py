@@ -79,6 +79,9 @@ def _as_set(value: str | Iterable[str] | None) -> set[str] | None:
     if value is None:
         return None
     if isinstance(value, str):
+        if "," in value:  # no class name holds a comma: several names in one string
+            parts = tuple(part.strip() for part in value.split(",") if part.strip())
+            raise ValueError(f"type= takes a class name or several in a tuple: write type={parts!r}, not {value!r}")
         return {value}
     if isinstance(value, type):
         raise TypeError(f"type= takes class names, e.g. type={value.__name__!r}, not the class {value.__name__}")

@@ -11,14 +11,36 @@ import copy
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence, overload
 
+from .._check import check_bool, check_names, check_path, check_text
 from ..record.fields import FIELDS, canonical
 from ..record.records import ModuleRecord, preorder, tree_rows
 from . import export
 from .html import html_table, notebook_style, to_html
-from .rows import AGGREGATE_COLUMNS, aggregate_by_type, record_rows, with_fields
+from .rows import AGGREGATE_COLUMNS, aggregate_by_type, is_number, record_rows, with_fields
 from .units import format_counted
 
 __all__ = ["Table"]
+
+
+def _checked_rows(rows: Any) -> list[dict[str, Any]]:
+    """``rows`` as a list of dicts; a TypeError for anything else (a string, a dict of rows, rows of lists)."""
+    try:
+        listed = None if isinstance(rows, (str, bytes, dict)) else list(rows)
+    except TypeError:
+        listed = None
+    if listed is None:
+        raise TypeError(f"rows must be a list of dicts (one per row), got {type(rows).__name__}")
+    for row in listed:
+        if not isinstance(row, dict):
+            raise TypeError(f"rows must be a list of dicts (one per row), got an item of type {type(row).__name__}")
+    return listed
+
+
+def _checked_columns(columns: Any) -> list[str]:
+    """``columns`` as a list of names; a string (one name, or several in one) is refused with the list to write."""
+    if isinstance(columns, str):
+        raise TypeError(f"columns must be a list of names, e.g. columns=[{columns!r}], not a string")
+    return list(check_names("columns", columns, "['name', 'forward']"))
 
 
 class Table(Sequence[dict[str, Any]]):
@@ -36,7 +58,11 @@ class Table(Sequence[dict[str, Any]]):
     def __init__(self, rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None,
                  step_ms: float | None = None, page_lead: Sequence[str] | None = None,
                  like: Table | None = None) -> None:
-        self.rows: list[dict[str, Any]] = list(rows)
+        self.rows: list[dict[str, Any]] = _checked_rows(rows)
+        if columns is not None:
+            columns = _checked_columns(columns)
+        if step_ms is not None and not is_number(step_ms):
+            raise TypeError(f"step_ms must be a number of milliseconds or None, got {step_ms!r}")
         # The whole step's time, for the share column of human-readable forms; None: no share is shown.
         self.step_ms = step_ms
         # An empty table takes its columns from ``like`` (the table it was selected from): a filter that matches
@@ -144,11 +170,10 @@ class Table(Sequence[dict[str, Any]]):
         resolved; a derived field they lack, such as ``macs``, computed into them), or the default columns. A
         name they neither hold nor can compute is a ValueError that lists those they hold."""
         form = form or Table.human_rows
-        rows = form(self)
         if columns is None:
-            return rows, self.columns
-        if isinstance(columns, str):
-            raise TypeError(f"columns must be a list of names, e.g. columns=[{columns!r}], not a string")
+            return form(self), self.columns
+        columns = _checked_columns(columns)
+        rows = form(self)
         if not columns:
             raise ValueError("columns is empty: name at least one column, e.g. columns=('name', 'forward'), or "
                              "leave columns out for the default ones")
@@ -181,17 +206,23 @@ class Table(Sequence[dict[str, Any]]):
 
     def to_csv(self, path: str | Path | None = None, columns: Sequence[str] | None = None) -> str:
         """CSV of every field (or ``columns``); written to ``path`` if given."""
+        check_path(path, columns=True)
         return export.write_text(export.to_csv(*self._machine(columns)), path)
 
     def to_markdown(self, path: str | Path | None = None, columns: Sequence[str] | None = None,
                     raw: bool = False) -> str:
         """A Markdown table of a page's columns (or ``columns``); written to ``path`` if given."""
+        check_path(path, columns=True)
+        raw = check_bool("raw", raw)
         rows, chosen = self._page(columns)
         return export.write_text(export.to_markdown(rows, chosen, raw), path)
 
     def to_latex(self, path: str | Path | None = None, columns: Sequence[str] | None = None, raw: bool = False,
                  caption: str | None = None, label: str | None = None) -> str:
         """A booktabs LaTeX table of a page's columns (or ``columns``); written to ``path`` if given."""
+        check_path(path, columns=True)
+        raw = check_bool("raw", raw)
+        caption, label = check_text("caption", caption), check_text("label", label)
         rows, chosen = self._page(columns)
         text = export.to_latex(rows, chosen, raw, caption=caption, label=label)
         return export.write_text(text, path)
@@ -199,6 +230,10 @@ class Table(Sequence[dict[str, Any]]):
     def to_html(self, path: str | Path | None = None, columns: Sequence[str] | None = None, raw: bool = False,
                 title: str = "layerprof") -> str:
         """A self-contained HTML page with the table, names indented by depth; written to ``path`` if given."""
+        check_path(path, columns=True)
+        raw = check_bool("raw", raw)
+        if not isinstance(title, str):
+            raise TypeError(f"title must be a string, got {title!r}")
         rows, chosen = self._select(columns)
         text = to_html(rows, chosen, raw, title=title, indent=self.step_ms is not None)
         return export.write_text(text, path)
