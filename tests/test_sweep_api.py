@@ -192,3 +192,36 @@ def test_several_types_in_one_string_say_how_to_write_them(prof: LayerProf) -> N
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         prof.rows(type="Linear, ReLU")
     assert [record.name for record in prof.select(type=("Linear", "ReLU"))] == ["0", "1", "2"]
+
+
+def test_compare_module_fields_are_field_names(prof: LayerProf) -> None:
+    # A string compared its letters ('f', 'o', 'r', 'w'...); an unknown name gave a column of None; short names
+    # were not resolved.
+    with pytest.raises(TypeError, match=re.escape("module_fields must be a sequence of names, not a string: write "
+                                                  "module_fields=('forward_ms',)")):
+        layerprof.compare(prof.profile, prof.profile, module_fields="forward_ms")
+    with pytest.raises(ValueError, match=re.escape("module_fields: unknown field(s) 'forwrd'; give field names such "
+                                                   "as 'forward_ms'")):
+        layerprof.compare(prof.profile, prof.profile, module_fields=["forwrd"])
+    compared = layerprof.compare(prof.profile, prof.profile, module_fields=["forward", "params"])
+    assert compared.module_fields == ["forward_ms", "params"]
+    assert compared.modules[0]["params_a"] == compared.modules[0]["params_b"] == 4 * 8 + 8 + 8 * 1 + 1  # 49
+
+
+def test_a_meter_named_twice_is_refused() -> None:
+    # It ran twice, and timing_distorted_by listed ['flops', 'flops'].
+    with pytest.raises(ValueError, match=re.escape("metrics: 'flops' is given twice; give each meter once")):
+        LayerProf(_net(), metrics=["flops", "flops"])
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"margin": "0.2"}, TypeError, "margin must be a fraction such as 0.2, got '0.2' (str)"),
+    ({"margin": -1}, ValueError, "margin must be a fraction such as 0.2 (at least 0), got -1"),
+    ({"min_ms": "1"}, TypeError, "min_ms must be milliseconds such as 1.0, or None, got '1' (str)"),
+    ({"dst": "0"}, TypeError, "dst must be an int >= 0, got '0' (str)"),
+])
+def test_gather_checks_its_arguments_before_the_collective(prof: LayerProf, kwargs: dict[str, Any],
+                                                           error: type, message: str) -> None:
+    # margin="0.2" failed comparing a str with a number, after the ranks had gathered; min_ms="1" printed "1 ms".
+    with pytest.raises(error, match=re.escape(message)):
+        prof.gather(**kwargs)

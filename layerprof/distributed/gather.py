@@ -12,8 +12,10 @@ local profile, so one script runs both under torchrun and alone.
 """
 from __future__ import annotations
 
+import numbers
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from .._check import check_int
 from .crossrank import Spread, cross_rank_stats, spread, straggler_floor, stragglers
 from ..render.table import Table
 from ..render.units import format_counted
@@ -128,6 +130,16 @@ class GatheredProfile:
 _FAILED = "failed"  # the key of a failed rank's payload: why it has no profile
 
 
+def _check_share(name: str, value: Any, share: bool = True) -> None:
+    """A TypeError for a ``value`` that is no number, a ValueError for a negative one or NaN (checked on every
+    rank before the collective, so that none raises inside it)."""
+    what = "a fraction such as 0.2" if share else "milliseconds such as 1.0, or None"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {what}, got {value!r} ({type(value).__name__})")
+    if not value >= 0:
+        raise ValueError(f"{name} must be {what} (at least 0), got {value!r}")
+
+
 def _initialized() -> bool:
     import torch.distributed as dist
 
@@ -162,6 +174,10 @@ def gather_profile(profile: Profile, dst: int = 0, group: Any = None, margin: fl
     rule (see ``GatheredProfile``). Returns the ``GatheredProfile`` on ``dst`` and None elsewhere; without an initialized process group, a
     one-rank view of ``profile``. On NCCL, ``gather_object`` needs ``torch.cuda.set_device(local_rank)`` first.
     """
+    dst = check_int("dst", dst)
+    _check_share("margin", margin)
+    if min_ms is not None:
+        _check_share("min_ms", min_ms, share=False)
     if not _initialized():
         return GatheredProfile([rank_payload(profile)], margin=margin, min_ms=min_ms)
     import torch.distributed as dist

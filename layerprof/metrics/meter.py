@@ -103,6 +103,8 @@ def _resolve(chosen: Iterable[str]) -> tuple[list[type[Meter]], list[type[Meter]
     those of the meters not named whose ``needed_by`` is their own (the ones a model may need)."""
     classes = []
     for name in chosen:
+        if METERS.get(name) in classes:  # (it would run twice, and be listed twice in the profile's meta)
+            raise ValueError(f"metrics: {name!r} is given twice; give each meter once")
         if name not in METERS:
             known = ", ".join(sorted(METERS)) or "(none registered)"
             raise ValueError(f"unknown metric {name!r}; choose from: {known}")

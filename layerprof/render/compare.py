@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .export import to_dataframe, to_text
-from ..record.fields import FIELDS
+from .._check import check_names
+from ..record.fields import FIELDS, canonical
 from .rows import derived_names, is_number, numeric_fields, value_of
 from .units import format_change, format_counted, format_field, format_ratio
 
@@ -100,7 +101,7 @@ class Comparison:
 
     def _module_fields(self, chosen: Sequence[str] | None) -> list[str]:
         if chosen is not None:
-            return list(chosen)
+            return _known_fields(chosen)
         rows_a = [self.a.records[n].to_dict() for n in self.matched]
         rows_b = [self.b.records[n].to_dict() for n in self.matched]
         present = set(numeric_fields(rows_a, skip=_not_costs())) & set(numeric_fields(rows_b, skip=_not_costs()))
@@ -180,3 +181,15 @@ class Comparison:
         return (f"<Comparison {self.names[0]} ({self.a.tree.type}) vs {self.names[1]} ({self.b.tree.type}): "
                 f"{format_counted(len(self.model), 'metric')}, "
                 f"{format_counted(len(self.matched), 'matching module')}>")
+
+
+def _known_fields(chosen: Any) -> list[str]:
+    """``module_fields=`` as canonical field names (short names resolved: "forward" is forward_ms); a string
+    (its letters would be the fields) or a name the catalogue does not know is refused: it compared nothing."""
+    names = check_names("module_fields", chosen, "('forward_ms', 'saved_bytes')")
+    fields = [canonical(name) for name in names]
+    unknown = [name for name, field in zip(names, fields) if field is None]
+    if unknown:
+        raise ValueError(f"module_fields: unknown field(s) {', '.join(map(repr, unknown))}; give field names such as "
+                         "'forward_ms', 'backward_ms', 'saved_bytes', 'flops' (the columns of layerwise_summary)")
+    return [field for field in fields if field is not None]
