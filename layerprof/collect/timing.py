@@ -26,6 +26,11 @@ from .tracker import CallTrace
 __all__ = ["StepTimes", "all_returned", "step_times"]
 
 
+# Below a nanosecond, the finest stamp any clock gives, a call's backward less its children's is the round-off of
+# summing intervals in ms (2.2e-16 ms where the children's intervals cover the call's: shown as "2.22e-13 µs"): 0.
+_LEFTOVER_MS = 1e-6
+
+
 class StepTimes:
     """One module's times in one step; ``None`` where a pass was not measured. ``timings``: every call's
     ``CallTiming`` fields as a tuple, in call order (a record makes its ``call_times`` from them when read)."""
@@ -234,7 +239,7 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
             if not recompute and not recursive:  # the common case, a module's first call: its values as they are
                 own = None if backward_ms is None else backward_ms - children_backward.get(call, 0.0)
                 result[name] = StepTimes(1, forward_ms, backward_ms, forward_ms - children_forward.get(call, 0.0),
-                                         None if own is None else own if own > 0.0 else 0.0, [timing])
+                                         None if own is None else own if own > _LEFTOVER_MS else 0.0, [timing])
                 continue
             times = result[name] = StepTimes()
         times.timings.append(timing)
@@ -251,7 +256,7 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
             if not recursive:
                 times.backward_ms = (times.backward_ms or 0.0) + backward_ms
             own = backward_ms - children_backward.get(call, 0.0)
-            times.self_backward_ms = (times.self_backward_ms or 0.0) + (own if own > 0.0 else 0.0)
+            times.self_backward_ms = (times.self_backward_ms or 0.0) + (own if own > _LEFTOVER_MS else 0.0)
     for call, timing in uncalled:
         if _may_adopt(call, result):
             _adopt(result, adopters(call), timing[1], timing[3])
