@@ -42,21 +42,29 @@ def roofline_points(root: ModuleRecord) -> list[dict[str, Any]]:
     return points
 
 
-def _label_largest(ax: Any, points: list[dict[str, Any]], count: int) -> None:
-    """Name the ``count`` most time-consuming points, skipping one that would sit on a label already placed."""
-    import math
-
-    placed: list[tuple[float, float]] = []
+def _label_largest(ax: Any, points: list[dict[str, Any]], count: int, avoid: list[Any]) -> None:
+    """Name the ``count`` most time-consuming points. A label goes right of its point, else left of it, where it
+    lies inside the Axes and clear of the labels placed before it and of ``avoid`` (display boxes, such as the
+    legend's); a point with room on neither side goes unnamed. Call once the limits are final: the boxes are
+    measured in display units, as drawn."""
+    frame = ax.get_window_extent()
+    taken = list(avoid)
+    named = 0
     for point in sorted(points, key=lambda p: -p["ms"]):
-        if len(placed) >= count:
+        if named >= count:
             break
-        at = (math.log10(point["x"]), math.log10(point["y"]))
-        if any(abs(at[0] - x) < 0.9 and abs(at[1] - y) < 0.1 for x, y in placed):  # label text is wide
-            continue
-        placed.append(at)
         short = ".".join(point["name"].split(".")[-4:])
-        ax.annotate(f"{plain_text(short)} ({format_ms(point['ms'])})", (point["x"], point["y"]), fontsize=FONT_SIZE,
-                    xytext=(5, 3), textcoords="offset points")
+        text = f"{plain_text(short)} ({format_ms(point['ms'])})"
+        for offset, align in (((5, 3), "left"), ((-5, 3), "right")):
+            label = ax.annotate(text, (point["x"], point["y"]), fontsize=FONT_SIZE, xytext=offset,
+                                textcoords="offset points", ha=align)
+            box = label.get_window_extent()
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if inside and not any(box.overlaps(other) for other in taken):
+                taken.append(box)
+                named += 1
+                break
+            label.remove()
 
 
 def plot_roofline(profile: Any, metric: str = "total", ax: Any = None, labels: int = 8,
@@ -120,7 +128,6 @@ def plot_roofline(profile: Any, metric: str = "total", ax: Any = None, labels: i
                    linewidths=0.4, gid=f"roofline:{bound}",
                    label=f"{bound}-bound: {format_counted(len(chosen), 'module')}, "
                          f"{format_ms(sum(p['ms'] for p in chosen))}")
-    _label_largest(ax, points, labels)
     whole_flops, whole_bytes = FIELDS["flops"].value(root), FIELDS["bytes"].value(root)
     whole_ms = FIELDS["total_ms"].value(root)
     if whole_flops and whole_bytes and whole_ms:
@@ -137,6 +144,10 @@ def plot_roofline(profile: Any, metric: str = "total", ax: Any = None, labels: i
     ax.set_title(f"{model}: roofline per module ({source} peaks, {peaks.get('device', '?')}, "
                  f"threads: {peaks.get('threads', '?')})" if source == "measured" else
                  f"{model}: roofline per module ({source} peaks)", fontsize=FONT_SIZE + 3)
-    ax.legend(fontsize=FONT_SIZE + 0.5, loc="lower right", frameon=False)
+    legend = ax.legend(fontsize=FONT_SIZE + 0.5, loc="lower right", frameon=False)
+    for handle in legend.legend_handles:
+        if hasattr(handle, "set_sizes"):
+            handle.set_sizes([40.0])  # a marker per bound, not the first point's area, which may dwarf the rest
     ax.grid(True, which="major", color="0.9", linewidth=0.6)
+    _label_largest(ax, points, labels, avoid=[legend.get_window_extent()])
     return finish_plot(ax, path, created)

@@ -25,6 +25,12 @@
   function fullName(node) { return node.name || node.type; }
   // A count and its noun, singular for exactly one (units.format_counted, for the text drawn here).
   function counted(count, noun) { return count + " " + noun + (count === 1 ? "" : "s"); }
+  // ``label`` cut to what fits ``width`` px of 11 px text (about 6.5 px a character), or null if under 4 fit.
+  function fitted(label, width) {
+    const room = Math.floor((width - 8) / 6.5);
+    if (room <= 3) return null;
+    return room >= label.length ? label : label.slice(0, room - 1) + "\u2026";
+  }
 
   function showTooltip(event, lines) {
     clear(tooltip);
@@ -91,11 +97,8 @@
       if (!other) g.setAttribute("data-name", node.name);
       el("rect", { width: Math.max(cell.x1 - cell.x0, 0), height: rowHeight, fill: other ? "#d5d9e0" : color(node) }, g);
       const label = other ? "other (" + cell.other.length + ")" : node === state.zoom ? fullName(node) : node.label;
-      const room = Math.floor((cell.x1 - cell.x0 - 8) / 6.5);
-      if (room > 3) {
-        const text = el("text", { x: 4, y: 15 }, g);
-        text.textContent = room >= label.length ? label : label.slice(0, room - 1) + "\u2026";
-      }
+      const shown = fitted(label, cell.x1 - cell.x0);
+      if (shown) el("text", { x: 4, y: 15 }, g).textContent = shown;
       // the name, even where the box is narrow
       el("title", {}, g).textContent = other ? counted(cell.other.length, "module") + " under " + fullName(node) : fullName(node);
     });
@@ -168,7 +171,8 @@
         const x = left + start * scale, w = Math.max(duration * scale, 0.5);
         el("rect", { x: x, y: y + depth * rowHeight, width: w, height: rowHeight - 1,
                      fill: s ? "hsl(" + hue(s.type) + ", 55%, " + (phase === "forward" ? 68 : 58) + "%)" : "#c3c8d0" }, g);
-        if (s && w > 40) el("text", { x: x + 3, y: y + depth * rowHeight + 11 }, g).textContent = s.name.split(".").pop();
+        const shown = s ? fitted(s.name.split(".").pop(), w - 2) : null;  // cut to its slice, as in the icicle
+        if (shown) el("text", { x: x + 3, y: y + depth * rowHeight + 11 }, g).textContent = shown;
       });
       y += depths * rowHeight + 8;
     });
