@@ -142,9 +142,28 @@ def _nested_in(values: Any) -> bool:
     return False
 
 
+def _op_name(func: Any) -> str:
+    """How ``unknown_ops()`` names an op: ``aten.foo``, or ``higher_order.flex_attention`` for a higher-order op."""
+    packet = getattr(func, "overloadpacket", None)
+    return str(packet) if packet is not None else f"{getattr(func, 'namespace', 'higher_order')}.{func.name()}"
+
+
 class _CountingMode(TorchDispatchMode):
     """Runs every op, then hands it to the meter. Ops with no formula but a composite decomposition are run
     decomposed, so that their parts are counted (as FlopCounterMode does)."""
+
+    # A higher-order op (flex attention) reaches __torch_dispatch__ with this mode popped off the stack: it runs
+    # as it would unprofiled and is priced whole by its formula, or listed as unknown. Without this flag torch
+    # refuses to run one under the mode at all.
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """True: a torch.compile'd function called in a forward is compiled and run as it is unprofiled, the mode
+        seeing the ops its compiled code calls. Otherwise dynamo skips every frame while the mode is on: the
+        function ran eagerly (other bits than unprofiled), and a ``fullgraph=True`` compile raised (flex
+        attention's, ``torch.cond``'s)."""
+        return True
 
     def __init__(self, meter: FlopMeter) -> None:
         super().__init__()
@@ -276,12 +295,12 @@ class FlopMeter(Meter):
     def _count(self, func: Any, kind: Any, args: Any, kwargs: Any, out: Any) -> None:
         flops, unknown = 0, None
         if kind is _UNKNOWN:
-            unknown = str(func.overloadpacket)
+            unknown = _op_name(func)
         elif kind is not _FREE:
             try:
                 flops = kind(*_shape(args), out_shape=_shape(out), **_shape(kwargs)) or 0
             except Exception as error:  # a wrong formula must not crash the user's run: list the op instead
-                unknown = f"{func.overloadpacket} (formula raised {type(error).__name__}: {error})"
+                unknown = f"{_op_name(func)} (formula raised {type(error).__name__}: {error})"
         moved = 0
         if self.count_bytes:
             try:

@@ -120,6 +120,9 @@ def mm_flops(a: Sequence[int], b: Sequence[int], *args: Any, **kwargs: Any) -> i
     return 2 * a[0] * a[1] * b[1]  # a: [m, k] @ b: [k, n]
 
 
+_register_where_present(mm_flops, ("_int_mm",))  # int8 @ int8 -> int32 (torchao's int8 dynamic quantization)
+
+
 @register_flop_formula(aten.addmm, aten._addmm_activation)
 def addmm_flops(bias: Sequence[int], a: Sequence[int], b: Sequence[int], *args: Any, **kwargs: Any) -> int:
     """Matrix product plus bias; the bias add is free."""
@@ -287,6 +290,24 @@ def sdpa_backward_flops(grad_out: Sequence[int], q: Sequence[int], k: Sequence[i
                         *args: Any, **kwargs: Any) -> int:
     """Backward of fused scaled-dot-product attention."""
     return attention_backward_flops(q[0], q[1], q[2], k[2], q[3], v[3])  # q: [b, h, s_q, d], v: [b, h, s_k, d_v]
+
+
+def flex_attention_flops(q: Sequence[int], k: Sequence[int], v: Sequence[int], *args: Any, **kwargs: Any) -> int:
+    """Flex attention (a higher-order op): the dense scores and weighted sum, whatever its block mask skips."""
+    return attention_flops(q[0], q[1], q[2], k[2], q[3], v[3])  # q: [b, h, s_q, d], k: [b, h_kv, s_k, d]
+
+
+def flex_attention_backward_flops(q: Sequence[int], k: Sequence[int], v: Sequence[int], *args: Any,
+                                  **kwargs: Any) -> int:
+    """Backward of flex attention: recompute the scores, then dP, dV, dQ, dK, as the fused kernels do."""
+    return attention_backward_flops(q[0], q[1], q[2], k[2], q[3], v[3])  # q: [b, h, s_q, d], v: [b, h, s_k, d_v]
+
+
+# Higher-order ops are named under torch.ops.higher_order, where this torch has them (flex attention: 2.5).
+for _name, _formula in (("flex_attention", flex_attention_flops),
+                        ("flex_attention_backward", flex_attention_backward_flops)):
+    if hasattr(torch.ops.higher_order, _name):
+        register_flop_formula(getattr(torch.ops.higher_order, _name))(_formula)
 
 
 def _varlen_dims(q: Sequence[int], k: Sequence[int], v: Sequence[int], cum_seq_q: Sequence[int] | None,

@@ -55,7 +55,15 @@ declare(
 
 
 class _Watch(TorchDispatchMode):
-    """Hands every op's output tensors to the reader."""
+    """Hands every op's output tensors to the reader. As the FLOP meter's mode (``flops._CountingMode``): a
+    higher-order op (flex attention) is run as it is, and a torch.compile'd function in a forward runs compiled, as
+    it does unprofiled (else dynamo skips its frames under the mode, and a ``fullgraph=True`` compile raises)."""
+
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
 
     def __init__(self, reader: LiveBytesReader) -> None:
         super().__init__()
