@@ -730,3 +730,16 @@ def test_a_torch_without_grouped_mm_still_imports_layerprof() -> None:
                           env=environment, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "0"
+
+
+def test_bilinear_forward_and_backward() -> None:
+    # nn.Bilinear runs aten._trilinear (no formula before: listed unknown, counted 0). Forward: b 4 x out 7 x in1 3 x
+    # in2 5 multiply-accumulates = 2 * 420 FLOPs; backward: one such contraction for each of x1, W and x2.
+    torch.manual_seed(0)
+    layer = nn.Bilinear(3, 5, 7)
+    x1, x2 = torch.randn(4, 3, requires_grad=True), torch.randn(4, 5, requires_grad=True)
+    with LayerProf(layer, metrics=("flops",)) as prof:
+        layer(x1, x2).sum().backward()
+    assert prof.unknown_ops() == {}
+    assert prof.tree.flops_forward == 2 * 4 * 7 * 3 * 5 == 840
+    assert prof.tree.flops_backward == 3 * 840

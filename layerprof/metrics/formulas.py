@@ -192,6 +192,23 @@ for _name in ("linear_dynamic", "linear_relu_dynamic", "linear_dynamic_fp16", "l
         register_flop_formula(getattr(torch.ops.quantized, _name))(dynamic_quantized_linear_flops)
 
 
+def _unsqueezed(shape: Sequence[int], dims: Sequence[int], rank: int) -> list[int]:
+    """``shape`` with a 1 inserted at each of ``dims``, to ``rank`` dimensions (``_trilinear``'s expand)."""
+    sizes = iter(shape)
+    return [1 if dim in dims else next(sizes) for dim in range(rank)]
+
+
+@register_flop_formula(aten._trilinear)
+def trilinear_flops(i1: Sequence[int], i2: Sequence[int], i3: Sequence[int], expand1: Sequence[int],
+                    expand2: Sequence[int], expand3: Sequence[int], *args: Any, **kwargs: Any) -> int:
+    """The three-way contraction of ``F.bilinear`` (``nn.Bilinear``) and of its gradients: one multiply-accumulate
+    per point of the broadcast space of the three inputs, each unsqueezed at its expand dims (FlopCounterMode
+    counts 0). A bilinear layer's forward: x1 [b, i] . W [o, i, j] . x2 [b, j] spans [b, o, i, j]."""
+    rank = len(i1) + len(expand1)
+    spaces = [_unsqueezed(shape, expand, rank) for shape, expand in ((i1, expand1), (i2, expand2), (i3, expand3))]
+    return 2 * prod(max(sizes) for sizes in zip(*spaces))
+
+
 @register_flop_formula(aten.mv)
 def mv_flops(a: Sequence[int], x: Sequence[int], *args: Any, **kwargs: Any) -> int:
     """Matrix-vector product (FlopCounterMode counts 0)."""
