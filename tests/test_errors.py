@@ -47,6 +47,10 @@ CONSTRUCTOR = [
     (dict(annotate="no"), TypeError, "annotate must be True or False, got 'no' (str)"),  # "no" turned it on
     (dict(peaks={"flops": 1e12, "bandwidth": 1e11, "source": 5}), TypeError,
      "peaks['source'] says where the figures come from, a string such as 'datasheet'; got 5"),
+    (dict(peaks={"flops": "1e12", "bandwidth": 1e11}), TypeError,  # (a string was a ValueError)
+     "peaks['flops'] must be a positive finite number, got '1e12' (str)"),
+    (dict(peaks={"flops": 1e12, "bandwidth": -1}), ValueError,
+     "peaks['bandwidth'] must be a positive finite number, got -1"),
     (dict(metrics="flops,params"), TypeError,
      "metrics must be a sequence of names, not a string: write metrics=('flops', 'params')"),
     (dict(metrics="flops"), TypeError, "metrics must be a sequence of names, not a string: write metrics=('flops',)"),

@@ -119,7 +119,10 @@ def check_peaks(value: Any) -> dict[str, Any] | None:
         raise ValueError(f"peaks needs {' and '.join(repr(k) for k in missing)} (FLOP/s and bytes/s), got {value!r}")
     for key in PEAK_KEYS:
         number = value[key]
-        if isinstance(number, bool) or not isinstance(number, Real) or not number > 0 or number == float("inf"):
+        if isinstance(number, bool) or not isinstance(number, Real):  # ("1e12", a string, is no number)
+            raise TypeError(
+                f"peaks[{key!r}] must be a positive finite number, got {number!r} ({type(number).__name__})")
+        if not number > 0 or number == float("inf"):
             raise ValueError(f"peaks[{key!r}] must be a positive finite number, got {number!r}")
     source = value.get("source", "given")
     if not isinstance(source, str):
