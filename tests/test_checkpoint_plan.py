@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import io
 import platform
+import re
 import time
 import warnings
 from typing import Any
@@ -193,8 +194,10 @@ def test_budget_edges() -> None:
     assert inference.checkpoint_plan(0.5).note.startswith("the profiled step saved nothing for backward")
     with pytest.raises(ValueError, match="cannot read budget 'half'"):
         prof.checkpoint_plan("half")
-    with pytest.raises(ValueError, match="resolution"):
+    with pytest.raises(ValueError, match=re.escape("resolution must be >= 16, got 2")):
         prof.checkpoint_plan(0.5, resolution=2)
+    with pytest.raises(TypeError, match=re.escape("resolution must be an int >= 16, got '4096' (str)")):
+        prof.checkpoint_plan(0.5, resolution="4096")  # (a ValueError before)
     with pytest.raises(TypeError, match="allow_side_effects must be True or False, got 'yes'"):
         prof.checkpoint_plan(0.5, allow_side_effects="yes")
 

@@ -133,3 +133,8 @@ def test_plotting_recompute_time_without_checkpointing_says_how_to_get_it() -> N
         "cannot plot metric 'recompute': no record of this profile holds the field 'recompute_ms'; it is measured "
         "where modules run under activation checkpointing: wrap some in torch.utils.checkpoint, or apply a plan "
         "(prof.checkpoint_plan(budget).applied(model))")
+
+
+def test_a_plot_kind_that_is_no_name_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="kind must be a plot kind's name, one of: sunburst, "):
+        _dollar_profile().plot(None)  # (a ValueError "unknown plot kind None" before)

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 from torch import nn
 
-from .._check import check_bool
+from .._check import check_bool, check_int
 from .._gc import gc_paused
 from ..metrics.checkpoint_bytes import STORAGES_ATTRIBUTE, saved_after, saved_peak
 from ..metrics.memory import TIMELINE_ATTRIBUTE
@@ -607,8 +607,7 @@ def make_plan(root: ModuleRecord, budget: Any = None, allow_side_effects: bool =
             f"0.5 of today's); got {'neither' if budget is None else 'both'}")
     require_figures(root)
     allow_side_effects = check_bool("allow_side_effects", allow_side_effects)
-    if isinstance(resolution, bool) or not isinstance(resolution, int) or resolution < 16:
-        raise ValueError(f"resolution must be an int of at least 16 grid steps, got {resolution!r}")
+    resolution = check_int("resolution", resolution, minimum=16)  # (grid steps)
     budget_bytes = peak_bytes = None
     if peak is None:
         budget_bytes = parse_budget(budget, int(root.saved_bytes or 0))

@@ -266,6 +266,8 @@ PLOT_KINDS = {"sunburst": plot_sunburst, "icicle": plot_icicle, "top": plot_top,
 def save_plot(profile: Any, kind: str, metric: str = "total", path: str | Path | None = None, **kwargs: Any) -> Any:
     """Draw ``kind`` (sunburst, icicle, top, roofline, checkpoint) and, when ``path`` is given, save it as PNG or
     SVG (by suffix). A figure created here is closed after saving; the Axes is returned either way."""
+    if not isinstance(kind, str):
+        raise TypeError(f"kind must be a plot kind's name, one of: {', '.join(PLOT_KINDS)}; got {kind!r}")
     if kind not in PLOT_KINDS:
         raise ValueError(f"unknown plot kind {kind!r}; choose from: {', '.join(PLOT_KINDS)}")
     return PLOT_KINDS[kind](profile, metric=metric, path=path, **kwargs)
