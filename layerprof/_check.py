@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numbers
 import os
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["check_int", "check_bool", "check_names", "check_text", "check_path"]
+__all__ = ["check_int", "check_real", "check_bool", "check_names", "check_text", "check_path"]
 
 
 def _shown(value: Any) -> str:
@@ -37,6 +37,24 @@ def check_int(name: str, value: Any, *, minimum: int | None = 0, none: bool = Fa
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}" + (" or None" if none else "") + f", got {value}")
     return value
+
+
+def check_real(name: str, value: Any, allowed: str, within: Callable[[float], bool], refused: str | None = None
+               ) -> float:
+    """``value`` as a float where it is a real number (not a bool) that ``within`` accepts; a TypeError naming
+    ``name`` for one that is no number, a ValueError for one ``within`` refuses (NaN included, where ``within``
+    compares). ``allowed`` says what to give; ``refused``, where set, says it in the ValueError instead.
+
+    >>> check_real("margin", "0.2", "a fraction such as 0.2", lambda x: x >= 0)
+    Traceback (most recent call last):
+    ...
+    TypeError: margin must be a fraction such as 0.2, got '0.2' (str)
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {allowed}, got {_shown(value)}")
+    if not within(value):
+        raise ValueError(f"{name} must be {refused or allowed}, got {value!r}")
+    return float(value)
 
 
 def check_bool(name: str, value: Any) -> bool:

@@ -12,10 +12,9 @@ local profile, so one script runs both under torchrun and alone.
 """
 from __future__ import annotations
 
-import numbers
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from .._check import check_int
+from .._check import check_int, check_real
 from .crossrank import Spread, cross_rank_stats, spread, straggler_floor, stragglers
 from ..render.table import Table
 from ..render.units import format_counted
@@ -134,10 +133,7 @@ def _check_share(name: str, value: Any, share: bool = True) -> None:
     """A TypeError for a ``value`` that is no number, a ValueError for a negative one or NaN (checked on every
     rank before the collective, so that none raises inside it)."""
     what = "a fraction such as 0.2" if share else "milliseconds such as 1.0, or None"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be {what}, got {value!r} ({type(value).__name__})")
-    if not value >= 0:
-        raise ValueError(f"{name} must be {what} (at least 0), got {value!r}")
+    check_real(name, value, what, lambda number: number >= 0, refused=f"{what} (at least 0)")
 
 
 def _initialized() -> bool:

@@ -9,10 +9,11 @@ few hundred milliseconds and is cached per (device, dtype, threads); user-given 
 from __future__ import annotations
 
 import time
-from numbers import Real
 from typing import Any, Callable
 
 import torch
+
+from .._check import check_real
 
 __all__ = ["peaks", "check_peaks", "PEAK_KEYS"]
 
@@ -118,12 +119,8 @@ def check_peaks(value: Any) -> dict[str, Any] | None:
     if missing:
         raise ValueError(f"peaks needs {' and '.join(repr(k) for k in missing)} (FLOP/s and bytes/s), got {value!r}")
     for key in PEAK_KEYS:
-        number = value[key]
-        if isinstance(number, bool) or not isinstance(number, Real):  # ("1e12", a string, is no number)
-            raise TypeError(
-                f"peaks[{key!r}] must be a positive finite number, got {number!r} ({type(number).__name__})")
-        if not number > 0 or number == float("inf"):
-            raise ValueError(f"peaks[{key!r}] must be a positive finite number, got {number!r}")
+        check_real(f"peaks[{key!r}]", value[key], "a positive finite number",  # ("1e12", a string, is no number)
+                   lambda number: 0 < number < float("inf"))
     source = value.get("source", "given")
     if not isinstance(source, str):
         raise TypeError(f"peaks['source'] says where the figures come from, a string such as 'datasheet'; got "

@@ -7,12 +7,11 @@ a caller can read the plot back.
 from __future__ import annotations
 
 import math
-import numbers
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from .._check import check_int
+from .._check import check_int, check_real
 from ..record.records import ModuleRecord
 from .plot_layout import Layout, Segment, exclusive_values, layout_tree
 from .plot_metrics import PlotMetric, resolve_metric, root_of
@@ -33,12 +32,8 @@ LEGEND_ENTRIES = 12
 
 def _check_min_share(min_share: Any) -> float:
     """``min_share`` as a share of the total in [0, 1): at 1 or more every module would be grouped as "other"."""
-    allowed = "a share of the total, at least 0 and below 1 (such as 0.004)"
-    if isinstance(min_share, bool) or not isinstance(min_share, numbers.Real):
-        raise TypeError(f"min_share must be {allowed}, got {min_share!r} ({type(min_share).__name__})")
-    if not 0 <= min_share < 1:
-        raise ValueError(f"min_share must be {allowed}, got {min_share!r}")
-    return float(min_share)
+    return check_real("min_share", min_share, "a share of the total, at least 0 and below 1 (such as 0.004)",
+                      lambda share: 0 <= share < 1)
 
 
 def _prepare(profile: Any, metric: str, depth: int | None, min_share: float) -> tuple[ModuleRecord, PlotMetric, Layout]:
