@@ -152,6 +152,76 @@ def test_gradient_penalty_double_backward_counts_nothing_twice() -> None:
     assert children <= 1.5 * prof.tree.backward_ms
 
 
+# -- a backward pass inside a forward (forces as the gradient of an energy) -----------------------------------
+class _SlowBackward(torch.autograd.Function):
+    """Identity whose backward sleeps: a pass that runs it and is timed shows at least the sleep."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.02)
+        return grad
+
+
+class _SlowLinear(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(_SlowBackward.apply(x))
+
+
+class _Energy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.act, self.out = _SlowLinear(3, 16), nn.Tanh(), nn.Linear(16, 1)
+
+    def forward(self, pos: torch.Tensor) -> torch.Tensor:
+        return self.out(self.act(self.embed(pos))).sum()
+
+
+class _Forces(nn.Module):
+    """Takes the gradient of its sub-module's output inside its own forward, while it and the root are open."""
+
+    def __init__(self, walls: list[float]) -> None:
+        super().__init__()
+        self.energy = _Energy()
+        self.walls = walls
+
+    def forward(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        energy = self.energy(pos)
+        start = time.perf_counter()
+        forces, = torch.autograd.grad(energy, pos, retain_graph=True)
+        self.walls.append((time.perf_counter() - start) * 1e3)
+        return energy, -forces
+
+
+class _Potential(nn.Module):
+    def __init__(self, walls: list[float]) -> None:
+        super().__init__()
+        self.forces = _Forces(walls)
+
+    def forward(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.forces(pos)
+
+
+def test_a_backward_inside_a_forward_times_the_calls_that_returned_before_it() -> None:
+    # A pass started inside the forward, while the root and ``forces`` are open, runs nodes of calls that have
+    # returned: they must be hooked by then (each call is walked as it returns), or that pass goes untimed.
+    walls: list[float] = []
+    model = _Potential(walls)
+    pos = torch.randn(4, 3, requires_grad=True)
+    with count_calls(model) as reference, LayerProf(model) as prof:
+        energy, forces = model(pos)
+        wall = walls[0] + _timed_backward(energy)
+    check_profile(prof, model)
+    check_truth(prof, model, wall, reference)
+    # Both passes ran the slow node of ``embed``: 20 ms each (one pass only, the step's, read 20).
+    assert prof.records["forces.energy.embed"].backward_ms >= 2 * 20
+    for name in ("forces.energy.act", "forces.energy.out", "forces.energy", "forces"):
+        assert prof.records[name].backward_ms > 0, name
+
+
 # -- modules that run in some steps only ---------------------------------------------------------------------
 class AuxHead(nn.Module):
     def __init__(self) -> None:
