@@ -19,6 +19,7 @@ import torch
 from ._check import check_bool, check_path, check_text
 from ._gc import gc_paused
 from .distributed.gather import gather_failure, gather_profile
+from .metrics.peaks import check_peaks, no_roofs_message, other_machine
 from .metrics.peaks import peaks as measure_peaks
 from .record import io
 from .record.records import ModuleRecord, preorder, release_tree
@@ -45,12 +46,15 @@ __all__ = ["Profile", "load", "loads", "save", "as_profile", "compare"]
 
 
 def _meta_peaks(meta: dict[str, Any]) -> dict[str, Any] | None:
-    """``Profile.peaks`` of the profile whose meta is ``meta``."""
+    """``Profile.peaks`` of the profile whose meta is ``meta``: the roofs it holds, else measured now where this
+    process runs on the machine that measured the profile (``other_machine``), else None."""
     found = meta.get("peaks")
     if found is None:
         environment = meta.get("environment") or {}
         device = environment.get("device") or "cpu"
         if device.startswith("cuda") and not torch.cuda.is_available():
+            return None
+        if other_machine(environment) is not None:
             return None
         found = meta["peaks"] = dict(
             measure_peaks(device, environment.get("dtype"), threads=environment.get("threads"))
@@ -301,6 +305,8 @@ class Profile:
         """
         if all(getattr(record, "self_bytes", None) is None for record in self.records.values()):
             raise ValueError("the roofline needs FLOPs and bytes: profile with LayerProf(model, metrics=('flops',))")
+        if self.peaks() is None:
+            raise ValueError(no_roofs_message(self.meta.get("environment") or {}))
         columns = ["name", "type", "self_total_ms", "self_flops", "self_bytes", "intensity", "achieved_bandwidth",
                    "attainable_ms", "efficiency", "bound", "lost_ms"]
         rows = []
@@ -347,6 +353,11 @@ class Profile:
         check_path(path)
         self._measured("hook_ms")
         self._measured("live_op_ms")
+        if "peaks" not in self.meta and any(getattr(record, "self_bytes", None) is not None
+                                            for record in self.records.values()):
+            # The roofs of the machine that measured the profile, which only a process on it can measure (once per
+            # process): a file read on another machine has no others to hold its modules against.
+            self.peaks()
         return export.write_text(io.dumps(self.tree, self.meta, indent=indent) + "\n", path)
 
     def to_trace(self, path: str | Path | None = None) -> str:
@@ -491,13 +502,14 @@ class Profile:
 
 
 # -- files ---------------------------------------------------------------------------------------------------
-def loads(text: str) -> Profile:
+def loads(text: str, peaks: dict[str, Any] | None = None) -> Profile:
     """A Profile from JSON text written by ``save``/``Profile.to_json``; a ValueError saying what is wrong with
-    any other text."""
-    return _parsed(text, "the profile text")
+    any other text. ``peaks``: the roofs of the machine that measured it (``{"flops": FLOP/s, "bandwidth":
+    bytes/s}``), in place of those saved with it; for a profile saved without them on another machine."""
+    return _parsed(text, "the profile text", check_peaks(peaks))
 
 
-def _parsed(text: Any, source: str) -> Profile:
+def _parsed(text: Any, source: str, peaks: dict[str, Any] | None = None) -> Profile:
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
@@ -509,12 +521,15 @@ def _parsed(text: Any, source: str) -> Profile:
         tree, meta = io.parse(text)
     except ValueError as error:
         raise ValueError(f"cannot load {source}: {error}") from None
+    if peaks is not None:
+        meta["peaks"] = peaks
     return Profile(tree, meta)
 
 
-def load(source: str | Path | IO[str]) -> Profile:
+def load(source: str | Path | IO[str], peaks: dict[str, Any] | None = None) -> Profile:
     """Load a profile saved with ``prof.to_json(path)`` or ``layerprof.save(prof, path)`` (a path or an open file).
-    Anything else is a ValueError naming the file and the first thing wrong with it.
+    Anything else is a ValueError naming the file and the first thing wrong with it. ``peaks``: the roofs of the
+    machine that measured it, as for ``loads``.
 
     >>> import torch, tempfile, os, layerprof
     >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
@@ -525,14 +540,16 @@ def load(source: str | Path | IO[str]) -> Profile:
     >>> layerprof.load(path).layerwise_summary() == prof.layerwise_summary()
     True
     """
+    peaks = check_peaks(peaks)
     if hasattr(source, "read"):
         name = getattr(source, "name", None)
-        return _parsed(source.read(), repr(name) if isinstance(name, str) else "the stream")  # type: ignore[union-attr]
+        return _parsed(source.read(), repr(name) if isinstance(name, str) else "the stream",  # type: ignore[union-attr]
+                       peaks)
     if not isinstance(source, (str, Path)):
         raise TypeError(f"load takes a path or an open file, got {type(source).__name__}; for JSON text use loads")
     if isinstance(source, str) and source.lstrip().startswith("{"):
         raise ValueError("load takes a path or an open file, and this is JSON text: read it with layerprof.loads(text)")
-    return _parsed(Path(source).read_bytes(), repr(str(source)))
+    return _parsed(Path(source).read_bytes(), repr(str(source)), peaks)
 
 
 def as_profile(value: Any) -> Profile:

@@ -141,3 +141,53 @@ def test_show_refuses_what_the_saved_profile_cannot_give_before_printing(saved, 
     out, err = capsys.readouterr()
     assert out == "" and not plot.exists()
     assert err.strip() == "layerprof: error: " + message.replace("'A'", repr(str(a)))
+
+
+@pytest.fixture(scope="module")
+def elsewhere(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A profile with FLOPs saved on another host without its roofs (as files were before they held them)."""
+    net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+    with LayerProf(net, metrics=("flops",), peaks={"flops": 1e11, "bandwidth": 1e10}) as prof:
+        for _ in range(3):
+            net(torch.randn(16, 64)).sum().backward()
+            prof.step()
+    doc = json.loads(prof.to_json())
+    del doc["meta"]["peaks"]
+    doc["meta"]["environment"]["host"] = "gpu-node-17"
+    path = tmp_path_factory.mktemp("elsewhere") / "other.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("argv, asked", [
+    (["--plot", "PLOT", "--plot-kind", "roofline"], "--plot-kind roofline"),
+    (["--columns", "forward,bound"], "--columns forward,bound"),
+])
+def test_show_refuses_roofline_figures_of_another_machine_without_its_roofs(elsewhere, tmp_path, capsys, argv,
+                                                                          asked) -> None:
+    """Before, this machine's roofs were measured and the file's modules held against them: a wrong roofline,
+    without a word. Now a usage error before anything is printed, naming that machine and --peaks."""
+    plot = tmp_path / "r.png"
+    argv = [str(plot) if arg == "PLOT" else arg for arg in argv]
+    assert main(["show", str(elsewhere), *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and not plot.exists()
+    assert err.strip() == (
+        f"layerprof: error: {asked}: {str(elsewhere)!r} holds no roofs: it was measured on another machine (host "
+        "'gpu-node-17'), whose roofs were not saved with it, and this machine's would be wrong for it. Give that "
+        "machine's roofs with --peaks FLOPS,BANDWIDTH (FLOP/s, bytes/s: its spec sheet, or layerprof.peaks() run "
+        "there)")
+
+
+def test_show_holds_a_file_against_the_roofs_given_with_peaks(elsewhere, tmp_path, capsys) -> None:
+    plot = tmp_path / "r.png"
+    assert main(["show", str(elsewhere), "--columns", "bound", "--peaks", "1e11,1e10", "--plot", str(plot),
+                 "--plot-kind", "roofline"]) == 0
+    out = capsys.readouterr().out
+    # Held against the given roofs: a bound for the model and each of its three modules (none without, "—").
+    assert out.count("Bound: ") == 4 and "Bound: —" not in out and plot.read_bytes().startswith(b"\x89PNG")
+    assert main(["show", str(elsewhere), "--peaks", "1e11"]) == 2
+    assert ("argument --peaks: expected FLOPS,BANDWIDTH in FLOP/s and bytes/s such as 989e12,3.35e12, got '1e11'"
+            in capsys.readouterr().err)
+    assert main(["show", str(elsewhere), "--peaks", "0,1e10"]) == 2
+    assert "expected two positive finite numbers, got '0,1e10'" in capsys.readouterr().err

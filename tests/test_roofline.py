@@ -71,18 +71,64 @@ def test_given_peaks_give_exact_figures_and_are_not_measured(monkeypatch: pytest
     assert row["bound"] == ("overhead" if self_ms > OVERHEAD_RATIO * 2.176 else "memory")
 
 
-def test_peaks_measured_only_when_a_roofline_figure_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = []
+def _counted_roofs(monkeypatch: pytest.MonkeyPatch, flops: float, bandwidth: float) -> tuple[list[tuple], LayerProf]:
+    """Roofs measured as ``(flops, bandwidth)``, each measurement noted in the list; and a profile with FLOPs."""
+    calls: list[tuple] = []
     monkeypatch.setattr(layerprof.profile, "measure_peaks",
-                        lambda *args, **kwargs: calls.append(args) or {"flops": 1e9, "bandwidth": 1e9})
-    net = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
-    prof = profile(net, lambda: torch.randn(4, 8))
-    prof.layerwise_summary(), prof.top(3), prof.rows(), prof.to_json()
+                        lambda *args, **kwargs: calls.append(args) or {"flops": flops, "bandwidth": bandwidth})
+    return calls, profile(nn.Sequential(nn.Linear(8, 8), nn.ReLU()), lambda: torch.randn(4, 8))
+
+
+def test_peaks_measured_only_when_a_roofline_figure_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls, prof = _counted_roofs(monkeypatch, 1e9, 1e9)
+    prof.layerwise_summary(), prof.top(3), prof.rows(), prof.to_csv()
     assert calls == [] and "peaks" not in prof.meta
     assert prof.layerwise_summary(columns=("bound",)).count("Bound: ") == 3
     assert calls == [("cpu", "float32")] and prof.meta["peaks"]["flops"] == 1e9
-    prof.roofline(), prof.top(2, by="lost_ms"), prof.to_report()
+    prof.roofline(), prof.top(2, by="lost_ms"), prof.to_report(), prof.to_json()
     assert len(calls) == 1  # kept in meta: measured once per profile (and cached per process)
+
+
+def test_a_saved_profile_holds_the_roofs_of_the_machine_that_measured_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only a process on the machine that measured a profile can measure its roofs: saving one with FLOPs measures
+    # them (where nothing read them yet), and a file read elsewhere holds its modules against those.
+    calls, prof = _counted_roofs(monkeypatch, 2e9, 4e8)
+    saved = json.loads(prof.to_json())
+    assert calls == [("cpu", "float32")] and saved["meta"]["peaks"] == {"flops": 2e9, "bandwidth": 4e8}
+    saved["meta"]["environment"].update(host="gpu-node-17", cpu="Intel(R) Xeon(R) Platinum 8480+")
+    elsewhere = layerprof.loads(json.dumps(saved))
+    assert elsewhere.peaks() == {"flops": 2e9, "bandwidth": 4e8}
+    assert [row["bound"] for row in elsewhere.roofline()] == [row["bound"] for row in prof.roofline()]
+    assert len(calls) == 1
+
+
+def test_a_file_from_another_machine_without_roofs_is_not_held_against_this_ones(
+        monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    # Saved before files held their roofs (or written by hand): this machine's would put its modules against the
+    # wrong roofs (before: measured here, silently). Said so, with the way to give that machine's.
+    calls, prof = _counted_roofs(monkeypatch, 2e9, 4e8)
+    saved = json.loads(prof.to_json())
+    del saved["meta"]["peaks"]
+    here = layerprof.loads(json.dumps(saved))  # this machine's file: measured here, as before
+    assert here.peaks() == {"flops": 2e9, "bandwidth": 4e8} and len(calls) == 2
+    saved["meta"]["environment"]["host"] = "gpu-node-17"
+    text = json.dumps(saved)
+    elsewhere = layerprof.loads(text)
+    assert elsewhere.peaks() is None and len(calls) == 2
+    with pytest.raises(ValueError, match=r"another machine \(host 'gpu-node-17'\).*layerprof.load\(path, peaks="):
+        elsewhere.roofline()
+    with pytest.raises(ValueError, match="host 'gpu-node-17'"):
+        elsewhere.plot("roofline")
+    assert 'id="roofline-section"' not in elsewhere.to_report()  # the report leaves the panel out
+    given = layerprof.loads(text, peaks={"flops": 2e9, "bandwidth": 4e8, "source": "datasheet"})
+    assert [row["bound"] for row in given.roofline()] == [row["bound"] for row in prof.roofline()]
+    assert 'id="roofline-section"' in given.to_report()
+    path = tmp_path / "elsewhere.json"
+    path.write_text(text)
+    assert layerprof.load(path, peaks={"flops": 2e9, "bandwidth": 4e8}).peaks()["source"] == "given"
+    with pytest.raises(ValueError, match="'bandwidth'"):
+        layerprof.load(path, peaks={"flops": 2e9})  # checked before the file is read
+    assert len(calls) == 2
 
 
 def test_bad_peaks_are_refused_early() -> None:

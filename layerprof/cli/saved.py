@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from ..metrics.peaks import no_roofs_reason
+from ..metrics.roofline import ROOFLINE_FIELDS
 from ..profile import Profile, compare, load
 from ..render.gate import MAX_SHARE, MIN_MODULE_STEPS, MIN_SHARE, PASSES, Gate, different_models
 from ..record.fields import Field, stored_fields
@@ -59,6 +61,9 @@ def _show_parser(prog: str) -> argparse.ArgumentParser:
                         help="expand modules down to this depth, root = 0; 'all' for every level (default 2)")
     parser.add_argument("--columns", type=_names, metavar="A,B",
                         help="columns of the annotated tree (the names: layerprof --help)")
+    parser.add_argument("--peaks", type=_peaks, metavar="FLOPS,BANDWIDTH",
+                        help="the roofs of the machine that measured the profile, in FLOP/s and bytes/s (e.g. "
+                             "989e12,3.35e12), for the roofline of a file saved without them elsewhere")
     add_checkpoint_options(parser, "and print the plan (a saved profile has no model to verify it on: run "
                                    "layerprof SPEC --checkpoint-budget for that)",
                            "needs a profile saved from a run with --metrics live_memory (CPU) or memory (CUDA)")
@@ -82,6 +87,18 @@ def _compare_parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
+def _peaks(text: str) -> dict[str, float]:
+    parts = [part.strip() for part in text.split(",")]
+    try:
+        flops, bandwidth = (float(part) for part in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected FLOPS,BANDWIDTH in FLOP/s and bytes/s such as 989e12,3.35e12, "
+                                         f"got {text!r}") from None
+    if not (0 < flops < math.inf and 0 < bandwidth < math.inf):
+        raise argparse.ArgumentTypeError(f"expected two positive finite numbers, got {text!r}")
+    return {"flops": flops, "bandwidth": bandwidth}
+
+
 def _load(path: str, what: str) -> Profile:
     if not Path(path).is_file():
         if Path(path).is_dir():
@@ -99,6 +116,8 @@ def _show(options: argparse.Namespace) -> int:
     outputs = requested_outputs(options)
     check_budget_options(options)
     profile = _load(options.profile, "PROFILE")
+    if options.peaks is not None:
+        profile.meta["peaks"] = {**options.peaks, "source": "given"}
     # What the profile must hold for what was asked is checked before anything is printed: a usage error after
     # the whole summary reads as a run that half worked.
     if options.plot is not None:
@@ -139,6 +158,7 @@ def _check_plot_figures(profile: Profile, options: argparse.Namespace) -> None:
         if not _recorded(profile, "flops"):
             raise UsageError(f"--plot-kind roofline: {options.profile!r} was saved without the flops meter's "
                              "figures (FLOPs and bytes): profile with --metrics flops --json PATH")
+        _check_roofs(profile, options, "--plot-kind roofline")
         return
     try:
         resolve_metric(options.plot_metric, profile.tree)
@@ -154,6 +174,16 @@ def _check_column_figures(profile: Profile, options: argparse.Namespace, fields:
         raise UsageError(f"--columns {','.join(options.columns)}: {options.profile!r} was saved without the "
                          f"{' and '.join(missing)} meter's figures: profile with --metrics {','.join(missing)} "
                          "--json PATH")
+    if any(field.name in ROOFLINE_FIELDS for field in fields):
+        _check_roofs(profile, options, f"--columns {','.join(options.columns)}")
+
+
+def _check_roofs(profile: Profile, options: argparse.Namespace, asked: str) -> None:
+    """Roofline figures need the roofs of the machine that measured the profile (``Profile.peaks``)."""
+    if profile.peaks() is None:
+        why = no_roofs_reason(profile.meta.get("environment") or {})
+        raise UsageError(f"{asked}: {options.profile!r} holds no roofs: {why}. Give that machine's roofs with "
+                         "--peaks FLOPS,BANDWIDTH (FLOP/s, bytes/s: its spec sheet, or layerprof.peaks() run there)")
 
 
 def _compare(options: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["environment", "environment_of", "input_facts"]
+__all__ = ["environment", "environment_of", "input_facts", "machine"]
 
 
 @lru_cache(maxsize=1)
@@ -24,6 +24,11 @@ def _machine() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
     }
+
+
+def machine() -> dict[str, Any]:
+    """This machine as a profile's environment names it: host, OS, Python, CPU model, CPU count, torch."""
+    return _machine()
 
 
 @lru_cache(maxsize=64)

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..record.fields import FIELDS
 from ..record.records import ModuleRecord, preorder
+from ..metrics.peaks import no_roofs_message
 from ..record.roofs import peaks_of
 from .plot_metrics import root_of
 from .plot_save import finish_plot, plot_suffix
@@ -94,8 +95,11 @@ def plot_roofline(profile: Any, metric: str = "total", ax: Any = None, labels: i
                          "run at least two steps (prof.step() after each), so that FLOPs, bytes and times are known")
     peaks = peaks_of(root)
     if not peaks:
-        raise ValueError("no peaks for this profile's device: pass LayerProf(model, peaks={'flops': ..., "
-                         "'bandwidth': ...}) or profile on a device this process can measure")
+        try:
+            meta = getattr(profile, "meta", None) or {}
+        except RuntimeError:  # a LayerProf whose profile is not made
+            meta = {}
+        raise ValueError(no_roofs_message(meta.get("environment") or {}))
     import numpy as np
 
     created, ax = ax is None, new_axes(ax, (8.5, 5.5))
