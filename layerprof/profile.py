@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+import warnings
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Sequence
 
@@ -450,7 +451,18 @@ class Profile:
         Besides modules, a plan can wrap runs of consecutive children of an ``nn.Sequential`` under one
         checkpoint (named ``parent[first:stop]``, as ``checkpoint_sequential`` does), on a live profile;
         ``runs=False`` plans over modules only.
+        A saved profile planned on another machine than the one that measured it (another host, CPU or GPU) with
+        the measured wrapper price warns: that price is this host's Python, not the profiled one's; give the pair
+        ``layerprof.plan.wrap_cost.wrap_cost()`` reads there.
         See ``layerprof.plan``."""
+        if isinstance(wrap_cost, str) and wrap_cost == "measured":
+            other = other_machine(self.meta.get("environment") or {})
+            if other is not None:
+                warnings.warn(
+                    f"checkpoint_plan: this profile was measured on another machine ({other}), and the checkpoint "
+                    "wrapper's cost (host-side Python) is measured on this one: the plan's extra time holds this "
+                    "machine's wrapper price. For that machine's, run layerprof.plan.wrap_cost.wrap_cost() there "
+                    "and pass wrap_cost=(per_call_ms, per_tensor_ms)", RuntimeWarning, stacklevel=2)
         return make_plan(self.tree, budget, allow_side_effects=allow_side_effects, resolution=resolution,
                          wrap_cost=wrap_cost, hook_ms=self._measured("hook_ms"), runs=runs, peak=peak,
                          op_ms=self._measured("live_op_ms"))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 import platform
 import re
 import time
@@ -409,6 +410,24 @@ def test_a_saved_profile_plans_the_same() -> None:
         assert live["saved_peak_bytes"] > 0
         assert from_file == live
     assert any("[" in item["name"] for item in live["chosen"])  # the 75 % plan wraps a run: compared too
+
+
+def test_a_profile_from_another_machine_planned_at_this_ones_wrapper_price_says_so() -> None:
+    # The wrapper's cost is host-side Python, measured on the machine that plans; the recompute times and the
+    # hooks' figure come from the file. Planned elsewhere, the plan's extra time held this host's price unsaid.
+    model = _mlp()
+    x = torch.randn(16, 16)
+    saved = json.loads(_profile(model, lambda: model(x).sum().backward()).to_json())
+    here = layerprof.loads(json.dumps(saved))
+    saved["meta"]["environment"]["host"] = "gpu-node-17"
+    elsewhere = layerprof.loads(json.dumps(saved))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        here.checkpoint_plan(0.5)  # this machine's profile: nothing to say
+        elsewhere.checkpoint_plan(0.5, wrap_cost=(0.4, 0.012))  # that machine's price, given
+    with pytest.warns(RuntimeWarning, match=r"another machine \(host 'gpu-node-17'\).*wrap_cost=\(per_call_ms"):
+        plan = elsewhere.checkpoint_plan(0.5)
+    assert plan.to_dict() == here.checkpoint_plan(0.5).to_dict()  # the same plan, only said
 
 
 def test_report_has_a_checkpoint_panel_with_memory_figures() -> None:
