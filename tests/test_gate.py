@@ -173,6 +173,34 @@ def test_two_different_models_are_refused(tmp_path: Path, capsys: pytest.Capture
     capsys.readouterr()
 
 
+def test_two_runs_measured_otherwise_are_refused_and_other_machines_noted(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Before, a reference of 8 threads against a run of 2 (or float32 against bfloat16, CPU against GPU) failed
+    # or passed the gate on the setting alone.
+    def run(**environment: object) -> Profile:
+        profile = make_profile(model([30, 30.3, 30.6]))
+        profile.meta["environment"].update({"device": "cpu", "dtype": "float32", "threads": 8, **environment})
+        return profile
+
+    reference = run(cpu="AMD EPYC 7B13", torch="2.14.1")
+    assert main(gate_run(tmp_path, reference, run(threads=2, dtype="bfloat16"), "--fail-if-slower", "10")) == 4
+    assert ("--fail-if-slower: A and B were not measured the same way (A ran in float32, with 8 threads and B in "
+            "bfloat16, with 2 threads); a gate compares two runs made alike: profile both with the same --device, "
+            "--dtype and --threads") in capsys.readouterr().err
+    assert main(gate_run(tmp_path, reference, run(device="cuda:0"), "--fail-if-slower", "10")) == 4
+    assert "(A ran on cpu and B on cuda:0)" in capsys.readouterr().err
+    # Another CPU model or torch: gated, with a note that the verdict holds that difference.
+    assert main(gate_run(tmp_path, reference, run(cpu="Intel Xeon 8480", torch="2.14.1"), "--fail-if-slower", "10")) == 0
+    err = capsys.readouterr().err
+    assert ("layerprof: note: A ran CPU 'AMD EPYC 7B13' and B CPU 'Intel Xeon 8480'; the verdict below holds that "
+            "difference too") in err
+    assert "layerprof compare: ok: total time per step (median)" in err
+    # Alike (host names aside, which CI runners change): no note.
+    assert main(gate_run(tmp_path, reference, run(cpu="AMD EPYC 7B13", torch="2.14.1", host="runner-2"),
+                         "--fail-if-slower", "10")) == 0
+    assert "note:" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("limit", ["nan", "inf", "-5", "ten", "-inf"])
 def test_a_limit_that_is_not_a_percentage_is_a_usage_error(limit: str, tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,7 +16,8 @@ from typing import Sequence
 from ..metrics.peaks import no_roofs_reason
 from ..metrics.roofline import ROOFLINE_FIELDS
 from ..profile import Profile, compare, load
-from ..render.gate import MAX_SHARE, MIN_MODULE_STEPS, MIN_SHARE, PASSES, Gate, different_models
+from ..render.gate import (MAX_SHARE, MIN_MODULE_STEPS, MIN_SHARE, PASSES, Gate, different_machines,
+                           different_models, different_settings)
 from ..record.fields import Field, stored_fields
 from ..record.records import preorder
 from ..render.columns import resolve_columns
@@ -198,6 +199,15 @@ def _compare(options: argparse.Namespace) -> int:
         raise NotComparable(f"--fail-if-slower: A and B are not profiles of the same model ({why}); a gate "
                             "compares one model before and after a change. Without --fail-if-slower the "
                             "comparison is printed")
+    why = different_settings(a, b)
+    if why is not None:
+        raise NotComparable(f"--fail-if-slower: A and B were not measured the same way ({why}); a gate compares "
+                            "two runs made alike: profile both with the same --device, --dtype and --threads. "
+                            "Without --fail-if-slower the comparison is printed")
+    machines = different_machines(a, b)
+    if machines is not None:
+        print(f"layerprof: note: {machines}; the verdict below holds that difference too: keep the reference "
+              "profile of the machine the gate runs on", file=sys.stderr)
     try:
         gate = Gate(a, b, options.fail_if_slower, options.by)
     except ValueError as exc:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ..profile import Profile
     from ..record.records import ModuleRecord
 
-__all__ = ["Spread", "Verdict", "Gate", "model_spread", "module_spread", "different_models", "PASSES", "MIN_SHARE",
+__all__ = ["Spread", "Verdict", "Gate", "model_spread", "module_spread", "different_models", "different_settings", "different_machines", "PASSES", "MIN_SHARE",
            "MAX_SHARE", "MIN_MODULE_STEPS"]
 
 PASSES = ("forward", "backward", "total")
@@ -181,6 +181,37 @@ def different_models(a: Profile, b: Profile) -> str | None:
     if batch_a is not None and batch_b is not None and batch_a != batch_b:
         return f"A was profiled with batch size {batch_a} and B with {batch_b}"
     return None
+
+
+# What a step's time depends on besides the model and the code, as a profile's environment names it: where a gate's
+# two profiles differ in one, a slower B says nothing of the change.
+_SETTINGS = (("device", "on {}"), ("dtype", "in {}"), ("threads", "with {} threads"))
+_MACHINE = (("cpu", "CPU {!r}"), ("gpu", "GPU {!r}"), ("torch", "torch {}"))
+
+
+def different_settings(a: Profile, b: Profile) -> str | None:
+    """Why A and B were not measured the same way (None when they were, as far as both say): another device,
+    dtype or thread count."""
+    return _differing(a, b, _SETTINGS)
+
+
+def different_machines(a: Profile, b: Profile) -> str | None:
+    """Where A and B name another CPU model, GPU or torch version (None where they do not, or do not say): a gate's
+    verdict then holds the machines' difference too."""
+    return _differing(a, b, _MACHINE)
+
+
+def _differing(a: Profile, b: Profile, keys: tuple[tuple[str, str], ...]) -> str | None:
+    found_a, found_b = _environment(a), _environment(b)
+    shown_a, shown_b = [], []
+    for key, form in keys:
+        value_a, value_b = found_a.get(key), found_b.get(key)
+        if value_a is not None and value_b is not None and value_a != value_b:
+            shown_a.append(form.format(value_a))
+            shown_b.append(form.format(value_b))
+    if not shown_a:
+        return None
+    return f"A ran {', '.join(shown_a)} and B {', '.join(shown_b)}"
 
 
 def _environment(profile: Profile) -> dict[str, Any]:
