@@ -553,6 +553,19 @@ def test_compare_per_module_diff_and_text() -> None:
     assert list(modules["name"]) == ["", "fc"] and modules["total_ms_ratio"][1] == pytest.approx(5 / 12)
 
 
+def test_compare_says_when_the_two_were_measured_otherwise() -> None:
+    teacher, student = hand_built(TEACHER), hand_built(STUDENT)
+    alike = {"device": "cpu", "dtype": "float32", "threads": 8, "cpu": "AMD EPYC 7B13", "torch": "2.14.1"}
+    teacher.meta["environment"] = dict(alike, host="a")
+    student.meta["environment"] = dict(alike, host="b")
+    assert "Measured otherwise" not in str(layerprof.compare(teacher, student))  # hosts are not compared
+    student.meta["environment"].update(threads=1, cpu="Intel Xeon 8480")
+    lines = str(layerprof.compare(teacher, student, names=("teacher", "student"))).split("\n")
+    assert "Measured otherwise: teacher ran with 8 threads and student with 1 thread: the times compare that too." in lines
+    assert ("Measured otherwise: teacher ran CPU 'AMD EPYC 7B13' and student CPU 'Intel Xeon 8480': the times "
+            "compare that too.") in lines
+
+
 def test_compare_matches_modules_by_name_and_type() -> None:
     # A teacher whose block '1' is a Sequential, a student whose '1' is one Linear: the same name, not the same
     # module. Only the roots match whatever their types: they are the two models.

@@ -11,6 +11,7 @@ from .export import to_dataframe, to_text
 from .._check import check_names
 from ..record.fields import FIELDS, canonical
 from .rows import derived_names, is_number, numeric_fields, value_of
+from .gate import different_machines, different_settings
 from .units import format_change, format_counted, format_field, format_ratio
 
 if TYPE_CHECKING:
@@ -169,6 +170,9 @@ class Comparison:
         modules = self._modules_text(limit=10)
         if modules:
             parts.append(modules)
+        for why in (different_settings(self.a, self.b, self.names), different_machines(self.a, self.b, self.names)):
+            if why is not None:
+                parts.append(f"Measured otherwise: {why}: the times compare that too.")
         if self.only_a or self.only_b:
             retyped = (f" ({format_counted(len(self.retyped), 'name')} in both with another type each, such as "
                        f"'{self.retyped[0]}': {self.a.records[self.retyped[0]].type} and "

@@ -185,33 +185,37 @@ def different_models(a: Profile, b: Profile) -> str | None:
 
 # What a step's time depends on besides the model and the code, as a profile's environment names it: where a gate's
 # two profiles differ in one, a slower B says nothing of the change.
-_SETTINGS = (("device", "on {}"), ("dtype", "in {}"), ("threads", "with {} threads"))
-_MACHINE = (("cpu", "CPU {!r}"), ("gpu", "GPU {!r}"), ("torch", "torch {}"))
+_SETTINGS: tuple[tuple[str, Any], ...] = (
+    ("device", "on {}".format), ("dtype", "in {}".format),
+    ("threads", lambda count: f"with {format_counted(count, 'thread')}"),
+)
+_MACHINE: tuple[tuple[str, Any], ...] = (("cpu", "CPU {!r}".format), ("gpu", "GPU {!r}".format),
+                                         ("torch", "torch {}".format))
 
 
-def different_settings(a: Profile, b: Profile) -> str | None:
+def different_settings(a: Profile, b: Profile, names: tuple[str, str] = ("A", "B")) -> str | None:
     """Why A and B were not measured the same way (None when they were, as far as both say): another device,
-    dtype or thread count."""
-    return _differing(a, b, _SETTINGS)
+    dtype or thread count. ``names``: what to call them."""
+    return _differing(a, b, _SETTINGS, names)
 
 
-def different_machines(a: Profile, b: Profile) -> str | None:
+def different_machines(a: Profile, b: Profile, names: tuple[str, str] = ("A", "B")) -> str | None:
     """Where A and B name another CPU model, GPU or torch version (None where they do not, or do not say): a gate's
     verdict then holds the machines' difference too."""
-    return _differing(a, b, _MACHINE)
+    return _differing(a, b, _MACHINE, names)
 
 
-def _differing(a: Profile, b: Profile, keys: tuple[tuple[str, str], ...]) -> str | None:
+def _differing(a: Profile, b: Profile, keys: tuple[tuple[str, Any], ...], names: tuple[str, str]) -> str | None:
     found_a, found_b = _environment(a), _environment(b)
     shown_a, shown_b = [], []
     for key, form in keys:
         value_a, value_b = found_a.get(key), found_b.get(key)
         if value_a is not None and value_b is not None and value_a != value_b:
-            shown_a.append(form.format(value_a))
-            shown_b.append(form.format(value_b))
+            shown_a.append(form(value_a))
+            shown_b.append(form(value_b))
     if not shown_a:
         return None
-    return f"A ran {', '.join(shown_a)} and B {', '.join(shown_b)}"
+    return f"{names[0]} ran {', '.join(shown_a)} and {names[1]} {', '.join(shown_b)}"
 
 
 def _environment(profile: Profile) -> dict[str, Any]:
