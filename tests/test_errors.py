@@ -475,3 +475,20 @@ def test_warnings_point_at_the_users_line() -> None:
         with LayerProf(net, metrics=("memory",)):
             net(torch.randn(1, 2)).sum().backward()
     assert {w.filename for w in (*caught, *distorted)} == {__file__}
+
+
+def test_a_layerprof_says_to_pickle_its_profile(tmp_path: Path) -> None:
+    # Before: pickle and torch.save failed with "cannot pickle 'weakref.ReferenceType' object", and a deep copy
+    # copied the model with it. The profile pickles, and reads back the same.
+    import copy
+    import pickle
+
+    net = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    with LayerProf(net) as prof:
+        net(torch.randn(4, 8)).sum().backward()
+    for attempt in (pickle.dumps, copy.deepcopy, lambda p: torch.save(p, tmp_path / "prof.pt")):
+        with pytest.raises(TypeError, match=r"a LayerProf cannot be pickled or copied .* prof\.profile after"):
+            attempt(prof)
+    again = pickle.loads(pickle.dumps(prof.profile))
+    assert again.layerwise_summary() == prof.layerwise_summary()
+    assert net(torch.ones(1, 8)).shape == (1, 8) and not net[0]._forward_hooks  # the model as it was

@@ -897,6 +897,16 @@ class LayerProf:
         # None makes a notebook fall back to __repr__ while the profile is not ready.
         return self._profile._repr_html_() if self._state == "done" and self._profile is not None else None
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # A LayerProf holds the model and its hooks' state: pickled (``torch.save(prof)``, a result sent back from
+        # a worker) it failed on a weak reference deep inside, and a deep copy copied the model. What travels is
+        # the profile.
+        raise TypeError(
+            "a LayerProf cannot be pickled or copied (it holds the model it profiles and its hooks' state): pickle, "
+            "copy or torch.save prof.profile after the block, or write prof.to_json(path) and read it with "
+            "layerprof.load(path)"
+        )
+
     def __repr__(self) -> str:
         if self._state != "done" or self._profile is None:
             return f"<LayerProf {type(self.model).__name__} ({self._state})>"
