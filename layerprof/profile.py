@@ -20,11 +20,12 @@ import torch
 from ._check import check_bool, check_path, check_text
 from ._gc import gc_paused
 from .distributed.gather import gather_failure, gather_profile
-from .metrics.peaks import check_peaks, no_roofs_message, other_machine
+from ._machine import other_machine
+from .metrics.peaks import check_peaks
 from .metrics.peaks import peaks as measure_peaks
 from .record import io
 from .record.records import ModuleRecord, preorder, release_tree
-from .record.roofs import attach_peaks
+from .record.roofs import attach_peaks, no_roofs_message
 from .record.summed import TreeValues
 from .plan.plan import CheckpointPlan, make_plan
 from .render import export
@@ -51,7 +52,8 @@ def _meta_peaks(meta: dict[str, Any]) -> dict[str, Any] | None:
     process runs on the machine that measured the profile (``other_machine``), else None."""
     found = meta.get("peaks")
     if found is None:
-        environment = meta.get("environment") or {}
+        environment = meta.get("environment")
+        environment = environment if isinstance(environment, dict) else {}  # (one written by hand: no facts)
         device = environment.get("device") or "cpu"
         if device.startswith("cuda") and not torch.cuda.is_available():
             return None
@@ -357,8 +359,18 @@ class Profile:
         if "peaks" not in self.meta and any(getattr(record, "self_bytes", None) is not None
                                             for record in self.records.values()):
             # The roofs of the machine that measured the profile, which only a process on it can measure (once per
-            # process): a file read on another machine has no others to hold its modules against.
-            self.peaks()
+            # process): a file read on another machine has no others to hold its modules against. A measurement
+            # that fails (no matmul for the profile's dtype, such as int8 on CUDA; out of memory) does not stop
+            # the save: the file holds no roofs, as files saved before they were saved.
+            try:
+                self.peaks()
+            except (RuntimeError, ValueError, TypeError) as error:  # (torch's OutOfMemoryError is a RuntimeError)
+                why = (str(error).strip().splitlines() or [""])[0]
+                warnings.warn(
+                    f"to_json: this machine's roofs could not be measured for the file ({type(error).__name__}: "
+                    f"{why}), so it holds none and its roofline needs them given where it is read: "
+                    "layerprof.load(path, peaks={'flops': FLOP/s, 'bandwidth': bytes/s}). To save them, profile "
+                    "with LayerProf(model, peaks=...)", RuntimeWarning, stacklevel=2)
         return export.write_text(io.dumps(self.tree, self.meta, indent=indent) + "\n", path)
 
     def to_trace(self, path: str | Path | None = None) -> str:
@@ -491,7 +503,9 @@ class Profile:
     def peaks(self) -> dict[str, Any] | None:
         """The machine's roofs the roofline fields hold modules against: ``meta["peaks"]`` (given with
         ``LayerProf(model, peaks=...)``), else measured now by ``layerprof.peaks`` on the profile's device,
-        dtype and thread count and kept in ``meta``. None for a profile of a device this process cannot use."""
+        dtype and thread count and kept in ``meta``. None for a profile of a device this process cannot use, or
+        one measured on another machine (``meta["environment"]`` names another host, CPU model or GPU) that was
+        saved without its roofs: give them with ``layerprof.load(path, peaks=...)``."""
         return _meta_peaks(self.meta)
 
     # -- notebooks and repr ----------------------------------------------------------------------------------

@@ -420,6 +420,26 @@ def show_columns(ctx: Context) -> None:
     assert "(head): Linear【Forward FLOPs: 32 FLOPs (9.1%)】" in out  # 2 x (2 x 4 x 2), of 352
 
 
+def show_peaks(ctx: Context) -> None:
+    # The fixture's file holds this machine's roofs; given ones take their place: against roofs of 1e30 FLOP/s
+    # and bytes/s, every module's own time is far more than 10x its attainable time (overhead-bound).
+    out = ctx.main("show", str(ctx.saved), "--columns", "bound", "--peaks", "1e30,1e30")[1]
+    # (5 modules: the root, body, its Linear and ReLU, head)
+    assert out.count("Bound: overhead") == 5 and "Bound: compute" not in out and "Bound: memory" not in out
+    # A file from another host without its roofs: refused for a roofline column, taken with --peaks.
+    doc = json.loads(ctx.saved.read_text())
+    del doc["meta"]["peaks"]
+    doc["meta"]["environment"]["host"] = "gpu-node-17"
+    other = ctx.tmp / "other.json"
+    other.write_text(json.dumps(doc))
+    status, _, err = ctx.main("show", str(other), "--columns", "bound")
+    assert status == 2 and "another machine (host 'gpu-node-17')" in err and "--peaks FLOPS,BANDWIDTH" in err
+    status, out, err = ctx.main("show", str(other), "--columns", "bound", "--peaks", "1e30,1e30")
+    assert status == 0 and out.count("Bound: overhead") == 5, err
+    status, _, err = ctx.main("show", str(other), "--peaks", "1e30")
+    assert status == 2 and "argument --peaks: expected FLOPS,BANDWIDTH" in err
+
+
 # -- compare ------------------------------------------------------------------------------------------------------
 def _pair(ctx: Context, factor_forward: float, factor_backward: float, module: float = 1.0) -> tuple[str, str]:
     """A and B of 12 steps: A's steps scaled, forward and backward separately; module ``fc`` by ``module``."""
@@ -477,6 +497,7 @@ CASES: dict[tuple[str, str], Callable[[Context], None]] = {
     ("layerprof", "--allow-side-effects"): spec_allow_side_effects,
     ("show", "--depth"): show_depth,
     ("show", "--columns"): show_columns,
+    ("show", "--peaks"): show_peaks,
     ("show", "--checkpoint-budget"): show_checkpoint_budget,
     ("show", "--checkpoint-peak"): show_checkpoint_peak,
     ("show", "--allow-side-effects"): show_allow_side_effects,

@@ -191,3 +191,20 @@ def test_show_holds_a_file_against_the_roofs_given_with_peaks(elsewhere, tmp_pat
             in capsys.readouterr().err)
     assert main(["show", str(elsewhere), "--peaks", "0,1e10"]) == 2
     assert "expected two positive finite numbers, got '0,1e10'" in capsys.readouterr().err
+
+
+def test_show_says_when_this_machines_roofs_cannot_be_measured_for_a_file(elsewhere, tmp_path, capsys) -> None:
+    """A file of this machine without roofs is measured here; a dtype no matmul takes failed as an internal error
+    (exit 70)."""
+    import socket
+
+    doc = json.loads(elsewhere.read_text())
+    doc["meta"]["environment"].update(host=socket.gethostname(), dtype="bool")
+    doc["meta"]["environment"].pop("cpu", None)
+    path = tmp_path / "bool.json"
+    path.write_text(json.dumps(doc))
+    assert main(["show", str(path), "--columns", "bound"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and (f"layerprof: error: --columns bound: {str(path)!r} holds no roofs, and this machine's could "
+                          "not be measured for it (NotImplementedError: ") in err
+    assert err.rstrip().endswith("Give them with --peaks FLOPS,BANDWIDTH (FLOP/s, bytes/s)")

@@ -188,7 +188,12 @@ def test_two_runs_measured_otherwise_are_refused_and_other_machines_noted(
             "bfloat16, with 2 threads); a gate compares two runs made alike: profile both with the same --device, "
             "--dtype and --threads") in capsys.readouterr().err
     assert main(gate_run(tmp_path, reference, run(device="cuda:0"), "--fail-if-slower", "10")) == 4
-    assert "(A ran on cpu and B on cuda:0)" in capsys.readouterr().err
+    assert "(A ran on cpu and B on cuda)" in capsys.readouterr().err
+    # On GPUs: another index of the same GPU model, or another host thread count, is the same run.
+    on_gpu = run(device="cuda:0", gpu="NVIDIA H100 80GB HBM3")
+    assert main(gate_run(tmp_path, on_gpu, run(device="cuda:1", gpu="NVIDIA H100 80GB HBM3", threads=2),
+                         "--fail-if-slower", "10")) == 0
+    assert "note:" not in capsys.readouterr().err
     # Another CPU model or torch: gated, with a note that the verdict holds that difference.
     assert main(gate_run(tmp_path, reference, run(cpu="Intel Xeon 8480", torch="2.14.1"), "--fail-if-slower", "10")) == 0
     err = capsys.readouterr().err

@@ -129,6 +129,35 @@ def test_a_file_from_another_machine_without_roofs_is_not_held_against_this_ones
     with pytest.raises(ValueError, match="'bandwidth'"):
         layerprof.load(path, peaks={"flops": 2e9})  # checked before the file is read
     assert len(calls) == 2
+    # An environment written by hand that is not a dict names no machine: this one's roofs, not an AttributeError.
+    saved["meta"]["environment"] = "by hand"
+    assert layerprof.loads(json.dumps(saved)).peaks() == {"flops": 2e9, "bandwidth": 4e8}
+
+
+def test_a_save_whose_roofs_cannot_be_measured_is_saved_without_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Saving measures the roofs; a measurement that fails (no matmul for the model's dtype, such as int8 on CUDA;
+    # out of memory at the end of a run) must not lose the profile: before, to_json raised it.
+    def fail(*args, **kwargs):
+        raise NotImplementedError("\"addmm_cuda\" not implemented for 'Char'")
+
+    prof = profile(nn.Sequential(nn.Linear(8, 8), nn.ReLU()), lambda: torch.randn(4, 8))
+    monkeypatch.setattr(layerprof.profile, "measure_peaks", fail)
+    with pytest.warns(RuntimeWarning, match=r"roofs could not be measured for the file \(NotImplementedError: "
+                                            r"\"addmm_cuda\" not implemented for 'Char'\).*peaks="):
+        text = prof.to_json()
+    assert "peaks" not in json.loads(text)["meta"]
+    assert layerprof.loads(text).layerwise_summary() == prof.layerwise_summary()
+
+
+def test_measuring_the_roofs_leaves_the_random_stream_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Saving a profile with FLOPs measures the roofs: a script that saves its profile must draw the same numbers
+    # after it as one that does not (before, the matmul's operands were drawn from torch's default generator).
+    monkeypatch.setattr("layerprof.metrics.peaks._CACHE", {})
+    torch.manual_seed(0)
+    expected = torch.rand(4)
+    torch.manual_seed(0)
+    layerprof.peaks("cpu", threads=1)
+    assert torch.equal(torch.rand(4), expected)
 
 
 def test_bad_peaks_are_refused_early() -> None:

@@ -46,7 +46,7 @@ class UnreadableInput(CLIError):
 
 
 class NotComparable(CLIError):
-    """``compare --fail-if-slower`` on profiles of two different models: exit status 4."""
+    """``compare --fail-if-slower`` on profiles of two different models, or measured otherwise: exit status 4."""
 
     exit_code = EXIT_NOT_COMPARABLE
 

@@ -3,7 +3,8 @@
 ``show`` renders a profile written by ``prof.to_json(path)`` or ``layerprof SPEC --json PATH`` (the annotated
 summary, and any of the files ``layerprof SPEC`` writes). ``compare`` prints the comparison of two and, with
 ``--fail-if-slower PCT``, gates on performance (``render/gate.py``): exit 1 when B's median step is more than
-PCT % above A's and beyond the noise of both, 4 when the two are profiles of different models.
+PCT % above A's and beyond the noise of both, 4 when the two are profiles of different models or were measured
+otherwise (another device, dtype or thread count).
 """
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from ..metrics.peaks import no_roofs_reason
 from ..metrics.roofline import ROOFLINE_FIELDS
 from ..profile import Profile, compare, load
 from ..render.gate import (MAX_SHARE, MIN_MODULE_STEPS, MIN_SHARE, PASSES, Gate, different_machines,
                            different_models, different_settings)
 from ..record.fields import Field, stored_fields
 from ..record.records import preorder
+from ..record.roofs import no_roofs_reason
 from ..render.columns import resolve_columns
 from ..render.plot_metrics import resolve_metric
 from .checkpoint import check_budget_options, plan_lines, planned, plot_options
@@ -41,7 +42,8 @@ the gate (--fail-if-slower PCT):
 
 exit status:
   0 ok, 1 B is slower, 2 usage error, 3 a profile is missing or unreadable, 4 the two profiles are of
-  different models (another root type, under half the modules alike, another batch size), 70 internal error
+  different models (another root type, under half the modules alike, another batch size) or were measured
+  otherwise (another device, dtype or thread count), 70 internal error
 """
 
 
@@ -181,7 +183,12 @@ def _check_column_figures(profile: Profile, options: argparse.Namespace, fields:
 
 def _check_roofs(profile: Profile, options: argparse.Namespace, asked: str) -> None:
     """Roofline figures need the roofs of the machine that measured the profile (``Profile.peaks``)."""
-    if profile.peaks() is None:
+    try:
+        roofs = profile.peaks()
+    except (RuntimeError, ValueError, TypeError) as exc:  # measured here, and the measurement failed
+        raise UsageError(f"{asked}: {options.profile!r} holds no roofs, and this machine's could not be measured "
+                         f"for it ({one_line(exc)}). Give them with --peaks FLOPS,BANDWIDTH (FLOP/s, bytes/s)") from exc
+    if roofs is None:
         why = no_roofs_reason(profile.meta.get("environment") or {})
         raise UsageError(f"{asked}: {options.profile!r} holds no roofs: {why}. Give that machine's roofs with "
                          "--peaks FLOPS,BANDWIDTH (FLOP/s, bytes/s: its spec sheet, or layerprof.peaks() run there)")

@@ -1,34 +1,15 @@
 """Where a result was measured: host, OS, CPU, torch, threads, device, dtype, batch size."""
 from __future__ import annotations
 
-import os
-import platform
-import socket
 from functools import lru_cache
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["environment", "environment_of", "input_facts", "machine"]
+from .._machine import machine as _machine
 
-
-@lru_cache(maxsize=1)
-def _machine() -> dict[str, Any]:
-    # platform.platform() and /proc/cpuinfo take milliseconds: read them once per process.
-    return {
-        "host": socket.gethostname(),
-        "os": platform.platform(),
-        "python": platform.python_version(),
-        "cpu": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-    }
-
-
-def machine() -> dict[str, Any]:
-    """This machine as a profile's environment names it: host, OS, Python, CPU model, CPU count, torch."""
-    return _machine()
+__all__ = ["environment", "environment_of", "input_facts"]
 
 
 @lru_cache(maxsize=64)
@@ -40,17 +21,6 @@ def _device_facts(device: torch.device | None, dtype: torch.dtype | None) -> dic
         "gpu": torch.cuda.get_device_name(device) if device is not None and device.type == "cuda" else None,
         "dtype": str(dtype).replace("torch.", "") if dtype is not None else None,
     }
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 _END = object()

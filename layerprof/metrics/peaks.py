@@ -14,9 +14,8 @@ from typing import Any, Callable
 import torch
 
 from .._check import check_real
-from ..collect.environment import machine as _machine
 
-__all__ = ["peaks", "check_peaks", "PEAK_KEYS", "other_machine", "no_roofs_message", "no_roofs_reason"]
+__all__ = ["peaks", "check_peaks", "PEAK_KEYS"]
 
 PEAK_KEYS = ("flops", "bandwidth")
 _CACHE: dict[tuple[str, str, int], dict[str, Any]] = {}
@@ -61,8 +60,11 @@ def _best_seconds(run: Callable[[], Any], sync: Callable[[], None], budget: floa
 def _measure(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     n = _MATMUL_SIZE.get(device.type, 2048)
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
+    # Drawn from a generator of its own: measured when a profile is saved (``to_json``), the roofs must not move
+    # the user's random stream (a run that saves its profile would draw other numbers after it than one that not).
+    generator = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, generator=generator).to(dtype)
+    b = torch.randn(n, n, device=device, generator=generator).to(dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)
     elements = _COPY_BYTES.get(device.type, 256 << 20) // torch.empty((), dtype=dtype).element_size()
     source = torch.ones(elements, device=device, dtype=dtype)
@@ -127,39 +129,3 @@ def check_peaks(value: Any) -> dict[str, Any] | None:
         raise TypeError(f"peaks['source'] says where the figures come from, a string such as 'datasheet'; got "
                         f"{source!r}")
     return {**value, "flops": float(value["flops"]), "bandwidth": float(value["bandwidth"]), "source": source}
-
-
-def no_roofs_reason(environment: dict[str, Any]) -> str:
-    """Why a profile with this environment has no roofs to hold its modules against (``Profile.peaks`` is None)."""
-    other = other_machine(environment)
-    if other is not None:
-        return (f"it was measured on another machine ({other}), whose roofs were not saved with it, and this "
-                "machine's would be wrong for it")
-    return f"it was measured on {environment.get('device') or 'a device'}, which this process cannot measure"
-
-
-def no_roofs_message(environment: dict[str, Any]) -> str:
-    """``no_roofs_reason``, and what to do."""
-    return (f"no roofs for this profile: {no_roofs_reason(environment)}. Give that machine's: layerprof.load(path, "
-            "peaks={'flops': FLOP/s, 'bandwidth': bytes/s}) (its spec sheet, or layerprof.peaks() run there); a "
-            "profile saved with to_json() where it was measured holds them")
-
-
-def other_machine(environment: dict[str, Any]) -> str | None:
-    """Where a profile's environment names another machine than this one (another host, CPU model, or GPU for its
-    device), that machine, in words; None where it is this one, or the profile does not say."""
-    here = _machine()
-    shown = []
-    for key in ("host", "cpu"):
-        theirs = environment.get(key)
-        if theirs is not None and theirs != here.get(key):
-            shown.append(f"{key} {theirs!r}")
-    device, gpu = environment.get("device") or "cpu", environment.get("gpu")
-    if gpu is not None and device.startswith("cuda") and torch.cuda.is_available():
-        try:
-            mine = torch.cuda.get_device_name(torch.device(device))
-        except (RuntimeError, AssertionError, ValueError):  # an index this machine does not have
-            mine = None
-        if gpu != mine:
-            shown.append(f"gpu {gpu!r}")
-    return ", ".join(shown) or None

@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from ..profile import Profile
     from ..record.records import ModuleRecord
 
-__all__ = ["Spread", "Verdict", "Gate", "model_spread", "module_spread", "different_models", "different_settings", "different_machines", "PASSES", "MIN_SHARE",
-           "MAX_SHARE", "MIN_MODULE_STEPS"]
+__all__ = ["Spread", "Verdict", "Gate", "model_spread", "module_spread", "different_models", "different_settings",
+           "different_machines", "PASSES", "MIN_SHARE", "MAX_SHARE", "MIN_MODULE_STEPS"]
 
 PASSES = ("forward", "backward", "total")
 MIN_SHARE = 1.0  # percent of the model's median: smaller modules are below the timer's resolution and noise
@@ -206,7 +206,11 @@ def different_machines(a: Profile, b: Profile, names: tuple[str, str] = ("A", "B
 
 
 def _differing(a: Profile, b: Profile, keys: tuple[tuple[str, Any], ...], names: tuple[str, str]) -> str | None:
-    found_a, found_b = _environment(a), _environment(b)
+    found_a, found_b = _settings(_environment(a)), _settings(_environment(b))
+    if found_a.get("device") != "cpu" or found_b.get("device") != "cpu":
+        # The host's thread count sets a CPU step's speed; a GPU step's runs on the device.
+        found_a.pop("threads", None)
+        found_b.pop("threads", None)
     shown_a, shown_b = [], []
     for key, form in keys:
         value_a, value_b = found_a.get(key), found_b.get(key)
@@ -216,6 +220,15 @@ def _differing(a: Profile, b: Profile, keys: tuple[tuple[str, Any], ...], names:
     if not shown_a:
         return None
     return f"{names[0]} ran {', '.join(shown_a)} and {names[1]} {', '.join(shown_b)}"
+
+
+def _settings(environment: dict[str, Any]) -> dict[str, Any]:
+    """An environment with its device as the device's type: the same GPU model as ``cuda:0`` or ``cuda:1`` runs a
+    step alike (the GPU's name is compared as the machine's)."""
+    device = environment.get("device")
+    if isinstance(device, str):
+        return {**environment, "device": device.partition(":")[0]}
+    return dict(environment)
 
 
 def _environment(profile: Profile) -> dict[str, Any]:

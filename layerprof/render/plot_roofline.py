@@ -14,8 +14,7 @@ from typing import Any
 
 from ..record.fields import FIELDS
 from ..record.records import ModuleRecord, preorder
-from ..metrics.peaks import no_roofs_message
-from ..record.roofs import peaks_of
+from ..record.roofs import no_roofs_message, peaks_of
 from .plot_metrics import root_of
 from .plot_save import finish_plot, plot_suffix
 from .plot_style import new_axes, plain_text
