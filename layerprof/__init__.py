@@ -7,11 +7,12 @@ to their renderers; ``_torch`` holds every private torch API.
 """
 from __future__ import annotations
 
-from ._version import __version__
+from ._version import __version__, check_torch
 from ._interrupt import quiet_interrupt
 
 with quiet_interrupt():  # importing torch takes seconds: a Ctrl-C then ends the layerprof command quietly
-    import torch  # noqa: F401
+    import torch
+check_torch(getattr(torch, "__version__", ""))  # an older torch: ImportError before any private API is touched
 from .benchmark import BenchmarkResult, benchmark
 from .collect import LayerProf, schedule
 from .distributed import CommMeter, GatheredProfile, gather_profile, register_timed_comm_hook

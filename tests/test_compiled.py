@@ -243,12 +243,15 @@ def test_a_compiled_wrapper_put_in_the_model_inside_the_block_fails_the_profile(
         name: state[:-1] for name, state in before.items()}
 
 
-def test_with_dynamo_disabled_a_compiled_module_runs_eagerly_and_is_profiled(monkeypatch: pytest.MonkeyPatch) -> None:
-    # TORCH_COMPILE_DISABLE=1 sets this: compiled wrappers then run their function eagerly, hooks and all
-    monkeypatch.setattr(torch._dynamo.config, "disable", True)
+def test_with_dynamo_disabled_a_compiled_module_runs_eagerly_and_is_profiled() -> None:
+    # TORCH_COMPILE_DISABLE=1 sets this: compiled wrappers then run their function eagerly, hooks and all. Set
+    # through dynamo's own ``config.patch``, not ``monkeypatch.setattr``: pytest >= 9.2 undoes a setattr on a
+    # module by deleting the attribute when it was not in the module's ``__dict__`` (dynamo's config answers
+    # through ``__getattr__``), and dynamo then hides ``config.disable``, so every later torch.compile raised.
     model = model_with_block()
     model[2].compile(backend="eager")
-    prof = profile_step(model)
+    with torch._dynamo.config.patch(disable=True):
+        prof = profile_step(model)
     for name in ("2", "2.0", "2.0.0", "2.0.2"):
         assert prof.records[name].calls == 1 and prof.records[name].backward_ms > 0, name
 

@@ -214,11 +214,18 @@ def test_the_first_counting_block_loads_torchs_dispatch_wrapper_before_it_times(
         "    prof = layerprof.LayerProf(m, metrics=(metrics,))\n"
         "    prof.start()\n"
         "    print(metrics, 'torch._dynamo' in sys.modules)\n"
+        "    m(torch.ones(1, 2)).sum().backward()\n"
+        "    print(metrics, 'torch._dynamo' in sys.modules)\n"
         "    prof.cancel()\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[0] == "flops True"
+    # Loaded as the block starts where torch has the wrapper; torch 2.10 has none (``_should_skip_dynamo`` came with
+    # 2.11), and there nothing loads it in the step either.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    wrapped = hasattr(TorchDispatchMode, "_should_skip_dynamo")
+    assert out.stdout.split("\n")[:2] == [f"flops {wrapped}", f"flops {wrapped}"]
 
 
 # -- recurrent layers -----------------------------------------------------------------------------------------
@@ -715,8 +722,8 @@ print(sum("grouped_mm" in str(op) or "pack_mm" in str(op) for op in FLOP_FORMULA
 
 
 def test_a_torch_without_grouped_mm_still_imports_layerprof() -> None:
-    # pyproject asks for torch>=2.1; the grouped matrix products came later (2.8, their scaled _v2 later still), and
-    # so did the weight-packed ones (int4 for CPU, XPU's with scales and zeros): on such a torch layerprof imports,
+    # The grouped matrix products came late (their scaled _v2 later still), and the weight-packed ones (int4
+    # for CPU, XPU's with scales and zeros) are not in every build: on a torch without them layerprof imports,
     # without their formulas.
     import os
     import subprocess
