@@ -1,13 +1,14 @@
 """The version of layerprof, in one place (the package, the saved files and the CLI read it), and the oldest torch
 it runs on.
 
-``MIN_TORCH`` is pyproject.toml's ``torch>=2.10``. torch 2.9 imports layerprof and profiles, but its CPU live-bytes
-reader (``metrics=("live_memory",)``) reads wrong figures there, and so does the checkpoint planner's peak budget
-built on them: a ``StorageWeakRef``, which the memory meter holds on storages it has seen, keeps a freed storage's
-Python object alive through torch 2.9, so the reader never sees those storages freed. torch 2.8 and older also lack
-the dispatch-mode options the FLOP meter and the reader set (flex attention raises under them, a compiled function in
-a forward runs eagerly), and torch 2.5 the keyword arguments of global forward hooks (every profile raises).
-``import layerprof`` on such a torch raises ImportError (``check_torch``) instead of giving those numbers.
+``MIN_TORCH`` is pyproject.toml's ``torch>=2.9``: ``import layerprof`` on an older torch raises ImportError
+(``check_torch``) instead of giving wrong numbers. torch 2.8 and older lack the dispatch-mode options the FLOP meter
+and the live-bytes reader set (flex attention raises under them, a compiled function in a forward runs eagerly), and
+torch 2.5 the keyword arguments of global forward hooks (every profile raises). ``LIVE_BYTES_TORCH``: on torch 2.9 a
+``StorageWeakRef``, which the memory meter holds on the storages it has seen, keeps a freed storage's Python object
+alive, so the CPU live-bytes reader (``metrics=("live_memory",)``) would never see those storages freed and read
+wrong figures, and so would the checkpoint planner's peak budgets built on them: that meter is refused there
+(``check_live_bytes_torch``), and the rest runs.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import re
 
 __version__ = "0.1.0"
 
-MIN_TORCH = (2, 10)
+MIN_TORCH = (2, 9)
+LIVE_BYTES_TORCH = (2, 10)
 
 
 def torch_release(version: str) -> tuple[int, int] | None:
@@ -35,4 +37,18 @@ def check_torch(version: str) -> None:
             f"layerprof {__version__} needs torch {minimum} or newer, and this environment has torch {version}: "
             f"upgrade it (pip install 'torch>={minimum}'). Older torch releases lack private APIs layerprof relies on, "
             "or behave otherwise there, and some of its figures would be wrong without an error."
+        )
+
+
+def check_live_bytes_torch(version: str) -> None:
+    """Raise ValueError when ``version`` (``torch.__version__``) is older than ``LIVE_BYTES_TORCH``: the CPU live-bytes
+    reader would read wrong figures there (the module doc)."""
+    release = torch_release(version)
+    if release is not None and release < LIVE_BYTES_TORCH:
+        minimum = ".".join(map(str, LIVE_BYTES_TORCH))
+        raise ValueError(
+            f"metrics=('live_memory',) needs torch {minimum} or newer, and this environment has torch {version}: "
+            "there a storage's weak reference keeps a freed storage's Python object alive, so the live-bytes reader "
+            f"would not see frees and its figures (and peak budgets planned on them) would be wrong. Upgrade torch "
+            f"(pip install 'torch>={minimum}'), or profile with metrics=('memory',) for the saved-for-backward bytes"
         )

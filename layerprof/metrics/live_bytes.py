@@ -40,6 +40,7 @@ import torch
 
 from .._tensors import iter_tensors
 from .._torch import TorchDispatchMode, ready_mode, storage_key
+from .._version import check_live_bytes_torch
 from ..record.fields import Field, declare
 from .memory import CudaMemoryReader, MemoryMeter, MemoryReader
 from .meter import register_meter
@@ -218,3 +219,7 @@ class LiveMemoryMeter(MemoryMeter):
     name = "live_memory"
     replaces = "memory"
     reader_factory: Any = DeviceReaders
+
+    def __init__(self) -> None:
+        check_live_bytes_torch(torch.__version__)  # (made with the LayerProf: refused before any step runs)
+        super().__init__()
