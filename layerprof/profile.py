@@ -82,6 +82,9 @@ _ATTRIBUTE_REFERENCES = _attribute_references()
 # Held while a deferred profile makes its records (``Profile._made``); re-entrant: a build that reads a profile.
 _MAKING = threading.RLock()
 
+# How the warning of a plan made on another machine than its profile's begins (the CLI words it for the shell).
+OTHER_MACHINE_WARNING = "checkpoint_plan: this profile was measured on another machine ("
+
 
 class Profile:
     """Records of one profiled model: ``tree`` (anytree root), ``records`` by qualified name, ``meta``."""
@@ -471,7 +474,7 @@ class Profile:
             other = other_machine(self.meta.get("environment") or {})
             if other is not None:
                 warnings.warn(
-                    f"checkpoint_plan: this profile was measured on another machine ({other}), and the checkpoint "
+                    f"{OTHER_MACHINE_WARNING}{other}), and the checkpoint "
                     "wrapper's cost (host-side Python) is measured on this one: the plan's extra time holds this "
                     "machine's wrapper price. For that machine's, run layerprof.plan.wrap_cost.wrap_cost() there "
                     "and pass wrap_cost=(per_call_ms, per_tensor_ms)", RuntimeWarning, stacklevel=2)

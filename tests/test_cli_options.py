@@ -276,6 +276,18 @@ def spec_allow_side_effects(ctx: Context) -> None:
     assert status == 0 and "budget met" in out and "allow_side_effects" not in out, err
 
 
+def spec_wrap_cost(ctx: Context) -> None:
+    status, _, err = ctx.run("--wrap-cost", "0.4,0.012")
+    assert status == 2 and "--wrap-cost is for a checkpoint plan: add --checkpoint-budget" in err
+    status, _, err = ctx.run("--checkpoint-budget", "70%", "--wrap-cost", "0.4")
+    assert status == 2 and "argument --wrap-cost: expected MS_CALL,MS_TENSOR in milliseconds" in err
+    # The plan of spec_checkpoint_budget, priced at the given wrapper: its line reads that price beside its
+    # recomputation, 0.4 ms for the one wrapped call + 4 tensors saved inside at 0.012 ms: 448 µs.
+    status, out, err = ctx.run("--checkpoint-budget", "70%", "--wrap-cost", "0.4,0.012")
+    assert status == 0 and "saved for backward 96 B -> 64 B (66.7%), budget 67 B" in out, err
+    assert re.search(r"wrapper +448 µs", out), out
+
+
 def spec_columns(ctx: Context) -> None:
     out = ctx.run("--columns", "calls,params")[1]
     assert "(head): Linear【Calls: 1 | Params: 10 (21.7%)】" in out  # 4 x 2 + 2 of 46
@@ -404,6 +416,25 @@ def show_checkpoint_budget(ctx: Context) -> None:
     assert "a plan reaches 64 bytes" in out and "verified:" not in out  # no model to verify it on
 
 
+def show_wrap_cost(ctx: Context) -> None:
+    # A memory profile from another host: the plan warned with the Python API's advice (wrap_cost=...), which the
+    # shell cannot follow; now a note naming --wrap-cost, and with it none.
+    doc = json.loads(Path(_normed_profile(ctx)).read_text())
+    doc["meta"]["environment"]["host"] = "gpu-node-17"
+    other = ctx.tmp / "normed_other.json"
+    other.write_text(json.dumps(doc))
+    status, out, err = ctx.main("show", str(other), "--checkpoint-budget", "50%", "--allow-side-effects")
+    # As in show_allow_side_effects: the whole model wrapped keeps only x (2 x 8 x 4 B).
+    assert status == 0 and "saved for backward 160 B -> 64 B" in out, (out, err)
+    assert ("layerprof: note: this profile was measured on another machine (host 'gpu-node-17'), and the plan's "
+            "extra time holds this machine's checkpoint-wrapper price: give that machine's with --wrap-cost "
+            "MS_CALL,MS_TENSOR") in err and "wrap_cost=(" not in err
+    status, out, err = ctx.main("show", str(other), "--checkpoint-budget", "50%", "--allow-side-effects",
+                                "--wrap-cost", "0.4,0.012")
+    # 0.4 ms for the one wrapped call + 10 saved tensors inside it at 0.012 ms: 520 µs.
+    assert status == 0 and "note:" not in err and re.search(r"wrapper +520 µs", out), (out, err)
+
+
 def show_allow_side_effects(ctx: Context) -> None:
     path = _normed_profile(ctx)
     status, _, err = ctx.main("show", path, "--allow-side-effects")
@@ -495,12 +526,14 @@ CASES: dict[tuple[str, str], Callable[[Context], None]] = {
     ("layerprof", "--checkpoint-budget"): spec_checkpoint_budget,
     ("layerprof", "--checkpoint-peak"): spec_checkpoint_peak,
     ("layerprof", "--allow-side-effects"): spec_allow_side_effects,
+    ("layerprof", "--wrap-cost"): spec_wrap_cost,
     ("show", "--depth"): show_depth,
     ("show", "--columns"): show_columns,
     ("show", "--peaks"): show_peaks,
     ("show", "--checkpoint-budget"): show_checkpoint_budget,
     ("show", "--checkpoint-peak"): show_checkpoint_peak,
     ("show", "--allow-side-effects"): show_allow_side_effects,
+    ("show", "--wrap-cost"): show_wrap_cost,
     ("compare", "--by"): compare_by,
     ("compare", "--fail-if-slower"): compare_fail_if_slower,
     ("compare", "--per-module"): compare_per_module,

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from typing import Any
 
 from torch import nn
 
+from .._machine import other_machine
 from ..metrics import DEFAULT_METRICS
 from ..plan.budget import parse_budget
 from ..plan.plan import CheckpointPlan
 from ..plan.verify import verify_plan
-from ..profile import Profile
+from ..profile import OTHER_MACHINE_WARNING, Profile
 from ..render.checkpoint import verification_text
 from .errors import RunError, UsageError, one_line
 from .run import loss_of
@@ -29,8 +31,10 @@ def check_budget_options(options: argparse.Namespace) -> None:
         raise UsageError("--checkpoint-budget and --checkpoint-peak: give one (the memory saved for backward, or the "
                          "step's peak)")
     if budget is None and peak is None:
-        if options.allow_side_effects:
-            raise UsageError("--allow-side-effects is for a checkpoint plan: add --checkpoint-budget 50%")
+        for flag, given in (("--allow-side-effects", options.allow_side_effects),
+                            ("--wrap-cost", getattr(options, "wrap_cost", None) is not None)):
+            if given:
+                raise UsageError(f"{flag} is for a checkpoint plan: add --checkpoint-budget 50%")
         return
     flag, text, name = ("--checkpoint-budget", budget, "budget") if peak is None else ("--checkpoint-peak", peak, "peak")
     try:
@@ -70,7 +74,20 @@ def check_checkpoint_options(options: argparse.Namespace) -> None:
 
 def plan_lines(profile: Profile, options: argparse.Namespace) -> tuple[CheckpointPlan, list[str]]:
     """The plan for ``--checkpoint-budget`` and its text."""
-    plan = profile.checkpoint_plan(**_budget(options), allow_side_effects=options.allow_side_effects)
+    given = getattr(options, "wrap_cost", None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plan = profile.checkpoint_plan(**_budget(options), allow_side_effects=options.allow_side_effects,
+                                       wrap_cost="measured" if given is None else given)
+    for warning in caught:
+        text = str(warning.message)
+        if text.startswith(OTHER_MACHINE_WARNING):  # its advice is the Python API's: the shell's instead
+            other = other_machine(profile.meta.get("environment"))
+            print(f"layerprof: note: this profile was measured on another machine ({other}), and the plan's extra "
+                  "time holds this machine's checkpoint-wrapper price: give that machine's with --wrap-cost "
+                  "MS_CALL,MS_TENSOR (layerprof.plan.wrap_cost.wrap_cost() run there)", file=sys.stderr)
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     lines = [str(plan)]
     if plan.reachable_allowing_side_effects is not None:
         lines.append("  (--allow-side-effects lets the plan recompute them)")
