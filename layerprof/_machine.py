@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["machine", "other_machine"]
+__all__ = ["machine", "other_machine", "environment_in"]
 
 
 @lru_cache(maxsize=1)
@@ -40,6 +40,13 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def environment_in(meta: Any) -> dict[str, Any]:
+    """The environment a profile's ``meta`` names: a dict, empty where it names none (or one written by hand that is
+    not a dict)."""
+    environment = meta.get("environment") if isinstance(meta, dict) else None
+    return environment if isinstance(environment, dict) else {}
 
 
 def other_machine(environment: Any) -> str | None:

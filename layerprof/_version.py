@@ -27,12 +27,18 @@ def torch_release(version: str) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
+def _short_of(version: str, floor: tuple[int, int]) -> str | None:
+    """``floor`` as text ("2.10") where ``version`` (``torch.__version__``) is an older release; None where it is not,
+    or cannot be read (a build of one's own)."""
+    release = torch_release(version)
+    return ".".join(map(str, floor)) if release is not None and release < floor else None
+
+
 def check_torch(version: str) -> None:
     """Raise ImportError when ``version`` (``torch.__version__``) is older than ``MIN_TORCH``. A version string that
     cannot be read (a build of one's own) passes."""
-    release = torch_release(version)
-    if release is not None and release < MIN_TORCH:
-        minimum = ".".join(map(str, MIN_TORCH))
+    minimum = _short_of(version, MIN_TORCH)
+    if minimum is not None:
         raise ImportError(
             f"layerprof {__version__} needs torch {minimum} or newer, and this environment has torch {version}: "
             f"upgrade it (pip install 'torch>={minimum}'). Older torch releases lack private APIs layerprof relies on, "
@@ -43,9 +49,8 @@ def check_torch(version: str) -> None:
 def check_live_bytes_torch(version: str) -> None:
     """Raise ValueError when ``version`` (``torch.__version__``) is older than ``LIVE_BYTES_TORCH``: the CPU live-bytes
     reader would read wrong figures there (the module doc)."""
-    release = torch_release(version)
-    if release is not None and release < LIVE_BYTES_TORCH:
-        minimum = ".".join(map(str, LIVE_BYTES_TORCH))
+    minimum = _short_of(version, LIVE_BYTES_TORCH)
+    if minimum is not None:
         raise ValueError(
             f"metrics=('live_memory',) needs torch {minimum} or newer, and this environment has torch {version}: "
             "there a storage's weak reference keeps a freed storage's Python object alive, so the live-bytes reader "

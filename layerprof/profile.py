@@ -20,7 +20,7 @@ import torch
 from ._check import check_bool, check_path, check_text
 from ._gc import gc_paused
 from .distributed.gather import gather_failure, gather_profile
-from ._machine import other_machine
+from ._machine import environment_in, other_machine
 from .metrics.peaks import check_peaks
 from .metrics.peaks import peaks as measure_peaks
 from .record import io
@@ -52,8 +52,7 @@ def _meta_peaks(meta: dict[str, Any]) -> dict[str, Any] | None:
     process runs on the machine that measured the profile (``other_machine``), else None."""
     found = meta.get("peaks")
     if found is None:
-        environment = meta.get("environment")
-        environment = environment if isinstance(environment, dict) else {}  # (one written by hand: no facts)
+        environment = environment_in(meta)
         device = environment.get("device") or "cpu"
         if device.startswith("cuda") and not torch.cuda.is_available():
             return None
@@ -312,7 +311,7 @@ class Profile:
         if all(getattr(record, "self_bytes", None) is None for record in self.records.values()):
             raise ValueError("the roofline needs FLOPs and bytes: profile with LayerProf(model, metrics=('flops',))")
         if self.peaks() is None:
-            raise ValueError(no_roofs_message(self.meta.get("environment") or {}))
+            raise ValueError(no_roofs_message(environment_in(self.meta)))
         columns = ["name", "type", "self_total_ms", "self_flops", "self_bytes", "intensity", "achieved_bandwidth",
                    "attainable_ms", "efficiency", "bound", "lost_ms"]
         rows = []
@@ -471,7 +470,7 @@ class Profile:
         ``layerprof.plan.wrap_cost.wrap_cost()`` reads there.
         See ``layerprof.plan``."""
         if isinstance(wrap_cost, str) and wrap_cost == "measured":
-            other = other_machine(self.meta.get("environment") or {})
+            other = other_machine(environment_in(self.meta))
             if other is not None:
                 warnings.warn(
                     f"{OTHER_MACHINE_WARNING}{other}), and the checkpoint "

@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import nn
 
-from .._machine import other_machine
+from .._machine import environment_in, other_machine
 from ..metrics import DEFAULT_METRICS
 from ..plan.budget import parse_budget
 from ..plan.plan import CheckpointPlan
@@ -82,7 +82,7 @@ def plan_lines(profile: Profile, options: argparse.Namespace) -> tuple[Checkpoin
     for warning in caught:
         text = str(warning.message)
         if text.startswith(OTHER_MACHINE_WARNING):  # its advice is the Python API's: the shell's instead
-            other = other_machine(profile.meta.get("environment"))
+            other = other_machine(environment_in(profile.meta))
             print(f"layerprof: note: this profile was measured on another machine ({other}), and the plan's extra "
                   "time holds this machine's checkpoint-wrapper price: give that machine's with --wrap-cost "
                   "MS_CALL,MS_TENSOR (layerprof.plan.wrap_cost.wrap_cost() run there)", file=sys.stderr)

@@ -142,21 +142,27 @@ def add_checkpoint_options(group: argparse.ArgumentParser | argparse._ArgumentGr
     group.add_argument("--allow-side-effects", action="store_true",
                        help="with --checkpoint-budget: let the plan recompute modules with side effects (BatchNorm "
                             "in training: its running statistics then move twice a step)")
-    group.add_argument("--wrap-cost", type=_wrap_cost, metavar="MS_CALL,MS_TENSOR",
+    group.add_argument("--wrap-cost", type=number_pair("MS_CALL,MS_TENSOR in milliseconds", "0.4,0.012", zero=True),
+                       metavar="MS_CALL,MS_TENSOR",
                        help="with a checkpoint plan: the checkpoint wrapper's price, ms per wrapped call and per "
                             "tensor saved inside, instead of measuring it on this machine (a profile from another "
                             "machine: layerprof.plan.wrap_cost.wrap_cost() run there)")
 
 
-def _wrap_cost(text: str) -> tuple[float, float]:
-    try:
-        per_call, per_tensor = (float(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected MS_CALL,MS_TENSOR in milliseconds such as 0.4,0.012, got "
-                                         f"{text!r}") from None
-    if not (0 <= per_call < float("inf") and 0 <= per_tensor < float("inf")):
-        raise argparse.ArgumentTypeError(f"expected two finite numbers >= 0, got {text!r}")
-    return per_call, per_tensor
+def number_pair(form: str, example: str, zero: bool = False) -> Callable[[str], tuple[float, float]]:
+    """An argparse type: two finite numbers given as "A,B" (``form`` says what they are, ``example`` shows two),
+    each above 0, or at least 0 where ``zero``."""
+    def parse(text: str) -> tuple[float, float]:
+        try:
+            first, second = (float(part) for part in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {form} such as {example}, got {text!r}") from None
+        if not all((0 <= number if zero else 0 < number) and number < float("inf") for number in (first, second)):
+            kind = "finite numbers >= 0" if zero else "positive finite numbers"
+            raise argparse.ArgumentTypeError(f"expected two {kind}, got {text!r}")
+        return first, second
+
+    return parse
 
 
 def add_common_options(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

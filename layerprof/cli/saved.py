@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from .._machine import environment_in
 from ..metrics.roofline import ROOFLINE_FIELDS
 from ..profile import Profile, compare, load
 from ..render.gate import (MAX_SHARE, MIN_MODULE_STEPS, MIN_SHARE, PASSES, Gate, different_machines,
@@ -26,7 +27,8 @@ from ..render.plot_metrics import resolve_metric
 from .checkpoint import check_budget_options, plan_lines, planned, plot_options
 from .errors import EXIT_OK, EXIT_SLOWER, NotComparable, UnreadableInput, UsageError, one_line
 from .outputs import requested_outputs, write_outputs
-from .parser import _Parser, _depth, _names, add_checkpoint_options, add_common_options, add_output_options
+from .parser import (_Parser, _depth, _names, add_checkpoint_options, add_common_options, add_output_options,
+                     number_pair)
 
 __all__ = ["SUBCOMMANDS", "run_saved"]
 
@@ -64,7 +66,8 @@ def _show_parser(prog: str) -> argparse.ArgumentParser:
                         help="expand modules down to this depth, root = 0; 'all' for every level (default 2)")
     parser.add_argument("--columns", type=_names, metavar="A,B",
                         help="columns of the annotated tree (the names: layerprof --help)")
-    parser.add_argument("--peaks", type=_peaks, metavar="FLOPS,BANDWIDTH",
+    parser.add_argument("--peaks", type=number_pair("FLOPS,BANDWIDTH in FLOP/s and bytes/s", "989e12,3.35e12"),
+                        metavar="FLOPS,BANDWIDTH",
                         help="the roofs of the machine that measured the profile, in FLOP/s and bytes/s (e.g. "
                              "989e12,3.35e12), for the roofline of a file saved without them elsewhere")
     add_checkpoint_options(parser, "and print the plan (a saved profile has no model to verify it on: run "
@@ -90,18 +93,6 @@ def _compare_parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
-def _peaks(text: str) -> dict[str, float]:
-    parts = [part.strip() for part in text.split(",")]
-    try:
-        flops, bandwidth = (float(part) for part in parts)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected FLOPS,BANDWIDTH in FLOP/s and bytes/s such as 989e12,3.35e12, "
-                                         f"got {text!r}") from None
-    if not (0 < flops < math.inf and 0 < bandwidth < math.inf):
-        raise argparse.ArgumentTypeError(f"expected two positive finite numbers, got {text!r}")
-    return {"flops": flops, "bandwidth": bandwidth}
-
-
 def _load(path: str, what: str) -> Profile:
     if not Path(path).is_file():
         if Path(path).is_dir():
@@ -120,7 +111,8 @@ def _show(options: argparse.Namespace) -> int:
     check_budget_options(options)
     profile = _load(options.profile, "PROFILE")
     if options.peaks is not None:
-        profile.meta["peaks"] = {**options.peaks, "source": "given"}
+        flops, bandwidth = options.peaks
+        profile.meta["peaks"] = {"flops": flops, "bandwidth": bandwidth, "source": "given"}
     # What the profile must hold for what was asked is checked before anything is printed: a usage error after
     # the whole summary reads as a run that half worked.
     if options.plot is not None:
@@ -189,7 +181,7 @@ def _check_roofs(profile: Profile, options: argparse.Namespace, asked: str) -> N
         raise UsageError(f"{asked}: {options.profile!r} holds no roofs, and this machine's could not be measured "
                          f"for it ({one_line(exc)}). Give them with --peaks FLOPS,BANDWIDTH (FLOP/s, bytes/s)") from exc
     if roofs is None:
-        why = no_roofs_reason(profile.meta.get("environment") or {})
+        why = no_roofs_reason(environment_in(profile.meta))
         raise UsageError(f"{asked}: {options.profile!r} holds no roofs: {why}. Give that machine's roofs with "
                          "--peaks FLOPS,BANDWIDTH (FLOP/s, bytes/s: its spec sheet, or layerprof.peaks() run there)")
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._machine import environment_in
 from .units import format_counted, format_ms
 
 if TYPE_CHECKING:
@@ -177,7 +178,7 @@ def different_models(a: Profile, b: Profile) -> str | None:
         both = format_counted(len(modules_a | modules_b), "module")
         return (f"only {alike} of their {both} are alike by name and type "
                 f"(A has {len(modules_a)}, B {len(modules_b)})")
-    batch_a, batch_b = (_environment(p).get("batch_size") for p in (a, b))
+    batch_a, batch_b = (environment_in(p.meta).get("batch_size") for p in (a, b))
     if batch_a is not None and batch_b is not None and batch_a != batch_b:
         return f"A was profiled with batch size {batch_a} and B with {batch_b}"
     return None
@@ -206,7 +207,7 @@ def different_machines(a: Profile, b: Profile, names: tuple[str, str] = ("A", "B
 
 
 def _differing(a: Profile, b: Profile, keys: tuple[tuple[str, Any], ...], names: tuple[str, str]) -> str | None:
-    found_a, found_b = _settings(_environment(a)), _settings(_environment(b))
+    found_a, found_b = _settings(environment_in(a.meta)), _settings(environment_in(b.meta))
     if found_a.get("device") != "cpu" or found_b.get("device") != "cpu":
         # The host's thread count sets a CPU step's speed; a GPU step's runs on the device.
         found_a.pop("threads", None)
@@ -229,11 +230,6 @@ def _settings(environment: dict[str, Any]) -> dict[str, Any]:
     if isinstance(device, str):
         return {**environment, "device": device.partition(":")[0]}
     return dict(environment)
-
-
-def _environment(profile: Profile) -> dict[str, Any]:
-    environment = profile.meta.get("environment")
-    return environment if isinstance(environment, dict) else {}
 
 
 _AGAINST = " (against the rest of the model)"
