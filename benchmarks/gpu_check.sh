@@ -34,7 +34,7 @@ stage "checkpoint_peak.py --peak"
 timeout "$(cap 90)" python3 benchmarks/checkpoint_peak.py --device cuda --peak --models bert-base,gpt2,resnet50 2>&1 \
     | grep -v USDT | tee "$out/peak_budget.log"
 stage "suite"
-xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12")
+xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12 --dist loadgroup")
 timeout "$(left)" python3 -m pytest -v --tb=line -rfE -p no:cacheprovider $xdist tests > "$out/suite.log" 2>&1
 echo "suite: rc $?" >> "$out/suite.log"
 tail -40 "$out/suite.log"

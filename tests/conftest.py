@@ -31,3 +31,8 @@ def cuda() -> torch.device:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     return torch.device("cuda")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist's mark, used by the docs tests (one group per page), known where xdist is not installed.
+    config.addinivalue_line("markers", "xdist_group(name): run under --dist loadgroup on one pytest-xdist worker")

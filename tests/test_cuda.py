@@ -292,3 +292,32 @@ def test_the_current_stream_is_made_again_only_when_it_changes() -> None:
     assert [current() for _ in range(7)] == ["stream 1", "stream 1", "stream 2", "stream 2", "stream 3",
                                              "stream 4", "stream 4"]
     assert made == [3, 3, 3, 3]  # four changes of the raw stream (None -> 7 -> 9 -> 7 -> 0), each on device 3
+
+
+def test_a_saved_cuda_profile_holds_the_gpus_roofs_and_gates_against_a_second_run(
+        cuda: torch.device, tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """``to_json`` measures the GPU's roofs where the profile was made (a file read on another machine has no
+    others), the file reads back to the same roofline, and two runs on this GPU pass the gate's like-for-like check
+    (exit 0 or 1, never 4: same device type, dtype; threads are compared on CPU only)."""
+    import layerprof
+
+    model, step = _built("resnet50", cuda)
+    step()
+    paths = []
+    for run in range(2):
+        with LayerProf(model, metrics=("flops",), schedule=schedule(active=3)) as prof:
+            for _ in range(3):
+                step()
+                prof.step()
+        path = tmp_path / f"run{run}.json"
+        prof.profile.to_json(path)
+        paths.append(path)
+    saved = layerprof.load(paths[0])
+    assert saved.meta["peaks"] == layerprof.peaks(cuda)  # measured once per process, for this GPU
+    assert saved.meta["peaks"]["device"].startswith("cuda") and saved.meta["peaks"]["flops"] > 1e12
+    live = {row["name"]: row["bound"] for row in layerprof.load(paths[1]).roofline()}
+    assert live and set(live.values()) <= {"compute", "memory", "overhead"}
+    assert "Measured otherwise" not in str(layerprof.compare(saved, layerprof.load(paths[1])))
+    capsys.readouterr()
+    assert main(["compare", str(paths[0]), str(paths[1]), "--fail-if-slower", "50"]) in (0, 1)
+    assert "measured otherwise" not in capsys.readouterr().err.lower()

@@ -2,7 +2,9 @@
 
 Blocks of a page share one temporary directory and run in page order, each in a fresh interpreter; pages are
 independent, so the pages of the selected tests run side by side (`LAYERPROF_DOCS_WORKERS`, default: up to 2
-at once) and each test waits for its block. A block preceded by `<!-- docs-test: skip: REASON -->` is reported
+at once) and each test waits for its block. Under pytest-xdist a worker runs a page only when one of its blocks
+comes to it (every worker collects every test: ahead of time, each would run every page); `--dist loadgroup` keeps
+a page's blocks on one worker (each test is in its page's `xdist_group`). A block preceded by `<!-- docs-test: skip: REASON -->` is reported
 as skipped with its reason, and so is one that fails for want of an optional package not installed here. The
 runner is tests/docs_examples.py (`python -m tests.docs_examples --regenerate` rewrites the shown outputs).
 """
@@ -34,11 +36,16 @@ def page_runs(request, tmp_path_factory):
         params = getattr(getattr(item, "callspec", None), "params", {})
         if getattr(item, "originalname", None) == "test_block" and "name" in params:
             wanted[params["name"]] = max(wanted.get(params["name"], -1), params["index"])
-    pool = ThreadPoolExecutor(_workers(), thread_name_prefix="docs-page")
+    ahead = not os.environ.get("PYTEST_XDIST_WORKER")
+    pool = ThreadPoolExecutor(_workers() if ahead else 1, thread_name_prefix="docs-page")
     runs: dict[str, tuple[docs_examples.Page, Future]] = {}
     for name in sorted(wanted, key=lambda n: -wanted[n]):          # long pages first
         page = docs_examples.Page(name, PAGES[name], tmp_path_factory.mktemp(name.replace("/", "-")))
-        runs[name] = page, pool.submit(_run_quietly, page, wanted[name])
+        if ahead:
+            runs[name] = page, pool.submit(_run_quietly, page, wanted[name])
+        else:  # run by the page's first test on this worker, to its own block
+            runs[name] = page, Future()
+            runs[name][1].set_result(None)
     yield runs
     pool.shutdown(wait=True, cancel_futures=True)
 
@@ -50,7 +57,8 @@ def _run_quietly(page: docs_examples.Page, last: int) -> None:
         pass                      # kept in page.errors, raised by that block's own test
 
 
-@pytest.mark.parametrize("name,index,block", BLOCKS, ids=[block.id for _, _, block in BLOCKS])
+@pytest.mark.parametrize("name,index,block", [pytest.param(*entry, marks=pytest.mark.xdist_group(entry[0]))
+                                              for entry in BLOCKS], ids=[block.id for _, _, block in BLOCKS])
 def test_block(name, index, block, page_runs):
     if block.action == "skip":
         pytest.skip(f"{block.id}: {block.skip}")
