@@ -278,6 +278,11 @@ def accuracy(name: str, steps: int, scale: int) -> None:
     root = prof.tree
     total_ref = gpu_ms.get(root.name, 0.0) + gpu_ms.get(f"{root.name} (backward)", 0.0)
     print(f"{name}: root {root.total_ms:.2f} ms a step by layerprof, {total_ref:.2f} ms of kernels by torch.profiler")
+    # Each step's root time: a one-off stall (one step's pause inside one call) moves the mean above, and the
+    # module it falls in, by as much as a step that turned launch-bound would spread over every module.
+    totals = prof.profile.meta["step_ms"]
+    print(f"{name}: root per step (ms): forward {', '.join(f'{ms:.1f}' for ms in totals['forward'] or [])}; "
+          f"backward {', '.join(f'{ms:.1f}' for ms in totals['backward'] or [])}")
     worst = {"forward": (0.0, ""), "backward": (0.0, "")}
     for module_name, record in prof.records.items():
         for passname, field, key in (("forward", "forward_ms", module_name), ("backward", "backward_ms",
