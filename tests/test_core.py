@@ -331,9 +331,31 @@ def test_reentering_and_nesting_are_refused() -> None:
         with prof:
             pass
     with LayerProf(model):
-        with pytest.raises(RuntimeError, match="already being profiled"):
+        with pytest.raises(RuntimeError, match="already being profiled") as raised:
             with LayerProf(model.body):
                 pass
+    # A part of a profiled model: the message says which part it is there, and how to have both.
+    assert "(it is 'body' in the model that one profiles)" in str(raised.value)
+    assert "use one LayerProf on a module that holds them all" in str(raised.value)
+    assert not _PROFILED
+
+
+def test_two_models_sharing_a_module_are_told_to_use_one_profiler() -> None:
+    shared = nn.Embedding(10, 4)
+    teacher, student = nn.Sequential(shared, nn.Linear(4, 4)), nn.Sequential(shared, nn.Linear(4, 2))
+    with LayerProf(teacher):
+        with pytest.raises(RuntimeError) as raised:
+            with LayerProf(student):
+                pass
+    message = str(raised.value)
+    assert message.startswith("module '0' (Embedding) is already being profiled by another active LayerProf")
+    assert "(it is '0' in the model that one profiles)" in message and "an nn.ModuleDict of the models" in message
+    with LayerProf(nn.ModuleDict({"teacher": teacher, "student": student})) as prof:
+        teacher(torch.tensor([1, 2])).sum().backward()
+        student(torch.tensor([3])).sum().backward()
+    # the shared embedding is one module: one row, both models' calls (as for any module called twice)
+    assert prof.records["teacher.0"].calls == 2 and "student.0" not in prof.records
+    assert prof.records["teacher.1"].calls == 1 and prof.records["student.1"].calls == 1
     assert not _PROFILED
 
 

@@ -302,6 +302,33 @@ def test_no_grad_and_inference_mode_count_forward_only() -> None:
         assert all(record.flops_backward is None for record in prof.records.values())
 
 
+class _Distill(nn.Module):
+    """A teacher under no_grad and a student that trains, in one step (knowledge distillation)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.teacher = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        self.student = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            target = self.teacher(x)
+        return (self.student(x) - target).pow(2).sum()
+
+
+def test_a_module_whose_backward_did_not_run_reads_none_beside_one_that_trained() -> None:
+    # Before, every module of a block in which some backward ran read 0 backward FLOPs (so compare() called the
+    # teacher "better" than a trained twin); backward_ms already read None.
+    model = _Distill()
+    prof = profile(model, torch.randn(3, 8))
+    for name in ("teacher", "teacher.0", "teacher.1", "teacher.2"):
+        record = prof.records[name]
+        assert record.flops_forward is not None and record.flops_backward is None and record.backward_ms is None
+    assert prof.records["teacher"].flops_forward == 2 * 3 * 8 * 16 + 2 * 3 * 16 * 4
+    # the student's weight gradient only (its input needs none): 2 * 3 rows * 8 * 4
+    assert prof.records["student"].flops_backward == 2 * 3 * 8 * 4 and prof.tree.flops_backward >= 2 * 3 * 8 * 4
+
+
 def test_several_steps_count_one_step() -> None:
     net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     with LayerProf(net, metrics=("flops",)) as prof:

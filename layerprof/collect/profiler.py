@@ -355,11 +355,22 @@ class LayerProf:
             if not held.keys().isdisjoint(plan.names) and not (holder._give_way is not None and holder._give_way()):
                 name, module = next((name, module) for name, module in entries if id(module) in held)
                 shown = f"module '{name}'" if name else "the model"
+                theirs = held[id(module)]
+                # The same model twice, or a part of one model profiled on its own while the whole is, or one
+                # module shared by two models (a teacher and a student sharing an embedding).
+                where = ("" if not name and not theirs else
+                         f" (it is '{theirs}' in the model that one profiles)" if theirs else
+                         " (it is the model that one profiles)")
+                both = ("" if not name and not theirs else
+                        " To profile two models that share modules, or a model and a part of it, use one LayerProf "
+                        "on a module that holds them all (an nn.ModuleDict of the models, say): each part then has "
+                        "its own rows.")
                 raise RuntimeError(
                     f"{shown} ({type(module).__name__}) is already being profiled by another active LayerProf "
-                    f"(started {_place(holder._started_at)}); two profilers on one model would time each other's "
-                    "hooks. Stop that one first: prof.stop() for its profile, or prof.cancel() to drop it; if you no "
-                    "longer hold it (a notebook cell run again), LayerProf.running_on(model).cancel()."
+                    f"(started {_place(holder._started_at)}){where}; two profilers on one module would time each "
+                    "other's hooks. Stop that one first: prof.stop() for its profile, or prof.cancel() to drop it; "
+                    "if you no longer hold it (a notebook cell run again), LayerProf.running_on(model).cancel()."
+                    + both
                 )
         self._entries = entries
         self._entry_modules = modules  # the entries' modules while no module joins (then len(entries) > _built)

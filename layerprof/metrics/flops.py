@@ -408,6 +408,25 @@ class FlopMeter(Meter):
                     totals.unknown[unknown] += 1
 
     # -- records ---------------------------------------------------------------------------------------------
+    def _backward_names(self) -> set[str]:
+        """The modules a backward ran in: credited with backward ops, or holding a call whose own graph nodes ran
+        (its enclosing calls and the modules that adopt it too)."""
+        names = {name for name, totals in self._totals.items() if totals.flops[_BACKWARD] or totals.bytes[_BACKWARD]}
+        names.update(name for name, totals in self._adopted.items()
+                     if totals.flops[_BACKWARD] or totals.bytes[_BACKWARD])
+        walked: set[int] = set()
+        for calls in self._calls.values():
+            for call in calls:
+                if call.bwd_start is None:
+                    continue
+                while call is not None and id(call) not in walked:
+                    walked.add(id(call))
+                    names.add(call.name)
+                    names.update(self._adopters.get(id(call), ()))
+                    parent = call.parent
+                    call = parent if parent is not None else self._logical_parent.get(id(call))
+        return names
+
     def fill(self, records: dict[str, ModuleRecord]) -> None:
         for call in self._overridden_calls:
             if call.bwd_start is not None:
@@ -415,6 +434,9 @@ class FlopMeter(Meter):
         backward_ran = self._backward_ran or any(
             call.bwd_start is not None for calls in self._calls.values() for call in calls
         )
+        # Per module: a backward of its own or of a call inside it ran (a teacher under no_grad beside a training
+        # student has no backward: None, not 0, though the block ran one).
+        backward_names = self._backward_names() if backward_ran else set()
         recomputed = {call.name for calls in self._calls.values() for call in calls if call.recompute}
         for name, record in records.items():
             totals = self._totals.get(name) or _Totals()
@@ -424,12 +446,13 @@ class FlopMeter(Meter):
                 totals = _joined(totals, adopted)
             forward, backward, recompute = totals.flops
             record.flops_forward = forward if ran else None
-            record.flops_backward = backward if ran and backward_ran else None
+            ran_backward = ran and name in backward_names
+            record.flops_backward = backward if ran_backward else None
             record.flops_recompute = recompute if recompute or name in recomputed else None
             record.unknown_ops = dict(totals.unknown.most_common())
             moved_forward, moved_backward, moved_recompute = totals.bytes
             record.bytes_forward = moved_forward if ran else None
-            record.bytes_backward = moved_backward if ran and backward_ran else None
+            record.bytes_backward = moved_backward if ran_backward else None
             record.bytes_recompute = moved_recompute if recompute or moved_recompute or name in recomputed else None
             record.self_flops = totals.self_flops if ran else None
             record.self_bytes = totals.self_bytes if ran else None
