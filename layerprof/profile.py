@@ -468,7 +468,22 @@ class Profile:
         A saved profile planned on another machine than the one that measured it (another host, CPU or GPU) with
         the measured wrapper price warns: that price is this host's Python, not the profiled one's; give the pair
         ``layerprof.plan.wrap_cost.wrap_cost()`` reads there.
+        A step of several forwards each of whose backward ran before the next began (gradient accumulation) is
+        refused for a saved-bytes budget: its saved bytes sum forwards never held at once. Profile one micro-batch a
+        step (``prof.step()`` after each backward), or plan by ``peak=``.
         See ``layerprof.plan``."""
+        if peak is None:
+            accumulated = max((found.get("forwards_after_backward", 0) for found in self.meta.values()
+                               if isinstance(found, dict)), default=0)
+            if accumulated:
+                raise ValueError(
+                    f"checkpoint_plan: the profiled step ran {accumulated + 1} forwards that saved for backward, each "
+                    "after the previous one's backward (gradient accumulation), so its saved bytes "
+                    f"({int(self.tree.saved_bytes or 0)}) sum {accumulated + 1} micro-batches of which one at a time "
+                    "is held, and a budget against that sum would wrap far more than needed. Profile one micro-batch "
+                    "a step (call prof.step() after each micro-batch's backward; with a trainer, profile with "
+                    "gradient_accumulation_steps=1 or accumulate_grad_batches=1), or plan against the step's peak "
+                    "with checkpoint_plan(peak=...)")
         if isinstance(wrap_cost, str) and wrap_cost == "measured":
             other = other_machine(environment_in(self.meta))
             if other is not None:

@@ -708,3 +708,37 @@ def test_a_verified_steps_time_on_cuda_holds_its_kernels() -> None:
 
     ms, _ = _timed(lambda: calls.append("step"), sync)
     assert calls == ["sync", "step", "sync"] and ms >= 20
+
+
+def test_a_step_of_accumulated_micro_batches_is_refused_for_a_saved_bytes_budget() -> None:
+    # Four micro-batches, each forward's backward before the next forward (gradient accumulation): the step's saved
+    # bytes sum four of which one is held at a time, and a 50 % budget of that sum wrapped the whole model (five
+    # times the recompute time of the plan for one micro-batch), verified "met" against the same sum.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 128), nn.Tanh(), nn.Linear(128, 10))
+    batches = [torch.randn(8, 64) for _ in range(4)]
+    with LayerProf(model, metrics=("memory",)) as prof:
+        for x in batches:
+            model(x).sum().backward()
+    one = 8 * 128 * 4 * 2 + 8 * 64 * 4  # per micro-batch, fp32: the two Tanh outputs (each also the next Linear's
+    # saved input: one storage) and the first Linear's input, 10,240 bytes
+    assert prof.profile.meta["memory"]["forwards_after_backward"] == 3 and prof.tree.saved_bytes == 4 * one
+    message = ("checkpoint_plan: the profiled step ran 4 forwards that saved for backward, each after the previous "
+               f"one's backward (gradient accumulation), so its saved bytes ({4 * one}) sum 4 micro-batches")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        prof.profile.checkpoint_plan("50%")
+    with pytest.raises(ValueError, match=re.escape(message)):  # a saved profile keeps what it ran
+        layerprof.loads(prof.profile.to_json()).checkpoint_plan("50%")
+    # One micro-batch a step, as the message says: planned on one micro-batch's bytes.
+    with LayerProf(model, metrics=("memory",)) as prof:
+        for x in batches:
+            model(x).sum().backward()
+            prof.step()
+    assert "forwards_after_backward" not in prof.profile.meta.get("memory", {})
+    plan = prof.profile.checkpoint_plan("50%", wrap_cost=None)
+    assert plan.saved_bytes_before == one and plan.saved_bytes_after <= one // 2
+    # Two forwards and one backward of both (a siamese loss) hold both at once: planned on their sum.
+    with LayerProf(model, metrics=("memory",)) as prof:
+        (model(batches[0]) - model(batches[1])).pow(2).sum().backward()
+    assert "forwards_after_backward" not in prof.profile.meta.get("memory", {})
+    assert prof.profile.checkpoint_plan("50%", wrap_cost=None).saved_bytes_before == 2 * one

@@ -241,6 +241,11 @@ class MemoryMeter(Meter):
         # Storage -> [bytes, the innermost calls that saved it] in the current forward, for the planner's figures.
         self._savers: dict[int, list[Any]] = {}
         self._forward: list[_CallMemory] = []  # the calls of the current forward of the model
+        self._forward_traces: list[Any] = []  # and their calls, to see whether its backward ran before the next
+        # Forwards that saved for backward after an earlier one's backward had run (gradient accumulation: each
+        # micro-batch's saved bytes are released before the next is made, so a step's sum is never held at once).
+        self._after_backward = 0
+        self._released_pending = False
         self._tables: list[dict[str, list[Any]]] = []  # per forward: its storages, for the planner's exact figure
         self._table_calls: list[list[_CallMemory]] = []  # per forward: its calls, whose boundaries fill adds
         self._step_log: PeakLog | None = None  # the log of the device of the model's first call: the step's
@@ -258,6 +263,7 @@ class MemoryMeter(Meter):
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: Sequence[tuple[str, nn.Module]]) -> None:
         self._names = list(records)
+        self._after_backward, self._released_pending = 0, False
         self._static = _storage_keys(list(model.parameters()), list(model.buffers()))
         self._reader = type(self).reader_factory()
         # Hooks installed before profiling (save_on_cpu, offloading) keep working: ours chains to them.
@@ -302,8 +308,13 @@ class MemoryMeter(Meter):
     def meta(self) -> dict[str, Any]:
         """On a device the reader covers (CUDA; the CPU with ``live_memory``): ``step_peak_bytes``, the most
         allocated from the start of the model's first forward call to the end of the step (allocator bytes on
-        CUDA, live tensor bytes made in the step on the CPU), ``step_start_bytes`` and ``step_end_bytes``."""
-        return dict(self._step)
+        CUDA, live tensor bytes made in the step on the CPU), ``step_start_bytes`` and ``step_end_bytes``. Where a
+        forward of the step saved for backward after an earlier forward's backward had run (gradient accumulation),
+        ``forwards_after_backward``: how many did."""
+        found = dict(self._step)
+        if self._after_backward:
+            found["forwards_after_backward"] = self._after_backward
+        return found
 
     def explain(self, error: BaseException) -> str | None:
         if isinstance(error, RuntimeError) and "saved tensor hooks" in str(error):
@@ -387,7 +398,7 @@ class MemoryMeter(Meter):
             self._returned.clear()
             self._saved.clear()
             self._inputs.clear()
-            self._settle()
+            self._settle(released=any(trace.bwd_start is not None for trace in self._forward_traces))
         inputs = {}
         for key, storage in _storages(args, kwargs).items():
             if key not in self._static:
@@ -403,6 +414,7 @@ class MemoryMeter(Meter):
         state.input_versions = input_versions((args, kwargs))
         state.name = call.name
         self._forward.append(state)
+        self._forward_traces.append(call)
         self._states[id(call)] = state
         self._calls.append((call, state))
         stack.append(call)
@@ -472,13 +484,18 @@ class MemoryMeter(Meter):
             logs_read[log] = log.boundary() if self._reader.covers(log.device) else None
         return logs_read[log]
 
-    def _settle(self) -> None:
-        """Work out the planner's figures of the calls of the forward that just ended."""
+    def _settle(self, released: bool = False) -> None:
+        """Work out the planner's figures of the calls of the forward that just ended; ``released``: its backward
+        ran before the next forward began."""
         if self._forward:
+            if self._savers:
+                self._after_backward += self._released_pending
+                self._released_pending = released
             settle_forward(self._forward, self._savers)
             self._tables.append(storage_table(self._forward, self._savers))
             self._table_calls.append(self._forward)
         self._forward = []
+        self._forward_traces = []
         self._savers = {}
 
     # -- records -----------------------------------------------------------------------------------------------------
