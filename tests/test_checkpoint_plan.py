@@ -742,3 +742,32 @@ def test_a_step_of_accumulated_micro_batches_is_refused_for_a_saved_bytes_budget
         (model(batches[0]) - model(batches[1])).pow(2).sum().backward()
     assert "forwards_after_backward" not in prof.profile.meta.get("memory", {})
     assert prof.profile.checkpoint_plan("50%", wrap_cost=None).saved_bytes_before == 2 * one
+
+
+def test_calls_made_with_gradients_off_are_not_priced_as_recomputed() -> None:
+    # A reference pass through the same modules under no_grad (DPO, a teacher or EMA pass), then the trained pass:
+    # a checkpoint re-runs the second only. Before, each layer was priced at both calls' forward time (2-3x what
+    # verify_plan measured on a PEFT Llama) and the knapsack chose other, costlier plans.
+    from layerprof.plan.candidates import candidates
+
+    torch.manual_seed(0)
+    model = _mlp(depth=4, width=64)
+    x = torch.randn(16, 16)
+
+    def step() -> None:
+        with torch.no_grad():
+            model(x)
+        model(x).sum().backward()
+
+    prof = _profile(model, step, steps=3)
+    record = prof.records["1"]
+    assert record.calls == 2 and record.checkpoint_no_grad_calls == 1 and prof.tree.checkpoint_no_grad_calls == 1
+    found = {candidate.name: candidate for candidate in candidates(prof.tree)}
+    forward = record.forward_ms_median  # both calls; the one a checkpoint re-runs is half of it (same work)
+    assert found["1"].recompute_ms == pytest.approx(forward / 2)
+    assert found["1"].calls == 2  # the wrapper's set-up runs on both calls
+    # Without the reference pass nothing is scaled.
+    plain = _profile(model, lambda: model(x).sum().backward(), steps=3)
+    assert plain.records["1"].checkpoint_no_grad_calls == 0
+    assert {c.name: c for c in candidates(plain.tree)}["1"].recompute_ms == pytest.approx(
+        plain.records["1"].forward_ms_median)

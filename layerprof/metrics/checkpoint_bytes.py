@@ -20,7 +20,8 @@ changes state that a recomputation would change again (BatchNorm updating runnin
 ``checkpoint_cache_updates`` those handed a key/value cache, which they extend (Hugging Face models with
 ``use_cache=True``): a recomputation would attend over the keys its forward already added, so it is never allowed;
 ``checkpoint_inplace_inputs`` the number of this module's calls that modified an input in place (a checkpoint
-would have saved the input before the change); ``foreign_calls`` the calls made from a module that is not one of its
+would have saved the input before the change); ``checkpoint_no_grad_calls`` its calls made with gradients off (a
+reference model's pass under ``no_grad``: nothing saved, nothing recomputed); ``foreign_calls`` the calls made from a module that is not one of its
 tree ancestors (a shared module: wrapping it would nest with the wrapping of its callers).
 """
 from __future__ import annotations
@@ -38,7 +39,7 @@ __all__ = ["CHECKPOINT_FIELDS", "STORAGES_ATTRIBUTE", "storage_table", "saved_af
 
 CHECKPOINT_FIELDS = (
     "checkpoint_freed_bytes", "checkpoint_kept_bytes", "checkpoint_side_effects", "checkpoint_cache_updates",
-    "checkpoint_inplace_inputs", "foreign_calls", "checkpoint_saved_tensors",
+    "checkpoint_inplace_inputs", "foreign_calls", "checkpoint_saved_tensors", "checkpoint_no_grad_calls",
 )
 declare(
     Field("checkpoint_freed_bytes", "bytes", "Ckpt Frees", share_of="saved_bytes", meter="memory", detail=True,
@@ -55,6 +56,8 @@ declare(
           doc="calls of the module made from a module that does not contain it (a shared module)"),
     Field("checkpoint_saved_tensors", "count", "Ckpt Tensors", meter="memory", detail=True, cost=False,
           doc="tensors autograd saved in the module's forward, every one (a checkpoint's hooks handle each)"),
+    Field("checkpoint_no_grad_calls", "count", "No-grad Calls", meter="memory", detail=True, cost=False,
+          doc="calls of the module made with gradients off (no_grad, inference_mode): a checkpoint re-runs none"),
 )
 
 # The root record's private attribute holding ``storage_table`` of each forward (live profiles, and profiles saved

@@ -169,7 +169,7 @@ class _CallMemory:
     __slots__ = (
         "inputs", "self_activation", "self_saved", "activation", "saved", "log", "self_tensors", "tensors",
         "name", "parent", "depth", "input_sizes", "input_versions", "freed", "kept", "side_effects", "inplace",
-        "cache_updates", "ops", "ops_start",
+        "cache_updates", "no_grad", "ops", "ops_start",
         "forward_mark", "forward_start", "forward_delta", "forward_peak", "forward_end_mark",
         "backward_mark", "backward_start", "backward_delta", "backward_peak", "backward_end_mark",
     )
@@ -182,6 +182,7 @@ class _CallMemory:
         self.parent = parent
         self.depth = 0 if parent is None else parent.depth + 1
         self.freed = self.kept = self.side_effects = self.cache_updates = self.inplace = 0
+        self.no_grad = 0  # 1 for a call made with gradients off
         self.self_activation = self.self_saved = 0
         self.activation = self.saved = 0  # inclusive, summed at fill
         self.self_tensors = self.tensors = 0  # every saved tensor, whatever its storage (the checkpoint's cost)
@@ -411,6 +412,7 @@ class MemoryMeter(Meter):
             self._step_log = state.log
         state.side_effects = int(has_side_effects(module))
         state.cache_updates = int(updates_a_cache(args, kwargs))
+        state.no_grad = int(not torch.is_grad_enabled())
         state.input_versions = input_versions((args, kwargs))
         state.name = call.name
         self._forward.append(state)
@@ -529,6 +531,7 @@ class MemoryMeter(Meter):
             _add(row, "checkpoint_cache_updates", state.cache_updates)
             _add(row, "checkpoint_inplace_inputs", state.inplace)
             _add(row, "checkpoint_saved_tensors", state.tensors)
+            _add(row, "checkpoint_no_grad_calls", state.no_grad)
             _add(row, "foreign_calls", int(call.parent is not None and not _inside(call.name, call.parent.name)))
         ran = {call.name for call, _ in self._calls if not call.recompute}
         for call, state in self._calls:

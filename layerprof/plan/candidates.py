@@ -102,6 +102,15 @@ def _forward_ms(record: ModuleRecord) -> float:
     return float(median if median is not None else record.forward_ms or 0.0)
 
 
+def grad_share(record: ModuleRecord) -> float:
+    """The share of the module's calls a checkpoint re-runs: those made with gradients on. A call under ``no_grad``
+    (a reference model's pass in DPO, a teacher or EMA pass through the same modules) saves nothing and is never
+    recomputed, but its time is in the module's forward."""
+    calls = float(record.calls or 0)
+    no_grad = float(getattr(record, "checkpoint_no_grad_calls", None) or 0)
+    return 1.0 if not no_grad or calls <= 0 else max(0.0, calls - no_grad) / calls
+
+
 def _saved_tensors(record: ModuleRecord) -> int:
     return int(getattr(record, "checkpoint_saved_tensors", None) or 0)
 
@@ -200,12 +209,16 @@ def candidates(root: ModuleRecord, allow_side_effects: bool = False, cost: WrapC
         forward = _forward_ms(record) - skipped_tail_ms(record)
         hooks, reader = hook_ms * below[i], op_ms * reader_ops(record)
         recompute = forward - hooks - reader  # (in the order the runs' sums take them off)
+        share = grad_share(record)
+        if share != 1.0:  # calls made with gradients off are in the forward time, not re-run
+            recompute *= share
         found.append(Candidate(
             name=record.name, type=record.type, parent=parents[i],
             freed_bytes=int(getattr(record, "checkpoint_freed_bytes", None) or 0),
             kept_bytes=int(getattr(record, "checkpoint_kept_bytes", None) or 0),
             recompute_ms=max(0.0, recompute), calls=record.calls,
             excluded=_why_excluded(record, allow_side_effects),
+            # (the wrapper's set-up runs on a call under no_grad too: every call priced)
             wrap_ms=0.0 if cost is None else cost.of(record.calls or 0, _saved_tensors(record)),
             deducted_share=(hooks + reader) / forward if forward >= TIMED_MS else None,
         ))
