@@ -76,3 +76,86 @@ def test_without_checkpointing_recompute_stays_none() -> None:
     with LayerProf(model) as prof:
         model(torch.randn(4, 8)).sum().backward()
     assert all(record.recompute_ms is None for record in prof.records.values())
+
+
+class _TwoBranchBlock(nn.Module):
+    """A pre-norm block that calls its feed-forward twice (timm ViT's block shape, reduced): a model's own
+    checkpoint around it stops recomputing early, inside the second call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n1, self.n2 = nn.LayerNorm(64), nn.LayerNorm(64)
+        self.fc1, self.act, self.fc2 = nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.fc2(self.act(self.fc1(self.n1(x))))
+        return x + self.fc2(self.act(self.fc1(self.n2(x))))
+
+
+def test_a_models_own_checkpoint_that_stops_early_keeps_no_recomputed_graph_alive() -> None:
+    # Checkpoint's early stop raises out of the recomputation. The recomputed block's call then never walked its
+    # graph, and the nodes its sub-calls' walks had left to it (with the tensors the recomputed graph saved) stayed
+    # on the call until the block's end: the profiled step's peak read 20,480 bytes (one GELU output, 4x5x256 fp32)
+    # above the plain step's, and peak plans on it were refused as out of reach.
+    from layerprof._version import LIVE_BYTES_TORCH, _short_of
+    from layerprof.metrics.live_bytes import read_step
+    from torch.utils.checkpoint import checkpoint
+
+    if _short_of(torch.__version__, LIVE_BYTES_TORCH):
+        pytest.skip(f"the live-bytes reader needs torch {LIVE_BYTES_TORCH}")
+    torch.manual_seed(0)
+    inp, block, head = nn.Linear(32, 64), _TwoBranchBlock(), nn.Linear(64, 1)
+    model = nn.ModuleDict({"inp": inp, "block": block, "head": head})
+    x = torch.randn(4, 5, 32)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        head(checkpoint(block, inp(x), use_reentrant=False)).sum().backward()
+
+    step()
+    plain = read_step(step).peak
+    with LayerProf(model) as prof:
+        profiled = read_step(step).peak
+    assert profiled == plain
+    assert prof.records["block"].recompute_ms is not None  # the recomputation was seen and timed
+    assert prof.records["block.fc1"].calls == 2
+
+
+def test_a_forward_that_raised_lets_go_of_the_graph_it_was_building() -> None:
+    # A forward that ran out of memory and is tried again (a smaller batch): the failed attempt's graph, saved
+    # tensors and all, was held by the profiler until the block's end.
+    import gc
+
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    from layerprof._version import LIVE_BYTES_TORCH, _short_of
+
+    if _short_of(torch.__version__, LIVE_BYTES_TORCH):
+        pytest.skip(f"a storage's weak reference sees its storage freed from torch {LIVE_BYTES_TORCH}")
+
+    class Fails(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+            self.fail = True
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            scaled = x * 3
+            h = scaled.sin()  # the call's own node, which the sub-call's walk hands to it, saves ``scaled``
+            kept.append(StorageWeakRef(scaled.untyped_storage()))
+            out = self.fc(h)
+            if self.fail:
+                raise RuntimeError("out of memory (made up)")
+            return out
+
+    kept: list[Any] = []
+    model = nn.Sequential(Fails())
+    x = torch.randn(64, 8, requires_grad=True)
+    with LayerProf(model) as prof:
+        with pytest.raises(RuntimeError, match="made up"):
+            model(x)
+        gc.collect()
+        assert kept[0].expired()  # the failed attempt's tensors are gone while the block runs on
+        model[0].fail = False
+        model(x[:32]).sum().backward()
+    assert prof.records["0"].calls == 1 and prof.records["0"].backward_ms is not None

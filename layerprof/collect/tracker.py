@@ -669,6 +669,8 @@ class Tracker:
                 # module it leaves: the exception itself then says it was noted, so no identity is kept here
                 # (id() is reused, and holding the exception would keep its traceback's frames alive).
                 call.raised = True
+                if call.deferred is not None:
+                    _hook_deferred(call, state)
                 if not has_note(error):
                     error.add_note(raised_note(name, type(module).__name__))
                 return None
@@ -812,6 +814,25 @@ def _walk(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState) 
         # finished call, with its clock (the event pool) and its step, until that thread's next walk. A forward's
         # walks leave theirs to the block's end (``end_step``), which clears the block's own thread: 76 ns a walk.
         hooker.clear()
+
+
+def _hook_deferred(call: CallTrace, state: _ThreadState) -> None:
+    """Hook, as the call's own, the nodes its sub-calls' walks left to a call whose forward raised (its own walk
+    never comes), and let go of them: the list held the graph the call was building, saved tensors and all, until
+    the block's end. Checkpoint's early stop raises out of every recomputation, and the recomputed graph's nodes
+    hold the tensors they saved (a timm ViT block: 20 KB more at the step's peak than without the profiler); a
+    forward that ran out of memory and is tried again smaller held the failed attempt's graph."""
+    deferred, call.deferred = call.deferred, None
+    walked = state.walked
+    hooker = state.hooker
+    hooker.use({0: call})
+    for node in deferred:
+        number = _sequence_nr(node)
+        if number not in walked:
+            walked.add(number)
+            hooker.register(node)
+    if call.recompute:
+        hooker.clear()  # as a recomputation's walk does: the hooker holds no finished call past it
 
 
 def _defer(node: Any, number: int, state: _ThreadState, step: _Step) -> None:
