@@ -25,7 +25,7 @@ __all__ = [
     "has_decomposition", "nested_sizes", "storage_key", "submodules", "tensor_version", "outer_saved_tensors_hooks",
     "compiled_module_type", "process_group_initialized", "fsdp2_param_groups", "FSDP2_HOOK_POINTS", "fsdp2_comm_buffers",
     "patch_fsdp2_group", "unpatch_fsdp2_group",
-    "TorchDispatchMode", "ready_mode", "StorageWeakRef", "escaped_backward", "add_forward_hooks", "remove_forward_hooks",
+    "TorchDispatchMode", "ready_mode", "mode_is_on", "StorageWeakRef", "escaped_backward", "add_forward_hooks", "remove_forward_hooks",
     "add_forward_hooks_to", "remove_forward_hooks_from", "add_global_forward_hooks", "remove_global_forward_hooks",
     "add_module_registration_hook", "remove_module_registration_hook",
     "with_forward_pre_hooks", "global_pre_hook_kwargs", "NodeHooker", "cuda_raw_stream", "cuda_event_record",
@@ -251,6 +251,15 @@ def ready_mode(mode_type: type) -> None:
     skips = getattr(mode_type, "_should_skip_dynamo", None)
     if skips is not None and "torch._dynamo" not in sys.modules and skips():
         import torch._dynamo  # noqa: F401
+
+
+def mode_is_on(mode: Any) -> bool:
+    """Whether the dispatch mode ``mode`` is on this thread's mode stack: a mode is its thread's own (and what
+    autograd's device threads inherit from the thread that started backward); a thread started by the user has
+    none."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return any(entered is mode for entered in _get_current_dispatch_mode_stack())
 
 
 def global_pre_hook_kwargs(frame: Any) -> dict[str, Any] | None:

@@ -2,6 +2,8 @@
 and the places where it is wrong on torch 2.14 CPU (SDPA, LSTM, grouped conv backward)."""
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -327,6 +329,67 @@ def test_a_module_whose_backward_did_not_run_reads_none_beside_one_that_trained(
     assert prof.records["teacher"].flops_forward == 2 * 3 * 8 * 16 + 2 * 3 * 16 * 4
     # the student's weight gradient only (its input needs none): 2 * 3 rows * 8 * 4
     assert prof.records["student"].flops_backward == 2 * 3 * 8 * 4 and prof.tree.flops_backward >= 2 * 3 * 8 * 4
+
+
+def test_ops_on_a_thread_of_the_users_read_none_and_are_warned_of() -> None:
+    # A dispatch mode is its thread's own: ops run on a thread the user started are not seen. They read 0 before
+    # (and FLOP/s 0), a number; now None, with a warning naming the modules.
+    import threading
+
+    net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+    x = torch.randn(16, 32)
+    with pytest.warns(RuntimeWarning, match=r"4 module\(s\) were differentiated on a thread of their own") as seen:
+        with LayerProf(net, metrics=("flops",)) as prof:
+            out = net(x)
+            worker = threading.Thread(target=lambda: out.sum().backward())
+            worker.start()
+            worker.join()
+    assert prof.records[""].flops_forward == 2 * 16 * (32 * 64 + 64 * 8)  # the forward ran on the block's thread
+    assert all(record.flops_backward is None and record.bytes_backward is None for record in prof.records.values())
+    assert any("('<model>', '0', '1', '2')" in str(warning.message) for warning in seen)
+    with pytest.warns(RuntimeWarning, match=r"4 module\(s\) were called on a thread of their own"):
+        with LayerProf(net, metrics=("flops",)) as prof:
+            worker = threading.Thread(target=lambda: net(x).sum().backward())
+            worker.start()
+            worker.join()
+    assert all(record.flops_forward is None and record.flops_backward is None for record in prof.records.values())
+    assert prof.records[""].forward_ms > 0 and prof.records[""].backward_ms > 0  # timed all the same
+
+
+def test_a_submodule_run_on_worker_threads_is_inside_its_caller_forward_and_backward() -> None:
+    # A data-parallel forward on the CPU: one submodule on two chunks in a thread pool, backward on the block's
+    # thread. The caller's backward read 0.013 ms against the submodule's 0.4 (its replicas' calls have no parent
+    # on their threads), and backward FLOPs landed on other calls from run to run.
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(2)
+
+    class Parallel(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 8))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cat(list(pool.map(self.inner, x.chunk(2))))
+
+    torch.manual_seed(0)
+    model = Parallel()
+    x = torch.randn(64, 32)
+    model(x).sum().backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with LayerProf(model, metrics=("flops",)) as prof:
+            for _ in range(3):
+                model(x).sum().backward()
+                prof.step()
+    root, inner = prof.records[""], prof.records["inner"]
+    assert inner.calls == 2 and inner.backward_ms > 0
+    # Each chunk's backward is inside the root's (per call: the engine may interleave the two chunks' nodes, and
+    # then each chunk's interval spans both, so the two calls' sum can exceed the root's).
+    root_ms = {timing.step: timing.backward_ms for timing in root.call_times}
+    assert all(timing.backward_ms <= root_ms[timing.step] for timing in inner.call_times)
+    assert root.flops_forward is None and inner.flops_backward is None  # counted on no thread of theirs
+    pool.shutdown()
 
 
 def test_several_steps_count_one_step() -> None:

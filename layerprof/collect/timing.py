@@ -202,7 +202,14 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
                 children_forward[parent] = children_forward.get(parent, 0.0) + forward_ms
                 if backward_ms is not None:
                     children_backward[parent] = children_backward.get(parent, 0.0) + backward_ms
+            elif backward_ms is not None and call.elsewhere is not None:
+                # Its backward runs inside that call's (below); its forward ran beside that call's own thread.
+                children_backward[call.elsewhere] = children_backward.get(call.elsewhere, 0.0) + backward_ms
         task = call.task
+        if parent is None:
+            # A call on a thread of its own while a call ran on another (a replica's): inside that call's
+            # backward too, as its forward is inside that call's forward.
+            parent = call.elsewhere
         # Stamps of two clocks (a CPU-stamped parent around CUDA-stamped children) cannot be compared.
         if parent is None or task is None or parent.clock is not call.clock:
             continue

@@ -24,6 +24,7 @@ dispatch mode slows every op, so the meter says ``distorts_timing``.
 from __future__ import annotations
 
 import threading
+import warnings
 from bisect import bisect_left, bisect_right
 from collections import Counter
 from typing import Any, Sequence
@@ -31,7 +32,8 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from .._torch import TorchDispatchMode, current_autograd_node, has_decomposition, nested_sizes, ready_mode
+from .._torch import (TorchDispatchMode, current_autograd_node, has_decomposition, mode_is_on, nested_sizes,
+                      ready_mode)
 from .._torch import sequence_nr
 from ..record.adoption import adopters
 from ..record.fields import FIELDS, Field, declare
@@ -209,6 +211,7 @@ class FlopMeter(Meter):
 
     name = "flops"
     wants_forward_hooks = True
+    wants_backward_hooks = True  # to see a backward run on another thread than the block's, which it cannot count
     distorts_timing = True
     # Bytes read and written are counted beside the FLOPs; False skips them (benchmarks/bytes_cost.py).
     count_bytes = True
@@ -230,6 +233,10 @@ class FlopMeter(Meter):
         self._kinds: dict[Any, Any] = {}
         self._mode: _CountingMode | None = None
         self._backward_ran = False
+        # Calls made, and calls whose backward began, on a thread without the dispatch mode (one the user
+        # started): the mode saw none of their ops there.
+        self._elsewhere: list[Any] = []
+        self._elsewhere_backward: list[Any] = []
         self.outside: list[int] = [0, 0, 0]  # FLOPs of ops outside every module call (e.g. the loss)
         self.outside_bytes: list[int] = [0, 0, 0]
 
@@ -237,6 +244,7 @@ class FlopMeter(Meter):
     def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: Sequence[tuple[str, nn.Module]]) -> None:
         self._uncallable = frozenset(name for name, module in entries if type(module).forward is nn.Module.forward)
         ready_mode(_CountingMode)
+        self._elsewhere, self._elsewhere_backward = [], []
         self._mode = _CountingMode(self)
         self._mode.__enter__()
 
@@ -251,6 +259,8 @@ class FlopMeter(Meter):
         calls = self._calls.get(thread)
         if calls is None:
             calls = self._calls[thread] = []
+        if not mode_is_on(self._mode):
+            self._elsewhere.append(call)
         if call.recompute and call.parent is None:
             node = current_autograd_node()
             owner = None if node is None else self._owner(sequence_nr(node))
@@ -280,6 +290,10 @@ class FlopMeter(Meter):
         if backward is not None:
             self._override_backward[id(call)] = int(backward)
             self._overridden_calls.append(call)
+
+    def backward_start(self, calls: Sequence[Any]) -> None:
+        if not mode_is_on(self._mode):  # a backward started on a thread of the user's: its ops go uncounted
+            self._elsewhere_backward.extend(calls)
 
     # -- ops -------------------------------------------------------------------------------------------------
     def _classify(self, func: Any) -> Any:
@@ -408,6 +422,34 @@ class FlopMeter(Meter):
                     totals.unknown[unknown] += 1
 
     # -- records ---------------------------------------------------------------------------------------------
+    def _uncounted(self) -> tuple[set[str], set[str]]:
+        """The modules called on a thread the mode is not on, and those whose calls hold such a call: the mode saw
+        none of their ops there (nor can their backward nodes, numbered by that thread, be told apart), so their
+        figures are unknown, not 0; and apart, the modules whose backward began on such a thread (their
+        backward figures only). Warned of, naming them."""
+        def closed(calls: list[Any]) -> set[str]:
+            found: set[str] = set()
+            for call in calls:
+                while call is not None and call.name not in found:
+                    found.add(call.name)
+                    parent = call.parent
+                    call = parent if parent is not None else getattr(call, "elsewhere", None)
+            return found
+
+        forward, backward = closed(self._elsewhere), closed(self._elsewhere_backward)
+        self._elsewhere, self._elsewhere_backward = [], []
+        for found, what, figures in ((forward, "called", "FLOPs and bytes"),
+                                     (backward - forward, "differentiated", "backward FLOPs and bytes")):
+            if found:
+                shown = ", ".join(repr(name or "<model>") for name in sorted(found)[:5])
+                more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+                warnings.warn(
+                    f"metrics=('flops',) counts the ops of the block's thread (and the threads autograd runs its "
+                    f"backward on): {len(found)} module(s) were {what} on a thread of their own or hold such a call "
+                    f"({shown}{more}), so their {figures} read None (unknown, not 0). Run the model's forward and "
+                    "backward on the block's thread to count them", RuntimeWarning, stacklevel=3)
+        return forward, backward | forward
+
     def _backward_names(self) -> set[str]:
         """The modules a backward ran in: credited with backward ops, or holding a call whose own graph nodes ran
         (its enclosing calls and the modules that adopt it too)."""
@@ -438,15 +480,17 @@ class FlopMeter(Meter):
         # student has no backward: None, not 0, though the block ran one).
         backward_names = self._backward_names() if backward_ran else set()
         recomputed = {call.name for calls in self._calls.values() for call in calls if call.recompute}
+        uncounted, uncounted_backward = self._uncounted()
         for name, record in records.items():
             totals = self._totals.get(name) or _Totals()
-            ran = name in self._originals  # called in the counted step (records may average other steps)
+            ran = name in self._originals and name not in uncounted  # called in the counted step, on a counted
+            # thread (records may average other steps)
             adopted = self._adopted.get(name)
             if adopted is not None and ran:
                 totals = _joined(totals, adopted)
             forward, backward, recompute = totals.flops
             record.flops_forward = forward if ran else None
-            ran_backward = ran and name in backward_names
+            ran_backward = ran and name in backward_names and name not in uncounted_backward
             record.flops_backward = backward if ran_backward else None
             record.flops_recompute = recompute if recompute or name in recomputed else None
             record.unknown_ops = dict(totals.unknown.most_common())
