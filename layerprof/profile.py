@@ -484,6 +484,13 @@ class Profile:
                     "a step (call prof.step() after each micro-batch's backward; with a trainer, profile with "
                     "gradient_accumulation_steps=1 or accumulate_grad_batches=1), or plan against the step's peak "
                     "with checkpoint_plan(peak=...)")
+        other_shapes = (self.meta.get("shapes") or {}).get("steps_with_other_shapes")
+        if other_shapes:
+            warnings.warn(
+                f"checkpoint_plan: the profiled steps' inputs changed shape ({other_shapes} step(s) other than the "
+                "first's): the plan's bytes are of the step the memory meter counted, its times over every timed "
+                "step. Plan on a profile of steps of one shape (the largest you train on) for a plan that fits it",
+                RuntimeWarning, stacklevel=2)
         if isinstance(wrap_cost, str) and wrap_cost == "measured":
             other = other_machine(environment_in(self.meta))
             if other is not None:

@@ -195,3 +195,30 @@ def test_iter_tensors_finds_what_iter_tensor_paths_finds_in_the_same_order() -> 
     for _ in range(20):
         deep = [deep]
     assert list(iter_tensors(deep)) == [] and list(iter_tensors([[torch.ones(1)]]))[0].item() == 1.0
+
+
+def test_steps_of_other_shapes_are_noted_where_a_meter_counts_one_step() -> None:
+    # A short first batch, then long ones: FLOPs and saved bytes were the 4-row step's while the times were the
+    # 512-row steps' (FLOP/s 128 times too low, a plan's bytes against other steps' recompute times), unsaid.
+    import warnings
+
+    net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))
+    with pytest.warns(RuntimeWarning, match=r"the steps' inputs changed shape \(3 step\(s\) other than the first's\), "
+                      r"and metrics \['flops', 'memory'\] count one step"):
+        with LayerProf(net, metrics=("flops", "memory", "shapes")) as prof:
+            for rows in (4, 512, 512, 512):
+                net(torch.randn(rows, 64)).sum().backward()
+                prof.step()
+    assert prof.profile.meta["shapes"] == {"steps_with_other_shapes": 3}
+    assert prof.tree.flops_forward == 2 * 4 * (64 * 256 + 256 * 64)  # the counted step's: 4 rows
+    with pytest.warns(RuntimeWarning, match=r"checkpoint_plan: the profiled steps' inputs changed shape"):
+        prof.profile.checkpoint_plan("50%", wrap_cost=None)
+    # Steps alike (shapes changing inside a step, as a growing cache's, are alike from step to step): no note.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with LayerProf(net, metrics=("flops", "memory", "shapes")) as prof:
+            for _ in range(3):
+                for rows in (2, 3):
+                    net(torch.randn(rows, 64)).sum().backward()
+                prof.step()
+    assert "shapes" not in prof.profile.meta and prof.records["0"].shape_variants == 2

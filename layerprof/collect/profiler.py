@@ -772,6 +772,15 @@ class LayerProf:
             extra = meter.meta()
             if extra:
                 meta[meter.name] = extra
+        other_shapes = meta.get("shapes", {}).get("steps_with_other_shapes")
+        counted = [m.name for m in meters if m.distorts_timing]
+        if other_shapes and counted:
+            _warn_user(
+                f"the steps' inputs changed shape ({other_shapes} step(s) other than the first's), and metrics "
+                f"{counted} count one step: their figures (FLOPs, bytes, saved bytes) are of that step's shapes, "
+                "while the times are over every timed step, so FLOP/s and checkpoint plans mix the two. Profile "
+                "steps of one shape (a fixed length, or one bucket) for figures that go together."
+            )
         if partial is not None:
             meta["partial"] = partial
         if self._given_peaks is not None:

@@ -111,9 +111,16 @@ class ShapesMeter(Meter):
         self._pending: dict[int, tuple[Spec, ...]] = {}  # id(call) -> input specs, until its forward ends
         self._variants: dict[str, dict[tuple[Any, ...], None]] = {}  # name -> signatures, first call first
         self._names: list[str] = []
+        # The top-level calls' signatures of the step running, of the first step, and how many steps since had
+        # others: where steps differ (lengths bucketed per batch), a meter that counts one step describes its
+        # shapes only, while times are over every timed step.
+        self._step: list[tuple[str, tuple[Any, ...]]] = []
+        self._first: tuple[tuple[str, tuple[Any, ...]], ...] | None = None
+        self._other_steps = 0
 
     def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: Sequence[tuple[str, nn.Module]]) -> None:
         self._names = list(records)
+        self._step, self._first, self._other_steps = [], None, 0
 
     def forward_pre(self, call: Any, module: nn.Module, args: Any, kwargs: Any) -> None:
         if not call.recompute:
@@ -124,14 +131,31 @@ class ShapesMeter(Meter):
         if inputs is None:
             return
         signature = (inputs, output_specs(output))
+        if call.parent is None:
+            self._step.append((call.name, signature))
         variants = self._variants.get(call.name)
         if variants is None:
             self._variants[call.name] = {signature: None}
         elif len(variants) < MAX_VARIANTS and signature not in variants:
             variants[signature] = None
 
+    def end_step(self, recorded: bool) -> None:
+        if self._step:
+            seen = tuple(self._step)
+            self._step = []
+            if self._first is None:
+                self._first = seen
+            elif seen != self._first:
+                self._other_steps += 1
+
     def stop(self) -> None:
         self._pending.clear()  # calls whose forward raised
+        self.end_step(True)  # the block's last step, where it ended without prof.step()
+
+    def meta(self) -> dict[str, Any]:
+        """``steps_with_other_shapes``: the steps whose top-level calls' shapes differ from the first step's, where
+        any did."""
+        return {"steps_with_other_shapes": self._other_steps} if self._other_steps else {}
 
     def fill(self, records: dict[str, ModuleRecord]) -> None:
         for name in self._names:
