@@ -101,7 +101,7 @@ def test_apply_remove_and_errors() -> None:
     parent, _, attribute = last.rpartition(".")
     expected_type = type(renamed.get_submodule(last)).__name__
     setattr(renamed.get_submodule(parent), attribute, nn.Identity())  # same name, another type
-    with pytest.raises(ValueError, match=f"is a Identity, the plan was made for a {expected_type}"):
+    with pytest.raises(ValueError, match=f"is an Identity, the plan was made for {'an' if expected_type[0] in 'AEIOU' else 'a'} {expected_type}"):
         plan.apply(renamed)
     # All or nothing: the modules before the bad one were not wrapped either.
     assert not any("forward" in module.__dict__ for module in renamed.modules())
@@ -256,7 +256,8 @@ def test_out_of_reach_for_side_effects_says_what_allowing_them_reaches() -> None
     assert allowed.feasible and allowed.least_reachable_bytes == 8 * 16 * 4
     assert plan.reachable_allowing_side_effects == 8 * 16 * 4 and allowed.reachable_allowing_side_effects is None
     assert plan.note.endswith(f"with allow_side_effects=True (3 modules excluded for side effects on recompute, "
-                              f"such as BatchNorm's running statistics) a plan reaches {8 * 16 * 4} bytes")
+                              f"such as BatchNorm's running statistics) a plan reaches {8 * 16 * 4} bytes. Plan for that "
+                              "or more")
     assert "allow_side_effects" not in prof.checkpoint_plan(0, runs=False, allow_side_effects=True).note
     assert str(plan).endswith("excluded: 3 modules (3 side effects on recompute; plan.excluded names them)")
 
@@ -488,7 +489,8 @@ def test_runs_of_a_sequential_are_planned_applied_and_removed() -> None:
         pass
 
     other = Other(*model)
-    with pytest.raises(ValueError, match=r"module '\[\d+:\d+\]' is a Other, the plan was made for a Sequential"):
+    with pytest.raises(ValueError, match=r"the model, parent of run '\[\d+:\d+\]', is an Other, the plan was made "
+                       r"for a Sequential"):
         plan.apply(other)
     assert not any("forward" in module.__dict__ for module in other.modules())
 

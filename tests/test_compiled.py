@@ -284,3 +284,25 @@ def test_a_model_called_through_a_compiled_wrapper_held_apart_is_refused_before_
     assert prof.records["2.0.2"].backward_ms > 0
     torch.testing.assert_close(compiled(x) if whole else compiled(model[1](model[0](x))),
                                model(x) if whole else model[2](model[1](model[0](x))))
+
+
+def test_verify_plan_of_a_step_through_a_compiled_wrapper_says_to_pass_an_eager_step() -> None:
+    # The plan applied to compiled._orig_mod works under compile, but verify_plan's own profile of the step was
+    # refused with a message about "the block" (verify_plan's, which the user never wrote).
+    import layerprof
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1))
+    x = torch.randn(16, 8)
+    with LayerProf(model, metrics=("memory",)) as prof:
+        for _ in range(2):
+            model(x).sum().backward()
+            prof.step()
+    plan = prof.profile.checkpoint_plan("50%", wrap_cost=None)
+    compiled = torch.compile(model, backend="eager")
+    with pytest.raises(ValueError, match=r"verify_plan: step\(\) calls a torch.compile\(\) wrapper of the model, .*"
+                                         r"Pass a step that calls the Sequential itself, eagerly"):
+        layerprof.verify_plan(plan, model, lambda: compiled(x).sum().backward(), repeats=1)
+    assert not plan.is_applied and not any("forward" in vars(module) for module in model.modules())
+    result = layerprof.verify_plan(plan, model, lambda: model(x).sum().backward(), repeats=1)
+    assert result.measured_saved_bytes == plan.saved_bytes_after

@@ -130,6 +130,9 @@ def test_the_frontier_keeps_the_most_freed_for_a_cost_when_options_cost_nothing(
     ("50%", 999, 499), (0.25, 1000, 250), (1.0, 1000, 1000), ("0", 10, 0), ("300", 1000, 300),
     ("0.5", 1000, 500), (" 1.0 ", 1000, 1000), (np.int64(300), 1000, 300), (np.float32(0.25), 1000, 250),
     (torch.tensor(0.5).item(), 1000, 500),
+    # a 0-d tensor as its value; a whole number in scientific notation, as a shell gives it, is bytes
+    (torch.tensor(0.5), 1000, 500), (torch.tensor(300), 1000, 300), ("1e6", 1000, 10**6), ("1.5e9", 0, 15 * 10**8),
+    ("+300", 1000, 300), ("150%", 1000, 1500),  # above today's: a plan that wraps nothing, with a note
 ])
 def test_parse_budget(given: object, today: int, expected: int) -> None:
     assert parse_budget(given, today) == expected
@@ -138,8 +141,9 @@ def test_parse_budget(given: object, today: int, expected: int) -> None:
 @pytest.mark.parametrize("given, error, words", [
     ("lots", ValueError, "cannot read budget 'lots'"), ("2 parsecs", ValueError, "cannot read budget"),
     ("x%", ValueError, "not a percentage"), (-5, ValueError, "non-negative"), (1.5, ValueError, "fraction in (0, 1]"),
-    (None, TypeError, "got NoneType"), (True, TypeError, "got bool"), ("-10%", ValueError, "between 0 and 1"),
-    (2.0, ValueError, "for bytes give an int (int(2.0))"), ("1.5", ValueError, "fraction in (0, 1]"),
+    (None, TypeError, "got NoneType"), (True, TypeError, "got bool"), ("-10%", ValueError, "a share of 0 or more"),
+    (2.0, ValueError, "for bytes give a whole number (2)"), ("1.5", ValueError, "fraction in (0, 1]"),
+    ("-1", ValueError, "budget '-1' must be a non-negative number of bytes"), (torch.ones(2), TypeError, "got Tensor"),
     (np.float64(1.5), ValueError, "fraction in (0, 1]"), (float("nan"), ValueError, "non-negative"),
 ])
 def test_parse_budget_errors(given: object, error: type, words: str) -> None:

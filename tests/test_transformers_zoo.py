@@ -327,8 +327,11 @@ def test_layers_extending_a_key_value_cache_are_never_recomputed() -> None:
         "updates a key/value cache it is handed (a recompute would find it extended): pass use_cache=False for "
         "training, as gradient_checkpointing_enable() does")
     assert not [name for name in plan.modules if records[name].checkpoint_cache_updates]
-    # Half is out of reach without the attention layers (the note says so); two thirds is within.
+    # Half is out of reach without the attention layers (the note says so, and what lets a plan wrap them); two
+    # thirds is within.
     assert not plan.feasible and "cannot be met" in str(plan)
+    assert ("; 6 modules updating a key/value cache they are handed are excluded: profile with use_cache=False (as "
+            "gradient_checkpointing_enable() sets it) to let a plan wrap them. Plan for that or more") in plan.note
     half_plan_measures_as_predicted(prof, model, step, plain, allow_side_effects=True, budget=0.67)
 
 

@@ -16,7 +16,7 @@ _UNITS = {
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
     "k": 2**10, "m": 2**20, "g": 2**30,
 }
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*([+-]?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 _HINT = "give bytes (an int), a size such as '2GiB' or '300MB', a percentage such as '50%', or a fraction in (0, 1]"
 
 
@@ -27,6 +27,8 @@ def parse_budget(budget: object, today: int, name: str = "budget") -> int:
     >>> parse_budget("2GiB", 0), parse_budget("50%", 1000), parse_budget(0.25, 1000), parse_budget(300, 1000)
     (2147483648, 500, 250, 300)
     """
+    if not isinstance(budget, (numbers.Real, str)) and getattr(budget, "shape", None) == () and hasattr(budget, "item"):
+        budget = budget.item()  # a 0-d tensor (or array): a budget computed from tensors
     if isinstance(budget, bool) or not isinstance(budget, (numbers.Real, str)):
         raise TypeError(f"{name} must be bytes, a size string or a fraction, got {type(budget).__name__}; {_HINT}")
     given = budget
@@ -43,9 +45,16 @@ def parse_budget(budget: object, today: int, name: str = "budget") -> int:
             raise ValueError(f"cannot read {name} {budget!r}; {_HINT}")
         if match.group(2):
             return _bytes(float(match.group(1)) * _UNITS[match.group(2).lower()], budget, name)
-        # A bare number reads as the number it spells: "300" bytes as 300 does, "0.5" a fraction as 0.5 does
+        # A bare number reads as the number it spells: "300" bytes as 300 does, "0.5" a fraction as 0.5 does; a
+        # whole number in scientific notation ("1e6", as a shell gives it) is bytes, as 10**6 is
         number = match.group(1)
-        budget = int(number) if number.isdigit() else float(number)
+        digits = number.lstrip("+-")
+        if digits.isdigit():
+            budget = int(number)
+        else:
+            budget = float(number)
+            if "e" in number.lower() and budget > 1 and budget.is_integer():
+                budget = int(budget)
     # numpy's and torch's scalars as Python's: a budget computed from an array or a tensor
     budget = int(budget) if isinstance(budget, numbers.Integral) else float(budget)
     if isinstance(budget, int):
@@ -53,14 +62,15 @@ def parse_budget(budget: object, today: int, name: str = "budget") -> int:
     if 0 < budget <= 1:
         return _fraction(budget, today, given, name)
     if math.isfinite(budget) and budget > 1:
-        raise ValueError(f"{name} {given!r}: a float {name} is a fraction in (0, 1]; for bytes give an int "
-                         f"(int({budget!r})) or a size such as '2GiB'")
+        raise ValueError(f"{name} {given!r}: a {name} with a fraction part is a fraction in (0, 1]; for bytes give "
+                         f"a whole number ({int(budget)}) or a size such as '2GiB'")
     return _bytes(budget, given, name)
 
 
 def _fraction(share: float, today: int, given: object, name: str) -> int:
     if not math.isfinite(share) or share < 0:
-        raise ValueError(f"{name} {given!r} must be a share between 0 and 1 (0% to 100%); {_HINT}")
+        raise ValueError(f"{name} {given!r} must be a share of 0 or more (0%, 50%; above 100% is more than "
+                         f"today's); {_HINT}")
     return int(math.floor(share * today))
 
 

@@ -155,6 +155,11 @@ def _unprefixed(name: str, attribute: str) -> str | None:
     return name[len(attribute):] if name.startswith(attribute + "[") else None
 
 
+def _a(word: str) -> str:
+    """The article before ``word``: "an OptimizedModule", "a Sequential"."""
+    return "an" if word[:1].lower() in "aeiou" else "a"
+
+
 def _wrapper_hint(model: nn.Module, names: list[str]) -> str:
     """Where a plan's names do not resolve on ``model`` for a wrapper between them: the plan made for the model a
     ``DistributedDataParallel`` (or ``torch.compile``) wraps and applied to the wrapper, or made for the wrapper
@@ -305,8 +310,13 @@ class CheckpointPlan:
                 hint = (f"; with allow_side_effects=True ({format_counted(held, 'module')} excluded for side effects "
                         f"on recompute, such as BatchNorm's running statistics) a plan reaches "
                         f"{self.reachable_allowing_side_effects} bytes")
+            caches = sum(1 for c in found if c.excluded is not None and c.excluded.startswith("updates a key/value"))
+            if caches:  # not allowed: the model is to be run without its cache
+                hint += (f"; {format_counted(caches, 'module')} updating a key/value cache they are handed are "
+                         "excluded: profile with use_cache=False (as gradient_checkpointing_enable() sets it) to "
+                         "let a plan wrap them")
             self.note = (f"the budget ({budget_bytes} bytes) cannot be met: the least saved memory any plan "
-                         f"reaches is {self.least_reachable_bytes} bytes{hint}")
+                         f"reaches is {self.least_reachable_bytes} bytes{hint}. Plan for that or more")
         chosen = [self._option(i) for i in (solution.chosen if solution is not None else ())]
         saving = {} if wrap_cost is None else gap_savings({r.name: r for r in preorder(root)},
                                                           [o.name for o in chosen], wrap_cost, hook_ms)
@@ -491,8 +501,11 @@ class CheckpointPlan:
                     f"the plan to the model it was made for (a {self.model_type}){_wrapper_hint(model, self.modules)}"
                 ) from None
             if type(module).__name__ != types[name]:
+                shown = f"module {name!r}" if run is None else (
+                    f"the parent {run[0]!r} of run {name!r}" if run[0] else f"the model, parent of run {name!r},")
+                found = type(module).__name__
                 raise ValueError(
-                    f"model: module {name!r} is a {type(module).__name__}, the plan was made for a {types[name]}; "
+                    f"model: {shown} is {_a(found)} {found}, the plan was made for {_a(types[name])} {types[name]}; "
                     f"apply the plan to the model it was made for (a {self.model_type})"
                     f"{_wrapper_hint(model, self.modules)}"
                 )

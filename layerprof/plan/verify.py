@@ -122,8 +122,18 @@ def verify_plan(plan: CheckpointPlan, model: nn.Module, step: Callable[[], Any],
     with plan.applied(model):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # one step under the memory meter: its times are not the point here
-            with LayerProf(model, metrics=("memory",)) as prof:
-                step()
+            try:
+                with LayerProf(model, metrics=("memory",)) as prof:
+                    step()
+            except RuntimeError as error:
+                if "was called through torch.compile(" not in str(error):
+                    raise
+                raise ValueError(
+                    f"verify_plan: step() calls a torch.compile() wrapper of the model, which verify_plan cannot "
+                    f"profile (its saved bytes are measured with the model's module hooks, which a compiled wrapper "
+                    f"runs around, not inside). Pass a step that calls the {type(model).__name__} itself, eagerly: "
+                    "the plan applied to compiled._orig_mod takes effect under compile too, and the bytes it frees "
+                    "are the same") from error
             _require_backward(prof.profile.tree)
         after_peak = step_peak(step) if step_peak is not None else None
     before: list[tuple[float, int]] = []
