@@ -173,6 +173,28 @@ def test_two_different_models_are_refused(tmp_path: Path, capsys: pytest.Capture
     capsys.readouterr()
 
 
+def test_a_short_first_batch_does_not_make_another_workload(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # The batch size was the first call's: a profile whose first batch was short (8, then 32s) was refused
+    # against one of 32s as another workload, and one whose first batch was long accepted against short ones.
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    paths = []
+    for batches in ([8] + [32] * 5, [32] * 6):
+        with LayerProf(net) as prof:
+            for rows in batches:
+                net(torch.randn(rows, 16)).sum().backward()
+                prof.step()
+        paths.append(tmp_path / f"{len(paths)}.json")
+        prof.profile.to_json(paths[-1])
+    first, second = (layerprof.load(path) for path in paths)
+    assert first.meta["environment"]["batch_size"] == 32 and first.meta["environment"]["batch_sizes"] == [[8, 1],
+                                                                                                         [32, 5]]
+    assert second.meta["environment"]["batch_size"] == 32 and "batch_sizes" not in second.meta["environment"]
+    assert main(["compare", str(paths[0]), str(paths[1]), "--fail-if-slower", "1000"]) == 0
+    capsys.readouterr()
+
+
 def test_two_runs_measured_otherwise_are_refused_and_other_machines_noted(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Before, a reference of 8 threads against a run of 2 (or float32 against bfloat16, CPU against GPU) failed

@@ -30,7 +30,7 @@ from .schedule import Action, Schedule
 from .statistics import StepStats
 from .stepcall import RootStep
 from .timing import StepTimes, all_returned, step_times
-from .tracker import NOTE_PREFIX, Tracker, backward_note
+from .tracker import BATCHES, NOTE_PREFIX, Tracker, backward_note
 from .compiled import compiled_while_profiling, refuse_compiled_in_place
 from .recompute import roll_up_recompute
 from .reprs import Reprs, read_reprs, write_reprs
@@ -168,6 +168,18 @@ def _place(started_at: tuple[Any, int] | None) -> str:
     code, lasti = started_at
     line = next((line for start, end, line in code.co_lines() if start <= lasti < end), None)
     return f"at {code.co_filename}:{'?' if line is None else line}"
+
+
+def example_facts(example: dict[str, Any]) -> dict[str, Any]:
+    """The profile's input facts from the tracker's ``example``: the first input's, with the batch size most of the
+    root's calls had where they differ (a short first or last batch is not the workload), and ``batch_sizes``, each
+    one's count of calls (pairs, in the order first seen)."""
+    found = dict(example)
+    batches = found.pop(BATCHES, None)
+    if batches and len(batches) > 1:
+        found["batch_size"] = max(batches, key=batches.__getitem__)  # (a tie: the first seen)
+        found["batch_sizes"] = [[size, count] for size, count in batches.items()]
+    return found
 
 
 def _warn_user(message: str) -> None:
@@ -740,7 +752,7 @@ class LayerProf:
         # model since a clean end (its tables hold what the plan was made from), without a walk of the model.
         parameter = plan.first_parameter() if unchanged and plan is not None else reuse.UNKNOWN
         facts = environment(self.model) if parameter is reuse.UNKNOWN else environment_of(parameter)
-        meta: dict[str, Any] = {"environment": {**facts, **tracker.example}}
+        meta: dict[str, Any] = {"environment": {**facts, **example_facts(tracker.example)}}
         if self._stats.steps == 0 and self._counting_step is not None:
             distorting = [m.name for m in self.metrics if m.distorts_timing]
             # Only set while a distorting meter counted, so ``distorting`` is not empty here.

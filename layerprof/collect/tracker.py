@@ -591,10 +591,15 @@ class Tracker:
                     if inner is not None and id(inner._forward_pre_hooks) in names:
                         refuse_compiled_wrapper(module, names[id(inner._forward_pre_hooks)])
                     return None
-                if not name and not example:  # the root's first call with a tensor: the profile's example input
+                if not name:  # the root's calls with a tensor: the first the profile's example input; each one's batch
                     tensor = first_tensor(args, global_pre_hook_kwargs(get_frame(1)) if kwargs is None else kwargs)
                     if tensor is not None:
-                        example.update(input_facts(tensor))
+                        if not example:
+                            example.update(input_facts(tensor))
+                            example[BATCHES] = {}
+                        batches = example[BATCHES]
+                        batch = tensor.size(0) if tensor.dim() > 0 else None
+                        batches[batch] = batches.get(batch, 0) + 1
                 try:
                     state = local.state
                 except AttributeError:
@@ -683,6 +688,9 @@ class Tracker:
 
         return make_pre(names), forward_post, make_pre(self.global_names)
 
+
+# The key of ``Tracker.example`` under which the root's calls are counted by batch size (first dimension).
+BATCHES = "_batches"
 
 # The output default of the post-hook: torch's except path passed none (its third argument is the result).
 _FROM_EXCEPT = object()
