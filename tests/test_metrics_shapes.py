@@ -222,3 +222,18 @@ def test_steps_of_other_shapes_are_noted_where_a_meter_counts_one_step() -> None
                     net(torch.randn(rows, 64)).sum().backward()
                 prof.step()
     assert "shapes" not in prof.profile.meta and prof.records["0"].shape_variants == 2
+
+
+def test_a_last_short_batch_is_not_steps_of_other_shapes() -> None:
+    # An epoch's last batch is short: the first step's shapes are still the workload's, and nothing is noted.
+    import warnings
+
+    net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with LayerProf(net, metrics=("flops", "memory", "shapes")) as prof:
+            for rows in (32, 32, 32, 32, 7):
+                net(torch.randn(rows, 16)).sum().backward()
+                prof.step()
+        prof.profile.checkpoint_plan("50%", wrap_cost=None)
+    assert "shapes" not in prof.profile.meta and prof.records["0"].shape_variants == 2

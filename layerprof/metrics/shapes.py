@@ -111,16 +111,16 @@ class ShapesMeter(Meter):
         self._pending: dict[int, tuple[Spec, ...]] = {}  # id(call) -> input specs, until its forward ends
         self._variants: dict[str, dict[tuple[Any, ...], None]] = {}  # name -> signatures, first call first
         self._names: list[str] = []
-        # The top-level calls' signatures of the step running, of the first step, and how many steps since had
-        # others: where steps differ (lengths bucketed per batch), a meter that counts one step describes its
-        # shapes only, while times are over every timed step.
+        # The top-level calls' signatures of the step running, of the first step, and how many steps had each:
+        # where most steps differ from the first (lengths bucketed per batch, a short first batch), a meter that
+        # counts one step describes its shapes only, while times are over every timed step.
         self._step: list[tuple[str, tuple[Any, ...]]] = []
         self._first: tuple[tuple[str, tuple[Any, ...]], ...] | None = None
-        self._other_steps = 0
+        self._steps: dict[tuple[tuple[str, tuple[Any, ...]], ...], int] = {}
 
     def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: Sequence[tuple[str, nn.Module]]) -> None:
         self._names = list(records)
-        self._step, self._first, self._other_steps = [], None, 0
+        self._step, self._first, self._steps = [], None, {}
 
     def forward_pre(self, call: Any, module: nn.Module, args: Any, kwargs: Any) -> None:
         if not call.recompute:
@@ -145,8 +145,7 @@ class ShapesMeter(Meter):
             self._step = []
             if self._first is None:
                 self._first = seen
-            elif seen != self._first:
-                self._other_steps += 1
+            self._steps[seen] = self._steps.get(seen, 0) + 1
 
     def stop(self) -> None:
         self._pending.clear()  # calls whose forward raised
@@ -154,8 +153,10 @@ class ShapesMeter(Meter):
 
     def meta(self) -> dict[str, Any]:
         """``steps_with_other_shapes``: the steps whose top-level calls' shapes differ from the first step's, where
-        any did."""
-        return {"steps_with_other_shapes": self._other_steps} if self._other_steps else {}
+        they are most steps (a last short batch of an epoch is not: the first step's shapes are the workload's)."""
+        steps = sum(self._steps.values())
+        other = steps - self._steps.get(self._first, 0) if self._first is not None else 0
+        return {"steps_with_other_shapes": other} if other and 2 * other > steps else {}
 
     def fill(self, records: dict[str, ModuleRecord]) -> None:
         for name in self._names:
