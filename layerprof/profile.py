@@ -476,12 +476,13 @@ class Profile:
             accumulated = max((found.get("forwards_after_backward", 0) for found in self.meta.values()
                                if isinstance(found, dict)), default=0)
             if accumulated:
+                saved = int(self.tree.saved_bytes or 0)
                 raise ValueError(
-                    f"checkpoint_plan: the profiled step ran {accumulated + 1} forwards that saved for backward, each "
-                    "after the previous one's backward (gradient accumulation), so its saved bytes "
-                    f"({int(self.tree.saved_bytes or 0)}) sum {accumulated + 1} micro-batches of which one at a time "
-                    "is held, and a budget against that sum would wrap far more than needed. Profile one micro-batch "
-                    "a step (call prof.step() after each micro-batch's backward; with a trainer, profile with "
+                    f"checkpoint_plan: in the profiled step, {accumulated} forward(s) that saved for backward began "
+                    "after the backward of every earlier one had run (gradient accumulation: micro-batches, each "
+                    f"with its backward), so its saved bytes{f' ({saved})' if saved else ''} sum forwards never "
+                    "held at once, and a budget against that sum would wrap more than needed. Profile one forward "
+                    "and its backward a step (call prof.step() after each backward; with a trainer, profile with "
                     "gradient_accumulation_steps=1 or accumulate_grad_batches=1), or plan against the step's peak "
                     "with checkpoint_plan(peak=...)")
         other_shapes = (self.meta.get("shapes") or {}).get("steps_with_other_shapes")

@@ -725,8 +725,9 @@ def test_a_step_of_accumulated_micro_batches_is_refused_for_a_saved_bytes_budget
     one = 8 * 128 * 4 * 2 + 8 * 64 * 4  # per micro-batch, fp32: the two Tanh outputs (each also the next Linear's
     # saved input: one storage) and the first Linear's input, 10,240 bytes
     assert prof.profile.meta["memory"]["forwards_after_backward"] == 3 and prof.tree.saved_bytes == 4 * one
-    message = ("checkpoint_plan: the profiled step ran 4 forwards that saved for backward, each after the previous "
-               f"one's backward (gradient accumulation), so its saved bytes ({4 * one}) sum 4 micro-batches")
+    message = ("checkpoint_plan: in the profiled step, 3 forward(s) that saved for backward began after the backward "
+               "of every earlier one had run (gradient accumulation: micro-batches, each with its backward), so its "
+               f"saved bytes ({4 * one}) sum forwards never held at once")
     with pytest.raises(ValueError, match=re.escape(message)):
         prof.profile.checkpoint_plan("50%")
     with pytest.raises(ValueError, match=re.escape(message)):  # a saved profile keeps what it ran
@@ -739,6 +740,15 @@ def test_a_step_of_accumulated_micro_batches_is_refused_for_a_saved_bytes_budget
     assert "forwards_after_backward" not in prof.profile.meta.get("memory", {})
     plan = prof.profile.checkpoint_plan("50%", wrap_cost=None)
     assert plan.saved_bytes_before == one and plan.saved_bytes_after <= one // 2
+    # A generator's forward held across a discriminator's backward (a GAN step: G, D on real and on fake, D's
+    # backward, D on fake again, G's backward): not every earlier forward was released, so it is planned.
+    generator, critic = nn.Linear(8, 64), nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1))
+    both = nn.ModuleDict({"generator": generator, "critic": critic})
+    with LayerProf(both, metrics=("memory",)) as prof:
+        fake = generator(torch.randn(8, 8))
+        (critic(torch.randn(8, 64)) - critic(fake.detach())).mean().backward()
+        critic(fake).mean().backward()
+    assert "forwards_after_backward" not in prof.profile.meta.get("memory", {})
     # Two forwards and one backward of both (a siamese loss) hold both at once: planned on their sum.
     with LayerProf(model, metrics=("memory",)) as prof:
         (model(batches[0]) - model(batches[1])).pow(2).sum().backward()

@@ -367,10 +367,11 @@ def test_a_submodule_run_on_worker_threads_is_inside_its_caller_forward_and_back
     class Parallel(nn.Module):
         def __init__(self) -> None:
             super().__init__()
+            self.pre = nn.Linear(32, 32)
             self.inner = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 8))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.cat(list(pool.map(self.inner, x.chunk(2))))
+            return torch.cat(list(pool.map(self.inner, self.pre(x).chunk(2))))
 
     torch.manual_seed(0)
     model = Parallel()
@@ -389,6 +390,9 @@ def test_a_submodule_run_on_worker_threads_is_inside_its_caller_forward_and_back
     root_ms = {timing.step: timing.backward_ms for timing in root.call_times}
     assert all(timing.backward_ms <= root_ms[timing.step] for timing in inner.call_times)
     assert root.flops_forward is None and inner.flops_backward is None  # counted on no thread of theirs
+    # The block's thread's module: its forward counted; its backward range took in the pool's nodes (numbered by
+    # their threads), 33 times its own on a like model, so no module's backward is known.
+    assert prof.records["pre"].flops_forward == 2 * 64 * 32 * 32 and prof.records["pre"].flops_backward is None
     pool.shutdown()
 
 

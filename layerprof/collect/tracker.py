@@ -592,7 +592,8 @@ class Tracker:
                         refuse_compiled_wrapper(module, names[id(inner._forward_pre_hooks)])
                     return None
                 if not name:  # the root's calls with a tensor: the first the profile's example input; each one's batch
-                    tensor = first_tensor(args, global_pre_hook_kwargs(get_frame(1)) if kwargs is None else kwargs)
+                    tensor = args[0] if args and isinstance(args[0], _Tensor) else first_tensor(
+                        args, global_pre_hook_kwargs(get_frame(1)) if kwargs is None else kwargs)
                     if tensor is not None:
                         if not example:
                             example.update(input_facts(tensor))

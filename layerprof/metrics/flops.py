@@ -437,8 +437,12 @@ class FlopMeter(Meter):
             return found
 
         forward, backward = closed(self._elsewhere), closed(self._elsewhere_backward)
+        # A backward node is told to its call by its sequence number, which counts per thread: where calls ran on
+        # other threads, any module's range can take in their nodes (a module before a thread pool absorbed the
+        # pool's backward, 33 times its own), so no module's backward figures are known.
+        every_backward = set(self._originals) if self._elsewhere else set()
         self._elsewhere, self._elsewhere_backward = [], []
-        for found, what, figures in ((forward, "called", "FLOPs and bytes"),
+        for found, what, figures in ((forward, "called", "FLOPs and bytes, and every module's backward ones,"),
                                      (backward - forward, "differentiated", "backward FLOPs and bytes")):
             if found:
                 shown = ", ".join(repr(name or "<model>") for name in sorted(found)[:5])
@@ -448,7 +452,7 @@ class FlopMeter(Meter):
                     f"backward on): {len(found)} module(s) were {what} on a thread of their own or hold such a call "
                     f"({shown}{more}), so their {figures} read None (unknown, not 0). Run the model's forward and "
                     "backward on the block's thread to count them", RuntimeWarning, stacklevel=3)
-        return forward, backward | forward
+        return forward, backward | forward | every_backward
 
     def _backward_names(self) -> set[str]:
         """The modules a backward ran in: credited with backward ops, or holding a call whose own graph nodes ran

@@ -242,11 +242,14 @@ class MemoryMeter(Meter):
         # Storage -> [bytes, the innermost calls that saved it] in the current forward, for the planner's figures.
         self._savers: dict[int, list[Any]] = {}
         self._forward: list[_CallMemory] = []  # the calls of the current forward of the model
-        self._forward_traces: list[Any] = []  # and their calls, to see whether its backward ran before the next
-        # Forwards that saved for backward after an earlier one's backward had run (gradient accumulation: each
-        # micro-batch's saved bytes are released before the next is made, so a step's sum is never held at once).
+        self._forward_traces: list[Any] = []  # and their calls, to see when its backward has run
+        # Forwards that saved for backward when every earlier forward that saved had had its backward (gradient
+        # accumulation: each micro-batch's saved bytes are released before the next is made, so the step's sum is
+        # never held at once). ``_held``: the calls of the earlier saving forwards whose backward had not run yet.
         self._after_backward = 0
-        self._released_pending = False
+        self._held: list[list[Any]] = []
+        self._saved_before = False
+        self._starts_released = False
         self._tables: list[dict[str, list[Any]]] = []  # per forward: its storages, for the planner's exact figure
         self._table_calls: list[list[_CallMemory]] = []  # per forward: its calls, whose boundaries fill adds
         self._step_log: PeakLog | None = None  # the log of the device of the model's first call: the step's
@@ -264,7 +267,7 @@ class MemoryMeter(Meter):
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: Sequence[tuple[str, nn.Module]]) -> None:
         self._names = list(records)
-        self._after_backward, self._released_pending = 0, False
+        self._after_backward, self._held, self._saved_before, self._starts_released = 0, [], False, False
         self._static = _storage_keys(list(model.parameters()), list(model.buffers()))
         self._reader = type(self).reader_factory()
         # Hooks installed before profiling (save_on_cpu, offloading) keep working: ours chains to them.
@@ -310,8 +313,8 @@ class MemoryMeter(Meter):
         """On a device the reader covers (CUDA; the CPU with ``live_memory``): ``step_peak_bytes``, the most
         allocated from the start of the model's first forward call to the end of the step (allocator bytes on
         CUDA, live tensor bytes made in the step on the CPU), ``step_start_bytes`` and ``step_end_bytes``. Where a
-        forward of the step saved for backward after an earlier forward's backward had run (gradient accumulation),
-        ``forwards_after_backward``: how many did."""
+        forward of the step saved for backward after the backward of every earlier forward that saved had run
+        (gradient accumulation), ``forwards_after_backward``: how many did."""
         found = dict(self._step)
         if self._after_backward:
             found["forwards_after_backward"] = self._after_backward
@@ -399,7 +402,9 @@ class MemoryMeter(Meter):
             self._returned.clear()
             self._saved.clear()
             self._inputs.clear()
-            self._settle(released=any(trace.bwd_start is not None for trace in self._forward_traces))
+            self._settle()
+            self._held = [traces for traces in self._held if not any(t.bwd_start is not None for t in traces)]
+            self._starts_released = self._saved_before and not self._held
         inputs = {}
         for key, storage in _storages(args, kwargs).items():
             if key not in self._static:
@@ -486,13 +491,13 @@ class MemoryMeter(Meter):
             logs_read[log] = log.boundary() if self._reader.covers(log.device) else None
         return logs_read[log]
 
-    def _settle(self, released: bool = False) -> None:
-        """Work out the planner's figures of the calls of the forward that just ended; ``released``: its backward
-        ran before the next forward began."""
+    def _settle(self) -> None:
+        """Work out the planner's figures of the calls of the forward that just ended."""
         if self._forward:
             if self._savers:
-                self._after_backward += self._released_pending
-                self._released_pending = released
+                self._after_backward += self._starts_released
+                self._saved_before = True
+                self._held.append(self._forward_traces)
             settle_forward(self._forward, self._savers)
             self._tables.append(storage_table(self._forward, self._savers))
             self._table_calls.append(self._forward)

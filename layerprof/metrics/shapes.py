@@ -114,9 +114,9 @@ class ShapesMeter(Meter):
         # The top-level calls' signatures of the step running, of the first step, and how many steps had each:
         # where most steps differ from the first (lengths bucketed per batch, a short first batch), a meter that
         # counts one step describes its shapes only, while times are over every timed step.
-        self._step: list[tuple[str, tuple[Any, ...]]] = []
-        self._first: tuple[tuple[str, tuple[Any, ...]], ...] | None = None
-        self._steps: dict[tuple[tuple[str, tuple[Any, ...]], ...], int] = {}
+        self._step: list[tuple[str, Any]] = []
+        self._first: tuple[tuple[str, Any], ...] | None = None
+        self._steps: dict[tuple[tuple[str, Any], ...], int] = {}
 
     def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: Sequence[tuple[str, nn.Module]]) -> None:
         self._names = list(records)
@@ -132,7 +132,9 @@ class ShapesMeter(Meter):
             return
         signature = (inputs, output_specs(output))
         if call.parent is None:
-            self._step.append((call.name, signature))
+            # The step's workload: each top-level call's first input tensor (the batch, the sequence); a recurrent
+            # state that is None in a first step and a tensor after it changes no shape of the work.
+            self._step.append((call.name, inputs[0] if inputs else None))
         variants = self._variants.get(call.name)
         if variants is None:
             self._variants[call.name] = {signature: None}

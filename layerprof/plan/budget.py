@@ -62,8 +62,8 @@ def parse_budget(budget: object, today: int, name: str = "budget") -> int:
     if 0 < budget <= 1:
         return _fraction(budget, today, given, name)
     if math.isfinite(budget) and budget > 1:
-        raise ValueError(f"{name} {given!r}: a {name} with a fraction part is a fraction in (0, 1]; for bytes give "
-                         f"a whole number ({int(budget)}) or a size such as '2GiB'")
+        raise ValueError(f"{name} {given!r}: a {name} given as a float or with a decimal point is a fraction in "
+                         f"(0, 1]; for bytes give a whole number ({int(budget)}) or a size such as '2GiB'")
     return _bytes(budget, given, name)
 
 
