@@ -783,3 +783,36 @@ def test_calls_made_with_gradients_off_are_not_priced_as_recomputed() -> None:
     assert plain.records["1"].checkpoint_no_grad_calls == 0
     assert {c.name: c for c in candidates(plain.tree)}["1"].recompute_ms == pytest.approx(
         plain.records["1"].forward_ms_median)
+
+
+def test_a_plan_for_two_models_held_in_a_module_dict() -> None:
+    # One LayerProf on a ModuleDict of a generator and a critic (as the refusal of two profilers on shared modules
+    # advises): the root is never called, so it has no figures of its own. The plan was refused ("it has no memory
+    # figures"); it now plans over the two models, and verify_plan measures what it predicts.
+    torch.manual_seed(0)
+    generator = nn.Sequential(nn.Linear(8, 256), nn.Tanh(), nn.Linear(256, 64))
+    critic = nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 1))
+    both = nn.ModuleDict({"generator": generator, "critic": critic})
+    z, real = torch.randn(32, 8), torch.randn(32, 64)
+
+    def step() -> list[torch.Tensor]:
+        both.zero_grad(set_to_none=True)
+        fake = generator(z)
+        (critic(real) - critic(fake.detach())).mean().backward()
+        critic(fake).mean().backward()
+        return [p.grad.clone() for p in both.parameters()]
+
+    plain = step()
+    before = _state(both)
+    prof = _profile(both, step, steps=2)
+    assert prof.tree.saved_bytes is None and prof.tree.calls == 0
+    # the generator's 32x8 input and its 32x256 Tanh output, and the critic's three calls' 32x64 input and two
+    # 32x256 Tanh outputs, fp32: 4 * (32 * 8 + 32 * 256 + 3 * (32 * 64 + 2 * 32 * 256)) = 254,976 bytes
+    plan = prof.profile.checkpoint_plan("50%", wrap_cost=None)
+    assert plan.saved_bytes_before == 4 * (32 * 8 + 32 * 256 + 3 * (32 * 64 + 2 * 32 * 256)) == 254_976
+    assert plan.feasible and plan.saved_bytes_after <= plan.budget_bytes and plan.modules
+    with plan.applied(both):
+        assert all(torch.equal(a, b) for a, b in zip(step(), plain))
+    assert _state(both) == before
+    result = layerprof.verify_plan(plan, both, step, repeats=1)
+    assert result.measured_saved_bytes == plan.saved_bytes_after

@@ -58,8 +58,10 @@ TIMED_MS = 0.05  # a module's forward, less the early stop's tail, from which it
 
 
 def require_figures(root: ModuleRecord) -> None:
-    """A ValueError saying what to do when the profile lacks the memory meter's figures."""
-    if getattr(root, "checkpoint_freed_bytes", None) is None:
+    """A ValueError saying what to do when the profile lacks the memory meter's figures. A root never called (a
+    ``ModuleDict`` holding two models, each called in the step) has none of its own: its children's are used."""
+    holders = [root] if root.calls or not root.children else list(root.children)
+    if all(getattr(record, "checkpoint_freed_bytes", None) is None for record in holders):
         why = ("it was recorded by a layerprof without checkpoint figures" if getattr(root, "saved_bytes", None)
                is not None else "it has no memory figures")
         raise ValueError(

@@ -251,7 +251,7 @@ class CheckpointPlan:
         self.budget_bytes = budget_bytes
         self.peak_budget_bytes = peak_budget_bytes
         self.budget_kind = "saved" if peak_budget_bytes is None else "peak"
-        self.saved_bytes_before = int(root.saved_bytes or 0)
+        self.saved_bytes_before = saved_today(root)
         self.already_recomputed = _outermost_recomputed(root)
         self.excluded = {c.name: c.excluded for c in found if c.excluded and c.excluded not in ("not called",
                                                                                                  "frees nothing")}
@@ -623,7 +623,7 @@ def make_plan(root: ModuleRecord, budget: Any = None, allow_side_effects: bool =
     resolution = check_int("resolution", resolution, minimum=16)  # (grid steps)
     budget_bytes = peak_bytes = None
     if peak is None:
-        budget_bytes = parse_budget(budget, int(root.saved_bytes or 0))
+        budget_bytes = parse_budget(budget, saved_today(root))
     else:
         peak_bytes = parse_budget(peak, require_step_peak(root), name="peak")
     cost = check_wrap_cost(wrap_cost)
@@ -639,6 +639,18 @@ def make_plan(root: ModuleRecord, budget: Any = None, allow_side_effects: bool =
             options = run_options(records, found, below, root.__dict__.get(STORAGES_ATTRIBUTE), cost, hook_ms,
                                   op_ms)
         return CheckpointPlan(root, found, budget_bytes, resolution, cost, hook_ms, options, peak_bytes)
+
+
+def saved_today(root: ModuleRecord) -> int:
+    """The bytes the profiled step saved for backward: the root's, or for a root never called (a ``ModuleDict``
+    of models, each called in the step) what its children's calls saved (its storage tables', exact where a
+    storage is saved by two of them)."""
+    if root.saved_bytes is not None or root.calls:
+        return int(root.saved_bytes or 0)
+    tables = root.__dict__.get(STORAGES_ATTRIBUTE)
+    if tables:
+        return saved_after(tables, set())
+    return sum(int(getattr(child, "saved_bytes", None) or 0) for child in root.children)
 
 
 def require_step_peak(root: ModuleRecord) -> int:

@@ -30,7 +30,7 @@ from ..metrics.live_bytes import read_step
 from ..record.records import ModuleRecord, preorder
 from .apply import RecomputeTimer
 from .fault_cost import page_fault_us
-from .plan import CheckpointPlan
+from .plan import CheckpointPlan, saved_today
 
 try:
     import resource
@@ -150,7 +150,7 @@ def verify_plan(plan: CheckpointPlan, model: nn.Module, step: Callable[[], Any],
     step_before, step_after = (statistics.median(ms for ms, _ in times) for times in (before, after))
     faults = None if resource is None else tuple(statistics.median(f for _, f in times) for times in (before, after))
     return Verification(
-        predicted_saved_bytes=plan.saved_bytes_after, measured_saved_bytes=int(prof.profile.tree.saved_bytes or 0),
+        predicted_saved_bytes=plan.saved_bytes_after, measured_saved_bytes=saved_today(prof.profile.tree),
         budget_bytes=plan.budget_bytes, predicted_extra_ms=plan.extra_ms, measured_extra_ms=step_after - step_before,
         step_ms_before=step_before, step_ms_after=step_after, recompute_ms=recompute,
         cuda_peak_bytes=(before_peak, after_peak) if on_cuda else None,
