@@ -27,7 +27,7 @@ from .record import io
 from .record.records import ModuleRecord, preorder, release_tree
 from .record.roofs import attach_peaks, no_roofs_message
 from .record.summed import TreeValues
-from .plan.plan import CheckpointPlan, make_plan
+from .plan.plan import CheckpointPlan, make_plan, saved_today
 from .render import export
 from .render.compare import Comparison
 from .render.html import html_table, notebook_style
@@ -473,10 +473,10 @@ class Profile:
         step (``prof.step()`` after each backward), or plan by ``peak=``.
         See ``layerprof.plan``."""
         if peak is None:
-            accumulated = max((found.get("forwards_after_backward", 0) for found in self.meta.values()
-                               if isinstance(found, dict)), default=0)
+            memory = self.meta.get("memory") or self.meta.get("live_memory") or {}  # (the meter's meta)
+            accumulated = memory.get("forwards_after_backward", 0) if isinstance(memory, dict) else 0
             if accumulated:
-                saved = int(self.tree.saved_bytes or 0)
+                saved = saved_today(self.tree)
                 raise ValueError(
                     f"checkpoint_plan: in the profiled step, {accumulated} forward(s) that saved for backward began "
                     "after the backward of every earlier one had run (gradient accumulation: micro-batches, each "

@@ -816,3 +816,17 @@ def test_a_plan_for_two_models_held_in_a_module_dict() -> None:
     assert _state(both) == before
     result = layerprof.verify_plan(plan, both, step, repeats=1)
     assert result.measured_saved_bytes == plan.saved_bytes_after
+
+
+def test_accumulated_micro_batches_are_refused_under_the_live_bytes_meter_too() -> None:
+    # The live-bytes meter is the memory meter with more: its meta is under its own name.
+    model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with LayerProf(model, metrics=("live_memory",)) as prof:
+            for _ in range(2):
+                model(torch.randn(8, 16)).sum().backward()
+    assert prof.profile.meta["live_memory"]["forwards_after_backward"] == 1
+    with pytest.raises(ValueError, match=r"1 forward\(s\) that saved for backward began after the backward"):
+        prof.profile.checkpoint_plan("50%")
+    assert prof.profile.checkpoint_plan(peak="90%", wrap_cost=None).peak_budget_bytes > 0  # by the peak: planned

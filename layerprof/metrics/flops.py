@@ -35,7 +35,7 @@ from torch import nn
 from .._torch import (TorchDispatchMode, current_autograd_node, has_decomposition, mode_is_on, nested_sizes,
                       ready_mode)
 from .._torch import sequence_nr
-from ..record.adoption import adopters
+from ..record.adoption import adopters, caller
 from ..record.fields import FIELDS, Field, declare
 from ..record.records import ModuleRecord
 from .meter import Meter, register_meter
@@ -432,8 +432,7 @@ class FlopMeter(Meter):
             for call in calls:
                 while call is not None and call.name not in found:
                     found.add(call.name)
-                    parent = call.parent
-                    call = parent if parent is not None else getattr(call, "elsewhere", None)
+                    call = caller(call)
             return found
 
         forward, backward = closed(self._elsewhere), closed(self._elsewhere_backward)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["PREFIXES", "adopters", "tree_parent", "prefix_of"]
+__all__ = ["PREFIXES", "adopters", "caller", "tree_parent", "prefix_of"]
 
 # Name -> its prefix (``prefix_of``), for the check made on every call of every step: a lookup costs half a
 # ``rpartition``, and a caller in a hot loop reads the dict itself.
@@ -46,7 +46,7 @@ def prefix_of(name: str) -> str:
     return prefix
 
 
-def _caller(call: Any) -> Any:
+def caller(call: Any) -> Any:
     """The call open around ``call``: its parent, or where it has none, the call running on another thread."""
     parent = call.parent
     return parent if parent is not None else getattr(call, "elsewhere", None)
@@ -74,14 +74,14 @@ def adopters(call: Any) -> tuple[str, ...]:
     if not name or call.recompute:
         return ()
     parent_name = prefix_of(name)
-    caller = _caller(call)
-    if caller is not None and caller.name == parent_name:  # the common case: called by its parent
+    around = caller(call)
+    if around is not None and around.name == parent_name:  # the common case: called by its parent
         return ()
     # The chain cannot loop: a parent, and the call another thread was running, began before the call.
     opened: list[str] = []
-    while caller is not None:
-        opened.append(caller.name)
-        caller = _caller(caller)
+    while around is not None:
+        opened.append(around.name)
+        around = caller(around)
     found: list[str] = []
     ancestor: str | None = parent_name
     while ancestor is not None and not _covers(ancestor, opened):
