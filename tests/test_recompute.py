@@ -92,17 +92,15 @@ class _TwoBranchBlock(nn.Module):
         return x + self.fc2(self.act(self.fc1(self.n2(x))))
 
 
+@pytest.mark.usefixtures("live_bytes_torch")
 def test_a_models_own_checkpoint_that_stops_early_keeps_no_recomputed_graph_alive() -> None:
     # Checkpoint's early stop raises out of the recomputation. The recomputed block's call then never walked its
     # graph, and the nodes its sub-calls' walks had left to it (with the tensors the recomputed graph saved) stayed
     # on the call until the block's end: the profiled step's peak read 20,480 bytes (one GELU output, 4x5x256 fp32)
     # above the plain step's, and peak plans on it were refused as out of reach.
-    from layerprof._version import LIVE_BYTES_TORCH, _short_of
     from layerprof.metrics.live_bytes import read_step
     from torch.utils.checkpoint import checkpoint
 
-    if _short_of(torch.__version__, LIVE_BYTES_TORCH):
-        pytest.skip(f"the live-bytes reader needs torch {LIVE_BYTES_TORCH}")
     torch.manual_seed(0)
     inp, block, head = nn.Linear(32, 64), _TwoBranchBlock(), nn.Linear(64, 1)
     model = nn.ModuleDict({"inp": inp, "block": block, "head": head})
@@ -121,17 +119,13 @@ def test_a_models_own_checkpoint_that_stops_early_keeps_no_recomputed_graph_aliv
     assert prof.records["block.fc1"].calls == 2
 
 
+@pytest.mark.usefixtures("live_bytes_torch")
 def test_a_forward_that_raised_lets_go_of_the_graph_it_was_building() -> None:
     # A forward that ran out of memory and is tried again (a smaller batch): the failed attempt's graph, saved
     # tensors and all, was held by the profiler until the block's end.
     import gc
 
     from torch.multiprocessing.reductions import StorageWeakRef
-
-    from layerprof._version import LIVE_BYTES_TORCH, _short_of
-
-    if _short_of(torch.__version__, LIVE_BYTES_TORCH):
-        pytest.skip(f"a storage's weak reference sees its storage freed from torch {LIVE_BYTES_TORCH}")
 
     class Fails(nn.Module):
         def __init__(self) -> None:
