@@ -41,6 +41,19 @@ def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
     the paths or a generator per level: the tracker reads every module call's output with it)."""
     if isinstance(obj, torch.Tensor):
         return iter((obj,))
+    # A flat container (a tuple of tensors and Nones, a ModelOutput of tensors): its tensors in order, without
+    # the stack of the general walk (half the time: the tracker reads every call's output).
+    kind = type(obj)
+    values = obj if kind is tuple or kind is list else obj.values() if isinstance(obj, dict) else None
+    if values is not None:
+        flat = []
+        for value in values:
+            if isinstance(value, torch.Tensor):
+                flat.append(value)
+            elif value is not None:
+                break
+        else:
+            return iter(flat)
     found: list[torch.Tensor] = []
     stack = [(obj, 0)]
     while stack:

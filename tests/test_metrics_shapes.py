@@ -195,6 +195,15 @@ def test_iter_tensors_finds_what_iter_tensor_paths_finds_in_the_same_order() -> 
     for _ in range(20):
         deep = [deep]
     assert list(iter_tensors(deep)) == [] and list(iter_tensors([[torch.ones(1)]]))[0].item() == 1.0
+    # Flat containers (read without the general walk's stack): a module's tuple with None, a ModelOutput, a dict
+    # whose last value is not a tensor (the general walk from there), and a list.
+    from transformers.modeling_outputs import BaseModelOutput
+
+    t, u = torch.ones(1), torch.zeros(2)
+    for flat, expected in (((t, None, u), [t, u]), (BaseModelOutput(last_hidden_state=u), [u]),
+                           ({"a": t, "b": u, "n": 3}, [t, u]), ([u, t], [u, t]), ((t, (u,)), [t, u]), ((), [])):
+        assert [id(x) for x in iter_tensors(flat)] == [id(x) for x in expected]
+        assert [id(x) for _, x in iter_tensor_paths(flat)] == [id(x) for x in expected]
 
 
 def test_steps_of_other_shapes_are_noted_where_a_meter_counts_one_step() -> None:
