@@ -282,3 +282,77 @@ def test_data_parallel_replicas_count_as_their_originals() -> None:
         assert record.forward_ms > 0 and record.backward_ms is not None and record.backward_ms > 0, record.name
     check_profile(prof, model)
     assert hook_state(model) == before
+
+
+class _Sleeps(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.005)
+        return x * 2
+
+
+class _FailsFirst(nn.Module):
+    """Raises on its first call after its body ran: a transient error the training loop retries."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.head, self.tries = _Sleeps(), nn.Linear(4, 1), 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(x)
+        self.tries += 1
+        if self.tries == 1:
+            raise RuntimeError("transient")
+        return self.head(h)
+
+
+class _Unsupported(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.slow = _Sleeps()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.slow(x)
+        raise NotImplementedError("this path")
+
+
+class _FallsBack(nn.Module):
+    """Catches its first branch's error and takes another."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.fallback = _Unsupported(), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        try:
+            return self.first(x)
+        except NotImplementedError:
+            return self.fallback(x)
+
+
+def test_the_calls_inside_a_forward_that_raised_are_not_calls_either() -> None:
+    # A forward that raised is not a call (its time is in its parent's own): neither are the calls made inside
+    # it. Kept, the retried model's body read two 5 ms calls (14.4 ms) under a root of one call (5.7 ms), and the
+    # caught branch's child a call under a parent of none.
+    x = torch.randn(3, 4, requires_grad=True)
+    model = _FailsFirst()
+    with LayerProf(model) as prof:
+        for _ in range(2):
+            try:
+                out = model(x)
+                break
+            except RuntimeError:
+                pass
+        out.sum().backward()
+    check_profile(prof, model)
+    assert {name: r.calls for name, r in prof.records.items()} == {"": 1, "body": 1, "head": 1}
+    assert prof.records["body"].forward_ms <= prof.records[""].forward_ms
+
+    model = _FallsBack()
+    with LayerProf(model) as prof:
+        model(x).sum().backward()
+    check_profile(prof, model)
+    records = prof.records
+    assert {name: r.calls for name, r in records.items()} == {"": 1, "first": 0, "first.slow": 0, "fallback": 1}
+    assert records["first.slow"].forward_ms is None
+    # The failed branch's 5 ms sleep is the root's own forward time.
+    assert records[""].self_forward_ms >= 5.0

@@ -153,6 +153,29 @@ def all_returned(calls: list[CallTrace]) -> bool:
     return all(call.fwd_start is not None and call.fwd_end is not None and not call.raised for call in calls)
 
 
+def _uncount_inside(calls: list[CallTrace], index: int, timings: list[tuple[Any, ...] | None]) -> None:
+    """Take back the timings of the calls made inside ``calls[index]``, a forward that raised (a first attempt
+    retried, a branch whose error a parent caught): its sub-calls belong to an attempt that is not a call, and kept
+    they would read more time than their parent (whose own figures hold the attempt's time). The sums they added
+    went to their parents, all inside the attempt and not counted either. Creation order puts them after it, up to
+    the next call made under one of its ancestors (calls of other threads, whose ancestors are their own, may come
+    between)."""
+    failed = calls[index]
+    ancestors = set()
+    parent = failed.parent
+    while parent is not None:
+        ancestors.add(parent)
+        parent = parent.parent
+    for later in range(index + 1, len(calls)):
+        parent = calls[later].parent
+        while parent is not None and parent is not failed and parent not in ancestors:
+            parent = parent.parent
+        if parent is failed:
+            timings[later] = None
+        elif parent is not None:  # made under an ancestor: the failed call had ended on this thread
+            return
+
+
 def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes]:
     """Per-module times of one step: calls, inclusive, self and recompute times, and every call's timing.
 
@@ -173,9 +196,12 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
         call = calls[index]
         parent = call.parent
         start, end = call.fwd_start, call.fwd_end
-        # A forward that raised is not a call; a recompute that raised is checkpointing stopping early once it has
-        # what backward needs, and its time was spent all the same.
-        if start is not None and end is not None and (not call.raised or call.recompute):
+        # A forward that raised is not a call, nor are the calls made inside it (its sub-calls, already counted
+        # here, are taken back); a recompute that raised is checkpointing stopping early once it has what backward
+        # needs, and its time was spent all the same.
+        if call.raised and not call.recompute:
+            _uncount_inside(calls, index, timings)
+        elif start is not None and end is not None:
             clock = call.clock
             if type(start) is int:  # wall clocks: nanoseconds, read without a method call per stamp
                 forward_start, forward_ms = (start - clock.origin) / 1e6, (end - start) / 1e6
