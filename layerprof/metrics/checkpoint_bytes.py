@@ -16,7 +16,9 @@ additive exactly when a storage is saved in two wrapped regions (counted in neit
 less than it could, never more than it says) or an input saved by an unwrapped sibling (counted as kept).
 
 Safety counts: ``checkpoint_side_effects`` is the number of calls, this one's and nested ones, whose forward
-changes state that a recomputation would change again (BatchNorm updating running statistics in training);
+changes state that a recomputation would change again (BatchNorm updating running statistics in training, and
+any module whose buffers the step updated in place or replaced: spectral norm's power-iteration vectors, an EMA
+codebook, a call counter; ``buffer_versions`` and ``updated_buffers``);
 ``checkpoint_cache_updates`` those handed a key/value cache, which they extend (Hugging Face models with
 ``use_cache=True``): a recomputation would attend over the keys its forward already added, so it is never allowed;
 ``checkpoint_inplace_inputs`` the number of this module's calls that modified an input in place (a checkpoint
@@ -35,7 +37,7 @@ from .._tensors import iter_tensors
 from .._torch import tensor_version
 from ..record.fields import Field, declare
 
-__all__ = ["CHECKPOINT_FIELDS", "STORAGES_ATTRIBUTE", "storage_table", "saved_after", "freed_by_runs", "saved_peak", "regions", "has_side_effects", "updates_a_cache", "input_versions", "mutated_inputs", "settle_forward"]
+__all__ = ["CHECKPOINT_FIELDS", "STORAGES_ATTRIBUTE", "storage_table", "saved_after", "freed_by_runs", "saved_peak", "regions", "has_side_effects", "updates_a_cache", "input_versions", "mutated_inputs", "settle_forward", "buffer_versions", "updated_buffers"]
 
 CHECKPOINT_FIELDS = (
     "checkpoint_freed_bytes", "checkpoint_kept_bytes", "checkpoint_side_effects", "checkpoint_cache_updates",
@@ -47,7 +49,8 @@ declare(
     Field("checkpoint_kept_bytes", "bytes", "Ckpt Keeps", meter="memory", detail=True,
           doc="input bytes a checkpoint of the module would hold that nothing else saves"),
     Field("checkpoint_side_effects", "count", "Ckpt Side Effects", meter="memory", detail=True, cost=False,
-          doc="calls in the module whose recomputation would repeat a side effect (BatchNorm running stats)"),
+          doc="calls in the module whose recomputation would repeat a side effect (a buffer updated in forward: "
+              "BatchNorm running stats, spectral norm)"),
     Field("checkpoint_cache_updates", "count", "Ckpt Cache Updates", meter="memory", detail=True, cost=False,
           doc="calls in the module handed a key/value cache to extend (Hugging Face use_cache=True)"),
     Field("checkpoint_inplace_inputs", "count", "In-place Inputs", meter="memory", detail=True, cost=False,
@@ -71,6 +74,28 @@ def has_side_effects(module: nn.Module) -> bool:
     """Whether running the module's own forward again changes state a second time: a BatchNorm (or SyncBatchNorm)
     in training that tracks running statistics."""
     return isinstance(module, _NORMS) and module.training and module.track_running_stats
+
+
+def buffer_versions(entries: Sequence[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module, str, Any, int]]:
+    """(module name, module, buffer name, buffer, version) of every module's own buffers, as a block starts."""
+    found = []
+    for name, module in entries:
+        for key, buffer in module._buffers.items():
+            if buffer is not None and not buffer.is_inference():
+                found.append((name, module, key, buffer, tensor_version(buffer)))
+    return found
+
+
+def updated_buffers(before: Sequence[tuple[str, nn.Module, str, Any, int]]) -> dict[str, list[str]]:
+    """Module name -> its buffers that were updated in place or replaced since ``buffer_versions`` read them: state a
+    checkpoint's recomputation of the module's forward would update again (a spectral norm's vectors advance twice a
+    step, an EMA decays twice, a counter counts twice), which is wrong, and silently so, where backward reads it."""
+    updated: dict[str, list[str]] = {}
+    for name, module, key, buffer, version in before:
+        now = module._buffers.get(key)
+        if now is not buffer or tensor_version(buffer) != version:
+            updated.setdefault(name, []).append(key)
+    return updated
 
 
 def updates_a_cache(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

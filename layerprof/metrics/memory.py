@@ -52,7 +52,8 @@ from ..record.adoption import adopters
 from ..record.fields import Field, declare
 from ..record.records import ModuleRecord
 from .checkpoint_bytes import (
-    CHECKPOINT_FIELDS, STORAGES_ATTRIBUTE, has_side_effects, input_versions, mutated_inputs, settle_forward,
+    CHECKPOINT_FIELDS, STORAGES_ATTRIBUTE, buffer_versions, has_side_effects, input_versions, mutated_inputs,
+    settle_forward, updated_buffers,
     storage_table, updates_a_cache,
 )
 from .meter import Meter, register_meter
@@ -243,11 +244,15 @@ class MemoryMeter(Meter):
         self._savers: dict[int, list[Any]] = {}
         self._forward: list[_CallMemory] = []  # the calls of the current forward of the model
         self._forward_traces: list[Any] = []  # and their calls, to see when its backward has run
-        # Forwards that saved for backward when every earlier forward that saved had had its backward (gradient
-        # accumulation: each micro-batch's saved bytes are released before the next is made, so the step's sum is
-        # never held at once). ``_held``: the calls of the earlier saving forwards whose backward had not run yet.
+        # Forwards that saved for backward when every earlier forward that saved had released what it saved
+        # (gradient accumulation: each micro-batch's saved bytes are released before the next is made, so the
+        # step's sum is never held at once). ``_held``: per earlier saving forward, weak references to the aliases
+        # its saved tensors were packed as, which live as long as the graph holds them (a backward that keeps the
+        # graph, ``retain_graph`` or ``create_graph`` as a gradient penalty's, releases nothing); or, where other
+        # saved-tensor hooks pack them, its calls, released once their backward has run.
         self._after_backward = 0
         self._held: list[list[Any]] = []
+        self._packed: list[Any] = []  # the current forward's aliases (weak references)
         self._saved_before = False
         self._starts_released = False
         self._tables: list[dict[str, list[Any]]] = []  # per forward: its storages, for the planner's exact figure
@@ -255,6 +260,10 @@ class MemoryMeter(Meter):
         self._step_log: PeakLog | None = None  # the log of the device of the model's first call: the step's
         self._step: dict[str, Any] = {}  # the step's own figures (meta): its peak, where it started and ended
         self._static: set[int] = set()  # parameters' and buffers' storages
+        # Every module's own buffers with their versions as the block started, and by module name those the block
+        # updated in place or replaced (read as it stops): side effects a recomputation would repeat.
+        self._buffer_versions: list[Any] = []
+        self.updated_buffers: dict[str, list[str]] = {}
         self._logs: dict[str, PeakLog | None] = {}
         self._reader: MemoryReader = MemoryReader()
         self._hooks: Any = None
@@ -269,6 +278,7 @@ class MemoryMeter(Meter):
         self._names = list(records)
         self._after_backward, self._held, self._saved_before, self._starts_released = 0, [], False, False
         self._static = _storage_keys(list(model.parameters()), list(model.buffers()))
+        self._buffer_versions = buffer_versions(entries)
         self._reader = type(self).reader_factory()
         # Hooks installed before profiling (save_on_cpu, offloading) keep working: ours chains to them.
         self._outer = outer_saved_tensors_hooks()
@@ -283,6 +293,9 @@ class MemoryMeter(Meter):
             raise
 
     def stop(self) -> None:
+        for name, keys in updated_buffers(self._buffer_versions).items():
+            self.updated_buffers.setdefault(name, []).extend(k for k in keys if k not in self.updated_buffers[name])
+        self._buffer_versions = []
         hooks, self._hooks = self._hooks, None
         self._stack.clear()
         self._returned.clear()
@@ -365,6 +378,8 @@ class MemoryMeter(Meter):
                 return alias, tensor_version(tensor)
         alias = tensor.detach()
         self._last_packed = (weakref.ref(tensor), weakref.ref(alias))
+        if self._stack and not self._stack[-1].recompute:
+            self._packed.append(self._last_packed[1])
         return alias, tensor_version(tensor)
 
     def _unpack(self, packed: Any) -> Any:
@@ -403,7 +418,7 @@ class MemoryMeter(Meter):
             self._saved.clear()
             self._inputs.clear()
             self._settle()
-            self._held = [traces for traces in self._held if not any(t.bwd_start is not None for t in traces)]
+            self._held = [held for held in self._held if _still_held(held)]
             self._starts_released = self._saved_before and not self._held
         inputs = {}
         for key, storage in _storages(args, kwargs).items():
@@ -497,17 +512,19 @@ class MemoryMeter(Meter):
             if self._savers:
                 self._after_backward += self._starts_released
                 self._saved_before = True
-                self._held.append(self._forward_traces)
+                self._held.append(self._packed or self._forward_traces)
             settle_forward(self._forward, self._savers)
             self._tables.append(storage_table(self._forward, self._savers))
             self._table_calls.append(self._forward)
         self._forward = []
         self._forward_traces = []
+        self._packed = []
         self._savers = {}
 
     # -- records -----------------------------------------------------------------------------------------------------
     def fill(self, records: dict[str, ModuleRecord]) -> None:
         self._settle()
+        self._mark_updated_buffers()
         for call, state in reversed(self._calls):  # children were created after their parents
             state.activation += state.self_activation
             state.saved += state.self_saved
@@ -564,6 +581,21 @@ class MemoryMeter(Meter):
         self._states.clear()
 
 
+    def _mark_updated_buffers(self) -> None:
+        """A side effect on the calls of each module whose buffers the block updated (the nearest called ancestor's,
+        where the module itself was not called: its parent's code updated them), which ``fill`` then adds up the
+        calls' parents, as it does a training BatchNorm's."""
+        if not self.updated_buffers:
+            return
+        by_name: dict[str, list[_CallMemory]] = {}
+        for call, state in self._calls:
+            by_name.setdefault(call.name, []).append(state)
+        for name in self.updated_buffers:
+            while name not in by_name and name:
+                name = name.rpartition(".")[0]
+            for state in by_name.get(name, ()):
+                state.side_effects = max(state.side_effects, 1)
+
     def _add_timeline(self, root: ModuleRecord) -> None:
         """Each table's calls' boundaries on the step's log (``[forward start, forward end, backward start, backward
         end]``, 0 where not seen or on another device), and the log's levels and interval peaks on the root."""
@@ -574,6 +606,14 @@ class MemoryMeter(Meter):
                                if call.log is log else [0, 0, 0, 0] for call in calls]
         root.__dict__[TIMELINE_ATTRIBUTE] = {"device": log.device, "levels": list(log.levels),
                                              "peaks": list(log.interval_peaks)}
+
+
+def _still_held(held: list[Any]) -> bool:
+    """Whether an earlier forward still holds what it saved: one of its aliases lives (weak references), or, for
+    calls, none of them has had its backward."""
+    if held and isinstance(held[0], weakref.ref):
+        return any(alias() is not None for alias in held)
+    return not any(call.bwd_start is not None for call in held)
 
 
 def _adopt(row: dict[str, int | None], state: _CallMemory) -> None:

@@ -19,6 +19,7 @@ the wrapper's own forward work.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import time
 from typing import Any, Callable
@@ -100,32 +101,95 @@ class _Slot:
         self.index = index
 
 
+class _Container:
+    """A container of another kind than list, tuple or dict, with its contents pulled: rebuilt by ``build`` from
+    them when the tensors are put back (a ``PackedSequence`` checks its fields as it is made, so no copy of it is
+    made with slots in it)."""
+
+    __slots__ = ("build", "items")
+
+    def __init__(self, build: Callable[[list[Any]], Any], items: list[Any]) -> None:
+        self.build = build
+        self.items = items
+
+
 def _pull_tensors(value: Any, tensors: list[torch.Tensor], slots: dict[int, _Slot]) -> Any:
-    """A copy of ``value``'s lists, tuples and dicts with each tensor moved to ``tensors`` and a _Slot left: one
-    slot per tensor object (``slots``: by ``id``), so that an argument given twice (``attn(x, x, x)``) is one input
-    of the checkpoint and the same object again when recomputed (``nn.MultiheadAttention`` takes its
-    self-attention path on ``query is key``; saved-tensor hooks unpack each input anew)."""
+    """A copy of ``value``'s containers with each tensor moved to ``tensors`` and a _Slot left: one slot per tensor
+    object (``slots``: by ``id``), so that an argument given twice (``attn(x, x, x)``) is one input of the
+    checkpoint and the same object again when recomputed (``nn.MultiheadAttention`` takes its self-attention path on
+    ``query is key``; saved-tensor hooks unpack each input anew). Containers: lists, tuples and dicts, and the kinds
+    of them that carry tensors into a module (a namedtuple such as the ``PackedSequence`` an LSTM takes, an
+    ``OrderedDict``, a dataclass). A tensor in anything else stays in the wrapper's closure, where the checkpoint
+    does not see it (the memory meter then counts less than the plan frees)."""
     if isinstance(value, torch.Tensor):
         slot = slots.get(id(value))
         if slot is None:
             tensors.append(value)
             slot = slots[id(value)] = _Slot(len(tensors) - 1)
         return slot
-    if type(value) in (list, tuple):
-        return type(value)(_pull_tensors(item, tensors, slots) for item in value)
-    if type(value) is dict:
+    kind = type(value)
+    if kind is list or kind is tuple:
+        return kind(_pull_tensors(item, tensors, slots) for item in value)
+    if kind is dict:
         return {key: _pull_tensors(item, tensors, slots) for key, item in value.items()}
-    return value
+    opened = _opened(value)
+    if opened is None:
+        return value
+    build, items = opened
+    return _Container(build, [_pull_tensors(item, tensors, slots) for item in items])
 
 
 def _put_tensors(value: Any, tensors: tuple[Any, ...]) -> Any:
     if isinstance(value, _Slot):
         return tensors[value.index]
-    if type(value) in (list, tuple):
-        return type(value)(_put_tensors(item, tensors) for item in value)
-    if type(value) is dict:
+    kind = type(value)
+    if kind is list or kind is tuple:
+        return kind(_put_tensors(item, tensors) for item in value)
+    if kind is dict:
         return {key: _put_tensors(item, tensors) for key, item in value.items()}
+    if kind is _Container:
+        return value.build([_put_tensors(item, tensors) for item in value.items])
     return value
+
+
+def _opened(value: Any) -> tuple[Callable[[list[Any]], Any], list[Any]] | None:
+    """How to rebuild a container of another kind than list, tuple or dict from its contents, and its contents;
+    None for anything else."""
+    kind = type(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return (lambda items: kind(*items)), list(value)
+    if isinstance(value, (list, tuple)):
+        return kind, list(value)
+    # The others are rebuilt from an empty copy (the closure holds no tensor of the call).
+    if isinstance(value, dict):
+        try:
+            keys, empty = list(value), copy.copy(value)
+            empty.clear()
+        except Exception:  # noqa: BLE001 - a mapping that refuses (a ModelOutput forbids deleting): left as it is
+            return None
+
+        def rebuild_mapping(items: list[Any]) -> Any:
+            copied = copy.copy(empty)
+            for key, item in zip(keys, items):
+                copied[key] = item
+            return copied
+        return rebuild_mapping, list(value.values())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        names = [field.name for field in dataclasses.fields(value)]
+        try:
+            blank = copy.copy(value)
+            for name in names:
+                object.__setattr__(blank, name, None)  # (frozen ones too)
+        except Exception:  # noqa: BLE001 - one that cannot be copied (slots without those fields): as it is
+            return None
+
+        def rebuild_dataclass(items: list[Any]) -> Any:
+            copied = copy.copy(blank)
+            for name, item in zip(names, items):
+                object.__setattr__(copied, name, item)
+            return copied
+        return rebuild_dataclass, [getattr(value, name) for name in names]
+    return None
 
 
 class _Wrapper:

@@ -91,7 +91,8 @@ def _why_excluded(record: ModuleRecord, allow_side_effects: bool) -> str | None:
         return ("updates a key/value cache it is handed (a recompute would find it extended): pass use_cache=False "
                 "for training, as gradient_checkpointing_enable() does")
     if count("checkpoint_side_effects") and not allow_side_effects:
-        return "side effects on recompute (BatchNorm running statistics); allow_side_effects=True to allow"
+        return ("side effects on recompute (a buffer its forward updates: BatchNorm running statistics, spectral "
+                "norm); allow_side_effects=True to allow")
     if _net_bytes(record) <= 0:
         return "frees nothing"
     return None

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -160,6 +161,37 @@ def _a(word: str) -> str:
     return "an" if word[:1].lower() in "aeiou" else "a"
 
 
+# Torch's own forward pre-hooks that compute a weight from its parts before each call (the older weight_norm and
+# spectral_norm): re-running them is the recomputation itself (spectral norm's buffer updates count as side effects).
+_WEIGHT_HOOKS = ("WeightNorm", "SpectralNorm")
+
+
+def _warn_hooked(modules: dict[str, nn.Module],
+                 sequentials: dict[int, tuple[nn.Module, dict[tuple[int, int], str]]]) -> None:
+    """Warn where modules inside the regions to wrap carry forward hooks of their own: a checkpoint re-runs the
+    forward in backward, hooks and all, so each of those hooks runs twice a step."""
+    regions: list[tuple[str, nn.Module]] = list(modules.items())
+    for sequential, runs in sequentials.values():
+        for (first, stop), name in runs.items():
+            parent = name.rpartition("[")[0]
+            regions.extend((f"{parent}.{i}" if parent else str(i), sequential[i]) for i in range(first, stop))
+    hooked = []
+    for name, region in regions:
+        for inner, module in region.named_modules(prefix=name):
+            hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
+            if any(type(hook).__name__ not in _WEIGHT_HOOKS for hook in hooks):
+                hooked.append(inner)
+    if hooked:
+        shown = ", ".join(repr(name) for name in hooked[:5])
+        if len(hooked) > 5:
+            shown += f" and {len(hooked) - 5} more"
+        warnings.warn(
+            f"the plan wraps modules that carry forward hooks ({shown}): a checkpoint runs their forward again in "
+            "backward, hooks included, so those hooks can run twice a step (a list a hook appends to grows twice); "
+            "take the hooks off, or have them do nothing in the re-run, which runs during backward",
+            UserWarning, stacklevel=3)
+
+
 def _wrapper_hint(model: nn.Module, names: list[str]) -> str:
     """Where a plan's names do not resolve on ``model`` for a wrapper between them: the plan made for the model a
     ``DistributedDataParallel`` (or ``torch.compile``) wraps and applied to the wrapper, or made for the wrapper
@@ -174,7 +206,30 @@ def _wrapper_hint(model: nn.Module, names: list[str]) -> str:
             return (f"; the plan was made for a model that wraps this one (its names start with {attribute!r}, as "
                     f"those of a DistributedDataParallel or a compiled model do): apply it to that wrapper, or plan on "
                     f"a profile of this {type(model).__name__} itself")
+    compiled = _compiled_on_path(model, names)
+    if compiled:
+        return (f"; {compiled!r} of this model was compiled since the profile (model.{compiled} = "
+                f"torch.compile(...) puts an OptimizedModule in its place): apply the plan before compiling, or "
+                f"compile in place with model.{compiled}.compile(), which keeps the module")
     return ""
+
+
+def _compiled_on_path(model: nn.Module, names: list[str]) -> str | None:
+    """The name of a submodule on the path of one of the plan's names that ``torch.compile`` replaced with its
+    wrapper (whose only child is ``_orig_mod``), or None."""
+    for name in names:
+        run = parse_run(name)
+        path = name if run is None else run[0]
+        module: nn.Module | None = model
+        walked: list[str] = []
+        for part in [*(path.split(".") if path else []), None]:
+            if walked and module is not None and "_orig_mod" in module._modules and part != "_orig_mod":
+                return ".".join(walked)
+            if part is None or module is None:
+                break
+            module = module._modules.get(part)
+            walked.append(part)
+    return None
 
 
 @dataclass(frozen=True)
@@ -533,6 +588,7 @@ class CheckpointPlan:
         if self._applied:
             raise RuntimeError("this plan is already applied; call remove() before applying it again")
         modules, sequentials = self._resolve(model)
+        _warn_hooked(modules, sequentials)
         try:
             for name, module in modules.items():
                 self._applied.append((module, wrap(module, label=name)))
