@@ -844,3 +844,49 @@ def test_bilinear_forward_and_backward() -> None:
     assert prof.unknown_ops() == {}
     assert prof.tree.flops_forward == 2 * 4 * 7 * 3 * 5 == 840
     assert prof.tree.flops_backward == 3 * 840
+
+
+# -- a second backward pass through nodes the first one made (create_graph=True) ---------------------------
+def test_a_gradient_penaltys_second_pass_is_counted_in_the_modules_whose_backward_made_its_nodes() -> None:
+    # The nodes a backward under create_graph=True makes belonged to no module: their ops in the second pass were
+    # counted nowhere, not even in the root (a Linear critic's weight gradient, all of pass 2, read 0).
+    torch.manual_seed(0)
+    critic = nn.Sequential(nn.Linear(4, 1, bias=False))
+    x = torch.randn(3, 4, requires_grad=True) * 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with LayerProf(critic, metrics=("flops",)) as prof:
+            grad, = torch.autograd.grad(critic(x).sum(), x, create_graph=True)
+            grad.pow(2).sum().backward()
+    linear = prof.records["0"]
+    assert linear.flops_forward == 3 * 4 * 1 * 2  # x @ w.T: 24
+    # pass 1, the input's gradient ones(3, 1) @ w (1x4): 24; pass 2, through the mm node pass 1 made: the weight's
+    # gradient ones(3, 1).T @ d(penalty)/d(grad) (3x4): 1 * 3 * 4 * 2 = 24
+    assert linear.flops_backward == 24 + 24 and prof.tree.flops_backward == 48
+
+
+@pytest.mark.parametrize("second_order", ["gradient penalty", "Hessian-vector product"])
+def test_second_order_steps_count_every_flop_flopcountermode_does(second_order: str) -> None:
+    def make() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+
+    def step(model: nn.Module, x: torch.Tensor) -> None:
+        if second_order == "gradient penalty":
+            grad, = torch.autograd.grad(model(x).sum(), x, create_graph=True)
+            grad.pow(2).sum().backward()
+        else:
+            grads = torch.autograd.grad(model(x).pow(2).mean(), list(model.parameters()), create_graph=True)
+            sum(g.sum() for g in grads).backward()
+
+    x = torch.randn(3, 4, requires_grad=True)
+    with FlopCounterMode(display=False) as counter:
+        step(make(), x * 1)
+    model = make()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with LayerProf(model, metrics=("flops",)) as prof:
+            step(model, x * 1)
+    root = prof.tree
+    assert root.flops_forward + root.flops_backward == counter.get_total_flops()  # 3,600 and 5,040
+    check_tree(prof)

@@ -8,6 +8,9 @@ to module calls:
   falls in the ``[seq_start, seq_end)`` range of exactly one innermost call (``tracker.CallTrace``), which is
   credited with its ancestors. So functional code (``F.linear``, ``@``, ``einsum``, SDPA) inside any module is
   counted where it ran, in both passes, and a module called several times sums its calls;
+* a backward op of a node that a backward pass made (``create_graph=True``: a gradient penalty, a Hessian-vector
+  product, MAML's second order) to the call whose backward made it: the op that made it ran in that call's
+  backward (``_made_in_backward``);
 * a forward re-run during backward by activation checkpointing (``CallTrace.recompute``) to ``flops_recompute``,
   never to ``flops_forward``; its calls hang under the call whose backward triggered the re-run;
 * and, in both passes, to the ancestors that adopt one of those calls, made outside their own (an encoder called
@@ -34,7 +37,7 @@ from torch import nn
 
 from .._torch import (TorchDispatchMode, current_autograd_node, has_decomposition, mode_is_on, nested_sizes,
                       ready_mode)
-from .._torch import sequence_nr
+from .._torch import graph_task_id, next_sequence_nr, sequence_nr
 from ..record.adoption import adopters, caller
 from ..record.fields import FIELDS, Field, declare
 from ..record.records import ModuleRecord
@@ -219,6 +222,9 @@ class FlopMeter(Meter):
     def __init__(self) -> None:
         self._local = threading.local()
         self._calls: dict[int, list[Any]] = {}  # thread id -> its calls in creation order (seq_start ascending)
+        # Thread id -> [first, end, call] ranges of the sequence numbers of graph nodes that backward ops made
+        # (create_graph=True), by the call whose backward ran them, in ascending order.
+        self._made: dict[int, list[list[Any]]] = {}
         self._logical_parent: dict[int, Any] = {}  # id(recompute call) -> the call it re-runs a part of
         self._originals: dict[str, list[Any]] = {}  # name -> its non-recompute calls in creation order
         self._totals: dict[str, _Totals] = {}
@@ -294,6 +300,8 @@ class FlopMeter(Meter):
     def backward_start(self, calls: Sequence[Any]) -> None:
         if not mode_is_on(self._mode):  # a backward started on a thread of the user's: its ops go uncounted
             self._elsewhere_backward.extend(calls)
+        # Where the nodes the call's backward makes start (``_note_made``): before its node runs.
+        self._local.made_from = (graph_task_id(), next_sequence_nr())
 
     # -- ops -------------------------------------------------------------------------------------------------
     def _classify(self, func: Any) -> Any:
@@ -340,7 +348,12 @@ class FlopMeter(Meter):
         node = current_autograd_node()
         if node is not None:
             self._backward_ran = True
-            return _BACKWARD, self._owner(sequence_nr(node))
+            number = sequence_nr(node)
+            owner = self._owner(number)
+            if owner is None:
+                owner = self._made_in_backward(number)
+            self._note_made(owner)
+            return _BACKWARD, owner
         return _FORWARD, current
 
     def _owner(self, sequence_nr: int) -> Any:
@@ -359,6 +372,35 @@ class FlopMeter(Meter):
                 call = call.parent
             if call is not None:
                 return call
+        return None
+
+    def _note_made(self, owner: Any) -> None:
+        """Before a backward op of ``owner``'s: the graph nodes made since the previous backward op of the same pass
+        on this thread were made by this op (an op's autograd node is made before the op reaches the dispatch
+        mode), so they are ``owner``'s (a backward under ``create_graph=True`` makes them)."""
+        local = self._local
+        now, task = next_sequence_nr(), graph_task_id()
+        last = getattr(local, "made_from", None)
+        local.made_from = (task, now)
+        if owner is None or last is None or last[0] != task or now <= last[1]:
+            return
+        made = self._made.get(threading.get_ident())
+        if made is None:
+            made = self._made[threading.get_ident()] = []
+        if made and made[-1][2] is owner and made[-1][1] == last[1]:
+            made[-1][1] = now  # the same call's nodes, on from its last range
+        else:
+            made.append([last[1], now, owner])
+
+    def _made_in_backward(self, sequence_nr: int) -> Any:
+        """The call whose backward made the graph node with this sequence number (``_note_made``), or None."""
+        own = self._made.get(threading.get_ident())
+        lists = [own] if own else []
+        lists += [made for made in self._made.values() if made is not own]
+        for made in lists:
+            index = bisect_right(made, sequence_nr, key=lambda entry: entry[0]) - 1
+            if index >= 0 and sequence_nr < made[index][1]:
+                return made[index][2]
         return None
 
     def _enclosing(self, name: str, owner: Any) -> Any:
