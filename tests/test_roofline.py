@@ -320,3 +320,26 @@ def test_real_models_classify_every_module_with_own_work() -> None:
                 assert row["bound"] == "memory" and row["self_flops"] == 0, row
         # own work adds up to the whole model's
         assert sum(row["self_bytes"] for row in rows) == FIELDS["bytes"].value(prof.tree)
+
+
+def test_a_stateless_base_on_the_meta_device_is_profiled_on_its_inputs_device() -> None:
+    # Model ensembling as the torch.func tutorial does it: a copy of the model moved to "meta" is the base that
+    # functional_call runs with real parameters under vmap. The profile said device "meta", whose roofs cannot be
+    # measured: to_json warned and roofline() raised "META device type not an accelerator".
+    import copy
+    import warnings
+
+    from torch.func import functional_call, stack_module_state, vmap
+
+    torch.manual_seed(0)
+    members = [nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)) for _ in range(3)]
+    params, buffers = stack_module_state(members)
+    base = copy.deepcopy(members[0]).to("meta")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with LayerProf(base, metrics=("flops",)) as prof:
+            run = lambda p, b, x: functional_call(base, (p, b), (x,))  # noqa: E731
+            vmap(run, in_dims=(0, 0, None))(params, buffers, torch.randn(5, 4)).sum().backward()
+    assert prof.profile.meta["environment"]["device"] == "cpu"
+    assert prof.tree.flops_forward == 3 * (5 * 4 * 8 * 2 + 5 * 8 * 1 * 2)  # 3 members: 320 + 80 each = 1,200
+    assert all(row["bound"] is not None for row in prof.roofline())

@@ -9,7 +9,7 @@ from torch import nn
 
 from .._machine import machine as _machine
 
-__all__ = ["environment", "environment_of", "input_facts"]
+__all__ = ["environment", "environment_of", "input_facts", "on_input_device"]
 
 
 @lru_cache(maxsize=64)
@@ -63,6 +63,8 @@ def environment_of(parameter: torch.Tensor | None, example: torch.Tensor | None 
             device_facts = _CPU_FACTS[dtype] = _device_facts(parameter.device, dtype)
     else:
         device = parameter.device if parameter is not None else (example.device if example is not None else None)
+        if device is not None and device.type == "meta" and example is not None and not example.is_meta:
+            device = example.device  # (``on_input_device``)
         device_facts = _device_facts(device, parameter.dtype if parameter is not None else None)
     return {
         **_machine(),
@@ -71,6 +73,15 @@ def environment_of(parameter: torch.Tensor | None, example: torch.Tensor | None 
         **device_facts,
         **(input_facts(example) if example is not None else _NO_EXAMPLE),
     }
+
+
+def on_input_device(facts: dict[str, Any], device: torch.device | None) -> dict[str, Any]:
+    """``facts`` of a model whose parameters are on the meta device, on the device of its input instead where that
+    is a real one: a stateless base run with real parameters (``torch.func.functional_call``, model ensembling)
+    works where its inputs are, and that device's roofs are the ones to measure."""
+    if device is None or device.type == "meta":
+        return facts
+    return {**facts, **{k: v for k, v in _device_facts(device, None).items() if k != "dtype"}}
 
 
 # ``_device_facts`` of the CPU by dtype.

@@ -18,7 +18,7 @@ from .._derived import verified
 from .._gc import gc_paused
 from .hook_cost import hook_cost
 from .live_op_cost import live_op_cost
-from .environment import environment, environment_of
+from .environment import environment, environment_of, on_input_device
 from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters, measures
 from ..metrics.peaks import check_peaks
@@ -30,7 +30,7 @@ from .schedule import Action, Schedule
 from .statistics import StepStats
 from .stepcall import RootStep
 from .timing import StepTimes, all_returned, step_times
-from .tracker import BATCHES, NOTE_PREFIX, Tracker, backward_note
+from .tracker import BATCHES, INPUT_DEVICE, NOTE_PREFIX, Tracker, backward_note
 from .compiled import compiled_while_profiling, refuse_compiled_in_place
 from .recompute import roll_up_recompute
 from .reprs import Reprs, read_reprs, write_reprs
@@ -175,6 +175,7 @@ def example_facts(example: dict[str, Any]) -> dict[str, Any]:
     root's calls had where they differ (a short first or last batch is not the workload), and ``batch_sizes``, each
     one's count of calls (pairs, in the order first seen)."""
     found = dict(example)
+    found.pop(INPUT_DEVICE, None)
     batches = found.pop(BATCHES, None)
     if batches and len(batches) > 1:
         found["batch_size"] = max(batches, key=batches.__getitem__)  # (a tie: the first seen)
@@ -752,6 +753,8 @@ class LayerProf:
         # model since a clean end (its tables hold what the plan was made from), without a walk of the model.
         parameter = plan.first_parameter() if unchanged and plan is not None else reuse.UNKNOWN
         facts = environment(self.model) if parameter is reuse.UNKNOWN else environment_of(parameter)
+        if facts["device"] == "meta":
+            facts = on_input_device(facts, tracker.example.get(INPUT_DEVICE))
         meta: dict[str, Any] = {"environment": {**facts, **example_facts(tracker.example)}}
         if self._stats.steps == 0 and self._counting_step is not None:
             distorting = [m.name for m in self.metrics if m.distorts_timing]

@@ -598,6 +598,7 @@ class Tracker:
                         if not example:
                             example.update(input_facts(tensor))
                             example[BATCHES] = {}
+                            example[INPUT_DEVICE] = tensor.device
                         batches = example[BATCHES]
                         batch = tensor.size(0) if tensor.dim() > 0 else None
                         batches[batch] = batches.get(batch, 0) + 1
@@ -692,6 +693,8 @@ class Tracker:
 
 # The key of ``Tracker.example`` under which the root's calls are counted by batch size (first dimension).
 BATCHES = "_batches"
+# And the device of the first (``environment.on_input_device``).
+INPUT_DEVICE = "_device"
 
 # The output default of the post-hook: torch's except path passed none (its third argument is the result).
 _FROM_EXCEPT = object()
