@@ -202,6 +202,28 @@ def test_transformer_encoder_with_a_padding_mask_runs_its_nested_path_counted() 
     assert prof.records["layers.0"].flops_forward == prof.records["layers.1"].flops_forward == sum(per_sequence)
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_a_linear_on_a_nested_tensor_is_counted_per_sequence() -> None:
+    # The same encoder with a forward hook of the user's on its layer: the layer takes its unfused path over the
+    # nested tensor, and F.linear on a nested tensor (which does not decompose) was listed as unknown, 0 FLOPs.
+    torch.manual_seed(0)
+    encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True), 1).eval()
+    encoder.layers[0].register_forward_hook(lambda *args: None)
+    x = torch.randn(2, 5, 8)
+    mask = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    with torch.no_grad(), LayerProf(encoder, metrics=("flops",)) as prof:
+        encoder(x, src_key_padding_mask=mask)
+    tokens = 5 + 3
+    assert prof.records["layers.0.linear1"].flops_forward == 2 * tokens * 8 * 16  # 2,048
+    assert prof.records["layers.0.linear2"].flops_forward == 2 * tokens * 16 * 8
+    assert prof.unknown_ops() == {}  # the nested layout's conversions are free
+    linear = nn.Linear(8, 16)
+    nested = torch.nested.nested_tensor([torch.randn(5, 8), torch.randn(3, 8)])
+    with torch.no_grad(), LayerProf(linear, metrics=("flops",)) as prof:
+        linear(nested)
+    assert prof.tree.flops_forward == 2 * (5 + 3) * 8 * 16
+
+
 def test_the_first_counting_block_loads_torchs_dispatch_wrapper_before_it_times() -> None:
     # torch wraps a dispatch mode's __torch_dispatch__ in a wrapper that imports torch._dynamo (about 1 s) on its
     # first call: in a fresh process that landed inside the first module's forward time

@@ -43,7 +43,7 @@ from ..record.fields import FIELDS, Field, declare
 from ..record.records import ModuleRecord
 from .meter import Meter, register_meter
 from .bytes import op_bytes
-from .formulas import flop_formula, is_free
+from .formulas import NESTED_FORMULAS, flop_formula, is_free
 from .module_formulas import module_flops_formula
 
 __all__ = ["FlopMeter", "FLOP_FIELDS"]
@@ -184,9 +184,10 @@ class _CountingMode(TorchDispatchMode):
             return func(*args, **kwargs)
         if kind is _DECOMPOSE:
             if _nested_in(args) or _nested_in(kwargs.values()):
-                # A strided nested tensor has no sizes for the decomposition to read: the op runs as it is, listed
-                # as unknown (for this call only: on plain tensors it decomposes).
-                kind = _UNKNOWN
+                # A strided nested tensor has no sizes for the decomposition to read: the op runs as it is, priced
+                # per component where a nested formula is known, else listed as unknown (for this call only: on
+                # plain tensors it decomposes).
+                kind = NESTED_FORMULAS.get(func, _UNKNOWN)
             else:
                 with self:
                     result = func.decompose(*args, **kwargs)

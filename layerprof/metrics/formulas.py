@@ -370,6 +370,18 @@ def efficient_attention_backward_flops(grad_out: Sequence[int], q: Sequence[int]
     return attention_backward_flops(*_varlen_dims(q, k, v, None if dense else cu_seqlens_q, max_q, max_k))
 
 
+def nested_linear_flops(x: Any, weight: Sequence[int], *args: Any, **kwargs: Any) -> int:
+    """``F.linear`` on a nested tensor (given as its components' shapes): each component's rows times the weight
+    (``nn.TransformerEncoder``'s layers on a padded batch, where a hook of the user's turns the fused path off)."""
+    rows = [prod(shape[:-1]) for shape in x] if isinstance(x, list) else [prod(x[:-1])]
+    return sum(2 * count * weight[1] * weight[0] for count in rows)  # [rows, in] @ [in, out] per component
+
+
+# Ops that decompose on plain tensors but run whole on a strided nested tensor, whose sizes a decomposition cannot
+# read: priced per component.
+NESTED_FORMULAS: dict[Any, Any] = {aten.linear.default: nested_linear_flops}
+
+
 def _lengths(x: Any) -> list[int]:
     """Sequence lengths of a [b, s, e] batch, or of a nested batch given as its components' [s_i, e] shapes."""
     if isinstance(x, list):
@@ -518,8 +530,8 @@ _FREE_OPS = (
     "_ctc_loss", "_ctc_loss_backward", "_weight_norm_interface", "_weight_norm_interface_backward",
     "_batch_norm_with_update", "_batch_norm_no_update", "native_norm", "renorm", "logcumsumexp", "cummax",
     "cummin", "median", "nanmedian", "mode", "kthvalue", "aminmax", "histc", "searchsorted", "bucketize",
-    "_nested_tensor_from_mask", "_nested_tensor_size", "_transform_bias_rescale_qkv", "_masked_softmax_backward",
-    "_to_dense", "_coalesce", "_fused_dropout",
+    "_nested_tensor_from_mask", "_nested_tensor_from_mask_left_aligned", "to_padded_tensor", "_nested_tensor_size",
+    "_transform_bias_rescale_qkv", "_masked_softmax_backward", "_to_dense", "_coalesce", "_fused_dropout",
     # indexing, reordering and elementwise kernels without a pointwise tag; random draws of the philox family
     "index_fill", "index_reduce", "floor_divide", "take", "put", "unique_consecutive", "unique_dim", "_unique",
     "nonzero_static", "diag_embed", "rot90", "alias_copy", "narrow_copy", "trace", "complex", "polar",
