@@ -153,6 +153,23 @@ def test_a_machine_slower_for_every_module_fails_the_model_but_names_no_module(
     assert "against the rest" not in line
 
 
+def test_a_module_that_got_faster_does_not_make_the_others_slower(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # Module "1" 20 -> 2 ms, nothing else moved: against the rest of the model alone, the rest fell (30.1 - 2.5 =
+    # 27.6 -> 12.1 - 2.5 = 9.6 ms) and the unchanged 0.0 read +188 % "slower", failing a pure speed-up.
+    a = make_profile(_layered([30, 30.1, 30.2], [3] * 3, [2.5] * 3, [0.1] * 3))
+    faster = _layered([12, 12.1, 12.2], [3] * 3, [2.5] * 3, [0.1] * 3)
+    faster["1"] = ("ReLU", [2.0] * 12, None)
+    b = make_profile(faster)
+    assert main(gate_run(tmp_path, a, b, "--fail-if-slower", "10", "--per-module")) == 0
+    # noise: (30.2 - 30.1) / 30.1 + (12.1 - 12) / 12.1 = 1.2 %
+    assert verdict_line(capsys) == ("ok: total time per step (median) 30.1 ms -> 12.1 ms (-59.8 %), limit +10 %, "
+                                    "noise 1.2 % (12 and 12 steps)")
+    gate = Gate(a, b, 10)
+    inner = next(verdict for verdict in gate.modules if verdict.name == "0.0")
+    assert inner.change > 100 and inner.beyond_noise and not inner.slower  # (against the rest alone it was)
+
+
 def test_two_different_models_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     small = make_profile(model([10] * 3, None, fc=("Linear", [9] * 3, None)))
     other = make_profile({"": ("ResNet", [60] * 3, None), "fc": ("Linear", [1] * 3, None)})
