@@ -59,7 +59,8 @@ def _meta_peaks(meta: dict[str, Any]) -> dict[str, Any] | None:
         if other_machine(environment) is not None:
             return None
         found = meta["peaks"] = dict(
-            measure_peaks(device, environment.get("dtype"), threads=environment.get("threads"))
+            measure_peaks(device, environment.get("autocast_dtype") or environment.get("dtype"),
+                          threads=environment.get("threads"))
         )
     return found
 

@@ -274,6 +274,15 @@ def test_plot_roofline_needs_flops() -> None:
         prof.plot("roofline")
     with pytest.raises(ValueError, match="the roofline needs FLOPs and bytes"):
         prof.roofline()
+    # FLOPs counted, but no module did work of its own (views only): said so, not the meter or the steps.
+    net = nn.Sequential(nn.Identity(), nn.Flatten())
+    with LayerProf(net, metrics=("flops",)) as prof:
+        for _ in range(3):
+            net(torch.randn(4, 8, requires_grad=True)).sum().backward()
+            prof.step()
+    assert len(prof.roofline()) == 0
+    with pytest.raises(ValueError, match="no module did work of its own that the FLOP meter counts"):
+        prof.plot("roofline")
 
 
 def test_report_has_a_roofline_panel_for_a_flops_profile() -> None:
@@ -343,3 +352,30 @@ def test_a_stateless_base_on_the_meta_device_is_profiled_on_its_inputs_device() 
     assert prof.profile.meta["environment"]["device"] == "cpu"
     assert prof.tree.flops_forward == 3 * (5 * 4 * 8 * 2 + 5 * 8 * 1 * 2)  # 3 members: 320 + 80 each = 1,200
     assert all(row["bound"] is not None for row in prof.roofline())
+
+
+def test_a_step_under_autocast_is_held_against_the_roofs_of_its_autocast_dtype(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under torch.autocast(bfloat16) the matrix products compute in bf16 while the parameters stay float32: the
+    # roofline measured float32 roofs (0.18 TFLOP/s on this CPU against 1.3 for bf16) and read efficiencies of 1.4.
+    asked: list[object] = []
+
+    def measured(device, dtype=None, threads=None):
+        asked.append(dtype)
+        return {"device": str(device), "dtype": str(dtype), "flops": 1e12, "bandwidth": 1e10, "source": "measured"}
+
+    monkeypatch.setattr(layerprof.profile, "measure_peaks", measured)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
+    with LayerProf(model, metrics=("flops",)) as prof:
+        for _ in range(2):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = model(torch.randn(32, 64))
+            out.float().sum().backward()
+            prof.step()
+    environment = prof.profile.meta["environment"]
+    assert environment["dtype"] == "float32" and environment["autocast_dtype"] == "bfloat16"
+    prof.roofline()
+    assert asked == ["bfloat16"]
+    with LayerProf(model, metrics=("flops",)) as plain:  # without autocast: no such key, the parameters' dtype
+        model(torch.randn(32, 64)).sum().backward()
+    assert "autocast_dtype" not in plain.profile.meta["environment"]

@@ -92,9 +92,16 @@ _NO_EXAMPLE = {"batch_size": None, "input_dtype": None}
 
 
 def input_facts(example: torch.Tensor | None) -> dict[str, Any]:
-    """The batch size (first dimension) and dtype of a model's input ``example``."""
-    return {
+    """The batch size (first dimension) and dtype of a model's input ``example``, and ``autocast_dtype`` where the
+    call runs under ``torch.autocast`` for the input's device: the dtype its matrix products compute in, whose
+    roofs the roofline needs (the parameters' float32 ones put a bf16 step's efficiency above 1)."""
+    facts = {
         # (``size(0)``, not ``shape[0]``: a strided nested tensor has no sizes, but its first dimension)
         "batch_size": int(example.size(0)) if example is not None and example.dim() > 0 else None,
         "input_dtype": str(example.dtype).replace("torch.", "") if example is not None else None,
     }
+    if example is not None:
+        device_type = example.device.type
+        if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
+            facts["autocast_dtype"] = str(torch.get_autocast_dtype(device_type)).replace("torch.", "")
+    return facts

@@ -90,6 +90,10 @@ def plot_roofline(profile: Any, metric: str = "total", ax: Any = None, labels: i
     root = root_of(profile)
     points = roofline_points(root)
     if not points:
+        if any(getattr(record, "flops_forward", None) is not None for record in preorder(root)):
+            raise ValueError("nothing to plot on a roofline: no module did work of its own that the FLOP meter "
+                             "counts (FLOPs or bytes) with a time to set it against; the model's modules only "
+                             "reshape or pass their inputs on")
         raise ValueError("nothing to plot on a roofline: profile with LayerProf(model, metrics=('flops',)) and "
                          "run at least two steps (prof.step() after each), so that FLOPs, bytes and times are known")
     peaks = peaks_of(root)
