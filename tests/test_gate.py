@@ -15,7 +15,7 @@ from layerprof import LayerProf
 from layerprof.cli import main
 from layerprof.profile import Profile
 from layerprof.record.records import ModuleRecord
-from layerprof.render.gate import Gate, model_spread
+from layerprof.render.gate import Gate, different_models, model_spread
 
 
 def _set_stats(record: ModuleRecord, name: str, values: list[float]) -> None:
@@ -332,3 +332,22 @@ def test_forward_only_has_no_backward_series() -> None:
     with torch.no_grad(), LayerProf(net) as prof:
         net(torch.randn(2, 4))
     assert prof.meta["step_ms"]["backward"] is None and len(prof.meta["step_ms"]["forward"]) == 1
+
+
+def test_inputs_of_another_shape_beyond_the_batch_are_another_workload(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    # Batch 4, sequence 16 against sequence 128: gated as one workload, it failed with +322 % (or passed, under load).
+    def profiled(length: int) -> Profile:
+        model = nn.Sequential(nn.Embedding(100, 16), nn.Linear(16, 16))
+        with LayerProf(model) as prof:
+            for _ in range(2):
+                model(torch.randint(0, 100, (4, length))).sum().backward()
+                prof.step()
+        return prof.profile
+
+    short, long = profiled(16), profiled(128)
+    assert short.meta["environment"]["input_shape"] == [4, 16]
+    assert main(gate_run(tmp_path, short, long, "--fail-if-slower", "10")) == 4
+    assert ("A was profiled on inputs of shape [4, 16] and B on [4, 128] (other than the batch: another sequence "
+            "length or image size)") in capsys.readouterr().err
+    assert different_models(short, profiled(16)) is None

@@ -92,7 +92,7 @@ _NO_EXAMPLE = {"batch_size": None, "input_dtype": None}
 
 
 def input_facts(example: torch.Tensor | None) -> dict[str, Any]:
-    """The batch size (first dimension) and dtype of a model's input ``example``, and ``autocast_dtype`` where the
+    """The batch size (first dimension), shape and dtype of a model's input ``example``, and ``autocast_dtype`` where the
     call runs under ``torch.autocast`` for the input's device: the dtype its matrix products compute in, whose
     roofs the roofline needs (the parameters' float32 ones put a bf16 step's efficiency above 1)."""
     facts = {
@@ -101,6 +101,8 @@ def input_facts(example: torch.Tensor | None) -> dict[str, Any]:
         "input_dtype": str(example.dtype).replace("torch.", "") if example is not None else None,
     }
     if example is not None:
+        if not example.is_nested:  # (a strided nested tensor has no sizes)
+            facts["input_shape"] = list(example.shape)
         device_type = example.device.type
         if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
             facts["autocast_dtype"] = str(torch.get_autocast_dtype(device_type)).replace("torch.", "")

@@ -176,7 +176,7 @@ def _per(spread: Spread, rest: float) -> Spread:
 
 def different_models(a: Profile, b: Profile) -> str | None:
     """Why A and B are not two profiles of one model (None when they are): another root type, fewer than half of
-    the modules alike by name and type, or another batch size."""
+    the modules alike by name and type, another batch size, or inputs of another shape beyond the batch."""
     if a.tree.type != b.tree.type:
         return f"A is a {a.tree.type} and B a {b.tree.type}"
     modules_a = {(name, record.type) for name, record in a.records.items()}
@@ -189,7 +189,17 @@ def different_models(a: Profile, b: Profile) -> str | None:
     batch_a, batch_b = (environment_in(p.meta).get("batch_size") for p in (a, b))
     if batch_a is not None and batch_b is not None and batch_a != batch_b:
         return f"A was profiled with batch size {batch_a} and B with {batch_b}"
+    # Beyond the batch (whose size is the one most calls had: a short first batch is not the workload), the first
+    # input's other dimensions: a sequence length, an image size.
+    shape_a, shape_b = (environment_in(p.meta).get("input_shape") for p in (a, b))
+    if isinstance(shape_a, list) and isinstance(shape_b, list) and shape_a[1:] != shape_b[1:]:
+        return (f"A was profiled on inputs of shape {_shown(shape_a)} and B on {_shown(shape_b)} "
+                "(other than the batch: another sequence length or image size)")
     return None
+
+
+def _shown(shape: list[Any]) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
 
 
 # What a step's time depends on besides the model and the code, as a profile's environment names it: where a gate's
