@@ -237,3 +237,35 @@ def test_the_prediction_by_hand() -> None:
     assert predict_peak([table], timeline, {"b"}) == PeakPrediction(190, "backward", "b")
     without = {key: value for key, value in table.items() if key != "bounds"}
     assert predict_peak([without], timeline, {"a"}) is None  # a profile without a reader for its device
+
+
+class _KeepsWhatItBuilds(nn.Linear):
+    """Builds its weight in forward and keeps it on the module, as the older hook-based weight_norm does with
+    ``module.weight``: a tensor the forward saves for backward that outlives backward (the module holds it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.built = self.weight * 2
+        return nn.functional.linear(x, self.built, self.bias)
+
+
+def test_a_saved_tensor_a_module_keeps_is_not_freed_by_a_plan() -> None:
+    # The planner took every saved tensor for autograd's alone: wrapping a region whose modules keep their built
+    # weights frees none of them, and the step's peak was predicted 6-11 % low (154,632 against 166,920 measured at a
+    # 75 % budget; 134,152 against 150,536 for a peak budget, which the plan then missed).
+    torch.manual_seed(0)
+    blocks = [nn.Sequential(_KeepsWhatItBuilds(32, 32), nn.GELU(), _KeepsWhatItBuilds(32, 32), nn.Tanh())
+              for _ in range(3)]
+    model = nn.Sequential(nn.Embedding(100, 32), *blocks, nn.Linear(32, 100))
+    ids = torch.randint(0, 100, (4, 16))
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten()).backward()
+
+    profile = _profiled(model, step)
+    for budget in (0.75, 0.5):
+        plan = profile.checkpoint_plan(budget, wrap_cost=None)
+        assert plan.modules
+        with plan.applied(model):
+            measured = _live_peak(step)
+        assert abs(plan.predicted_peak_bytes - measured) <= TOLERANCE * measured, (plan.modules, measured)

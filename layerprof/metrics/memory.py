@@ -257,6 +257,8 @@ class MemoryMeter(Meter):
         self._starts_released = False
         self._tables: list[dict[str, list[Any]]] = []  # per forward: its storages, for the planner's exact figure
         self._table_calls: list[list[_CallMemory]] = []  # per forward: its calls, whose boundaries fill adds
+        # Per forward: weak refs to its saved storages (the table's first rows) and to autograd's aliases of them.
+        self._table_refs: list[tuple[list[Any], list[Any]]] = []
         self._step_log: PeakLog | None = None  # the log of the device of the model's first call: the step's
         self._step: dict[str, Any] = {}  # the step's own figures (meta): its peak, where it started and ended
         self._static: set[int] = set()  # parameters' and buffers' storages
@@ -299,13 +301,14 @@ class MemoryMeter(Meter):
         hooks, self._hooks = self._hooks, None
         self._stack.clear()
         self._returned.clear()
-        self._saved.clear()
         self._inputs.clear()
         self._last_packed = None
         try:
             self._settle()
+            self._mark_held_outside()
             self._end_of_step()
         finally:
+            self._saved.clear()
             self._reader.close()
             if hooks is not None:
                 hooks.__exit__(None, None, None)
@@ -415,9 +418,9 @@ class MemoryMeter(Meter):
             # A new forward of the model: storages are counted once per forward.
             stack.clear()
             self._returned.clear()
-            self._saved.clear()
             self._inputs.clear()
             self._settle()
+            self._saved.clear()
             self._held = [held for held in self._held if _still_held(held)]
             self._starts_released = self._saved_before and not self._held
         inputs = {}
@@ -516,10 +519,21 @@ class MemoryMeter(Meter):
             settle_forward(self._forward, self._savers)
             self._tables.append(storage_table(self._forward, self._savers))
             self._table_calls.append(self._forward)
+            self._table_refs.append(([self._saved.get(key) for key in self._savers], list(self._packed)))
         self._forward = []
         self._forward_traces = []
         self._packed = []
         self._savers = {}
+
+    def _mark_held_outside(self) -> None:
+        """``table["held_elsewhere"]``: saved storages alive at the step's end though autograd released every alias
+        (a module attribute holds them, as the old ``weight_norm``'s ``weight``): no checkpoint frees them."""
+        for table, (refs, packed) in zip(self._tables, self._table_refs):
+            if packed and all(alias() is None for alias in packed):
+                outside = [i for i, ref in enumerate(refs) if ref is not None and not ref.expired()]
+                if outside:
+                    table["held_elsewhere"] = outside
+        self._table_refs = []
 
     # -- records -----------------------------------------------------------------------------------------------------
     def fill(self, records: dict[str, ModuleRecord]) -> None:
@@ -577,6 +591,7 @@ class MemoryMeter(Meter):
                 self._add_timeline(records[""])
         self._tables = []
         self._table_calls = []
+        self._table_refs = []
         self._calls.clear()
         self._states.clear()
 

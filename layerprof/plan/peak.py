@@ -9,7 +9,8 @@ interval's peak moves by what the plan holds then less what the profiled step he
 - a storage saved only inside wrapped regions (none of which takes it as input) is not held from the end of its
   region's forward to the start of its backward: ``-bytes`` over that span (for a storage saved in several
   regions, from the first one's forward end to the last one's backward start, except while a region's backward
-  runs, where it is saved again);
+  runs, where it is saved again); not one held besides autograd (``held_elsewhere``), which the recomputation
+  replaces;
 - a region's input that nothing saved is held by the checkpoint from the end of the region's forward to the end of
   its backward: ``+bytes`` over that span (not the model's own inputs, which the step holds anyway);
 - at the start of a region's backward, its recomputation runs: on top of what is allocated there, less the
@@ -99,6 +100,8 @@ class _Forward:
         self.takers, self.taker_of = _ragged(table["inputs"])
         storages = len(self.sizes)
         self.saved = np.bincount(self.saver_of, minlength=storages) > 0
+        self.held_elsewhere = np.zeros(storages, dtype=bool)
+        self.held_elsewhere[np.asarray(table.get("held_elsewhere", ()), dtype=np.int64)] = True
         self.root_taken = np.bincount(self.taker_of[self.parents[self.takers] < 0], minlength=storages) > 0
 
     def regions(self, wrapped: set[str], runs: Sequence[Sequence[str]]) -> np.ndarray:
@@ -284,10 +287,11 @@ class PeakModel:
         if len(pairs):
             first = np.minimum.reduceat(forward_end[held], first_pair)
             last = np.maximum.reduceat(backward_start[held], first_pair)
-            change.add(first, last, -sizes[owners])
+            lost = np.where(forward.held_elsewhere, 0, sizes)
+            change.add(first, last, -lost[owners])
             last_each = np.repeat(last, np.diff(np.append(first_pair, len(pairs))))
             np.add.at(again, held, sizes[storage])
-            change.add(backward_start[held], np.minimum(backward_end[held], last_each), sizes[storage])
+            change.add(backward_start[held], np.minimum(backward_end[held], last_each), lost[storage])
         # Inputs of a region that nothing saved (not the model's own): held by its checkpoint until its backward ends.
         pick = ~forward.saved[forward.taker_of] & opened_by
         pick[pick] = backwarded[forward.takers[pick]]

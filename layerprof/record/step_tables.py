@@ -85,6 +85,8 @@ def _table(where: str, table: Any, names: Collection[str], levels: int | None) -
                              "damaged")
         for i, calls_of in enumerate(lists):
             _ints(f"{where}.{key}[{i}]", calls_of, 0, len(calls) - 1)
+    if "held_elsewhere" in table:
+        _ints(f"{where}.held_elsewhere", table["held_elsewhere"], 0, len(table["sizes"]) - 1)
     if "bounds" in table:  # the planner reads the key's presence: a null is as damaged as a wrong list
         bounds = table["bounds"]
         if not isinstance(bounds, list) or len(bounds) != len(calls):
