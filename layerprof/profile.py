@@ -278,6 +278,10 @@ class Profile:
                 and any(is_number(value_of(record, by)) for record in records)):
             known.add(by)
         if by not in known:
+            if by in ROOFLINE_FIELDS and self.peaks() is None and any(
+                    is_number(getattr(record, "flops_forward", None)) for record in records):
+                # FLOPs counted, but no roofs to hold them against (a file from another machine, saved without them).
+                raise ValueError(f"cannot rank by {by!r}: {no_roofs_message(environment_in(self.meta))}")
             known |= {name for name in derived_names() if name not in ROOFLINE_FIELDS
                       and any(is_number(value_of(record, name)) for record in records)}
             raise ValueError(f"cannot rank by {by!r}; numeric fields of this profile: {', '.join(sorted(known))}")

@@ -119,6 +119,8 @@ def test_a_file_from_another_machine_without_roofs_is_not_held_against_this_ones
         elsewhere.roofline()
     with pytest.raises(ValueError, match="host 'gpu-node-17'"):
         elsewhere.plot("roofline")
+    with pytest.raises(ValueError, match="cannot rank by 'lost_ms': no roofs for this profile: .*'gpu-node-17'"):
+        elsewhere.top(2, by="lost_ms")  # (before: a list of the fields it could rank by, roofs not named)
     assert 'id="roofline-section"' not in elsewhere.to_report()  # the report leaves the panel out
     given = layerprof.loads(text, peaks={"flops": 2e9, "bandwidth": 4e8, "source": "datasheet"})
     assert [row["bound"] for row in given.roofline()] == [row["bound"] for row in prof.roofline()]
