@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from unittest import mock
 from pathlib import Path
 
@@ -172,14 +173,18 @@ class _Tokens(torch.utils.data.Dataset):
         return {"input_ids": torch.randint(0, 100, (8,), generator=generator), "labels": torch.tensor(index % 2)}
 
 
+def _tiny_classifier(transformers, layers: int):
+    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=layers, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=32)
+    return transformers.BertForSequenceClassification(config)
+
+
 def test_transformers_trainer_callback(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     from layerprof.integrations.transformers import LayerProfCallback
 
-    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=32)
-    model = transformers.BertForSequenceClassification(config)
+    model = _tiny_classifier(transformers, layers=2)
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path), per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=3,
         report_to=["tensorboard"], use_cpu=True, save_strategy="no", disable_tqdm=True, logging_steps=100)
@@ -195,6 +200,57 @@ def test_transformers_trainer_callback(tmp_path: Path) -> None:
     events = _events(tmp_path / "runs" / "layerprof")
     assert "layerprof/forward_ms/bert.encoder" in events.Tags()["scalars"]
     assert "layerprof/icicle" in events.Tags()["images"]
+
+
+def test_the_integrations_check_their_options_as_they_are_made() -> None:
+    # Checked at the first training step before (for Lightning after the sanity validation); a string was split into
+    # letters ("unknown metric 'f'"); a schedule given in the path's place was written to after the whole run.
+    pytest.importorskip("transformers")
+    from layerprof.integrations.transformers import LayerProfCallback
+
+    makers = [("LayerProfCallback", "output_dir", LayerProfCallback)]
+    if pl is not None:
+        from layerprof.integrations.lightning import LayerProfProfiler
+
+        makers.append(("LayerProfProfiler", "dirpath", LayerProfProfiler))
+    for owner, path_name, make in makers:
+        with pytest.raises(TypeError, match=re.escape("metrics must be a sequence of names, not a string: write "
+                                                      "metrics=('flops',)")):
+            make(metrics="flops")
+        with pytest.raises(ValueError, match="unknown metric 'bogus'; choose from: "):
+            make(metrics=("bogus",))
+        with pytest.raises(TypeError, match="schedule must be a layerprof.schedule"):
+            make(schedule=5)
+        with pytest.raises(TypeError, match=re.escape(f"{owner}: {path_name} must be a directory (a str or "
+                                                      "os.PathLike) or None, got Schedule (a schedule goes by name")):
+            make(layerprof.schedule(active=1))
+        made = make(metrics=["flops"], schedule=layerprof.schedule(active=1))
+        assert made.metrics == ("flops",)
+
+
+def test_two_callbacks_on_one_trainer_are_refused_as_training_begins(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from layerprof.integrations.transformers import LayerProfCallback
+
+    model = _tiny_classifier(transformers, layers=1)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=2,
+                                          report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True)
+    steps: list[int] = []
+
+    class Counts(transformers.TrainerCallback):
+        def on_step_begin(self, *args, **kwargs) -> None:
+            steps.append(1)
+
+    first, second = LayerProfCallback(), LayerProfCallback(schedule=layerprof.schedule(wait=10, active=1))
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=_Tokens(), callbacks=[first, second, Counts()])
+    with pytest.raises(ValueError, match="a Trainer takes one LayerProfCallback, and this one has 2"):
+        trainer.train()
+    assert steps == [] and not torch.nn.modules.module._global_forward_hooks  # before any step; nothing left on
+    # One whose schedule never reaches its active steps in the run records none: no profile, no file.
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=_Tokens(), callbacks=[second])
+    trainer.train()
+    assert second.profile is None and second.profiles == [] and not (tmp_path / "layerprof.json").exists()
 
 
 # -- optional packages --------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from ..distributed.comm import time_ddp_wrapper
 from ..profile import Profile
 from ..render.units import format_counted
 from ._optional import require
-from .steps import GapSchedule
+from .steps import GapSchedule, checked_options
 
 _profilers = require("lightning.pytorch.profilers", "lightning", "layerprof.integrations.lightning")
 _callbacks = require("lightning.pytorch.callbacks", "lightning", "layerprof.integrations.lightning")
@@ -72,9 +72,10 @@ class LayerProfProfiler(_profilers.Profiler):
 
     def __init__(self, dirpath: str | Path | None = None, filename: str = "layerprof",
                  schedule: Schedule | None = None, metrics: Iterable[str] | None = None) -> None:
-        super().__init__(dirpath=dirpath, filename=filename)
-        self.schedule = schedule
-        self.metrics = None if metrics is None else tuple(metrics)
+        # Checked once the object is whole: a half-made one's __del__ (Lightning's teardown) reads these.
+        super().__init__(dirpath=None, filename=filename)
+        self.schedule: Schedule | None = None
+        self.metrics: tuple[str, ...] | None = None
         self._prof: LayerProf | None = None
         self._root: RootStep | None = None
         self._handling: dict[str, BaseException | None] = {}  # per watched action, the exception handled at its start
@@ -83,6 +84,8 @@ class LayerProfProfiler(_profilers.Profiler):
         self.profiles: list[Profile] = []  # one per run (fit) that recorded a batch, in order
         self.profile_result: Profile | None = None  # the last of them
         self.paths: list[Path] = []
+        self.dirpath, self.schedule, self.metrics = checked_options("LayerProfProfiler", "dirpath", dirpath,
+                                                                    schedule, metrics)
 
     def _module(self) -> Any:
         proxy = getattr(self, "_lightning_module", None)  # a weakref proxy, set by the trainer before setup
@@ -176,6 +179,8 @@ class LayerProfProfiler(_profilers.Profiler):
         try:
             profile = prof.profile
         except RuntimeError:  # nothing recorded before the run ended
+            return
+        if not profile.meta.get("steps"):  # a schedule whose active batches the run never reached: no profile
             return
         profile.meta["lightning"] = {"rank": self._rank, "step": "run_training_batch"}
         self.profiles.append(profile)

@@ -30,7 +30,7 @@ from ..collect.schedule import Schedule
 from ..distributed.comm import time_ddp_wrapper
 from ..profile import Profile
 from ._optional import require
-from .steps import GapSchedule
+from .steps import GapSchedule, checked_options
 
 _transformers = require("transformers", "transformers", "layerprof.integrations.transformers")
 
@@ -119,9 +119,8 @@ class LayerProfCallback(_transformers.TrainerCallback):
 
     def __init__(self, output_dir: str | Path | None = None, schedule: Schedule | None = None,
                  metrics: Iterable[str] | None = None) -> None:
-        self.output_dir = output_dir
-        self.schedule = schedule
-        self.metrics = None if metrics is None else tuple(metrics)
+        self.output_dir, self.schedule, self.metrics = checked_options(
+            "LayerProfCallback", "output_dir", output_dir, schedule, metrics)
         self._prof: LayerProf | None = None
         self._run: Any = None  # the frame of the Trainer.train() being profiled
         self._context: tuple[Any, Any] | None = None  # its (args, state)
@@ -147,6 +146,13 @@ class LayerProfCallback(_transformers.TrainerCallback):
             self._finish(partial=_OVER)
         _refuse_compiled_training(args)
         self._run, self._context = _train_frame(), (args, state)
+        trainer = self._run.f_locals.get("self") if self._run is not None else None
+        handler = getattr(trainer, "callback_handler", None)
+        ours = [c for c in getattr(handler, "callbacks", ()) if isinstance(c, LayerProfCallback)]
+        if len(ours) > 1:
+            self._run = self._context = None
+            raise ValueError(f"a Trainer takes one LayerProfCallback, and this one has {len(ours)}: a model is "
+                             "profiled by one LayerProf at a time. Keep one (give it every option you need)")
 
     def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         if self._prof is None:
@@ -192,6 +198,8 @@ class LayerProfCallback(_transformers.TrainerCallback):
         try:
             profile = prof.profile
         except RuntimeError:  # the run ended before a step was recorded
+            return
+        if not profile.meta.get("steps"):  # a schedule whose active steps the run never reached: no profile
             return
         args, state = context
         profile.meta["transformers"] = {"step": "optimizer step",
