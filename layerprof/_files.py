@@ -3,15 +3,36 @@ that a failure (or Ctrl-C) half way leaves the old file, or none, and never a pa
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 import tempfile
 from pathlib import Path
 
-__all__ = ["temporary_beside", "move_into_place", "write_text_atomic"]
+__all__ = ["destination", "is_special", "temporary_beside", "move_into_place", "write_text_atomic"]
+
+
+def destination(path: Path) -> Path:
+    """Where writing ``path`` lands: the file a symbolic link points to (the link stays a link, and its target gets
+    the file), else ``path``."""
+    return Path(os.path.realpath(path)) if os.path.islink(path) else path
+
+
+def is_special(path: Path) -> bool:
+    """Whether ``path`` is an existing node other than a regular file or a folder: a device (``/dev/null``), a FIFO,
+    a socket. Renaming a finished file onto it would replace the node itself (``/dev/null`` made a regular file,
+    as root): it is written through instead, once the file is complete."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def temporary_beside(path: Path) -> Path:
-    """A new empty file in ``path``'s folder, hidden, with the same suffix (writers pick a format by suffix).
-    An error names ``path`` and its folder, not the temporary file, which the caller never asked for."""
+    """A new empty file in ``path``'s folder (a symbolic link's target's), hidden, with the same suffix (writers
+    pick a format by suffix). An error names ``path`` and its folder, not the temporary file, which the caller never
+    asked for."""
+    path = destination(path)
     if path.is_dir():
         raise IsADirectoryError(f"{str(path)!r} is a folder; give the path of a file in it")
     folder = path.parent
@@ -29,7 +50,14 @@ def temporary_beside(path: Path) -> Path:
 
 
 def move_into_place(temporary: Path, target: Path) -> None:
-    """Rename the finished ``temporary`` onto ``target``, with the mode a plain write would have given it."""
+    """Rename the finished ``temporary`` onto ``target`` (a symbolic link's target), with the mode a plain write
+    would have given it; onto a device or FIFO, copy it through instead (``is_special``)."""
+    target = destination(target)
+    if is_special(target):
+        with open(temporary, "rb") as source, open(target, "wb") as sink:
+            shutil.copyfileobj(source, sink)
+        temporary.unlink(missing_ok=True)
+        return
     if target.exists():
         mode = target.stat().st_mode & 0o777  # replacing a file keeps its permissions
     else:

@@ -70,16 +70,22 @@ def one_line(capsys: pytest.CaptureFixture[str]) -> str:
      "--columns input_shapes,saved_bytes needs the shapes and memory meter: add --metrics params,shapes,memory"),
     # an output over the model's own file
     (["--report", "{models}"], "--report '{models}' is the model file this command reads; give the output another"),
+    # paths the system refuses: a usage error, not an internal one (exit 70 before)
+    (["--csv", "{d}/" + "a" * 300 + ".csv"], "--csv '{d}/aaaa"),
+    (["--json", "{d}/loop"], "--json '{d}/loop': cannot be written (Too many levels of symbolic links)"),
+    (["--json", "{models}/p.json"], "--json '{models}/p.json': folder '{models}' is a file, not a folder"),
 ])
 def test_options_are_checked_before_the_model_is_built(extra: list[str], message: str, models: Path, tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     source = models.read_text()
+    if "{d}/loop" in extra:
+        os.symlink(tmp_path / "loop", tmp_path / "loop")  # a link to itself
     argv = [f"{models}:broken", "-i", "2,20",
             *(arg.replace("{d}", str(tmp_path)).replace("{models}", str(models)) for arg in extra)]
     assert main(argv) == 2  # `broken` raises if it is built: exit 2 proves the check came first
     message = message.replace("{d}", str(tmp_path)).replace("{models}", str(models))
     assert one_line(capsys).startswith("layerprof: error: " + message)
-    assert list(tmp_path.iterdir()) == [] and models.read_text() == source
+    assert [p for p in tmp_path.iterdir() if p.name != "loop"] == [] and models.read_text() == source
 
 
 def test_a_plot_metric_whose_meter_runs_is_accepted(models: Path, tmp_path: Path,
@@ -179,3 +185,37 @@ def test_ctrl_c_while_torch_imports_is_quiet(tmp_path: Path) -> None:
     library = subprocess.run([sys.executable, "-c", "import layerprof"], env=env, capture_output=True, text=True,
                              timeout=60)
     assert library.returncode != 0 and library.stderr.strip().endswith("KeyboardInterrupt")
+
+
+def test_outputs_onto_a_link_a_device_or_a_fifo_write_through_them(models: Path, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # Written to a temporary file and renamed into place, an output replaced whatever node was at its path: run as
+    # root, `--json /dev/null` made /dev/null a regular file; a link became a file and its target was never written.
+    import stat
+    import threading
+
+    target = tmp_path / "target.json"
+    target.write_text("{}")
+    link = tmp_path / "link.json"
+    link.symlink_to("target.json")
+    assert main([f"{models}:Net", "-i", "2,20", "--json", str(link), "--depth", "0"]) == 0
+    assert link.is_symlink() and layerprof.load(target).tree.type == "Net"
+    profile = layerprof.load(target)
+    # A FIFO: the finished file is copied through to its reader, and the FIFO stays one.
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    profile.to_json(fifo)
+    reader.join(timeout=30)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and layerprof.loads(received[0].decode()).tree.type == "Net"
+    # A device node (a private /dev/null: making one needs root; where it cannot be made, the FIFO above stands in).
+    node = tmp_path / "null"
+    try:
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except PermissionError:
+        return
+    assert main([f"{models}:Net", "-i", "2,20", "--csv", str(node), "--depth", "0"]) == 0
+    profile.to_json(node)
+    assert stat.S_ISCHR(os.stat(node).st_mode) and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

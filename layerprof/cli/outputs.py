@@ -3,11 +3,12 @@ none."""
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._files import move_into_place, temporary_beside
+from .._files import destination, is_special, move_into_place, temporary_beside
 from ..metrics import DEFAULT_METRICS, METERS
 from ..profile import Profile
 from ..render.plot_metrics import metric_meters
@@ -33,14 +34,35 @@ _PLOT_SUFFIXES = (".png", ".svg")
 
 
 def _check_writable(flag: str, path: Path) -> None:
-    if path.is_dir():
-        raise UsageError(f"--{flag} {str(path)!r} is a folder; give the path of a file, e.g. {str(path / ('profile.' + flag))!r}")
-    if not path.parent.is_dir():
-        raise UsageError(f"--{flag} {str(path)!r}: folder {str(path.parent)!r} does not exist")
+    try:
+        _check_path(flag, path)
+    except (OSError, RuntimeError) as exc:  # a name too long, a loop of links: what the system says of the path
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise UsageError(f"--{flag} {str(path)[:200]!r}: cannot be written ({reason})") from None
+
+
+def _check_path(flag: str, path: Path) -> None:
+    if os.path.islink(path):
+        try:
+            os.path.realpath(path, strict=True)  # a loop of links raises (a link to nothing yet is written through)
+        except FileNotFoundError:
+            pass
+    target = destination(path)
+    if target.is_dir():
+        shown = str(path / ("profile." + flag))
+        raise UsageError(f"--{flag} {str(path)!r} is a folder; give the path of a file, e.g. {shown!r}")
+    folder = target.parent
+    if not folder.is_dir():
+        shown = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise UsageError(f"--{flag} {str(path)!r}: folder {str(folder)!r} {shown}")
+    if is_special(target):
+        if not os.access(target, os.W_OK):
+            raise UsageError(f"--{flag} {str(path)!r}: cannot be written (no permission)")
+        return  # a device or FIFO (/dev/null): written through, not replaced
     try:
         temporary_beside(path).unlink()  # where the output will be written first, so a real test of the folder
     except OSError as exc:
-        raise UsageError(f"--{flag} {str(path)!r}: cannot write in folder {str(path.parent)!r} ({exc.strerror})") from None
+        raise UsageError(f"--{flag} {str(path)!r}: cannot write in folder {str(folder)!r} ({exc.strerror})") from None
 
 
 def _check_plot(options: argparse.Namespace, path: Path) -> None:

@@ -120,7 +120,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                            "profiles with live_memory on the CPU")
     shown = parser.add_argument_group("output")
     shown.add_argument("--depth", type=_depth, default=2, metavar="N",
-                       help="expand modules down to this depth, root = 0; 'all' for every level (default 2)")
+                       help="expand modules down to this depth, root = 0; 'all' (or -1) for every level (default 2)")
     shown.add_argument("--columns", type=_names, metavar="A,B",
                        help="columns of the annotated tree (default forward,backward; all names listed below)")
     add_output_options(shown)
