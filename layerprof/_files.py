@@ -11,16 +11,28 @@ from pathlib import Path
 __all__ = ["destination", "is_special", "temporary_beside", "move_into_place", "write_text_atomic"]
 
 
+def _names_a_descriptor(path: Path) -> bool:
+    """``/dev/stdout``, ``/dev/fd/1``, ``/proc/self/fd/1`` and the like: links to a process's open descriptor, which
+    resolve to a pipe's pseudo-name or to the file the shell opened (a rename there would replace the file instead
+    of writing into it, and an appending ``>>`` would lose what came before)."""
+    text = os.path.abspath(path)
+    return text in ("/dev/stdout", "/dev/stderr") or text.startswith(("/dev/fd/", "/proc/self/fd/")) or (
+        text.startswith("/proc/") and "/fd/" in text)
+
+
 def destination(path: Path) -> Path:
     """Where writing ``path`` lands: the file a symbolic link points to (the link stays a link, and its target gets
-    the file), else ``path``."""
-    return Path(os.path.realpath(path)) if os.path.islink(path) else path
+    the file), else ``path`` (a process's descriptor, such as ``/dev/stdout``, as it is)."""
+    return Path(os.path.realpath(path)) if os.path.islink(path) and not _names_a_descriptor(path) else path
 
 
 def is_special(path: Path) -> bool:
-    """Whether ``path`` is an existing node other than a regular file or a folder: a device (``/dev/null``), a FIFO,
-    a socket. Renaming a finished file onto it would replace the node itself (``/dev/null`` made a regular file,
-    as root): it is written through instead, once the file is complete."""
+    """Whether ``path`` is an existing node other than a regular file or a folder (a device such as ``/dev/null``, a
+    FIFO, a socket), or a process's descriptor (``/dev/stdout``). Renaming a finished file onto it would replace the
+    node itself (``/dev/null`` made a regular file, as root): it is written through instead, appended once the file
+    is complete."""
+    if _names_a_descriptor(path):
+        return os.path.exists(path)
     try:
         mode = os.stat(path).st_mode
     except OSError:
@@ -33,6 +45,10 @@ def temporary_beside(path: Path) -> Path:
     pick a format by suffix). An error names ``path`` and its folder, not the temporary file, which the caller never
     asked for."""
     path = destination(path)
+    if is_special(path):  # copied through at the end (``move_into_place``): staged where files can be made
+        handle, name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}")
+        os.close(handle)
+        return Path(name)
     if path.is_dir():
         raise IsADirectoryError(f"{str(path)!r} is a folder; give the path of a file in it")
     folder = path.parent
@@ -54,7 +70,7 @@ def move_into_place(temporary: Path, target: Path) -> None:
     would have given it; onto a device or FIFO, copy it through instead (``is_special``)."""
     target = destination(target)
     if is_special(target):
-        with open(temporary, "rb") as source, open(target, "wb") as sink:
+        with open(temporary, "rb") as source, open(target, "ab") as sink:  # ("ab": after what the shell's >> holds)
             shutil.copyfileobj(source, sink)
         temporary.unlink(missing_ok=True)
         return

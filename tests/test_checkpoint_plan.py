@@ -953,6 +953,7 @@ def test_a_plan_applied_to_a_model_whose_submodule_was_compiled_says_so() -> Non
 class _Batch:
     x: torch.Tensor
     scale: float = 1.0
+    seen: list = dataclasses.field(default_factory=list)  # what the module reading it appends (an auxiliary loss)
 
 
 class _TakesContainers(nn.Module):
@@ -962,14 +963,18 @@ class _TakesContainers(nn.Module):
         super().__init__()
         self.inp = nn.Linear(8, 16)
         self.norm = nn.BatchNorm1d(12)  # (keeps the root out of the plan: side effects)
-        self.mapped = _Reads(lambda inp: inp["x"])
-        self.boxed = _Reads(lambda inp: inp.x * inp.scale)
+        self.mapped = _Reads(lambda inp: (inp.__setitem__("read", True), inp["x"])[1])
+        self.boxed = _Reads(lambda inp: (inp.seen.append(1), inp.x * inp.scale)[1])
+        self.given: list = []  # the containers of the last call, to see what the modules wrote into them
         self.lstm = nn.LSTM(16, 16, batch_first=True)
         self.head = nn.Linear(16, 1)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        h = self.mapped(collections.OrderedDict(x=self.norm(self.inp(x))))
-        h = self.boxed(_Batch(h, 0.5))
+        mapping = collections.OrderedDict(x=self.norm(self.inp(x)))
+        h = self.mapped(mapping)
+        batch = _Batch(h, 0.5)
+        h = self.boxed(batch)
+        self.given = [mapping, batch]
         packed = nn.utils.rnn.pack_padded_sequence(h, lengths, batch_first=True, enforce_sorted=False)
         return self.head(self.lstm(packed)[1][0][-1])
 
@@ -1007,3 +1012,7 @@ def test_inputs_in_other_containers_are_the_checkpoints_inputs() -> None:
         wrapped = model(x, lengths)
         wrapped.sum().backward()
     assert torch.equal(out, wrapped) and all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
+    # The modules get the caller's containers: what they write reaches it (a copy lost it: an auxiliary loss
+    # appended to a list in a dataclass dropped out of training).
+    mapping, batch = model.given
+    assert mapping["read"] is True and batch.seen[0] == 1

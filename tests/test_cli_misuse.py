@@ -219,3 +219,20 @@ def test_outputs_onto_a_link_a_device_or_a_fifo_write_through_them(models: Path,
     assert main([f"{models}:Net", "-i", "2,20", "--csv", str(node), "--depth", "0"]) == 0
     profile.to_json(node)
     assert stat.S_ISCHR(os.stat(node).st_mode) and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_an_output_onto_a_descriptor_appends_to_what_it_is(models: Path, tmp_path: Path) -> None:
+    # /dev/fd/1 (as /dev/stdout) resolved to the pipe's pseudo-name ("cannot write in folder '/proc/.../fd'"), or to
+    # the file the shell opened, which the finished output then replaced: a >> log lost its earlier lines. (/dev/fd/1
+    # is tested, not /dev/stdout: on a regression it fails to write instead of replacing a system link, as root.)
+    log = tmp_path / "run.log"
+    log.write_text("earlier line\n")
+    with open(log, "ab") as stdout:
+        done = subprocess.run([sys.executable, "-m", "layerprof", f"{models}:Net", "-i", "2,20", "--depth", "0",
+                               "--json", "/dev/fd/1"], stdout=stdout, stderr=subprocess.PIPE, text=False, timeout=120)
+    assert done.returncode == 0, done.stderr
+    text = log.read_text()
+    assert text.startswith("earlier line\nNet from ") and text.count('"format": "layerprof.profile"') == 1
+    piped = subprocess.run([sys.executable, "-m", "layerprof", f"{models}:Net", "-i", "2,20", "--depth", "0",
+                            "--json", "/dev/fd/1"], capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 0 and '"format": "layerprof.profile"' in piped.stdout, piped.stderr

@@ -351,3 +351,15 @@ def test_inputs_of_another_shape_beyond_the_batch_are_another_workload(tmp_path:
     assert ("A was profiled on inputs of shape [4, 16] and B on [4, 128] (other than the batch: another sequence "
             "length or image size)") in capsys.readouterr().err
     assert different_models(short, profiled(16)) is None
+    # Dynamic padding: each batch its own length, two runs in another order. Every shape is the workload's: no one
+    # input shape is kept, and the two are not refused.
+    def padded(lengths: list[int]) -> Profile:
+        model = nn.Sequential(nn.Embedding(100, 16), nn.Linear(16, 16))
+        with LayerProf(model) as prof:
+            for length in lengths:
+                model(torch.randint(0, 100, (4, length))).sum().backward()
+                prof.step()
+        return prof.profile
+
+    first, second = padded([24, 21, 17]), padded([21, 17, 24])
+    assert "input_shape" not in first.meta["environment"] and different_models(first, second) is None

@@ -30,7 +30,7 @@ from .schedule import Action, Schedule
 from .statistics import StepStats
 from .stepcall import RootStep
 from .timing import StepTimes, all_returned, step_times
-from .tracker import BATCHES, INPUT_DEVICE, NOTE_PREFIX, Tracker, backward_note
+from .tracker import BATCHES, INPUT_DEVICE, NOTE_PREFIX, OTHER_DIMS, Tracker, backward_note
 from .compiled import compiled_while_profiling, refuse_compiled_in_place
 from .recompute import roll_up_recompute
 from .reprs import Reprs, read_reprs, write_reprs
@@ -173,9 +173,12 @@ def _place(started_at: tuple[Any, int] | None) -> str:
 def example_facts(example: dict[str, Any]) -> dict[str, Any]:
     """The profile's input facts from the tracker's ``example``: the first input's, with the batch size most of the
     root's calls had where they differ (a short first or last batch is not the workload), and ``batch_sizes``, each
-    one's count of calls (pairs, in the order first seen)."""
+    one's count of calls (pairs, in the order first seen); ``input_shape`` only where every call's input had the
+    same sizes beyond the batch."""
     found = dict(example)
     found.pop(INPUT_DEVICE, None)
+    if len(found.pop(OTHER_DIMS, ())) > 1:  # inputs of several shapes beyond the batch: no one shape to name
+        found.pop("input_shape", None)
     batches = found.pop(BATCHES, None)
     if batches and len(batches) > 1:
         found["batch_size"] = max(batches, key=batches.__getitem__)  # (a tie: the first seen)

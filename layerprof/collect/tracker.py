@@ -599,9 +599,12 @@ class Tracker:
                             example.update(input_facts(tensor))
                             example[BATCHES] = {}
                             example[INPUT_DEVICE] = tensor.device
+                            example[OTHER_DIMS] = {}
                         batches = example[BATCHES]
                         batch = tensor.size(0) if tensor.dim() > 0 else None
                         batches[batch] = batches.get(batch, 0) + 1
+                        if not tensor.is_nested:
+                            example[OTHER_DIMS][tensor.shape[1:]] = None
                 try:
                     state = local.state
                 except AttributeError:
@@ -693,8 +696,10 @@ class Tracker:
 
 # The key of ``Tracker.example`` under which the root's calls are counted by batch size (first dimension).
 BATCHES = "_batches"
-# And the device of the first (``environment.on_input_device``).
+# And the device of the first (``environment.on_input_device``), and the sizes beyond the batch each call had (the
+# input's shape is the profile's only where they are one: dynamic padding gives each batch its own length).
 INPUT_DEVICE = "_device"
+OTHER_DIMS = "_other_dims"
 
 # The output default of the post-hook: torch's except path passed none (its third argument is the result).
 _FROM_EXCEPT = object()

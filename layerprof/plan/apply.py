@@ -102,9 +102,10 @@ class _Slot:
 
 
 class _Container:
-    """A container of another kind than list, tuple or dict, with its contents pulled: rebuilt by ``build`` from
-    them when the tensors are put back (a ``PackedSequence`` checks its fields as it is made, so no copy of it is
-    made with slots in it)."""
+    """A container of another kind than list, tuple or dict: its tensors are the checkpoint's inputs (so that it
+    saves them, as the memory meter and the plan count), and the module gets the container itself (``build``), in
+    forward and when recomputed: what the module writes into it (an auxiliary loss appended to a list in a
+    dataclass, a statistic set in an ``OrderedDict``) reaches the caller, as without the plan."""
 
     __slots__ = ("build", "items")
 
@@ -117,10 +118,10 @@ def _pull_tensors(value: Any, tensors: list[torch.Tensor], slots: dict[int, _Slo
     """A copy of ``value``'s containers with each tensor moved to ``tensors`` and a _Slot left: one slot per tensor
     object (``slots``: by ``id``), so that an argument given twice (``attn(x, x, x)``) is one input of the
     checkpoint and the same object again when recomputed (``nn.MultiheadAttention`` takes its self-attention path on
-    ``query is key``; saved-tensor hooks unpack each input anew). Containers: lists, tuples and dicts, and the kinds
-    of them that carry tensors into a module (a namedtuple such as the ``PackedSequence`` an LSTM takes, an
-    ``OrderedDict``, a dataclass). A tensor in anything else stays in the wrapper's closure, where the checkpoint
-    does not see it (the memory meter then counts less than the plan frees)."""
+    ``query is key``; saved-tensor hooks unpack each input anew). Containers: lists, tuples and dicts are copied;
+    the other kinds that carry tensors into a module are handed over as they are, their tensors the checkpoint's
+    inputs too (``_Container``). A tensor in anything else stays in the wrapper's closure, where the checkpoint does
+    not see it (the memory meter then counts less than the plan frees)."""
     if isinstance(value, torch.Tensor):
         slot = slots.get(id(value))
         if slot is None:
@@ -153,43 +154,18 @@ def _put_tensors(value: Any, tensors: tuple[Any, ...]) -> Any:
 
 
 def _opened(value: Any) -> tuple[Callable[[list[Any]], Any], list[Any]] | None:
-    """How to rebuild a container of another kind than list, tuple or dict from its contents, and its contents;
-    None for anything else."""
-    kind = type(value)
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
-        return (lambda items: kind(*items)), list(value)
+    """For a container of another kind than list, tuple or dict (a namedtuple such as the ``PackedSequence`` an LSTM
+    takes, a list or tuple subclass, an ``OrderedDict`` or another mapping, a dataclass): the container itself for
+    the module (``_Container``), and what it holds; None for anything else."""
     if isinstance(value, (list, tuple)):
-        return kind, list(value)
-    # The others are rebuilt from an empty copy (the closure holds no tensor of the call).
-    if isinstance(value, dict):
-        try:
-            keys, empty = list(value), copy.copy(value)
-            empty.clear()
-        except Exception:  # noqa: BLE001 - a mapping that refuses (a ModelOutput forbids deleting): left as it is
-            return None
-
-        def rebuild_mapping(items: list[Any]) -> Any:
-            copied = copy.copy(empty)
-            for key, item in zip(keys, items):
-                copied[key] = item
-            return copied
-        return rebuild_mapping, list(value.values())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        names = [field.name for field in dataclasses.fields(value)]
-        try:
-            blank = copy.copy(value)
-            for name in names:
-                object.__setattr__(blank, name, None)  # (frozen ones too)
-        except Exception:  # noqa: BLE001 - one that cannot be copied (slots without those fields): as it is
-            return None
-
-        def rebuild_dataclass(items: list[Any]) -> Any:
-            copied = copy.copy(blank)
-            for name, item in zip(names, items):
-                object.__setattr__(copied, name, item)
-            return copied
-        return rebuild_dataclass, [getattr(value, name) for name in names]
-    return None
+        items = list(value)
+    elif isinstance(value, dict):
+        items = list(value.values())
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = [getattr(value, field.name, None) for field in dataclasses.fields(value)]
+    else:
+        return None
+    return (lambda _: value), items
 
 
 class _Wrapper:
