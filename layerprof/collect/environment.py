@@ -63,16 +63,17 @@ def environment_of(parameter: torch.Tensor | None, example: torch.Tensor | None 
             device_facts = _CPU_FACTS[dtype] = _device_facts(parameter.device, dtype)
     else:
         device = parameter.device if parameter is not None else (example.device if example is not None else None)
-        if device is not None and device.type == "meta" and example is not None and not example.is_meta:
-            device = example.device  # (``on_input_device``)
         device_facts = _device_facts(device, parameter.dtype if parameter is not None else None)
-    return {
+    facts = {
         **_machine(),
         "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
         **device_facts,
         **(input_facts(example) if example is not None else _NO_EXAMPLE),
     }
+    if facts["device"] == "meta" and example is not None:
+        facts = on_input_device(facts, example.device)
+    return facts
 
 
 def on_input_device(facts: dict[str, Any], device: torch.device | None) -> dict[str, Any]:
@@ -92,9 +93,9 @@ _NO_EXAMPLE = {"batch_size": None, "input_dtype": None}
 
 
 def input_facts(example: torch.Tensor | None) -> dict[str, Any]:
-    """The batch size (first dimension), shape and dtype of a model's input ``example``, and ``autocast_dtype`` where the
-    call runs under ``torch.autocast`` for the input's device: the dtype its matrix products compute in, whose
-    roofs the roofline needs (the parameters' float32 ones put a bf16 step's efficiency above 1)."""
+    """The batch size (first dimension), shape and dtype of a model's input ``example``, and ``autocast_dtype``
+    where the call runs under ``torch.autocast`` for the input's device: the dtype its matrix products compute in,
+    whose roofs the roofline needs (the parameters' float32 ones put a bf16 step's efficiency above 1)."""
     facts = {
         # (``size(0)``, not ``shape[0]``: a strided nested tensor has no sizes, but its first dimension)
         "batch_size": int(example.size(0)) if example is not None and example.dim() > 0 else None,

@@ -141,13 +141,16 @@ class LayerProfCallback(_transformers.TrainerCallback):
         self._end_if_over()
         return list(self._profiles)
 
+    def _trainer(self) -> Any:
+        """The Trainer whose train() is being profiled (its frame's ``self``), or None."""
+        return self._run.f_locals.get("self") if self._run is not None else None
+
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._prof is not None:  # an earlier run (or attempt, with auto_find_batch_size) that raised
             self._finish(partial=_OVER)
         _refuse_compiled_training(args)
         self._run, self._context = _train_frame(), (args, state)
-        trainer = self._run.f_locals.get("self") if self._run is not None else None
-        handler = getattr(trainer, "callback_handler", None)
+        handler = getattr(self._trainer(), "callback_handler", None)
         ours = [c for c in getattr(handler, "callbacks", ()) if isinstance(c, LayerProfCallback)]
         if len(ours) > 1:
             self._run = self._context = None
@@ -161,8 +164,7 @@ class LayerProfCallback(_transformers.TrainerCallback):
             prof = LayerProf(model, metrics=self.metrics, schedule=GapSchedule.around(self.schedule))
             prof._give_way = self._give_way
             # Under torchrun the Trainer trains a DistributedDataParallel of the model: the ddp_comm meter times it.
-            trainer = self._run.f_locals.get("self") if self._run is not None else None
-            time_ddp_wrapper(prof.metrics, getattr(trainer, "model_wrapped", None))
+            time_ddp_wrapper(prof.metrics, getattr(self._trainer(), "model_wrapped", None))
             prof.start()
             self._prof = prof
             self._check = register_module_forward_pre_hook(_run_check(weakref.ref(self), weakref.ref(model)))

@@ -23,8 +23,9 @@ codebook, a call counter; ``buffer_versions`` and ``updated_buffers``);
 ``use_cache=True``): a recomputation would attend over the keys its forward already added, so it is never allowed;
 ``checkpoint_inplace_inputs`` the number of this module's calls that modified an input in place (a checkpoint
 would have saved the input before the change); ``checkpoint_no_grad_calls`` its calls made with gradients off (a
-reference model's pass under ``no_grad``: nothing saved, nothing recomputed); ``foreign_calls`` the calls made from a module that is not one of its
-tree ancestors (a shared module: wrapping it would nest with the wrapping of its callers).
+reference model's pass under ``no_grad``: nothing saved, nothing recomputed); ``foreign_calls`` the calls made from
+a module that is not one of its tree ancestors (a shared module: wrapping it would nest with the wrapping of its
+callers).
 """
 from __future__ import annotations
 
@@ -86,16 +87,12 @@ def buffer_versions(entries: Sequence[tuple[str, nn.Module]]) -> list[tuple[str,
     return found
 
 
-def updated_buffers(before: Sequence[tuple[str, nn.Module, str, Any, int]]) -> dict[str, list[str]]:
-    """Module name -> its buffers that were updated in place or replaced since ``buffer_versions`` read them: state a
-    checkpoint's recomputation of the module's forward would update again (a spectral norm's vectors advance twice a
-    step, an EMA decays twice, a counter counts twice), which is wrong, and silently so, where backward reads it."""
-    updated: dict[str, list[str]] = {}
-    for name, module, key, buffer, version in before:
-        now = module._buffers.get(key)
-        if now is not buffer or tensor_version(buffer) != version:
-            updated.setdefault(name, []).append(key)
-    return updated
+def updated_buffers(before: Sequence[tuple[str, nn.Module, str, Any, int]]) -> set[str]:
+    """The names of the modules with a buffer updated in place or replaced since ``buffer_versions`` read them: state
+    a checkpoint's recomputation of the module's forward would update again (a spectral norm's vectors advance twice
+    a step, an EMA decays twice, a counter counts twice), which is wrong, and silently so, where backward reads it."""
+    return {name for name, module, key, buffer, version in before
+            if module._buffers.get(key) is not buffer or tensor_version(buffer) != version}
 
 
 def updates_a_cache(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

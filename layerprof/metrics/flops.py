@@ -199,6 +199,13 @@ class _CountingMode(TorchDispatchMode):
         return out
 
 
+def _own_thread_first(by_thread: dict[int, list[Any]]) -> list[list[Any]]:
+    """The lists of ``by_thread`` (thread id -> list), this thread's first: sequence numbers count per thread, and a
+    node is most often this thread's."""
+    own = by_thread.get(threading.get_ident())
+    return ([own] if own else []) + [found for found in by_thread.values() if found is not own]
+
+
 @register_meter
 class FlopMeter(Meter):
     """Counts FLOPs per module, forward and backward, at the aten-op level: ``LayerProf(model, metrics=("flops",))``.
@@ -362,10 +369,7 @@ class FlopMeter(Meter):
 
         Sequence numbers count per thread: look first among the calls of this thread (a checkpoint re-run on a
         backward thread), then among the others (the forward ran on another thread than the backward)."""
-        own = self._calls.get(threading.get_ident())
-        lists = [own] if own else []
-        lists += [calls for calls in self._calls.values() if calls is not own]
-        for calls in lists:
+        for calls in _own_thread_first(self._calls):
             index = bisect_right(calls, sequence_nr, key=lambda call: call.seq_start) - 1
             call = calls[index] if index >= 0 else None
             # The last call started at or before the node is the innermost container or one of its descendants.
@@ -395,10 +399,7 @@ class FlopMeter(Meter):
 
     def _made_in_backward(self, sequence_nr: int) -> Any:
         """The call whose backward made the graph node with this sequence number (``_note_made``), or None."""
-        own = self._made.get(threading.get_ident())
-        lists = [own] if own else []
-        lists += [made for made in self._made.values() if made is not own]
-        for made in lists:
+        for made in _own_thread_first(self._made):
             index = bisect_right(made, sequence_nr, key=lambda entry: entry[0]) - 1
             if index >= 0 and sequence_nr < made[index][1]:
                 return made[index][2]

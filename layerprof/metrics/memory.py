@@ -262,10 +262,10 @@ class MemoryMeter(Meter):
         self._step_log: PeakLog | None = None  # the log of the device of the model's first call: the step's
         self._step: dict[str, Any] = {}  # the step's own figures (meta): its peak, where it started and ended
         self._static: set[int] = set()  # parameters' and buffers' storages
-        # Every module's own buffers with their versions as the block started, and by module name those the block
-        # updated in place or replaced (read as it stops): side effects a recomputation would repeat.
+        # Every module's own buffers with their versions as the block started, and the names of the modules whose
+        # buffers the block updated in place or replaced (read as it stops): side effects a recomputation would repeat.
         self._buffer_versions: list[Any] = []
-        self.updated_buffers: dict[str, list[str]] = {}
+        self._updated: set[str] = set()
         self._logs: dict[str, PeakLog | None] = {}
         self._reader: MemoryReader = MemoryReader()
         self._hooks: Any = None
@@ -295,8 +295,7 @@ class MemoryMeter(Meter):
             raise
 
     def stop(self) -> None:
-        for name, keys in updated_buffers(self._buffer_versions).items():
-            self.updated_buffers.setdefault(name, []).extend(k for k in keys if k not in self.updated_buffers[name])
+        self._updated.update(updated_buffers(self._buffer_versions))
         self._buffer_versions = []
         hooks, self._hooks = self._hooks, None
         self._stack.clear()
@@ -519,7 +518,7 @@ class MemoryMeter(Meter):
             settle_forward(self._forward, self._savers)
             self._tables.append(storage_table(self._forward, self._savers))
             self._table_calls.append(self._forward)
-            self._table_refs.append(([self._saved.get(key) for key in self._savers], list(self._packed)))
+            self._table_refs.append(([self._saved.get(key) for key in self._savers], self._packed))
         self._forward = []
         self._forward_traces = []
         self._packed = []
@@ -529,7 +528,7 @@ class MemoryMeter(Meter):
         """``table["held_elsewhere"]``: saved storages alive at the step's end though autograd released every alias
         (a module attribute holds them, as the old ``weight_norm``'s ``weight``): no checkpoint frees them."""
         for table, (refs, packed) in zip(self._tables, self._table_refs):
-            if packed and all(alias() is None for alias in packed):
+            if packed and not _still_held(packed):
                 outside = [i for i, ref in enumerate(refs) if ref is not None and not ref.expired()]
                 if outside:
                     table["held_elsewhere"] = outside
@@ -595,17 +594,16 @@ class MemoryMeter(Meter):
         self._calls.clear()
         self._states.clear()
 
-
     def _mark_updated_buffers(self) -> None:
         """A side effect on the calls of each module whose buffers the block updated (the nearest called ancestor's,
         where the module itself was not called: its parent's code updated them), which ``fill`` then adds up the
         calls' parents, as it does a training BatchNorm's."""
-        if not self.updated_buffers:
+        if not self._updated:
             return
         by_name: dict[str, list[_CallMemory]] = {}
         for call, state in self._calls:
             by_name.setdefault(call.name, []).append(state)
-        for name in self.updated_buffers:
+        for name in self._updated:
             while name not in by_name and name:
                 name = name.rpartition(".")[0]
             for state in by_name.get(name, ()):

@@ -173,7 +173,7 @@ def _warn_hooked(modules: dict[str, nn.Module],
     regions: list[tuple[str, nn.Module]] = list(modules.items())
     for sequential, runs in sequentials.values():
         for (first, stop), name in runs.items():
-            parent = name.rpartition("[")[0]
+            parent = parse_run(name)[0]
             regions.extend((f"{parent}.{i}" if parent else str(i), sequential[i]) for i in range(first, stop))
     hooked = []
     for name, region in regions:

@@ -20,9 +20,10 @@ pass; a total sums the passes, which bounds rather than measures its minimum and
 A module (``--per-module``) is judged on its time *relative to the rest of the model* (the model's median less
 the module's): a busier machine slows every module alike and leaves that ratio where it was, while a module that
 got 25 % slower moves it by 25 % whatever its share. Its own median must also have risen by more than the limit:
-where another module got faster, the rest shrinks, and the ratio alone would call an unchanged module slower. Modules under ``MIN_SHARE`` % of the model (timer
-resolution) and over ``MAX_SHARE`` % (the rest is then too small to measure against; the model's own verdict
-covers them) are not judged, nor any module of a profile with fewer than ``MIN_MODULE_STEPS`` steps.
+where another module got faster, the rest shrinks, and the ratio alone would call an unchanged module slower.
+Modules under ``MIN_SHARE`` % of the model (timer resolution) and over ``MAX_SHARE`` % (the rest is then too small
+to measure against; the model's own verdict covers them) are not judged, nor any module of a profile with fewer
+than ``MIN_MODULE_STEPS`` steps.
 """
 from __future__ import annotations
 
@@ -186,20 +187,17 @@ def different_models(a: Profile, b: Profile) -> str | None:
         both = format_counted(len(modules_a | modules_b), "module")
         return (f"only {alike} of their {both} are alike by name and type "
                 f"(A has {len(modules_a)}, B {len(modules_b)})")
-    batch_a, batch_b = (environment_in(p.meta).get("batch_size") for p in (a, b))
+    environment_a, environment_b = environment_in(a.meta), environment_in(b.meta)
+    batch_a, batch_b = environment_a.get("batch_size"), environment_b.get("batch_size")
     if batch_a is not None and batch_b is not None and batch_a != batch_b:
         return f"A was profiled with batch size {batch_a} and B with {batch_b}"
-    # Beyond the batch (whose size is the one most calls had: a short first batch is not the workload), the first
-    # input's other dimensions: a sequence length, an image size.
-    shape_a, shape_b = (environment_in(p.meta).get("input_shape") for p in (a, b))
+    # Beyond the batch (whose size is the one most calls had: a short first batch is not the workload), the input's
+    # other dimensions where every call had the same: a sequence length, an image size.
+    shape_a, shape_b = environment_a.get("input_shape"), environment_b.get("input_shape")
     if isinstance(shape_a, list) and isinstance(shape_b, list) and shape_a[1:] != shape_b[1:]:
-        return (f"A was profiled on inputs of shape {_shown(shape_a)} and B on {_shown(shape_b)} "
+        return (f"A was profiled on inputs of shape {shape_a} and B on {shape_b} "
                 "(other than the batch: another sequence length or image size)")
     return None
-
-
-def _shown(shape: list[Any]) -> str:
-    return "[" + ", ".join(map(str, shape)) + "]"
 
 
 # What a step's time depends on besides the model and the code, as a profile's environment names it: where a gate's
