@@ -9,13 +9,13 @@ import collections
 import functools
 import itertools
 import sys
+import threading
 from operator import attrgetter, contains, itemgetter, methodcaller, setitem
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.nn.modules import module as torch_module
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = [
@@ -26,9 +26,10 @@ __all__ = [
     "compiled_module_type", "process_group_initialized", "fsdp2_param_groups", "FSDP2_HOOK_POINTS", "fsdp2_comm_buffers",
     "patch_fsdp2_group", "unpatch_fsdp2_group",
     "TorchDispatchMode", "ready_mode", "mode_is_on", "StorageWeakRef", "escaped_backward", "add_forward_hooks", "remove_forward_hooks",
-    "add_forward_hooks_to", "remove_forward_hooks_from", "add_global_forward_hooks", "remove_global_forward_hooks",
+    "add_forward_hooks_to", "remove_forward_hooks_from", "add_call_wrapper", "remove_call_wrapper",
+    "global_module_hooks", "calling_around",
     "add_module_registration_hook", "remove_module_registration_hook",
-    "with_forward_pre_hooks", "global_pre_hook_kwargs", "NodeHooker", "cuda_raw_stream", "cuda_event_record",
+    "with_forward_pre_hooks", "NodeHooker", "cuda_raw_stream", "cuda_event_record",
     "dict_version", "eager_forwards",
 ]
 
@@ -181,49 +182,67 @@ def remove_forward_hooks_from(added: Any) -> None:
         _drain(map(pop, map(attrgetter(name), modules)))
 
 
-# torch's process-wide hook tables, written under keys of our own (as ``add_forward_hooks_to`` writes a module's):
-# a block's global hooks go on and off with a few dict writes, not torch's register functions and the handles they
-# make (each a frame of Python code, and cache misses, as a one-shot block starts and ends right after a step).
-_GLOBAL_FORWARD = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_forward_hooks_with_kwargs",
-                   "_global_forward_hooks_always_called")
+# The calls of every module go through ``nn.Module._call_impl`` (``Module.__call__`` looks it up on the module at
+# each call). A block puts its own function in its place, around torch's: it times the modules it profiles and
+# hands every call to torch's unchanged, which takes its fast path where a module carries no hooks. Torch's global
+# module hooks did the same at about twice the cost per call (their dispatch builds lists and a closure per call,
+# and runs two hooks), and made every module of the process, profiled or not, take the hooked path.
+_Module = torch.nn.Module
+_CALL_IMPL = "_call_impl"
+_wrappers: list[tuple[int, Callable[[Callable[..., Any]], Callable[..., Any]]]] = []  # (key, make), in order
+_base: list[Callable[..., Any]] = []  # what ``Module._call_impl`` was when the first wrapper went on (torch's)
+_installed: list[Callable[..., Any]] = []  # the chain put in its place, while there is one
+_wrappers_lock = threading.Lock()  # (blocks on several threads)
 _GLOBAL_REGISTRATION = "_global_module_registration_hooks"
+# Torch's tables of global module hooks (forward pre, forward, backward, backward pre), as ``_call_impl`` reads
+# them: a module call takes torch's hooked path where any holds a hook. Empty dicts where a torch has none.
+global_module_hooks: tuple[dict[Any, Any], ...] = tuple(
+    getattr(torch_module, name, {}) for name in ("_global_forward_pre_hooks", "_global_forward_hooks",
+                                                  "_global_backward_hooks", "_global_backward_pre_hooks"))
 
 
-def add_global_forward_hooks(pre: Callable[..., None], post: Callable[..., None]) -> Any:
-    """Put ``pre`` (called as ``pre(module, args)``: a global pre-hook gets no kwargs) and ``post`` (with kwargs,
-    also when forward raises, then called as ``post(module, args, None)``) on every module of the process, before
-    each module's own hooks, whatever the model's size. Returns what ``remove_global_forward_hooks`` takes."""
-    tables = vars(torch_module)
-    try:
-        pre_hooks, hooks = tables["_global_forward_pre_hooks"], tables["_global_forward_hooks"]
-        with_kwargs, always = tables["_global_forward_hooks_with_kwargs"], tables["_global_forward_hooks_always_called"]
-    except KeyError:  # another torch's internals: its public calls
-        pre_handle = register_module_forward_pre_hook(pre)
-        try:
-            return pre_handle, register_module_forward_hook(post, with_kwargs=True, always_call=True)
-        except BaseException:
-            pre_handle.remove()
-            raise
-    key = next(_HOOK_KEYS)
-    pre_hooks[key], hooks[key] = pre, post
-    with_kwargs[key] = always[key] = True
+def add_call_wrapper(make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> int:
+    """Route every module call of the process through ``make(inner)``: a function called as torch calls
+    ``Module._call_impl``, ``(module, *args, **kwargs)``, which hands the call on to ``inner`` (torch's, or the
+    wrapper added before it). Returns what ``remove_call_wrapper`` takes."""
+    if _CALL_IMPL not in vars(_Module) or "_wrapped_call_impl" not in vars(_Module):
+        raise RuntimeError(f"this torch ({torch.__version__}) calls modules otherwise than layerprof knows: "
+                           "nn.Module has no _wrapped_call_impl calling _call_impl")
+    with _wrappers_lock:
+        key = next(_HOOK_KEYS)
+        _install((key, make))
     return key
 
 
-def remove_global_forward_hooks(added: Any) -> None:
-    """Take off what ``add_global_forward_hooks`` put on: its entries, or the public calls' handles and the
-    post-hook's ``with_kwargs`` mark, which torch's handle leaves behind (a dict that would grow by one entry per
-    block)."""
-    tables = vars(torch_module)
-    if type(added) is int:
-        for name in _GLOBAL_FORWARD:
-            tables[name].pop(added, None)
+def remove_call_wrapper(key: int) -> None:
+    """Take off what ``add_call_wrapper`` routed calls through; what was there before the first one (torch's
+    ``_call_impl``) goes back when none is left."""
+    with _wrappers_lock:
+        for index, (added, _) in enumerate(_wrappers):
+            if added == key:
+                del _wrappers[index]
+                _install(None)
+                return
+
+
+def _install(added: tuple[int, Callable[..., Any]] | None) -> None:
+    current = vars(_Module)[_CALL_IMPL]
+    if not _installed or current is not _installed[0]:
+        # Nothing of ours there: torch's, or something else put in since, which calls the chain it found (whose
+        # wrappers hand every call on once their blocks are over). Left as it is, or built on, with only the
+        # wrapper being added: the others are inside it already.
+        _installed.clear()
+        _base[:] = [current]
+        _wrappers[:] = []
+    if added is not None:
+        _wrappers.append(added)
+    if not _wrappers and not _installed:
         return
-    with_kwargs = tables.get("_global_forward_hooks_with_kwargs")
-    for handle in added:
-        handle.remove()
-        if with_kwargs is not None:
-            with_kwargs.pop(handle.id, None)
+    chain = _base[0]
+    for _, make in _wrappers:
+        chain = make(chain)
+    _installed[:] = [chain] if _wrappers else []
+    setattr(_Module, _CALL_IMPL, chain)
 
 
 def add_module_registration_hook(hook: Callable[..., Any]) -> Any:
@@ -260,17 +279,6 @@ def mode_is_on(mode: Any) -> bool:
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
     return any(entered is mode for entered in _get_current_dispatch_mode_stack())
-
-
-def global_pre_hook_kwargs(frame: Any) -> dict[str, Any] | None:
-    """The keyword arguments of the module call whose global forward pre-hook was called from ``frame``: torch
-    calls a global pre-hook as ``hook(module, args)``, without them, from ``Module._call_impl``'s ``inner``, which
-    holds them as ``kwargs``. None where torch's internals differ."""
-    code = frame.f_code
-    if code.co_name != "inner" or "kwargs" not in code.co_freevars:
-        return None
-    kwargs = frame.f_locals.get("kwargs")
-    return kwargs if type(kwargs) is dict else None
 
 
 def with_forward_pre_hooks(modules: list[Any]) -> list[Any]:
@@ -376,6 +384,19 @@ def eager_forwards(classes: set[type]) -> bool:
         _EAGER_FORWARDS.clear()
     _EAGER_FORWARDS.update(forwards)
     return True
+
+
+def calling_around(modules: Iterable[Any]) -> list[Any]:
+    """The modules of ``modules`` whose calls do not go through ``Module._call_impl``: those compiled in place
+    (``.compile()`` stores what ``__call__`` runs instead; with ``disable=True``, torch's own ``_call_impl``, bound
+    to the module, which still runs the module's hooks). None while dynamo is not loaded."""
+    if vars(torch).get("_dynamo") is None:  # never imported, so nothing was compiled
+        return []
+    modules = list(modules)
+    owns = list(map(_own, modules))
+    if not any(map(contains, owns, itertools.repeat("_compiled_call_impl"))):
+        return []
+    return [module for module, own in zip(modules, owns) if own.get("_compiled_call_impl") is not None]
 
 
 def compiled_in_place(paths: list[tuple[str, Any]], modules: list[Any] | None = None,

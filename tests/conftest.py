@@ -11,9 +11,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="rewrite tests/golden/ from the current rendering (review the diff before committing)")
 
 
-def hook_state(model: torch.nn.Module) -> dict[str, tuple]:
-    """Every hook dict of every module, to check that profiling leaves the model as it found it."""
-    state = {}
+# Torch's own Module._call_impl, as it is before any profile: a block puts its call wrapper in its place.
+TORCH_CALL_IMPL = vars(torch.nn.Module)["_call_impl"]
+
+
+def hook_state(model: torch.nn.Module, calls: bool = True) -> dict[str | None, tuple]:
+    """Every hook dict of every module, to check that profiling leaves the model as it found it, and (``calls``)
+    what ``nn.Module`` runs for a call, under the key None: torch's own ``_call_impl`` once every block is over."""
+    state: dict[str | None, tuple] = {None: (vars(torch.nn.Module)["_call_impl"],)} if calls else {}
     for name, module in model.named_modules():
         state[name] = tuple(
             tuple(getattr(module, attr).keys())

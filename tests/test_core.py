@@ -16,7 +16,7 @@ from layerprof import LayerProf
 from layerprof._tensors import first_tensor
 from layerprof.collect.profiler import _PROFILED
 
-from .conftest import hook_state
+from .conftest import TORCH_CALL_IMPL, hook_state
 from .invariants import check_profile, count_calls
 from .measured import measured_until
 from .models import MLP, Boom, DictOut, KwargsDataclass, Residual, SharedLoop, UnusedBranch
@@ -267,13 +267,13 @@ def test_hooking_failure_half_way_leaves_no_hook(metrics: tuple[str, ...] | None
 
 @pytest.mark.parametrize("metrics", [None, ("shapes",), ("memory",), ("flops",)])
 def test_a_block_writes_no_hook_into_a_module_meters_or_not(metrics: tuple[str, ...] | None) -> None:
-    # Torch's global module hooks, whatever the meters: a module carrying a forward hook can run otherwise
+    # The call wrapper, whatever the meters: a module carrying a forward hook can run otherwise
     # (nn.TransformerEncoderLayer's fused inference path checks every module's hook dicts under it). A meter that
     # observes calls gets their keyword arguments all the same.
     model = KwargsDataclass()
     before = hook_state(model)
     with LayerProf(model, metrics=metrics) as prof:
-        assert hook_state(model) == before
+        assert hook_state(model, calls=False) == {name: state for name, state in before.items() if name is not None}
         model(features=torch.randn(3, 8)).logits.sum().backward()
     assert hook_state(model) == before
     if metrics == ("shapes",):
@@ -363,29 +363,102 @@ def test_two_models_sharing_a_module_are_told_to_use_one_profiler() -> None:
 
 def test_profilers_on_two_models_time_only_their_own_modules() -> None:
     # Global module hooks see every module of the process: each profiler times its own model's modules, an
-    # unprofiled model called inside both blocks (and inside a profiled forward) is timed by neither, and the
-    # global hook lists are as they were after the blocks.
+    # unprofiled model called inside both blocks (and inside a profiled forward) is timed by neither. Each block
+    # routes module calls through a function of its own around torch's Module._call_impl, and puts nothing in
+    # torch's global hook tables but its registration hook; afterwards torch's _call_impl and the tables are as
+    # they were (the nested block's wrapper leaves the outer one's in place).
     from torch.nn.modules import module as torch_module
 
     first, second, other = MLP(), MLP(), nn.Linear(1, 1)
     tables = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_forward_hooks_with_kwargs",
               "_global_forward_hooks_always_called", "_global_module_registration_hooks")
     global_before = [dict(getattr(torch_module, table)) for table in tables]
+    torch_call = vars(nn.Module)["_call_impl"]
     with LayerProf(first) as outer:
+        outer_call = vars(nn.Module)["_call_impl"]
+        assert outer_call is not torch_call
         with LayerProf(second) as inner:
+            assert vars(nn.Module)["_call_impl"] not in (torch_call, outer_call)
             other(first(torch.randn(2, 8))).sum().backward()
             second(torch.randn(2, 8))
             second(torch.randn(2, 8)).sum().backward()
-            # One entry in each table per block (our hooks, the post-hook's two marks, the registration hook).
             added = [len(getattr(torch_module, table)) - len(was) for table, was in zip(tables, global_before)]
-            assert added == [2] * 5
+            assert added == [0, 0, 0, 0, 2]
+        assert vars(nn.Module)["_call_impl"] is not torch_call
         first(torch.randn(2, 8))
+    assert vars(nn.Module)["_call_impl"] is torch_call
     assert [dict(getattr(torch_module, table)) for table in tables] == global_before  # (each block's entries gone)
     # MLP: root, body, body.0-3, head = 7 modules, each called once per model call.
     assert [r.calls for r in outer.tree] == [2] * 7  # two calls of `first`, one inside the inner block
     assert [r.calls for r in inner.tree] == [2] * 7
     assert outer.records["head"].backward_ms > 0 and inner.records["head"].backward_ms > 0
     assert len(outer.records) == len(inner.records) == 7
+
+
+def test_global_module_hooks_registered_inside_the_block_hand_every_module_to_hooks_of_its_own() -> None:
+    # Another tool's global module hook (as torch's ModuleTracker registers): while it is on, each module's call
+    # is timed by hooks of ours on the module, inside the global ones, not around torch's _call_impl: the profile is
+    # whole, the tool's hook sees every module, and the model and torch are left as they were.
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    model = MLP()
+    before = hook_state(model)
+    seen: list[nn.Module] = []
+    with LayerProf(model) as prof:
+        handle = register_module_forward_pre_hook(lambda module, args: seen.append(module))
+        try:
+            out = model(torch.randn(2, 8))
+        finally:
+            handle.remove()
+        out.sum().backward()
+    assert hook_state(model) == before
+    assert seen == [model, model.body, *model.body, model.head]
+    # MLP: root, body, body.0-3, head: each called once; those with parameters, and their parents, have backward.
+    assert [(record.name, record.calls) for record in prof.tree] == [
+        ("", 1), ("body", 1), ("body.0", 1), ("body.1", 1), ("body.2", 1), ("body.3", 1), ("head", 1)]
+    for name in ("", "body", "body.0", "body.2", "head"):
+        assert prof.records[name].backward_ms > 0, name
+    check_profile(prof, model)
+
+
+def test_a_call_impl_replaced_by_another_tool_inside_the_block_is_left_in_place() -> None:
+    # Something else puts its own function in Module._call_impl while the block runs, calling the one it found
+    # (ours): the block's end leaves it there rather than drop it, and it keeps working: calls after the block go
+    # through it and ours, which hands them on untimed. A block started then is put around it, and its end
+    # leaves it as it was.
+    model = MLP()
+    counted: list[nn.Module] = []
+    with LayerProf(model) as prof:
+        found = vars(nn.Module)["_call_impl"]
+
+        def theirs(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            counted.append(module)
+            return found(module, *args, **kwargs)
+
+        nn.Module._call_impl = theirs
+        try:
+            model(torch.randn(2, 8)).sum().backward()
+        except BaseException:
+            nn.Module._call_impl = found
+            raise
+    try:
+        assert vars(nn.Module)["_call_impl"] is theirs
+        # MLP: 7 modules, each called once per model call
+        assert len(counted) == 7 and prof.tree.calls == 1 and prof.records["head"].backward_ms > 0
+        model(torch.randn(2, 8))  # after the block: through theirs, then handed on untimed
+        assert len(counted) == 14 and prof.tree.calls == 1
+        with LayerProf(model) as later:
+            model(torch.randn(2, 8)).sum().backward()
+        assert vars(nn.Module)["_call_impl"] is theirs
+        assert len(counted) == 21 and later.tree.calls == 1 and later.records["head"].calls == 1
+        assert later.records["head"].backward_ms > 0 and prof.tree.calls == 1
+    finally:
+        nn.Module._call_impl = found  # (theirs restores what it found: the chain of the first block)
+    with LayerProf(model) as last:  # the first block's chain hands calls on untimed; a block puts it back
+        model(torch.randn(2, 8))
+    assert vars(nn.Module)["_call_impl"] is found
+    assert last.tree.calls == 1 and prof.tree.calls == later.tree.calls == 1
+    nn.Module._call_impl = TORCH_CALL_IMPL
 
 
 def test_trackers_of_one_thread_share_its_node_hooker() -> None:

@@ -368,17 +368,24 @@ def test_user_forward_hooks_count_in_the_parent_not_the_module() -> None:
     assert prof.tree.forward_ms >= 60
 
 
-def test_user_hooks_registered_inside_the_block() -> None:
+@pytest.mark.parametrize("which", ["pre", "post", "both"])
+def test_user_hooks_registered_inside_the_block(which: str) -> None:
+    # Registered after the block started: at the module's next call layerprof's own hooks go on around its forward
+    # (ours after their pre-hooks, before their hooks), so their time is outside the module's, as for hooks
+    # registered before the block, and inside its parent's.
     model = nn.Sequential(nn.Linear(4, 4))
     pre, post = Sleeper(0.03), Sleeper(0.03)
     with LayerProf(model) as prof:
-        model[0].register_forward_pre_hook(pre)  # after layerprof's pre-hook: inside the module's time
-        model[0].register_forward_hook(post)  # after layerprof's (prepended) hook: outside
+        if which != "post":
+            model[0].register_forward_pre_hook(pre)
+        if which != "pre":
+            model[0].register_forward_hook(post)
         model(torch.randn(2, 4))
-    child = prof.records["0"].forward_ms
-    assert child >= pre.slept_ms[0]  # one sleep in...
-    assert child + post.slept_ms[0] <= prof.tree.forward_ms + TOLERANCE_MS  # ...not two
-    assert prof.tree.forward_ms >= 60
+        model(torch.randn(2, 4))
+    slept = sum(pre.slept_ms) + sum(post.slept_ms)
+    assert slept >= 2 * 30 * (2 if which == "both" else 1)  # (each hook ran at both calls)
+    assert prof.records["0"].calls == 2 and prof.tree.calls == 2
+    assert prof.records["0"].forward_ms + slept <= prof.tree.forward_ms + TOLERANCE_MS
 
 
 def test_user_full_backward_hook_counts_in_the_module_backward() -> None:

@@ -13,6 +13,7 @@ from torch import nn
 
 import layerprof
 from layerprof import LayerProf
+from .conftest import TORCH_CALL_IMPL
 
 
 def _small_net() -> nn.Module:
@@ -246,7 +247,7 @@ def test_two_callbacks_on_one_trainer_are_refused_as_training_begins(tmp_path: P
     trainer = transformers.Trainer(model=model, args=args, train_dataset=_Tokens(), callbacks=[first, second, Counts()])
     with pytest.raises(ValueError, match="a Trainer takes one LayerProfCallback, and this one has 2"):
         trainer.train()
-    assert steps == [] and not torch.nn.modules.module._global_forward_hooks  # before any step; nothing left on
+    assert steps == [] and vars(torch.nn.Module)["_call_impl"] is TORCH_CALL_IMPL  # before any step; nothing left on
     # One whose schedule never reaches its active steps in the run records none: no profile, no file.
     trainer = transformers.Trainer(model=model, args=args, train_dataset=_Tokens(), callbacks=[second])
     trainer.train()

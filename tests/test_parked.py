@@ -32,7 +32,7 @@ def test_the_next_block_takes_the_parked_tracker_which_holds_nothing_of_the_last
         _step(first)
         tracker = prof._tracker
     assert parked == [tracker] and prof.tree.calls == 1
-    assert (tracker.calls, tracker.names, tracker.global_names, tracker.example, tracker.active) == ([], {}, {}, {},
+    assert (tracker.calls, tracker.names, tracker.wrapped_names, tracker.example, tracker.active) == ([], {}, {}, {},
                                                                                                        False)
     assert all(not (state.stack or state.bounds or state.owners or state.walked) for state in tracker._threads)
     with LayerProf(second) as again:

@@ -110,6 +110,13 @@ def test_dispatch_modes_take_the_options_the_meters_set() -> None:
     assert callable(getattr(TorchDispatchMode, "ignore_compile_internals", None))
 
 
+def test_module_calls_go_through_call_impl() -> None:
+    # A block times module calls by putting its function in place of Module._call_impl: that holds only while
+    # Module.__call__ is _wrapped_call_impl and it looks _call_impl up on the module at each call.
+    assert vars(torch.nn.Module)["__call__"] is vars(torch.nn.Module)["_wrapped_call_impl"]
+    assert "_call_impl" in torch.nn.Module._wrapped_call_impl.__code__.co_names
+
+
 def test_global_forward_hooks_take_keyword_arguments() -> None:
     # Every profile puts a global forward hook with kwargs that is called also when forward raises; torch 2.5 has
     # no with_kwargs there (every LayerProf raised TypeError).

@@ -75,7 +75,7 @@ def compiled_while_profiling(paths: list[tuple[str, nn.Module]], modules: list[n
 def refuse_compiled_wrapper(wrapper: nn.Module, name: str) -> None:
     """Raise where ``wrapper``, called while profiling, is a ``torch.compile(module)`` of the profiled module
     ``name``, held apart from the model (``compiled = torch.compile(model)``, then ``compiled(x)`` in the block):
-    before dynamo traces that call, which the global hooks' pre-hook of the wrapper precedes."""
+    before dynamo traces that call, which the block's call wrapper sees first."""
     optimized = compiled_module_type()
     if optimized is None or not isinstance(wrapper, optimized):
         return

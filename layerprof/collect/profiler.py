@@ -403,9 +403,9 @@ class LayerProf:
         clock = PausableClock() if pausing else None
         for meter in pausing:
             meter.use_clock(clock)
-        # Torch's global module hooks, meters or not: a hook on a module itself changes what some modules run (an
+        # The tracker's call wrapper, meters or not: a hook on a module itself changes what some modules run (an
         # nn.TransformerEncoderLayer in inference takes its fused path only while it and its children carry none),
-        # and a meter observing forward calls is given their kwargs from the frame that calls a global pre-hook.
+        # and a meter observing forward calls is given their kwargs by the wrapper.
         self._tracker = Tracker.made(sync=self.sync, cpu_clock=clock)
         # The plan's names, copied only when a module joins (``_module_registered``).
         self._names = plan.names

@@ -50,8 +50,9 @@ from .reuse import Entries
 from .._tensors import first_tensor, iter_tensors
 from .._torch import graph_task_id as _graph_task_id
 from .._torch import next_sequence_nr as _next_sequence_nr
-from .._torch import add_forward_hooks_to, add_global_forward_hooks, escaped_backward, remove_forward_hooks
-from .._torch import global_pre_hook_kwargs, remove_forward_hooks_from, remove_global_forward_hooks
+from .._torch import add_call_wrapper, add_forward_hooks_to, escaped_backward, remove_call_wrapper
+from .._torch import add_forward_hooks, calling_around, global_module_hooks, remove_forward_hooks
+from .._torch import remove_forward_hooks_from
 from .._torch import NodeHooker, with_forward_pre_hooks
 from .._torch import batched_grad_fn as _batched_grad_fn
 from .compiled import refuse_compiled_wrapper
@@ -325,12 +326,11 @@ class Tracker:
 
     def __init__(self, sync: bool = False, cpu_clock: CpuClock | None = None) -> None:
         self.sync = sync
-        # Modules are hooked through torch's global module hooks (``register_module_forward_pre_hook`` and
-        # ``register_module_forward_hook``): two hooks for a block whatever the model's size, nothing written into
-        # a module's hook dicts (a module that carries a hook can run otherwise: ``nn.TransformerEncoderLayer``
-        # takes its fused inference path only where it and its children carry none). Observers get a call's kwargs
-        # from the frame that calls a global pre-hook. Only a module with forward pre-hooks of its own gets one of
-        # ours, after theirs.
+        # Modules are timed by a function put in place of torch's ``Module._call_impl`` (``add_call_wrapper``):
+        # one for a block whatever the model's size, nothing written into a module's hook dicts (a module that
+        # carries a hook can run otherwise: ``nn.TransformerEncoderLayer`` takes its fused inference path only
+        # where it and its children carry none), and no hook dispatch in torch for a module without hooks. Only a
+        # module with hooks of its own gets hooks of ours, placed so that the user's are not timed.
         self.calls: list[CallTrace] = []
         # How many of ``calls`` returned from their forward (the post-hook's normal path): equal to their number,
         # every call returned (``all_returned`` without a pass over them, cold after the step). Reset with ``calls``;
@@ -338,17 +338,17 @@ class Tracker:
         self.returned = 0
         self.active = False
         # The batch size and dtype of the first tensor the model's root was called with (``input_facts``), noted by
-        # the pre-hook: no forward pre-hook of its own on the root (a handle to make and remove per block, and a
-        # hook of ours per module there instead of the global one).
+        # the call wrapper: no forward pre-hook of its own on the root.
         self.example: dict[str, Any] = {}
         # id of a module's forward pre-hook dict -> the module's qualified name, for every module ever attached.
         # Keyed by the dict, not the module: a DataParallel replica (or a copy.copy) shares its original's hook
         # dicts and its calls are the original's; a deep copy has dicts of its own and is not profiled.
         self.names: dict[int, str] = {}
-        # The same for the modules whose forward the global pre-hook starts: not those with pre-hooks of their own
-        # when attached, which get a pre-hook of ours after theirs, so that the user's hooks are not timed.
-        self.global_names: dict[int, str] = {}
-        self._global_handles: Any = None  # what add_global_forward_hooks returned
+        # The same for the modules whose calls the call wrapper times: not those with hooks of their own, which get
+        # a pre-hook of ours after theirs and a hook before theirs, so that the user's hooks are not timed.
+        self.wrapped_names: dict[int, str] = {}
+        self._wrapper: int | None = None  # what add_call_wrapper returned
+        self._token: object | None = None  # the token of the call wrapper of the attach under way
         # What each attach hooked, (name, module) pairs, for the class names in the notes on exceptions: searched
         # then, not made into a dict by name at every block (ten thousand entries to make and free for a note).
         self._attached: list[Sequence[tuple[str, nn.Module]]] = []
@@ -364,10 +364,9 @@ class Tracker:
         self._threads: list[_ThreadState] = []
         self._threads_lock = threading.Lock()
         self._handles: list[Any] = []
-        # One pre-hook and one post-hook for every module (the name is looked up from the module's pre-hook dict):
-        # the global ones, and the pre-hook put after a module's own, no closure made per module.
-        self._hooks: tuple[Callable[..., None], Callable[..., None], Callable[..., None]] | None = None  # pre,
-        # post, global pre: made at the first attach
+        # The pre-hook and hook put on the modules with hooks of their own, and what makes the call wrapper (the
+        # name is looked up from the module's pre-hook dict: no closure made per module); made at the first attach.
+        self._hooks: tuple[Callable[..., None], Callable[..., None], Callable[..., Any]] | None = None
         self.lent = False  # handed to something that may outlive the block (a RootStep): never parked
 
     @property
@@ -387,33 +386,48 @@ class Tracker:
         modules with forward pre-hooks of their own, where the caller has them already."""
         if self._hooks is None:
             self._hooks = self._make_hooks()
-        pre, post, global_pre = self._hooks
+        pre, post, make_call = self._hooks
         # A sequence as it is, such as a block's ``Entries`` (pairs made when read, not all at once), told apart
         # first without the ABC's check (a frame of Python code).
         if type(modules) is not Entries and not isinstance(modules, _SEQUENCES):
             modules = list(modules)
         # The modules without their names, read where needed: not on the common path of a reused plan (names and
-        # the modules with pre-hooks of their own given, global hooks), where a list of ten thousand costs a pass.
+        # the modules with pre-hooks of their own given), where a list of ten thousand costs a pass.
         found = list(map(_second, modules)) if names is None or pre_hooked is None else []
         try:
             if names is None:
                 names = dict(zip(map(id, map(_pre_hooks, found)), map(_first, modules)))
             self.names.update(names)
             self._attached.append(modules)
-            # Our pre-hook runs last and our post-hook first, so the user's own hooks are not timed. Global pre-hooks
-            # run before a module's own: a module with pre-hooks of its own gets ours after theirs instead. Global
-            # forward hooks run before a module's own, as ours must.
-            self.global_names.update(names)
+            # A module with pre-hooks of its own gets a pre-hook of ours after theirs and a hook before the others,
+            # so the user's own hooks are not timed, as does one whose calls skip the call wrapper (a disabled
+            # compile); the calls of every other module are timed around torch's call.
+            self.wrapped_names.update(names)
             own = with_forward_pre_hooks(found) if pre_hooked is None else pre_hooked
+            around = calling_around(found or map(_second, modules))
+            if around:  # (never while dynamo is not loaded)
+                own = [*own, *(module for module in around if not any(module is o for o in own))]
             if own:
-                _drain_keys(self.global_names, own)
-                self._handles.append(add_forward_hooks_to(own, pre, None))
-            if self._global_handles is None:
-                self._global_handles = add_global_forward_hooks(global_pre, post)
+                _drain_keys(self.wrapped_names, own)
+                self._handles.append(add_forward_hooks_to(own, pre, post))
+            if self._wrapper is None:
+                # The wrapper times calls while this attach's token is the tracker's: one left inside another
+                # tool's function after its block (``add_call_wrapper``) never does again, this tracker reused or not.
+                self._token = token = object()
+                self._wrapper = add_call_wrapper(functools.partial(make_call, token=token))
         except BaseException:
             self.detach()
             raise
         self.active = True
+
+    def hook_own(self, module: nn.Module) -> None:
+        """Hand ``module``, found carrying forward or backward hooks of its own at a call, from the call wrapper
+        to a pre-hook and hook of ours around its forward (as ``attach`` does for a module with pre-hooks)."""
+        key = id(module._forward_pre_hooks)
+        if self.wrapped_names.pop(key, None) is None or self._hooks is None:
+            return
+        pre, post, _ = self._hooks
+        self._handles.append([(module, add_forward_hooks(module, pre, post))])
 
     def drop_copied_hooks(self, module: nn.Module) -> None:
         """Take off the hooks of this tracker that ``module`` carries without having been attached: a deep copy
@@ -437,10 +451,11 @@ class Tracker:
         # the modules (attach fills this again; a note needs it only while hooked).
         self._attached = []
         handles, self._handles = self._handles, []
-        global_handles, self._global_handles = self._global_handles, None
-        self.global_names.clear()
-        if global_handles is not None:
-            remove_global_forward_hooks(global_handles)
+        wrapper, self._wrapper = self._wrapper, None
+        self._token = None
+        self.wrapped_names.clear()
+        if wrapper is not None:
+            remove_call_wrapper(wrapper)
         for added in handles:
             remove_forward_hooks_from(added)
 
@@ -568,83 +583,62 @@ class Tracker:
                     return type(module).__name__
         return "?"
 
-    def _make_hooks(self) -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
+    def _make_hooks(self) -> tuple[Callable[..., None], Callable[..., None], Callable[..., Any]]:
         tracker = self
         names = self.names
+        wrapped = self.wrapped_names
         calls = self.calls
         example = self.example
         local = self._local
         cpu_clock = self.cpu_clock
         cuda_initialized = torch.cuda.is_initialized
         handled = _handled
-        get_frame = sys._getframe
         next_seq = _next_sequence_nr
 
-        def make_pre(names: dict[int, str]) -> Callable[..., None]:
-            # kwargs=None: a global pre-hook is called without them.
-            def forward_pre(module: nn.Module, args: Any, kwargs: Any = None) -> None:
-                if not tracker.active:
-                    return None
+        def begin(module: nn.Module, name: str, args: Any, kwargs: dict[str, Any]) -> None:
+            if not name:  # the root's calls with a tensor: the first the profile's example input; each one's batch
+                tensor = args[0] if args and isinstance(args[0], _Tensor) else first_tensor(args, kwargs)
+                if tensor is not None:
+                    if not example:
+                        example.update(input_facts(tensor))
+                        example[BATCHES] = {}
+                        example[INPUT_DEVICE] = tensor.device
+                        example[OTHER_DIMS] = {}
+                    batches = example[BATCHES]
+                    batch = tensor.size(0) if tensor.dim() > 0 else None
+                    batches[batch] = batches.get(batch, 0) + 1
+                    if not tensor.is_nested:
+                        example[OTHER_DIMS][tensor.shape[1:]] = None
+            try:
+                state = local.state
+            except AttributeError:
+                state = tracker._thread()
+            stack = state.stack
+            clock = tracker._clock_for(module, args, kwargs) if cuda_initialized() else cpu_clock
+            call = CallTrace(name, stack[-1] if stack else None, clock, _graph_task_id() != -1, tracker.step_state)
+            if not stack:
+                call.elsewhere = tracker._open_elsewhere(state)
+            handling = handled()
+            if handling is not None:  # called from an except block: its exception is not this call's
+                call.handling = handling
+            calls.append(call)
+            stack.append(call)
+            for observer in tracker.observers:
+                observer.forward_pre(call, module, args, kwargs)
+            call.seq_start = seq = next_seq()
+            state.bounds.append(seq)
+            state.owners.append(call)
+            call.fwd_start = clock.now()
+
+        # A module's own pre-hook, after the user's (a module with forward pre-hooks of its own).
+        def forward_pre(module: nn.Module, args: Any, kwargs: Any) -> None:
+            if tracker.active:
                 name = names.get(id(module._forward_pre_hooks))
-                if name is None:  # not profiled: another model's, a deep copy of a profiled one (with our hooks)
-                    inner = module._modules.get("_orig_mod")  # a torch.compile(module) of a profiled one?
-                    if inner is not None and id(inner._forward_pre_hooks) in names:
-                        refuse_compiled_wrapper(module, names[id(inner._forward_pre_hooks)])
-                    return None
-                if not name:  # the root's calls with a tensor: the first the profile's example input; each one's batch
-                    tensor = args[0] if args and isinstance(args[0], _Tensor) else first_tensor(
-                        args, global_pre_hook_kwargs(get_frame(1)) if kwargs is None else kwargs)
-                    if tensor is not None:
-                        if not example:
-                            example.update(input_facts(tensor))
-                            example[BATCHES] = {}
-                            example[INPUT_DEVICE] = tensor.device
-                            example[OTHER_DIMS] = {}
-                        batches = example[BATCHES]
-                        batch = tensor.size(0) if tensor.dim() > 0 else None
-                        batches[batch] = batches.get(batch, 0) + 1
-                        if not tensor.is_nested:
-                            example[OTHER_DIMS][tensor.shape[1:]] = None
-                try:
-                    state = local.state
-                except AttributeError:
-                    state = tracker._thread()
-                stack = state.stack
-                if cuda_initialized():
-                    if kwargs is None and first_tensor(args) is None:  # a global pre-hook: torch gives no kwargs
-                        kwargs = global_pre_hook_kwargs(get_frame(1))
-                    clock = tracker._clock_for(module, args, kwargs)
-                else:
-                    clock = cpu_clock
-                call = CallTrace(name, stack[-1] if stack else None, clock, _graph_task_id() != -1, tracker.step_state)
-                if not stack:
-                    call.elsewhere = tracker._open_elsewhere(state)
-                handling = handled()
-                if handling is not None:  # called from an except block: its exception is not this call's
-                    call.handling = handling
-                calls.append(call)
-                stack.append(call)
-                observers = tracker.observers
-                if observers:
-                    if kwargs is None:  # a global pre-hook: torch gives no kwargs, its caller's frame holds them
-                        kwargs = global_pre_hook_kwargs(get_frame(1))
-                        if kwargs is None:
-                            kwargs = {}
-                    for observer in observers:
-                        observer.forward_pre(call, module, args, kwargs)
-                call.seq_start = seq = next_seq()
-                state.bounds.append(seq)
-                state.owners.append(call)
-                call.fwd_start = clock.now()
-                return None
+                if name is not None:
+                    begin(module, name, args, kwargs)
 
-            return forward_pre
-
-        # On an exception torch calls a global always_call hook as (module, args, result), without kwargs: result
-        # is None when forward raised, the output when forward returned and a global hook before ours raised.
-        def forward_post(module: nn.Module, args: Any, kwargs: Any, output: Any = _FROM_EXCEPT) -> None:
-            if output is _FROM_EXCEPT:
-                output, kwargs = kwargs, None
+        # And its hook, before the user's. On an exception torch calls it with ``output`` None.
+        def forward_post(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
             if not tracker.active:
                 return None
             try:
@@ -691,7 +685,40 @@ class Tracker:
                 observer.forward_post(call, module, args, kwargs, output)
             return None
 
-        return make_pre(names), forward_post, make_pre(self.global_names)
+        # Every module call of the process, in place of torch's ``Module._call_impl`` (``inner``): a profiled
+        # module's call is timed around torch's, which runs forward on its fast path where the module carries no
+        # hooks. A module with forward or backward hooks of its own (registered before the block or in it), or any
+        # module while torch's global module hooks hold some (another tool's), is handed to a pre-hook and hook of
+        # ours at its call instead: the user's hooks then run outside the module's time (global ones around ours),
+        # and the outputs are walked before a backward hook wraps them.
+        global_pre, global_post, global_backward, global_backward_pre = global_module_hooks
+
+        def make_call(inner: Callable[..., Any], token: object) -> Callable[..., Any]:
+            def call_impl(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+                name = wrapped.get(id(module._forward_pre_hooks))
+                if name is None or tracker._token is not token:
+                    if names:
+                        inner_module = module._modules.get("_orig_mod")  # a torch.compile(module) of a profiled one?
+                        if inner_module is not None and id(inner_module._forward_pre_hooks) in names:
+                            refuse_compiled_wrapper(module, names[id(inner_module._forward_pre_hooks)])
+                    return inner(module, *args, **kwargs)
+                if (module._forward_pre_hooks or module._forward_hooks or module._backward_hooks
+                        or module._backward_pre_hooks or global_pre or global_post or global_backward
+                        or global_backward_pre):
+                    tracker.hook_own(module)
+                    return inner(module, *args, **kwargs)
+                begin(module, name, args, kwargs)
+                try:
+                    output = inner(module, *args, **kwargs)
+                except BaseException:
+                    forward_post(module, args, kwargs, None)
+                    raise
+                forward_post(module, args, kwargs, output)
+                return output
+
+            return call_impl
+
+        return forward_pre, forward_post, make_call
 
 
 # The key of ``Tracker.example`` under which the root's calls are counted by batch size (first dimension).
@@ -700,9 +727,6 @@ BATCHES = "_batches"
 # input's shape is the profile's only where they are one: dynamic padding gives each batch its own length).
 INPUT_DEVICE = "_device"
 OTHER_DIMS = "_other_dims"
-
-# The output default of the post-hook: torch's except path passed none (its third argument is the result).
-_FROM_EXCEPT = object()
 
 NOTE_PREFIX = "layerprof: "
 
