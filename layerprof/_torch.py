@@ -10,6 +10,8 @@ import functools
 import itertools
 import sys
 import threading
+import types
+import weakref
 from operator import attrgetter, contains, itemgetter, methodcaller, setitem
 from typing import Any, Callable, Iterable
 
@@ -26,8 +28,8 @@ __all__ = [
     "compiled_module_type", "process_group_initialized", "fsdp2_param_groups", "FSDP2_HOOK_POINTS", "fsdp2_comm_buffers",
     "patch_fsdp2_group", "unpatch_fsdp2_group",
     "TorchDispatchMode", "ready_mode", "mode_is_on", "StorageWeakRef", "escaped_backward", "add_forward_hooks", "remove_forward_hooks",
-    "add_forward_hooks_to", "remove_forward_hooks_from", "add_call_wrapper", "remove_call_wrapper",
-    "global_module_hooks", "calling_around",
+    "add_forward_hooks_to", "remove_forward_hooks_from", "add_call_wrapper", "remove_call_wrapper", "hook_key",
+    "unbind_call_wrappers", "calling_around",
     "add_module_registration_hook", "remove_module_registration_hook",
     "with_forward_pre_hooks", "NodeHooker", "cuda_raw_stream", "cuda_event_record",
     "dict_version", "eager_forwards",
@@ -111,13 +113,20 @@ def submodules(module: Any) -> dict[str, Any]:
 _HOOK_KEYS = itertools.count(-1, -1)
 
 
-def add_forward_hooks(module: Any, pre: Callable[..., None], post: Callable[..., None] | None) -> Any:
+def hook_key() -> int:
+    """A new key for ``add_forward_hooks``."""
+    return next(_HOOK_KEYS)
+
+
+def add_forward_hooks(module: Any, pre: Callable[..., None], post: Callable[..., None] | None,
+                      key: int | None = None) -> Any:
     """Put ``pre`` (run last, with kwargs) and ``post`` (run first, with kwargs, also when forward raises) on
     ``module``, as ``register_forward_pre_hook(pre, with_kwargs=True)`` and ``register_forward_hook(post,
     with_kwargs=True, always_call=True, prepend=True)`` do, but writing the module's hook dicts directly: the
     public calls build two RemovableHandles per module, ten times the cost, which made set-up the largest part
     of a one-shot profile. Returns what ``remove_forward_hooks`` takes. Falls back to the public calls where a
-    torch has other internals. ``post=None``: the pre-hook only."""
+    torch has other internals. ``post=None``: the pre-hook only; ``key``: the hooks' key in the dicts (else a new
+    one)."""
     try:  # every dict is read before any is written: a module without one is left untouched
         pre_hooks, pre_kwargs = module._forward_pre_hooks, module._forward_pre_hooks_with_kwargs
         hooks, kwargs, always = (module._forward_hooks, module._forward_hooks_with_kwargs,
@@ -127,15 +136,20 @@ def add_forward_hooks(module: Any, pre: Callable[..., None], post: Callable[...,
             return (module.register_forward_pre_hook(pre, with_kwargs=True),)
         return (module.register_forward_pre_hook(pre, with_kwargs=True),
                 module.register_forward_hook(post, with_kwargs=True, always_call=True, prepend=True))
-    key = next(_HOOK_KEYS)
-    pre_hooks[key] = pre
-    pre_kwargs[key] = True
-    if post is None:
-        return key
-    hooks[key] = post
-    hooks.move_to_end(key, last=False)
-    kwargs[key] = True
-    always[key] = True
+    if key is None:
+        key = next(_HOOK_KEYS)
+    try:
+        pre_hooks[key] = pre
+        pre_kwargs[key] = True
+        if post is None:
+            return key
+        hooks[key] = post
+        hooks.move_to_end(key, last=False)
+        kwargs[key] = True
+        always[key] = True
+    except BaseException:  # half way: nothing of ours stays on the module
+        remove_forward_hooks(module, key)
+        raise
     return key
 
 
@@ -189,28 +203,26 @@ def remove_forward_hooks_from(added: Any) -> None:
 # and runs two hooks), and made every module of the process, profiled or not, take the hooked path.
 _Module = torch.nn.Module
 _CALL_IMPL = "_call_impl"
-_wrappers: list[tuple[int, Callable[[Callable[..., Any]], Callable[..., Any]]]] = []  # (key, make), in order
+_Make = Callable[[Callable[..., Any]], Callable[..., Any]]
+_wrappers: list[tuple[int, _Make, bool]] = []  # (key, make, outermost), in the order added
 _base: list[Callable[..., Any]] = []  # what ``Module._call_impl`` was when the first wrapper went on (torch's)
 _installed: list[Callable[..., Any]] = []  # the chain put in its place, while there is one
+_made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # every chain made -> what it was built on
 _wrappers_lock = threading.Lock()  # (blocks on several threads)
 _GLOBAL_REGISTRATION = "_global_module_registration_hooks"
-# Torch's tables of global module hooks (forward pre, forward, backward, backward pre), as ``_call_impl`` reads
-# them: a module call takes torch's hooked path where any holds a hook. Empty dicts where a torch has none.
-global_module_hooks: tuple[dict[Any, Any], ...] = tuple(
-    getattr(torch_module, name, {}) for name in ("_global_forward_pre_hooks", "_global_forward_hooks",
-                                                  "_global_backward_hooks", "_global_backward_pre_hooks"))
 
 
-def add_call_wrapper(make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> int:
+def add_call_wrapper(make: _Make, outermost: bool = False) -> int:
     """Route every module call of the process through ``make(inner)``: a function called as torch calls
-    ``Module._call_impl``, ``(module, *args, **kwargs)``, which hands the call on to ``inner`` (torch's, or the
-    wrapper added before it). Returns what ``remove_call_wrapper`` takes."""
+    ``Module._call_impl``, ``(module, /, *args, **kwargs)``, which hands the call on to ``inner`` (torch's, or the
+    wrapper added before it; an ``outermost`` wrapper goes around every other one). Returns what
+    ``remove_call_wrapper`` takes."""
     if _CALL_IMPL not in vars(_Module) or "_wrapped_call_impl" not in vars(_Module):
         raise RuntimeError(f"this torch ({torch.__version__}) calls modules otherwise than layerprof knows: "
                            "nn.Module has no _wrapped_call_impl calling _call_impl")
     with _wrappers_lock:
         key = next(_HOOK_KEYS)
-        _install((key, make))
+        _install((key, make, outermost))
     return key
 
 
@@ -218,14 +230,14 @@ def remove_call_wrapper(key: int) -> None:
     """Take off what ``add_call_wrapper`` routed calls through; what was there before the first one (torch's
     ``_call_impl``) goes back when none is left."""
     with _wrappers_lock:
-        for index, (added, _) in enumerate(_wrappers):
+        for index, (added, _, _) in enumerate(_wrappers):
             if added == key:
                 del _wrappers[index]
                 _install(None)
                 return
 
 
-def _install(added: tuple[int, Callable[..., Any]] | None) -> None:
+def _install(added: tuple[int, _Make, bool] | None) -> None:
     current = vars(_Module)[_CALL_IMPL]
     if not _installed or current is not _installed[0]:
         # Nothing of ours there: torch's, or something else put in since, which calls the chain it found (whose
@@ -238,11 +250,32 @@ def _install(added: tuple[int, Callable[..., Any]] | None) -> None:
         _wrappers.append(added)
     if not _wrappers and not _installed:
         return
-    chain = _base[0]
-    for _, make in _wrappers:
+    chain = base = _base[0]
+    for _, make, _ in sorted(_wrappers, key=itemgetter(2)):  # (stable: the outermost last, each in its order)
         chain = make(chain)
+    if _wrappers:
+        _made[chain] = base
     _installed[:] = [chain] if _wrappers else []
     setattr(_Module, _CALL_IMPL, chain)
+
+
+def unbind_call_wrappers(modules: Iterable[Any]) -> None:
+    """Give the modules of ``modules`` compiled in place with ``disable=True`` while a call wrapper was on
+    (``.compile()`` stores ``module._call_impl`` as it finds it: then the wrapper's chain, bound to the module) what
+    they would hold otherwise: torch's ``_call_impl`` bound to them. Nothing while dynamo is not loaded."""
+    if vars(torch).get("_dynamo") is None:
+        return
+    modules = list(modules)
+    owns = list(map(_own, modules))
+    if not any(map(contains, owns, itertools.repeat("_compiled_call_impl"))):
+        return
+    for module, own in zip(modules, owns):
+        func = getattr(own.get("_compiled_call_impl"), "__func__", None)
+        if type(func) is not types.FunctionType or func not in _made:
+            continue
+        while type(func) is types.FunctionType and func in _made:  # (down to what the first chain was built on)
+            func = _made[func]
+        own["_compiled_call_impl"] = types.MethodType(func, module)
 
 
 def add_module_registration_hook(hook: Callable[..., Any]) -> Any:
@@ -386,17 +419,37 @@ def eager_forwards(classes: set[type]) -> bool:
     return True
 
 
-def calling_around(modules: Iterable[Any]) -> list[Any]:
-    """The modules of ``modules`` whose calls do not go through ``Module._call_impl``: those compiled in place
+# Classes with a ``_call_impl`` of their own (``torch.compiler.disable`` on a class sets one), by class.
+_OWN_CALL_IMPL: dict[type, bool] = {}
+
+
+def _calls_its_own(cls: type) -> bool:
+    known = _OWN_CALL_IMPL.get(cls)
+    if known is None:
+        known = any(_CALL_IMPL in vars(base) for base in cls.__mro__[:cls.__mro__.index(_Module)])
+        if len(_OWN_CALL_IMPL) > 4096:  # classes made on the fly: keep it bounded
+            _OWN_CALL_IMPL.clear()
+        _OWN_CALL_IMPL[cls] = known
+    return known
+
+
+def calling_around(modules: Iterable[Any], classes: Iterable[type]) -> list[Any]:
+    """The modules of ``modules`` (of the classes ``classes``) whose calls do not go through
+    ``Module._call_impl``: those of a class with a ``_call_impl`` of its own, and those compiled in place
     (``.compile()`` stores what ``__call__`` runs instead; with ``disable=True``, torch's own ``_call_impl``, bound
-    to the module, which still runs the module's hooks). None while dynamo is not loaded."""
-    if vars(torch).get("_dynamo") is None:  # never imported, so nothing was compiled
+    to the module, which still runs the module's hooks). ``modules`` is not read where neither can be."""
+    own_classes = {cls for cls in classes if _calls_its_own(cls)}
+    dynamo = vars(torch).get("_dynamo") is not None  # else never imported, so nothing was compiled
+    if not own_classes and not dynamo:
         return []
     modules = list(modules)
-    owns = list(map(_own, modules))
-    if not any(map(contains, owns, itertools.repeat("_compiled_call_impl"))):
-        return []
-    return [module for module, own in zip(modules, owns) if own.get("_compiled_call_impl") is not None]
+    around = [module for module in modules if type(module) in own_classes] if own_classes else []
+    if dynamo:
+        owns = list(map(_own, modules))
+        if any(map(contains, owns, itertools.repeat("_compiled_call_impl"))):
+            around += [module for module, own in zip(modules, owns)
+                       if own.get("_compiled_call_impl") is not None and type(module) not in own_classes]
+    return around
 
 
 def compiled_in_place(paths: list[tuple[str, Any]], modules: list[Any] | None = None,

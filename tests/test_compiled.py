@@ -306,3 +306,42 @@ def test_verify_plan_of_a_step_through_a_compiled_wrapper_says_to_pass_an_eager_
     assert not plan.is_applied and not any("forward" in vars(module) for module in model.modules())
     result = layerprof.verify_plan(plan, model, lambda: model(x).sum().backward(), repeats=1)
     assert result.measured_saved_bytes == plan.saved_bytes_after
+
+
+@torch.compiler.disable
+class DisabledClass(nn.Module):
+    # torch.compiler.disable on a class gives it a _call_impl of its own (torch's, wrapped): its calls skip
+    # nn.Module._call_impl, so the block's call wrapper, and are timed by hooks on the module instead.
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).relu()
+
+
+def test_a_class_under_torch_compiler_disable_is_profiled_as_eager_code() -> None:
+    model = nn.Sequential(nn.Linear(4, 8), DisabledClass(), nn.Linear(8, 1))
+    before = hook_state(model)
+    prof = profile_step(model)
+    for name in ("", "0", "1", "1.proj", "2"):
+        record = prof.records[name]
+        assert record.calls == 1 and record.forward_ms > 0 and record.backward_ms > 0, name
+    assert hook_state(model) == before
+
+
+def test_a_disabled_compile_inside_the_block_keeps_torchs_call_impl_after_it() -> None:
+    # .compile(disable=True) stores the module's _call_impl as it finds it, bound to the module: inside a block,
+    # the block's call wrapper. The block's end gives the module torch's own instead, so nothing of the block
+    # stays on it (nor runs at its later calls), and the calls after the .compile() are profiled.
+    model = model_with_block()
+    x = torch.randn(2, 4)
+    with LayerProf(model) as prof:
+        model(x).sum().backward()
+        model[3].compile(disable=True)
+        model(x).sum().backward()
+    held = model[3]._compiled_call_impl
+    assert held.__func__ is vars(nn.Module)["_call_impl"] and held.__self__ is model[3]
+    assert prof.records["3"].calls == 2 and prof.records["3"].backward_ms > 0
+    assert prof.tree.calls == 2
+    assert torch.equal(model(x), copy.deepcopy(model)(x))

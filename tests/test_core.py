@@ -243,25 +243,23 @@ def test_exception_raised_by_user_code_in_block_gets_no_module_note() -> None:
 
 @pytest.mark.parametrize("metrics", [("shapes",), None], ids=["a meter observing calls", "timing only"])
 def test_hooking_failure_half_way_leaves_no_hook(metrics: tuple[str, ...] | None) -> None:
+    # A module with hooks of its own gets ours beside them at each call; where its second hook dict refuses them
+    # (body.2), the call raises with nothing of ours left on any module, and torch's _call_impl is back.
     from collections import OrderedDict
-    from torch.nn.modules import module as torch_module
 
     class Refusing(OrderedDict):
         def __setitem__(self, key: object, value: object) -> None:
             raise RuntimeError("cannot hook")
 
     model = MLP()
-    # Global hooks, and one of ours after the user's pre-hooks on body.0 and body.2, whose second dict refuses
     model.body[0].register_forward_pre_hook(lambda module, args: None)
     model.body[2].register_forward_pre_hook(lambda module, args: None)
     model.body[2]._forward_pre_hooks_with_kwargs = Refusing()
     before = hook_state(model)
-    global_before = (dict(torch_module._global_forward_pre_hooks), dict(torch_module._global_forward_hooks))
     with pytest.raises(RuntimeError, match="cannot hook"):
         with LayerProf(model, metrics=metrics):
-            pass
+            model(torch.randn(2, 8))
     assert hook_state(model) == before
-    assert (dict(torch_module._global_forward_pre_hooks), dict(torch_module._global_forward_hooks)) == global_before
     assert not _PROFILED
 
 
@@ -395,19 +393,25 @@ def test_profilers_on_two_models_time_only_their_own_modules() -> None:
     assert len(outer.records) == len(inner.records) == 7
 
 
-def test_global_module_hooks_registered_inside_the_block_hand_every_module_to_hooks_of_its_own() -> None:
-    # Another tool's global module hook (as torch's ModuleTracker registers): while it is on, each module's call
-    # is timed by hooks of ours on the module, inside the global ones, not around torch's _call_impl: the profile is
-    # whole, the tool's hook sees every module, and the model and torch are left as they were.
+def test_global_module_hooks_registered_inside_the_block_run_inside_the_calls() -> None:
+    # Another tool's global module hook (as torch's ModuleTracker registers): it sees every module, runs inside
+    # each call (timed there), writes nothing into the modules, and the profile is whole.
     from torch.nn.modules.module import register_module_forward_pre_hook
 
     model = MLP()
     before = hook_state(model)
     seen: list[nn.Module] = []
+
+    def slow(module: nn.Module, args: Any) -> None:
+        seen.append(module)
+        if module is model.head:
+            time.sleep(0.02)
+
     with LayerProf(model) as prof:
-        handle = register_module_forward_pre_hook(lambda module, args: seen.append(module))
+        handle = register_module_forward_pre_hook(slow)
         try:
             out = model(torch.randn(2, 8))
+            assert hook_state(model, calls=False) == {name: state for name, state in before.items() if name is not None}
         finally:
             handle.remove()
         out.sum().backward()
@@ -416,6 +420,7 @@ def test_global_module_hooks_registered_inside_the_block_hand_every_module_to_ho
     # MLP: root, body, body.0-3, head: each called once; those with parameters, and their parents, have backward.
     assert [(record.name, record.calls) for record in prof.tree] == [
         ("", 1), ("body", 1), ("body.0", 1), ("body.1", 1), ("body.2", 1), ("body.3", 1), ("head", 1)]
+    assert prof.records["head"].forward_ms >= 20  # the hook's sleep, inside head's call
     for name in ("", "body", "body.0", "body.2", "head"):
         assert prof.records[name].backward_ms > 0, name
     check_profile(prof, model)
@@ -459,6 +464,96 @@ def test_a_call_impl_replaced_by_another_tool_inside_the_block_is_left_in_place(
     assert vars(nn.Module)["_call_impl"] is found
     assert last.tree.calls == 1 and prof.tree.calls == later.tree.calls == 1
     nn.Module._call_impl = TORCH_CALL_IMPL
+
+
+def test_a_keyword_argument_named_module_reaches_forward() -> None:
+    # The call wrapper takes the module positionally only: a forward's own `module=` keyword (of a profiled module
+    # or of any other module called inside the block) reaches forward as it does unprofiled.
+    class Routed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor, module: nn.Module | None = None, self_: int = 0) -> torch.Tensor:
+            return (module or self.proj)(x) + self_
+
+    model, other, x = Routed(), Routed(), torch.randn(2, 4)
+    expected = model(x, module=model.proj, self_=1)
+    with LayerProf(model) as prof:
+        out = model(x, module=model.proj, self_=1)
+        other(x, module=other.proj)
+        out.sum().backward()
+    assert torch.equal(out, expected)
+    assert prof.tree.calls == 1 and prof.records["proj"].calls == 1 and prof.records["proj"].backward_ms > 0
+
+
+def test_a_recursive_module_with_hooks_of_its_own_counts_each_call_once() -> None:
+    # A module with a forward hook of its own gets ours beside it for each call; a call of it inside its own
+    # forward finds them on already, and is timed by them once (3 calls: depth 2, 1, 0; the inner two recursive).
+    class Recursive(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor, depth: int = 2) -> torch.Tensor:
+            x = self.proj(x)
+            return self(x, depth=depth - 1) if depth else x
+
+    model = Recursive()
+    seen: list[int] = []
+    model.register_forward_hook(lambda module, args, output: seen.append(1))
+    before = hook_state(model)
+    with LayerProf(model) as prof:
+        model(torch.randn(2, 4)).sum().backward()
+    assert hook_state(model) == before and seen == [1, 1, 1]
+    assert prof.records["proj"].calls == 3 and prof.tree.calls == 3
+    assert [call.recursive for call in prof.tree.call_times] == [False, True, True]
+    check_profile(prof, model)
+
+
+@pytest.mark.parametrize("nested", [True, False], ids=["nested tensor path", "dense"])
+@pytest.mark.parametrize("middle", ["a hook of the user's, then removed", "FlopCounterMode"])
+def test_an_encoder_in_inference_runs_as_unprofiled_around_hooks_of_the_users(nested: bool, middle: str) -> None:
+    # nn.TransformerEncoderLayer takes its fused path only where it and its children carry no hook. A batch run with
+    # a user's hook on a child, or under FlopCounterMode (global hooks), runs the slow path, profiled or not; the
+    # batches after it run the fused one again, and every output is bitwise that of an unprofiled twin.
+    import copy as copy_module
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, batch_first=True)
+    model = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=nested).eval()
+    twin = copy_module.deepcopy(model)
+    xs = [torch.randn(2, 10, 32) for _ in range(3)]
+    mask = torch.zeros(2, 10, dtype=torch.bool)
+    mask[1, 6:] = True  # the second sequence padded
+
+    def run_middle(encoder: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if middle == "FlopCounterMode":
+            with FlopCounterMode(display=False):
+                return encoder(x, src_key_padding_mask=mask)
+        handle = encoder.layers[0].linear1.register_forward_hook(lambda module, args, output: None)
+        try:
+            return encoder(x, src_key_padding_mask=mask)
+        finally:
+            handle.remove()
+
+    def batches(encoder: nn.Module) -> list[torch.Tensor]:
+        return [encoder(xs[0], src_key_padding_mask=mask), run_middle(encoder, xs[1]),
+                encoder(xs[2], src_key_padding_mask=mask)]
+
+    with torch.inference_mode():
+        expected = batches(twin)
+        with LayerProf(model) as prof:
+            got = batches(model)
+    for index, (out, ref) in enumerate(zip(got, expected)):
+        assert torch.equal(out.to_padded_tensor(0) if out.is_nested else out,
+                           ref.to_padded_tensor(0) if ref.is_nested else ref), index
+    assert prof.tree.calls == 3 and prof.records["layers.0"].calls == 3
+    # The fused path runs no submodule of a layer: linear1 ran only where its hook sent the layer down the slow
+    # path (global hooks do not).
+    assert prof.records["layers.0.linear1"].calls == (0 if middle == "FlopCounterMode" else 1)
 
 
 def test_trackers_of_one_thread_share_its_node_hooker() -> None:
@@ -611,13 +706,13 @@ def test_clock_of_a_call_given_its_tensors_by_keyword_sees_them_on_the_global_ho
         assert seen["Scale"] is outputs[0], metrics  # Scale's only tensor: proj's output, passed as x=
 
 
-@pytest.mark.parametrize("metrics", [("shapes",), None], ids=["hooks on every module", "global hooks"])
-def test_a_call_whose_forward_returned_counts_when_a_global_hook_after_it_raises(
+@pytest.mark.parametrize("metrics", [("shapes",), None], ids=["a meter observing calls", "timing only"])
+def test_a_global_hook_of_another_tool_runs_inside_the_call_and_one_that_raises_makes_it_raise(
         metrics: tuple[str, ...] | None) -> None:
-    # A global forward hook registered before the block runs before ours; when it raises after `first`'s forward
-    # has returned (the model catches the error and goes on), torch calls our always_call hook from its except
-    # path as (module, args, result), without kwargs: `first`'s call returned its output and counts, as it does
-    # where our hook sits in the module's own dicts.
+    # Torch's global module hooks (another tool's) run inside torch's _call_impl, so inside each module's call:
+    # where one raises after `first`'s forward returned, the call raised to its caller (the model catches the
+    # error and goes on), and, like any forward that raised, is not a call of its module: its time stays in the
+    # parent's own, and the later calls count.
     from torch.nn.modules import module as torch_module
 
     class Model(nn.Module):
@@ -644,12 +739,14 @@ def test_a_call_whose_forward_returned_counts_when_a_global_hook_after_it_raises
     try:
         with LayerProf(model, metrics=metrics) as prof:
             model(torch.randn(2, 4)).sum().backward()
+            model(torch.randn(2, 4)).sum().backward()
     finally:
         handle.remove()
     assert refused == [model.first]
-    # first: one call, its forward returned; second: one call, on x; the root: one call.
-    assert [(record.name, record.calls) for record in prof.tree] == [("", 1), ("first", 1), ("second", 1)]
-    assert prof.records["first"].forward_ms > 0
+    # first: the second model call's only; second: one call each model call (on x, then on first's output).
+    assert [(record.name, record.calls) for record in prof.tree] == [("", 2), ("first", 1), ("second", 2)]
+    assert prof.records["first"].forward_ms > 0 and prof.records["first"].backward_ms > 0
+    check_profile(prof, model)
 
 
 def test_bad_arguments_say_what_to_do() -> None:

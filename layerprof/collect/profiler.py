@@ -281,7 +281,6 @@ class LayerProf:
     _owns: list[dict[str, Any]] | None = None  # the entries' ``__dict__``, where the start read them
     _registration: Any = None  # the global hook that sees submodules registered while profiling
     _plan: reuse.Plan | None = None
-    _pre_hooked: list[nn.Module] | None = None  # the first attach's modules with pre-hooks of their own
     _profile: Profile | None = None
     _in_block = False  # inside `with`: stop() is the block's job
     _failure = ""
@@ -417,14 +416,8 @@ class LayerProf:
                     if not meter.distorts_timing:
                         meter.start(self.model, {} if meter.deferrable else self._records_now(), entries)
                         started.append(meter)
-            if plan.key is not None:
-                # The modules with pre-hooks of their own, as the plan's key saw them at this block's start (no
-                # module's hooks changed since): for an attach here only; a later one (after a schedule's wait)
-                # reads the modules, whose hooks the user may have changed.
-                self._pre_hooked = list(map(modules.__getitem__, plan.pre_hooked))
             self._registration = add_module_registration_hook(self._module_registered)
             self._begin_step()
-            self._pre_hooked = None  # not attached in a schedule's wait: a later attach reads the hook dicts
         except BaseException:
             self._teardown(started + self._counting)
             raise
@@ -611,8 +604,7 @@ class LayerProf:
             plan = self._plan
             # The plan's names while the block's modules are the plan's (none joined while profiling).
             names = plan.hook_names if plan is not None and len(self._entries) == self._built else {}
-            pre_hooked, self._pre_hooked = self._pre_hooked, None
-            tracker.attach(self._entries, names or None, pre_hooked if names else None)
+            tracker.attach(self._entries, names or None, plan.classes if names else None)
         elif not wanted and tracker.active:
             tracker.detach()
 

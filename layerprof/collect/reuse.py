@@ -58,7 +58,6 @@ UNKNOWN = object()
 # A fingerprint piece's classes, pre-hook dict ids, children's counts, children's ids and pre-hook counts
 # (``_piece``'s order).
 _types, _hook_ids, _child_counts, _child_ids = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(4)
-_hook_counts = itemgetter(10)
 _tables = itemgetter("_modules", "_parameters", "_buffers", "_forward_pre_hooks")
 _children_and_params = itemgetter("_modules", "_parameters")
 
@@ -100,8 +99,8 @@ def _holds(modules: list[nn.Module], owns: list[dict[str, Any]], key: list[tuple
 
 def _piece(modules: list[nn.Module], owns: list[dict[str, Any]]) -> tuple[Any, ...] | None:
     """``fingerprint`` of a few modules: their classes, pre-hook dicts' ids, children (sizes, names, ids),
-    parameters and buffers (sizes, names), tensors' ids, how many forward pre-hooks each has (the tracker's hooks
-    go after a module's own: ``Plan.pre_hooked``), and the tensors' (dtype, requires_grad) and element counts (two
+    parameters and buffers (sizes, names), tensors' ids, how many forward pre-hooks each has (a model whose hooks
+    changed is not the one planned), and the tensors' (dtype, requires_grad) and element counts (two
     passes over the tensors: cold, 4 % less than three, and no ``torch.Size`` made per tensor)."""
     try:
         children = list(map(_children, owns))
@@ -209,7 +208,7 @@ class Plan:
     figures derived from the model while this plan holds (``layerprof._derived``)."""
 
     __slots__ = ("_refs", "_path_names", "_path_index", "names", "hook_names", "key", "types", "_child_counts",
-                 "_child_ids", "_records", "_first_names", "_has_children", "pre_hooked", "values", "reprs",
+                 "_child_ids", "_records", "_first_names", "_has_children", "values", "reprs",
                  "repr_groups", "classes", "_class_list", "_forwards", "_seen_tables", "_tensor_refs", "_tensor_reads", "checked", "_first",
                  "__weakref__")
 
@@ -250,7 +249,6 @@ class Plan:
         self._child_ids: list[int] = [*_flat(map(_child_ids, key))]
         # Entry indices of the modules with forward pre-hooks of their own, which the key checks: a block that
         # reuses the plan hooks them without reading every module's hook dict again.
-        self.pre_hooked: list[int] = list(compress(range(len(modules)), _flat(map(_hook_counts, key))))
         # The tracker's names (id of a module's forward pre-hook dict -> first name), which the key checks.
         self.hook_names = {} if self.key is None else dict(zip(_flat(map(_hook_ids, key)), by_name))
         self.values: dict[str, Any] = {}

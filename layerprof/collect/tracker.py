@@ -51,9 +51,9 @@ from .._tensors import first_tensor, iter_tensors
 from .._torch import graph_task_id as _graph_task_id
 from .._torch import next_sequence_nr as _next_sequence_nr
 from .._torch import add_call_wrapper, add_forward_hooks_to, escaped_backward, remove_call_wrapper
-from .._torch import add_forward_hooks, calling_around, global_module_hooks, remove_forward_hooks
+from .._torch import add_forward_hooks, calling_around, hook_key, remove_forward_hooks, unbind_call_wrappers
 from .._torch import remove_forward_hooks_from
-from .._torch import NodeHooker, with_forward_pre_hooks
+from .._torch import NodeHooker
 from .._torch import batched_grad_fn as _batched_grad_fn
 from .compiled import refuse_compiled_wrapper
 from .._torch import queue_backward_callback as _queue_backward_callback
@@ -380,10 +380,10 @@ class Tracker:
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def attach(self, modules: Iterable[tuple[str, nn.Module]], names: dict[int, str] | None = None,
-               pre_hooked: list[nn.Module] | None = None) -> None:
+               classes: Iterable[type] | None = None) -> None:
         """Hook every module; if hooking fails half way, remove what was added and re-raise. ``names``: the
-        modules' names by key (``id`` of each one's forward pre-hook dict), and ``pre_hooked``: those of the
-        modules with forward pre-hooks of their own, where the caller has them already."""
+        modules' names by key (``id`` of each one's forward pre-hook dict), and ``classes``: their classes, where
+        the caller has them already."""
         if self._hooks is None:
             self._hooks = self._make_hooks()
         pre, post, make_call = self._hooks
@@ -392,24 +392,22 @@ class Tracker:
         if type(modules) is not Entries and not isinstance(modules, _SEQUENCES):
             modules = list(modules)
         # The modules without their names, read where needed: not on the common path of a reused plan (names and
-        # the modules with pre-hooks of their own given), where a list of ten thousand costs a pass.
-        found = list(map(_second, modules)) if names is None or pre_hooked is None else []
+        # classes given), where a list of ten thousand costs a pass.
+        found = list(map(_second, modules)) if names is None or classes is None else []
         try:
             if names is None:
                 names = dict(zip(map(id, map(_pre_hooks, found)), map(_first, modules)))
             self.names.update(names)
             self._attached.append(modules)
-            # A module with pre-hooks of its own gets a pre-hook of ours after theirs and a hook before the others,
-            # so the user's own hooks are not timed, as does one whose calls skip the call wrapper (a disabled
-            # compile); the calls of every other module are timed around torch's call.
             self.wrapped_names.update(names)
-            own = with_forward_pre_hooks(found) if pre_hooked is None else pre_hooked
-            around = calling_around(found or map(_second, modules))
-            if around:  # (never while dynamo is not loaded)
-                own = [*own, *(module for module in around if not any(module is o for o in own))]
-            if own:
-                _drain_keys(self.wrapped_names, own)
-                self._handles.append(add_forward_hooks_to(own, pre, post))
+            # A module whose calls skip Module._call_impl (a class with a _call_impl of its own, a disabled
+            # compile) gets a pre-hook of ours after its own and a hook before its own, on it for the block; the
+            # calls of every other module are timed by the call wrapper.
+            around = calling_around(found or map(_second, modules), set(map(type, found)) if classes is None
+                                    else classes)
+            if around:
+                _drain_keys(self.wrapped_names, around)
+                self._handles.append(add_forward_hooks_to(around, pre, post))
             if self._wrapper is None:
                 # The wrapper times calls while this attach's token is the tracker's: one left inside another
                 # tool's function after its block (``add_call_wrapper``) never does again, this tracker reused or not.
@@ -419,15 +417,6 @@ class Tracker:
             self.detach()
             raise
         self.active = True
-
-    def hook_own(self, module: nn.Module) -> None:
-        """Hand ``module``, found carrying forward or backward hooks of its own at a call, from the call wrapper
-        to a pre-hook and hook of ours around its forward (as ``attach`` does for a module with pre-hooks)."""
-        key = id(module._forward_pre_hooks)
-        if self.wrapped_names.pop(key, None) is None or self._hooks is None:
-            return
-        pre, post, _ = self._hooks
-        self._handles.append([(module, add_forward_hooks(module, pre, post))])
 
     def drop_copied_hooks(self, module: nn.Module) -> None:
         """Take off the hooks of this tracker that ``module`` carries without having been attached: a deep copy
@@ -448,7 +437,10 @@ class Tracker:
         if not ended:
             self.end_step()
         # Hooks copied onto a deep copy of a module outlive the detach and hold this tracker: it must not hold
-        # the modules (attach fills this again; a note needs it only while hooked).
+        # the modules (attach fills this again; a note needs it only while hooked). A module compiled in place with
+        # disable=True while the wrapper was on holds it: given torch's _call_impl back.
+        for attached in self._attached:
+            unbind_call_wrappers(map(_second, attached))
         self._attached = []
         handles, self._handles = self._handles, []
         wrapper, self._wrapper = self._wrapper, None
@@ -630,12 +622,13 @@ class Tracker:
             state.owners.append(call)
             call.fwd_start = clock.now()
 
-        # A module's own pre-hook, after the user's (a module with forward pre-hooks of its own).
-        def forward_pre(module: nn.Module, args: Any, kwargs: Any) -> None:
+        # A module's own pre-hook, after the user's (a module with hooks of its own). ``kwargs`` None: torch calls
+        # it without them where a hook before it in the same call took ours off (ending the block).
+        def forward_pre(module: nn.Module, args: Any, kwargs: Any = None) -> None:
             if tracker.active:
                 name = names.get(id(module._forward_pre_hooks))
                 if name is not None:
-                    begin(module, name, args, kwargs)
+                    begin(module, name, args, {} if kwargs is None else kwargs)
 
         # And its hook, before the user's. On an exception torch calls it with ``output`` None.
         def forward_post(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
@@ -687,14 +680,15 @@ class Tracker:
 
         # Every module call of the process, in place of torch's ``Module._call_impl`` (``inner``): a profiled
         # module's call is timed around torch's, which runs forward on its fast path where the module carries no
-        # hooks. A module with forward or backward hooks of its own (registered before the block or in it), or any
-        # module while torch's global module hooks hold some (another tool's), is handed to a pre-hook and hook of
-        # ours at its call instead: the user's hooks then run outside the module's time (global ones around ours),
-        # and the outputs are walked before a backward hook wraps them.
-        global_pre, global_post, global_backward, global_backward_pre = global_module_hooks
+        # hooks. Hooks that another tool put on every module (torch's global module hooks) run inside the call. A
+        # module with hooks of its own gets a pre-hook and hook of ours beside them for the call, after its
+        # pre-hooks and before its hooks: its hooks stay outside its time, and its outputs are walked before a
+        # backward hook wraps them. They come off as the call ends, so that the module runs as it does unprofiled
+        # between calls (``nn.TransformerEncoderLayer`` takes its fused path only where its children carry no hook).
+        own_key = hook_key()
 
         def make_call(inner: Callable[..., Any], token: object) -> Callable[..., Any]:
-            def call_impl(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            def call_impl(module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
                 name = wrapped.get(id(module._forward_pre_hooks))
                 if name is None or tracker._token is not token:
                     if names:
@@ -702,11 +696,15 @@ class Tracker:
                         if inner_module is not None and id(inner_module._forward_pre_hooks) in names:
                             refuse_compiled_wrapper(module, names[id(inner_module._forward_pre_hooks)])
                     return inner(module, *args, **kwargs)
-                if (module._forward_pre_hooks or module._forward_hooks or module._backward_hooks
-                        or module._backward_pre_hooks or global_pre or global_post or global_backward
-                        or global_backward_pre):
-                    tracker.hook_own(module)
-                    return inner(module, *args, **kwargs)
+                pre_hooks = module._forward_pre_hooks
+                if pre_hooks or module._forward_hooks or module._backward_hooks or module._backward_pre_hooks:
+                    if own_key in pre_hooks:  # a call of it under way (it recursed): ours are on, for this call too
+                        return inner(module, *args, **kwargs)
+                    added = add_forward_hooks(module, forward_pre, forward_post, own_key)
+                    try:
+                        return inner(module, *args, **kwargs)
+                    finally:
+                        remove_forward_hooks(module, added)
                 begin(module, name, args, kwargs)
                 try:
                     output = inner(module, *args, **kwargs)

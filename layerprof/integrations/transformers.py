@@ -21,10 +21,10 @@ import os
 import sys
 import weakref
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
-from torch.nn.modules.module import register_module_forward_pre_hook
 
+from .._torch import add_call_wrapper, remove_call_wrapper
 from ..collect.profiler import LayerProf
 from ..collect.schedule import Schedule
 from ..distributed.comm import time_ddp_wrapper
@@ -64,20 +64,24 @@ def _on_a_stack(frame: Any) -> bool:
     return False
 
 
-def _run_check(callback: weakref.ref, model: weakref.ref) -> Any:
-    """A global forward pre-hook (torch's ``register_module_forward_pre_hook``): a call of the model after the
-    run ended (it raised) ends the callback's profile. Global, not on the model: a hook in the model's own dict
-    went with every deep copy made during training (an EMA, a best-model snapshot), which kept it after the run,
-    and no closure there pickles (``torch.save(model)`` in a callback raised). It holds weak references only."""
+def _run_check(callback: weakref.ref, model: weakref.ref) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """What makes a call wrapper (``add_call_wrapper``, outermost): a call of the model after the run ended (it
+    raised) ends the callback's profile. Around every module call, not a hook on the model: a hook in the model's
+    own dict went with every deep copy made during training (an EMA, a best-model snapshot), which kept it after
+    the run, and no closure there pickles (``torch.save(model)`` in a callback raised); and not a global module
+    hook, which sends every module call of the process down torch's hooked path. It holds weak references only."""
 
-    def check(module: Any, args: Any) -> None:
-        if module is model():
-            owner = callback()
-            if owner is not None:
-                owner._end_if_over()
-        return None
+    def make(inner: Callable[..., Any]) -> Callable[..., Any]:
+        def check(module: Any, /, *args: Any, **kwargs: Any) -> Any:
+            if module is model():
+                owner = callback()
+                if owner is not None:
+                    owner._end_if_over()
+            return inner(module, *args, **kwargs)
 
-    return check
+        return check
+
+    return make
 
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # callbacks, for the partial profiles of runs that raised, at exit
@@ -124,7 +128,7 @@ class LayerProfCallback(_transformers.TrainerCallback):
         self._prof: LayerProf | None = None
         self._run: Any = None  # the frame of the Trainer.train() being profiled
         self._context: tuple[Any, Any] | None = None  # its (args, state)
-        self._check: Any = None  # the model's pre-hook that notices when the run is over
+        self._check: Any = None  # the call wrapper that notices when the run is over (add_call_wrapper's key)
         self._profiles: list[Profile] = []
         self.paths: list[Path] = []
         _LIVE.add(self)
@@ -167,7 +171,7 @@ class LayerProfCallback(_transformers.TrainerCallback):
             time_ddp_wrapper(prof.metrics, getattr(self._trainer(), "model_wrapped", None))
             prof.start()
             self._prof = prof
-            self._check = register_module_forward_pre_hook(_run_check(weakref.ref(self), weakref.ref(model)))
+            self._check = add_call_wrapper(_run_check(weakref.ref(self), weakref.ref(model)), outermost=True)
         elif self._prof.running:  # not cancelled by hand (LayerProf.running_on(model).cancel())
             self._prof.step()  # the gap since the last optimizer step ends
 
@@ -192,7 +196,7 @@ class LayerProfCallback(_transformers.TrainerCallback):
         prof, self._prof, self._run = self._prof, None, None
         context, self._context = self._context, None
         if self._check is not None:
-            self._check.remove()
+            remove_call_wrapper(self._check)
             self._check = None
         if prof is None or context is None or not prof.running:
             return
