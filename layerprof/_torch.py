@@ -433,8 +433,8 @@ def _calls_its_own(cls: type) -> bool:
     return known
 
 
-def calling_around(modules: Iterable[Any], classes: Iterable[type]) -> list[Any]:
-    """The modules of ``modules`` (of the classes ``classes``) whose calls do not go through
+def calling_around(modules: list[Any], classes: Iterable[type]) -> list[int]:
+    """The indices in ``modules`` (of the classes ``classes``) of the modules whose calls do not go through
     ``Module._call_impl``: those of a class with a ``_call_impl`` of its own, and those compiled in place
     (``.compile()`` stores what ``__call__`` runs instead; with ``disable=True``, torch's own ``_call_impl``, bound
     to the module, which still runs the module's hooks). ``modules`` is not read where neither can be."""
@@ -442,12 +442,11 @@ def calling_around(modules: Iterable[Any], classes: Iterable[type]) -> list[Any]
     dynamo = vars(torch).get("_dynamo") is not None  # else never imported, so nothing was compiled
     if not own_classes and not dynamo:
         return []
-    modules = list(modules)
-    around = [module for module in modules if type(module) in own_classes] if own_classes else []
+    around = [index for index, module in enumerate(modules) if type(module) in own_classes] if own_classes else []
     if dynamo:
         owns = list(map(_own, modules))
         if any(map(contains, owns, itertools.repeat("_compiled_call_impl"))):
-            around += [module for module, own in zip(modules, owns)
+            around += [index for index, (module, own) in enumerate(zip(modules, owns))
                        if own.get("_compiled_call_impl") is not None and type(module) not in own_classes]
     return around
 

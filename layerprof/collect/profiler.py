@@ -23,7 +23,7 @@ from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters, measures
 from ..metrics.peaks import check_peaks
 from .._torch import add_module_registration_hook, compiled_module_type, remove_module_registration_hook
-from .._torch import submodules
+from .._torch import calling_around, submodules, unbind_call_wrappers
 from ..profile import Profile
 from ..record.records import ModuleRecord, module_paths
 from .schedule import Action, Schedule
@@ -281,6 +281,7 @@ class LayerProf:
     _owns: list[dict[str, Any]] | None = None  # the entries' ``__dict__``, where the start read them
     _registration: Any = None  # the global hook that sees submodules registered while profiling
     _plan: reuse.Plan | None = None
+    _around: list[nn.Module] = []  # the plan's modules whose calls skip the call wrapper, where the start read them
     _profile: Profile | None = None
     _in_block = False  # inside `with`: stop() is the block's job
     _failure = ""
@@ -365,6 +366,10 @@ class LayerProf:
         if (checked is None or owns is None or list(map(reuse.dict_version, owns)) != checked[0]
                 or not plan.eager()):
             refuse_compiled_in_place(entries, modules, owns)
+            # And the modules whose calls skip the call wrapper (a disabled compile, a class with a _call_impl of
+            # its own): the same where nothing was written into a module since.
+            plan.around = calling_around(modules, plan.classes)
+        self._around = list(map(modules.__getitem__, plan.around))
         for holder in list(_PROFILED):  # (giving way stops a holder, which takes it out of _PROFILED)
             held = holder._names
             if not held.keys().isdisjoint(plan.names) and not (holder._give_way is not None and holder._give_way()):
@@ -537,6 +542,7 @@ class LayerProf:
                 # A tracker whose block ended cleanly is detached only, and parked once the profile is made.
                 self._teardown(self._running_meters(), ended, parking=ended)
             if exc is not None:
+                unbind_call_wrappers(list(map(_second, self._entries)))
                 self._failure = f"the block raised {type(exc).__name__}"
                 if note is not None:
                     exc.add_note(note)
@@ -604,7 +610,7 @@ class LayerProf:
             plan = self._plan
             # The plan's names while the block's modules are the plan's (none joined while profiling).
             names = plan.hook_names if plan is not None and len(self._entries) == self._built else {}
-            tracker.attach(self._entries, names or None, plan.classes if names else None)
+            tracker.attach(self._entries, names or None, self._around if names else None)
         elif not wanted and tracker.active:
             tracker.detach()
 
@@ -740,6 +746,7 @@ class LayerProf:
                      and plan.eager())
         passed = False  # whether the checks below all passed, on a plan's modules whose versions were read
         if not unchanged:
+            unbind_call_wrappers(modules)
             compiled = compiled_while_profiling(self._entries, modules, owns)
             if compiled is not None:  # its times are partial: no profile rather than a wrong one
                 raise RuntimeError(compiled)

@@ -209,7 +209,8 @@ class Plan:
 
     __slots__ = ("_refs", "_path_names", "_path_index", "names", "hook_names", "key", "types", "_child_counts",
                  "_child_ids", "_records", "_first_names", "_has_children", "values", "reprs",
-                 "repr_groups", "classes", "_class_list", "_forwards", "_seen_tables", "_tensor_refs", "_tensor_reads", "checked", "_first",
+                 "repr_groups", "classes", "_class_list", "_forwards", "_seen_tables", "_tensor_refs", "_tensor_reads",
+                 "checked", "around", "_first",
                  "__weakref__")
 
     def __init__(self, paths: list[tuple[str, nn.Module]]) -> None:
@@ -268,6 +269,8 @@ class Plan:
         # ``written`` as the last block whose checks at its end all passed ended, where that block's entries were
         # this plan's.
         self.checked: tuple[list[int], list[int]] | None = None
+        # Where the modules' calls skip the call wrapper (``_torch.calling_around``): indices, read with the checks.
+        self.around: list[int] = []
         # The first parameter in walk order, weakly (``first_parameter``): None where the modules hold none,
         # UNKNOWN where it takes no weak reference, or where the plan has no key (the modules were not walked).
         self._first: Any = None if self.key is not None else UNKNOWN

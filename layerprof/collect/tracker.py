@@ -51,7 +51,7 @@ from .._tensors import first_tensor, iter_tensors
 from .._torch import graph_task_id as _graph_task_id
 from .._torch import next_sequence_nr as _next_sequence_nr
 from .._torch import add_call_wrapper, add_forward_hooks_to, escaped_backward, remove_call_wrapper
-from .._torch import add_forward_hooks, calling_around, hook_key, remove_forward_hooks, unbind_call_wrappers
+from .._torch import add_forward_hooks, calling_around, hook_key, remove_forward_hooks
 from .._torch import remove_forward_hooks_from
 from .._torch import NodeHooker
 from .._torch import batched_grad_fn as _batched_grad_fn
@@ -380,10 +380,10 @@ class Tracker:
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def attach(self, modules: Iterable[tuple[str, nn.Module]], names: dict[int, str] | None = None,
-               classes: Iterable[type] | None = None) -> None:
+               around: list[nn.Module] | None = None) -> None:
         """Hook every module; if hooking fails half way, remove what was added and re-raise. ``names``: the
-        modules' names by key (``id`` of each one's forward pre-hook dict), and ``classes``: their classes, where
-        the caller has them already."""
+        modules' names by key (``id`` of each one's forward pre-hook dict), and ``around``: those whose calls skip
+        the call wrapper (``calling_around``), where the caller has them already."""
         if self._hooks is None:
             self._hooks = self._make_hooks()
         pre, post, make_call = self._hooks
@@ -392,8 +392,8 @@ class Tracker:
         if type(modules) is not Entries and not isinstance(modules, _SEQUENCES):
             modules = list(modules)
         # The modules without their names, read where needed: not on the common path of a reused plan (names and
-        # classes given), where a list of ten thousand costs a pass.
-        found = list(map(_second, modules)) if names is None or classes is None else []
+        # the modules calling around the wrapper given), where a list of ten thousand costs a pass.
+        found = list(map(_second, modules)) if names is None or around is None else []
         try:
             if names is None:
                 names = dict(zip(map(id, map(_pre_hooks, found)), map(_first, modules)))
@@ -403,8 +403,8 @@ class Tracker:
             # A module whose calls skip Module._call_impl (a class with a _call_impl of its own, a disabled
             # compile) gets a pre-hook of ours after its own and a hook before its own, on it for the block; the
             # calls of every other module are timed by the call wrapper.
-            around = calling_around(found or map(_second, modules), set(map(type, found)) if classes is None
-                                    else classes)
+            if around is None:
+                around = list(map(found.__getitem__, calling_around(found, set(map(type, found)))))
             if around:
                 _drain_keys(self.wrapped_names, around)
                 self._handles.append(add_forward_hooks_to(around, pre, post))
@@ -437,10 +437,7 @@ class Tracker:
         if not ended:
             self.end_step()
         # Hooks copied onto a deep copy of a module outlive the detach and hold this tracker: it must not hold
-        # the modules (attach fills this again; a note needs it only while hooked). A module compiled in place with
-        # disable=True while the wrapper was on holds it: given torch's _call_impl back.
-        for attached in self._attached:
-            unbind_call_wrappers(map(_second, attached))
+        # the modules (attach fills this again; a note needs it only while hooked).
         self._attached = []
         handles, self._handles = self._handles, []
         wrapper, self._wrapper = self._wrapper, None
