@@ -466,6 +466,23 @@ def test_a_call_impl_replaced_by_another_tool_inside_the_block_is_left_in_place(
     nn.Module._call_impl = TORCH_CALL_IMPL
 
 
+def test_torchscript_modules_called_inside_the_block_run_as_they_do_unprofiled() -> None:
+    # A scripted and a traced module beside the profiled model (a teacher, a preprocessing step): their calls go
+    # through the call wrapper untimed (a TorchScript module's table of children has no dict's .get: the check for a
+    # compiled wrapper of a profiled module raised AttributeError on every such call).
+    x = torch.randn(2, 8)
+    scripted = torch.jit.script(nn.Sequential(nn.Linear(8, 8), nn.ReLU()))
+    traced = torch.jit.trace(nn.Sequential(nn.Linear(8, 8), nn.ReLU()), (x,))
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+    expected = model(scripted(x) + traced(x))
+    with LayerProf(model) as prof:
+        out = model(scripted(x) + traced(x))
+        out.sum().backward()
+    assert torch.equal(out, expected)
+    assert [(record.name, record.calls) for record in prof.tree] == [("", 1), ("0", 1), ("1", 1)]
+    check_profile(prof, model)
+
+
 def test_a_keyword_argument_named_module_reaches_forward() -> None:
     # The call wrapper takes the module positionally only: a forward's own `module=` keyword (of a profiled module
     # or of any other module called inside the block) reaches forward as it does unprofiled.

@@ -688,10 +688,11 @@ class Tracker:
             def call_impl(module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
                 name = wrapped.get(id(module._forward_pre_hooks))
                 if name is None or tracker._token is not token:
-                    if names:
-                        inner_module = module._modules.get("_orig_mod")  # a torch.compile(module) of a profiled one?
-                        if inner_module is not None and id(inner_module._forward_pre_hooks) in names:
-                            refuse_compiled_wrapper(module, names[id(inner_module._forward_pre_hooks)])
+                    # A torch.compile(module) of a profiled one? (A TorchScript module's table is no dict.)
+                    table = module.__dict__.get("_modules") if names else None
+                    inner_module = table.get("_orig_mod") if type(table) is dict else None
+                    if inner_module is not None and id(inner_module._forward_pre_hooks) in names:
+                        refuse_compiled_wrapper(module, names[id(inner_module._forward_pre_hooks)])
                     return inner(module, *args, **kwargs)
                 pre_hooks = module._forward_pre_hooks
                 if pre_hooks or module._forward_hooks or module._backward_hooks or module._backward_pre_hooks:
