@@ -12,7 +12,7 @@ import sys
 import threading
 import types
 import weakref
-from operator import attrgetter, contains, itemgetter, methodcaller, setitem
+from operator import attrgetter, contains, is_not, itemgetter, methodcaller, setitem
 from typing import Any, Callable, Iterable
 
 import torch
@@ -29,7 +29,8 @@ __all__ = [
     "patch_fsdp2_group", "unpatch_fsdp2_group",
     "TorchDispatchMode", "ready_mode", "mode_is_on", "StorageWeakRef", "escaped_backward", "add_forward_hooks", "remove_forward_hooks",
     "add_forward_hooks_to", "remove_forward_hooks_from", "add_call_wrapper", "remove_call_wrapper", "hook_key",
-    "unbind_call_wrappers", "calling_around",
+    "unbind_call_wrappers", "calling_around", "classes_calling_around",
+    "compiled_around",
     "add_module_registration_hook", "remove_module_registration_hook",
     "with_forward_pre_hooks", "NodeHooker", "cuda_raw_stream", "cuda_event_record",
     "dict_version", "eager_forwards",
@@ -205,11 +206,18 @@ _Module = torch.nn.Module
 _CALL_IMPL = "_call_impl"
 _Make = Callable[[Callable[..., Any]], Callable[..., Any]]
 _wrappers: list[tuple[int, _Make, bool]] = []  # (key, make, outermost), in the order added
+_live: set[int] = set()  # the keys added and not removed yet, installed or inside another tool's function
 _base: list[Callable[..., Any]] = []  # what ``Module._call_impl`` was when the first wrapper went on (torch's)
 _installed: list[Callable[..., Any]] = []  # the chain put in its place, while there is one
-_made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # every chain made -> what it was built on
+# Every chain made -> (what it was built on, the keys of its wrappers): a chain of ours found in ``_call_impl`` (put
+# back by another tool), all of whose wrappers were removed, is unwrapped to what it was built on.
+_made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _wrappers_lock = threading.Lock()  # (blocks on several threads)
 _GLOBAL_REGISTRATION = "_global_module_registration_hooks"
+# Where dynamo keeps ``Module._call_impl`` as it found it when first imported (to tell a module call it may skip
+# to forward): a chain of ours if that was inside a block, given back what it was built on as the block ends.
+_DYNAMO_CALL_IMPL = (("torch._dynamo.utils", "unpatched_nn_module_call_impl"),
+                     ("torch._dynamo.variables.nn_module", "unpatched_nn_module_call_impl"))
 
 
 def add_call_wrapper(make: _Make, outermost: bool = False) -> int:
@@ -223,6 +231,7 @@ def add_call_wrapper(make: _Make, outermost: bool = False) -> int:
     with _wrappers_lock:
         key = next(_HOOK_KEYS)
         _install((key, make, outermost))
+        _live.add(key)
     return key
 
 
@@ -230,43 +239,67 @@ def remove_call_wrapper(key: int) -> None:
     """Take off what ``add_call_wrapper`` routed calls through; what was there before the first one (torch's
     ``_call_impl``) goes back when none is left."""
     with _wrappers_lock:
+        _live.discard(key)
         for index, (added, _, _) in enumerate(_wrappers):
             if added == key:
-                del _wrappers[index]
-                _install(None)
+                kept = _wrappers[:index] + _wrappers[index + 1:]
+                _install(None, kept)
                 return
 
 
-def _install(added: tuple[int, _Make, bool] | None) -> None:
+def _past_dead_chains(func: Any) -> Any:
+    """``func``, or where it is a chain of ours none of whose wrappers is still on, what it was built on."""
+    while type(func) is types.FunctionType and func in _made and not _made[func][1] & _live:
+        func = _made[func][0]
+    return func
+
+
+def _install(added: tuple[int, _Make, bool] | None, kept: list[tuple[int, _Make, bool]] | None = None) -> None:
+    """Put the chain of ``kept`` (else ``_wrappers``) and ``added`` in place of ``Module._call_impl``; nothing
+    changes where making it raises."""
     current = vars(_Module)[_CALL_IMPL]
+    wrappers = _wrappers if kept is None else kept
+    base = _base[0] if _base else None
     if not _installed or current is not _installed[0]:
         # Nothing of ours there: torch's, or something else put in since, which calls the chain it found (whose
         # wrappers hand every call on once their blocks are over). Left as it is, or built on, with only the
         # wrapper being added: the others are inside it already.
-        _installed.clear()
-        _base[:] = [current]
-        _wrappers[:] = []
-    if added is not None:
-        _wrappers.append(added)
-    if not _wrappers and not _installed:
-        return
-    chain = base = _base[0]
-    for _, make, _ in sorted(_wrappers, key=itemgetter(2)):  # (stable: the outermost last, each in its order)
+        base, wrappers = _past_dead_chains(current), []
+        if added is None:
+            _installed.clear()
+            _wrappers[:] = []
+            return
+    wrappers = [*wrappers, added] if added is not None else wrappers
+    chain = base
+    for _, make, _ in sorted(wrappers, key=itemgetter(2)):  # (stable: the outermost last, each in its order)
         chain = make(chain)
-    if _wrappers:
-        _made[chain] = base
-    _installed[:] = [chain] if _wrappers else []
+    if wrappers:
+        _made[chain] = (base, frozenset(map(itemgetter(0), wrappers)))
     setattr(_Module, _CALL_IMPL, chain)
+    _base[:] = [base]
+    _installed[:] = [chain] if wrappers else []
+    _wrappers[:] = wrappers
+    if not wrappers:
+        _unpin_dynamo()
 
 
-def unbind_call_wrappers(modules: Iterable[Any]) -> None:
-    """Give the modules of ``modules`` compiled in place with ``disable=True`` while a call wrapper was on
-    (``.compile()`` stores ``module._call_impl`` as it finds it: then the wrapper's chain, bound to the module) what
-    they would hold otherwise: torch's ``_call_impl`` bound to them. Nothing while dynamo is not loaded."""
+def _unpin_dynamo() -> None:
+    for module_name, name in _DYNAMO_CALL_IMPL:
+        module = sys.modules.get(module_name)
+        held = getattr(module, name, None) if module is not None else None
+        if held is not None and held is not _past_dead_chains(held):
+            setattr(module, name, _past_dead_chains(held))
+
+
+def unbind_call_wrappers(modules: list[Any], owns: list[dict[str, Any]] | None = None) -> None:
+    """Give the modules of ``modules`` (``owns``: their ``__dict__``, where read) compiled in place with
+    ``disable=True`` while a call wrapper was on (``.compile()`` stores ``module._call_impl`` as it finds it: then
+    the wrapper's chain, bound to the module) what they would hold otherwise: torch's ``_call_impl`` bound to them.
+    Nothing while dynamo is not loaded."""
     if vars(torch).get("_dynamo") is None:
         return
-    modules = list(modules)
-    owns = list(map(_own, modules))
+    if owns is None:
+        owns = list(map(_own, modules))
     if not any(map(contains, owns, itertools.repeat("_compiled_call_impl"))):
         return
     for module, own in zip(modules, owns):
@@ -274,7 +307,7 @@ def unbind_call_wrappers(modules: Iterable[Any]) -> None:
         if type(func) is not types.FunctionType or func not in _made:
             continue
         while type(func) is types.FunctionType and func in _made:  # (down to what the first chain was built on)
-            func = _made[func]
+            func = _made[func][0]
         own["_compiled_call_impl"] = types.MethodType(func, module)
 
 
@@ -315,7 +348,7 @@ def mode_is_on(mode: Any) -> bool:
 
 
 def with_forward_pre_hooks(modules: list[Any]) -> list[Any]:
-    """The modules of ``modules`` that carry forward pre-hooks of their own (global pre-hooks run before them)."""
+    """The modules of ``modules`` that carry forward pre-hooks of their own."""
     return list(itertools.compress(modules, map(attrgetter("_forward_pre_hooks"), modules)))
 
 
@@ -419,36 +452,34 @@ def eager_forwards(classes: set[type]) -> bool:
     return True
 
 
-# Classes with a ``_call_impl`` of their own (``torch.compiler.disable`` on a class sets one), by class.
-_OWN_CALL_IMPL: dict[type, bool] = {}
+def classes_calling_around(classes: Iterable[type]) -> set[type]:
+    """Those of ``classes`` with a ``_call_impl`` of their own (``torch.compiler.disable`` on a class sets one):
+    their instances' calls do not go through ``Module._call_impl``. One C-level pass: the others find nn.Module's."""
+    classes = list(classes)
+    current = vars(_Module).get(_CALL_IMPL)
+    return set(itertools.compress(classes, map(is_not, map(getattr, classes, itertools.repeat(_CALL_IMPL),
+                                                            itertools.repeat(current)), itertools.repeat(current))))
 
 
-def _calls_its_own(cls: type) -> bool:
-    known = _OWN_CALL_IMPL.get(cls)
-    if known is None:
-        known = any(_CALL_IMPL in vars(base) for base in cls.__mro__[:cls.__mro__.index(_Module)])
-        if len(_OWN_CALL_IMPL) > 4096:  # classes made on the fly: keep it bounded
-            _OWN_CALL_IMPL.clear()
-        _OWN_CALL_IMPL[cls] = known
-    return known
-
-
-def calling_around(modules: list[Any], classes: Iterable[type]) -> list[int]:
-    """The indices in ``modules`` (of the classes ``classes``) of the modules whose calls do not go through
-    ``Module._call_impl``: those of a class with a ``_call_impl`` of its own, and those compiled in place
-    (``.compile()`` stores what ``__call__`` runs instead; with ``disable=True``, torch's own ``_call_impl``, bound
-    to the module, which still runs the module's hooks). ``modules`` is not read where neither can be."""
-    own_classes = {cls for cls in classes if _calls_its_own(cls)}
-    dynamo = vars(torch).get("_dynamo") is not None  # else never imported, so nothing was compiled
-    if not own_classes and not dynamo:
+def compiled_around(modules: list[Any], owns: list[dict[str, Any]] | None = None) -> list[int]:
+    """The indices in ``modules`` of those compiled in place (``.compile()`` stores what ``__call__`` runs instead
+    of ``_call_impl``; with ``disable=True``, torch's own ``_call_impl``, bound to the module, which still runs the
+    module's hooks). None while dynamo is not loaded."""
+    if vars(torch).get("_dynamo") is None:  # never imported, so nothing was compiled
         return []
-    around = [index for index, module in enumerate(modules) if type(module) in own_classes] if own_classes else []
-    if dynamo:
+    if owns is None:
         owns = list(map(_own, modules))
-        if any(map(contains, owns, itertools.repeat("_compiled_call_impl"))):
-            around += [index for index, (module, own) in enumerate(zip(modules, owns))
-                       if own.get("_compiled_call_impl") is not None and type(module) not in own_classes]
-    return around
+    if not any(map(contains, owns, itertools.repeat("_compiled_call_impl"))):
+        return []
+    return [index for index, own in enumerate(owns) if own.get("_compiled_call_impl") is not None]
+
+
+def calling_around(modules: list[Any]) -> list[Any]:
+    """The modules of ``modules`` whose calls do not go through ``Module._call_impl``: those of
+    ``classes_calling_around`` and those of ``compiled_around``."""
+    own = classes_calling_around(set(map(type, modules)))
+    around = [module for module in modules if type(module) in own] if own else []
+    return around + [modules[index] for index in compiled_around(modules) if type(modules[index]) not in own]
 
 
 def compiled_in_place(paths: list[tuple[str, Any]], modules: list[Any] | None = None,

@@ -3,12 +3,11 @@ it runs on.
 
 ``MIN_TORCH`` is pyproject.toml's ``torch>=2.9``: ``import layerprof`` on an older torch raises ImportError
 (``check_torch``) instead of giving wrong numbers. torch 2.8 and older lack the dispatch-mode options the FLOP meter
-and the live-bytes reader set (flex attention raises under them, a compiled function in a forward runs eagerly), and
-torch 2.5 the keyword arguments of global forward hooks (every profile raises). ``LIVE_BYTES_TORCH``: on torch 2.9 a
-``StorageWeakRef``, which the memory meter holds on the storages it has seen, keeps a freed storage's Python object
-alive, so the CPU live-bytes reader (``metrics=("live_memory",)``) would never see those storages freed and read
-wrong figures, and so would the checkpoint planner's peak budgets built on them: that meter is refused there
-(``check_live_bytes_torch``), and the rest runs.
+and the live-bytes reader set (flex attention raises under them, a compiled function in a forward runs eagerly).
+``LIVE_BYTES_TORCH``: on torch 2.9 a ``StorageWeakRef``, which the memory meter holds on the storages it has seen,
+keeps a freed storage's Python object alive, so the CPU live-bytes reader (``metrics=("live_memory",)``) would never
+see those storages freed and read wrong figures, and so would the checkpoint planner's peak budgets built on them:
+that meter is refused there (``check_live_bytes_torch``), and the rest runs.
 """
 from __future__ import annotations
 

@@ -260,7 +260,7 @@ def test_with_dynamo_disabled_a_compiled_module_runs_eagerly_and_is_profiled() -
 def test_a_model_called_through_a_compiled_wrapper_held_apart_is_refused_before_it_compiles(whole: bool) -> None:
     """``compiled = torch.compile(model)`` then ``compiled(x)`` in a block on ``model``: dynamo traced layerprof's
     hooks and the root's forward read the compilation (seconds) with no error. The wrapper's own call comes first
-    (through torch's global pre-hooks, in eager): it is refused there, before dynamo runs, and nothing stays on the
+    (through the block's call wrapper, in eager): it is refused there, before dynamo runs, and nothing stays on the
     model; the same for a child's wrapper called from the model, while other compiled modules run."""
     model = model_with_block()
     compiled = torch.compile(model if whole else model[2], backend="eager")
@@ -345,3 +345,66 @@ def test_a_disabled_compile_inside_the_block_keeps_torchs_call_impl_after_it() -
     assert prof.records["3"].calls == 2 and prof.records["3"].backward_ms > 0
     assert prof.tree.calls == 2
     assert torch.equal(model(x), copy.deepcopy(model)(x))
+
+
+@pytest.mark.parametrize("when", [0, 1], ids=["in a wait step", "in a recorded step"])
+def test_a_disabled_compile_made_during_a_schedule_is_timed_in_the_later_recorded_steps(when: int) -> None:
+    # A schedule attaches again after each wait: the modules calling around the wrapper are read then, not kept
+    # from the block's start (the .compile()'d module's calls skip the new wrapper: it read 0.5 calls a step).
+    import layerprof
+
+    model, x = model_with_block(), torch.randn(2, 4)
+    with LayerProf(model, schedule=layerprof.schedule(wait=1, active=1, repeat=2)) as prof:
+        for step in range(4):  # wait, record, wait, record
+            model(x).sum().backward()
+            if step == when:
+                model[3].compile(disable=True)
+            prof.step()
+    assert prof.tree.steps == 2
+    for name in ("", "0", "3"):
+        assert prof.records[name].calls == 1 and prof.records[name].backward_ms > 0, name
+    with LayerProf(model) as later:  # and in the blocks after it, on the same plan
+        model(x).sum().backward()
+    assert later.records["3"].calls == 1 and later.records["3"].backward_ms > 0
+
+
+def test_a_class_put_under_torch_compiler_disable_after_a_profile_is_timed_in_the_next() -> None:
+    # torch.compiler.disable(cls) gives the class a _call_impl of its own: read at every block's start (the plan's
+    # modules and their dicts are unchanged), so its instances get hooks of their own from the next block.
+    class Later(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.proj(x).relu()
+
+    model = nn.Sequential(nn.Linear(4, 8), Later(), nn.Linear(8, 1))
+    for decorate in (False, False, True):
+        if decorate:
+            torch.compiler.disable(Later)
+        prof = profile_step(model)
+        for name in ("1", "1.proj"):
+            assert prof.records[name].calls == 1 and prof.records[name].backward_ms > 0, (name, decorate)
+
+
+def test_dynamo_imported_for_the_first_time_inside_a_block_keeps_torchs_call_impl() -> None:
+    # Dynamo keeps Module._call_impl as it finds it at its import (to tell a module call it can skip to forward):
+    # imported inside a block, the block's wrapper. The block's end gives it torch's back (in a fresh process:
+    # this one imported dynamo long ago).
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\nfrom torch import nn\nfrom layerprof import LayerProf\n"
+        "assert 'torch._dynamo' not in sys.modules\n"
+        "torch_call = vars(nn.Module)['_call_impl']\nmodel = nn.Linear(2, 2)\n"
+        "with LayerProf(model):\n    import torch._dynamo.utils, torch._dynamo.variables.nn_module\n"
+        "    model(torch.randn(1, 2))\n"
+        "from torch._dynamo import utils\nfrom torch._dynamo.variables import nn_module\n"
+        "print(utils.unpatched_nn_module_call_impl is torch_call,"
+        " nn_module.unpatched_nn_module_call_impl is torch_call, vars(nn.Module)['_call_impl'] is torch_call)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "True", "True"]

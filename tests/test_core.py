@@ -430,7 +430,7 @@ def test_a_call_impl_replaced_by_another_tool_inside_the_block_is_left_in_place(
     # Something else puts its own function in Module._call_impl while the block runs, calling the one it found
     # (ours): the block's end leaves it there rather than drop it, and it keeps working: calls after the block go
     # through it and ours, which hands them on untimed. A block started then is put around it, and its end
-    # leaves it as it was.
+    # leaves it as it was. Once the tool puts back what it found, the next block's end restores torch's.
     model = MLP()
     counted: list[nn.Module] = []
     with LayerProf(model) as prof:
@@ -458,12 +458,11 @@ def test_a_call_impl_replaced_by_another_tool_inside_the_block_is_left_in_place(
         assert len(counted) == 21 and later.tree.calls == 1 and later.records["head"].calls == 1
         assert later.records["head"].backward_ms > 0 and prof.tree.calls == 1
     finally:
-        nn.Module._call_impl = found  # (theirs restores what it found: the chain of the first block)
-    with LayerProf(model) as last:  # the first block's chain hands calls on untimed; a block puts it back
+        nn.Module._call_impl = found  # (theirs restores what it found: the first block's chain, all of it ended)
+    with LayerProf(model) as last:  # a block that finds a chain of ours whose blocks all ended unwraps it
         model(torch.randn(2, 8))
-    assert vars(nn.Module)["_call_impl"] is found
+    assert vars(nn.Module)["_call_impl"] is TORCH_CALL_IMPL
     assert last.tree.calls == 1 and prof.tree.calls == later.tree.calls == 1
-    nn.Module._call_impl = TORCH_CALL_IMPL
 
 
 def test_torchscript_modules_called_inside_the_block_run_as_they_do_unprofiled() -> None:
@@ -502,6 +501,41 @@ def test_a_keyword_argument_named_module_reaches_forward() -> None:
         out.sum().backward()
     assert torch.equal(out, expected)
     assert prof.tree.calls == 1 and prof.records["proj"].calls == 1 and prof.records["proj"].backward_ms > 0
+
+
+def test_a_module_with_hooks_of_its_own_called_on_two_threads_at_once_counts_both_calls() -> None:
+    # Ours go on with the first call under way and off with the last: a call that began while the other thread's
+    # was running keeps them until it ends (two threads inside forward at once, held by a barrier; as DataParallel's
+    # replicas, which share their original's hook dicts, run).
+    import threading
+
+    class Waits(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+            self.both_inside = threading.Barrier(2)
+
+        def forward(self, x: torch.Tensor, late: bool) -> torch.Tensor:
+            self.both_inside.wait(timeout=10)
+            if late:
+                time.sleep(0.05)  # ends after the other call
+            return self.proj(x)
+
+    model = Waits()
+    model.register_forward_hook(lambda module, args, output: None)
+    before = hook_state(model)
+    outs: dict[bool, torch.Tensor] = {}
+    with LayerProf(model) as prof:
+        threads = [threading.Thread(target=lambda late=late: outs.update({late: model(torch.randn(2, 4), late)}))
+                   for late in (False, True)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        (outs[False].sum() + outs[True].sum()).backward()
+    assert hook_state(model) == before
+    assert prof.tree.calls == 2 and prof.records["proj"].calls == 2
+    assert prof.tree.forward_ms >= 50  # the late call's sleep, inside its call
 
 
 def test_a_recursive_module_with_hooks_of_its_own_counts_each_call_once() -> None:
@@ -681,12 +715,12 @@ def test_a_step_ending_on_one_thread_leaves_the_hook_dict_another_threads_walk_i
     assert seen == [{0: "B's call"}]
 
 
-def test_clock_of_a_call_given_its_tensors_by_keyword_sees_them_on_the_global_hooks_path(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_clock_of_a_call_given_its_tensors_by_keyword_sees_them(monkeypatch: pytest.MonkeyPatch) -> None:
     # Once CUDA is initialised a call's clock follows its first tensor (args, then kwargs, then the module's
-    # parameters). torch calls a global forward pre-hook without the call's kwargs: a module with no parameters
-    # given its tensor by keyword (an attention core called as core(q=..., k=..., v=...)) would get the CPU clock on
-    # a GPU. Pretend CUDA is initialised and record the tensor each call's clock is chosen from.
+    # parameters): a module with no parameters given its tensor by keyword (an attention core called as
+    # core(q=..., k=..., v=...)) would get the CPU clock on a GPU where the kwargs were not read (torch's global
+    # pre-hooks, which layerprof used, get none). Pretend CUDA is initialised and record the tensor each call's
+    # clock is chosen from, through the call wrapper and through hooks of ours beside a module's own (proj's).
     from layerprof.collect import tracker as tracker_module
 
     class Scale(nn.Module):
@@ -714,7 +748,7 @@ def test_clock_of_a_call_given_its_tensors_by_keyword_sees_them_on_the_global_ho
     monkeypatch.setattr(tracker_module, "_PARKED", [])  # a parked tracker's hooks hold the unpatched function
     model = Model()
     model.proj.register_forward_hook(lambda module, args, output: outputs.append(output))
-    for metrics in (None, ("shapes",)):  # global hooks (the default), hooks on every module (a meter observes calls)
+    for metrics in (None, ("shapes",)):  # timing only; a meter observing calls
         seen.clear()
         outputs.clear()
         with LayerProf(model, metrics=metrics) as prof:
@@ -723,9 +757,10 @@ def test_clock_of_a_call_given_its_tensors_by_keyword_sees_them_on_the_global_ho
         assert seen["Scale"] is outputs[0], metrics  # Scale's only tensor: proj's output, passed as x=
 
 
+@pytest.mark.parametrize("own_hook", [False, True], ids=["no hook of its own", "a hook of its own"])
 @pytest.mark.parametrize("metrics", [("shapes",), None], ids=["a meter observing calls", "timing only"])
 def test_a_global_hook_of_another_tool_runs_inside_the_call_and_one_that_raises_makes_it_raise(
-        metrics: tuple[str, ...] | None) -> None:
+        metrics: tuple[str, ...] | None, own_hook: bool) -> None:
     # Torch's global module hooks (another tool's) run inside torch's _call_impl, so inside each module's call:
     # where one raises after `first`'s forward returned, the call raised to its caller (the model catches the
     # error and goes on), and, like any forward that raised, is not a call of its module: its time stays in the
@@ -752,6 +787,8 @@ def test_a_global_hook_of_another_tool_runs_inside_the_call_and_one_that_raises_
             raise LookupError("refused")
 
     refused: list[nn.Module] = []
+    if own_hook:  # (then torch's except path calls our hook on the module with forward's output: not counted either)
+        model.first.register_forward_hook(lambda module, args, output: None)
     handle = torch_module.register_module_forward_hook(refuse)
     try:
         with LayerProf(model, metrics=metrics) as prof:

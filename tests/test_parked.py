@@ -71,7 +71,7 @@ def test_only_a_block_with_the_default_clock_parks_and_takes(parked: list[tracke
         assert synced._tracker is not tracker
         _step(model)
     assert parked == [tracker]
-    # A meter observing calls hooks through the global hooks too: its block takes the parked tracker, and parks it
+    # A meter observing calls is told by the same call wrapper: its block takes the parked tracker, and parks it
     # again as new (no observer left on it)
     with LayerProf(model, metrics=("shapes",)) as other:
         assert other._tracker is tracker and parked == []

@@ -263,7 +263,7 @@ class KeywordsOnly(nn.Module):
         return self.embed(input_ids)
 
 
-@pytest.mark.parametrize("metrics", [None, ("shapes",)])  # global module hooks; per-module hooks (with kwargs)
+@pytest.mark.parametrize("metrics", [None, ("shapes",)])  # timing only; a meter observing calls
 @pytest.mark.parametrize("own_hook", [False, True])  # the root with a forward pre-hook of its own (hooked apart)
 def test_the_example_input_is_the_roots_first_tensor(metrics, own_hook) -> None:
     model = KeywordsOnly()

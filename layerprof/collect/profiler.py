@@ -23,7 +23,7 @@ from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters, measures
 from ..metrics.peaks import check_peaks
 from .._torch import add_module_registration_hook, compiled_module_type, remove_module_registration_hook
-from .._torch import calling_around, submodules, unbind_call_wrappers
+from .._torch import classes_calling_around, compiled_around, submodules, unbind_call_wrappers
 from ..profile import Profile
 from ..record.records import ModuleRecord, module_paths
 from .schedule import Action, Schedule
@@ -281,7 +281,7 @@ class LayerProf:
     _owns: list[dict[str, Any]] | None = None  # the entries' ``__dict__``, where the start read them
     _registration: Any = None  # the global hook that sees submodules registered while profiling
     _plan: reuse.Plan | None = None
-    _around: list[nn.Module] = []  # the plan's modules whose calls skip the call wrapper, where the start read them
+    _around: list[nn.Module] | None = None  # the modules calling around the wrapper, as the start read them
     _profile: Profile | None = None
     _in_block = False  # inside `with`: stop() is the block's job
     _failure = ""
@@ -366,10 +366,14 @@ class LayerProf:
         if (checked is None or owns is None or list(map(reuse.dict_version, owns)) != checked[0]
                 or not plan.eager()):
             refuse_compiled_in_place(entries, modules, owns)
-            # And the modules whose calls skip the call wrapper (a disabled compile, a class with a _call_impl of
-            # its own): the same where nothing was written into a module since.
-            plan.around = calling_around(modules, plan.classes)
-        self._around = list(map(modules.__getitem__, plan.around))
+            # And the modules compiled in place with disable=True, whose calls skip the call wrapper: the same where
+            # nothing was written into a module since.
+            plan.around = compiled_around(modules, owns)
+        # For the first attach: those, and the modules of a class with a _call_impl of its own (read each time: a
+        # class decorated since keeps its name and forward). A later attach (a schedule's) reads the modules.
+        own = classes_calling_around(plan.classes)
+        self._around = [*(module for module in map(modules.__getitem__, plan.around) if type(module) not in own),
+                        *((module for module in modules if type(module) in own) if own else ())]
         for holder in list(_PROFILED):  # (giving way stops a holder, which takes it out of _PROFILED)
             held = holder._names
             if not held.keys().isdisjoint(plan.names) and not (holder._give_way is not None and holder._give_way()):
@@ -423,6 +427,7 @@ class LayerProf:
                         started.append(meter)
             self._registration = add_module_registration_hook(self._module_registered)
             self._begin_step()
+            self._around = None  # not attached in a schedule's wait: a later attach reads the modules
         except BaseException:
             self._teardown(started + self._counting)
             raise
@@ -542,7 +547,6 @@ class LayerProf:
                 # A tracker whose block ended cleanly is detached only, and parked once the profile is made.
                 self._teardown(self._running_meters(), ended, parking=ended)
             if exc is not None:
-                unbind_call_wrappers(list(map(_second, self._entries)))
                 self._failure = f"the block raised {type(exc).__name__}"
                 if note is not None:
                     exc.add_note(note)
@@ -583,6 +587,12 @@ class LayerProf:
                     self._tracker.detach(ended)
                 else:
                     self._tracker.release(ended)
+                # A module compiled in place with disable=True in the block holds the wrapper: torch's call for it.
+                modules = self._entry_modules
+                if len(self._entries) != len(modules):  # (modules joined while profiling)
+                    modules = list(map(_second, self._entries))
+                owns = self._owns
+                unbind_call_wrappers(modules, owns if owns is not None and len(owns) == len(modules) else None)
             if self._registration is not None:
                 remove_module_registration_hook(self._registration)
                 self._registration = None
@@ -746,7 +756,6 @@ class LayerProf:
                      and plan.eager())
         passed = False  # whether the checks below all passed, on a plan's modules whose versions were read
         if not unchanged:
-            unbind_call_wrappers(modules)
             compiled = compiled_while_profiling(self._entries, modules, owns)
             if compiled is not None:  # its times are partial: no profile rather than a wrong one
                 raise RuntimeError(compiled)
@@ -775,6 +784,7 @@ class LayerProf:
         if passed:  # (the texts the plan keeps are this reading's)
             assert plan is not None
             plan.checked = read
+            plan.around = compiled_around(modules, owns)  # (a module compiled in place in the block, or since)
         stats, meters = self._stats, tuple(self.metrics)
         # Made when the profile is first read where nothing needed the records while the block ran, and every
         # meter fills from its own numbers: a one-shot profile that is never read never makes them.

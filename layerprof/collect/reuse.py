@@ -55,8 +55,7 @@ _LAZY = nn.parameter.UninitializedTensorMixin
 _dereference = weakref.ref.__call__
 # What ``Plan.first_parameter`` gives where the plan cannot tell.
 UNKNOWN = object()
-# A fingerprint piece's classes, pre-hook dict ids, children's counts, children's ids and pre-hook counts
-# (``_piece``'s order).
+# A fingerprint piece's classes, pre-hook dict ids, children's counts and children's ids (``_piece``'s order).
 _types, _hook_ids, _child_counts, _child_ids = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(4)
 _tables = itemgetter("_modules", "_parameters", "_buffers", "_forward_pre_hooks")
 _children_and_params = itemgetter("_modules", "_parameters")
@@ -248,8 +247,6 @@ class Plan:
         self.types: list[type] = [*_flat(map(_types, key))]
         self._child_counts: list[int] = [*_flat(map(_child_counts, key))]
         self._child_ids: list[int] = [*_flat(map(_child_ids, key))]
-        # Entry indices of the modules with forward pre-hooks of their own, which the key checks: a block that
-        # reuses the plan hooks them without reading every module's hook dict again.
         # The tracker's names (id of a module's forward pre-hook dict -> first name), which the key checks.
         self.hook_names = {} if self.key is None else dict(zip(_flat(map(_hook_ids, key)), by_name))
         self.values: dict[str, Any] = {}

@@ -307,7 +307,8 @@ _PARKED: list[Tracker] = []
 
 
 class Tracker:
-    """Puts forward hooks on modules, graph hooks on the nodes their forward creates, and collects CallTraces."""
+    """Times module calls (a call wrapper, hooks where a module has its own), puts graph hooks on the nodes their
+    forward creates, and collects CallTraces."""
 
     @classmethod
     def made(cls, sync: bool = False, cpu_clock: CpuClock | None = None) -> Tracker:
@@ -404,10 +405,11 @@ class Tracker:
             # compile) gets a pre-hook of ours after its own and a hook before its own, on it for the block; the
             # calls of every other module are timed by the call wrapper.
             if around is None:
-                around = list(map(found.__getitem__, calling_around(found, set(map(type, found)))))
+                around = calling_around(found)
             if around:
                 _drain_keys(self.wrapped_names, around)
                 self._handles.append(add_forward_hooks_to(around, pre, post))
+            self.active = True  # (before the wrapper: a call it begins on another thread then ends as well)
             if self._wrapper is None:
                 # The wrapper times calls while this attach's token is the tracker's: one left inside another
                 # tool's function after its block (``add_call_wrapper``) never does again, this tracker reused or not.
@@ -416,7 +418,6 @@ class Tracker:
         except BaseException:
             self.detach()
             raise
-        self.active = True
 
     def drop_copied_hooks(self, module: nn.Module) -> None:
         """Take off the hooks of this tracker that ``module`` carries without having been attached: a deep copy
@@ -433,6 +434,7 @@ class Tracker:
     def detach(self, ended: bool = False) -> None:
         """Remove every module hook. Graph hooks die with the graph and do nothing once their step has ended
         (``ended``: the step was just closed by ``end_step``, with no forward since)."""
+        self._token = None  # (first: a call the wrapper begins from now on is not one the hooks cannot end)
         self.active = False
         if not ended:
             self.end_step()
@@ -441,7 +443,6 @@ class Tracker:
         self._attached = []
         handles, self._handles = self._handles, []
         wrapper, self._wrapper = self._wrapper, None
-        self._token = None
         self.wrapped_names.clear()
         if wrapper is not None:
             remove_call_wrapper(wrapper)
@@ -654,7 +655,9 @@ class Tracker:
             call.seq_end = seq = next_seq()
             state.bounds.append(seq)
             state.owners.append(stack[-1] if stack else None)
-            error = handled() if output is None else None
+            # (also where forward returned: torch's except path calls this hook with the output when a global hook
+            # after forward raised, and the call then raised to its caller)
+            error = handled()
             handling = call.handling
             if handling is not None:
                 call.handling = None
@@ -683,6 +686,28 @@ class Tracker:
         # backward hook wraps them. They come off as the call ends, so that the module runs as it does unprofiled
         # between calls (``nn.TransformerEncoderLayer`` takes its fused path only where its children carry no hook).
         own_key = hook_key()
+        # Modules with hooks of their own whose calls are under way, by id of their pre-hook dict (shared by a
+        # DataParallel replica and its original) -> (calls, what add_forward_hooks returned): ours go on with the
+        # first call and off with the last, whatever the threads (a recursive call finds them on).
+        in_flight: dict[int, tuple[int, Any]] = {}
+        in_flight_lock = threading.Lock()
+
+        def hooked_call(inner: Callable[..., Any], module: nn.Module, args: Any, kwargs: Any) -> Any:
+            key = id(module._forward_pre_hooks)
+            with in_flight_lock:
+                calls, added = in_flight.get(key, (0, None))
+                if not calls:
+                    added = add_forward_hooks(module, forward_pre, forward_post, own_key)
+                in_flight[key] = (calls + 1, added)
+            try:
+                return inner(module, *args, **kwargs)
+            finally:
+                with in_flight_lock:
+                    calls, added = in_flight.pop(key)
+                    if calls > 1:
+                        in_flight[key] = (calls - 1, added)
+                    else:
+                        remove_forward_hooks(module, added)
 
         def make_call(inner: Callable[..., Any], token: object) -> Callable[..., Any]:
             def call_impl(module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
@@ -694,15 +719,9 @@ class Tracker:
                     if inner_module is not None and id(inner_module._forward_pre_hooks) in names:
                         refuse_compiled_wrapper(module, names[id(inner_module._forward_pre_hooks)])
                     return inner(module, *args, **kwargs)
-                pre_hooks = module._forward_pre_hooks
-                if pre_hooks or module._forward_hooks or module._backward_hooks or module._backward_pre_hooks:
-                    if own_key in pre_hooks:  # a call of it under way (it recursed): ours are on, for this call too
-                        return inner(module, *args, **kwargs)
-                    added = add_forward_hooks(module, forward_pre, forward_post, own_key)
-                    try:
-                        return inner(module, *args, **kwargs)
-                    finally:
-                        remove_forward_hooks(module, added)
+                if (module._forward_pre_hooks or module._forward_hooks or module._backward_hooks
+                        or module._backward_pre_hooks):
+                    return hooked_call(inner, module, args, kwargs)
                 begin(module, name, args, kwargs)
                 try:
                     output = inner(module, *args, **kwargs)

@@ -23,7 +23,6 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-
 from .._torch import add_call_wrapper, remove_call_wrapper
 from ..collect.profiler import LayerProf
 from ..collect.schedule import Schedule
