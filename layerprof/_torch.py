@@ -474,12 +474,16 @@ def compiled_around(modules: list[Any], owns: list[dict[str, Any]] | None = None
     return [index for index, own in enumerate(owns) if own.get("_compiled_call_impl") is not None]
 
 
-def calling_around(modules: list[Any]) -> list[Any]:
-    """The modules of ``modules`` whose calls do not go through ``Module._call_impl``: those of
-    ``classes_calling_around`` and those of ``compiled_around``."""
-    own = classes_calling_around(set(map(type, modules)))
+def calling_around(modules: list[Any], classes: Iterable[type] | None = None,
+                   compiled: list[int] | None = None) -> list[Any]:
+    """The modules of ``modules`` whose calls do not go through ``Module._call_impl``: those of the classes
+    ``classes_calling_around`` finds among ``classes`` (else the modules' classes), and those of ``compiled_around``
+    (``compiled``: its answer, where the caller has it)."""
+    own = classes_calling_around(set(map(type, modules)) if classes is None else classes)
     around = [module for module in modules if type(module) in own] if own else []
-    return around + [modules[index] for index in compiled_around(modules) if type(modules[index]) not in own]
+    if compiled is None:
+        compiled = compiled_around(modules)
+    return around + [modules[index] for index in compiled if type(modules[index]) not in own]
 
 
 def compiled_in_place(paths: list[tuple[str, Any]], modules: list[Any] | None = None,

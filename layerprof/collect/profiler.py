@@ -23,7 +23,7 @@ from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters, measures
 from ..metrics.peaks import check_peaks
 from .._torch import add_module_registration_hook, compiled_module_type, remove_module_registration_hook
-from .._torch import classes_calling_around, compiled_around, submodules, unbind_call_wrappers
+from .._torch import calling_around, compiled_around, submodules, unbind_call_wrappers
 from ..profile import Profile
 from ..record.records import ModuleRecord, module_paths
 from .schedule import Action, Schedule
@@ -371,9 +371,7 @@ class LayerProf:
             plan.around = compiled_around(modules, owns)
         # For the first attach: those, and the modules of a class with a _call_impl of its own (read each time: a
         # class decorated since keeps its name and forward). A later attach (a schedule's) reads the modules.
-        own = classes_calling_around(plan.classes)
-        self._around = [*(module for module in map(modules.__getitem__, plan.around) if type(module) not in own),
-                        *((module for module in modules if type(module) in own) if own else ())]
+        self._around = calling_around(modules, plan.classes, plan.around)
         for holder in list(_PROFILED):  # (giving way stops a holder, which takes it out of _PROFILED)
             held = holder._names
             if not held.keys().isdisjoint(plan.names) and not (holder._give_way is not None and holder._give_way()):
