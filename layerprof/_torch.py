@@ -294,8 +294,9 @@ def _unpin_dynamo() -> None:
 def unbind_call_wrappers(modules: list[Any], owns: list[dict[str, Any]] | None = None) -> None:
     """Give the modules of ``modules`` (``owns``: their ``__dict__``, where read) compiled in place with
     ``disable=True`` while a call wrapper was on (``.compile()`` stores ``module._call_impl`` as it finds it: then
-    the wrapper's chain, bound to the module) what they would hold otherwise: torch's ``_call_impl`` bound to them.
-    Nothing while dynamo is not loaded."""
+    the wrapper's chain, bound to the module) what they would hold otherwise: torch's ``_call_impl`` bound to them
+    (what the chain was built on, past every chain whose wrappers were all removed). Nothing while dynamo is not
+    loaded."""
     if vars(torch).get("_dynamo") is None:
         return
     if owns is None:
@@ -304,11 +305,9 @@ def unbind_call_wrappers(modules: list[Any], owns: list[dict[str, Any]] | None =
         return
     for module, own in zip(modules, owns):
         func = getattr(own.get("_compiled_call_impl"), "__func__", None)
-        if type(func) is not types.FunctionType or func not in _made:
-            continue
-        while type(func) is types.FunctionType and func in _made:  # (down to what the first chain was built on)
-            func = _made[func][0]
-        own["_compiled_call_impl"] = types.MethodType(func, module)
+        base = _past_dead_chains(func)
+        if base is not func:
+            own["_compiled_call_impl"] = types.MethodType(base, module)
 
 
 def add_module_registration_hook(hook: Callable[..., Any]) -> Any:

@@ -308,16 +308,23 @@ def test_verify_plan_of_a_step_through_a_compiled_wrapper_says_to_pass_an_eager_
     assert result.measured_saved_bytes == plan.saved_bytes_after
 
 
-@torch.compiler.disable
-class DisabledClass(nn.Module):
-    # torch.compiler.disable on a class gives it a _call_impl of its own (torch's, wrapped): its calls skip
-    # nn.Module._call_impl, so the block's call wrapper, and are timed by hooks on the module instead.
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = nn.Linear(8, 8)
+def proj_relu_class() -> type[nn.Module]:
+    """A new class each call (a Linear, then relu), for a test to put under torch.compiler.disable."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x).relu()
+    class ProjRelu(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.proj(x).relu()
+
+    return ProjRelu
+
+
+# torch.compiler.disable on a class gives it a _call_impl of its own (torch's, wrapped): its calls skip
+# nn.Module._call_impl, so the block's call wrapper, and are timed by hooks on the module instead.
+DisabledClass = torch.compiler.disable(proj_relu_class())
 
 
 def test_a_class_under_torch_compiler_disable_is_profiled_as_eager_code() -> None:
@@ -371,14 +378,7 @@ def test_a_disabled_compile_made_during_a_schedule_is_timed_in_the_later_recorde
 def test_a_class_put_under_torch_compiler_disable_after_a_profile_is_timed_in_the_next() -> None:
     # torch.compiler.disable(cls) gives the class a _call_impl of its own: read at every block's start (the plan's
     # modules and their dicts are unchanged), so its instances get hooks of their own from the next block.
-    class Later(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.proj = nn.Linear(8, 8)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.proj(x).relu()
-
+    Later = proj_relu_class()
     model = nn.Sequential(nn.Linear(4, 8), Later(), nn.Linear(8, 1))
     for decorate in (False, False, True):
         if decorate:
