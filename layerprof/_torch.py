@@ -32,6 +32,7 @@ __all__ = [
     "unbind_call_wrappers", "calling_around", "classes_calling_around",
     "compiled_around",
     "add_module_registration_hook", "remove_module_registration_hook",
+    "add_backward_entry_hook", "remove_backward_entry_hook",
     "with_forward_pre_hooks", "NodeHooker", "cuda_raw_stream", "cuda_event_record",
     "dict_version", "eager_forwards",
 ]
@@ -308,6 +309,59 @@ def unbind_call_wrappers(modules: list[Any], owns: list[dict[str, Any]] | None =
         base = _past_dead_chains(func)
         if base is not func:
             own["_compiled_call_impl"] = types.MethodType(base, module)
+
+
+# -- the entry of every backward pass started from Python ---------------------------------------------------------
+# ``torch.autograd.backward`` and ``torch.autograd.grad`` (so ``Tensor.backward``, ``torch.func``'s transforms,
+# checkpoint's reentrant backward) start the engine through ``torch.autograd._engine_run_backward``, a name looked up
+# in that module at each call (torch's own make_fx tracing puts a function there the same way). While a hook is
+# added, a function of ours stands there and calls the hooks before handing the call on.
+_ENTRY = "_engine_run_backward"
+_entry_hooks: dict[int, Callable[[], None]] = {}
+_entry_installed: list[Callable[..., Any]] = []  # the function of ours put there, while a hook is added
+# Every function of ours made -> what it hands calls on to: one found there again (put back by another tool that
+# had put its own around it) is looked through to what it was made around.
+_entry_made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_entry_lock = threading.Lock()
+
+
+def _entry_around(base: Callable[..., Any]) -> Callable[..., Any]:
+    def engine_entry(*args: Any, **kwargs: Any) -> Any:
+        for hook in tuple(_entry_hooks.values()):
+            hook()
+        return base(*args, **kwargs)
+
+    _entry_made[engine_entry] = base
+    return engine_entry
+
+
+def add_backward_entry_hook(hook: Callable[[], None]) -> int | None:
+    """Call ``hook()`` on the calling thread before every backward pass started from Python begins. Returns what
+    ``remove_backward_entry_hook`` takes, or None where this torch starts the engine otherwise (no hook added)."""
+    with _entry_lock:
+        if not _entry_hooks:
+            current = getattr(torch.autograd, _ENTRY, None)
+            if not callable(current):
+                return None
+            while current in _entry_made:
+                current = _entry_made[current]
+            entry = _entry_around(current)
+            setattr(torch.autograd, _ENTRY, entry)
+            _entry_installed[:] = [entry]
+        key = next(_HOOK_KEYS)
+        _entry_hooks[key] = hook
+        return key
+
+
+def remove_backward_entry_hook(key: int) -> None:
+    """Take off what ``add_backward_entry_hook`` added; what stood there goes back when no hook is left (unless
+    another tool put a function of its own there meanwhile: ours then stays inside it, calling no hook)."""
+    with _entry_lock:
+        _entry_hooks.pop(key, None)
+        if not _entry_hooks and _entry_installed:
+            entry = _entry_installed.pop()
+            if getattr(torch.autograd, _ENTRY, None) is entry:
+                setattr(torch.autograd, _ENTRY, _entry_made[entry])
 
 
 def add_module_registration_hook(hook: Callable[..., Any]) -> Any:

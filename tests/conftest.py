@@ -17,8 +17,10 @@ TORCH_CALL_IMPL = vars(torch.nn.Module)["_call_impl"]
 
 def hook_state(model: torch.nn.Module, calls: bool = True) -> dict[str | None, tuple]:
     """Every hook dict of every module, to check that profiling leaves the model as it found it, and (``calls``)
-    what ``nn.Module`` runs for a call, under the key None: torch's own ``_call_impl`` once every block is over."""
-    state: dict[str | None, tuple] = {None: (vars(torch.nn.Module)["_call_impl"],)} if calls else {}
+    what ``nn.Module`` runs for a call and what starts a backward pass, under the key None: torch's own
+    ``_call_impl`` and ``torch.autograd._engine_run_backward`` once every block is over."""
+    state: dict[str | None, tuple] = {None: (vars(torch.nn.Module)["_call_impl"], torch.autograd._engine_run_backward)
+                                      } if calls else {}
     for name, module in model.named_modules():
         state[name] = tuple(
             tuple(getattr(module, attr).keys())

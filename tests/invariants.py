@@ -6,6 +6,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from torch import nn
+from torch.nn.modules.module import register_module_forward_pre_hook
 
 from layerprof import LayerProf
 
@@ -37,17 +38,24 @@ def adopted_ms(record) -> tuple[float, float]:
 
 @contextmanager
 def count_calls(model: nn.Module) -> Iterator[Counter]:
-    """Count forward calls per qualified name with plain hooks: the reference for ``calls``."""
+    """Count forward calls per qualified name: the reference for ``calls``. With a global pre-hook (torch's
+    ``register_module_forward_pre_hook``), which leaves the modules without hooks of their own, so that layerprof
+    times them as it does a user's: by its call wrapper, not by the hooks it puts on a module that carries some."""
     counts: Counter = Counter()
-    handles = [
-        module.register_forward_pre_hook(lambda m, a, name=name: counts.update([name]))
-        for name, module in model.named_modules()
-    ]
+    names = {id(module): name for name, module in model.named_modules()}
+    modules = [module for _, module in model.named_modules()]  # (held: their ids stay theirs)
+
+    def count(module: nn.Module, args: object) -> None:
+        name = names.get(id(module))
+        if name is not None:
+            counts.update([name])
+
+    handle = register_module_forward_pre_hook(count)
     try:
         yield counts
     finally:
-        for handle in handles:
-            handle.remove()
+        handle.remove()
+        del modules
 
 
 def check_profile(prof: LayerProf, model: nn.Module, backward: bool = True,

@@ -1,6 +1,7 @@
 """Small models with the awkward features real models have."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,3 +125,17 @@ def scalar_loss(output: Any) -> torch.Tensor:
     if getattr(output, "loss", None) is not None:
         return output.loss
     return output[0].float().pow(2).mean()
+
+
+class SleepsInBackward(torch.autograd.Function):
+    """Identity whose backward sleeps ``seconds``: a pass that runs it, timed, shows at least the sleep."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, seconds: float) -> torch.Tensor:
+        ctx.seconds = seconds
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        time.sleep(ctx.seconds)
+        return grad, None

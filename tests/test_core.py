@@ -14,6 +14,8 @@ from torch.utils.checkpoint import checkpoint
 
 from layerprof import LayerProf
 from layerprof._tensors import first_tensor
+from layerprof._torch import add_backward_entry_hook
+from layerprof.collect import tracker as tracker_module
 from layerprof.collect.profiler import _PROFILED
 
 from .conftest import TORCH_CALL_IMPL, hook_state
@@ -463,6 +465,73 @@ def test_a_call_impl_replaced_by_another_tool_inside_the_block_is_left_in_place(
         model(torch.randn(2, 8))
     assert vars(nn.Module)["_call_impl"] is TORCH_CALL_IMPL
     assert last.tree.calls == 1 and prof.tree.calls == later.tree.calls == 1
+
+
+class _GradInForward(nn.Module):
+    """Takes the gradient of its child's output with respect to its input inside its own forward (a force as the
+    gradient of an energy), while the model's call is still open; the child's backward sleeps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.energy = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1))
+
+    def forward(self, pos: torch.Tensor) -> torch.Tensor:
+        energy = self.energy(pos).sum()
+        energy.register_hook(lambda grad: time.sleep(0.02))  # (on the child's output: runs in both passes)
+        force, = torch.autograd.grad(energy, pos, create_graph=True)
+        return energy + force.pow(2).sum()
+
+
+TORCH_ENGINE_ENTRY = torch.autograd._engine_run_backward
+
+
+def _grad_in_forward_profile() -> LayerProf:
+    model = nn.Sequential(_GradInForward())
+    with LayerProf(model) as prof:
+        model(torch.randn(4, 3, requires_grad=True)).backward()
+    check_profile(prof, model)
+    # The pass inside the forward ran the child's nodes: hooked by then, as their calls returned before it.
+    assert prof.records["0.energy.2"].backward_ms > 0 and prof.records["0.energy.0"].backward_ms > 0
+    return prof
+
+
+def test_a_backward_entry_replaced_by_another_tool_is_left_in_place_and_handed_on() -> None:
+    # Another tool puts a function of its own where torch.autograd starts the engine, calling what it found (ours),
+    # inside a block: the block's end leaves it there, and ours inside it hands each pass on. A later block uses it
+    # as it is; once the tool puts back what it found, the next block's end restores torch's.
+    found: list[Any] = []
+    passes: list[int] = []
+
+    def theirs(*args: Any, **kwargs: Any) -> Any:
+        passes.append(1)
+        return found[0](*args, **kwargs)
+
+    model = nn.Sequential(_GradInForward())
+    try:
+        with LayerProf(model) as prof:
+            found.append(torch.autograd._engine_run_backward)
+            assert found[0] is not TORCH_ENGINE_ENTRY  # ours, while the block runs
+            torch.autograd._engine_run_backward = theirs
+            model(torch.randn(4, 3, requires_grad=True)).backward()
+        assert torch.autograd._engine_run_backward is theirs and len(passes) == 2
+        assert prof.records["0.energy.2"].backward_ms > 0
+        later = _grad_in_forward_profile()
+        assert torch.autograd._engine_run_backward is theirs and len(passes) == 4 and later.tree.calls == 1
+    finally:
+        torch.autograd._engine_run_backward = found[0] if found else TORCH_ENGINE_ENTRY
+    _grad_in_forward_profile()
+    assert torch.autograd._engine_run_backward is TORCH_ENGINE_ENTRY
+
+
+def test_without_a_backward_entry_to_hook_each_call_is_walked_as_it_returns(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A torch that starts the engine otherwise: no hook of ours goes on, so no walk waits for the outermost call,
+    # and a pass inside the forward still runs hooked nodes.
+    monkeypatch.setattr(torch.autograd, "_engine_run_backward", None)
+    assert add_backward_entry_hook(lambda: None) is None and torch.autograd._engine_run_backward is None
+    monkeypatch.undo()
+    monkeypatch.setattr(tracker_module, "add_backward_entry_hook", lambda hook: None)
+    _grad_in_forward_profile()
+    assert torch.autograd._engine_run_backward is TORCH_ENGINE_ENTRY
 
 
 def test_torchscript_modules_called_inside_the_block_run_as_they_do_unprofiled() -> None:

@@ -15,6 +15,7 @@ from layerprof import LayerProf
 from layerprof.collect.profiler import _PROFILED
 
 from .conftest import hook_state
+from .models import SleepsInBackward
 
 # 50 ms of backward in one node: far above a 4x4 Linear's backward, even on a loaded machine. A module that must not
 # hold it is checked under the whole sleep (what holding it would add), not half of it: a preemption of its backward
@@ -144,6 +145,59 @@ class HooksItsOutput(nn.Module):
         return y
 
 
+class OwnCodeAroundAChild(nn.Module):
+    """Its own slow node made before child ``a`` runs, joined after it: in backward ``a``'s nodes run between the
+    join and the slow node, which only the join leads to, and which ``b``'s walk reaches through the join."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        slow = SleepsInBackward.apply(x, SLEEP_S)
+        return self.b(slow * self.a(x))
+
+
+def test_own_nodes_behind_a_node_an_inner_walk_met_count_in_their_owner() -> None:
+    # b's walk meets the parent's join (a product) below its range and hands it to the parent, whose walk goes on
+    # from it to the slow node: hooked, so its sleep counts in the parent's own backward, not in ``a``'s (whose nodes
+    # run just before it). The parent's walk comes after b's, and both after the model's call returned.
+    torch.manual_seed(0)
+    model = nn.Sequential(OwnCodeAroundAChild(), nn.Linear(4, 1))
+    with LayerProf(model) as prof:
+        model(torch.randn(2, 4, requires_grad=True)).sum().backward()
+    slept = SLEEP_S * 1e3
+    assert prof.records["0"].self_backward_ms >= slept > prof.records["0.a"].backward_ms
+    assert prof.records["0.b"].backward_ms < slept
+
+
+class HooksItsChildsOutput(nn.Module):
+    """Hooks its first child's output in its own forward (after that child's call returned)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.first(x)
+        h.register_hook(lambda grad: time.sleep(SLEEP_S))
+        return self.second(h)
+
+
+def test_a_hook_a_forward_puts_on_an_inner_calls_output_counts_in_the_module_whose_node_ran_before() -> None:
+    # The nodes of the calls inside a model's call are hooked as the outermost call returns (made one after another,
+    # the walks cost less than each made as its call returns), so a hook that code inside the forward puts on an
+    # inner call's output runs before layerprof's: in the backward of the module whose node ran before, ``second``.
+    # (A forward hook of the inner module's own would run after layerprof's hook: the test above.)
+    torch.manual_seed(0)
+    model = nn.Sequential(HooksItsChildsOutput(), nn.Linear(4, 1))
+    with LayerProf(model) as prof:
+        model(torch.randn(2, 4)).sum().backward()
+    slept = SLEEP_S * 1e3
+    assert prof.records["0.second"].backward_ms >= slept > prof.records["0.first"].backward_ms
+    assert prof.records["0"].backward_ms >= slept > prof.records["1"].backward_ms
+
+
 def _hook_output(module: nn.Module, hook: Any, on_node: bool) -> None:
     """A forward hook of the user's that hooks the module's output (its tensor, or its graph node)."""
 
@@ -157,8 +211,8 @@ def _hook_output(module: nn.Module, hook: Any, on_node: bool) -> None:
 
 
 def test_your_hooks_on_tensors_and_graph_nodes_change_gradients_as_before_and_count_where_they_run() -> None:
-    # layerprof's hook on a graph node runs before the hooks you put on that node or on its output tensor once the
-    # module's call has returned: they count in the backward of the module that made the node. A tensor hook put
+    # layerprof's hook on a graph node runs before the hooks a forward hook of the module puts on that node or on its
+    # output tensor: they count in the backward of the module that made the node. A tensor hook put
     # inside the module's forward runs before layerprof's: in the module whose node ran before (the next one).
     def doubles(grad: torch.Tensor) -> torch.Tensor:
         time.sleep(SLEEP_S)

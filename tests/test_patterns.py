@@ -16,6 +16,7 @@ from layerprof.collect.clock import CudaEventClock
 from layerprof.collect.tracker import Tracker
 
 from .invariants import check_profile, check_truth, count_calls
+from .models import SleepsInBackward
 
 
 def _timed_backward(loss: torch.Tensor, **kwargs: Any) -> float:
@@ -153,22 +154,9 @@ def test_gradient_penalty_double_backward_counts_nothing_twice() -> None:
 
 
 # -- a backward pass inside a forward (forces as the gradient of an energy) -----------------------------------
-class _SlowBackward(torch.autograd.Function):
-    """Identity whose backward sleeps: a pass that runs it and is timed shows at least the sleep."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        time.sleep(0.02)
-        return grad
-
-
 class _SlowLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(_SlowBackward.apply(x))
+        return super().forward(SleepsInBackward.apply(x, 0.02))
 
 
 class _Energy(nn.Module):

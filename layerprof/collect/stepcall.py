@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from .._torch import next_sequence_nr
-from .tracker import CallTrace, Tracker
+from .tracker import CallTrace, Tracker, walk_pending
 
 __all__ = ["RootStep"]
 
@@ -72,6 +72,8 @@ class RootStep:
         state.bounds.append(seq)
         state.owners.append(stack[-1] if stack else None)
         call.raised = failed
+        if not stack and state.pending:  # the walks of its calls, which waited for the outermost one to return
+            walk_pending()
 
     def backward_begins(self) -> None:
         """The trainer's backward pass begins (again: a later stamp replaces an earlier one)."""

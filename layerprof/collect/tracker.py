@@ -3,13 +3,15 @@
 Forward boundaries come from module pre/post hooks. Backward boundaries come from hooks on the autograd graph
 nodes that the module's forward *created*, never from what it returned: every node created between a module's
 pre-hook and post-hook has a sequence number in ``[seq_start, seq_end)``, and the innermost call open when a node
-was made is its *owner*. At each call's post-hook the tracker walks the graph from the call's outputs (or, for a
-call that returns nothing with a graph, from the tensors it left on its module) through the nodes of its range
-that no earlier walk reached, so each node is walked once per step, and puts one pre-hook on each. A walk stops at
-its range's lower end; a node below it that no walk reached yet is the enclosing call's own (a parent's code
-between two children, which the parent's walk cannot reach through the children's walked nodes): it is handed to
-the innermost open call whose range holds it, and that call's walk hooks it. A node no profiled call made (the
-user's code before the model) gets a hook that only ends the previous owner's interval.
+was made is its *owner*. For each call the tracker walks the graph from the call's outputs (or, for a call that
+returns nothing with a graph, from the tensors it left on its module) through the nodes of its range that no
+earlier walk reached, so each node is walked once per step, and puts one pre-hook on each. The walks are made in
+the order the calls returned: an outermost call's as it returns, after those of the calls inside it, which wait
+for it (``_walk_later``; a backward pass that starts before, or a call that raises, makes them first). A walk
+stops at its range's lower end; a node below it that no walk reached yet is the enclosing call's own (a parent's
+code between two children, which the parent's walk cannot reach through the children's walked nodes): it is
+handed to the innermost enclosing call whose range holds it, and that call's walk hooks it. A node no profiled
+call made (the user's code before the model) gets a hook that only ends the previous owner's interval.
 
 In backward, a node's pre-hook starts its owner's interval for the running pass (graph task) if not started
 yet, and ends the interval of the owner of the node that started before it in the same pass: a node's work lasts
@@ -52,6 +54,7 @@ from .._torch import graph_task_id as _graph_task_id
 from .._torch import next_sequence_nr as _next_sequence_nr
 from .._torch import add_call_wrapper, add_forward_hooks_to, escaped_backward, remove_call_wrapper
 from .._torch import add_forward_hooks, calling_around, hook_key, remove_forward_hooks
+from .._torch import add_backward_entry_hook, remove_backward_entry_hook
 from .._torch import remove_forward_hooks_from
 from .._torch import NodeHooker
 from .._torch import batched_grad_fn as _batched_grad_fn
@@ -272,10 +275,41 @@ def _thread_hooker() -> NodeHooker:
         return hooker
 
 
+# Each thread's walks put off until its outermost call returns (``_walk_later``), every tracker's in one list, in the
+# order the calls returned: (thread state, call, start nodes, whether every node of the range is the call's own).
+_PENDING = threading.local()
+
+
+def _thread_pending() -> list[tuple[Any, ...]]:
+    try:
+        return _PENDING.walks
+    except AttributeError:
+        walks = _PENDING.walks = []
+        return walks
+
+
+def walk_pending() -> None:
+    """Make this thread's walks that wait for its outermost call to return: a backward pass is about to start
+    (``add_backward_entry_hook``), which may run their nodes."""
+    walks = getattr(_PENDING, "walks", None)
+    if walks:
+        _walk_all(walks)
+
+
+def _walk_all(walks: list[tuple[Any, ...]]) -> None:
+    """Make the walks put off, in the order their calls returned (a call's sub-calls before it, as when each walk
+    runs as its call returns), and empty the list."""
+    todo = walks.copy()
+    walks.clear()
+    for state, call, nodes, own in todo:
+        if call.step.open:  # (else its step ended with the call still open, and its hooks would do nothing)
+            _walk_nodes(call, nodes, state, own)
+
+
 class _ThreadState:
     """Per thread: the open calls, and which call owned each range of sequence numbers during the step."""
 
-    __slots__ = ("stack", "bounds", "owners", "walked", "hooker", "thread")
+    __slots__ = ("stack", "bounds", "owners", "walked", "hooker", "pending", "thread")
 
     def __init__(self) -> None:
         self.stack: list[CallTrace] = []
@@ -285,6 +319,7 @@ class _ThreadState:
         self.owners: list[CallTrace | None] = []
         self.walked: set[int] = set()  # sequence numbers of the nodes walked this step (ints: no node kept alive)
         self.hooker = _thread_hooker()  # hooks graph nodes with their owner's hook dict ``{0: owner}``
+        self.pending = _thread_pending()  # the thread's walks put off, shared by every tracker (``_walk_later``)
         self.thread = threading.get_ident()
 
     def clear(self) -> None:
@@ -298,6 +333,9 @@ class _ThreadState:
         # lets go of its last dict as it ends.
         if threading.get_ident() == self.thread:
             self.hooker.clear()
+            pending = self.pending
+            if pending:  # walks of a call still open as its step ends (an interrupted forward): never made
+                pending[:] = [walk for walk in pending if walk[0] is not self]
 
 
 # The tracker of the last block that made a profile, reset to as new, for the next block to take (``Tracker.made``):
@@ -349,6 +387,10 @@ class Tracker:
         # a pre-hook of ours after theirs and a hook before theirs, so that the user's hooks are not timed.
         self.wrapped_names: dict[int, str] = {}
         self._wrapper: int | None = None  # what add_call_wrapper returned
+        # What add_backward_entry_hook returned: while set, inner calls' walks wait for the outermost call to return
+        # (``_walk_later``), and a backward pass started before that makes them first.
+        self._entry: int | None = None
+        self.defers = False
         self._token: object | None = None  # the token of the call wrapper of the attach under way
         # What each attach hooked, (name, module) pairs, for the class names in the notes on exceptions: searched
         # then, not made into a dict by name at every block (ten thousand entries to make and free for a note).
@@ -415,6 +457,9 @@ class Tracker:
                 # tool's function after its block (``add_call_wrapper``) never does again, this tracker reused or not.
                 self._token = token = object()
                 self._wrapper = add_call_wrapper(functools.partial(make_call, token=token))
+            if self._entry is None:
+                self._entry = add_backward_entry_hook(walk_pending)
+                self.defers = self._entry is not None
         except BaseException:
             self.detach()
             raise
@@ -446,6 +491,10 @@ class Tracker:
         self.wrapped_names.clear()
         if wrapper is not None:
             remove_call_wrapper(wrapper)
+        entry, self._entry = self._entry, None
+        self.defers = False
+        if entry is not None:
+            remove_backward_entry_hook(entry)
         for added in handles:
             remove_forward_hooks_from(added)
 
@@ -666,6 +715,8 @@ class Tracker:
                 # module it leaves: the exception itself then says it was noted, so no identity is kept here
                 # (id() is reused, and holding the exception would keep its traceback's frames alive).
                 call.raised = True
+                if state.pending:  # its sub-calls' walks first, which may defer nodes to it
+                    _walk_all(state.pending)
                 if call.deferred is not None:
                     _hook_deferred(call, state)
                 if not has_note(error):
@@ -673,7 +724,22 @@ class Tracker:
                 return None
             tracker.returned += 1
             if seq > call.seq_start:
-                _walk(call, output, module, state)
+                lo = call.seq_start
+                bounds = state.bounds
+                own = bounds[-2] == lo and state.owners[-2] is call
+                # An inner call's walk waits for the outermost call to return, unless the module carries hooks
+                # (ours among them: a hook of its own after ours may hook its outputs' nodes, and ours must run
+                # first in backward, FSDP's pre-backward hooks for one), a forward observer (a meter) reads the
+                # call's nodes as it returns, or the call is a recomputation in backward.
+                if (stack and tracker.defers and not module._forward_hooks and not call.recompute
+                        and not tracker.observers):
+                    _walk_later(call, output, module, state, own)
+                else:
+                    if state.pending:
+                        _walk_all(state.pending)
+                    _walk(call, output, module, state, own)
+            elif not stack and state.pending:
+                _walk_all(state.pending)
             for observer in tracker.observers:
                 observer.forward_post(call, module, args, kwargs, output)
             return None
@@ -795,14 +861,32 @@ def _roots(output: Any, lo: int, hi: int) -> list[Any]:
     return roots
 
 
-def _walk(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState) -> None:
+def _walk(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState, own: bool) -> None:
     """Hook the nodes of ``[seq_start, seq_end)`` reachable from the call's outputs that no walk reached yet.
 
     A call whose outputs lead to none of its nodes (it returns None, or keeps its result on ``self``) is walked
-    from the tensors on its module instead."""
+    from the tensors on its module instead. ``own``: no sub-call made a node of the range (the last boundary before
+    the call's end is its start, or a sub-call's end at that same number), so no owner is looked up."""
+    nodes = _start_nodes(call, output, module, state.walked)
+    if nodes is not None:
+        _walk_nodes(call, nodes, state, own)
+
+
+def _walk_later(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState, own: bool) -> None:
+    """``_walk``, put off until the thread's outermost call returns (or a backward pass starts, or a call raises):
+    the walks of a forward, made one after another with nothing between, take about 60 % of the time they take
+    each made as its call returns, after the call's kernels have moved the walk's code and data out of the CPU's
+    caches. Only the start nodes are read now (the outputs and the module's tensors are not kept); a node holds
+    the graph behind it, which the model's output holds too, but for outputs the model drops: those stay until
+    the outermost call returns."""
+    state.pending.append((state, call, _start_nodes(call, output, module, None), own))
+
+
+def _start_nodes(call: CallTrace, output: Any, module: nn.Module, walked: set[int] | None) -> list[Any] | None:
+    """The nodes of the call's range its walk starts from, or None where its output's node was walked already by a
+    sub-call's walk (a container returning its last child's output; ``walked`` None: not read) and no node was
+    deferred to it."""
     lo, hi = call.seq_start, call.seq_end
-    walked = state.walked
-    deferred = call.deferred
     if isinstance(output, _Tensor):  # the common case, without building a list of tensors
         node = output.grad_fn
         if node is None:
@@ -813,14 +897,22 @@ def _walk(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState) 
             number = _sequence_nr(node)
             if not lo <= number < hi:
                 todo = []
-            elif number in walked and deferred is None:  # a container returning its last child's output
-                return
+            elif walked is not None and number in walked and call.deferred is None:
+                return None
             else:
                 todo = [node]
     else:
         todo = _roots(output, lo, hi)
     if not todo:
         todo = _roots([value for value in vars(module).values() if not isinstance(value, dict)], lo, hi)
+    return todo
+
+
+def _walk_nodes(call: CallTrace, todo: list[Any], state: _ThreadState, own: bool) -> None:
+    """The walk of ``call`` from ``todo`` (emptied), and from the nodes its sub-calls' walks deferred to it."""
+    lo, hi = call.seq_start, call.seq_end
+    walked = state.walked
+    deferred = call.deferred
     if deferred is not None:  # own nodes met by sub-calls' walks: behind their nodes, which are walked already
         call.deferred = None
         todo.extend(deferred)
@@ -834,9 +926,6 @@ def _walk(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState) 
     # The owner whose hook dict the hooker holds. A dict per owner and walk: a node holds its owner's dict, and
     # nothing else refers to it, so it goes with the graph.
     hooked: CallTrace | None = None
-    # No sub-call made a node when the last boundary before the post-hook's is the call's start (or a sub-call's
-    # end at that same number): every node of the range is the call's own, and no owner is looked up.
-    own = bounds[-2] == lo and owners[-2] is call
     owner = call
     while todo:
         node = todo.pop()
@@ -860,7 +949,7 @@ def _walk(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState) 
                     if next_number not in walked:
                         todo.append(successor)
                 elif next_number < lo and next_number not in walked:
-                    _defer(successor, next_number, state, call.step)
+                    _defer(successor, next_number, state, call)
                     hooked = None  # a node hooked there changed the hooker's dict
         if last:
             node.register_hook(owner.node_ended)
@@ -891,19 +980,21 @@ def _hook_deferred(call: CallTrace, state: _ThreadState) -> None:
         hooker.clear()  # as a recomputation's walk does: the hooker holds no finished call past it
 
 
-def _defer(node: Any, number: int, state: _ThreadState, step: _Step) -> None:
-    """A node made before the walking call began, not walked yet: hand it to the innermost open call whose range
-    holds it (its walk hooks it, with the owner the ranges say); a node that no open call made is hooked now, with
-    its owner if a finished call made it, else as made outside every profiled call."""
-    stack = state.stack
-    for index in range(len(stack) - 1, -1, -1):
-        holder = stack[index]
+def _defer(node: Any, number: int, state: _ThreadState, call: CallTrace) -> None:
+    """A node made before the walking call began, not walked yet: hand it to the innermost enclosing call whose
+    range holds it (its walk, which comes later, hooks it, with the owner the ranges say); a node that no enclosing
+    call made is hooked now, with its owner if a finished call made it, else as made outside every profiled call.
+    (The enclosing calls are those open when ``call`` returned: its parent and theirs.)"""
+    holder = call.parent
+    while holder is not None:
         if holder.seq_start <= number:
             if holder.deferred is None:
                 holder.deferred = [node]
             else:
                 holder.deferred.append(node)
             return
+        holder = holder.parent
+    step = call.step
     state.walked.add(number)
     index = bisect_right(state.bounds, number) - 1
     owner = state.owners[index] if index >= 0 else None
