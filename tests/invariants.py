@@ -37,25 +37,30 @@ def adopted_ms(record) -> tuple[float, float]:
 
 
 @contextmanager
-def count_calls(model: nn.Module) -> Iterator[Counter]:
+def count_calls(model: nn.Module, on_modules: bool = False) -> Iterator[Counter]:
     """Count forward calls per qualified name: the reference for ``calls``. With a global pre-hook (torch's
     ``register_module_forward_pre_hook``), which leaves the modules without hooks of their own, so that layerprof
-    times them as it does a user's: by its call wrapper, not by the hooks it puts on a module that carries some."""
+    times them as it does a user's: by its call wrapper. ``on_modules``: with a pre-hook on each module instead, so
+    that layerprof times every call by the hooks it puts beside a module's own."""
     counts: Counter = Counter()
-    names = {id(module): name for name, module in model.named_modules()}
-    modules = [module for _, module in model.named_modules()]  # (held: their ids stay theirs)
+    if on_modules:
+        handles = [module.register_forward_pre_hook(lambda m, a, name=name: counts.update([name]))
+                   for name, module in model.named_modules()]
+    else:
+        # (the modules held beside their names: their ids stay theirs)
+        named = {id(module): (name, module) for name, module in model.named_modules()}
 
-    def count(module: nn.Module, args: object) -> None:
-        name = names.get(id(module))
-        if name is not None:
-            counts.update([name])
+        def count(module: nn.Module, args: object) -> None:
+            entry = named.get(id(module))
+            if entry is not None:
+                counts.update([entry[0]])
 
-    handle = register_module_forward_pre_hook(count)
+        handles = [register_module_forward_pre_hook(count)]
     try:
         yield counts
     finally:
-        handle.remove()
-        del modules
+        for handle in handles:
+            handle.remove()
 
 
 def check_profile(prof: LayerProf, model: nn.Module, backward: bool = True,

@@ -2,6 +2,7 @@
 passes through one forward, modules that skip steps, recursion, modules that return nothing, CUDA-event stamps."""
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Callable
 
@@ -17,6 +18,13 @@ from layerprof.collect.tracker import Tracker
 
 from .invariants import check_profile, check_truth, count_calls
 from .models import SleepsInBackward
+
+
+@pytest.fixture(params=[False, True], ids=["call wrapper", "hooks beside the modules' own"])
+def counted(request: pytest.FixtureRequest) -> Callable[[nn.Module], Any]:
+    """count_calls, with the modules left without hooks (timed by the call wrapper) or each given a pre-hook (timed
+    by the hooks layerprof puts beside a module's own): the two ways a module's calls are timed."""
+    return functools.partial(count_calls, on_modules=request.param)
 
 
 def _timed_backward(loss: torch.Tensor, **kwargs: Any) -> float:
@@ -50,9 +58,9 @@ class InplaceOnViews(nn.Module):
         return self.head(flat)
 
 
-def test_inplace_ops_on_view_outputs_keep_every_backward() -> None:
+def test_inplace_ops_on_view_outputs_keep_every_backward(counted: Callable[[nn.Module], Any]) -> None:
     model = InplaceOnViews()
-    with count_calls(model) as reference, LayerProf(model) as prof:
+    with counted(model) as reference, LayerProf(model) as prof:
         loss = model(torch.randn(3, 4, 8)).pow(2).sum()
         wall = _timed_backward(loss)
     check_profile(prof, model)
@@ -85,9 +93,9 @@ class ResultOnSelf(nn.Module):
         return self.out(result.detach() * 0 + result)
 
 
-def test_module_returning_none_gets_backward_from_the_nodes_it_created() -> None:
+def test_module_returning_none_gets_backward_from_the_nodes_it_created(counted: Callable[[nn.Module], Any]) -> None:
     model = ResultOnSelf()
-    with count_calls(model) as reference, LayerProf(model) as prof:
+    with counted(model) as reference, LayerProf(model) as prof:
         wall = _timed_backward(model(torch.randn(4, 8)).sum())
     check_truth(prof, model, wall, reference)
     stash, fc = prof.records["stash"], prof.records["stash.fc"]
@@ -123,9 +131,9 @@ def _mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
 
 
-def test_retain_graph_passes_are_summed_never_spanned() -> None:
+def test_retain_graph_passes_are_summed_never_spanned(counted: Callable[[nn.Module], Any]) -> None:
     model = _mlp()
-    with count_calls(model) as reference, LayerProf(model) as prof:
+    with counted(model) as reference, LayerProf(model) as prof:
         loss = model(torch.randn(8, 16)).sum()
         wall = _timed_backward(loss, retain_graph=True)
         time.sleep(0.030)  # user code between the passes: in no module's backward
@@ -137,10 +145,10 @@ def test_retain_graph_passes_are_summed_never_spanned() -> None:
         assert prof.records[name].backward_ms > 0
 
 
-def test_gradient_penalty_double_backward_counts_nothing_twice() -> None:
+def test_gradient_penalty_double_backward_counts_nothing_twice(counted: Callable[[nn.Module], Any]) -> None:
     model = _mlp()
     x = torch.randn(8, 16, requires_grad=True)
-    with count_calls(model) as reference, LayerProf(model) as prof:
+    with counted(model) as reference, LayerProf(model) as prof:
         out = model(x)
         start = time.perf_counter()
         grad, = torch.autograd.grad(out.sum(), x, create_graph=True)
@@ -193,13 +201,14 @@ class _Potential(nn.Module):
         return self.forces(pos)
 
 
-def test_a_backward_inside_a_forward_times_the_calls_that_returned_before_it() -> None:
+def test_a_backward_inside_a_forward_times_the_calls_that_returned_before_it(
+        counted: Callable[[nn.Module], Any]) -> None:
     # A pass started inside the forward, while the root and ``forces`` are open, runs nodes of calls that have
     # returned: they must be hooked by then (each call is walked as it returns), or that pass goes untimed.
     walls: list[float] = []
     model = _Potential(walls)
     pos = torch.randn(4, 3, requires_grad=True)
-    with count_calls(model) as reference, LayerProf(model) as prof:
+    with counted(model) as reference, LayerProf(model) as prof:
         energy, forces = model(pos)
         wall = walls[0] + _timed_backward(energy)
     check_profile(prof, model)
@@ -229,9 +238,9 @@ class AuxHead(nn.Module):
         return out
 
 
-def test_module_that_skips_steps_is_averaged_over_every_step() -> None:
+def test_module_that_skips_steps_is_averaged_over_every_step(counted: Callable[[nn.Module], Any]) -> None:
     model = AuxHead()
-    with count_calls(model) as reference, LayerProf(model) as prof:
+    with counted(model) as reference, LayerProf(model) as prof:
         for _ in range(10):
             model.zero_grad(set_to_none=True)
             model(torch.randn(64, 16)).backward()
@@ -268,9 +277,9 @@ class HoldsRecursive(nn.Module):
         return self.block(x)
 
 
-def test_recursion_counts_the_outermost_call_in_inclusive_time() -> None:
+def test_recursion_counts_the_outermost_call_in_inclusive_time(counted: Callable[[nn.Module], Any]) -> None:
     model = HoldsRecursive()
-    with count_calls(model) as reference, LayerProf(model) as prof:
+    with counted(model) as reference, LayerProf(model) as prof:
         wall = _timed_backward(model(torch.randn(4, 8)).sum())
     check_truth(prof, model, wall, reference)
     block = prof.records["block"]
@@ -331,7 +340,8 @@ def fake_events(monkeypatch: pytest.MonkeyPatch) -> list[FakeEventClock]:
 
 
 @pytest.mark.parametrize("pattern", ["inplace", "retain_graph", "recursion"])
-def test_cuda_event_path_follows_the_same_rules(fake_events: list[FakeEventClock], pattern: str) -> None:
+def test_cuda_event_path_follows_the_same_rules(fake_events: list[FakeEventClock], pattern: str,
+                                               counted: Callable[[nn.Module], Any]) -> None:
     model: nn.Module
     run: Callable[[], float]
     if pattern == "inplace":
@@ -348,7 +358,7 @@ def test_cuda_event_path_follows_the_same_rules(fake_events: list[FakeEventClock
     else:
         model = HoldsRecursive()
         run = lambda: _timed_backward(model(torch.randn(4, 8)).sum())  # noqa: E731
-    with count_calls(model) as reference, LayerProf(model) as prof:
+    with counted(model) as reference, LayerProf(model) as prof:
         wall = run()
     assert fake_events and fake_events[0].settled == 1
     check_profile(prof, model)
