@@ -485,6 +485,33 @@ class _GradInForward(nn.Module):
 TORCH_ENGINE_ENTRY = torch.autograd._engine_run_backward
 
 
+class _Rollout(nn.Module):
+    """Calls its child many times in one forward, dropping all but the last output (a rollout's steps)."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__()
+        self.step = nn.Linear(2, 2)
+        self.steps = steps
+        self.most_pending = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.steps):
+            out = self.step(x)
+            self.most_pending = max(self.most_pending, len(tracker_module._thread_pending()))
+        return out
+
+
+def test_a_forward_that_loops_on_walks_its_inner_calls_before_too_many_wait() -> None:
+    # The walks of inner calls wait for the outermost call to return, holding the graphs of outputs it dropped: at
+    # most _MOST_PENDING of them; the calls and the backward of the one output kept are as ever.
+    model = _Rollout(steps=tracker_module._MOST_PENDING + 50)
+    with LayerProf(model) as prof:
+        model(torch.randn(3, 2)).sum().backward()
+    assert 50 <= model.most_pending < tracker_module._MOST_PENDING  # (it emptied once, at the limit)
+    assert prof.records["step"].calls == tracker_module._MOST_PENDING + 50
+    assert prof.records["step"].backward_ms > 0 and not tracker_module._thread_pending()
+
+
 def _grad_in_forward_profile() -> LayerProf:
     model = nn.Sequential(_GradInForward())
     with LayerProf(model) as prof:

@@ -278,6 +278,9 @@ def _thread_hooker() -> NodeHooker:
 # Each thread's walks put off until its outermost call returns (``_walk_later``), every tracker's in one list, in the
 # order the calls returned: (thread state, call, start nodes, whether every node of the range is the call's own).
 _PENDING = threading.local()
+# Walks put off at most, per thread: a forward that loops on (a rollout inside a module's call) and drops what its
+# inner calls return keeps no more of their graphs past their time than this many calls'.
+_MOST_PENDING = 4096
 
 
 def _thread_pending() -> list[tuple[Any, ...]]:
@@ -879,7 +882,10 @@ def _walk_later(call: CallTrace, output: Any, module: nn.Module, state: _ThreadS
     caches. Only the start nodes are read now (the outputs and the module's tensors are not kept); a node holds
     the graph behind it, which the model's output holds too, but for outputs the model drops: those stay until
     the outermost call returns."""
-    state.pending.append((state, call, _start_nodes(call, output, module, None), own))
+    pending = state.pending
+    pending.append((state, call, _start_nodes(call, output, module, None), own))
+    if len(pending) >= _MOST_PENDING:  # an outermost call that runs on (a loop inside a forward): walked now
+        _walk_all(pending)
 
 
 def _start_nodes(call: CallTrace, output: Any, module: nn.Module, walked: set[int] | None) -> list[Any] | None:
