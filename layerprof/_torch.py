@@ -314,11 +314,13 @@ def unbind_call_wrappers(modules: list[Any], owns: list[dict[str, Any]] | None =
 # -- the entry of every backward pass started from Python ---------------------------------------------------------
 # ``torch.autograd.backward`` and ``torch.autograd.grad`` (so ``Tensor.backward``, ``torch.func``'s transforms,
 # checkpoint's reentrant backward) start the engine through ``torch.autograd._engine_run_backward``, a name looked up
-# in that module at each call (torch's own make_fx tracing puts a function there the same way). While a hook is
-# added, a function of ours stands there and calls the hooks before handing the call on.
+# in that module at each call. While a hook is added, a function of ours stands there, and under the same name in
+# ``torch.autograd.graph`` (where torch defines it, and where its own make_fx tracing reads what to put back after
+# putting a function of its own under both names), and calls the hooks before handing the call on.
 _ENTRY = "_engine_run_backward"
 _entry_hooks: dict[int, Callable[[], None]] = {}
-_entry_installed: list[Callable[..., Any]] = []  # the function of ours put there, while a hook is added
+# While a hook is added: the function of ours, and (module, what stood there) for the names it was put under.
+_entry_installed: list[tuple[Callable[..., Any], list[tuple[Any, Any]]]] = []
 # Every function of ours made -> what it hands calls on to: one found there again (put back by another tool that
 # had put its own around it) is looked through to what it was made around.
 _entry_made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -335,6 +337,12 @@ def _entry_around(base: Callable[..., Any]) -> Callable[..., Any]:
     return engine_entry
 
 
+def _past_ours(func: Any) -> Any:
+    while func in _entry_made:
+        func = _entry_made[func]
+    return func
+
+
 def add_backward_entry_hook(hook: Callable[[], None]) -> int | None:
     """Call ``hook()`` on the calling thread before every backward pass started from Python begins. Returns what
     ``remove_backward_entry_hook`` takes, or None where this torch starts the engine otherwise (no hook added)."""
@@ -343,25 +351,30 @@ def add_backward_entry_hook(hook: Callable[[], None]) -> int | None:
             current = getattr(torch.autograd, _ENTRY, None)
             if not callable(current):
                 return None
-            while current in _entry_made:
-                current = _entry_made[current]
-            entry = _entry_around(current)
-            setattr(torch.autograd, _ENTRY, entry)
-            _entry_installed[:] = [entry]
+            entry = _entry_around(_past_ours(current))
+            replaced = []
+            graph = sys.modules.get("torch.autograd.graph")
+            for module in (torch.autograd, graph) if graph is not None else (torch.autograd,):
+                if callable(getattr(module, _ENTRY, None)):
+                    replaced.append((module, _past_ours(getattr(module, _ENTRY))))
+                    setattr(module, _ENTRY, entry)
+            _entry_installed[:] = [(entry, replaced)]
         key = next(_HOOK_KEYS)
         _entry_hooks[key] = hook
         return key
 
 
 def remove_backward_entry_hook(key: int) -> None:
-    """Take off what ``add_backward_entry_hook`` added; what stood there goes back when no hook is left (unless
-    another tool put a function of its own there meanwhile: ours then stays inside it, calling no hook)."""
+    """Take off what ``add_backward_entry_hook`` added; what stood there goes back when no hook is left, under each
+    name still holding ours (another tool that put a function of its own there meanwhile keeps it: ours then stays
+    inside it, calling no hook, until a later block finds it and looks through it)."""
     with _entry_lock:
         _entry_hooks.pop(key, None)
         if not _entry_hooks and _entry_installed:
-            entry = _entry_installed.pop()
-            if getattr(torch.autograd, _ENTRY, None) is entry:
-                setattr(torch.autograd, _ENTRY, _entry_made[entry])
+            entry, replaced = _entry_installed.pop()
+            for module, previous in replaced:
+                if getattr(module, _ENTRY, None) is entry:
+                    setattr(module, _ENTRY, previous)
 
 
 def add_module_registration_hook(hook: Callable[..., Any]) -> Any:

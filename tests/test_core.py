@@ -550,6 +550,21 @@ def test_a_backward_entry_replaced_by_another_tool_is_left_in_place_and_handed_o
     assert torch.autograd._engine_run_backward is TORCH_ENGINE_ENTRY
 
 
+@pytest.mark.skipif(not hasattr(torch.compiler, "_patch_engine_backward"), reason="this torch has no such patch")
+def test_torchs_own_engine_patch_inside_a_block_puts_ours_back() -> None:
+    # make_fx's non-strict tracing puts a function of its own under both names of the engine entry and, leaving,
+    # what it found in torch.autograd.graph under both: ours stands there too, so ours is back for the passes after.
+    model = nn.Sequential(_GradInForward())
+    with LayerProf(model) as prof:
+        ours = torch.autograd._engine_run_backward
+        with torch.compiler._non_strict_tracing_context(), torch.compiler._patch_engine_backward():
+            pass
+        assert torch.autograd._engine_run_backward is ours is torch.autograd.graph._engine_run_backward
+        model(torch.randn(4, 3, requires_grad=True)).backward()
+    assert prof.records["0.energy.2"].backward_ms > 0
+    assert torch.autograd._engine_run_backward is TORCH_ENGINE_ENTRY is torch.autograd.graph._engine_run_backward
+
+
 def test_without_a_backward_entry_to_hook_each_call_is_walked_as_it_returns(monkeypatch: pytest.MonkeyPatch) -> None:
     # A torch that starts the engine otherwise: no hook of ours goes on, so no walk waits for the outermost call,
     # and a pass inside the forward still runs hooked nodes.

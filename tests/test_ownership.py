@@ -184,17 +184,16 @@ class HooksItsChildsOutput(nn.Module):
         return self.second(h)
 
 
-def test_a_hook_a_forward_puts_on_an_inner_calls_output_counts_in_the_module_whose_node_ran_before() -> None:
-    # The nodes of the calls inside a model's call are hooked as the outermost call returns (made one after another,
-    # the walks cost less than each made as its call returns), so a hook that code inside the forward puts on an
-    # inner call's output runs before layerprof's: in the backward of the module whose node ran before, ``second``.
-    # (A forward hook of the inner module's own would run after layerprof's hook: the test above.)
+def test_a_hook_a_forward_puts_on_an_inner_calls_output_counts_in_that_call() -> None:
+    # The walks of the calls inside a model's call wait for it to return (made one after another, they cost less
+    # than each made as its call returns), but the nodes of a call's outputs are hooked as it returns: a hook that
+    # code inside the forward puts on an inner call's output then runs after layerprof's, in ``first``'s backward.
     torch.manual_seed(0)
     model = nn.Sequential(HooksItsChildsOutput(), nn.Linear(4, 1))
     with LayerProf(model) as prof:
         model(torch.randn(2, 4)).sum().backward()
     slept = SLEEP_S * 1e3
-    assert prof.records["0.second"].backward_ms >= slept > prof.records["0.first"].backward_ms
+    assert prof.records["0.first"].backward_ms >= slept > prof.records["0.second"].backward_ms
     assert prof.records["0"].backward_ms >= slept > prof.records["1"].backward_ms
 
 
@@ -211,8 +210,8 @@ def _hook_output(module: nn.Module, hook: Any, on_node: bool) -> None:
 
 
 def test_your_hooks_on_tensors_and_graph_nodes_change_gradients_as_before_and_count_where_they_run() -> None:
-    # layerprof's hook on a graph node runs before the hooks a forward hook of the module puts on that node or on its
-    # output tensor: they count in the backward of the module that made the node. A tensor hook put
+    # layerprof's hook on a graph node runs before the hooks you put on that node or on its output tensor once the
+    # module's call has returned: they count in the backward of the module that made the node. A tensor hook put
     # inside the module's forward runs before layerprof's: in the module whose node ran before (the next one).
     def doubles(grad: torch.Tensor) -> torch.Tensor:
         time.sleep(SLEEP_S)

@@ -219,6 +219,50 @@ def test_a_backward_inside_a_forward_times_the_calls_that_returned_before_it(
         assert prof.records[name].backward_ms > 0, name
 
 
+@torch.jit.script
+def _scripted_forces(energy: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    grad = torch.autograd.grad([energy.sum()], [pos])[0]
+    assert grad is not None
+    return -grad
+
+
+class _SlowBeforeItsChild(nn.Module):
+    """A node of its own that sleeps in backward, made before its child runs: behind the child's output node."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(3, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(SleepsInBackward.apply(x, 0.02))
+
+
+class _ScriptedForces(nn.Module):
+    """Forces as the gradient of an energy taken by TorchScript (a force field run for a simulation): the engine
+    started from C++, not through torch.autograd."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.energy = nn.Sequential(_SlowBeforeItsChild(), nn.Tanh(), nn.Linear(16, 1))
+
+    def forward(self, pos: torch.Tensor) -> torch.Tensor:
+        return _scripted_forces(self.energy(pos.requires_grad_(True)), pos)
+
+
+def test_a_backward_that_torchscript_starts_inside_a_forward_times_the_calls_that_returned_before_it() -> None:
+    # The step's only backward pass: the walks of the calls inside the model's call are made as it reaches the
+    # output of ``energy`` (hooked as that call returned), before the nodes behind it run, so the slow node of
+    # ``energy.0``'s own is hooked as its own by then, not counted in ``energy.0.inner``, whose node ran before it.
+    torch.manual_seed(0)
+    model = _ScriptedForces()
+    with LayerProf(model) as prof:
+        forces = model(torch.randn(8, 3))
+    assert forces.shape == (8, 3)
+    for name in ("energy", "energy.0", "energy.0.inner", "energy.1", "energy.2"):
+        assert prof.records[name].backward_ms > 0, name
+    assert prof.records["energy.0"].self_backward_ms >= 20 > prof.records["energy.0.inner"].backward_ms
+
+
 # -- modules that run in some steps only ---------------------------------------------------------------------
 class AuxHead(nn.Module):
     def __init__(self) -> None:

@@ -299,6 +299,14 @@ def walk_pending() -> None:
         _walk_all(walks)
 
 
+def _walk_reached(walks: list[tuple[Any, ...]], grad: Any) -> None:
+    """The hook a put-off walk's start node carries after its owner's: a backward pass that reached it before the
+    walks were made (one started without ``torch.autograd``, TorchScript's ``torch.autograd.grad`` in a forward)
+    makes them now, on the pass's thread, while the thread that put them off waits for the pass."""
+    if walks:
+        _walk_all(walks)
+
+
 def _walk_all(walks: list[tuple[Any, ...]]) -> None:
     """Make the walks put off, in the order their calls returned (a call's sub-calls before it, as when each walk
     runs as its call returns), and empty the list."""
@@ -312,7 +320,7 @@ def _walk_all(walks: list[tuple[Any, ...]]) -> None:
 class _ThreadState:
     """Per thread: the open calls, and which call owned each range of sequence numbers during the step."""
 
-    __slots__ = ("stack", "bounds", "owners", "walked", "hooker", "pending", "thread")
+    __slots__ = ("stack", "bounds", "owners", "walked", "hooker", "pending", "early", "walk_pending", "thread")
 
     def __init__(self) -> None:
         self.stack: list[CallTrace] = []
@@ -323,6 +331,10 @@ class _ThreadState:
         self.walked: set[int] = set()  # sequence numbers of the nodes walked this step (ints: no node kept alive)
         self.hooker = _thread_hooker()  # hooks graph nodes with their owner's hook dict ``{0: owner}``
         self.pending = _thread_pending()  # the thread's walks put off, shared by every tracker (``_walk_later``)
+        # Sequence numbers of the start nodes of walks put off, hooked as their calls returned (``_walk_later``),
+        # and what those nodes call after their owner: the walks put off, made if a pass reaches one first.
+        self.early: set[int] = set()
+        self.walk_pending = functools.partial(_walk_reached, self.pending)
         self.thread = threading.get_ident()
 
     def clear(self) -> None:
@@ -330,6 +342,7 @@ class _ThreadState:
         self.bounds.clear()
         self.owners.clear()
         self.walked.clear()
+        self.early.clear()
         # The hooker is the thread's, shared by every profiler: cleared from its own thread only. From another,
         # a walk there (another profiler's) may be between setting its dict and hooking a node, which with the
         # dict gone hands torch a null dict (a crash). A recomputation's walk, which runs on autograd's threads,
@@ -882,16 +895,33 @@ def _walk_later(call: CallTrace, output: Any, module: nn.Module, state: _ThreadS
     caches. Only the start nodes are read now (the outputs and the module's tensors are not kept); a node holds
     the graph behind it, which the model's output holds too, but for outputs the model drops: those stay until
     the outermost call returns."""
+    walked, early = state.walked, state.early
+    nodes = _start_nodes(call, output, module, walked, early)
+    if nodes is None:
+        nodes = []  # (its walk still comes, for the nodes its sub-calls' walks may defer to it)
+    elif nodes:
+        # The start nodes get their hooks now, with one more that makes the walks put off: a backward pass that
+        # does not start through torch.autograd reaches a call's output before the nodes behind it.
+        hooker = state.hooker
+        bounds, owners = state.bounds, state.owners
+        for node in nodes:
+            number = _sequence_nr(node)
+            if number in walked or number in early:  # (hooked already: a sub-call's start node, or walked)
+                continue
+            early.add(number)
+            hooker.use({0: call if own else owners[bisect_right(bounds, number) - 1], 1: state.walk_pending})
+            hooker.register(node)
     pending = state.pending
-    pending.append((state, call, _start_nodes(call, output, module, None), own))
+    pending.append((state, call, nodes, own))
     if len(pending) >= _MOST_PENDING:  # an outermost call that runs on (a loop inside a forward): walked now
         _walk_all(pending)
 
 
-def _start_nodes(call: CallTrace, output: Any, module: nn.Module, walked: set[int] | None) -> list[Any] | None:
+def _start_nodes(call: CallTrace, output: Any, module: nn.Module, walked: set[int], early: set[int] | None = None
+                 ) -> list[Any] | None:
     """The nodes of the call's range its walk starts from, or None where its output's node was walked already by a
-    sub-call's walk (a container returning its last child's output; ``walked`` None: not read) and no node was
-    deferred to it."""
+    sub-call's walk, or (``early``) is a start node a sub-call's walk put off hooked (a container returning its last
+    child's output), and no node was deferred to it."""
     lo, hi = call.seq_start, call.seq_end
     if isinstance(output, _Tensor):  # the common case, without building a list of tensors
         node = output.grad_fn
@@ -903,7 +933,7 @@ def _start_nodes(call: CallTrace, output: Any, module: nn.Module, walked: set[in
             number = _sequence_nr(node)
             if not lo <= number < hi:
                 todo = []
-            elif walked is not None and number in walked and call.deferred is None:
+            elif (number in walked or (early is not None and number in early)) and call.deferred is None:
                 return None
             else:
                 todo = [node]
@@ -933,6 +963,7 @@ def _walk_nodes(call: CallTrace, todo: list[Any], state: _ThreadState, own: bool
     # nothing else refers to it, so it goes with the graph.
     hooked: CallTrace | None = None
     owner = call
+    early = state.early  # start nodes hooked as their calls returned (``_walk_later``)
     while todo:
         node = todo.pop()
         number = _sequence_nr(node)
@@ -941,10 +972,11 @@ def _walk_nodes(call: CallTrace, todo: list[Any], state: _ThreadState, own: bool
         walked.add(number)
         if not own:
             owner = owners[bisect_right(bounds, number) - 1]
-        if owner is not hooked:
-            hooked = owner
-            hooker.use({0: owner})
-        register(node)
+        if number not in early:
+            if owner is not hooked:
+                hooked = owner
+                hooker.use({0: owner})
+            register(node)
         last = observed  # for observers: no successor of the same owner, so the owner's backward may end here
         for successor, _ in node.next_functions:
             if successor is not None:
