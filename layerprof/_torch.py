@@ -32,7 +32,7 @@ __all__ = [
     "unbind_call_wrappers", "calling_around", "classes_calling_around",
     "compiled_around",
     "add_module_registration_hook", "remove_module_registration_hook",
-    "add_backward_entry_hook", "remove_backward_entry_hook",
+    "add_backward_entry_hook", "remove_backward_entry_hook", "torchscript_compiled",
     "with_forward_pre_hooks", "NodeHooker", "cuda_raw_stream", "cuda_event_record",
     "dict_version", "eager_forwards",
 ]
@@ -325,6 +325,16 @@ _entry_installed: list[tuple[Callable[..., Any], list[tuple[Any, Any]]]] = []
 # had put its own around it) is looked through to what it was made around.
 _entry_made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _entry_lock = threading.Lock()
+
+
+def torchscript_compiled() -> bool:
+    """Whether this process has scripted or traced anything (functions and modules compiled by ``torch.jit`` go
+    into its Python compilation unit), so that TorchScript code, which starts a backward pass without going through
+    ``torch.autograd``, may run; True where this torch keeps that unit otherwise."""
+    try:
+        return bool(torch.jit._state._python_cu.get_functions())
+    except Exception:  # (another torch: assume it may)
+        return True
 
 
 def _entry_around(base: Callable[..., Any]) -> Callable[..., Any]:

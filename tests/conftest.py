@@ -3,6 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import layerprof.collect.profiler as profiler_module
+
 torch.set_num_threads(1)
 
 
@@ -31,6 +33,14 @@ def hook_state(model: torch.nn.Module, calls: bool = True) -> dict[str | None, t
             )
         ) + (tuple(sorted(module.__dict__)),)
     return state
+
+
+@pytest.fixture(autouse=True)
+def no_torchscript_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Profile as in a process that never scripted or traced anything, a user's usual one: this one has (test
+    modules script functions as they are imported), which turns on the hooks a profile puts on the start nodes of
+    the walks it puts off (``Tracker.early_hooks``). A test that wants them patches ``torchscript_compiled`` back."""
+    monkeypatch.setattr(profiler_module, "torchscript_compiled", lambda: False)
 
 
 @pytest.fixture

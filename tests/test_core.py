@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import gc
 import re
+import subprocess
+import sys
 import time
 import weakref
 from typing import Any
@@ -15,6 +17,7 @@ from torch.utils.checkpoint import checkpoint
 from layerprof import LayerProf
 from layerprof._tensors import first_tensor
 from layerprof._torch import add_backward_entry_hook
+from layerprof.collect import profiler as profiler_module
 from layerprof.collect import tracker as tracker_module
 from layerprof.collect.profiler import _PROFILED
 
@@ -548,6 +551,22 @@ def test_a_backward_entry_replaced_by_another_tool_is_left_in_place_and_handed_o
         torch.autograd._engine_run_backward = found[0] if found else TORCH_ENGINE_ENTRY
     _grad_in_forward_profile()
     assert torch.autograd._engine_run_backward is TORCH_ENGINE_ENTRY
+
+
+def test_torchscript_in_the_process_hooks_the_start_nodes_of_the_walks_put_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A fresh process has compiled no TorchScript; scripting anything (here a module) compiles some.
+    code = ("import torch; from layerprof._torch import torchscript_compiled as compiled; before = compiled(); "
+            "torch.jit.script(torch.nn.Linear(2, 2)); print(before, compiled())")
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert ran.stdout.split() == ["False", "True"], ran.stderr
+    # (this process has, which the suite hides from the profiler but here: conftest.no_torchscript_compiled)
+    for compiled in (False, True):
+        monkeypatch.setattr(profiler_module, "torchscript_compiled", lambda: compiled)
+        model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+        with LayerProf(model) as prof:
+            assert prof._tracker.early_hooks is compiled
+            model(torch.randn(3, 2)).sum().backward()
+        assert prof.records["0"].backward_ms > 0 and prof.records["1"].backward_ms > 0
 
 
 @pytest.mark.skipif(not hasattr(torch.compiler, "_patch_engine_backward"), reason="this torch has no such patch")

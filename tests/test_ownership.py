@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from layerprof import LayerProf
+import layerprof.collect.profiler as profiler_module
 from layerprof.collect.profiler import _PROFILED
 
 from .conftest import hook_state
@@ -184,16 +185,20 @@ class HooksItsChildsOutput(nn.Module):
         return self.second(h)
 
 
-def test_a_hook_a_forward_puts_on_an_inner_calls_output_counts_in_that_call() -> None:
+@pytest.mark.parametrize("torchscript", [False, True], ids=["no TorchScript", "TorchScript in the process"])
+def test_a_hook_a_forward_puts_on_an_inner_calls_output(monkeypatch: pytest.MonkeyPatch, torchscript: bool) -> None:
     # The walks of the calls inside a model's call wait for it to return (made one after another, they cost less
-    # than each made as its call returns), but the nodes of a call's outputs are hooked as it returns: a hook that
-    # code inside the forward puts on an inner call's output then runs after layerprof's, in ``first``'s backward.
+    # than each made as its call returns): a hook that code inside the forward puts on an inner call's output runs
+    # before layerprof's, in the backward of the module whose node ran before, ``second``. In a process that
+    # compiled TorchScript the nodes of a call's outputs are hooked as it returns: the hook counts in ``first``.
+    monkeypatch.setattr(profiler_module, "torchscript_compiled", lambda: torchscript)
     torch.manual_seed(0)
     model = nn.Sequential(HooksItsChildsOutput(), nn.Linear(4, 1))
     with LayerProf(model) as prof:
         model(torch.randn(2, 4)).sum().backward()
     slept = SLEEP_S * 1e3
-    assert prof.records["0.first"].backward_ms >= slept > prof.records["0.second"].backward_ms
+    hooked, other = ("0.first", "0.second") if torchscript else ("0.second", "0.first")
+    assert prof.records[hooked].backward_ms >= slept > prof.records[other].backward_ms
     assert prof.records["0"].backward_ms >= slept > prof.records["1"].backward_ms
 
 

@@ -14,17 +14,22 @@ import layerprof.collect.clock as clock_module
 import layerprof.collect.profiler as profiler_module
 from layerprof import LayerProf
 from layerprof.collect.clock import CudaEventClock
+from layerprof._torch import torchscript_compiled
 from layerprof.collect.tracker import Tracker
 
 from .invariants import check_profile, check_truth, count_calls
 from .models import SleepsInBackward
 
 
-@pytest.fixture(params=[False, True], ids=["call wrapper", "hooks beside the modules' own"])
-def counted(request: pytest.FixtureRequest) -> Callable[[nn.Module], Any]:
-    """count_calls, with the modules left without hooks (timed by the call wrapper) or each given a pre-hook (timed
-    by the hooks layerprof puts beside a module's own): the two ways a module's calls are timed."""
-    return functools.partial(count_calls, on_modules=request.param)
+@pytest.fixture(params=["wrapper", "wrapper, torchscript", "hooks"],
+                ids=["call wrapper", "call wrapper, TorchScript in the process", "hooks beside the modules' own"])
+def counted(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Callable[[nn.Module], Any]:
+    """count_calls, with the modules left without hooks (timed by the call wrapper; in a process that compiled
+    TorchScript, with the start nodes of the walks put off hooked as their calls return) or each given a pre-hook
+    (timed by the hooks layerprof puts beside a module's own): the ways a module's calls are timed."""
+    if request.param == "wrapper, torchscript":
+        monkeypatch.setattr(profiler_module, "torchscript_compiled", lambda: True)
+    return functools.partial(count_calls, on_modules=request.param == "hooks")
 
 
 def _timed_backward(loss: torch.Tensor, **kwargs: Any) -> float:
@@ -249,10 +254,12 @@ class _ScriptedForces(nn.Module):
         return _scripted_forces(self.energy(pos.requires_grad_(True)), pos)
 
 
-def test_a_backward_that_torchscript_starts_inside_a_forward_times_the_calls_that_returned_before_it() -> None:
+def test_a_backward_that_torchscript_starts_inside_a_forward_times_the_calls_that_returned_before_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     # The step's only backward pass: the walks of the calls inside the model's call are made as it reaches the
     # output of ``energy`` (hooked as that call returned), before the nodes behind it run, so the slow node of
     # ``energy.0``'s own is hooked as its own by then, not counted in ``energy.0.inner``, whose node ran before it.
+    monkeypatch.setattr(profiler_module, "torchscript_compiled", torchscript_compiled)  # (as it is: True here)
     torch.manual_seed(0)
     model = _ScriptedForces()
     with LayerProf(model) as prof:

@@ -23,7 +23,7 @@ from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters, measures
 from ..metrics.peaks import check_peaks
 from .._torch import add_module_registration_hook, compiled_module_type, remove_module_registration_hook
-from .._torch import calling_around, compiled_around, submodules, unbind_call_wrappers
+from .._torch import calling_around, compiled_around, submodules, torchscript_compiled, unbind_call_wrappers
 from ..profile import Profile
 from ..record.records import ModuleRecord, module_paths
 from .schedule import Action, Schedule
@@ -618,6 +618,9 @@ class LayerProf:
             plan = self._plan
             # The plan's names while the block's modules are the plan's (none joined while profiling).
             names = plan.hook_names if plan is not None and len(self._entries) == self._built else {}
+            # Where TorchScript may run in the forward (a profiled model holds none: refused), the start nodes of the
+            # walks put off are hooked as their calls return (``Tracker.early_hooks``).
+            tracker.early_hooks = torchscript_compiled()
             tracker.attach(self._entries, names or None, self._around if names else None)
         elif not wanted and tracker.active:
             tracker.detach()

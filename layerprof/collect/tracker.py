@@ -407,6 +407,10 @@ class Tracker:
         # (``_walk_later``), and a backward pass started before that makes them first.
         self._entry: int | None = None
         self.defers = False
+        # Whether the start nodes of the walks put off are hooked as their calls return, with a hook that makes the
+        # walks put off (``_walk_later``): where TorchScript, which starts a backward pass without torch.autograd,
+        # may run in the forward (the profiler reads it before each attach). About 0.5 µs a call.
+        self.early_hooks = True
         self._token: object | None = None  # the token of the call wrapper of the attach under way
         # What each attach hooked, (name, module) pairs, for the class names in the notes on exceptions: searched
         # then, not made into a dict by name at every block (ten thousand entries to make and free for a note).
@@ -749,7 +753,7 @@ class Tracker:
                 # call's nodes as it returns, or the call is a recomputation in backward.
                 if (stack and tracker.defers and not module._forward_hooks and not call.recompute
                         and not tracker.observers):
-                    _walk_later(call, output, module, state, own)
+                    _walk_later(call, output, module, state, own, tracker.early_hooks)
                 else:
                     if state.pending:
                         _walk_all(state.pending)
@@ -888,20 +892,22 @@ def _walk(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState, 
         _walk_nodes(call, nodes, state, own)
 
 
-def _walk_later(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState, own: bool) -> None:
+def _walk_later(call: CallTrace, output: Any, module: nn.Module, state: _ThreadState, own: bool,
+                early_hooks: bool) -> None:
     """``_walk``, put off until the thread's outermost call returns (or a backward pass starts, or a call raises):
     the walks of a forward, made one after another with nothing between, take about 60 % of the time they take
     each made as its call returns, after the call's kernels have moved the walk's code and data out of the CPU's
     caches. Only the start nodes are read now (the outputs and the module's tensors are not kept); a node holds
     the graph behind it, which the model's output holds too, but for outputs the model drops: those stay until
-    the outermost call returns."""
+    the outermost call returns. ``early_hooks``: the start nodes are hooked now, with one more hook that makes the
+    walks put off if a backward pass reaches one first."""
     walked, early = state.walked, state.early
     nodes = _start_nodes(call, output, module, walked, early)
     if nodes is None:
         nodes = []  # (its walk still comes, for the nodes its sub-calls' walks may defer to it)
-    elif nodes:
+    elif nodes and early_hooks:
         # The start nodes get their hooks now, with one more that makes the walks put off: a backward pass that
-        # does not start through torch.autograd reaches a call's output before the nodes behind it.
+        # does not start through torch.autograd (TorchScript's) reaches a call's output before the nodes behind it.
         hooker = state.hooker
         bounds, owners = state.bounds, state.owners
         for node in nodes:
