@@ -500,7 +500,7 @@ class _Rollout(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for _ in range(self.steps):
             out = self.step(x)
-            self.most_pending = max(self.most_pending, len(tracker_module._thread_pending()))
+            self.most_pending = max(self.most_pending, len(tracker_module._thread_pending()) // 4)
         return out
 
 

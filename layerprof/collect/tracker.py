@@ -276,14 +276,17 @@ def _thread_hooker() -> NodeHooker:
 
 
 # Each thread's walks put off until its outermost call returns (``_walk_later``), every tracker's in one list, in the
-# order the calls returned: (thread state, call, start nodes, whether every node of the range is the call's own).
+# order the calls returned, four items a walk: its thread state, the call, its start node (or a list of them), and
+# whether every node of the range is the call's own. Flat, with a lone start node as it is: a walk put off keeps no
+# object of its own alive until it is made (each would count towards the next garbage collection, and a forward of
+# 1,500 calls triggered several).
 _PENDING = threading.local()
 # Walks put off at most, per thread: a forward that loops on (a rollout inside a module's call) and drops what its
 # inner calls return keeps no more of their graphs past their time than this many calls'.
 _MOST_PENDING = 4096
 
 
-def _thread_pending() -> list[tuple[Any, ...]]:
+def _thread_pending() -> list[Any]:
     try:
         return _PENDING.walks
     except AttributeError:
@@ -299,7 +302,7 @@ def walk_pending() -> None:
         _walk_all(walks)
 
 
-def _walk_reached(walks: list[tuple[Any, ...]], grad: Any) -> None:
+def _walk_reached(walks: list[Any], grad: Any) -> None:
     """The hook a put-off walk's start node carries after its owner's: a backward pass that reached it before the
     walks were made (one started without ``torch.autograd``, TorchScript's ``torch.autograd.grad`` in a forward)
     makes them now, on the pass's thread, while the thread that put them off waits for the pass."""
@@ -307,14 +310,14 @@ def _walk_reached(walks: list[tuple[Any, ...]], grad: Any) -> None:
         _walk_all(walks)
 
 
-def _walk_all(walks: list[tuple[Any, ...]]) -> None:
+def _walk_all(walks: list[Any]) -> None:
     """Make the walks put off, in the order their calls returned (a call's sub-calls before it, as when each walk
     runs as its call returns), and empty the list."""
-    todo = walks.copy()
+    todo = iter(walks.copy())
     walks.clear()
-    for state, call, nodes, own in todo:
+    for state, call, nodes, own in zip(todo, todo, todo, todo):
         if call.step.open:  # (else its step ended with the call still open, and its hooks would do nothing)
-            _walk_nodes(call, nodes, state, own)
+            _walk_nodes(call, nodes if type(nodes) is list else [nodes], state, own)
 
 
 class _ThreadState:
@@ -351,7 +354,9 @@ class _ThreadState:
             self.hooker.clear()
             pending = self.pending
             if pending:  # walks of a call still open as its step ends (an interrupted forward): never made
-                pending[:] = [walk for walk in pending if walk[0] is not self]
+                items = iter(pending)
+                pending[:] = [item for walk in zip(items, items, items, items) if walk[0] is not self
+                              for item in walk]
 
 
 # The tracker of the last block that made a profile, reset to as new, for the next block to take (``Tracker.made``):
@@ -918,8 +923,8 @@ def _walk_later(call: CallTrace, output: Any, module: nn.Module, state: _ThreadS
             hooker.use({0: call if own else owners[bisect_right(bounds, number) - 1], 1: state.walk_pending})
             hooker.register(node)
     pending = state.pending
-    pending.append((state, call, nodes, own))
-    if len(pending) >= _MOST_PENDING:  # an outermost call that runs on (a loop inside a forward): walked now
+    pending += (state, call, nodes[0] if len(nodes) == 1 else nodes, own)
+    if len(pending) >= _MOST_PENDING * 4:  # an outermost call that runs on (a loop inside a forward): walked now
         _walk_all(pending)
 
 
