@@ -32,7 +32,7 @@ __all__ = [
     "unbind_call_wrappers", "calling_around", "classes_calling_around",
     "compiled_around",
     "add_module_registration_hook", "remove_module_registration_hook",
-    "add_backward_entry_hook", "remove_backward_entry_hook", "torchscript_compiled",
+    "add_backward_entry_hook", "remove_backward_entry_hook", "torchscript_compiled", "hooks_outputs_in_forward",
     "with_forward_pre_hooks", "NodeHooker", "cuda_raw_stream", "cuda_event_record",
     "dict_version", "eager_forwards",
 ]
@@ -335,6 +335,15 @@ def torchscript_compiled() -> bool:
         return bool(torch.jit._state._python_cu.get_functions())
     except Exception:  # (another torch: assume it may)
         return True
+
+
+def hooks_outputs_in_forward(classes: Iterable[type]) -> bool:
+    """Whether a module of one of these classes puts hooks on its outputs' tensors inside its own forward, which
+    must run after layerprof's in backward: FSDP1's ``FullyShardedDataParallel`` (its pre-backward unshard). Read
+    only where torch.distributed.fsdp is imported already (a model holds no such module otherwise)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    wrapper = getattr(fsdp, "FullyShardedDataParallel", None) if fsdp is not None else None
+    return wrapper is not None and any(issubclass(cls, wrapper) for cls in classes)
 
 
 def _entry_around(base: Callable[..., Any]) -> Callable[..., Any]:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel
 
 from layerprof import LayerProf
 import layerprof.collect.profiler as profiler_module
@@ -200,6 +201,33 @@ def test_a_hook_a_forward_puts_on_an_inner_calls_output(monkeypatch: pytest.Monk
     hooked, other = ("0.first", "0.second") if torchscript else ("0.second", "0.first")
     assert prof.records[hooked].backward_ms >= slept > prof.records[other].backward_ms
     assert prof.records["0"].backward_ms >= slept > prof.records["1"].backward_ms
+
+
+class HooksOutputsLikeFsdp1(FullyShardedDataParallel):
+    """A module of FSDP1's class that hooks its output inside its forward, as FSDP1 puts its pre-backward unshard
+    on a unit's outputs (built as a plain module: no process group)."""
+
+    def __init__(self) -> None:
+        nn.Module.__init__(self)
+        self.inner = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.inner(x)
+        out.register_hook(lambda grad: time.sleep(SLEEP_S))
+        return out
+
+
+def test_fsdp1s_hooks_on_its_outputs_count_in_its_unit() -> None:
+    # A model holding FSDP1 units hooks the nodes of each call's outputs as the call returns (the walks still wait
+    # for the model's call): FSDP1's pre-backward hook, put on inside the unit's forward, runs after layerprof's,
+    # in the unit's backward, as it did when every call was walked as it returned.
+    torch.manual_seed(0)
+    model = nn.Sequential(HooksOutputsLikeFsdp1(), nn.Linear(4, 1))
+    with LayerProf(model) as prof:
+        assert prof._tracker.early_hooks
+        model(torch.randn(2, 4)).sum().backward()
+    slept = SLEEP_S * 1e3
+    assert prof.records["0.inner"].backward_ms >= slept > prof.records["1"].backward_ms
 
 
 def _hook_output(module: nn.Module, hook: Any, on_node: bool) -> None:

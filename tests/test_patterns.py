@@ -270,6 +270,41 @@ def test_a_backward_that_torchscript_starts_inside_a_forward_times_the_calls_tha
     assert prof.records["energy.0"].self_backward_ms >= 20 > prof.records["energy.0.inner"].backward_ms
 
 
+class _ScriptableForces(nn.Module):
+    def forward(self, energy: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        grad = torch.autograd.grad([energy.sum()], [pos])[0]
+        assert grad is not None
+        return -grad
+
+
+class _ForcesByLoadedScript(nn.Module):
+    """The forces taken by a TorchScript module loaded from a file (``torch.jit.load``), kept beside the model's
+    modules, not among them."""
+
+    def __init__(self, forces: Any) -> None:
+        super().__init__()
+        self.energy = nn.Sequential(_SlowBeforeItsChild(), nn.Tanh(), nn.Linear(16, 1))
+        self._forces = [forces]
+
+    def forward(self, pos: torch.Tensor) -> torch.Tensor:
+        return self._forces[0](self.energy(pos.requires_grad_(True)), pos)
+
+
+def test_a_backward_that_a_loaded_torchscript_module_starts_inside_a_forward_times_the_calls_before_it(
+        tmp_path: Any) -> None:
+    # No compiling seen (the suite's default, conftest.no_torchscript_compiled, as where the module was only
+    # loaded): the call of a TorchScript module makes the walks put off first.
+    path = tmp_path / "forces.pt"
+    torch.jit.save(torch.jit.script(_ScriptableForces()), str(path))
+    torch.manual_seed(0)
+    model = _ForcesByLoadedScript(torch.jit.load(str(path)))
+    with LayerProf(model) as prof:
+        assert not prof._tracker.early_hooks
+        forces = model(torch.randn(8, 3))
+    assert forces.shape == (8, 3)
+    assert prof.records["energy.0"].self_backward_ms >= 20 > prof.records["energy.0.inner"].backward_ms
+
+
 # -- modules that run in some steps only ---------------------------------------------------------------------
 class AuxHead(nn.Module):
     def __init__(self) -> None:

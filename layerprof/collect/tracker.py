@@ -806,9 +806,14 @@ class Tracker:
                 if name is None or tracker._token is not token:
                     # A torch.compile(module) of a profiled one? (A TorchScript module's table is no dict.)
                     table = module.__dict__.get("_modules") if names else None
-                    inner_module = table.get("_orig_mod") if type(table) is dict else None
-                    if inner_module is not None and id(inner_module._forward_pre_hooks) in names:
-                        refuse_compiled_wrapper(module, names[id(inner_module._forward_pre_hooks)])
+                    if type(table) is dict:
+                        inner_module = table.get("_orig_mod")
+                        if inner_module is not None and id(inner_module._forward_pre_hooks) in names:
+                            refuse_compiled_wrapper(module, names[id(inner_module._forward_pre_hooks)])
+                    elif table is not None and not tracker.early_hooks:
+                        # A TorchScript module (one torch.jit.load made, which torchscript_compiled does not see):
+                        # a backward pass its code starts goes around torch.autograd, so the walks put off first.
+                        walk_pending()
                     return inner(module, *args, **kwargs)
                 if (module._forward_pre_hooks or module._forward_hooks or module._backward_hooks
                         or module._backward_pre_hooks):
