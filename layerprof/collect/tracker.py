@@ -754,8 +754,9 @@ class Tracker:
                 own = bounds[-2] == lo and state.owners[-2] is call
                 # An inner call's walk waits for the outermost call to return, unless the module carries hooks
                 # (ours among them: a hook of its own after ours may hook its outputs' nodes, and ours must run
-                # first in backward, FSDP's pre-backward hooks for one), a forward observer (a meter) reads the
-                # call's nodes as it returns, or the call is a recomputation in backward.
+                # first in backward, FSDP2's pre-backward hooks for one), a forward meter runs (its figures stay
+                # those of walks made as calls return: the memory meter's would count the graphs a waiting walk
+                # holds), or the call is a recomputation in backward.
                 if (stack and tracker.defers and not module._forward_hooks and not call.recompute
                         and not tracker.observers):
                     _walk_later(call, output, module, state, own, tracker.early_hooks)
