@@ -372,10 +372,10 @@ def add_backward_entry_hook(hook: Callable[[], None]) -> int | None:
                 return None
             entry = _entry_around(_past_ours(current))
             replaced = []
-            graph = sys.modules.get("torch.autograd.graph")
-            for module in (torch.autograd, graph) if graph is not None else (torch.autograd,):
-                if callable(getattr(module, _ENTRY, None)):
-                    replaced.append((module, _past_ours(getattr(module, _ENTRY))))
+            for module in (torch.autograd, torch.autograd.graph):  # (torch.autograd imports .graph)
+                previous = getattr(module, _ENTRY, None)
+                if callable(previous):
+                    replaced.append((module, _past_ours(previous)))
                     setattr(module, _ENTRY, entry)
             _entry_installed[:] = [(entry, replaced)]
         key = next(_HOOK_KEYS)

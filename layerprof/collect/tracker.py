@@ -411,7 +411,6 @@ class Tracker:
         # What add_backward_entry_hook returned: while set, inner calls' walks wait for the outermost call to return
         # (``_walk_later``), and a backward pass started before that makes them first.
         self._entry: int | None = None
-        self.defers = False
         # Whether the start nodes of the walks put off are hooked as their calls return, with a hook that makes the
         # walks put off (``_walk_later``): where TorchScript, which starts a backward pass without torch.autograd,
         # may run in the forward (the profiler reads it before each attach). About 0.5 µs a call.
@@ -484,7 +483,6 @@ class Tracker:
                 self._wrapper = add_call_wrapper(functools.partial(make_call, token=token))
             if self._entry is None:
                 self._entry = add_backward_entry_hook(walk_pending)
-                self.defers = self._entry is not None
         except BaseException:
             self.detach()
             raise
@@ -517,7 +515,6 @@ class Tracker:
         if wrapper is not None:
             remove_call_wrapper(wrapper)
         entry, self._entry = self._entry, None
-        self.defers = False
         if entry is not None:
             remove_backward_entry_hook(entry)
         for added in handles:
@@ -757,7 +754,7 @@ class Tracker:
                 # first in backward, FSDP2's pre-backward hooks for one), a forward meter runs (its figures stay
                 # those of walks made as calls return: the memory meter's would count the graphs a waiting walk
                 # holds), or the call is a recomputation in backward.
-                if (stack and tracker.defers and not module._forward_hooks and not call.recompute
+                if (stack and tracker._entry is not None and not module._forward_hooks and not call.recompute
                         and not tracker.observers):
                     _walk_later(call, output, module, state, own, tracker.early_hooks)
                 else:
