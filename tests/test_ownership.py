@@ -4,6 +4,7 @@ to it; a node made outside every profiled module is nobody's. The timing and the
 follow this ownership."""
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -226,6 +227,43 @@ def test_fsdp1s_hooks_on_its_outputs_count_in_its_unit() -> None:
     with LayerProf(model) as prof:
         assert prof._tracker.early_hooks
         model(torch.randn(2, 4)).sum().backward()
+    slept = SLEEP_S * 1e3
+    assert prof.records["0.inner"].backward_ms >= slept > prof.records["1"].backward_ms
+
+
+def test_a_reused_plan_asks_again_which_class_is_fsdp1s_once_it_is_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The answer is kept on the model's plan (the checks over its classes, as each block starts, are cache misses)
+    # while FSDP1's class is the one it was asked about; another class there (another torch.distributed.fsdp
+    # module: a reload, a stub), or none, is asked about again.
+    model = nn.Sequential(HooksOutputsLikeFsdp1(), nn.Linear(4, 1))
+    x = torch.randn(2, 4)
+    for _ in range(2):  # the first block makes the plan, the second reuses it and its answer
+        with LayerProf(model) as prof:
+            assert prof._tracker.early_hooks
+            model(x).sum().backward()
+    plan = prof._plan
+    assert plan._fsdp1 == (FullyShardedDataParallel, True)
+
+    class Other(nn.Module):
+        pass
+
+    loaded = sys.modules["torch.distributed.fsdp"]
+    fsdp = type(sys)("torch.distributed.fsdp")
+    fsdp.FullyShardedDataParallel = Other
+    monkeypatch.setitem(sys.modules, "torch.distributed.fsdp", fsdp)
+    with LayerProf(model) as prof:
+        assert prof._plan is plan and not prof._tracker.early_hooks
+        model(x).sum().backward()
+    assert plan._fsdp1 == (Other, False)
+    monkeypatch.delitem(sys.modules, "torch.distributed.fsdp")
+    with LayerProf(model) as prof:  # (no FSDP1 loaded: no module of the model can be one)
+        assert not prof._tracker.early_hooks
+        model(x).sum().backward()
+    monkeypatch.setitem(sys.modules, "torch.distributed.fsdp", loaded)  # (not undo(): conftest's patches stay)
+    with LayerProf(model) as prof:
+        assert prof._plan is plan and prof._tracker.early_hooks
+        model(x).sum().backward()
+    assert plan._fsdp1 == (FullyShardedDataParallel, True)
     slept = SLEEP_S * 1e3
     assert prof.records["0.inner"].backward_ms >= slept > prof.records["1"].backward_ms
 

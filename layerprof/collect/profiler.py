@@ -23,7 +23,7 @@ from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters, measures
 from ..metrics.peaks import check_peaks
 from .._torch import add_module_registration_hook, compiled_module_type, remove_module_registration_hook
-from .._torch import calling_around, compiled_around, hooks_outputs_in_forward, submodules, torchscript_compiled
+from .._torch import calling_around, compiled_around, submodules, torchscript_compiled
 from .._torch import unbind_call_wrappers
 from ..profile import Profile
 from ..record.records import ModuleRecord, module_paths
@@ -622,8 +622,7 @@ class LayerProf:
             # Where TorchScript may run in the forward (a profiled model holds none: refused), or a module of the
             # model hooks its outputs inside its forward (FSDP1), the start nodes of the walks put off are hooked as
             # their calls return (``Tracker.early_hooks``).
-            tracker.early_hooks = (torchscript_compiled() or plan is None
-                                   or hooks_outputs_in_forward(plan.classes))
+            tracker.early_hooks = torchscript_compiled() or plan is None or plan.hooks_outputs_in_forward()
             tracker.attach(self._entries, names or None, self._around if names else None)
         elif not wanted and tracker.active:
             tracker.detach()

@@ -35,7 +35,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .._torch import dict_version, eager_forwards
+from .._torch import dict_version, eager_forwards, fsdp1_wrapper, hooks_outputs_in_forward
 from ..record.records import ModuleRecord, module_paths
 
 __all__ = ["Entries", "Plan", "UNKNOWN", "plan_for", "known", "fingerprint", "table_versions", "written"]
@@ -209,7 +209,7 @@ class Plan:
     __slots__ = ("_refs", "_path_names", "_path_index", "names", "hook_names", "key", "types", "_child_counts",
                  "_child_ids", "_records", "_first_names", "_has_children", "values", "reprs",
                  "repr_groups", "classes", "_class_list", "_forwards", "_seen_tables", "_tensor_refs", "_tensor_reads",
-                 "checked", "around", "_first",
+                 "checked", "around", "_first", "_fsdp1",
                  "__weakref__")
 
     def __init__(self, paths: list[tuple[str, nn.Module]]) -> None:
@@ -268,6 +268,8 @@ class Plan:
         self.checked: tuple[list[int], list[int]] | None = None
         # Where the modules' calls skip the call wrapper (``_torch.calling_around``): indices, read with the checks.
         self.around: list[int] = []
+        # (FSDP1's class when last asked, and whether one of the plan's classes is it or derives from it)
+        self._fsdp1: tuple[type, bool] | None = None
         # The first parameter in walk order, weakly (``first_parameter``): None where the modules hold none,
         # UNKNOWN where it takes no weak reference, or where the plan has no key (the modules were not walked).
         self._first: Any = None if self.key is not None else UNKNOWN
@@ -318,6 +320,17 @@ class Plan:
             return False
         self._forwards = forwards
         return True
+
+    def hooks_outputs_in_forward(self) -> bool:
+        """``_torch.hooks_outputs_in_forward(self.classes)``, kept while FSDP1's class is the one it was: read at
+        every block's start, right after a step, the subclass checks over the classes are cache misses."""
+        wrapper = fsdp1_wrapper()
+        if wrapper is None:
+            return False
+        seen = self._fsdp1
+        if seen is None or seen[0] is not wrapper:
+            seen = self._fsdp1 = (wrapper, hooks_outputs_in_forward(self.classes))
+        return seen[1]
 
     def first_parameter(self) -> Any:
         """The first parameter of the plan's modules in walk order (``next(model.parameters(), None)``, which the
