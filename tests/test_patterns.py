@@ -3,6 +3,7 @@ passes through one forward, modules that skip steps, recursion, modules that ret
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from typing import Any, Callable
 
@@ -231,15 +232,18 @@ def _scripted_forces(energy: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return -grad
 
 
+SLEEPS_MS = 20.0  # what ``_SlowBeforeItsChild``'s node sleeps in each pass that runs it
+
+
 class _SlowBeforeItsChild(nn.Module):
     """A node of its own that sleeps in backward, made before its child runs: behind the child's output node."""
 
-    def __init__(self) -> None:
+    def __init__(self, width: int = 3) -> None:
         super().__init__()
-        self.inner = nn.Linear(3, 16)
+        self.inner = nn.Linear(width, 16 if width == 3 else width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.inner(SleepsInBackward.apply(x, 0.02))
+        return self.inner(SleepsInBackward.apply(x, SLEEPS_MS / 1e3))
 
 
 class _ScriptedForces(nn.Module):
@@ -268,6 +272,57 @@ def test_a_backward_that_torchscript_starts_inside_a_forward_times_the_calls_tha
     for name in ("energy", "energy.0", "energy.0.inner", "energy.1", "energy.2"):
         assert prof.records[name].backward_ms > 0, name
     assert prof.records["energy.0"].self_backward_ms >= 20 > prof.records["energy.0.inner"].backward_ms
+
+
+class _GradOnAnotherThread(nn.Module):
+    """A forward that hands a pass over its first block's output to another thread and waits for it, as CUDA runs a
+    pass on autograd's device thread while the thread that started it waits. The block's own slow node lies
+    behind its child's output node."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = _SlowBeforeItsChild(4)
+        self.b = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        found: list[torch.Tensor] = []
+        worker = threading.Thread(target=lambda: found.append(torch.autograd.grad(h.sum(), x, retain_graph=True)[0]))
+        worker.start()
+        worker.join()
+        return self.b(h + found[0])
+
+
+@pytest.mark.parametrize("hooked_outputs", [False, True])
+def test_a_pass_another_thread_runs_while_the_forward_waits(monkeypatch: pytest.MonkeyPatch,
+                                                            hooked_outputs: bool) -> None:
+    # Each of the two passes (the other thread's, inside the forward, then the step's) runs ``a``'s slow node of its
+    # own. Where each call's output nodes are hooked as it returns (TorchScript in the process), the other thread's
+    # pass reaches ``a.inner``'s output first and makes the forward thread's waiting walks from there, on its own
+    # thread (as CUDA's device thread does for a pass TorchScript starts): the slow node is ``a``'s in both passes,
+    # not ``a.inner``'s, whose node ran before it. Without those hooks the walks wait for the model's call, and that
+    # pass runs unhooked nodes (a documented limit): the step's pass alone is timed.
+    monkeypatch.setattr(profiler_module, "torchscript_compiled", lambda: hooked_outputs)
+    torch.manual_seed(0)
+    model = _GradOnAnotherThread()
+    x = torch.randn(2, 4, requires_grad=True)
+    out = model(x)
+    out.sum().backward()
+    expected, expected_grads = out.detach(), [x.grad.clone(), *(p.grad.clone() for p in model.parameters())]
+    x.grad = None
+    model.zero_grad(set_to_none=True)
+    with LayerProf(model) as prof:
+        assert prof._tracker.early_hooks is hooked_outputs
+        out = model(x)
+        out.sum().backward()
+    assert torch.equal(out.detach(), expected)
+    assert all(map(torch.equal, [x.grad, *(p.grad for p in model.parameters())], expected_grads))
+    slept = SLEEPS_MS
+    passes = 2 if hooked_outputs else 1
+    assert passes * slept <= prof.records["a"].self_backward_ms < (passes + 1) * slept
+    assert prof.records["a.inner"].backward_ms < slept and prof.records["b"].backward_ms < slept
+    assert prof.records["a.inner"].backward_ms > 0 and prof.records["b"].backward_ms > 0
+    assert prof.records[""].forward_ms >= slept  # (the forward waited for the other thread's pass)
 
 
 class _ScriptableForces(nn.Module):
