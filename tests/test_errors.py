@@ -322,6 +322,34 @@ def test_an_error_in_backward_names_the_module_whose_backward_ran() -> None:
     assert hook_state(model) == before and not _PROFILED
 
 
+def test_stop_notes_the_error_it_is_handed_and_still_makes_the_partial_profile() -> None:
+    # start() ... stop(): no block sees the exception, so the loop hands it to stop(), which notes it as a block
+    # would (read before the hooks come off) and makes the profile of the steps before it.
+    model = nn.Sequential(nn.Linear(4, 4), FailsBackward(), nn.Linear(4, 4))
+    healthy = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    before = hook_state(model)
+    prof = LayerProf(model).start()
+    prof_ok = LayerProf(healthy).start()
+    healthy(torch.randn(2, 4)).sum().backward()
+    prof_ok.step()
+    try:
+        model(torch.randn(2, 4)).sum().backward()
+    except RuntimeError as error:
+        prof.stop(partial="the backward raised", error=error)
+        caught = error
+    assert notes(caught) == ["layerprof: raised inside module '1' (FailsBackward), during its backward"]
+    with pytest.raises(RuntimeError, match="no profile: the backward raised before profiling finished"):
+        prof.profile  # (its only step was the one that raised: dropped)
+    with pytest.raises(TypeError, match=r"prof.stop\(error=...\) takes the exception that ended the run, got str"):
+        prof_ok.stop(partial="x", error="boom")  # type: ignore[arg-type]
+    assert prof_ok.running  # (refused before anything changed)
+    unrelated = ValueError("not from a backward pass")
+    prof_ok.stop(partial="stopped early", error=unrelated)
+    assert notes(unrelated) == [] and prof_ok.profile.meta["partial"] == "stopped early"
+    assert prof_ok.profile.meta["steps"] == 1 and not _PROFILED
+    assert hook_state(model) == before
+
+
 def test_an_error_in_a_user_backward_hook_is_noted() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
     handle = model[1].register_full_backward_hook(lambda module, grad_in, grad_out: 1 / 0)

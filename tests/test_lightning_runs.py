@@ -120,6 +120,44 @@ def test_an_exception_in_training_step_writes_a_partial_profile_and_frees_the_mo
     _clean(module, before)
 
 
+class _InPlaceGate(nn.Module):
+    """The everyday backward error: sigmoid's saved output changed in place (from batch ``fail_at`` on)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_at: int | None = None
+        self.batch = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = torch.sigmoid(x)
+        return gate.mul_(2) if self.batch == self.fail_at else gate * 2
+
+
+class _GateNet(Net):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), _InPlaceGate(), nn.Linear(16, 1))
+
+    def training_step(self, batch, batch_idx):
+        self.net[1].batch = batch_idx
+        return super().training_step(batch, batch_idx)
+
+
+def test_an_error_in_a_batchs_backward_names_its_module_and_writes_a_partial_profile(tmp_path: Path) -> None:
+    # As the exception leaving a `with` block is noted: the profiler is told of it in the action it leaves, reads
+    # which module's backward raised it before the hooks come off, and writes the batches before it.
+    module = _GateNet()
+    before = _hooks(module)
+    module.net[1].fail_at = 2
+    with pytest.raises(RuntimeError, match="modified by an inplace operation") as info:
+        _trainer(tmp_path, LayerProfProfiler()).fit(module, _loader(4))
+    assert [n for n in getattr(info.value, "__notes__", []) if n.startswith("layerprof")] == [
+        "layerprof: raised inside module 'net.1' (_InPlaceGate), during its backward"]
+    _clean(module, before)
+    saved = layerprof.load(tmp_path / "layerprof-rank0.json")
+    assert saved.meta["steps"] == 2 and saved.meta["partial"] == "RuntimeError raised in a training batch"
+
+
 def test_a_keyboard_interrupt_in_a_batch(tmp_path: Path) -> None:
     module = Net()
     before = _hooks(module)

@@ -457,13 +457,17 @@ class LayerProf:
             self.step_num += 1
             self._begin_step()
 
-    def stop(self, *, partial: str | None = None) -> None:
+    def stop(self, *, partial: str | None = None, error: BaseException | None = None) -> None:
         """End profiling (what ``with`` does on exit) and compute the profile.
 
         ``partial``: why profiling ends before the run did (an exception in a training step, an interrupt): the
         step under way is dropped, and the profile of the steps completed so far says it is partial
         (``meta["partial"]``, and the summary's first line). With no step recorded there is no profile, and
-        ``prof.profile`` says why; the hooks come off either way."""
+        ``prof.profile`` says why; the hooks come off either way.
+
+        ``error``: the exception that ended the run, where you hold it (in an ``except`` or ``finally``): it gets
+        the notes an exception leaving a ``with`` block gets (the module whose backward raised it, what a meter
+        knows of it), read before the hooks come off. The profile is still made, as ``partial`` says."""
         if self._in_block:
             # Refused before anything changes: the block goes on profiling and stops when it exits.
             raise RuntimeError(
@@ -472,7 +476,11 @@ class LayerProf:
             )
         if self._state != "running":
             raise RuntimeError(f"prof.stop() needs a running profile, and this one {self._state_text()}")
-        self._stop(None, None, partial)
+        if error is not None and not isinstance(error, BaseException):
+            raise TypeError(f"prof.stop(error=...) takes the exception that ended the run, got {type(error).__name__}"
+                            ": pass the exception object (`except Exception as error: prof.stop(partial=..., "
+                            "error=error)`), or leave it out")
+        self._stop(None, None, partial, error)
 
     def cancel(self) -> None:
         """Take everything off the model and keep no profile (a run that crashed, a notebook cell run again).
@@ -520,16 +528,22 @@ class LayerProf:
             self._stop_profiling(exc, traceback)
         return False
 
-    def _stop(self, exc: BaseException | None, traceback: Any, partial: str | None = None) -> None:
+    def _stop(self, exc: BaseException | None, traceback: Any, partial: str | None = None,
+              error: BaseException | None = None) -> None:
         with gc_paused():
-            self._stop_profiling(exc, traceback, partial)
+            self._stop_profiling(exc, traceback, partial, error)
 
-    def _stop_profiling(self, exc: BaseException | None, traceback: Any, partial: str | None = None) -> None:
+    def _stop_profiling(self, exc: BaseException | None, traceback: Any, partial: str | None = None,
+                        error: BaseException | None = None) -> None:
+        """``exc``: what is leaving the block (no profile then); ``error``: what ended the run, told by ``stop()``
+        (noted as ``exc`` would be, the profile made as ``partial`` says)."""
         tracker = self._tracker
         assert tracker is not None  # set by start() while running
         self._state = "failed"  # until the profile is made
         # Read before the hooks come off: ending the step forgets which module's backward ran last.
         note = backward_note(tracker, exc, traceback) if exc is not None else None
+        if error is not None:
+            self._add_notes(error, backward_note(tracker, error, error.__traceback__))
         ended = False  # whether the tracker's step was just closed: its detach need not close it again
         made = False
         try:
@@ -547,12 +561,7 @@ class LayerProf:
                 self._teardown(self._running_meters(), ended, parking=ended)
             if exc is not None:
                 self._failure = f"the block raised {type(exc).__name__}"
-                if note is not None:
-                    exc.add_note(note)
-                for meter in self.metrics:
-                    explained = meter.explain(exc)
-                    if explained is not None:
-                        exc.add_note(f"{NOTE_PREFIX}{explained}")
+                self._add_notes(exc, note)
                 self._tracker = None
                 return
             if partial is not None and self._stats.steps == 0 and self._counting_step is None:
@@ -569,6 +578,16 @@ class LayerProf:
         finally:
             if ended:
                 tracker.park(made)
+
+    def _add_notes(self, error: BaseException, note: str | None) -> None:
+        """The notes of an exception that ended the run: ``note`` (``backward_note``'s), then what each meter
+        explains of it."""
+        if note is not None:
+            error.add_note(note)
+        for meter in self.metrics:
+            explained = meter.explain(error)
+            if explained is not None:
+                error.add_note(f"{NOTE_PREFIX}{explained}")
 
     def _state_text(self) -> str:
         if self._state == "new":
@@ -828,6 +847,14 @@ class LayerProf:
                     f"LayerProf recorded no step: the {self._steps_with_calls} step(s) that ran the model were all "
                     f"warm-up (warmup={self.warmup}) or outside the schedule. A step ends at prof.step() or at the end "
                     "of the block: run more steps, or lower warmup / change the schedule.",
+                )
+            elif not any(self._action(step) is Action.RECORD for step in range(self.step_num + 1)):
+                # Every step was warm-up or a schedule's wait, whose calls no hook sees: the model may have run.
+                _warn_user(
+                    f"LayerProf recorded no step: steps 0 to {self.step_num} (counted by prof.step()) were all "
+                    f"warm-up (warmup={self.warmup}) or outside the schedule"
+                    f"{'' if self.schedule is None else f' ({self.schedule!r})'}. A step ends at "
+                    "prof.step() or at the end of the block: run more steps, or lower warmup / change the schedule.",
                 )
             else:
                 _warn_user("LayerProf recorded no step: call the model inside the block")

@@ -57,7 +57,8 @@ class _EndOnException(_callbacks.Callback):
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         if self.profiler._prof is not None:  # else: ended by the action it was raised in, or never begun
-            self.profiler._finish(partial=f"{type(exception).__name__} raised outside the training epoch's batches")
+            self.profiler._finish(partial=f"{type(exception).__name__} raised outside the training epoch's batches",
+                                  error=exception)
 
 
 class LayerProfProfiler(_profilers.Profiler):
@@ -138,7 +139,7 @@ class LayerProfProfiler(_profilers.Profiler):
             error = self._raised(action_name)
             if error is not None and not isinstance(error, StopIteration):
                 where = "a training batch" if action_name == ACTION else "the training epoch, between batches"
-                self._finish(partial=f"{type(error).__name__} raised in {where}")
+                self._finish(partial=f"{type(error).__name__} raised in {where}", error=error)
             elif action_name == ACTION and self._prof.running:
                 assert self._root is not None
                 self._root.fold()
@@ -170,12 +171,14 @@ class LayerProfProfiler(_profilers.Profiler):
         self._finish(partial=_STOPPED)
         return True
 
-    def _finish(self, partial: str | None = None) -> None:
+    def _finish(self, partial: str | None = None, error: BaseException | None = None) -> None:
+        """End the profile; ``error``: the exception that ended the run, which gets layerprof's notes (the module
+        whose backward raised it) as it goes on to the user."""
         prof, self._prof, self._root = self._prof, None, None
         self._trainer = None  # a weak reference does not pickle (ddp_spawn pickles the profiler for the next run)
         if prof is None or not prof.running:
             return
-        prof.stop(partial=partial)
+        prof.stop(partial=partial, error=error)
         try:
             profile = prof.profile
         except RuntimeError:  # nothing recorded before the run ended
