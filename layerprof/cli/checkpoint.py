@@ -3,6 +3,7 @@ the model (``show``: print the plan of a saved profile, on its saved bytes)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import warnings
 from typing import Any
@@ -17,7 +18,7 @@ from ..plan.verify import verify_plan
 from ..profile import OTHER_MACHINE_WARNING, Profile
 from ..render.checkpoint import verification_text
 from .errors import RunError, UsageError, one_line
-from .run import loss_of
+from .run import training_step
 
 __all__ = ["check_budget_options", "check_checkpoint_options", "plan_lines", "plan_and_verify", "planned",
            "plot_options"]
@@ -101,12 +102,8 @@ def plan_and_verify(profile: Profile, model: nn.Module, args: tuple[Any, ...], k
     if not plan.modules:
         return "\n".join(lines)
 
-    def step() -> None:
-        loss_of(model(*args, **kwargs)).backward()
-        model.zero_grad(set_to_none=True)
-
     try:
-        result = verify_plan(plan, model, step, repeats=3)
+        result = verify_plan(plan, model, functools.partial(training_step, model, args, kwargs), repeats=3)
     except Exception as exc:
         raise RunError(f"verifying the checkpoint plan raised {one_line(exc)}") from exc
     lines.append(verification_text(result))

@@ -14,7 +14,7 @@ from ..metrics import make_meters
 from ..render.progress import progress
 from .errors import RunError, one_line
 
-__all__ = ["loss_of", "run_profile", "progress", "metering_meters"]
+__all__ = ["loss_of", "run_profile", "training_step", "progress", "metering_meters"]
 
 
 def loss_of(output: Any) -> torch.Tensor:
@@ -37,6 +37,16 @@ def metering_meters(metrics: list[str] | None, warmup: int) -> list[str]:
     return [meter.name for meter in make_meters(metrics) if meter.distorts_timing]
 
 
+def training_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """The command's training step, profiled and verified alike: forward, then the backward of
+    ``loss_of(output)`` with the output held until it ends (as a training loop's variable holds it: what the step's
+    peak holds), gradients cleared."""
+    output = model(*args, **kwargs)
+    loss_of(output).backward()
+    model.zero_grad(set_to_none=True)
+    del output
+
+
 def run_profile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, steps: int, warmup: int,
                 backward: bool, inference: bool, metrics: list[str] | None, sync: bool = False,
                 show_progress: bool | None = None) -> Profile:
@@ -53,11 +63,10 @@ def run_profile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     try:
         with grad_mode, prof:
             for step in progress(range(total), total, show_progress):
-                output = model(*args, **kwargs)
                 if backward and not inference:
-                    loss_of(output).backward()
-                    model.zero_grad(set_to_none=True)
-                del output
+                    training_step(model, args, kwargs)
+                else:
+                    model(*args, **kwargs)
                 if step < total - 1:  # the `with` exit ends the last step
                     prof.step()
     except RunError:
