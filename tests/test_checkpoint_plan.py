@@ -226,6 +226,32 @@ def test_batchnorm_is_excluded_unless_allowed() -> None:
     assert "1" not in allowed.excluded
 
 
+def test_batchnorm_a_step_in_eval_mode_did_not_update_is_wrapped_with_a_warning() -> None:
+    # Profiled in eval mode, BatchNorm updates nothing, so the plan does not exclude it; a step in training mode
+    # would then update its running statistics twice (num_batches_tracked 2 a step), which applying the plan
+    # warns of. With allow_side_effects=True, or where the profile saw the update (training mode), no warning.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.Sequential(nn.Linear(64, 64), nn.BatchNorm1d(64), nn.Tanh()),
+                          nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh()), nn.Linear(64, 1))
+    x = torch.randn(32, 16)
+    model.eval()
+    prof = _profile(model, lambda: model(x).sum().backward())
+    model.train()
+    plan = prof.checkpoint_plan(0.6)
+    assert not plan.excluded  # (the BatchNorm inside the wrapped run or module: named by the warning below)
+    with pytest.warns(UserWarning, match=r"the plan wraps modules that keep running statistics \('1.1'\), which the "
+                                         r"profiled step did not update \(the model ran in eval mode"):
+        with plan.applied(model):
+            model(x).sum().backward()
+    assert int(model[1][1].num_batches_tracked) == 2  # (what it warns of)
+    for quiet in (prof.checkpoint_plan(0.6, allow_side_effects=True),
+                  _profile(model, lambda: model(x).sum().backward()).checkpoint_plan(0.6)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with quiet.applied(model):
+                pass
+
+
 def test_pareto_and_plot(tmp_path) -> None:
     model = _mlp()
     x = torch.randn(32, 16)
@@ -495,6 +521,19 @@ def test_runs_of_a_sequential_are_planned_applied_and_removed() -> None:
                        r"for a Sequential"):
         plan.apply(other)
     assert not any("forward" in module.__dict__ for module in other.modules())
+    # So has a Sequential whose instance carries a forward (another tool's hook, a patch): a run's wrapper would
+    # replace it and change what the model computes; refused before anything is wrapped, the plan of modules taken.
+    scaled = model.forward
+    model.forward = lambda x: scaled(x * 0.5)  # type: ignore[method-assign]
+    expected = _run(model, x)
+    with pytest.raises(ValueError, match=r"the run '\[\d+:\d+\]' of the model \(a Sequential\), whose instance has "
+                       r"a forward of its own .* plan without runs \(prof.checkpoint_plan\(..., runs=False\)\)"):
+        plan.apply(model)
+    assert not plan.is_applied and not any(is_wrapped(module) for module in model.modules())
+    with by_modules.applied(model):
+        got = _run(model, x)
+    assert torch.equal(got[0], expected[0]) and all(torch.equal(a, b) for a, b in zip(got[1], expected[1]))
+    del model.forward
 
 
 def _every_run(name: str) -> tuple[Any, list[tuple[str, ...]]]:
@@ -925,6 +964,17 @@ def test_applying_a_plan_over_modules_with_forward_hooks_warns_and_names_them() 
     # What it warns of: the named hooks ran again (those at a region's end may not: checkpoint stops its
     # recomputation once it has every tensor backward needs).
     assert 3 < len(features) <= 3 + len(named)
+    # A hook on a wrapped module itself runs in its __call__, around the checkpoint, once a step: no warning.
+    model = _mlp(depth=3)
+    plan = _profile(model, lambda: model(x).sum().backward()).checkpoint_plan(0.25, runs=False)
+    calls: list[int] = []
+    for name in plan.modules:
+        model.get_submodule(name).register_forward_hook(lambda module, args, output: calls.append(1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with plan.applied(model):
+            model(x).sum().backward()
+    assert len(calls) == len(plan.modules)
     # Torch's own weight-computing pre-hooks (the older weight_norm) are the recomputation itself: no warning.
     model = _mlp(depth=3)
     for block in list(model)[1:4]:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from torch import nn
+from torch.nn.modules.batchnorm import _NormBase
 
 from .._check import check_bool, check_int
 from .._gc import gc_paused
@@ -166,29 +167,53 @@ def _a(word: str) -> str:
 _WEIGHT_HOOKS = ("WeightNorm", "SpectralNorm")
 
 
-def _warn_hooked(modules: dict[str, nn.Module],
-                 sequentials: dict[int, tuple[nn.Module, dict[tuple[int, int], str]]]) -> None:
-    """Warn where modules inside the regions to wrap carry forward hooks of their own: a checkpoint re-runs the
-    forward in backward, hooks and all, so each of those hooks runs twice a step."""
-    regions: list[tuple[str, nn.Module]] = list(modules.items())
+def _regions(modules: dict[str, nn.Module], sequentials: dict[int, tuple[nn.Module, dict[tuple[int, int], str]]]
+             ) -> list[tuple[str, nn.Module, bool]]:
+    """The regions to wrap as ``(name, module, called_inside)``: each wrapped module, and each child of a wrapped run.
+    ``called_inside``: the module is called inside its checkpoint, so its own hooks run again in backward (a run's
+    children); a wrapped module's own hooks run in its ``__call__``, outside (its forward is what is wrapped)."""
+    regions = [(name, module, False) for name, module in modules.items()]
     for sequential, runs in sequentials.values():
         for (first, stop), name in runs.items():
             parent = parse_run(name)[0]
-            regions.extend((f"{parent}.{i}" if parent else str(i), sequential[i]) for i in range(first, stop))
-    hooked = []
-    for name, region in regions:
+            regions.extend((f"{parent}.{i}" if parent else str(i), sequential[i], True) for i in range(first, stop))
+    return regions
+
+
+def _shown(names: list[str]) -> str:
+    shown = ", ".join(repr(name) for name in names[:5])
+    return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def _warn_rerun(modules: dict[str, nn.Module], sequentials: dict[int, tuple[nn.Module, dict[tuple[int, int], str]]],
+                side_effects_allowed: bool) -> None:
+    """Warn where what runs again in backward does something twice a step: forward hooks of modules called inside
+    the regions to wrap (a checkpoint re-runs the forward, hooks and all), and, unless the plan allows side effects,
+    modules keeping running statistics (BatchNorm) that the profiled step did not update (it ran in eval mode),
+    so the plan did not exclude them, and that a step in training mode updates a second time as they re-run."""
+    hooked: list[str] = []
+    statistics: list[str] = []
+    for name, region, called_inside in _regions(modules, sequentials):
         for inner, module in region.named_modules(prefix=name):
             hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
-            if any(type(hook).__name__ not in _WEIGHT_HOOKS for hook in hooks):
+            if (called_inside or module is not region) and any(
+                    type(hook).__name__ not in _WEIGHT_HOOKS for hook in hooks):
                 hooked.append(inner)
+            if isinstance(module, _NormBase) and module.track_running_stats:
+                statistics.append(inner)
     if hooked:
-        shown = ", ".join(repr(name) for name in hooked[:5])
-        if len(hooked) > 5:
-            shown += f" and {len(hooked) - 5} more"
         warnings.warn(
-            f"the plan wraps modules that carry forward hooks ({shown}): a checkpoint runs their forward again in "
-            "backward, hooks included, so those hooks can run twice a step (a list a hook appends to grows twice); "
-            "take the hooks off, or have them do nothing in the re-run, which runs during backward",
+            f"the plan wraps modules that carry forward hooks ({_shown(hooked)}): a checkpoint runs their forward "
+            "again in backward, hooks included, so those hooks can run twice a step (a list a hook appends to grows "
+            "twice); take the hooks off, or have them do nothing in the re-run, which runs during backward",
+            UserWarning, stacklevel=3)
+    if statistics and not side_effects_allowed:
+        warnings.warn(
+            f"the plan wraps modules that keep running statistics ({_shown(statistics)}), which the profiled step did "
+            "not update (the model ran in eval mode, or their statistics were frozen), so the plan did not exclude "
+            "them: in a step in training mode their forward runs again in backward and updates the statistics a "
+            "second time. Plan on a profile of a step in the mode you train in (model.train()), which excludes them, "
+            "or make the plan with allow_side_effects=True to wrap them knowingly",
             UserWarning, stacklevel=3)
 
 
@@ -301,6 +326,7 @@ class CheckpointPlan:
                  wrap_cost: WrapCost | None = None, hook_ms: float = 0.0, runs: list[RunOption] | None = None,
                  peak_budget_bytes: int | None = None) -> None:
         self.model_type = root.type
+        self.side_effects_allowed = False  # (``make_plan`` sets what it was given)
         self.wrap_cost = wrap_cost
         self.hook_ms = hook_ms
         self.budget_bytes = budget_bytes
@@ -579,6 +605,14 @@ class CheckpointPlan:
                     f"model: the plan wraps the run {name!r} of an nn.Sequential, which {run[0]!r} of this model is "
                     f"not ({type(module).__name__} of {len(list(module.children()))} children); apply the plan to "
                     f"the model it was made for (a {self.model_type})")
+            if "forward" in vars(module):
+                # A run's wrapper is the Sequential's forward, which would drop this one (a module's keeps it).
+                parent = f"the Sequential {run[0]!r}" if run[0] else "the model (a Sequential)"
+                raise ValueError(
+                    f"model: the plan wraps the run {name!r} of {parent}, whose instance has a forward of its own "
+                    "(put there by another tool, such as accelerate's hooks, or by hand), which a run's wrapper "
+                    "would replace: plan without runs (prof.checkpoint_plan(..., runs=False)), whose wrappers keep "
+                    "a module's forward, or take that forward off first")
             sequentials.setdefault(id(module), (module, {}))[1][run[1:]] = name
         return modules, sequentials
 
@@ -588,7 +622,7 @@ class CheckpointPlan:
         if self._applied:
             raise RuntimeError("this plan is already applied; call remove() before applying it again")
         modules, sequentials = self._resolve(model)
-        _warn_hooked(modules, sequentials)
+        _warn_rerun(modules, sequentials, self.side_effects_allowed)
         try:
             for name, module in modules.items():
                 self._applied.append((module, wrap(module, label=name)))
@@ -694,7 +728,9 @@ def make_plan(root: ModuleRecord, budget: Any = None, allow_side_effects: bool =
             below = descendant_calls(records, [c.parent for c in found])
             options = run_options(records, found, below, root.__dict__.get(STORAGES_ATTRIBUTE), cost, hook_ms,
                                   op_ms)
-        return CheckpointPlan(root, found, budget_bytes, resolution, cost, hook_ms, options, peak_bytes)
+        plan = CheckpointPlan(root, found, budget_bytes, resolution, cost, hook_ms, options, peak_bytes)
+    plan.side_effects_allowed = allow_side_effects
+    return plan
 
 
 def saved_today(root: ModuleRecord) -> int:
