@@ -63,6 +63,48 @@ def test_linear_saves_its_input_and_relu_its_output() -> None:
     assert MemoryMeter.distorts_timing
 
 
+class _BuildsItsHead(nn.Module):
+    """A head made in the first call (a lazily built module: it joins the profile as it is registered)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(64, 64)
+        self.head: nn.Module | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(x)
+        if self.head is None:
+            self.head = nn.Linear(64, 512)
+        return self.head(h)
+
+
+@pytest.mark.parametrize("metrics", [("memory",), ("live_memory",), ("shapes",)])
+def test_a_module_made_while_profiling_and_a_lazy_module_are_measured(metrics: tuple[str, ...]) -> None:
+    # Before: the meters kept the names they started with, and the block's exit raised KeyError('head') (memory) or
+    # left the head without shape fields; a LazyLinear not yet run made the memory meters raise as the block began
+    # (its parameter has no storage). Their parameters, made in the block, are the model's, not saved tensors.
+    torch.manual_seed(0)
+    model = _BuildsItsHead()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (one step with a meter that slows it)
+        with LayerProf(model, metrics=metrics) as prof:
+            model(torch.randn(8, 64)).sum().backward()
+        lazy = nn.Sequential(nn.LazyLinear(32), nn.ReLU(), nn.Linear(32, 1))
+        with LayerProf(lazy, metrics=metrics) as lazy_prof:
+            lazy(torch.randn(4, 16)).sum().backward()
+    head, first = prof.records["head"], lazy_prof.records["0"]
+    if metrics == ("shapes",):
+        assert head.input_shapes == [[8, 64]] and head.output_shapes == [[8, 512]]
+        assert first.input_shapes == [[4, 16]] and first.output_shapes == [[4, 32]]
+        return
+    # The head saves its input, 8*64 float32 = 2,048 B; its weight (512*64*4 = 131,072 B), made in the block, is a
+    # parameter. The LazyLinear saves its input, 4*16*4 = 256 B, and the ReLU its output, 4*32*4 = 512 B.
+    assert head.saved_bytes == 8 * 64 * 4 == 2048
+    assert prof.tree.saved_bytes == 2048 + 2048  # (the body's input too)
+    assert first.saved_bytes == 4 * 16 * 4 and lazy_prof.records["1"].saved_bytes == 4 * 32 * 4
+    assert lazy_prof.tree.saved_bytes == 256 + 512
+
+
 def test_a_storage_saved_twice_counts_once() -> None:
     model = nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 5))
     prof = _profile(model, torch.randn(4, 10, requires_grad=True))

@@ -729,8 +729,11 @@ class LayerProf:
             self._names[id(module)] = qualified
             self._entries.append((qualified, module))
             added.append((qualified, module))
-        if added and self._tracker.active:
-            self._tracker.attach(added)
+        if added:
+            for meter in self._running_meters():
+                meter.modules_added(added)
+            if self._tracker.active:
+                self._tracker.attach(added)
         return None
 
     def _warn_unseen_modules(self, owns: list[dict[str, Any]]) -> bool:

@@ -203,6 +203,25 @@ def _storage(tensor: torch.Tensor) -> Any:
         return tensor.untyped_storage()
     except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested or wrapper tensors
         return None
+    except ValueError:  # a lazy module's parameter not made yet (``nn.LazyLinear`` before its first call)
+        return None
+
+
+def _lazy(tensor: torch.Tensor) -> bool:
+    return isinstance(tensor, nn.parameter.UninitializedTensorMixin)
+
+
+def _holds_lazy(module: nn.Module) -> bool:
+    return any(t is not None and _lazy(t) for table in (module._parameters, module._buffers) for t in table.values())
+
+
+def _with_lazy(model: nn.Module) -> list[nn.Module]:
+    """The modules of ``model`` holding a parameter or buffer not made yet (a lazy module before its first call)."""
+    return [module for module in model.modules() if _holds_lazy(module)]
+
+
+def _with_lazy_of(entries: Sequence[tuple[str, nn.Module]]) -> list[nn.Module]:
+    return [module for _, module in entries if _holds_lazy(module)]
 
 
 def _storage_keys(*objs: Any) -> set[int]:
@@ -230,7 +249,6 @@ class MemoryMeter(Meter):
     reader_factory: Any = CudaMemoryReader
 
     def __init__(self) -> None:
-        self._names: list[str] = []
         self._calls: list[tuple[Any, _CallMemory]] = []
         self._states: dict[int, _CallMemory] = {}  # id(call) -> its memory
         self._stack: list[Any] = []  # the running forward calls, innermost last
@@ -262,6 +280,7 @@ class MemoryMeter(Meter):
         self._step_log: PeakLog | None = None  # the log of the device of the model's first call: the step's
         self._step: dict[str, Any] = {}  # the step's own figures (meta): its peak, where it started and ended
         self._static: set[int] = set()  # parameters' and buffers' storages
+        self._lazy: list[nn.Module] = []  # lazy modules whose parameters are not made yet
         # Every module's own buffers with their versions as the block started, and the names of the modules whose
         # buffers the block updated in place or replaced (read as it stops): side effects a recomputation would repeat.
         self._buffer_versions: list[Any] = []
@@ -277,9 +296,10 @@ class MemoryMeter(Meter):
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: Sequence[tuple[str, nn.Module]]) -> None:
-        self._names = list(records)
         self._after_backward, self._held, self._saved_before, self._starts_released = 0, [], False, False
         self._static = _storage_keys(list(model.parameters()), list(model.buffers()))
+        # Lazy modules whose parameters are made in their first call: their storages join the static ones then.
+        self._lazy = _with_lazy(model)
         self._buffer_versions = buffer_versions(entries)
         self._reader = type(self).reader_factory()
         # Hooks installed before profiling (save_on_cpu, offloading) keep working: ours chains to them.
@@ -350,7 +370,24 @@ class MemoryMeter(Meter):
         return None
 
     # -- saved tensors ---------------------------------------------------------------------------------------------
+    def modules_added(self, entries: Sequence[tuple[str, nn.Module]]) -> None:
+        # Their parameters and buffers are the model's, not what a call saves or returns.
+        for _, module in entries:
+            self._static |= _storage_keys(list(module._parameters.values()), list(module._buffers.values()))
+        self._lazy += [module for module in _with_lazy_of(entries) if module not in self._lazy]
+
+    def _made_lazy(self) -> None:
+        """Add to the static storages those of the lazy modules' parameters and buffers made since (a lazy module
+        makes them as its first call begins, before anything it saves is packed)."""
+        made = [module for module in self._lazy if not _holds_lazy(module)]
+        if made:
+            self._static |= _storage_keys([t for module in made for t in module._parameters.values()],
+                                          [t for module in made for t in module._buffers.values()])
+            self._lazy = [module for module in self._lazy if module not in made]
+
     def _pack(self, tensor: torch.Tensor) -> Any:
+        if self._lazy:
+            self._made_lazy()
         if self._stack:
             call = self._stack[-1]
             # A recomputed (checkpointed) call saves during backward, briefly: not what the forward holds.
@@ -549,7 +586,8 @@ class MemoryMeter(Meter):
                 parent.tensors += state.tensors
                 parent.side_effects += state.side_effects
                 parent.cache_updates += state.cache_updates
-        totals: dict[str, dict[str, int | None]] = {name: dict.fromkeys(MEMORY_FIELDS) for name in self._names}
+        # (every record's name: modules made while profiling joined them after the start)
+        totals: dict[str, dict[str, int | None]] = {name: dict.fromkeys(MEMORY_FIELDS) for name in records}
         for call, state in self._calls:
             row = totals[call.name]
             _add(row, "activation_bytes", state.activation)

@@ -52,6 +52,10 @@ class Meter:
         """Profiling begins (``__enter__``): hooks are about to go on. ``entries``: every module once, with its
         first name, in ``named_modules()`` order (a sequence of pairs: indexed, iterated, measured with ``len``)."""
 
+    def modules_added(self, entries: Sequence[tuple[str, nn.Module]]) -> None:
+        """Modules made while profiling (registered on a profiled module during a forward, such as a lazily built
+        head) joined, with their names, before their first call: their records exist from now on."""
+
     def forward_pre(self, call: Any, module: nn.Module, args: Any, kwargs: Any) -> None:
         """Before a module's forward (only if ``wants_forward_hooks``)."""
 

@@ -110,7 +110,6 @@ class ShapesMeter(Meter):
     def __init__(self) -> None:
         self._pending: dict[int, tuple[Spec, ...]] = {}  # id(call) -> input specs, until its forward ends
         self._variants: dict[str, dict[tuple[Any, ...], None]] = {}  # name -> signatures, first call first
-        self._names: list[str] = []
         # The top-level calls' signatures of the step running, of the first step, and how many steps had each:
         # where most steps differ from the first (lengths bucketed per batch, a short first batch), a meter that
         # counts one step describes its shapes only, while times are over every timed step.
@@ -119,7 +118,6 @@ class ShapesMeter(Meter):
         self._steps: dict[tuple[tuple[str, Any], ...], int] = {}
 
     def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: Sequence[tuple[str, nn.Module]]) -> None:
-        self._names = list(records)
         self._step, self._first, self._steps = [], None, {}
 
     def forward_pre(self, call: Any, module: nn.Module, args: Any, kwargs: Any) -> None:
@@ -161,8 +159,7 @@ class ShapesMeter(Meter):
         return {"steps_with_other_shapes": other} if other and 2 * other > steps else {}
 
     def fill(self, records: dict[str, ModuleRecord]) -> None:
-        for name in self._names:
-            record = records[name]
+        for name, record in records.items():  # (every record's: modules made while profiling joined after the start)
             variants = self._variants.get(name)
             if variants is None:
                 for field in SHAPE_FIELDS:
