@@ -41,25 +41,27 @@ class Call(nn.Module):
 def test_linear() -> None:
     prof = profile(nn.Linear(8, 16), torch.randn(4, 8, requires_grad=True))
     # forward addmm: reads bias 16*4 + x 4*8*4 + w 16*8*4 = 64 + 128 + 512 = 704, writes y 4*16*4 = 256
-    # backward: grad_x = g @ w reads 256 + 512, writes 128 (896); grad_w = g^T @ x reads 256 + 128, writes 512
-    # (896); grad_b = g.sum(0) reads 256, writes 64 (320)
-    assert passes(prof) == (704 + 256, 896 + 896 + 320)
-    assert prof.profile.rows()[0]["self_bytes"] == 960 + 2112  # a leaf: its own ops are all its ops
+    # backward, g the gradient of sum(): one float expanded to y's shape (stride 0), read as its 4 bytes:
+    # grad_x = g @ w reads 4 + 512, writes 128 (644); grad_w = g^T @ x reads 4 + 128, writes 512 (644);
+    # grad_b = g.sum(0) reads 4, writes 64 (68)
+    assert passes(prof) == (704 + 256, 644 + 644 + 68)
+    assert prof.profile.rows()[0]["self_bytes"] == 960 + 1356  # a leaf: its own ops are all its ops
 
 
 def test_conv2d() -> None:
     prof = profile(nn.Conv2d(3, 8, 3, padding=1), torch.randn(2, 3, 10, 10, requires_grad=True))
     # forward: reads x 2*3*10*10*4 = 2400, w 8*3*3*3*4 = 864, b 8*4 = 32; writes y 2*8*10*10*4 = 6400
-    # backward convolution_backward: reads g 6400 + x 2400 + w 864; writes grad_x 2400, grad_w 864, grad_b 32
-    assert passes(prof) == (2400 + 864 + 32 + 6400, 6400 + 2400 + 864 + 2400 + 864 + 32)
+    # backward convolution_backward: reads g 4 (sum()'s gradient: one float, expanded) + x 2400 + w 864; writes
+    # grad_x 2400, grad_w 864, grad_b 32
+    assert passes(prof) == (2400 + 864 + 32 + 6400, 4 + 2400 + 864 + 2400 + 864 + 32)
 
 
 def test_bmm_and_matmul() -> None:
     a, b = torch.randn(2, 4, 8, requires_grad=True), torch.randn(2, 8, 16, requires_grad=True)
     prof = profile(Call(torch.bmm), a, b)
-    # a 2*4*8*4 = 256, b 2*8*16*4 = 1024, out 2*4*16*4 = 512; backward: g @ b^T (512 + 1024 -> 256),
-    # a^T @ g (256 + 512 -> 1024)
-    assert passes(prof) == (256 + 1024 + 512, (512 + 1024 + 256) + (256 + 512 + 1024))
+    # a 2*4*8*4 = 256, b 2*8*16*4 = 1024, out 2*4*16*4 = 512; backward, g sum()'s gradient (one float, expanded:
+    # 4 bytes): g @ b^T (4 + 1024 -> 256), a^T @ g (256 + 4 -> 1024)
+    assert passes(prof) == (256 + 1024 + 512, (4 + 1024 + 256) + (256 + 4 + 1024))
     x, w = torch.randn(6, 8), torch.randn(8, 4)
     prof = profile(Call(torch.matmul), x, w, backward=False)
     assert passes(prof) == (6 * 8 * 4 + 8 * 4 * 4 + 6 * 4 * 4, None)  # mm: 192 + 128 read, 96 written
@@ -68,38 +70,41 @@ def test_bmm_and_matmul() -> None:
 def test_layer_norm() -> None:
     prof = profile(nn.LayerNorm(32), torch.randn(4, 32, requires_grad=True))
     # forward: reads x 4*32*4 = 512, weight 128, bias 128; writes y 512, mean 4*4 = 16, rstd 16
-    # backward: reads g 512, x 512, mean 16, rstd 16, weight 128, bias 128 (the op's arguments);
-    # writes grad_x 512, grad_w 128, grad_b 128
-    assert passes(prof) == (512 + 128 + 128 + 512 + 16 + 16, 512 + 512 + 16 + 16 + 128 + 128 + 512 + 128 + 128)
+    # backward: reads g 4 (sum()'s gradient, one float expanded), x 512, mean 16, rstd 16, weight 128, bias 128
+    # (the op's arguments); writes grad_x 512, grad_w 128, grad_b 128
+    assert passes(prof) == (512 + 128 + 128 + 512 + 16 + 16, 4 + 512 + 16 + 16 + 128 + 128 + 512 + 128 + 128)
 
 
 def test_softmax() -> None:
     prof = profile(nn.Softmax(-1), torch.randn(4, 32, requires_grad=True))
-    # forward: x 512 read, y 512 written; backward: reads g 512 and y 512, writes grad_x 512
-    assert passes(prof) == (1024, 1536)
+    # forward: x 512 read, y 512 written; backward: reads g 4 (sum()'s gradient, one float expanded) and y 512,
+    # writes grad_x 512
+    assert passes(prof) == (1024, 4 + 512 + 512)
 
 
 def test_embedding_reads_only_gathered_rows() -> None:
     prof = profile(nn.Embedding(100, 16), torch.tensor([[1, 2, 3], [4, 5, 1]]))
     # forward: reads indices 6*8 = 48 and the 6 rows it gathers 6*16*4 = 384 (not the 100*16*4 = 6400 table),
-    # writes them 384; backward embedding_dense_backward: reads g 384 + indices 48, writes grad_w 6400
-    assert passes(prof) == (48 + 384 + 384, 384 + 48 + 6400)
+    # writes them 384; backward embedding_dense_backward: reads g 4 (sum()'s gradient, one float expanded) +
+    # indices 48, writes grad_w 6400
+    assert passes(prof) == (48 + 384 + 384, 4 + 48 + 6400)
 
 
 def test_sdpa_reads_q_k_v_once() -> None:
     q, k, v = (torch.randn(2, 2, 8, 4, requires_grad=True) for _ in range(3))
     prof = profile(Call(F.scaled_dot_product_attention), q, k, v)
     # fused CPU kernel: reads q, k, v 2*2*8*4*4 = 512 each; writes out 512 and logsumexp 2*2*8*4 = 128;
-    # never the 2*2*8*8 score matrix. backward: reads g, q, k, v, out (5*512) and logsumexp 128, writes
-    # grad_q, grad_k, grad_v (3*512)
-    assert passes(prof) == (3 * 512 + 512 + 128, 5 * 512 + 128 + 3 * 512)
+    # never the 2*2*8*8 score matrix. backward: reads g 4 (sum()'s gradient, one float expanded), q, k, v, out
+    # (4*512) and logsumexp 128, writes grad_q, grad_k, grad_v (3*512)
+    assert passes(prof) == (3 * 512 + 512 + 128, 4 + 4 * 512 + 128 + 3 * 512)
 
 
 def test_elementwise_chain() -> None:
     prof = profile(Call(lambda x: torch.tanh(x * 2 + 1)), torch.randn(4, 32, requires_grad=True))
-    # three ops, each reading 512 and writing 512; backward: tanh_backward reads g and y (1024), writes 512;
-    # the mul's backward g * 2 reads 512, writes 512; the add's passes g through (no op)
-    assert passes(prof) == (3 * 1024, 1536 + 1024)
+    # three ops, each reading 512 and writing 512; backward: tanh_backward reads g 4 (sum()'s gradient, one
+    # float expanded) and y 512, writes 512; the mul's backward (its gradient) * 2 reads 512, writes 512; the
+    # add's passes its gradient through (no op)
+    assert passes(prof) == (3 * 1024, 4 + 512 + 512 + 1024)
 
 
 def test_in_place_ops_and_views() -> None:
@@ -125,6 +130,23 @@ def test_storage_once_per_op_and_views_by_extent() -> None:
     assert op_bytes(aten.neg.out, (x,), {"out": out}, out) == 1024
     assert op_bytes(aten.copy_.default, (out, x), {}, out) == 1024  # copy_: reads source, writes destination
     assert op_bytes(aten.empty.memory_format, ([8, 16],), {}, out) == 0  # allocation
+
+
+def test_an_expanded_view_reads_its_elements_once() -> None:
+    # ``b.expand(4096, 64)`` is a view with stride 0 over b's 64 floats: an add reads them once, as the same add
+    # broadcasting b itself does (before: billed 4096*64*4 = 1,048,576 bytes for b's 256-byte storage alone, and
+    # the 256 of the storage where a second view of it joined the same op: reading more counted less).
+    a, b, c = torch.randn(4096, 64), torch.randn(1, 64), torch.randn(1, 64)
+    wide = b.expand(4096, 64)
+    assert op_bytes(aten.add.Tensor, (a, b), {}, a + b) == 4096 * 64 * 4 + 64 * 4 + 4096 * 64 * 4  # 2,097,408
+    assert op_bytes(aten.add.Tensor, (a, wide), {}, a + wide) == 4096 * 64 * 4 + 64 * 4 + 4096 * 64 * 4
+    one = [wide, c.expand(4096, 64)[:, :32]]  # b's 64 floats and 32 of c's: 256 + 128 bytes read
+    two = [wide, wide[:, :32]]  # two views of b's storage: at most its 256 bytes
+    written = 4096 * 96 * 4
+    assert op_bytes(aten.cat.default, (one, 1), {}, torch.cat(one, 1)) == written + 256 + 128
+    assert op_bytes(aten.cat.default, (two, 1), {}, torch.cat(two, 1)) == written + 256
+    column = torch.randn(8, 1).expand(8, 16)  # stride (1, 0): 8 floats, each read once
+    assert op_bytes(aten.mul.Tensor, (column, 3), {}, column * 3) == 8 * 4 + 8 * 16 * 4
 
 
 def test_nested_modules_inclusive_and_self() -> None:

@@ -74,11 +74,27 @@ def _tensors(values: Any, skip: frozenset[str] = frozenset(), kwargs: dict[str, 
     return found
 
 
+def _read_bytes(tensor: torch.Tensor) -> int:
+    """The bytes of the elements a view reads: an expanded dimension (stride 0) reads its one element once, as an
+    op that broadcasts the unexpanded tensor does."""
+    try:
+        strides = tensor.stride()
+    except (RuntimeError, NotImplementedError):  # (sparse: no strides)
+        return tensor_bytes(tensor)
+    if 0 not in strides or not tensor.numel():
+        return tensor_bytes(tensor)
+    covered = tensor.element_size()
+    for size, stride in zip(tensor.shape, strides):
+        if stride:
+            covered *= size
+    return covered
+
+
 def _unique_bytes(tensors: list[Any]) -> int:
     """Each storage once, several distinct views of it summed up to the storage's size."""
     if len(tensors) == 1:
         tensor = tensors[0]
-        return 0 if tensor.is_nested else tensor_bytes(tensor)
+        return 0 if tensor.is_nested else _read_bytes(tensor)
     per_storage: dict[int, list[Any]] = {}
     total = 0
     for tensor in tensors:
@@ -93,10 +109,10 @@ def _unique_bytes(tensors: list[Any]) -> int:
         seen = per_storage.get(key)
         view = (tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
         if seen is None:
-            per_storage[key] = [storage.nbytes(), tensor_bytes(tensor), {view}]
+            per_storage[key] = [storage.nbytes(), min(storage.nbytes(), _read_bytes(tensor)), {view}]
         elif view not in seen[2]:
             seen[2].add(view)
-            seen[1] = min(seen[0], seen[1] + tensor_bytes(tensor))
+            seen[1] = min(seen[0], seen[1] + _read_bytes(tensor))
     return total + sum(size for _, size, _ in per_storage.values())
 
 
