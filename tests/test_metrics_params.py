@@ -105,6 +105,32 @@ def test_tied_parameter_is_counted_once_and_named() -> None:
     assert tied_groups(prof.tree) == [["0.weight", "1.weight"]]
 
 
+class _TwoNames(nn.Module):
+    """One 4x4 parameter under two names of one module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Parameter(torch.randn(4, 4))
+        self.b = self.a
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.a @ self.b
+
+
+def test_a_parameter_under_two_names_of_one_module_is_shared_with_no_other_module() -> None:
+    # shared_params counts elements another module holds too, each tensor once: 0 here (before: 32, one 16 per
+    # name, more than the module's own 16), and 16 where another module holds it as well (not 32).
+    prof = _profile(_TwoNames(), torch.randn(3, 4))
+    root = prof.records[""]
+    assert root.params == root.own_params == 16 and root.shared_params == 0
+    assert root.shared_with == {"a": ["b"], "b": ["a"]}  # (the other names still listed)
+    model = nn.Sequential(_TwoNames(), nn.Linear(4, 4, bias=False))
+    model[1].weight = model[0].a
+    prof = _profile(model, torch.randn(3, 4))
+    assert prof.records["0"].shared_params == prof.records["1"].shared_params == 16
+    assert prof.records[""].params == 16
+
+
 def test_gpt2_tied_embeddings() -> None:
     config = transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=2, n_positions=32)
     model = transformers.GPT2LMHeadModel(config)

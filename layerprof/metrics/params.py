@@ -125,6 +125,7 @@ def measure_params(entries: Sequence[tuple[str, nn.Module]]) -> dict[str, dict[s
         mine = own[i]
         shared_with: dict[str, list[str]] = {}
         shared_params = 0
+        counted: list[torch.Tensor] = []
         table = module._parameters if module._parameters else {}
         one_name_each = len(mine) == sum(1 for t in table.values() if t is not None and not _is_lazy(t))
         for param_name, param in table.items():
@@ -137,7 +138,11 @@ def measure_params(entries: Sequence[tuple[str, nn.Module]]) -> dict[str, dict[s
                       _param_names(entries[h][1], param) if h != i or n != param_name]
             if others:
                 shared_with[param_name] = others
-                shared_params += param.numel()
+                # Elements another module holds too, each tensor once (one held under two names here counts
+                # where another module holds it, once).
+                if any(h != i for h in held_by) and not any(param is seen for seen in counted):
+                    counted.append(param)
+                    shared_params += param.numel()
         total = totals[i]
         values[name] = {
             "params": total.params,
