@@ -415,7 +415,12 @@ class Profile:
         (True, False)
         """
         check_path(path)
-        plan = self.checkpoint_plan(0.5) if getattr(self.tree, "checkpoint_freed_bytes", None) is not None else None
+        plan: Any = None
+        if getattr(self.tree, "checkpoint_freed_bytes", None) is not None:
+            try:
+                plan = self.checkpoint_plan(0.5)
+            except ValueError as error:  # a step the planner does not plan on (micro-batches): the panel says why
+                plan = str(error)
         return export.write_text(report_html(self.tree, self.meta, checkpoint=plan), path)
 
     def to_tensorboard(self, writer_or_logdir: Any, step: int | None = None, depth: int | None = None,

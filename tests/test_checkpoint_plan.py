@@ -469,6 +469,15 @@ def test_report_has_a_checkpoint_panel_with_memory_figures() -> None:
     with LayerProf(model) as plain:
         model(x).sum().backward()
     assert 'id="checkpoint-section"' not in plain.to_report()  # (the stylesheet names it in every report)
+    # A step of two micro-batches (gradient accumulation) is no step to plan on: the report is written, and its
+    # panel says why (before: to_report raised the planner's ValueError, and no report was written).
+    accumulated = _profile(model, lambda: [model(x).sum().backward() for _ in range(2)])
+    with pytest.raises(ValueError, match="gradient accumulation"):
+        accumulated.checkpoint_plan(0.5)
+    page = accumulated.to_report()
+    assert re.search(r'<section id="checkpoint-section">\n  <h2>Checkpoint plans</h2>\n  <p>No plan: checkpoint_plan: '
+                     r"in the profiled step, 1 forward\(s\) that saved for backward began after", page)
+    assert "Checkpoint plan for Sequential" not in page and "</html>" in page
 
 
 def _flat_mlp(depth: int = 6, width: int = 128) -> nn.Sequential:

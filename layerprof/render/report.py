@@ -136,6 +136,9 @@ def _roofline_section(root: ModuleRecord) -> str:
 def _checkpoint_section(plan: Any) -> str:
     if plan is None:
         return ""
+    if isinstance(plan, str):  # why no plan could be made on this profile
+        return (f'<section id="checkpoint-section">\n  <h2>Checkpoint plans</h2>\n  <p>No plan: '
+                f"{html.escape(plan)}</p>\n</section>\n")
     caption = ""
     if getattr(plan, "predicted_peak_bytes", None) is not None:
         caption = (f' <span class="caption">(step peak {format_bytes(plan.profiled_peak_bytes)} profiled, '
@@ -165,7 +168,8 @@ def script_json(data: Any) -> str:
 
 
 def report_html(root: ModuleRecord, meta: dict[str, Any] | None = None, checkpoint: Any = None) -> str:
-    """The report page as HTML text; ``checkpoint``, a CheckpointPlan, adds a panel with its frontier."""
+    """The report page as HTML text; ``checkpoint``, a CheckpointPlan, adds a panel with its frontier (a text: why
+    no plan could be made, shown in its place)."""
     data = report_data(root, meta)
     payload = script_json(data)
     title = html.escape(data["title"])
