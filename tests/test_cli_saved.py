@@ -123,6 +123,9 @@ def test_show_plot_draws_a_saved_profile(saved, tmp_path, capsys) -> None:
     (["--columns", "forward,saved_bytes"],
      "--columns forward,saved_bytes: 'A' was saved without the memory meter's figures: profile with --metrics memory "
      "--json PATH"),
+    (["--plot", "PLOT", "--plot-kind", "checkpoint"],
+     "--plot-kind checkpoint: 'A' was saved without the memory meter's figures, which the frontier of checkpoint "
+     "plans is drawn from: profile with --metrics memory --json PATH"),
     (["--checkpoint-budget", "50%"],
      "--checkpoint-budget: ValueError: checkpoint_plan needs the saved-for-backward bytes of every module, and it "
      "has no memory figures: profile a training step (forward and backward) with LayerProf(model, "

@@ -16,6 +16,7 @@ from typing import Sequence
 
 from .._machine import environment_in
 from ..metrics.roofline import ROOFLINE_FIELDS
+from ..plan.candidates import require_figures
 from ..profile import Profile, compare, load
 from ..render.gate import (MAX_SHARE, MIN_MODULE_STEPS, MIN_SHARE, PASSES, Gate, different_machines,
                            different_models, different_settings)
@@ -149,6 +150,14 @@ def _recorded(profile: Profile, meter: str) -> bool:
 
 
 def _check_plot_figures(profile: Profile, options: argparse.Namespace) -> None:
+    if options.plot_kind == "checkpoint":
+        try:
+            require_figures(profile.tree)
+        except ValueError as exc:
+            raise UsageError(f"--plot-kind checkpoint: {options.profile!r} was saved without the memory meter's "
+                             "figures, which the frontier of checkpoint plans is drawn from: profile with --metrics "
+                             "memory --json PATH") from exc
+        return
     if options.plot_kind == "roofline":
         if not _recorded(profile, "flops"):
             raise UsageError(f"--plot-kind roofline: {options.profile!r} was saved without the flops meter's "
