@@ -212,6 +212,27 @@ def test_a_short_first_batch_does_not_make_another_workload(tmp_path: Path,
     capsys.readouterr()
 
 
+def test_forward_only_against_training_and_meters_slowing_a_step_are_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: a forward-only reference against a training run of the same model failed the gate (+100 %: A's
+    # forward read as its total), and a one-step profile timed with the flops and memory meters running against a
+    # clean one failed it by +1,270 %, each without a word.
+    forward_only = make_profile(model([30, 30.3, 30.6]))
+    training = make_profile(model([30, 30.3, 30.6], [30, 30.3, 30.6]))
+    assert main(gate_run(tmp_path, forward_only, training, "--fail-if-slower", "10")) == 4
+    assert ("A and B were not measured the same way (A's steps ran forward only and B's forward and backward)"
+            in capsys.readouterr().err)
+    slowed = make_profile(model([30, 30.3, 30.6], [30, 30.3, 30.6]))
+    slowed.meta["timing_distorted_by"] = ["flops", "memory"]
+    assert main(gate_run(tmp_path, training, slowed, "--fail-if-slower", "10")) == 4
+    out, err = capsys.readouterr()
+    assert ("A and B were not measured the same way (B's times include the overhead of metrics ['flops', "
+            "'memory'] (its one profiled step ran them))") in err
+    assert "Measured otherwise: B's times include the overhead of metrics" in out  # (the comparison says so too)
+    assert main(gate_run(tmp_path, training, make_profile(model([30, 30.3, 30.6], [30, 30.3, 30.6])),
+                         "--fail-if-slower", "10")) == 0
+
+
 def test_two_runs_measured_otherwise_are_refused_and_other_machines_noted(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Before, a reference of 8 threads against a run of 2 (or float32 against bfloat16, CPU against GPU) failed

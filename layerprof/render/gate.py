@@ -212,8 +212,30 @@ _MACHINE: tuple[tuple[str, Any], ...] = (("cpu", "CPU {!r}".format), ("gpu", "GP
 
 def different_settings(a: Profile, b: Profile, names: tuple[str, str] = ("A", "B")) -> str | None:
     """Why A and B were not measured the same way (None when they were, as far as both say): another device,
-    dtype or thread count. ``names``: what to call them."""
-    return _differing(a, b, _SETTINGS, names)
+    dtype or thread count; steps of forward only against steps with backward; a time taken with meters that
+    slow the step (``timing_distorted_by``) against one without. ``names``: what to call them."""
+    found = [why for why in (_differing(a, b, _SETTINGS, names), _different_steps(a, b, names)) if why]
+    return "; ".join(found) if found else None
+
+
+def _ran(profile: Profile) -> str:
+    from ..record.records import preorder
+
+    backward = any(getattr(record, "backward_ms", None) for record in preorder(profile.tree))
+    return "forward and backward" if backward else "forward only"
+
+
+def _different_steps(a: Profile, b: Profile, names: tuple[str, str]) -> str | None:
+    found = []
+    passes_a, passes_b = _ran(a), _ran(b)
+    if passes_a != passes_b:
+        found.append(f"{names[0]}'s steps ran {passes_a} and {names[1]}'s {passes_b}")
+    slowed_a, slowed_b = a.meta.get("timing_distorted_by") or [], b.meta.get("timing_distorted_by") or []
+    if slowed_a != slowed_b:
+        said = [f"{name}'s times include the overhead of metrics {list(slowed)} (its one profiled step ran them)"
+                for name, slowed in zip(names, (slowed_a, slowed_b)) if slowed]
+        found.append(" and ".join(said))
+    return "; ".join(found) if found else None
 
 
 def different_machines(a: Profile, b: Profile, names: tuple[str, str] = ("A", "B")) -> str | None:
