@@ -582,6 +582,13 @@ def test_compare_matches_modules_by_name_and_type() -> None:
     for names in (("only-one",), "ab", ("a", "b", "c")):
         with pytest.raises(ValueError, match=r"names must be two labels, one per profile"):
             layerprof.compare(teacher, student, names=names)
+    # A label that is one of the tables' columns took its place (two "diff" columns, both B's values): refused.
+    for names in (("baseline", "diff"), ("metric", "new")):
+        with pytest.raises(ValueError, match=rf"names: {names[0] if names[0] == 'metric' else names[1]!r} is a "
+                                             r"column of the comparison's tables"):
+            layerprof.compare(teacher, student, names=names)
+    assert list(layerprof.compare(teacher, student, names=("b", "a")).to_dataframe().columns[:3]) == ["metric", "b",
+                                                                                                      "a"]
 
 
 def test_compare_real_runs_and_saved_files(resnet: LayerProf, tmp_path: Any) -> None:

@@ -50,6 +50,10 @@ def _difference(a: Any, b: Any) -> tuple[float | None, float | None, float | Non
     return diff, diff / a, b / a
 
 
+# The columns the tables put beside the two profiles' labels (``to_dataframe``, the text).
+_COLUMNS = frozenset({"metric", "module", "diff", "rel_diff", "ratio", "better", "change"})
+
+
 def _better(a: Any, b: Any, names: tuple[str, str]) -> str | None:
     if not (is_number(a) and is_number(b)):
         return None
@@ -81,6 +85,11 @@ class Comparison:
         self.names = (str(names[0]), str(names[1]))
         if self.names[0] == self.names[1]:
             raise ValueError(f"the two profiles need different names, got {names!r}")
+        taken = [name for name in self.names if name in _COLUMNS]
+        if taken:
+            raise ValueError(f"names: {taken[0]!r} is a column of the comparison's tables, where the profiles' "
+                             f"labels are columns too; name the profiles otherwise, e.g. ('before', 'after') "
+                             f"(taken: {', '.join(sorted(_COLUMNS))})")
         root_a, root_b = a.tree, b.tree
         row_a, row_b = root_a.to_dict(), root_b.to_dict()
         self.model: list[dict[str, Any]] = [_compared("modules", len(a.records), len(b.records), self.names)]
