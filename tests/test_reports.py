@@ -591,6 +591,35 @@ def test_compare_matches_modules_by_name_and_type() -> None:
                                                                                                       "a"]
 
 
+class _CallsItsNet(nn.Module):
+    """A trainer's module whose step calls ``self.net(x)``: the root itself is never called."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+
+
+def test_compare_of_roots_never_called_reads_their_top_level_modules() -> None:
+    # As the summary and the gate do: before, the model table had no forward, backward or FLOPs row at all.
+    def profiled(batch: int) -> Any:
+        torch.manual_seed(0)
+        wrapper = _CallsItsNet()
+        with LayerProf(wrapper, metrics=("flops",)) as prof:
+            for _ in range(2):
+                wrapper.net(torch.randn(batch, 8)).sum().backward()
+                prof.step()
+        return prof.profile
+
+    a, b = profiled(4), profiled(8)
+    rows = {row["metric"]: row for row in layerprof.compare(a, b).model}
+    for metric in ("forward_ms", "backward_ms", "flops_forward"):
+        assert rows[metric]["a"] == getattr(a.records["net"], metric), metric
+        assert rows[metric]["b"] == getattr(b.records["net"], metric), metric
+    assert rows["total_ms"]["a"] == a.records["net"].forward_ms + a.records["net"].backward_ms
+    # 2 * batch * (8*8 + 8*1) multiply-adds: 576 FLOPs forward at batch 4, 1,152 at batch 8
+    assert (rows["flops_forward"]["a"], rows["flops_forward"]["b"]) == (2 * 4 * 72, 2 * 8 * 72)
+
+
 def test_compare_real_runs_and_saved_files(resnet: LayerProf, tmp_path: Any) -> None:
     path = tmp_path / "resnet.json"
     resnet.to_json(path)

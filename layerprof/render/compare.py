@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from .export import to_dataframe, to_text
 from .._check import check_names
 from ..record.fields import FIELDS, canonical
+from ..record.summed import TreeValues, summable
 from .rows import derived_names, is_number, numeric_fields, value_of
 from .gate import different_machines, different_settings
 from .units import format_change, format_counted, format_field, format_ratio
@@ -39,6 +40,21 @@ def _ordered_fields(rows: Sequence[dict[str, Any]]) -> list[str]:
     found = [f for f in numeric_fields(rows, skip=_not_costs()) if f not in derived_names() and not f.startswith("self_")]
     known = [f for f in MODEL_FIELDS if f in found or f == "total_ms"]
     return known + [f for f in found if f not in known]
+
+
+def _model_row(root: Any) -> tuple[dict[str, Any], Any]:
+    """The root's row and a reader of its model-level values. A root never called itself (a trainer's step calling
+    ``model.net(x)``) takes its top-level modules' costs, summed, as the summary and the gate do."""
+    row = root.to_dict()
+    values = TreeValues(root)
+    if not values.summed(root):
+        return row, lambda field: value_of(root, field, row)
+    for name, field in FIELDS.items():
+        if row.get(name) is None and summable(field):
+            found = values.stored(root, name)
+            if found is not None:
+                row[name] = found
+    return row, lambda field: row[field] if field in row else (values.value(root, field) if field in FIELDS else None)
 
 
 def _difference(a: Any, b: Any) -> tuple[float | None, float | None, float | None]:
@@ -91,11 +107,10 @@ class Comparison:
                              f"labels are columns too; name the profiles otherwise, e.g. ('before', 'after') "
                              f"(taken: {', '.join(sorted(_COLUMNS))})")
         root_a, root_b = a.tree, b.tree
-        row_a, row_b = root_a.to_dict(), root_b.to_dict()
+        (row_a, read_a), (row_b, read_b) = _model_row(root_a), _model_row(root_b)
         self.model: list[dict[str, Any]] = [_compared("modules", len(a.records), len(b.records), self.names)]
         for field in _ordered_fields([row_a, row_b]):
-            self.model.append(_compared(field, value_of(root_a, field, row_a), value_of(root_b, field, row_b),
-                                        self.names))
+            self.model.append(_compared(field, read_a(field), read_b(field), self.names))
         # Modules match by name and type: a name in both that holds another type (a teacher's block where the
         # student has one layer) is not the same module, and is in neither's matches. The roots always match: they
         # are the two models.
