@@ -580,6 +580,8 @@ def _parsed(text: Any, source: str, peaks: dict[str, Any] | None = None) -> Prof
         raise TypeError(f"loads takes the JSON text of a profile, got {type(text).__name__}")
     try:
         tree, meta = io.parse(text)
+        if peaks is None and meta.get("peaks") is not None:
+            io.check_saved_peaks(meta["peaks"])
     except ValueError as error:
         raise ValueError(f"cannot load {source}: {error}") from None
     if peaks is not None:

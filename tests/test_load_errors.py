@@ -81,6 +81,17 @@ _DELETE = object()
     (("records",), {}, "'records' must be a list, got {} (an object)"),
     (("records",), [], "the profile holds no records"),
     (("meta",), [1], "'meta' must be an object, got [1] (a list)"),
+    # The meta entries layerprof reads: before, they loaded, and show / compare then stopped with exit status 70
+    # (an internal error: TypeError, ZeroDivisionError, AttributeError) far from the load
+    (("meta", "step_ms"), {"forward": ["1.0", 2.0]}, "meta['step_ms']['forward'] must be a list of numbers (ms per "
+     "step), got [\"1.0\", 2.0] (a list); the file is damaged"),
+    (("meta", "step_ms"), [1.0], "meta['step_ms'] must be an object, got [1.0] (a list); the file is damaged"),
+    (("meta", "shapes"), "x", "meta['shapes'] must be an object, got \"x\" (a string); the file is damaged"),
+    (("meta", "steps"), "3", "meta['steps'] must be a count (an integer >= 0), got \"3\" (a string)"),
+    (("meta", "peaks"), "fast", "meta['peaks'] must be an object (the roofs: 'flops' in FLOP/s, 'bandwidth' in "
+     "bytes/s), got \"fast\" (a string); the file is damaged: load(path, peaks=...) gives them instead"),
+    (("meta", "peaks"), {"flops": 0, "bandwidth": 1e10}, "meta['peaks']['flops'] must be a positive number, got 0 (a "
+     "number); the file is damaged: load(path, peaks=...) gives the roofs instead"),
     (("records", 1, "name"), _DELETE, "record 1 has no 'name'"),
     (("records", 1, "type"), _DELETE, "record 1 has no 'type'"),
     (("records", 1, "name"), 7, "record 1: 'name' must be a string, got 7 (a number)"),
@@ -126,6 +137,14 @@ def test_damaged_profiles_name_the_first_thing_wrong(tmp_path: Path, saved: dict
     with pytest.raises(ValueError) as info:
         _load_text(tmp_path, _edit(saved, path, value))
     assert str(info.value).startswith(f"cannot load '{tmp_path / 'p.json'}': {message}")
+
+
+def test_damaged_roofs_are_replaced_by_roofs_given_at_load(saved: dict[str, Any]) -> None:
+    text = _edit(saved, ("meta", "peaks"), "fast")
+    with pytest.raises(ValueError, match=r"meta\['peaks'\] must be an object"):
+        layerprof.loads(text)
+    loaded = layerprof.loads(text, peaks={"flops": 1e12, "bandwidth": 1e11})
+    assert loaded.meta["peaks"]["flops"] == 1e12
 
 
 def test_parent_order_is_checked(saved: dict[str, Any]) -> None:

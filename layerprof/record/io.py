@@ -103,7 +103,46 @@ def _check_header(doc: Any) -> list[Any]:
     meta = doc.get("meta")
     if meta is not None and not isinstance(meta, dict):
         raise ValueError(f"'meta' must be an object, got {shown(meta)}")
+    if meta:
+        _check_meta(meta)
     return records
+
+
+def _real(value: Any) -> bool:
+    """A finite number (not a bool)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+            and abs(value) != float("inf"))
+
+
+def _check_meta(meta: dict[str, Any]) -> None:
+    """The meta entries layerprof itself reads, checked as the records are (a damaged or hand-edited file is named
+    at load, not met as a crash in a reader later): the steps' times, the shapes, the counts of steps (the roofs:
+    ``check_saved_peaks``, where none are given at load)."""
+    for key in ("steps", "steps_seen", "warmup"):
+        value = meta.get(key)
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            raise ValueError(f"meta[{key!r}] must be a count (an integer >= 0), got {shown(value)}; the file is "
+                             "damaged")
+    for key in ("environment", "shapes", "step_ms"):
+        value = meta.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(f"meta[{key!r}] must be an object, got {shown(value)}; the file is damaged")
+    for passes, times in (meta.get("step_ms") or {}).items():
+        if times is not None and not (isinstance(times, list) and all(map(_real, times))):
+            raise ValueError(f"meta['step_ms'][{passes!r}] must be a list of numbers (ms per step), got "
+                             f"{shown(times)}; the file is damaged")
+
+
+def check_saved_peaks(peaks: Any) -> None:
+    """The roofs a saved profile holds (``meta["peaks"]``), checked where none are given at load in their place."""
+    if not isinstance(peaks, dict):
+        raise ValueError(f"meta['peaks'] must be an object (the roofs: 'flops' in FLOP/s, 'bandwidth' in bytes/s), "
+                         f"got {shown(peaks)}; the file is damaged: load(path, peaks=...) gives them instead")
+    for key in ("flops", "bandwidth"):
+        value = peaks.get(key)
+        if value is not None and not (_real(value) and value > 0):
+            raise ValueError(f"meta['peaks'][{key!r}] must be a positive number, got {shown(value)}; the file is "
+                             "damaged: load(path, peaks=...) gives the roofs instead")
 
 
 # Per shape of row (its keys in order), those set as attributes; "version" is the catalogue's it was worked out for.
