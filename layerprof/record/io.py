@@ -123,7 +123,7 @@ def _check_meta(meta: dict[str, Any]) -> None:
         if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
             raise ValueError(f"meta[{key!r}] must be a count (an integer >= 0), got {shown(value)}; the file is "
                              "damaged")
-    for key in ("environment", "shapes", "step_ms"):
+    for key in ("shapes", "step_ms"):  # (an environment that is no object names no machine: environment_in)
         value = meta.get(key)
         if value is not None and not isinstance(value, dict):
             raise ValueError(f"meta[{key!r}] must be an object, got {shown(value)}; the file is damaged")

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._machine import environment_in
+from ..record.records import preorder
 from .units import format_counted, format_ms
 
 if TYPE_CHECKING:
@@ -219,8 +220,6 @@ def different_settings(a: Profile, b: Profile, names: tuple[str, str] = ("A", "B
 
 
 def _ran(profile: Profile) -> str:
-    from ..record.records import preorder
-
     backward = any(getattr(record, "backward_ms", None) for record in preorder(profile.tree))
     return "forward and backward" if backward else "forward only"
 
