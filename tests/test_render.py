@@ -212,3 +212,20 @@ def test_markdown_cells_show_module_names_as_written() -> None:
     rendered = markdown_it.MarkdownIt("commonmark").enable(["table", "strikethrough"]).render("\n".join(lines))
     cells = re.findall(r"<td[^>]*>(.*?)</td>", rendered)[0::2]  # the name column
     assert [html.unescape(cell) for cell in cells] == ["(root)", "d", *(f"d.{key}" for key in _Keyed.KEYS)]
+
+
+def test_a_table_of_rows_taken_back_from_a_dataframe_prints_their_missing_values() -> None:
+    # pandas puts NaN where a profile has None (a module that never ran): every readable form of a Table of those
+    # rows raised "cannot convert float NaN to integer"; they print as missing, as None does.
+    pytest.importorskip("pandas")
+    import layerprof
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 1))
+    with LayerProf(model) as prof:
+        model[0](torch.randn(4, 8)).sum().backward()  # model[1] never runs
+    frame = prof.to_dataframe(columns=("name", "forward_ms", "backward_ms"))
+    table = layerprof.Table(frame.to_dict("records"))
+    last = [line for line in str(table).splitlines() if line.startswith("1 ")]
+    assert last and last[0].split()[1:] == ["—", "—"]
+    for text in (table.to_markdown(), table.to_latex(), table.to_html()):
+        assert "nan" not in text.lower().replace("name", "")

@@ -131,8 +131,9 @@ def format_plain(value: object) -> str:
 
 
 def format_value(unit: str, value: object) -> str:
-    """A value in a catalogue unit (``record.fields.UNITS``): ``format_value('bytes', 2048) == '2 KiB'``."""
-    if value is None:
+    """A value in a catalogue unit (``record.fields.UNITS``): ``format_value('bytes', 2048) == '2 KiB'``; None, and
+    NaN (pandas' missing value, in rows taken back from a DataFrame), as missing."""
+    if value is None or (isinstance(value, float) and value != value):
         return MISSING
     if unit == "shapes":
         return format_shapes(value)  # type: ignore[arg-type]
