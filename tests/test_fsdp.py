@@ -165,6 +165,22 @@ def _worker(rank: int) -> dict[str, Any]:
     torch.manual_seed(0)
     model = MLP(checkpointed=True)
     results["checkpointed"] = _profile(_shard(model, [model.fc1, model.fc2, model.fc3, model]))
+
+    # One unit of two modules (fully_shard([fc1, fc2])): billed to fc1, its param group (each of the two holds it)
+    # wrapped once. Before, it was wrapped twice: its bytes counted twice, and a wrapper left on it after the block.
+    torch.manual_seed(0)
+    model = MLP()
+    for unit in ([model.fc1, model.fc2], model.fc3, model):
+        fully_shard(unit, mesh=cpu_mesh())
+    groups = list({id(group): group for module in model.modules() for group in fsdp2_param_groups(module)}.values())
+    model(x).sum().backward()
+    before = [sorted(vars(group)) for group in groups]
+    with LayerProf(model) as prof:
+        model(x).sum().backward()
+    results["two_module_unit"] = {
+        "bytes": {name: (getattr(record, "all_gather_bytes", None), getattr(record, "reduce_scatter_bytes", None))
+                  for name, record in prof.records.items()},
+        "untouched": before == [sorted(vars(group)) for group in groups], "groups": len(groups)}
     return results
 
 
@@ -240,6 +256,18 @@ def test_module_times_plus_communication_make_the_step(ranks: dict[int, dict[str
             gaps = [step[wall] - (step[module] + step[comm]) for step in steps]
             assert min(abs(gap) for gap in gaps) < SLEEP_MS / 4, (rank, scenario, wall, gaps)
             assert all(step[comm] >= SLEEP_MS for step in steps)  # every step communicated, in this pass
+
+
+def test_a_unit_of_two_modules_is_counted_once_and_left_as_found(ranks: dict[int, dict[str, Any]]) -> None:
+    pair = FC_BYTES["fc1"] + FC_BYTES["fc2"]  # 1,576,960 bytes: the unit's parameters, gathered whole
+    for result in ranks.values():
+        found = result["two_module_unit"]
+        assert found["groups"] == 2 and found["untouched"]
+        # one all-gather in forward and one in backward (resharded after forward), one reduce-scatter
+        # (the ranks' results come back through JSON: pairs as lists)
+        assert found["bytes"]["fc1"] == [2 * pair, pair]
+        assert found["bytes"]["fc2"] == [None, None] and found["bytes"]["fc3"] == [2 * FC_BYTES["fc3"],
+                                                                                  FC_BYTES["fc3"]]
 
 
 def test_profiling_leaves_gradients_and_fsdp_as_found(ranks: dict[int, dict[str, Any]]) -> None:

@@ -100,9 +100,14 @@ class FsdpCommMeter(Meter):
 
     def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: list[tuple[str, nn.Module]]) -> None:
         names = {id(module): name for name, module in entries}
+        patched: set[int] = set()
         for name, module in entries:
             for group in fsdp2_param_groups(module):
-                # A unit of several modules (fully_shard([a, b])) is billed to the first.
+                # A unit of several modules (fully_shard([a, b])) is billed to the first, and its group, which each
+                # of them holds, is wrapped once (twice, its bytes counted twice and a wrapper left on it).
+                if id(group) in patched:
+                    continue
+                patched.add(id(group))
                 modules = getattr(group, "modules", ()) or (module,)
                 unit = names.get(id(modules[0]), name)
                 self._patched.append((group, patch_fsdp2_group(group, self._timed(group, unit))))
@@ -170,7 +175,7 @@ class FsdpCommMeter(Meter):
 
     def stop(self) -> None:
         patched, self._patched = self._patched, []
-        for group, saved in patched:
+        for group, saved in reversed(patched):  # (last wrapped, first unwrapped)
             unpatch_fsdp2_group(group, saved)
         self._stack.clear()
 
