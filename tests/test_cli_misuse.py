@@ -88,6 +88,21 @@ def test_options_are_checked_before_the_model_is_built(extra: list[str], message
     assert [p for p in tmp_path.iterdir() if p.name != "loop"] == [] and models.read_text() == source
 
 
+def test_an_output_over_the_source_of_a_module_spec_is_refused(models: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    # The spec names the module (misuse_mod:broken, found in the current folder), not its file: --json onto that
+    # file replaced the model's source with JSON (exit 0), which the next run could not import.
+    source = tmp_path / "misuse_mod.py"
+    source.write_text(models.read_text())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["misuse_mod:broken", "-i", "2,20", "--json", "misuse_mod.py"]) == 2
+    assert one_line(capsys).startswith("layerprof: error: --json 'misuse_mod.py' is the model file this command "
+                                       "reads; give the output another path")
+    assert source.read_text() == models.read_text()
+
+
 def test_a_plot_metric_whose_meter_runs_is_accepted(models: Path, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "p.svg"

@@ -47,10 +47,30 @@ def _is_path(where: str) -> bool:
 
 
 def spec_file(spec: str) -> Path | None:
-    """The file a ``path/to/file.py:callable`` spec names (None for a ``package.module:callable`` or a spec that
-    does not read; ``load_model`` says what is wrong with it)."""
+    """The file a spec's model is read from: the one a ``path/to/file.py:callable`` spec names, or the source of a
+    ``package.module:callable`` spec's module (None where there is none, or the spec does not read: ``load_model``
+    says what is wrong with it)."""
     where, colon, attribute = spec.rpartition(":")
-    return Path(where).expanduser() if colon and where and attribute and _is_path(where) else None
+    if not (colon and where and attribute):
+        return None
+    return Path(where).expanduser() if _is_path(where) else _module_file(where)
+
+
+def _module_file(where: str) -> Path | None:
+    """The source file of module ``where``, found as ``_import_module`` imports it (the current folder on the
+    path), without running it (its parent packages are imported); None where it is not found."""
+    added = "" not in sys.path and os.getcwd() not in sys.path
+    if added:
+        sys.path.insert(0, os.getcwd())
+    try:
+        found = importlib.util.find_spec(where)
+    except Exception:  # noqa: BLE001 - a parent package that fails to import: load_model says so
+        return None
+    finally:
+        if added:
+            sys.path.remove(os.getcwd())
+    origin = getattr(found, "origin", None)
+    return Path(origin) if isinstance(origin, str) and os.path.isfile(origin) else None
 
 
 def _import_file(where: str) -> ModuleType:
