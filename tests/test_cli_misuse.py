@@ -103,6 +103,20 @@ def test_an_output_over_the_source_of_a_module_spec_is_refused(models: Path, tmp
     assert source.read_text() == models.read_text()
 
 
+def test_model_code_that_exits_the_process_is_a_run_error(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # A training script whose argparse runs at import read the command's own arguments as its own and exited 2
+    # ("unrecognized arguments", as if layerprof refused them); a factory calling sys.exit(3) exited 3 (the
+    # status of an unreadable profile) with no word. Both escaped the command's handling of the model's errors.
+    script = tmp_path / "train_script.py"
+    script.write_text("import sys\nimport torch\nsys.exit(2)\n")
+    factory = tmp_path / "exits.py"
+    factory.write_text("import sys\n\n\ndef build():\n    sys.exit(3)\n")
+    for spec, what in ((f"{script}:build", f"importing '{script}'"), (f"{factory}:build", "calling build()")):
+        assert main([spec, "-i", "2,8"]) == 5
+        assert one_line(capsys).startswith(f"layerprof: error: {what} raised SystemExit(")
+
+
 def test_a_plot_metric_whose_meter_runs_is_accepted(models: Path, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "p.svg"

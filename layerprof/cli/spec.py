@@ -89,6 +89,8 @@ def _import_file(where: str) -> ModuleType:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
+    except SystemExit as exc:
+        raise RunError(_exits(f"importing {where!r}", exc)) from None
     except Exception as exc:
         raise RunError(f"importing {where!r} raised {one_line(exc)}") from exc
     return module
@@ -104,8 +106,18 @@ def _import_module(where: str) -> ModuleType:
         if missing and (where == missing or where.startswith(missing + ".")):
             raise UsageError(f"no module named {missing!r} (from the spec's module part {where!r})") from exc
         raise RunError(f"importing {where!r} failed: {one_line(exc)}; install the missing package") from exc
+    except SystemExit as exc:
+        raise RunError(_exits(f"importing {where!r}", exc)) from None
     except Exception as exc:
         raise RunError(f"importing {where!r} raised {one_line(exc)}") from exc
+
+
+def _exits(what: str, exc: SystemExit) -> str:
+    """What to say of a model's code that exits the process (``sys.exit``, or argparse refusing the command's own
+    arguments, which it reads as the script's)."""
+    return (f"{what} raised SystemExit({exc.code!r}): the model's code exits the process (a script that parses its "
+            "arguments or trains when imported?); name a function that builds the model, and keep the script's own "
+            "work under `if __name__ == \"__main__\":`")
 
 
 def _in_submodules(where: str, attribute: str) -> list[str]:
@@ -151,10 +163,12 @@ def load_model(spec: str, kwargs: dict[str, Any] | None = None) -> nn.Module:
     if not callable(target):
         raise UsageError(f"{spec!r} is not callable (it is of type {type(target).__name__}): "
                          "name a class or a function that returns an nn.Module")
+    shown = ", ".join(f"{key}={value!r}" for key, value in kwargs.items())
     try:
         model = target(**kwargs)
+    except SystemExit as exc:
+        raise RunError(_exits(f"calling {attribute}({shown})", exc)) from None
     except Exception as exc:
-        shown = ", ".join(f"{key}={value!r}" for key, value in kwargs.items())
         raise RunError(f"calling {attribute}({shown}) raised {one_line(exc)}") from exc
     if not isinstance(model, nn.Module):
         raise UsageError(
