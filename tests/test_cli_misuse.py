@@ -63,6 +63,12 @@ def one_line(capsys: pytest.CaptureFixture[str]) -> str:
     (["--json", "/proc/p.json"], "--json '/proc/p.json': cannot write in folder '/proc' ("),
     (["--json", "{d}/p.json", "--trace", "{d}/p.json"], "--trace '{d}/p.json': another output writes there too"),
     (["-i", "99999999999999999999"], "--input '99999999999999999999' has 1e+20 elements, more than a tensor can hold"),
+    # integers past what torch takes: an internal error (exit 70, "Overflow when unpacking long") before
+    (["--seed", "18446744073709551616"], "argument --seed: expected an integer <= 18446744073709551615, got "
+     "18446744073709551616"),
+    (["--threads", "99999999999"], "argument --threads: expected an integer <= 2147483647, got 99999999999"),
+    (["--vocab", "99999999999999999999"], "argument --vocab: expected an integer <= 9223372036854775807, got "
+     "99999999999999999999"),
     (["-i", "3037000500,3037000500"], "--input '3037000500,3037000500' has 9.22e+18 elements, more than a tensor"),
     # a column no meter of the run records would print "—" on every module
     (["--columns", "forward,flops"], "--columns forward,flops needs the flops meter: add --metrics flops"),

@@ -52,7 +52,10 @@ def _depth(text: str) -> int | None:
     return int(text)
 
 
-def _count(minimum: int) -> Callable[[str], int]:
+_MOST = 2**63 - 1  # what torch takes as an integer (a seed, a thread count, a sampling bound)
+
+
+def _count(minimum: int, most: int = _MOST) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -60,6 +63,8 @@ def _count(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        if value > most:
+            raise argparse.ArgumentTypeError(f"expected an integer <= {most}, got {value}")
         return value
     parse.__name__ = "integer"
     return parse
@@ -110,8 +115,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     model.add_argument("--eval", action="store_true", help="inference: model.eval() and torch.inference_mode()")
     model.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps... (default cpu)")
     model.add_argument("--dtype", metavar="DTYPE", help="cast the model and float inputs, e.g. bfloat16")
-    model.add_argument("--threads", type=_count(1), metavar="N", help="torch.set_num_threads(N)")
-    model.add_argument("--seed", type=int, default=0, help="seed of the model's init and the inputs (default 0)")
+    model.add_argument("--threads", type=_count(1, 2**31 - 1), metavar="N", help="torch.set_num_threads(N)")
+    model.add_argument("--seed", type=_count(-2**63, 2**64 - 1), default=0,  # (torch.manual_seed's range)
+                       help="seed of the model's init and the inputs (default 0)")
     model.add_argument("--metrics", type=_names, metavar="A,B",
                        help="meters beside timing (e.g. flops,params; all names listed below)")
     model.add_argument("--sync", action="store_true",
