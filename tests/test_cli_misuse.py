@@ -69,6 +69,10 @@ def one_line(capsys: pytest.CaptureFixture[str]) -> str:
     (["--threads", "99999999999"], "argument --threads: expected an integer <= 2147483647, got 99999999999"),
     (["--vocab", "99999999999999999999"], "argument --vocab: expected an integer <= 9223372036854775807, got "
      "99999999999999999999"),
+    # ids drawn past what an integer input's dtype holds: torch's "to - 1 is out of bounds for unsigned char" (exit
+    # 5, once the model was built) before
+    (["-i", "mask=2:uint8", "--vocab", "300"], "--vocab 300: input mask=2 uint8 draws integers in [0, 300), more "
+     "than uint8 holds (at most 255); give --vocab 256 or less, or a wider dtype such as int64"),
     (["-i", "3037000500,3037000500"], "--input '3037000500,3037000500' has 9.22e+18 elements, more than a tensor"),
     # a column no meter of the run records would print "—" on every module
     (["--columns", "forward,flops"], "--columns forward,flops needs the flops meter: add --metrics flops"),

@@ -17,8 +17,8 @@ from ..render.columns import resolve_columns
 from ..render.units import format_count, format_counted
 from .checkpoint import check_checkpoint_options, plan_and_verify, planned, plot_options
 from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, CLIError, RunError, UsageError, one_line
-from .inputs import (InputSpec, check_forward_takes, check_input_names, check_input_sizes, make_inputs, parse_dtype,
-                     parse_input)
+from .inputs import (InputSpec, check_forward_takes, check_input_names, check_input_sizes, check_input_vocab,
+                     make_inputs, parse_dtype, parse_input)
 from .outputs import Output, missing_meters, requested_outputs, write_outputs
 from .parser import build_parser
 from .run import metering_meters, run_profile
@@ -86,6 +86,7 @@ def _run(options: argparse.Namespace) -> int:
     if not inputs:
         raise UsageError("give the model's input shape, e.g. --input 2,3,224,224 (repeat for several inputs)")
     check_input_names(inputs)
+    check_input_vocab(inputs, options.vocab)
     kwargs = parse_kwargs(options.kwargs)
     dtype = parse_dtype(options.dtype, "--dtype") if options.dtype else None
     if dtype is not None and not dtype.is_floating_point:

@@ -14,8 +14,8 @@ from .._torch import with_forward_pre_hooks
 from ..render.units import format_bytes
 from .errors import RunError, UsageError, one_line
 
-__all__ = ["InputSpec", "parse_input", "parse_dtype", "make_inputs", "check_input_names", "check_input_sizes",
-           "check_forward_takes"]
+__all__ = ["InputSpec", "parse_input", "parse_dtype", "make_inputs", "check_input_names", "check_input_vocab",
+           "check_input_sizes", "check_forward_takes"]
 
 _ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}
 
@@ -62,6 +62,19 @@ def parse_input(text: str) -> InputSpec:
     if math.prod(shape) >= 2**63:
         raise UsageError(f"--input {text!r} has {math.prod(shape):.3g} elements, more than a tensor can hold (2^63)")
     return InputSpec(shape, dtype, name or None)
+
+
+def check_input_vocab(specs: list[InputSpec], vocab: int) -> None:
+    """A UsageError where an integer input's dtype cannot hold the ids drawn for it, ``[0, vocab)``."""
+    for spec in specs:
+        dtype = spec.dtype
+        if dtype is None or dtype == torch.bool or dtype.is_floating_point or dtype.is_complex:
+            continue
+        most = torch.iinfo(dtype).max
+        if vocab - 1 > most:
+            shown = str(dtype).replace("torch.", "")
+            raise UsageError(f"--vocab {vocab}: input {spec} draws integers in [0, {vocab}), more than {shown} holds "
+                             f"(at most {most}); give --vocab {most + 1} or less, or a wider dtype such as int64")
 
 
 def check_input_names(specs: list[InputSpec]) -> None:
