@@ -127,6 +127,29 @@ def test_model_code_that_exits_the_process_is_a_run_error(tmp_path: Path,
         assert one_line(capsys).startswith(f"layerprof: error: {what} raised SystemExit(")
 
 
+def test_an_output_that_cannot_be_put_in_place_is_a_run_error_naming_it(models: Path, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    # An existing file that cannot be replaced (another user's in a sticky folder, an immutable one) was an
+    # internal error (exit 70) naming a temporary file; it is the run's error, naming the flag and what was written.
+    import layerprof.cli.outputs as outputs_module
+
+    found = outputs_module.move_into_place
+
+    def refuses_json(temporary: Path, path: Path) -> None:
+        if path.suffix == ".json":
+            raise PermissionError(1, "Operation not permitted")
+        found(temporary, path)
+
+    monkeypatch.setattr(outputs_module, "move_into_place", refuses_json)
+    argv = [f"{models}:Net", "-i", "2,20", "--steps", "1", "--warmup", "0", "--csv", str(tmp_path / "p.csv"),
+            "--json", str(tmp_path / "p.json")]
+    assert main(argv) == 5
+    assert one_line(capsys) == (f"layerprof: error: writing --json '{tmp_path / 'p.json'}': cannot put it in place "
+                                f"(Operation not permitted); written before it: --csv '{tmp_path / 'p.csv'}'")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.csv"]  # (no temporary file left)
+
+
 def test_a_plot_metric_whose_meter_runs_is_accepted(models: Path, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "p.svg"

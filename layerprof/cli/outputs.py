@@ -151,8 +151,16 @@ def write_outputs(profile: Profile, outputs: list[Output], plot_kind: str = "sun
             except Exception as exc:
                 raise RunError(f"writing --{output.flag} {str(output.path)!r} raised {one_line(exc)}; "
                                "no output file was written") from exc
+        moved: list[Output] = []
         for temporary, output in zip(staged, outputs):
-            move_into_place(temporary, output.path)
+            try:
+                move_into_place(temporary, output.path)
+            except OSError as exc:  # an existing file that cannot be replaced (another user's, immutable)
+                done = ", ".join(f"--{o.flag} {str(o.path)!r}" for o in moved)
+                raise RunError(f"writing --{output.flag} {str(output.path)!r}: cannot put it in place "
+                               f"({exc.strerror or one_line(exc)}); "
+                               + (f"written before it: {done}" if done else "no output file was written")) from exc
+            moved.append(output)
     finally:
         for temporary in staged:
             temporary.unlink(missing_ok=True)
