@@ -420,7 +420,7 @@ class Profile:
             try:
                 plan = self.checkpoint_plan(0.5)
             except ValueError as error:  # a step the planner does not plan on (micro-batches): the panel says why
-                plan = str(error)
+                plan = str(error).removeprefix("checkpoint_plan: ")
         return export.write_text(report_html(self.tree, self.meta, checkpoint=plan), path)
 
     def to_tensorboard(self, writer_or_logdir: Any, step: int | None = None, depth: int | None = None,

@@ -475,8 +475,8 @@ def test_report_has_a_checkpoint_panel_with_memory_figures() -> None:
     with pytest.raises(ValueError, match="gradient accumulation"):
         accumulated.checkpoint_plan(0.5)
     page = accumulated.to_report()
-    assert re.search(r'<section id="checkpoint-section">\n  <h2>Checkpoint plans</h2>\n  <p>No plan: checkpoint_plan: '
-                     r"in the profiled step, 1 forward\(s\) that saved for backward began after", page)
+    assert re.search(r'<section id="checkpoint-section">\n  <h2>Checkpoint plans</h2>\n  <p>No plan: in the profiled '
+                     r"step, 1 forward\(s\) that saved for backward began after", page)
     assert "Checkpoint plan for Sequential" not in page and "</html>" in page
 
 
