@@ -40,7 +40,8 @@ from __future__ import annotations
 import weakref
 
 from bisect import bisect_left
-from typing import Any, Sequence
+from operator import itemgetter
+from typing import Any, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -211,17 +212,16 @@ def _lazy(tensor: torch.Tensor) -> bool:
     return isinstance(tensor, nn.parameter.UninitializedTensorMixin)
 
 
+_second = itemgetter(1)
+
+
 def _holds_lazy(module: nn.Module) -> bool:
     return any(t is not None and _lazy(t) for table in (module._parameters, module._buffers) for t in table.values())
 
 
-def _with_lazy(model: nn.Module) -> list[nn.Module]:
-    """The modules of ``model`` holding a parameter or buffer not made yet (a lazy module before its first call)."""
-    return [module for module in model.modules() if _holds_lazy(module)]
-
-
-def _with_lazy_of(entries: Sequence[tuple[str, nn.Module]]) -> list[nn.Module]:
-    return [module for _, module in entries if _holds_lazy(module)]
+def _with_lazy(modules: Iterable[nn.Module]) -> list[nn.Module]:
+    """Those of ``modules`` holding a parameter or buffer not made yet (a lazy module before its first call)."""
+    return [module for module in modules if _holds_lazy(module)]
 
 
 def _storage_keys(*objs: Any) -> set[int]:
@@ -299,7 +299,7 @@ class MemoryMeter(Meter):
         self._after_backward, self._held, self._saved_before, self._starts_released = 0, [], False, False
         self._static = _storage_keys(list(model.parameters()), list(model.buffers()))
         # Lazy modules whose parameters are made in their first call: their storages join the static ones then.
-        self._lazy = _with_lazy(model)
+        self._lazy = _with_lazy(model.modules())
         self._buffer_versions = buffer_versions(entries)
         self._reader = type(self).reader_factory()
         # Hooks installed before profiling (save_on_cpu, offloading) keep working: ours chains to them.
@@ -374,7 +374,7 @@ class MemoryMeter(Meter):
         # Their parameters and buffers are the model's, not what a call saves or returns.
         for _, module in entries:
             self._static |= _storage_keys(list(module._parameters.values()), list(module._buffers.values()))
-        self._lazy += [module for module in _with_lazy_of(entries) if module not in self._lazy]
+        self._lazy += [module for module in _with_lazy(map(_second, entries)) if module not in self._lazy]
 
     def _made_lazy(self) -> None:
         """Add to the static storages those of the lazy modules' parameters and buffers made since (a lazy module
