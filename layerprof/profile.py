@@ -580,10 +580,14 @@ def _parsed(text: Any, source: str, peaks: dict[str, Any] | None = None) -> Prof
         raise TypeError(f"loads takes the JSON text of a profile, got {type(text).__name__}")
     try:
         tree, meta = io.parse(text)
-        if peaks is None and meta.get("peaks") is not None:
-            io.check_saved_peaks(meta["peaks"])
     except ValueError as error:
         raise ValueError(f"cannot load {source}: {error}") from None
+    if peaks is None and meta.get("peaks") is not None:
+        try:  # the roofs a saved profile holds, checked as given ones are (where none are given in their place)
+            check_peaks(meta["peaks"])
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"cannot load {source}: meta['peaks']: {error}; the file is damaged: "
+                             "load(path, peaks=...) gives the roofs instead") from None
     if peaks is not None:
         meta["peaks"] = peaks
     return Profile(tree, meta)

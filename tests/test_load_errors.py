@@ -88,10 +88,11 @@ _DELETE = object()
     (("meta", "step_ms"), [1.0], "meta['step_ms'] must be an object, got [1.0] (a list); the file is damaged"),
     (("meta", "shapes"), "x", "meta['shapes'] must be an object, got \"x\" (a string); the file is damaged"),
     (("meta", "steps"), "3", "meta['steps'] must be a count (an integer >= 0), got \"3\" (a string)"),
-    (("meta", "peaks"), "fast", "meta['peaks'] must be an object (the roofs: 'flops' in FLOP/s, 'bandwidth' in "
-     "bytes/s), got \"fast\" (a string); the file is damaged: load(path, peaks=...) gives them instead"),
-    (("meta", "peaks"), {"flops": 0, "bandwidth": 1e10}, "meta['peaks']['flops'] must be a positive number, got 0 (a "
-     "number); the file is damaged: load(path, peaks=...) gives the roofs instead"),
+    (("meta", "peaks"), "fast", "meta['peaks']: peaks must be a dict such as {'flops': 989e12, 'bandwidth': "
+     "3.35e12}, got 'fast'; the file is damaged: load(path, peaks=...) gives the roofs instead"),
+    (("meta", "peaks"), {"flops": 0, "bandwidth": 1e10}, "meta['peaks']: peaks['flops'] must be a positive finite "
+     "number, got 0; the file is damaged: load(path, peaks=...) gives the roofs instead"),
+    (("meta", "peaks"), {"flops": 1e12}, "meta['peaks']: peaks needs 'bandwidth' (FLOP/s and bytes/s)"),
     (("records", 1, "name"), _DELETE, "record 1 has no 'name'"),
     (("records", 1, "type"), _DELETE, "record 1 has no 'type'"),
     (("records", 1, "name"), 7, "record 1: 'name' must be a string, got 7 (a number)"),
@@ -141,7 +142,7 @@ def test_damaged_profiles_name_the_first_thing_wrong(tmp_path: Path, saved: dict
 
 def test_damaged_roofs_are_replaced_by_roofs_given_at_load(saved: dict[str, Any]) -> None:
     text = _edit(saved, ("meta", "peaks"), "fast")
-    with pytest.raises(ValueError, match=r"meta\['peaks'\] must be an object"):
+    with pytest.raises(ValueError, match=r"meta\['peaks'\]: peaks must be a dict"):
         layerprof.loads(text)
     loaded = layerprof.loads(text, peaks={"flops": 1e12, "bandwidth": 1e11})
     assert loaded.meta["peaks"]["flops"] == 1e12

@@ -117,7 +117,7 @@ def _real(value: Any) -> bool:
 def _check_meta(meta: dict[str, Any]) -> None:
     """The meta entries layerprof itself reads, checked as the records are (a damaged or hand-edited file is named
     at load, not met as a crash in a reader later): the steps' times, the shapes, the counts of steps (the roofs:
-    ``check_saved_peaks``, where none are given at load)."""
+    ``profile._parsed``, with ``check_peaks``, where none are given at load)."""
     for key in ("steps", "steps_seen", "warmup"):
         value = meta.get(key)
         if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
@@ -132,17 +132,6 @@ def _check_meta(meta: dict[str, Any]) -> None:
             raise ValueError(f"meta['step_ms'][{passes!r}] must be a list of numbers (ms per step), got "
                              f"{shown(times)}; the file is damaged")
 
-
-def check_saved_peaks(peaks: Any) -> None:
-    """The roofs a saved profile holds (``meta["peaks"]``), checked where none are given at load in their place."""
-    if not isinstance(peaks, dict):
-        raise ValueError(f"meta['peaks'] must be an object (the roofs: 'flops' in FLOP/s, 'bandwidth' in bytes/s), "
-                         f"got {shown(peaks)}; the file is damaged: load(path, peaks=...) gives them instead")
-    for key in ("flops", "bandwidth"):
-        value = peaks.get(key)
-        if value is not None and not (_real(value) and value > 0):
-            raise ValueError(f"meta['peaks'][{key!r}] must be a positive number, got {shown(value)}; the file is "
-                             "damaged: load(path, peaks=...) gives the roofs instead")
 
 
 # Per shape of row (its keys in order), those set as attributes; "version" is the catalogue's it was worked out for.
