@@ -8,7 +8,8 @@ import stat
 import tempfile
 from pathlib import Path
 
-__all__ = ["destination", "is_special", "temporary_beside", "move_into_place", "write_text_atomic"]
+__all__ = ["destination", "is_special", "temporary_beside", "move_into_place", "move_all_into_place", "MoveError",
+           "write_text_atomic"]
 
 
 def _names_a_descriptor(path: Path) -> bool:
@@ -82,6 +83,62 @@ def move_into_place(temporary: Path, target: Path) -> None:
         mode = 0o666 & ~umask  # mkstemp makes 0600; a new file gets the usual mode
     os.chmod(temporary, mode)
     os.replace(temporary, target)
+
+
+class MoveError(OSError):
+    """``move_all_into_place`` could not put one file in place: ``index`` is its position, and ``restored`` says
+    whether every file moved before it is as it was again (the old file back, or none where there was none)."""
+
+    def __init__(self, index: int, cause: OSError, restored: bool) -> None:
+        super().__init__(cause.errno, cause.strerror or str(cause))
+        self.index, self.cause, self.restored = index, cause, restored
+
+
+def move_all_into_place(pairs: list[tuple[Path, Path]]) -> None:
+    """``move_into_place`` for each ``(temporary, target)``, all or none: where one cannot be put in place (an
+    existing file that cannot be replaced), those moved before it are undone (each old file put back from a hard link
+    kept beside it, each new one removed) and ``MoveError`` says which one failed. Devices and FIFOs, which are
+    written through and cannot be undone, go last (their order among themselves kept)."""
+    order = sorted(range(len(pairs)), key=lambda i: is_special(destination(pairs[i][1])))
+    undo: list[tuple[Path, Path | None]] = []  # (target, the old file's kept link, or None where there was none)
+    try:
+        for index in order:
+            temporary, target = pairs[index]
+            final = destination(target)
+            kept = None
+            try:
+                if not is_special(final) and final.exists():
+                    kept = temporary_beside(final)
+                    kept.unlink()
+                    try:
+                        os.link(final, kept)
+                    except OSError:  # a file system without hard links: a copy
+                        shutil.copy2(final, kept)
+                move_into_place(temporary, target)
+            except OSError as error:
+                if kept is not None:
+                    kept.unlink(missing_ok=True)
+                raise MoveError(index, error, _undo(undo)) from error
+            if not is_special(final):
+                undo.append((final, kept))
+    finally:
+        for _, kept in undo:
+            if kept is not None:
+                kept.unlink(missing_ok=True)
+
+
+def _undo(moved: list[tuple[Path, Path | None]]) -> bool:
+    """Put back what ``move_all_into_place`` replaced, last first; whether all of it went back."""
+    restored = True
+    for target, kept in reversed(moved):
+        try:
+            if kept is None:
+                target.unlink()
+            else:
+                os.replace(kept, target)
+        except OSError:
+            restored = False
+    return restored
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:

@@ -127,27 +127,33 @@ def test_model_code_that_exits_the_process_is_a_run_error(tmp_path: Path,
         assert one_line(capsys).startswith(f"layerprof: error: {what} raised SystemExit(")
 
 
-def test_an_output_that_cannot_be_put_in_place_is_a_run_error_naming_it(models: Path, tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch,
-                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_output_that_cannot_be_put_in_place_is_a_run_error_and_undoes_the_others(
+        models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     # An existing file that cannot be replaced (another user's in a sticky folder, an immutable one) was an
-    # internal error (exit 70) naming a temporary file; it is the run's error, naming the flag and what was written.
-    import layerprof.cli.outputs as outputs_module
+    # internal error (exit 70) naming a temporary file; then a run error that left the outputs renamed before it in
+    # place. It is the run's error, naming the flag, and the outputs put in place before it are undone: an old file
+    # is back as it was, a new one is gone.
+    import layerprof._files as files_module
 
-    found = outputs_module.move_into_place
+    found = files_module.move_into_place
 
     def refuses_json(temporary: Path, path: Path) -> None:
-        if path.suffix == ".json":
+        if path == tmp_path / "p.json":  # (not the temporary file to_json writes through)
             raise PermissionError(1, "Operation not permitted")
         found(temporary, path)
 
-    monkeypatch.setattr(outputs_module, "move_into_place", refuses_json)
+    monkeypatch.setattr(files_module, "move_into_place", refuses_json)
+    (tmp_path / "p.csv").write_text("old csv\n")
+    (tmp_path / "p.json").write_text("{}")
     argv = [f"{models}:Net", "-i", "2,20", "--steps", "1", "--warmup", "0", "--csv", str(tmp_path / "p.csv"),
-            "--json", str(tmp_path / "p.json")]
+            "--html", str(tmp_path / "p.html"), "--json", str(tmp_path / "p.json")]
     assert main(argv) == 5
     assert one_line(capsys) == (f"layerprof: error: writing --json '{tmp_path / 'p.json'}': cannot put it in place "
-                                f"(Operation not permitted); written before it: --csv '{tmp_path / 'p.csv'}'")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.csv"]  # (no temporary file left)
+                                "(Operation not permitted); no output file was written (those put in place before it "
+                                "were undone)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.csv", "p.json"]  # (no temporary file, no p.html)
+    assert (tmp_path / "p.csv").read_text() == "old csv\n"
+    assert (tmp_path / "p.json").read_text() == "{}"
 
 
 def test_a_plot_metric_whose_meter_runs_is_accepted(models: Path, tmp_path: Path,
@@ -318,3 +324,52 @@ def test_an_output_onto_a_descriptor_appends_to_what_it_is(models: Path, tmp_pat
     piped = subprocess.run([sys.executable, "-m", "layerprof", f"{models}:Net", "-i", "2,20", "--depth", "0",
                             "--json", "/dev/fd/1"], capture_output=True, text=True, timeout=120)
     assert piped.returncode == 0 and '"format": "layerprof.profile"' in piped.stdout, piped.stderr
+
+
+def test_moving_files_into_place_all_or_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import layerprof._files as files_module
+    from layerprof._files import MoveError, move_all_into_place, temporary_beside
+
+    def staged(name: str, text: str) -> tuple[Path, Path]:
+        target = tmp_path / name
+        temporary = temporary_beside(target)
+        temporary.write_text(text)
+        return temporary, target
+
+    (tmp_path / "a.txt").write_text("old a")
+    move_all_into_place([staged("a.txt", "new a"), staged("b.txt", "new b")])
+    assert (tmp_path / "a.txt").read_text() == "new a" and (tmp_path / "b.txt").read_text() == "new b"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt"]  # (no kept link, no temporary)
+
+    found = files_module.move_into_place
+    refused: list[Path] = []
+
+    def refuses(temporary: Path, target: Path) -> None:
+        if target.name == "c.txt":
+            refused.append(target)
+            raise PermissionError(1, "Operation not permitted")
+        found(temporary, target)
+
+    monkeypatch.setattr(files_module, "move_into_place", refuses)
+    pairs = [staged("a.txt", "newer a"), staged("new.txt", "made"), staged("c.txt", "c")]
+    with pytest.raises(MoveError) as caught:
+        move_all_into_place(pairs)
+    assert (caught.value.index, caught.value.restored, caught.value.strerror) == (2, True, "Operation not permitted")
+    assert (tmp_path / "a.txt").read_text() == "new a"  # the old file back, the new one gone
+    for temporary, _ in pairs:
+        temporary.unlink(missing_ok=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt"]
+
+    # A FIFO (written through, which cannot be undone) goes last: a refused file before it leaves it unwritten.
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    opened: list[str] = []
+    monkeypatch.setattr(files_module, "move_into_place",
+                        lambda temporary, target: opened.append(target.name) if target == fifo else refuses(
+                            temporary, target))
+    pairs = [staged("pipe", "x"), staged("c.txt", "c")]
+    with pytest.raises(MoveError) as caught:
+        move_all_into_place(pairs)
+    assert caught.value.index == 1 and opened == []
+    for temporary, _ in pairs:
+        temporary.unlink(missing_ok=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._files import destination, is_special, move_into_place, temporary_beside
+from .._files import MoveError, destination, is_special, move_all_into_place, temporary_beside
 from ..metrics import DEFAULT_METRICS, METERS
 from ..profile import Profile
 from ..render.plot_metrics import metric_meters
@@ -136,7 +136,7 @@ def _inputs(options: argparse.Namespace) -> list[tuple[Path, str]]:
 def write_outputs(profile: Profile, outputs: list[Output], plot_kind: str = "sunburst",
                   plot_metric: str = "total", **plot_options: Any) -> list[Path]:
     """Write every output, or none: each into a temporary file beside its path, all renamed into place only once
-    every one has succeeded. Returns the paths written."""
+    every one has succeeded (and those renamed undone where a later one cannot be). Returns the paths written."""
     staged: list[Path] = []
     try:
         for output in outputs:
@@ -151,16 +151,14 @@ def write_outputs(profile: Profile, outputs: list[Output], plot_kind: str = "sun
             except Exception as exc:
                 raise RunError(f"writing --{output.flag} {str(output.path)!r} raised {one_line(exc)}; "
                                "no output file was written") from exc
-        moved: list[Output] = []
-        for temporary, output in zip(staged, outputs):
-            try:
-                move_into_place(temporary, output.path)
-            except OSError as exc:  # an existing file that cannot be replaced (another user's, immutable)
-                done = ", ".join(f"--{o.flag} {str(o.path)!r}" for o in moved)
-                raise RunError(f"writing --{output.flag} {str(output.path)!r}: cannot put it in place "
-                               f"({exc.strerror or one_line(exc)}); "
-                               + (f"written before it: {done}" if done else "no output file was written")) from exc
-            moved.append(output)
+        try:
+            move_all_into_place(list(zip(staged, (output.path for output in outputs))))
+        except MoveError as exc:  # an existing file that cannot be replaced (another user's, immutable)
+            output = outputs[exc.index]
+            raise RunError(f"writing --{output.flag} {str(output.path)!r}: cannot put it in place "
+                           f"({exc.strerror or one_line(exc.cause)}); "
+                           + ("no output file was written (those put in place before it were undone)" if exc.restored
+                              else "and undoing the outputs put in place before it failed: check them")) from exc
     finally:
         for temporary in staged:
             temporary.unlink(missing_ok=True)
