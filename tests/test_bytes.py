@@ -149,6 +149,22 @@ def test_an_expanded_view_reads_its_elements_once() -> None:
     assert op_bytes(aten.mul.Tensor, (column, 3), {}, column * 3) == 8 * 4 + 8 * 16 * 4
 
 
+def test_an_overlapping_view_reads_its_storage_once_alone_or_copied() -> None:
+    # ``unfold`` makes windows that share elements: 1,024 floats (4,096 bytes) seen as 961 windows of 64. Alone in an
+    # op it was billed every window's elements (961 * 64 * 4 = 246,016 bytes), where beside another tensor it was
+    # capped at its storage; and ``copy_`` read an expanded source at its expanded size.
+    signal = torch.randn(1024)
+    windows = signal.unfold(0, 64, 1)  # [961, 64], strides (1, 1)
+    out = windows * 2.0
+    assert op_bytes(aten.mul.Tensor, (windows, 2.0), {}, out) == 4096 + 961 * 64 * 4  # storage once + written
+    scalar = torch.tensor(2.0)
+    assert op_bytes(aten.mul.Tensor, (windows, scalar), {}, out) == 4096 + 4 + 961 * 64 * 4
+    b, destination = torch.randn(1, 512), torch.empty(1024, 512)
+    # copy_: reads b's 512 floats once (2,048 bytes), writes 1024 * 512 * 4
+    assert op_bytes(aten.copy_.default, (destination, b.expand(1024, 512)), {}, destination) == 2048 + 2097152
+    assert op_bytes(aten.copy_.default, (destination, b), {}, destination) == 2048 + 2097152
+
+
 def test_nested_modules_inclusive_and_self() -> None:
     net = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
     with LayerProf(net, metrics=("flops",)) as prof:

@@ -287,6 +287,48 @@ def test_a_caught_error_never_notes_a_later_unrelated_one() -> None:
         assert notes(info.value) == []
 
 
+STORED = ImportError("fused kernel not available")  # a library's stored error, raised at each try of a fast path
+
+
+class Fast(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise STORED
+
+
+class FastOrSlow(nn.Module):
+    def __init__(self, strict: bool) -> None:
+        super().__init__()
+        self.fast, self.slow, self.strict = Fast(), nn.Linear(4, 4), strict
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        try:
+            return self.fast(x)
+        except ImportError:
+            if self.strict:
+                raise
+            return self.slow(x)
+
+
+def test_an_exception_raised_again_is_noted_where_it_is_raised_then() -> None:
+    # One exception object raised twice: caught inside '0', then raised from '1.fast' and out of the block. Its
+    # first note ('0.fast') stayed, naming a module that had returned; and a later block on another model kept it.
+    model = nn.Sequential(FastOrSlow(strict=False), FastOrSlow(strict=True))
+    with pytest.raises(ImportError) as info:
+        with LayerProf(model):
+            model(torch.randn(2, 4))
+    assert notes(info.value) == ["layerprof: raised inside module '1.fast' (Fast)"]
+    other = nn.Sequential(nn.Linear(4, 4), FastOrSlow(strict=True))
+    with pytest.raises(ImportError) as info:
+        with LayerProf(other):
+            other(torch.randn(2, 4))
+    assert notes(info.value) == ["layerprof: raised inside module '1.fast' (Fast)"]
+    STORED.__notes__.clear()
+
+
 class Boom(Exception):
     """A Python subclass, so that it takes weak references (built-in exceptions do not)."""
 

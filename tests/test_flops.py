@@ -912,3 +912,28 @@ def test_second_order_steps_count_every_flop_flopcountermode_does(second_order: 
     root = prof.tree
     assert root.flops_forward + root.flops_backward == counter.get_total_flops()  # 3,600 and 5,040
     check_tree(prof)
+
+
+class Checked(nn.Module):
+    """A Linear between the checks and index factories that models run (transformers' ``torch_compilable_check``
+    calls ``torch._check_tensor_all``, which runs ``aten._is_all_true``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch._check_tensor_all(torch.isfinite(x).all())
+        keep = torch.isin(torch.arange(4), torch.tensor([1, 3]))
+        rows, cols = torch.tril_indices(4, 4)
+        assert torch.allclose(x, x) and bool(torch.isfinite(x).any())
+        return self.fc(x)[:, keep] + rows.sum() + cols.sum()
+
+
+def test_checks_and_index_factories_are_free_not_unknown() -> None:
+    # They were listed as ops with no formula ("FLOPs leave out 1 op ... aten._is_all_true"), a false alarm.
+    model = Checked()
+    with LayerProf(model, metrics=("flops",)) as prof:
+        model(torch.randn(2, 8))
+    assert prof.unknown_ops() == {}
+    assert prof.records[""].flops_forward == 2 * 2 * 8 * 4  # the Linear's: 2 * batch 2 * in 8 * out 4

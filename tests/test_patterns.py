@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+import types
 from typing import Any, Callable
 
 import pytest
@@ -106,6 +107,72 @@ def test_module_returning_none_gets_backward_from_the_nodes_it_created(counted: 
     check_truth(prof, model, wall, reference)
     stash, fc = prof.records["stash"], prof.records["stash.fc"]
     assert fc.backward_ms > 0 and stash.backward_ms >= fc.backward_ms
+
+
+class Box:
+    """A plain output class (no container layerprof knows: not a tuple, dict or dataclass)."""
+
+    def __init__(self, value: torch.Tensor) -> None:
+        self.value = value
+
+
+class Slotted:
+    __slots__ = ("value",)
+
+    def __init__(self, value: torch.Tensor) -> None:
+        self.value = value
+
+
+class OpaqueOutput(nn.Module):
+    """The root's own code makes a node whose backward sleeps 30 ms, and returns its result in an object layerprof
+    does not open as a container, or keeps it in a dict on ``self`` and returns None."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.how = how
+        self.kept: dict[str, torch.Tensor] = {}
+
+    def forward(self, x: torch.Tensor) -> Any:
+        out = SleepsInBackward.apply(self.fc(x), 0.03)
+        if self.how == "dict on self":
+            self.kept["out"] = out
+            return None
+        if self.how == "generator":
+            return _yields(out)  # (not started: its frame holds its argument)
+        if self.how == "namespace":
+            return types.SimpleNamespace(value=out)
+        return {"box": Box, "slots": Slotted}[self.how](out)
+
+
+def _yields(value: torch.Tensor) -> Any:
+    yield value
+
+
+def _opaque_value(model: OpaqueOutput, output: Any) -> torch.Tensor:
+    if model.how == "dict on self":
+        return model.kept.pop("out")
+    return next(output) if model.how == "generator" else output.value
+
+
+@pytest.mark.parametrize("how", ["box", "slots", "namespace", "dict on self"])
+def test_the_roots_own_backward_is_found_through_an_output_it_does_not_open(how: str) -> None:
+    # The root has no parent whose walk reaches its nodes: its walk starts from its output, or from its module's
+    # attributes. Through a plain output class, slots, a SimpleNamespace or a dict kept on self, it found none, and
+    # the root's own backward (the 30 ms sleep here) was lost: the root read its child's 0.1 ms.
+    model = OpaqueOutput(how)
+    with LayerProf(model) as prof:
+        wall = _timed_backward(_opaque_value(model, model(torch.randn(4, 8))).sum())
+    check_truth(prof, model, wall)
+    assert prof.tree.self_backward_ms >= 30.0 and prof.tree.backward_ms <= wall
+
+
+def test_a_generator_the_root_returns_is_opened_through_its_frame() -> None:
+    model = OpaqueOutput("generator")
+    with LayerProf(model) as prof:
+        wall = _timed_backward(_opaque_value(model, model(torch.randn(4, 8))).sum())
+    check_truth(prof, model, wall)
+    assert prof.tree.self_backward_ms >= 30.0
 
 
 class NoGraphOutput(nn.Module):

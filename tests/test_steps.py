@@ -85,6 +85,30 @@ def test_a_loop_without_step_is_one_step() -> None:
     assert prof.tree.steps == 1 and prof.tree.calls == 3 and len(prof.tree.call_times) == 3
 
 
+def test_step_inside_the_models_call_is_refused_and_a_hook_on_the_model_itself_steps() -> None:
+    # prof.step() from a forward hook on a submodule (one step per generated token) ended the step inside the
+    # model's open call, which was lost: the summary said the model was never called (calls 0), silently.
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+    before = hook_state(model)
+    prof = LayerProf(model)
+    handle = model[2].register_forward_hook(lambda module, args, output: prof.step())
+    with pytest.raises(RuntimeError, match=r"prof.step\(\) was called while the forward of the model is running"):
+        with torch.no_grad(), prof:
+            model(x)
+    handle.remove()
+    assert hook_state(model) == before
+    prof = LayerProf(model)
+    handle = model.register_forward_hook(lambda module, args, output: prof.step())
+    with torch.no_grad(), prof:
+        for _ in range(4):
+            model(x)
+    handle.remove()
+    root = prof.records[""]
+    assert (root.steps, root.calls, prof.records["2"].calls) == (4, 1, 1)  # (calls: the mean over the steps)
+    assert root.forward_ms >= prof.records["0"].forward_ms > 0
+
+
 def test_a_trailing_step_call_adds_no_empty_step() -> None:
     model = MLP()
     with LayerProf(model) as prof:

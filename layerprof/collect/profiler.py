@@ -452,6 +452,16 @@ class LayerProf:
         """Mark the end of a step (call it after each training step) and begin the next one."""
         if self._state != "running":
             raise RuntimeError("prof.step() is for inside a running profile: after start() or inside `with`")
+        tracker = self._tracker
+        open_call = tracker.open_here() if tracker is not None and tracker.active else None
+        if open_call is not None:
+            shown = f"module '{open_call.name}'" if open_call.name else "the model"
+            raise RuntimeError(
+                f"prof.step() was called while the forward of {shown} is running (from a forward hook on one of its "
+                "submodules?): the step would end inside that call and lose it. Call prof.step() once the model's "
+                "call has returned; for a step per generated token, from a StoppingCriteria or a forward hook on "
+                "the model itself"
+            )
         with gc_paused():
             self._end_step()
             self.step_num += 1

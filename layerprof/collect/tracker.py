@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+import types
 from collections import abc
 from bisect import bisect_right
 from operator import attrgetter, itemgetter
@@ -323,7 +324,8 @@ def _walk_all(walks: list[Any]) -> None:
 class _ThreadState:
     """Per thread: the open calls, and which call owned each range of sequence numbers during the step."""
 
-    __slots__ = ("stack", "bounds", "owners", "walked", "hooker", "pending", "early", "walk_pending", "thread")
+    __slots__ = ("stack", "bounds", "owners", "walked", "hooker", "pending", "early", "walk_pending", "thread",
+                 "noted")
 
     def __init__(self) -> None:
         self.stack: list[CallTrace] = []
@@ -339,8 +341,12 @@ class _ThreadState:
         self.early: set[int] = set()
         self.walk_pending = functools.partial(_walk_reached, self.pending)
         self.thread = threading.get_ident()
+        # (id of the exception, the call) of the last note added on this thread: the calls it leaves after that
+        # one add none. (No exception kept: it would keep its traceback's frames alive.)
+        self.noted: tuple[int, CallTrace] | None = None
 
     def clear(self) -> None:
+        self.noted = None
         self.stack.clear()
         self.bounds.clear()
         self.owners.clear()
@@ -606,6 +612,11 @@ class Tracker:
                 self._threads.append(state)
             return state
 
+    def open_here(self) -> CallTrace | None:
+        """The outermost call open on the calling thread (a step ended inside it would lose it), or None."""
+        state = getattr(self._local, "state", None)
+        return state.stack[0] if state is not None and state.stack else None
+
     def _open_elsewhere(self, state: _ThreadState) -> CallTrace | None:
         """The innermost open call of another thread than ``state``'s, if one is open (read without the lock: a
         stack that changes meanwhile gives a call that was open, or None)."""
@@ -741,8 +752,9 @@ class Tracker:
                     _walk_all(state.pending)
                 if call.deferred is not None:
                     _hook_deferred(call, state)
-                if not has_note(error):
-                    error.add_note(raised_note(name, type(module).__name__))
+                if not _noted_inside(error, call, state):
+                    _renote(error, raised_note(name, type(module).__name__))
+                    state.noted = (id(error), call)
                 return None
             tracker.returned += 1
             if seq > call.seq_start:
@@ -844,6 +856,32 @@ def raised_note(name: str, type_name: str, during: str = "") -> str:
     """The note added to an exception raised inside a profiled module."""
     shown = f"module '{name}'" if name else "the model"
     return f"{NOTE_PREFIX}raised inside {shown} ({type_name}){during}"
+
+
+def _noted_inside(error: BaseException, call: CallTrace, state: _ThreadState) -> bool:
+    """Whether ``error`` was noted as it left a call inside ``call``, on its way out now: the note names the
+    innermost module. An exception raised again later (a library's stored ImportError, raised on each try of a fast
+    path) is noted again where it is raised then."""
+    noted = state.noted
+    if noted is None or noted[0] != id(error) or not has_note(error):  # (another exception since, at that id)
+        return False
+    inner: CallTrace | None = noted[1]
+    while inner is not None:
+        if inner is call:
+            return True
+        inner = inner.parent
+    return False
+
+
+_RAISED_INSIDE = f"{NOTE_PREFIX}raised inside "
+
+
+def _renote(error: BaseException, note: str) -> None:
+    """Add ``note`` to ``error``, in place of a note of where it was raised an earlier time."""
+    notes = getattr(error, "__notes__", None)
+    if isinstance(notes, list):
+        notes[:] = [old for old in notes if not (isinstance(old, str) and old.startswith(_RAISED_INSIDE))]
+    error.add_note(note)
 
 
 def has_note(error: BaseException) -> bool:
@@ -953,9 +991,33 @@ def _start_nodes(call: CallTrace, output: Any, module: nn.Module, walked: set[in
                 todo = [node]
     else:
         todo = _roots(output, lo, hi)
-    if not todo:
-        todo = _roots([value for value in vars(module).values() if not isinstance(value, dict)], lo, hi)
+        if not todo and output is not None:  # an object iter_tensors does not open: a plain output class's fields
+            todo = _roots(_fields(output), lo, hi)
+    if not todo:  # (the module's own attributes: a result kept on ``self``, in a dict or not; not torch's tables)
+        todo = _roots([value for key, value in vars(module).items() if key not in _MODULE_TABLES], lo, hi)
     return todo
+
+
+# What a bare module holds in its ``__dict__``: torch's tables of parameters, buffers, children and hooks, and flags.
+_MODULE_TABLES = frozenset(vars(nn.Module()))
+
+
+def _fields(output: Any) -> list[Any]:
+    """The attributes of an output that is no container ``iter_tensors`` opens (a plain class, a
+    ``SimpleNamespace``, an attrs class with slots): what a model returning it in place of a tensor holds its
+    tensors in. Nothing of a module, a class or a leaf value."""
+    if isinstance(output, (nn.Module, type, str, bytes, int, float, bool)):
+        return []
+    if isinstance(output, types.GeneratorType):  # not run yet: what its frame holds (a genexpr's iterable)
+        frame = output.gi_frame
+        return [] if frame is None else list(frame.f_locals.values())
+    found = list(getattr(output, "__dict__", {}).values())
+    for cls in type(output).__mro__:
+        slots = vars(cls).get("__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            if slot not in ("__dict__", "__weakref__"):
+                found.append(getattr(output, slot, None))
+    return found
 
 
 def _walk_nodes(call: CallTrace, todo: list[Any], state: _ThreadState, own: bool) -> None:

@@ -90,11 +90,23 @@ def _read_bytes(tensor: torch.Tensor) -> int:
     return covered
 
 
+def _view_bytes(tensor: torch.Tensor) -> int:
+    """``_read_bytes``, at most the storage's size: a view whose elements overlap (``unfold``'s windows) reads its
+    storage once, as several views of one storage do (``_unique_bytes``)."""
+    read = _read_bytes(tensor)
+    if tensor.is_contiguous():  # (no overlap: read as it is, without a look at the storage)
+        return read
+    try:
+        return min(read, tensor.untyped_storage().nbytes())
+    except (RuntimeError, NotImplementedError):  # no storage (sparse, functional wrappers): its elements
+        return read
+
+
 def _unique_bytes(tensors: list[Any]) -> int:
     """Each storage once, several distinct views of it summed up to the storage's size."""
     if len(tensors) == 1:
         tensor = tensors[0]
-        return 0 if tensor.is_nested else _read_bytes(tensor)
+        return 0 if tensor.is_nested else _view_bytes(tensor)
     per_storage: dict[int, list[Any]] = {}
     total = 0
     for tensor in tensors:
@@ -161,7 +173,10 @@ register_bytes_formula(torch.ops.prim.device)(nothing)
 @register_bytes_formula(aten.copy_, aten._copy_from, aten._copy_from_and_resize)
 def copy_bytes(destination: torch.Tensor, source: Any, *args: Any, out: Any = None, **kwargs: Any) -> int:
     """Reads the source, writes the destination (whose old values are not read)."""
-    read = tensor_bytes(source) if isinstance(source, torch.Tensor) else 0
+    if not isinstance(source, torch.Tensor):
+        read = 0
+    else:  # (an expanded or overlapping source read once; a nested one by its elements)
+        read = tensor_bytes(source) if source.is_nested else _view_bytes(source)
     return read + tensor_bytes(destination)  # src: [*dims] -> dst: [*dims]
 
 

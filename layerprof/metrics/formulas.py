@@ -540,6 +540,8 @@ _FREE_OPS = (
     "_philox_normal", "_philox_uniform",
     # sparse COO tensors made from indices and values (the gradient of an Embedding with sparse=True)
     "_sparse_coo_tensor_with_dims_and_tensors", "_sparse_coo_tensor_with_dims", "_coalesced_",
+    # checks and index factories (transformers' torch_compilable_check runs _is_all_true in LLaVA's forward)
+    "_is_all_true", "_is_any_true", "isin", "allclose", "tril_indices", "triu_indices",
 )
 
 _register_where_present(free, _FREE_OPS)
