@@ -291,7 +291,7 @@ class Profile:
         chosen = top_records(candidates, k, by)
         table = Table.of_records(chosen, self.tree)
         # Ranked by a roofline field: the why (bound, efficiency) beside it.
-        beside = [by, "bound", "efficiency", "attainable_ms"] if by in ROOFLINE_FIELDS else [by]
+        beside = list(dict.fromkeys([by, "bound", "efficiency", "attainable_ms"])) if by in ROOFLINE_FIELDS else [by]
         rows = [{**row, **{name: value_of(record, name, row) for name in beside}}
                 for record, row in zip(chosen, table.rows)]
         lead = ["name", "type", "calls", *(c for c in beside if c not in ("name", "type", "calls"))]
@@ -300,7 +300,7 @@ class Profile:
         return Table(rows, [*lead, *rest], step_ms=table.step_ms, page_lead=page_lead)
 
     def roofline(self, **filters: Any) -> Table:
-        """Each module's own ops against the machine's roofs (``peaks()``): self time, FLOPs, bytes, intensity,
+        """Each module's own ops against the machine's roofs (``peaks()``): self time, FLOPs, bytes, own intensity,
         achieved bandwidth, attainable time, efficiency, bound and lost time; modules with own work only.
         Needs ``metrics=("flops",)``.
 
@@ -317,8 +317,8 @@ class Profile:
             raise ValueError("the roofline needs FLOPs and bytes: profile with LayerProf(model, metrics=('flops',))")
         if self.peaks() is None:
             raise ValueError(no_roofs_message(environment_in(self.meta)))
-        columns = ["name", "type", "self_total_ms", "self_flops", "self_bytes", "intensity", "achieved_bandwidth",
-                   "attainable_ms", "efficiency", "bound", "lost_ms"]
+        columns = ["name", "type", "self_total_ms", "self_flops", "self_bytes", "self_intensity",
+                   "achieved_bandwidth", "attainable_ms", "efficiency", "bound", "lost_ms"]
         rows = []
         for record in self.select(**filters):
             row = {name: value_of(record, name) for name in columns}

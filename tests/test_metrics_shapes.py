@@ -246,3 +246,26 @@ def test_a_last_short_batch_is_not_steps_of_other_shapes() -> None:
                 prof.step()
         prof.profile.checkpoint_plan("50%", wrap_cost=None)
     assert "shapes" not in prof.profile.meta and prof.records["0"].shape_variants == 2
+
+
+def test_steps_of_other_shapes_are_noted_without_the_shapes_meter() -> None:
+    # Without the shapes meter nothing told: FLOPs of a batch of 8 against the times of batches of 1,024 read every
+    # Linear as overhead-bound at 1.4 % of the roof. The root's inputs tell it: its calls' batch sizes and shapes.
+    import warnings
+
+    net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))
+    with pytest.warns(RuntimeWarning, match=r"the model's inputs changed shape after the counted step, and metrics "
+                      r"\['flops'\] count one step"):
+        with LayerProf(net, metrics=("flops",)) as prof:
+            for rows in (8, 1024, 1024):
+                net(torch.randn(rows, 64)).sum().backward()
+                prof.step()
+    assert prof.tree.flops_forward == 2 * 8 * (64 * 256 + 256 * 64)  # the counted step's: 8 rows
+    # A last short batch, or steps of one shape: no note.
+    for batches in ((16, 16, 16, 5), (16, 16, 16)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with LayerProf(net, metrics=("flops",)) as prof:
+                for rows in batches:
+                    net(torch.randn(rows, 64)).sum().backward()
+                    prof.step()

@@ -66,7 +66,7 @@ def test_given_peaks_give_exact_figures_and_are_not_measured(monkeypatch: pytest
     # compute 2048 / 1e9 s = 0.002048 ms; memory 2176 / 1e6 s = 2.176 ms: memory is the larger term
     assert row["attainable_ms"] == pytest.approx(2.176)
     assert row["efficiency"] == pytest.approx(2.176 / self_ms)
-    assert row["intensity"] == pytest.approx(2048 / 2176)
+    assert row["self_intensity"] == pytest.approx(2048 / 2176)
     assert row["lost_ms"] == pytest.approx(max(0.0, self_ms - 2.176))
     assert row["bound"] == ("overhead" if self_ms > OVERHEAD_RATIO * 2.176 else "memory")
 
@@ -381,3 +381,25 @@ def test_a_step_under_autocast_is_held_against_the_roofs_of_its_autocast_dtype(
     with LayerProf(model, metrics=("flops",)) as plain:  # without autocast: no such key, the parameters' dtype
         model(torch.randn(32, 64)).sum().backward()
     assert "autocast_dtype" not in plain.profile.meta["environment"]
+
+
+def test_the_roofline_tables_intensity_is_the_modules_own_and_top_shows_each_column_once() -> None:
+    # A parent whose own op is a copy (no FLOPs) around a Linear: the table put the inclusive intensity (the
+    # Linear's FLOPs over every byte) beside a bound read from its own ops: "35 FLOP/B, memory-bound" past a ridge
+    # of 10. And top(by="efficiency") listed Efficiency twice.
+    class Copies(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(64, 64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x).clone()
+
+    net = Copies()
+    prof = profile(net, lambda: torch.randn(32, 64), peaks={"flops": 1e10, "bandwidth": 1e9})
+    row = next(row for row in prof.roofline() if row["name"] == "")
+    assert row["self_flops"] == 0 and row["self_intensity"] == 0.0 and row["bound"] in ("memory", "overhead")
+    assert FIELDS["intensity"].value(prof.tree) > 0  # (inclusive: the Linear's FLOPs over every byte)
+    for by in ("efficiency", "attainable_ms", "lost_ms"):
+        columns = prof.top(2, by=by).columns
+        assert len(columns) == len(set(columns)), (by, columns)

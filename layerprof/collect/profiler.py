@@ -187,6 +187,19 @@ def example_facts(example: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
+def _shape_counts(example: dict[str, Any]) -> tuple[set[Any], int]:
+    """The batch sizes, and how many shapes beyond the batch, the root's calls have had (the tracker's ``example``)."""
+    return set(example.get(BATCHES, ())), len(example.get(OTHER_DIMS, ()))
+
+
+def _other_shapes_later(counted: tuple[set[Any], int], example: dict[str, Any]) -> bool:
+    """Whether the root's calls since ``counted`` (``_shape_counts`` then) had shapes beyond the batch the counted
+    step's did not, or their most common batch size is not one it had (an epoch's last short batch is not)."""
+    batches = example.get(BATCHES) or {}
+    common = max(batches, key=batches.__getitem__) if batches else None
+    return len(example.get(OTHER_DIMS, ())) > counted[1] or (common is not None and common not in counted[0])
+
+
 def _warn_user(message: str) -> None:
     """A RuntimeWarning attributed to the first frame outside layerprof, however deep inside layerprof it is
     raised."""
@@ -277,6 +290,10 @@ class LayerProf:
     _records: dict[str, ModuleRecord] | None = None
     _counting_step: dict[str, StepTimes] | None = None
     _counting_done = False
+    # The batch sizes, and the count of shapes beyond the batch, the root's calls had when the counting meters
+    # stopped (``_shape_counts``): where the shapes meter does not run, what tells that later (timed) steps ran
+    # shapes the counted step did not.
+    _counted_shapes: tuple[set[Any], int] | None = None
     _observed = False  # whether some meter observes calls (set as the block starts)
     _tracker: Tracker | None = None
     _owns: list[dict[str, Any]] | None = None  # the entries' ``__dict__``, where the start read them
@@ -698,6 +715,7 @@ class LayerProf:
         if timed and self._counting:  # counting meters stay on until a step has run something to count
             counting, self._counting = self._counting, []
             _stop_all(counting)
+            self._counted_shapes = _shape_counts(tracker.example)
         if self._observed and not last:  # (the last step's observers go with the tracker)
             self._set_observers()
 
@@ -836,11 +854,18 @@ class LayerProf:
                 meta[meter.name] = extra
         other_shapes = meta.get("shapes", {}).get("steps_with_other_shapes")
         counted = [m.name for m in meters if m.distorts_timing]
+        if (counted and self._counted_shapes is not None and self._stats.steps and "shapes" not in meta
+                and not measures(self.metrics, "shapes")
+                and _other_shapes_later(self._counted_shapes, tracker.example)):
+            other_shapes = -1  # (told by the model's inputs, without the shapes meter)
         if other_shapes and counted:
+            changed = ("the model's inputs changed shape after the counted step" if other_shapes == -1 else
+                       f"the steps' inputs changed shape ({other_shapes} step(s) other than the first's)")
             _warn_user(
-                f"the steps' inputs changed shape ({other_shapes} step(s) other than the first's), and metrics "
+                f"{changed}, and metrics "
                 f"{counted} count one step: their figures (FLOPs, bytes, saved bytes) are of that step's shapes, "
-                "while the times are over every timed step, so FLOP/s and checkpoint plans mix the two. Profile "
+                "while the times are over every timed step, so FLOP/s, the roofline and checkpoint plans mix the "
+                "two. Profile "
                 "steps of one shape (a fixed length, or one bucket) for figures that go together."
             )
         if partial is not None:

@@ -2,7 +2,8 @@
 
 From the flops meter's figures and the machine's peaks (``collect/peaks.py``, or the user's):
 
-* ``intensity``: FLOPs per byte moved (inclusive of children);
+* ``intensity``: FLOPs per byte moved (inclusive of children); ``self_intensity``: of the module's own ops, the
+  point the roofline places and ``bound`` reads;
 * ``achieved_bandwidth``: the module's own bytes per second of its own (self) time;
 * ``attainable_ms``: ``max(self_flops / peak FLOP/s, self_bytes / peak bandwidth)``, the time of a kernel that
   runs at the roof;
@@ -51,6 +52,11 @@ def _intensity(record: Any) -> float | None:
     return None if flops is None or not moved else flops / moved
 
 
+def _self_intensity(record: Any) -> float | None:
+    flops, moved = getattr(record, "self_flops", None), getattr(record, "self_bytes", None)
+    return None if flops is None or not moved else flops / moved
+
+
 def _achieved_bandwidth(record: Any) -> float | None:
     moved, ms = getattr(record, "self_bytes", None), FIELDS["self_total_ms"].value(record)
     return None if moved is None or not ms else moved / (ms / 1000.0)
@@ -83,6 +89,8 @@ def _lost_ms(record: Any) -> float | None:
 declare(
     Field("intensity", "flop/byte", "Intensity", compute=_intensity, combine="none", cost=False, meter="flops",
           doc="arithmetic intensity: FLOPs per byte read or written (inclusive)"),
+    Field("self_intensity", "flop/byte", "Self Intensity", compute=_self_intensity, combine="none", cost=False,
+          meter="flops", doc="the module's own FLOPs per own byte: its point on the roofline"),
     Field("achieved_bandwidth", "byte/s", "Bandwidth", compute=_achieved_bandwidth, combine="none", cost=False,
           meter="flops", doc="the module's own bytes per second of its self time"),
     Field("attainable_ms", "ms", "Attainable", compute=_attainable_ms, combine="none", cost=False, meter="flops",
