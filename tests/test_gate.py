@@ -384,3 +384,28 @@ def test_inputs_of_another_shape_beyond_the_batch_are_another_workload(tmp_path:
 
     first, second = padded([24, 21, 17]), padded([21, 17, 24])
     assert "input_shape" not in first.meta["environment"] and different_models(first, second) is None
+
+
+def test_a_profile_that_recorded_no_step_is_said_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A block that ran no step was refused as "forward only" against a full profile (exit 4, advice on backward),
+    # and gating two such files on --by forward advised --by forward; `show --plot` blamed --plot-metric.
+    net = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    with pytest.warns(RuntimeWarning, match="recorded no step"):
+        with LayerProf(net) as empty:
+            pass
+    with LayerProf(net) as full:
+        for _ in range(3):
+            net(torch.randn(4, 8)).sum().backward()
+            full.step()
+    a, b = str(tmp_path / "empty.json"), str(tmp_path / "full.json")
+    empty.to_json(a)
+    full.to_json(b)
+    for argv in ([a, b], [a, a, "--by", "forward"], [b, a]):
+        assert main(["compare", *argv, "--fail-if-slower", "10"]) == 3
+        err = capsys.readouterr().err
+        which = "A" if argv[0] == a else "B"
+        assert f"profile {which} ('{a}') recorded no step, so it holds no time to gate on" in err, err
+    assert main(["show", a, "--plot", str(tmp_path / "x.png")]) == 3
+    assert capsys.readouterr().err.strip() == (f"layerprof: error: --plot: '{a}' recorded no step, so it holds no "
+                                               "'total' figure to plot: profile at least one step")
+    assert not (tmp_path / "x.png").exists()

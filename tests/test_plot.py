@@ -476,3 +476,31 @@ def test_label_fitting_arithmetic() -> None:
     assert wrap_label("BertForSequenceClassification", 70.0, 8.0) == "BertFor\nSequence\nClassification"
     assert wrap_label("BertForSequenceClassification", 60.0, 8.0) is None
     assert math.isclose(len("Classification") * 8 * 0.6, 67.2)
+
+
+@pytest.mark.parametrize("kind", ["top", "sunburst", "icicle"])
+def test_a_long_module_name_is_shortened_in_legends_and_labels(kind: str) -> None:
+    # One 200-character ModuleDict key was drawn whole: the figure grew to 2,200 px wide, the chart in a corner.
+    keys = ["L" * 200, "short"]
+
+    class Keyed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.d = nn.ModuleDict({key: nn.Linear(16, 16) for key in keys})
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for key in keys:
+                x = self.d[key](x)
+            return x
+
+    net = Keyed()
+    with layerprof.LayerProf(net) as prof:
+        net(torch.randn(4, 16)).sum().backward()
+    ax = PLOT_FUNCTIONS[kind](prof)
+    texts = [text.get_text() for text in ax.get_yticklabels()]
+    legend = ax.get_legend()
+    if legend is not None:
+        texts += [text.get_text() for text in legend.get_texts()]
+    plt.close(ax.figure)
+    long_ones = [text for text in texts if "LLLL" in text]
+    assert long_ones and all("…" in text and len(text) < 80 for text in long_ones), texts

@@ -82,6 +82,9 @@ def test_report_in_headless_chromium(tmp_path: Path) -> None:
     assert check["tooltip"].startswith("Sequential Sequential") and "Forward Time" in check["tooltip"]
     assert "<title>0</title>" in dom  # the zoomed icicle, in the final DOM
     assert dom.count('<td class="type">Linear</td>') == 3  # the filtered table
+    # The timeline's caption names the step as the header counts them (it showed the step's index among every step
+    # run, warm-up and counting steps included: "1 profiled step" beside "step 2").
+    assert '<span id="timeline-caption">(the last profiled step, one row per depth)</span>' in dom
 
 
 def selftest(page: str, tmp_path: Path) -> tuple[dict, str]:

@@ -167,6 +167,9 @@ def _check_plot_figures(profile: Profile, options: argparse.Namespace) -> None:
     try:
         resolve_metric(options.plot_metric, profile.tree)
     except ValueError as exc:
+        if profile.meta.get("steps") == 0:  # (not the option's fault: the file holds no step)
+            raise UnreadableInput(f"--plot: {options.profile!r} recorded no step, so it holds no "
+                                  f"{options.plot_metric!r} figure to plot: profile at least one step") from None
         raise UsageError(f"--plot-metric: {exc}") from None
 
 
@@ -202,6 +205,11 @@ def _compare(options: argparse.Namespace) -> int:
     print(compare(a, b, names=("A", "B")), flush=True)
     if options.fail_if_slower is None:
         return EXIT_OK
+    for name, path, profile in (("A", options.a, a), ("B", options.b, b)):
+        if not profile.meta.get("steps"):  # (not "forward only", nor "no total time": nothing was timed)
+            raise UnreadableInput(f"--fail-if-slower: profile {name} ({str(path)!r}) recorded no step, so it holds "
+                                  "no time to gate on: profile at least one step (the model called inside the "
+                                  "block, past any warm-up)")
     why = different_models(a, b)
     if why is not None:
         raise NotComparable(f"--fail-if-slower: A and B are not profiles of the same model ({why}); a gate "

@@ -284,8 +284,9 @@ class Gate:
         spread_a, spread_b = model_spread(a, by), model_spread(b, by)
         if spread_a is None or spread_b is None or spread_a.median <= 0:
             missing = "A" if spread_a is None or spread_a.median <= 0 else "B"
-            raise ValueError(f"profile {missing} holds no {by} time to compare; profile it with backward "
-                             f"for backward time, or gate on --by forward")
+            hint = ("profile it with backward (the loss's .backward() inside the block), or gate on --by forward"
+                    if by == "backward" else "profile at least one step that calls the model")
+            raise ValueError(f"profile {missing} holds no {by} time to compare: {hint}")
         self.by, self.limit = by, limit
         self.model = Verdict(None, spread_a, spread_b, limit)
         self.modules: list[Verdict] = []

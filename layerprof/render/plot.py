@@ -18,8 +18,8 @@ from .plot_metrics import PlotMetric, resolve_metric, root_of
 from .plot_roofline import plot_roofline
 from .plot_save import finish_plot, plot_suffix
 from .plot_style import (
-    SELF_HATCH, fit_label, new_axes, palette_colour, plain_text, points_per_unit, segment_colour, text_width_pt,
-    wrap_label,
+    SELF_HATCH, fit_label, new_axes, palette_colour, plain_text, points_per_unit, segment_colour, shortened,
+    text_width_pt, wrap_label,
 )
 from .checkpoint import plot_checkpoint
 from .units import format_counted, format_percent
@@ -56,7 +56,7 @@ def _legend(ax: Any, layout: Layout) -> None:
     heads = sorted(drawn, key=lambda item: -values[id(item[1])])[:LEGEND_ENTRIES]
     handles = [
         Patch(facecolor=palette_colour(branch),
-              label=f"{plain_text(head.name)}  {format_percent(values[id(head)], layout.total)}")
+              label=f"{plain_text(shortened(head.name))}  {format_percent(values[id(head)], layout.total)}")
         for branch, head in heads
     ]
     handles.append(Patch(facecolor="white", edgecolor="0.4", hatch=SELF_HATCH, label="self (own - children)"))
@@ -230,7 +230,8 @@ def plot_top(profile: Any, k: int = 10, metric: str = "total", by_type: bool = F
         counts[key] += 1
     ranked = sorted(rows.items(), key=lambda item: -item[1])
     shown, rest = ranked[:k], ranked[k:]
-    labels = [plain_text(f"{key} ×{counts[key]}" if by_type else f"{key} ({kinds[key]})") for key, _ in shown]
+    labels = [plain_text(f"{shortened(key)} ×{counts[key]}" if by_type
+                         else f"{shortened(key)} ({shortened(kinds[key])})") for key, _ in shown]
     widths = [value for _, value in shown]
     types = list(dict.fromkeys(kinds[key] for key, _ in shown))
     colours = [palette_colour(types.index(kinds[key])) for key, _ in shown]

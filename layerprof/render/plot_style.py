@@ -45,6 +45,23 @@ def segment_colour(segment: Segment) -> tuple[float, float, float]:
     return _lighten(palette_colour(segment.branch), min(0.7, 0.22 * segment.shade))
 
 
+# The most characters a legend entry or an axis label shows of a module's name (or a type's): a longer one keeps its
+# start and end around an ellipsis, so a 200-character ModuleDict key leaves room for the chart.
+LABEL_CHARS = 48
+
+
+def shortened(text: str, most: int = LABEL_CHARS) -> str:
+    """``text``, or its first and last characters around "…" where it is longer than ``most``.
+
+    >>> shortened("encoder.layer.11.attention.output", 20)
+    'encoder.la…ut.output'
+    """
+    if len(text) <= most:
+        return text
+    tail = (most - 1) // 2
+    return text[:most - 1 - tail] + "…" + text[len(text) - tail:]
+
+
 def plain_text(text: str) -> str:
     r"""``text`` (a module's name or type) as matplotlib should draw it: literally. matplotlib reads text between
     two ``$`` as mathtext, which draws ``a$x_1$`` in italics with a subscript and raises on ``$\frac$``; an
