@@ -58,10 +58,15 @@ def _meta_peaks(meta: dict[str, Any]) -> dict[str, Any] | None:
             return None
         if other_machine(environment) is not None:
             return None
-        found = meta["peaks"] = dict(
-            measure_peaks(device, environment.get("autocast_dtype") or environment.get("dtype"),
-                          threads=environment.get("threads"))
-        )
+        # The roofs of the dtype the FLOPs ran in (the flops meter's count), else the one autocast computes in, the
+        # parameters' or the input's.
+        flops_meta = meta.get("flops")
+        floating = [name for name in ((flops_meta.get("dtype") if isinstance(flops_meta, dict) else None),
+                                      environment.get("autocast_dtype"), environment.get("dtype"),
+                                      environment.get("input_dtype"))
+                    if isinstance(name, str) and name.startswith(("float", "bfloat"))]
+        dtype = floating[0] if floating else None
+        found = meta["peaks"] = dict(measure_peaks(device, dtype, threads=environment.get("threads")))
     return found
 
 

@@ -403,3 +403,31 @@ def test_the_roofline_tables_intensity_is_the_modules_own_and_top_shows_each_col
     for by in ("efficiency", "attainable_ms", "lost_ms"):
         columns = prof.top(2, by=by).columns
         assert len(columns) == len(set(columns)), (by, columns)
+
+
+@pytest.mark.parametrize("case", ["no parameters", "a float32 parameter first"])
+def test_the_roofs_are_the_dtype_the_flops_ran_in(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The roofs' dtype came from the first parameter: a parameterless module's bf16 Gram matrix was held against
+    # float32 roofs (efficiency 4.1), as were the bf16 Linears of a model whose root holds a float32 scale.
+    class Gram(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ x.T
+
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(()))  # float32, first in parameters()
+            self.body = nn.Linear(16, 16).to(torch.bfloat16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(x) * self.scale.to(torch.bfloat16)
+
+    calls: list[tuple] = []
+    monkeypatch.setattr(layerprof.profile, "measure_peaks",
+                        lambda *args, **kwargs: calls.append(args) or {"flops": 1e12, "bandwidth": 1e11})
+    net = Gram() if case == "no parameters" else Scaled()
+    with LayerProf(net, metrics=("flops",)) as prof:
+        net(torch.randn(8, 16, dtype=torch.bfloat16))
+    assert prof.profile.meta["flops"] == {"dtype": "bfloat16"}
+    prof.roofline()
+    assert calls == [("cpu", "bfloat16")]

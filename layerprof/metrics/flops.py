@@ -147,6 +147,16 @@ def _nested_in(values: Any) -> bool:
     return False
 
 
+def _first_dtype(args: Any) -> Any:
+    """The dtype of the first tensor among an op's arguments (in a list, as ``aten.cat``'s), or None."""
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            return arg.dtype
+        if isinstance(arg, (list, tuple)) and arg and isinstance(arg[0], torch.Tensor):
+            return arg[0].dtype
+    return None
+
+
 def _op_name(func: Any) -> str:
     """How ``unknown_ops()`` names an op: ``aten.foo``, or ``higher_order.flex_attention`` for a higher-order op."""
     packet = getattr(func, "overloadpacket", None)
@@ -253,6 +263,9 @@ class FlopMeter(Meter):
         self._elsewhere_backward: list[Any] = []
         self.outside: list[int] = [0, 0, 0]  # FLOPs of ops outside every module call (e.g. the loss)
         self.outside_bytes: list[int] = [0, 0, 0]
+        # FLOPs by the dtype their op's first tensor had: the dtype the work ran in (the roofs to hold it against),
+        # which the parameters' dtype does not tell (autocast, a bf16 input to a module without parameters).
+        self._flops_by_dtype: dict[Any, int] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: Sequence[tuple[str, nn.Module]]) -> None:
@@ -339,12 +352,23 @@ class FlopMeter(Meter):
                 moved = 0
         if not flops and not moved and unknown is None:
             return
+        if flops:
+            dtype = _first_dtype(args)
+            if dtype is not None:
+                self._flops_by_dtype[dtype] = self._flops_by_dtype.get(dtype, 0) + int(flops)
         phase, call = self._where()
         if call is None:
             self.outside[phase] += flops
             self.outside_bytes[phase] += moved
             return
         self._credit(call, phase, int(flops), moved, unknown=unknown)
+
+    def meta(self) -> dict[str, Any]:
+        """``{"dtype": ...}``: the dtype most FLOPs ran in (the roofline's roofs are that dtype's)."""
+        by_dtype = self._flops_by_dtype
+        if not by_dtype:
+            return {}
+        return {"dtype": str(max(by_dtype, key=by_dtype.__getitem__)).replace("torch.", "")}
 
     def _where(self) -> tuple[int, Any]:
         """The phase of the op now running and the innermost module call to credit (None: outside modules)."""

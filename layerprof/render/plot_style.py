@@ -54,7 +54,7 @@ def shortened(text: str, most: int = LABEL_CHARS) -> str:
     """``text``, or its first and last characters around "…" where it is longer than ``most``.
 
     >>> shortened("encoder.layer.11.attention.output", 20)
-    'encoder.la…ut.output'
+    'encoder.la…on.output'
     """
     if len(text) <= most:
         return text
