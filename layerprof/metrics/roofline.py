@@ -14,7 +14,8 @@ From the flops meter's figures and the machine's peaks (``collect/peaks.py``, or
 * ``lost_ms``: measured self time minus attainable, the time a better implementation could win.
 
 Self figures (a module's own ops, not its children's) make a parent's point its own work, so the points of a
-tree add up to the step. Peaks come from the tree (``record/roofs.py``), where the Profile attaches a callable
+tree add up to the step. The measured time is the self time moved by recomputation (``record/work_time.py``): a
+recomputed module's re-run added, as its FLOPs count it; a re-run taken off the module whose backward ran it. Peaks come from the tree (``record/roofs.py``), where the Profile attaches a callable
 that measures them only when one of these fields is first read; without peaks these fields are None.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from ..record.fields import FIELDS, Field, declare
 from ..record.roofs import peaks_of
+from ..record.work_time import work_ms
 
 __all__ = ["OVERHEAD_RATIO", "roofline_point", "BOUNDS", "ROOFLINE_FIELDS"]
 
@@ -36,8 +38,10 @@ def roofline_point(record: Any, peaks: dict[str, Any] | None = None) -> dict[str
     """``{flops, bytes, ms, compute_ms, memory_ms, attainable_ms}`` of a module's own ops, or None where
     FLOPs/bytes or its self time were not measured or no peaks are known."""
     flops, moved = getattr(record, "self_flops", None), getattr(record, "self_bytes", None)
-    ms = FIELDS["self_total_ms"].value(record)
-    if flops is None or moved is None or not ms:
+    if flops is None or moved is None:
+        return None
+    ms = work_ms(record)
+    if not ms:
         return None
     peaks = peaks_of(record) if peaks is None else peaks
     if not peaks:
@@ -58,7 +62,8 @@ def _self_intensity(record: Any) -> float | None:
 
 
 def _achieved_bandwidth(record: Any) -> float | None:
-    moved, ms = getattr(record, "self_bytes", None), FIELDS["self_total_ms"].value(record)
+    moved = getattr(record, "self_bytes", None)
+    ms = None if moved is None else work_ms(record)
     return None if moved is None or not ms else moved / (ms / 1000.0)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from ..record.fields import FIELDS
 from ..record.records import ModuleRecord, preorder
 from ..record.roofs import no_roofs_message, peaks_of
+from ..record.work_time import work_ms
 from .plot_metrics import root_of
 from .plot_save import finish_plot, plot_suffix
 from .plot_style import new_axes, plain_text
@@ -27,11 +28,12 @@ FONT_SIZE = 7.0
 
 
 def roofline_points(root: ModuleRecord) -> list[dict[str, Any]]:
-    """One point per module with own work measured: name, flops, bytes, ms (self), intensity, flop_per_s, bound."""
+    """One point per module with own work measured: name, flops, bytes, ms (its own work's: ``work_ms``),
+    intensity, flop_per_s, bound."""
     points = []
     for record in preorder(root):
         flops, moved = getattr(record, "self_flops", None), getattr(record, "self_bytes", None)
-        ms = FIELDS["self_total_ms"].value(record)
+        ms = work_ms(record)
         if flops is None or moved is None or not ms or not (flops or moved):
             continue
         points.append({

@@ -1,0 +1,73 @@
+"""The time of a module's own work, as its own FLOPs and bytes count it: the roofline's measured time.
+
+A module's self time (forward + backward, less its sub-calls') and its own FLOPs (``self_flops``) cover the same
+ops, except under activation checkpointing:
+
+* a recomputed module's FLOPs count its re-run, which its self times leave out (the re-run is ``recompute_ms``, a
+  time of its own): its share of the re-run (its ``recompute_ms`` less its children's, both inclusive) is added;
+* the re-run runs inside another module's backward: non-reentrant checkpointing re-runs a region while the first
+  of its nodes that needs a saved tensor unpacks it, reentrant checkpointing inside the region's own backward node.
+  That module's self backward holds the whole re-run, which is not its work: taken off the innermost module whose
+  backward interval holds the re-run's start.
+
+Read from the last step's calls (``call_times``, the only ones kept), which say where each re-run ran; the shares
+are the records' means over the steps. Without recomputation, ``work_ms`` is ``self_total_ms``.
+
+>>> from layerprof.record.records import ModuleRecord
+>>> leaf = ModuleRecord("fc", "Linear")
+>>> leaf.self_forward_ms, leaf.self_backward_ms = 1.0, 2.0
+>>> work_ms(leaf)
+3.0
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .fields import FIELDS
+from .roofs import _root
+
+__all__ = ["work_ms"]
+
+_SHIFTS = "_work_shifts"  # where a root keeps its shifts, made when first read
+
+
+def work_ms(record: Any) -> float | None:
+    """``self_total_ms`` of ``record``, moved by the recomputations its self time holds or leaves out."""
+    ms = FIELDS["self_total_ms"].value(record)
+    if ms is None:
+        return None
+    root = _root(record)
+    shifts = root.__dict__.get(_SHIFTS)
+    if shifts is None:
+        shifts = _shifts(root)
+        root.__dict__[_SHIFTS] = shifts
+    return max(0.0, ms + shifts.get(record.name, 0.0)) if shifts else ms
+
+
+def _shifts(root: Any) -> dict[str, float]:
+    records = [root, *root.descendants]
+    recomputing = [record for record in records if record.recompute_ms]
+    if not recomputing:
+        return {}
+    shifts: dict[str, float] = {}
+    for record in recomputing:
+        own = record.recompute_ms - sum(child.recompute_ms or 0.0 for child in record.children)
+        if own > 0.0:
+            shifts[record.name] = own
+    last = max((timing.step for record in records for timing in record.call_times), default=None)
+    # The re-runs of the last step, and the backward intervals that may hold them (each with its module's depth).
+    runs = [(timing.forward_start_ms, timing.forward_ms, record) for record in recomputing
+            for timing in record.call_times if timing.recompute and not timing.recursive and timing.step == last]
+    backwards = [(timing.backward_start_ms, timing.backward_start_ms + timing.backward_ms, record.depth, record.name)
+                 for record in records for timing in record.call_times
+                 if timing.step == last and not timing.recompute and timing.backward_ms
+                 and timing.backward_start_ms is not None]
+    for start, ms, record in runs:
+        if any(other is not record and other in record.ancestors and other_start <= start < other_start + other_ms
+               for other_start, other_ms, other in runs):
+            continue  # inside an ancestor's re-run: taken off with it
+        holding = [interval for interval in backwards if interval[0] <= start < interval[1]]
+        if holding:
+            name = max(holding, key=lambda interval: interval[2])[3]
+            shifts[name] = shifts.get(name, 0.0) - ms
+    return shifts
