@@ -86,59 +86,90 @@ def move_into_place(temporary: Path, target: Path) -> None:
 
 
 class MoveError(OSError):
-    """``move_all_into_place`` could not put one file in place: ``index`` is its position, and ``restored`` says
-    whether every file moved before it is as it was again (the old file back, or none where there was none)."""
+    """``move_all_into_place`` could not put one file in place: ``index`` is its position. ``restored``: every file
+    moved before it is as it was again (the old file back, or none where there was none); else ``left`` says, for
+    each one that is not, what is where. ``through``: the positions of the devices and FIFOs written through before
+    it, which no undo can take back."""
 
-    def __init__(self, index: int, cause: OSError, restored: bool) -> None:
+    def __init__(self, index: int, cause: OSError, left: list[str], through: list[int]) -> None:
         super().__init__(cause.errno, cause.strerror or str(cause))
-        self.index, self.cause, self.restored = index, cause, restored
+        self.index, self.cause, self.left, self.through = index, cause, left, through
+        self.restored = not left
 
 
 def move_all_into_place(pairs: list[tuple[Path, Path]]) -> None:
     """``move_into_place`` for each ``(temporary, target)``, all or none: where one cannot be put in place (an
-    existing file that cannot be replaced), those moved before it are undone (each old file put back from a hard link
-    kept beside it, each new one removed) and ``MoveError`` says which one failed. Devices and FIFOs, which are
-    written through and cannot be undone, go last (their order among themselves kept)."""
+    existing file that cannot be replaced), those moved before it are undone (each old file put back from a hard link,
+    or a copy, kept beside it; each new one removed) and ``MoveError`` says which one failed. Devices and FIFOs, which
+    are written through and cannot be undone, go last (their order among themselves kept). An old file that cannot
+    be kept (unreadable, no hard links) is replaced all the same, and named if an undo would need it."""
+    if len(pairs) == 1:  # (nothing to undo)
+        try:
+            move_into_place(*pairs[0])
+        except OSError as error:
+            raise MoveError(0, error, [], []) from error
+        return
     order = sorted(range(len(pairs)), key=lambda i: is_special(destination(pairs[i][1])))
-    undo: list[tuple[Path, Path | None]] = []  # (target, the old file's kept link, or None where there was none)
+    undo: list[tuple[Path, Path | None, bool]] = []  # (target, the old file's kept copy, whether one existed)
+    through: list[int] = []
+    left: list[str] = []
     try:
         for index in order:
             temporary, target = pairs[index]
             final = destination(target)
-            kept = None
+            special = is_special(final)
+            existed = not special and final.exists()
+            kept = _keep(final) if existed else None
             try:
-                if not is_special(final) and final.exists():
-                    kept = temporary_beside(final)
-                    kept.unlink()
-                    try:
-                        os.link(final, kept)
-                    except OSError:  # a file system without hard links: a copy
-                        shutil.copy2(final, kept)
                 move_into_place(temporary, target)
             except OSError as error:
                 if kept is not None:
                     kept.unlink(missing_ok=True)
-                raise MoveError(index, error, _undo(undo)) from error
-            if not is_special(final):
-                undo.append((final, kept))
+                left = _undo(undo)
+                raise MoveError(index, error, left, through) from error
+            if special:
+                through.append(index)
+            else:
+                undo.append((final, kept, existed))
     finally:
-        for _, kept in undo:
-            if kept is not None:
+        for _, kept, _ in undo:  # (the copies an undo put back are gone; one it could not put back is named)
+            if kept is not None and not any(repr(str(kept)) in entry for entry in left):
                 kept.unlink(missing_ok=True)
 
 
-def _undo(moved: list[tuple[Path, Path | None]]) -> bool:
-    """Put back what ``move_all_into_place`` replaced, last first; whether all of it went back."""
-    restored = True
-    for target, kept in reversed(moved):
+def _keep(final: Path) -> Path | None:
+    """A hard link to ``final`` beside it (a copy where the file system has none), or None where neither can be
+    made."""
+    try:
+        kept = temporary_beside(final)
+    except OSError:
+        return None
+    kept.unlink()
+    try:
+        os.link(final, kept)
+    except OSError:  # a file system without hard links, or one that protects them: a copy
         try:
-            if kept is None:
-                target.unlink()
-            else:
-                os.replace(kept, target)
+            shutil.copy2(final, kept)
         except OSError:
-            restored = False
-    return restored
+            kept.unlink(missing_ok=True)
+            return None
+    return kept
+
+
+def _undo(moved: list[tuple[Path, Path | None, bool]]) -> list[str]:
+    """Put back what ``move_all_into_place`` replaced, last first; what could not be, each said."""
+    left = []
+    for target, kept, existed in reversed(moved):
+        try:
+            if not existed:
+                target.unlink()
+            elif kept is not None:
+                os.replace(kept, target)
+            else:
+                left.append(f"{str(target)!r} is the new file (the old one could not be kept)")
+        except OSError:
+            left.append(f"{str(target)!r} is the new file" + (f", the old one is at {str(kept)!r}" if kept else ""))
+    return left
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:

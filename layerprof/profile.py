@@ -47,6 +47,10 @@ from .render.units import format_counted, format_ms
 __all__ = ["Profile", "load", "loads", "save", "as_profile", "compare"]
 
 
+# The dtypes whose roofs a plain matrix product measures (float8's FLOPs run in scaled products, which it does not).
+_MATMUL_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
 def _meta_peaks(meta: dict[str, Any]) -> dict[str, Any] | None:
     """``Profile.peaks`` of the profile whose meta is ``meta``: the roofs it holds, else measured now where this
     process runs on the machine that measured the profile (``other_machine``), else None."""
@@ -61,11 +65,10 @@ def _meta_peaks(meta: dict[str, Any]) -> dict[str, Any] | None:
         # The roofs of the dtype the FLOPs ran in (the flops meter's count), else the one autocast computes in, the
         # parameters' or the input's.
         flops_meta = meta.get("flops")
-        floating = [name for name in ((flops_meta.get("dtype") if isinstance(flops_meta, dict) else None),
-                                      environment.get("autocast_dtype"), environment.get("dtype"),
-                                      environment.get("input_dtype"))
-                    if isinstance(name, str) and name.startswith(("float", "bfloat"))]
-        dtype = floating[0] if floating else None
+        counted = flops_meta.get("dtype") if isinstance(flops_meta, dict) else None
+        given = environment.get("input_dtype")
+        dtype = ((counted if counted in _MATMUL_DTYPES else None) or environment.get("autocast_dtype")
+                 or environment.get("dtype") or (given if given in _MATMUL_DTYPES else None))
         found = meta["peaks"] = dict(measure_peaks(device, dtype, threads=environment.get("threads")))
     return found
 

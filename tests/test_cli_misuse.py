@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -373,3 +374,48 @@ def test_moving_files_into_place_all_or_none(tmp_path: Path, monkeypatch: pytest
     assert caught.value.index == 1 and opened == []
     for temporary, _ in pairs:
         temporary.unlink(missing_ok=True)
+
+
+def test_an_undo_that_fails_keeps_the_old_file_and_says_where(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A failed undo deleted the only copy of the old file; an old file that cannot be kept (unreadable, hard links
+    # protected) refused the whole write; a device written through before the failure was not named.
+    import layerprof._files as files_module
+    from layerprof._files import MoveError, move_all_into_place, temporary_beside
+
+    def staged(name: str, text: str) -> tuple[Path, Path]:
+        temporary = temporary_beside(tmp_path / name)
+        temporary.write_text(text)
+        return temporary, tmp_path / name
+
+    found_move, found_replace = files_module.move_into_place, os.replace
+
+    refused: list[Path] = []
+
+    def refuses(temporary: Path, target: Path) -> None:
+        if target.name == "c.txt":
+            refused.append(target)
+            raise PermissionError(1, "Operation not permitted")
+        found_move(temporary, target)
+
+    def no_undo(source: Any, target: Any) -> None:
+        if refused:  # (the undo, after c.txt was refused: a.txt's kept copy cannot go back)
+            raise PermissionError(1, "Operation not permitted")
+        found_replace(source, target)
+
+    (tmp_path / "a.txt").write_text("old a")
+    monkeypatch.setattr(files_module, "move_into_place", refuses)
+    monkeypatch.setattr(files_module.os, "replace", no_undo)
+    with pytest.raises(MoveError) as caught:
+        move_all_into_place([staged("a.txt", "new a"), staged("c.txt", "c")])
+    assert not caught.value.restored and len(caught.value.left) == 1
+    kept = caught.value.left[0].split("the old one is at ")[1].strip("'")
+    assert Path(kept).read_text() == "old a" and (tmp_path / "a.txt").read_text() == "new a"
+    monkeypatch.setattr(files_module.os, "replace", found_replace)
+    monkeypatch.setattr(files_module, "_keep", lambda final: None)  # an old file that cannot be kept
+    (tmp_path / "b.txt").write_text("old b")
+    with pytest.raises(MoveError) as caught:
+        move_all_into_place([staged("b.txt", "new b"), staged("c.txt", "c")])
+    assert caught.value.left == [f"{str(tmp_path / 'b.txt')!r} is the new file (the old one could not be kept)"]
+    monkeypatch.setattr(files_module, "move_into_place", found_move)
+    move_all_into_place([staged("b.txt", "newer b"), staged("d.txt", "d")])  # replaced all the same
+    assert (tmp_path / "b.txt").read_text() == "newer b"

@@ -329,6 +329,88 @@ def test_an_exception_raised_again_is_noted_where_it_is_raised_then() -> None:
     STORED.__notes__.clear()
 
 
+class Fallback(nn.Module):
+    """Tries a fast module (RuntimeError), then a slow one that raises and handles a ValueError of its own, then
+    raises the fast path's error again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fast, self.slow = Raising(RuntimeError), Raising(ValueError)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        try:
+            return self.fast(x)
+        except RuntimeError as first:
+            try:
+                return self.slow(x)
+            except ValueError:
+                pass
+            raise first
+
+
+class Raising(nn.Module):
+    def __init__(self, kind: type) -> None:
+        super().__init__()
+        self.fc, self.kind = nn.Linear(4, 4), kind
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise self.kind("raised")
+
+
+class OnThreads(nn.Module):
+    """Runs its branches on a thread pool: ``future.result()`` raises the worker's exception in the caller."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.branches = nn.ModuleList([nn.Linear(4, 4), nn.Sequential(nn.Linear(3, 4))])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import concurrent.futures
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(branch, x) for branch in self.branches]
+            return sum(future.result() for future in futures)
+
+
+@pytest.mark.parametrize("model, innermost", [(Fallback(), "fast' (Raising)"), (OnThreads(), "branches.1.0' (Linear)")],
+                         ids=["another exception between", "raised on a worker thread"])
+def test_the_note_keeps_the_innermost_module_whatever_ran_between(model: nn.Module, innermost: str) -> None:
+    # The note named the innermost module; the first cut of the stale-note fix (the last exception noted on the
+    # thread) renamed it after the model where another exception left a module in between, or where the exception
+    # came back from a worker thread.
+    with pytest.raises(RuntimeError) as info:
+        with LayerProf(model):
+            model(torch.randn(2, 4))
+    assert notes(info.value) == [f"layerprof: raised inside module '{innermost}"]
+
+
+class Lookup:
+    """A result whose ``__getattr__`` raises KeyError (not AttributeError) for a name it does not hold."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, **data: torch.Tensor) -> None:
+        object.__setattr__(self, "_data", data)
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        return self._data[name]
+
+
+def test_an_output_whose_attribute_code_raises_does_not_fail_the_forward() -> None:
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> Lookup:
+            return Lookup(logits=self.fc(x) * 1)
+
+    model = nn.Sequential(Head())
+    with LayerProf(model) as prof:
+        model(torch.randn(2, 4)).logits.sum().backward()
+    assert prof.records["0"].backward_ms > 0
+
+
 class Boom(Exception):
     """A Python subclass, so that it takes weak references (built-in exceptions do not)."""
 

@@ -506,3 +506,28 @@ def test_a_long_module_name_is_shortened_in_legends_and_labels(kind: str) -> Non
     plt.close(ax.figure)
     long_ones = [text for text in texts if "LLLL" in text]
     assert long_ones and all("…" in text and len(text) < 80 for text in long_ones), texts
+
+
+def test_long_names_that_differ_in_the_middle_stay_apart_in_the_top_plot() -> None:
+    # Shortened around the middle, two layers' long names (which differ in the layer's index, mid-name) read alike:
+    # two bars with one label.
+    class Layers(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(
+                [nn.ModuleDict({"self_attention_linear_qkv_projection": nn.Linear(16, 16)}) for _ in range(2)])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers:
+                x = layer["self_attention_linear_qkv_projection"](x)
+            return x
+
+    net = nn.Sequential()
+    net.add_module("language_model_encoder", Layers())
+    with layerprof.LayerProf(net) as prof:
+        net(torch.randn(4, 16)).sum().backward()
+    ax = PLOT_FUNCTIONS["top"](prof)
+    labels = [text.get_text() for text in ax.get_yticklabels()]
+    plt.close(ax.figure)
+    long = [label for label in labels if "qkv" in label]
+    assert len(long) == 2 and len(set(long)) == 2 and all(len(label) < 80 for label in long), labels

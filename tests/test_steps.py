@@ -109,6 +109,76 @@ def test_step_inside_the_models_call_is_refused_and_a_hook_on_the_model_itself_s
     assert root.forward_ms >= prof.records["0"].forward_ms > 0
 
 
+class FailsOnOdd(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls % 2 == 0:
+            raise ValueError("a bad batch")
+        return self.fc(x)
+
+
+def test_a_step_whose_forward_raised_and_was_caught_is_no_step() -> None:
+    # A loop that skips a bad batch (try/except around the step): that step was recorded as one where no module
+    # ran, so the root, called in every step that counted, read calls 0.5 and min 0 over 10 steps.
+    model = FailsOnOdd()
+    with LayerProf(model) as prof:
+        for _ in range(10):
+            try:
+                model(torch.randn(4, 8)).sum().backward()
+            except ValueError:
+                pass
+            finally:
+                prof.step()
+    root = prof.records[""]
+    assert (root.steps, root.steps_run, root.calls) == (5, 5, 1) and root.forward_ms_min > 0
+    assert prof.profile.meta["steps"] == 5 and prof.profile.meta["steps_seen"] == 10
+
+
+def test_a_step_after_a_keyboard_interrupt_in_a_hooked_forward_is_not_refused() -> None:
+    # Torch runs no always_call hook on a KeyboardInterrupt: the root's call (it carries a hook of the user's, so
+    # layerprof's hooks time it) stays on the stack until the step ends. prof.step() took it for a call still
+    # running and refused every later step.
+    class Interrupted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+            self.interrupt = False
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.interrupt:
+                raise KeyboardInterrupt
+            return self.fc(x)
+
+    model = Interrupted()
+    model.register_forward_hook(lambda module, args, output: None)
+    with LayerProf(model) as prof:
+        for step in range(4):
+            model.interrupt = step == 1
+            try:
+                model(torch.randn(4, 8)).sum().backward()
+            except KeyboardInterrupt:
+                pass
+            prof.step()
+    # (the interrupted step timed nothing: no step, as one whose forward raised)
+    assert prof.records[""].steps == 3 and prof.records["fc"].steps_run == 3
+
+
+def test_no_recorded_step_names_the_schedule_it_was_left_out_by() -> None:
+    # It named warmup=0 (the unused argument) and advised lowering it.
+    model = MLP()
+    with pytest.warns(RuntimeWarning, match=r"were all warm-up or outside the schedule \(Schedule\(wait=2, "
+                      r"warmup=1, active=2.*or change the schedule\."):
+        with LayerProf(model, schedule=layerprof.schedule(wait=2, warmup=1, active=2)) as prof:
+            for _ in range(3):
+                model(torch.randn(4, 8)).sum().backward()
+                prof.step()
+
+
 def test_a_trailing_step_call_adds_no_empty_step() -> None:
     model = MLP()
     with LayerProf(model) as prof:

@@ -155,10 +155,12 @@ def write_outputs(profile: Profile, outputs: list[Output], plot_kind: str = "sun
             move_all_into_place(list(zip(staged, (output.path for output in outputs))))
         except MoveError as exc:  # an existing file that cannot be replaced (another user's, immutable)
             output = outputs[exc.index]
+            through = ", ".join(f"--{outputs[i].flag} {str(outputs[i].path)!r}" for i in exc.through)
+            said = ("no output file was written (those put in place before it were undone)" if exc.restored else
+                    f"undoing the outputs put in place before it failed: {'; '.join(exc.left)}")
             raise RunError(f"writing --{output.flag} {str(output.path)!r}: cannot put it in place "
-                           f"({exc.strerror or one_line(exc.cause)}); "
-                           + ("no output file was written (those put in place before it were undone)" if exc.restored
-                              else "and undoing the outputs put in place before it failed: check them")) from exc
+                           f"({exc.strerror or one_line(exc.cause)}); {said}"
+                           + (f"; written through already: {through}" if through else "")) from exc
     finally:
         for temporary in staged:
             temporary.unlink(missing_ok=True)

@@ -206,7 +206,7 @@ def _compare(options: argparse.Namespace) -> int:
     if options.fail_if_slower is None:
         return EXIT_OK
     for name, path, profile in (("A", options.a, a), ("B", options.b, b)):
-        if not profile.meta.get("steps"):  # (not "forward only", nor "no total time": nothing was timed)
+        if profile.meta.get("steps") == 0:  # (not "forward only", nor "no total time": nothing was timed)
             raise UnreadableInput(f"--fail-if-slower: profile {name} ({str(path)!r}) recorded no step, so it holds "
                                   "no time to gate on: profile at least one step (the model called inside the "
                                   "block, past any warm-up)")

@@ -187,6 +187,22 @@ def example_facts(example: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
+# The code of the functions every module call runs through (``Module.__call__`` and torch's ``_call_impl``).
+_CALL_CODES = frozenset(
+    getattr(vars(nn.Module).get(name), "__code__", None) for name in ("_wrapped_call_impl", "_call_impl")
+) - {None}
+
+
+def _inside_a_module_call() -> bool:
+    """Whether a module's call is running on this thread (a frame of torch's call functions is on the stack)."""
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code in _CALL_CODES:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _shape_counts(example: dict[str, Any]) -> tuple[set[Any], int]:
     """The batch sizes, and how many shapes beyond the batch, the root's calls have had (the tracker's ``example``)."""
     return set(example.get(BATCHES, ())), len(example.get(OTHER_DIMS, ()))
@@ -471,7 +487,8 @@ class LayerProf:
             raise RuntimeError("prof.step() is for inside a running profile: after start() or inside `with`")
         tracker = self._tracker
         open_call = tracker.open_here() if tracker is not None and tracker.active else None
-        if open_call is not None:
+        if open_call is not None and _inside_a_module_call():  # (else a stale call: a KeyboardInterrupt skipped
+            # its post-hook, and the step's end clears it)
             shown = f"module '{open_call.name}'" if open_call.name else "the model"
             raise RuntimeError(
                 f"prof.step() was called while the forward of {shown} is running (from a forward hook on one of its "
@@ -696,7 +713,9 @@ class LayerProf:
                 times = step_times(calls, self.step_num)
                 for clock in tracker.clocks():
                     clock.recycle()  # every stamp of the step is read: CUDA events go back to their pool
-                if action is Action.RECORD:
+                # (no times: every call of the step raised, and the loop caught it; a step that ran nothing is no
+                # step, as one without a call is not)
+                if action is Action.RECORD and times:
                     if self._counting:
                         self._counting_step = times
                     else:
@@ -881,10 +900,12 @@ class LayerProf:
             meta["step_ms"] = stats.step_totals()
         if self._stats.steps == 0:
             if self._steps_with_calls:  # the model ran, in steps the profile was told to leave out
+                left_out, fix = ((f"warm-up (warmup={self.warmup})", "lower warmup") if self.schedule is None else
+                                 (f"warm-up or outside the schedule ({self.schedule!r})", "change the schedule"))
                 _warn_user(
                     f"LayerProf recorded no step: the {self._steps_with_calls} step(s) that ran the model were all "
-                    f"warm-up (warmup={self.warmup}) or outside the schedule. A step ends at prof.step() or at the end "
-                    "of the block: run more steps, or lower warmup / change the schedule.",
+                    f"{left_out}, or every call in them raised. A step ends at prof.step() or at the end of the "
+                    f"block: run more steps, or {fix}.",
                 )
             elif not any(self._action(step) is Action.RECORD for step in range(self.step_num + 1)):
                 # Every step was warm-up or a schedule's wait, whose calls no hook sees: the model may have run.

@@ -324,8 +324,7 @@ def _walk_all(walks: list[Any]) -> None:
 class _ThreadState:
     """Per thread: the open calls, and which call owned each range of sequence numbers during the step."""
 
-    __slots__ = ("stack", "bounds", "owners", "walked", "hooker", "pending", "early", "walk_pending", "thread",
-                 "noted")
+    __slots__ = ("stack", "bounds", "owners", "walked", "hooker", "pending", "early", "walk_pending", "thread")
 
     def __init__(self) -> None:
         self.stack: list[CallTrace] = []
@@ -341,12 +340,8 @@ class _ThreadState:
         self.early: set[int] = set()
         self.walk_pending = functools.partial(_walk_reached, self.pending)
         self.thread = threading.get_ident()
-        # (id of the exception, the call) of the last note added on this thread: the calls it leaves after that
-        # one add none. (No exception kept: it would keep its traceback's frames alive.)
-        self.noted: tuple[int, CallTrace] | None = None
 
     def clear(self) -> None:
-        self.noted = None
         self.stack.clear()
         self.bounds.clear()
         self.owners.clear()
@@ -752,9 +747,8 @@ class Tracker:
                     _walk_all(state.pending)
                 if call.deferred is not None:
                     _hook_deferred(call, state)
-                if not _noted_inside(error, call, state):
-                    _renote(error, raised_note(name, type(module).__name__))
-                    state.noted = (id(error), call)
+                if not _noted_inside(error, call):
+                    _note(error, raised_note(name, type(module).__name__), call)
                 return None
             tracker.returned += 1
             if seq > call.seq_start:
@@ -858,30 +852,36 @@ def raised_note(name: str, type_name: str, during: str = "") -> str:
     return f"{NOTE_PREFIX}raised inside {shown} ({type_name}){during}"
 
 
-def _noted_inside(error: BaseException, call: CallTrace, state: _ThreadState) -> bool:
-    """Whether ``error`` was noted as it left a call inside ``call``, on its way out now: the note names the
-    innermost module. An exception raised again later (a library's stored ImportError, raised on each try of a fast
-    path) is noted again where it is raised then."""
-    noted = state.noted
-    if noted is None or noted[0] != id(error) or not has_note(error):  # (another exception since, at that id)
-        return False
-    inner: CallTrace | None = noted[1]
-    while inner is not None:
-        if inner is call:
-            return True
-        inner = inner.parent
-    return False
-
-
+# Where an exception layerprof noted keeps the ids of the calls it was raised inside (the noting call, its callers,
+# and across threads the call that a thread's outermost call ran beside): the calls it leaves on its way out add no
+# note of their own. Ids, not calls: nothing of the step is kept alive by an exception the user holds.
+_NOTED_IN = "_layerprof_noted_in"
 _RAISED_INSIDE = f"{NOTE_PREFIX}raised inside "
 
 
-def _renote(error: BaseException, note: str) -> None:
-    """Add ``note`` to ``error``, in place of a note of where it was raised an earlier time."""
+def _noted_inside(error: BaseException, call: CallTrace) -> bool:
+    """Whether ``error`` was noted as it left a call inside ``call``, on its way out now (the note names the
+    innermost module). One raised again later from outside that call (a library's stored ImportError, raised on
+    each try of a fast path) is noted again where it is raised then."""
+    noted_in = getattr(error, "__dict__", {}).get(_NOTED_IN)
+    return type(noted_in) is frozenset and id(call) in noted_in and has_note(error)
+
+
+def _note(error: BaseException, note: str, call: CallTrace) -> None:
+    """Add ``note`` to ``error`` in place of a note of where it was raised an earlier time, and keep the ids of
+    ``call`` and the calls it ran inside."""
     notes = getattr(error, "__notes__", None)
     if isinstance(notes, list):
         notes[:] = [old for old in notes if not (isinstance(old, str) and old.startswith(_RAISED_INSIDE))]
     error.add_note(note)
+    inside: set[int] = set()
+    current: CallTrace | None = call
+    while current is not None and id(current) not in inside:
+        inside.add(id(current))
+        current = current.parent if current.parent is not None else current.elsewhere
+    own = getattr(error, "__dict__", None)
+    if isinstance(own, dict):
+        own[_NOTED_IN] = frozenset(inside)
 
 
 def has_note(error: BaseException) -> bool:
@@ -1004,20 +1004,33 @@ _MODULE_TABLES = frozenset(vars(nn.Module()))
 
 def _fields(output: Any) -> list[Any]:
     """The attributes of an output that is no container ``iter_tensors`` opens (a plain class, a
-    ``SimpleNamespace``, an attrs class with slots): what a model returning it in place of a tensor holds its
-    tensors in. Nothing of a module, a class or a leaf value."""
+    ``SimpleNamespace``, a class with slots; a generator not started yet: its frame's locals, which hold a generator
+    function's arguments): what a model returning it in place of a tensor holds its tensors in. Nothing of a
+    module, a class or a leaf value. Read without the object's own attribute code (``__getattr__``, properties),
+    and never raising: nothing of this may fail the user's forward."""
     if isinstance(output, (nn.Module, type, str, bytes, int, float, bool)):
         return []
-    if isinstance(output, types.GeneratorType):  # not run yet: what its frame holds (a genexpr's iterable)
-        frame = output.gi_frame
-        return [] if frame is None else list(frame.f_locals.values())
-    found = list(getattr(output, "__dict__", {}).values())
-    for cls in type(output).__mro__:
-        slots = vars(cls).get("__slots__", ())
-        for slot in (slots,) if isinstance(slots, str) else slots:
-            if slot not in ("__dict__", "__weakref__"):
-                found.append(getattr(output, slot, None))
-    return found
+    try:
+        if isinstance(output, types.GeneratorType):
+            frame = output.gi_frame
+            return [] if frame is None else list(frame.f_locals.values())
+        try:
+            own = object.__getattribute__(output, "__dict__")
+        except AttributeError:
+            own = None
+        found = list(own.values()) if isinstance(own, dict) else []
+        for cls in type(output).__mro__:
+            slots = vars(cls).get("__slots__", ())
+            for slot in (slots,) if isinstance(slots, str) else slots:
+                member = vars(cls).get(slot)
+                if slot not in ("__dict__", "__weakref__") and type(member) is types.MemberDescriptorType:
+                    try:
+                        found.append(member.__get__(output, cls))
+                    except AttributeError:  # a slot never set
+                        pass
+        return found
+    except Exception:  # noqa: BLE001 - an odd object: its nodes are not found, as before
+        return []
 
 
 def _walk_nodes(call: CallTrace, todo: list[Any], state: _ThreadState, own: bool) -> None:

@@ -19,7 +19,7 @@ from .plot_roofline import plot_roofline
 from .plot_save import finish_plot, plot_suffix
 from .plot_style import (
     SELF_HATCH, fit_label, new_axes, palette_colour, plain_text, points_per_unit, segment_colour, shortened,
-    text_width_pt, wrap_label,
+    shortened_apart, text_width_pt, wrap_label,
 )
 from .checkpoint import plot_checkpoint
 from .units import format_counted, format_percent
@@ -54,10 +54,11 @@ def _legend(ax: Any, layout: Layout) -> None:
     values = {id(segment.record): segment.extent for segment in layout.segments if segment.kind == "module"}
     drawn = [(branch, head) for branch, head in enumerate(layout.heads) if id(head) in values]
     heads = sorted(drawn, key=lambda item: -values[id(item[1])])[:LEGEND_ENTRIES]
+    names = shortened_apart([head.name for _, head in heads])
     handles = [
         Patch(facecolor=palette_colour(branch),
-              label=f"{plain_text(shortened(head.name))}  {format_percent(values[id(head)], layout.total)}")
-        for branch, head in heads
+              label=f"{plain_text(name)}  {format_percent(values[id(head)], layout.total)}")
+        for (branch, head), name in zip(heads, names)
     ]
     handles.append(Patch(facecolor="white", edgecolor="0.4", hatch=SELF_HATCH, label="self (own - children)"))
     handles.append(Patch(facecolor=segment_colour(Segment("other", layout.segments[0].record, 0, 0, 0)),
@@ -230,8 +231,9 @@ def plot_top(profile: Any, k: int = 10, metric: str = "total", by_type: bool = F
         counts[key] += 1
     ranked = sorted(rows.items(), key=lambda item: -item[1])
     shown, rest = ranked[:k], ranked[k:]
-    labels = [plain_text(f"{shortened(key)} ×{counts[key]}" if by_type
-                         else f"{shortened(key)} ({shortened(kinds[key])})") for key, _ in shown]
+    keys = shortened_apart([key for key, _ in shown])
+    labels = [plain_text(f"{short} ×{counts[key]}" if by_type else f"{short} ({shortened(kinds[key])})")
+              for (key, _), short in zip(shown, keys)]
     widths = [value for _, value in shown]
     types = list(dict.fromkeys(kinds[key] for key, _ in shown))
     colours = [palette_colour(types.index(kinds[key])) for key, _ in shown]

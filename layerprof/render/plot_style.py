@@ -62,6 +62,22 @@ def shortened(text: str, most: int = LABEL_CHARS) -> str:
     return text[:most - 1 - tail] + "…" + text[len(text) - tail:]
 
 
+def shortened_apart(texts: list[str], most: int = LABEL_CHARS) -> list[str]:
+    """``shortened`` of each text, where that keeps them apart; texts that would read alike (names that differ in a
+    layer's index, in the middle) keep their ends instead, and whole where those read alike too.
+
+    >>> shortened_apart(["model.layers.0.attention.q_proj", "model.layers.1.attention.q_proj"], 20)
+    ['….0.attention.q_proj', '….1.attention.q_proj']
+    """
+    short = [shortened(text, most) for text in texts]
+    if len(set(short)) == len(short):
+        return short
+    counts = {label: short.count(label) for label in short}
+    short = [("…" + text[len(text) - most + 1:] if counts[label] > 1 else label) for text, label in zip(texts, short)]
+    counts = {label: short.count(label) for label in short}
+    return [text if counts[label] > 1 else label for text, label in zip(texts, short)]
+
+
 def plain_text(text: str) -> str:
     r"""``text`` (a module's name or type) as matplotlib should draw it: literally. matplotlib reads text between
     two ``$`` as mathtext, which draws ``a$x_1$`` in italics with a subscript and raises on ``$\frac$``; an
