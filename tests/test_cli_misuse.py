@@ -2,6 +2,7 @@
 line (exit 5), outputs written all or none, Ctrl-C while torch imports quiet."""
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -327,15 +328,20 @@ def test_an_output_onto_a_descriptor_appends_to_what_it_is(models: Path, tmp_pat
     assert piped.returncode == 0 and '"format": "layerprof.profile"' in piped.stdout, piped.stderr
 
 
+def _staged(folder: Path, name: str, text: str) -> tuple[Path, Path]:
+    """A finished temporary file beside ``folder / name`` holding ``text``, and that target."""
+    from layerprof._files import temporary_beside
+
+    temporary = temporary_beside(folder / name)
+    temporary.write_text(text)
+    return temporary, folder / name
+
+
 def test_moving_files_into_place_all_or_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import layerprof._files as files_module
-    from layerprof._files import MoveError, move_all_into_place, temporary_beside
+    from layerprof._files import MoveError, move_all_into_place
 
-    def staged(name: str, text: str) -> tuple[Path, Path]:
-        target = tmp_path / name
-        temporary = temporary_beside(target)
-        temporary.write_text(text)
-        return temporary, target
+    staged = functools.partial(_staged, tmp_path)
 
     (tmp_path / "a.txt").write_text("old a")
     move_all_into_place([staged("a.txt", "new a"), staged("b.txt", "new b")])
@@ -380,12 +386,9 @@ def test_an_undo_that_fails_keeps_the_old_file_and_says_where(tmp_path: Path, mo
     # A failed undo deleted the only copy of the old file; an old file that cannot be kept (unreadable, hard links
     # protected) refused the whole write; a device written through before the failure was not named.
     import layerprof._files as files_module
-    from layerprof._files import MoveError, move_all_into_place, temporary_beside
+    from layerprof._files import MoveError, move_all_into_place
 
-    def staged(name: str, text: str) -> tuple[Path, Path]:
-        temporary = temporary_beside(tmp_path / name)
-        temporary.write_text(text)
-        return temporary, tmp_path / name
+    staged = functools.partial(_staged, tmp_path)
 
     found_move, found_replace = files_module.move_into_place, os.replace
 
