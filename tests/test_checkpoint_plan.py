@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import dataclasses
 import io
@@ -1075,3 +1076,115 @@ def test_inputs_in_other_containers_are_the_checkpoints_inputs() -> None:
     # appended to a list in a dataclass dropped out of training).
     mapping, batch = model.given
     assert mapping["read"] is True and batch.seen[0] == 1
+
+
+def test_a_run_wrapper_runs_the_sequentials_children_as_they_are_now() -> None:
+    # The runs' wrapper ran the children it found when applied: a head swapped for fine-tuning, a block replaced or a
+    # module appended while the plan was applied did not run, silently (the old 10-class head gave the outputs).
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(16, 16) for _ in range(4)], nn.Linear(16, 10))
+    x = torch.randn(8, 16)
+    with wrap_runs_applied(model, [(1, 4)]):
+        model[2] = nn.Identity()
+        model[4] = nn.Linear(16, 3)
+        assert torch.equal(model(x), model[4](model[3](model[1](model[0](x)))))
+        model.append(nn.Tanh())
+        output = model(x)
+        assert output.shape == (8, 3) and torch.equal(output, torch.tanh(model[4](model[3](model[1](model[0](x))))))
+        output.sum().backward()  # (the run still checkpointed: its recomputation gives the same gradients)
+    assert "forward" not in vars(model)
+
+
+@contextlib.contextmanager
+def wrap_runs_applied(model: nn.Sequential, spans: list[tuple[int, int]]) -> Any:
+    applied = wrap_runs(model, spans)
+    try:
+        yield
+    finally:
+        unwrap(model, applied)
+
+
+@pytest.mark.parametrize("runs", [False, True], ids=["module", "run"])
+def test_remove_leaves_a_forward_another_tool_put_over_the_wrapper(runs: bool) -> None:
+    # A tool that puts its own forward on a module (accelerate's hooks keep the old one, ours, inside): remove()
+    # deleted that forward, dropping the tool's hook while it was still attached, and the tool's own removal later
+    # put the checkpoint wrapper back with no plan to take it off.
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+    target = model if runs else model[1]
+    applied = wrap_runs(model, [(0, 2)]) if runs else wrap(target)
+    inner = target.forward
+    seen: list[int] = []
+
+    def tool_forward(*args: Any, **kwargs: Any) -> Any:
+        seen.append(1)
+        return inner(*args, **kwargs)
+
+    target.forward = tool_forward
+    with pytest.warns(RuntimeWarning, match=r"plan.remove\(\): the forward of a (Sequential|Linear) was replaced "
+                      r"while the plan was applied"):
+        unwrap(target, applied)
+    model(torch.randn(2, 8, requires_grad=True)).sum().backward()
+    assert seen == [1] and vars(target)["forward"] is tool_forward  # the tool's forward kept, and run
+    target.forward = inner  # (the tool taking its hook off puts back what it found: the wrapper, now off)
+    assert not is_wrapped(target)
+
+
+def test_prunings_weight_hooks_are_no_hooks_a_plan_warns_of() -> None:
+    # torch.nn.utils.prune's forward pre-hook makes the weight from weight_orig and the mask: running it again is
+    # the recomputation itself, as weight_norm's is (it warned "those hooks can run twice a step").
+    import torch.nn.utils.prune as prune
+
+    model = _mlp(depth=3, width=64)
+    for block in model[1:4]:
+        prune.l1_unstructured(block[0], "weight", amount=0.5)
+    x = torch.randn(16, 16)
+    prof = _profile(model, lambda: model(x).sum().backward(), steps=2)
+    plan = prof.checkpoint_plan(0.2, runs=False)
+    assert plan.modules and all(name in ("", "1", "2", "3") for name in plan.modules)  # (regions holding one)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with plan.applied(model):
+            model(x).sum().backward()
+
+
+class ResidualInPlace(nn.Module):
+    """``x += block(x)``: the block's input is modified in place by its caller, after the block returned (a
+    Dropout first: nothing of the block saves x itself, so the plain model trains)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = nn.Sequential(nn.Dropout(0.1), nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * 1.0
+        x += self.block(x)
+        return x
+
+
+def test_a_module_whose_input_its_caller_modifies_in_place_is_excluded() -> None:
+    # A plan wrapped such a block (nothing excluded), and the first step with the plan failed in backward: the
+    # checkpoint holds x for the recomputation, and x's version had moved.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), *[ResidualInPlace() for _ in range(3)], nn.Linear(64, 10))
+    x = torch.randn(32, 64)
+    prof = _profile(model, lambda: model(x).sum().backward(), steps=2)
+    assert [prof.records[f"{i}.block"].checkpoint_inplace_inputs for i in (1, 2, 3)] == [1, 1, 1]
+    assert prof.records["1"].checkpoint_inplace_inputs == 0  # (its own input is left as it is)
+    plan = prof.checkpoint_plan("80%", runs=False)
+    assert {f"{i}.block" for i in (1, 2, 3)} <= set(plan.excluded) and not any("block" in m for m in plan.modules)
+    with plan.applied(model):
+        model(x).sum().backward()
+
+
+def test_code_that_reads_a_wrapped_forwards_code_is_told_to_take_the_plan_off() -> None:
+    # torch.export and torch.jit.script read forward.__code__ / __globals__: "'_Checkpointed' object has no
+    # attribute '__code__'", which said nothing of the plan.
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 1))
+    applied = wrap(model[0])
+    try:
+        with pytest.raises(AttributeError, match=r"__code__: this forward is layerprof's checkpoint wrapper \(a "
+                           r"checkpoint plan is applied\), not a function: take the plan off"):
+            model[0].forward.__code__
+        assert not hasattr(model[0].forward, "__func__") and model[0].forward.__name__ == "forward"
+    finally:
+        unwrap(model[0], applied)

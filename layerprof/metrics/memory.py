@@ -254,6 +254,10 @@ class MemoryMeter(Meter):
         self._stack: list[Any] = []  # the running forward calls, innermost last
         # Storage (by StorageImpl address) -> a weak reference that keeps the address from being reused.
         self._returned: dict[int, StorageWeakRef] = {}
+        # id(parent's state) -> [(call state, [(weak tensor, version as the call began)])] of the calls that
+        # returned with their inputs as they found them: read again as their parent returns, an input its code
+        # modified in place since (``x += block(x)``) breaks a checkpoint of the call as surely as a change inside it.
+        self._inputs_after: dict[int, list[tuple[Any, list[tuple[Any, int]]]]] = {}
         self._saved: dict[int, StorageWeakRef] = {}
         # The calls' inputs too: one nothing saves or returns (a temporary made between two modules) dies within the
         # forward, and a storage made after it at the same address would be taken for it.
@@ -319,6 +323,7 @@ class MemoryMeter(Meter):
         self._buffer_versions = []
         hooks, self._hooks = self._hooks, None
         self._stack.clear()
+        self._inputs_after.clear()
         self._returned.clear()
         self._inputs.clear()
         self._last_packed = None
@@ -455,6 +460,7 @@ class MemoryMeter(Meter):
             stack.clear()
             self._returned.clear()
             self._inputs.clear()
+            self._inputs_after.clear()
             self._settle()
             self._saved.clear()
             self._held = [held for held in self._held if _still_held(held)]
@@ -501,6 +507,14 @@ class MemoryMeter(Meter):
         inputs, state.inputs = state.inputs, set()
         versions, state.input_versions = state.input_versions, []
         state.inplace = mutated_inputs(versions)
+        waiting = self._inputs_after
+        if waiting:
+            for returned, pairs in waiting.pop(id(state), ()):  # (its callees': their inputs read again)
+                if any((tensor := ref()) is not None and tensor_version(tensor) != version for ref, version in pairs):
+                    returned.inplace = 1
+        if versions and not state.inplace and state.parent is not None:
+            waiting.setdefault(id(state.parent), []).append(
+                (state, [(weakref.ref(tensor), version) for tensor, version in versions]))
         returned = self._returned
         for tensor in iter_tensors((output,)):
             storage = _storage(tensor)

@@ -22,6 +22,8 @@ import copy
 import dataclasses
 import functools
 import time
+import warnings
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -185,20 +187,35 @@ class _Wrapper:
     def __deepcopy__(self, memo: dict[int, Any]) -> _Wrapper:
         return type(self)(*copy.deepcopy(self._parts(), memo))
 
+    def __getattr__(self, name: str) -> Any:
+        # (only for what it does not have: a function's code, which torch.export and torch.jit.script read)
+        if name in _FUNCTION_PARTS:
+            raise AttributeError(
+                f"{name}: this forward is layerprof's checkpoint wrapper (a checkpoint plan is applied), not a "
+                "function: take the plan off (plan.remove()) before torch.export, torch.jit.script or other code "
+                "that reads a forward's code")
+        raise AttributeError(name)
+
+
+_FUNCTION_PARTS = frozenset(("__code__", "__globals__", "__func__", "__closure__", "__defaults__", "__kwdefaults__"))
+
 
 class _Checkpointed(_Wrapper):
     """``forward`` run under ``checkpoint(..., use_reentrant=False)``, RNG state preserved, while grad is on."""
 
-    def __init__(self, forward: Callable[..., Any], label: str | None = None) -> None:
-        self._forward, self._label = forward, label
+    def __init__(self, forward: Callable[..., Any], label: str | None = None, off: bool = False) -> None:
+        self._forward, self._label, self._off = forward, label, off
         functools.update_wrapper(self, forward)
 
     def _parts(self) -> tuple[Any, ...]:
-        return self._forward, self._label
+        return self._forward, self._label, self._off
+
+    def turn_off(self) -> None:
+        self._off = True
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         forward, label = self._forward, self._label
-        if not torch.is_grad_enabled():
+        if self._off or not torch.is_grad_enabled():
             return forward(*args, **kwargs)
         # The tensors go to checkpoint as its inputs (it holds them for the recomputation, as the planner counts),
         # and the lists that held them are copies: a caller appending to a list it passed (DenseNet's blocks do)
@@ -224,16 +241,19 @@ class _Checkpointed(_Wrapper):
 
 
 def is_wrapped(module: nn.Module) -> bool:
-    """Whether ``module.forward`` is a checkpoint wrapper put there by ``wrap``."""
-    return getattr(module.__dict__.get("forward"), _MARK, False)
+    """Whether ``module.forward`` is a checkpoint wrapper put there by ``wrap`` (and not turned off since)."""
+    forward = module.__dict__.get("forward")
+    return getattr(forward, _MARK, False) and not getattr(forward, "_off", False)
 
 
-def wrap(module: nn.Module, label: str | None = None) -> Any:
+def wrap(module: nn.Module, label: str | None = None) -> tuple[Any, _Wrapper]:
     """Wrap ``module``'s forward; returns what ``unwrap`` needs to restore it (the instance's own forward or a
-    marker that it had none). ``label``: the name its recomputations are timed under by a RecomputeTimer."""
+    marker that it had none, and the wrapper). ``label``: the name its recomputations are timed under by a
+    RecomputeTimer."""
     own = module.__dict__.get("forward", _MISSING)
-    module.forward = _Checkpointed(module.forward, label)  # type: ignore[method-assign]
-    return own
+    wrapper = _Checkpointed(module.forward, label)
+    module.forward = wrapper  # type: ignore[method-assign]
+    return own, wrapper
 
 
 def _in_order(modules: tuple[nn.Module, ...], input: Any) -> Any:
@@ -243,36 +263,53 @@ def _in_order(modules: tuple[nn.Module, ...], input: Any) -> Any:
 
 
 class _RunsForward(_Wrapper):
-    """``nn.Sequential.forward`` over ``segments``: the children outside the runs, and each run as one
-    ``_Checkpointed`` of ``_in_order`` over its children."""
+    """``nn.Sequential.forward`` with the children at each ``[first, stop)`` of ``spans`` run under one checkpoint
+    (``_Checkpointed`` of ``_in_order`` over them), labelled by ``labels``. Over the Sequential's children as they
+    are at each call: one replaced, added or taken out while the plan is applied runs as it would without the plan
+    (inside its run's checkpoint where it stands at a run's position). Turned off (``unwrap`` found another forward
+    in its place), it runs the children without checkpoints."""
 
-    def __init__(self, segments: list[Callable[[Any], Any]]) -> None:
-        self._segments = segments
+    def __init__(self, sequential: nn.Sequential, spans: list[tuple[int, int]],
+                 labels: dict[tuple[int, int], str], off: bool = False) -> None:
+        self._sequential = weakref.ref(sequential)  # (the Sequential holds this: no cycle)
+        self._spans, self._labels, self._off = sorted(spans), labels, off
+        self._children: tuple[nn.Module, ...] = ()
+        self._segments: list[Callable[[Any], Any]] = []
         self.__name__ = "forward"  # (its signature is __call__'s: forward(input), as a bound Sequential.forward)
 
     def _parts(self) -> tuple[Any, ...]:
-        return (self._segments,)
+        return self._sequential(), self._spans, self._labels, self._off
+
+    def turn_off(self) -> None:
+        self._off = True
 
     def __call__(self, input: Any) -> Any:
+        sequential = self._sequential()
+        assert sequential is not None  # (it holds this wrapper, and calls it)
+        children = tuple(sequential._modules.values())
+        if self._off:
+            return _in_order(children, input)
+        if children != self._children:  # (identity: modules compare as objects)
+            self._children, self._segments = children, _segments(children, self._spans, self._labels)
         for segment in self._segments:
             input = segment(input)
         return input
 
 
-def _run_forward(sequential: nn.Sequential, spans: list[tuple[int, int]], labels: dict[tuple[int, int], str]
-                 ) -> _RunsForward:
-    """``nn.Sequential.forward`` with the children at each ``[first, stop)`` of ``spans`` run under one
-    checkpoint, labelled by ``labels``."""
-    children = list(sequential)
+def _segments(children: tuple[nn.Module, ...], spans: list[tuple[int, int]], labels: dict[tuple[int, int], str]
+              ) -> list[Callable[[Any], Any]]:
+    """The children outside the runs, and each run ``[first, stop)`` of ``spans`` (sorted) as one checkpoint."""
     segments: list[Callable[[Any], Any]] = []
     position = 0
-    for first, stop in sorted(spans):
+    for first, stop in spans:
+        stop = min(stop, len(children))
+        if first >= stop:
+            break
         segments += children[position:first]
-        segments.append(_Checkpointed(functools.partial(_in_order, tuple(children[first:stop])),
-                                      labels.get((first, stop))))
+        segments.append(_Checkpointed(functools.partial(_in_order, children[first:stop]), labels.get((first, stop))))
         position = stop
     segments += children[position:]
-    return _RunsForward(segments)
+    return segments
 
 
 def wrap_runs(sequential: nn.Module, spans: list[tuple[int, int]],
@@ -285,12 +322,26 @@ def wrap_runs(sequential: nn.Module, spans: list[tuple[int, int]],
     if len(list(sequential.children())) != len(sequential):
         raise ValueError("a Sequential that holds one module twice cannot have runs wrapped: wrap modules instead")
     own = sequential.__dict__.get("forward", _MISSING)
-    sequential.forward = _run_forward(sequential, spans, labels or {})  # type: ignore[method-assign]
-    return own
+    wrapper = _RunsForward(sequential, spans, labels or {})
+    sequential.forward = wrapper  # type: ignore[method-assign]
+    return own, wrapper
 
 
-def unwrap(module: nn.Module, own: Any) -> None:
-    """Undo ``wrap``: delete the wrapper, or put back the instance's own forward that it replaced."""
+def unwrap(module: nn.Module, applied: tuple[Any, _Wrapper]) -> None:
+    """Undo ``wrap`` or ``wrap_runs`` (``applied``: what it returned): delete the wrapper, or put back the
+    instance's own forward that it replaced. Where another forward took the wrapper's place meanwhile (another
+    tool's, around it: accelerate's hooks), that one stays, and the wrapper inside it is turned off (it runs what
+    it wraps without a checkpoint from now on), with a warning."""
+    own, wrapper = applied
+    if module.__dict__.get("forward") is not wrapper:
+        wrapper.turn_off()
+        warnings.warn(
+            f"plan.remove(): the forward of a {type(module).__name__} was replaced while the plan was applied "
+            "(by another tool, such as accelerate's hooks, or by hand): that forward is left in place, and the "
+            "plan's checkpoint wrapper inside it no longer checkpoints",
+            RuntimeWarning, stacklevel=3,
+        )
+        return
     if own is _MISSING:
         module.__dict__.pop("forward", None)
     else:

@@ -28,6 +28,7 @@ from typing import Any, Iterator
 
 from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
+from torch.nn.utils.prune import BasePruningMethod
 
 from .._check import check_bool, check_int
 from .._gc import gc_paused
@@ -163,8 +164,13 @@ def _a(word: str) -> str:
 
 
 # Torch's own forward pre-hooks that compute a weight from its parts before each call (the older weight_norm and
-# spectral_norm): re-running them is the recomputation itself (spectral norm's buffer updates count as side effects).
+# spectral_norm, and torch.nn.utils.prune's masks): re-running them is the recomputation itself (spectral norm's
+# buffer updates count as side effects).
 _WEIGHT_HOOKS = ("WeightNorm", "SpectralNorm")
+
+
+def _computes_a_weight(hook: Any) -> bool:
+    return type(hook).__name__ in _WEIGHT_HOOKS or isinstance(hook, BasePruningMethod)
 
 
 def _regions(modules: dict[str, nn.Module], sequentials: dict[int, tuple[nn.Module, dict[tuple[int, int], str]]]
@@ -197,7 +203,7 @@ def _warn_rerun(modules: dict[str, nn.Module], sequentials: dict[int, tuple[nn.M
         for inner, module in region.named_modules(prefix=name):
             hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
             if (called_inside or module is not region) and any(
-                    type(hook).__name__ not in _WEIGHT_HOOKS for hook in hooks):
+                    not _computes_a_weight(hook) for hook in hooks):
                 hooked.append(inner)
             if isinstance(module, _NormBase) and module.track_running_stats:
                 statistics.append(inner)
