@@ -1153,7 +1153,8 @@ class ResidualInPlace(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.block = nn.Sequential(nn.Dropout(0.1), nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+        # (nested: the inner Sequential and its Dropout are handed x too, and returned before their caller's +=)
+        self.block = nn.Sequential(nn.Sequential(nn.Dropout(0.1), nn.Linear(64, 256), nn.GELU()), nn.Linear(256, 64))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x * 1.0
@@ -1168,12 +1169,17 @@ def test_a_module_whose_input_its_caller_modifies_in_place_is_excluded() -> None
     model = nn.Sequential(nn.Linear(64, 64), *[ResidualInPlace() for _ in range(3)], nn.Linear(64, 10))
     x = torch.randn(32, 64)
     prof = _profile(model, lambda: model(x).sum().backward(), steps=2)
-    assert [prof.records[f"{i}.block"].checkpoint_inplace_inputs for i in (1, 2, 3)] == [1, 1, 1]
-    assert prof.records["1"].checkpoint_inplace_inputs == 0  # (its own input is left as it is)
-    plan = prof.checkpoint_plan("80%", runs=False)
-    assert {f"{i}.block" for i in (1, 2, 3)} <= set(plan.excluded) and not any("block" in m for m in plan.modules)
-    with plan.applied(model):
-        model(x).sum().backward()
+    handed_x = [f"{i}.{inner}" for i in (1, 2, 3) for inner in ("block", "block.0", "block.0.0")]
+    assert [prof.records[name].checkpoint_inputs_changed_later for name in handed_x] == [1] * 9
+    assert prof.records["1"].checkpoint_inputs_changed_later == 0  # (its own input is left as it is)
+    assert prof.records["1.block.0.1"].checkpoint_inputs_changed_later == 0  # (handed the Dropout's output)
+    for budget in ("80%", "95%"):
+        plan = prof.checkpoint_plan(budget, runs=False)
+        assert all(plan.excluded[name] == "its input is modified in place after it returns (x += block(x))"
+                   for name in handed_x)
+        assert not set(handed_x) & set(plan.modules)
+        with plan.applied(model):
+            model(x).sum().backward()
 
 
 def test_code_that_reads_a_wrapped_forwards_code_is_told_to_take_the_plan_off() -> None:
@@ -1188,3 +1194,18 @@ def test_code_that_reads_a_wrapped_forwards_code_is_told_to_take_the_plan_off() 
         assert not hasattr(model[0].forward, "__func__") and model[0].forward.__name__ == "forward"
     finally:
         unwrap(model[0], applied)
+
+
+def test_a_wrapper_made_over_an_old_one_keeps_its_own_fields() -> None:
+    # functools.update_wrapper copies the wrapped forward's __dict__: a wrapper made over an old wrapper (turned off
+    # by remove(), put back by another tool) took its fields, and checkpointed nothing, or ran the old one's forward.
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 1))
+    first = wrap(model[0], label="old")
+    first[1].turn_off()
+    model[0].forward = first[1]  # (put back by a tool's removal of its own hook)
+    assert not is_wrapped(model[0])
+    second = wrap(model[0], label="new")
+    assert second[1]._off is False and second[1]._label == "new" and second[1]._forward is first[1]
+    assert is_wrapped(model[0])
+    unwrap(model[0], second)
+    assert vars(model[0])["forward"] is first[1]

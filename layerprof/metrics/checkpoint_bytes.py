@@ -21,9 +21,10 @@ any module whose buffers the step updated in place or replaced: spectral norm's 
 codebook, a call counter; ``buffer_versions`` and ``updated_buffers``);
 ``checkpoint_cache_updates`` those handed a key/value cache, which they extend (Hugging Face models with
 ``use_cache=True``): a recomputation would attend over the keys its forward already added, so it is never allowed;
-``checkpoint_inplace_inputs`` the number of this module's calls whose input was modified in place, by the call or
-by its caller's code after it returned (``x += block(x)``): a checkpoint would have saved the input before the
-change, and its recomputation fails on the new version; ``checkpoint_no_grad_calls`` its calls made with gradients off (a
+``checkpoint_inplace_inputs`` the number of this module's calls that modified an input in place (a checkpoint
+would have saved the input before the change), and ``checkpoint_inputs_changed_later`` those whose input the code of
+a module they ran inside modified in place after they returned (``x += block(x)``: a checkpoint holds the input for
+the recomputation, which fails on its new version); ``checkpoint_no_grad_calls`` its calls made with gradients off (a
 reference model's pass under ``no_grad``: nothing saved, nothing recomputed); ``foreign_calls`` the calls made from
 a module that is not one of its tree ancestors (a shared module: wrapping it would nest with the wrapping of its
 callers).
@@ -43,7 +44,8 @@ __all__ = ["CHECKPOINT_FIELDS", "STORAGES_ATTRIBUTE", "storage_table", "saved_af
 
 CHECKPOINT_FIELDS = (
     "checkpoint_freed_bytes", "checkpoint_kept_bytes", "checkpoint_side_effects", "checkpoint_cache_updates",
-    "checkpoint_inplace_inputs", "foreign_calls", "checkpoint_saved_tensors", "checkpoint_no_grad_calls",
+    "checkpoint_inplace_inputs", "checkpoint_inputs_changed_later", "foreign_calls", "checkpoint_saved_tensors",
+    "checkpoint_no_grad_calls",
 )
 declare(
     Field("checkpoint_freed_bytes", "bytes", "Ckpt Frees", share_of="saved_bytes", meter="memory", detail=True,
@@ -56,7 +58,9 @@ declare(
     Field("checkpoint_cache_updates", "count", "Ckpt Cache Updates", meter="memory", detail=True, cost=False,
           doc="calls in the module handed a key/value cache to extend (Hugging Face use_cache=True)"),
     Field("checkpoint_inplace_inputs", "count", "In-place Inputs", meter="memory", detail=True, cost=False,
-          doc="calls of the module whose input was modified in place, by the call or by its caller after it"),
+          doc="calls of the module that modified one of their inputs in place"),
+    Field("checkpoint_inputs_changed_later", "count", "Inputs Changed Later", meter="memory", detail=True,
+          cost=False, doc="calls of the module whose input its callers' code modified in place after it returned"),
     Field("foreign_calls", "count", "Foreign Calls", meter="memory", detail=True, cost=False,
           doc="calls of the module made from a module that does not contain it (a shared module)"),
     Field("checkpoint_saved_tensors", "count", "Ckpt Tensors", meter="memory", detail=True, cost=False,

@@ -171,7 +171,7 @@ class _CallMemory:
     __slots__ = (
         "inputs", "self_activation", "self_saved", "activation", "saved", "log", "self_tensors", "tensors",
         "name", "parent", "depth", "input_sizes", "input_versions", "freed", "kept", "side_effects", "inplace",
-        "cache_updates", "no_grad", "ops", "ops_start",
+        "changed_later", "cache_updates", "no_grad", "ops", "ops_start",
         "forward_mark", "forward_start", "forward_delta", "forward_peak", "forward_end_mark",
         "backward_mark", "backward_start", "backward_delta", "backward_peak", "backward_end_mark",
     )
@@ -183,7 +183,7 @@ class _CallMemory:
         self.name = ""
         self.parent = parent
         self.depth = 0 if parent is None else parent.depth + 1
-        self.freed = self.kept = self.side_effects = self.cache_updates = self.inplace = 0
+        self.freed = self.kept = self.side_effects = self.cache_updates = self.inplace = self.changed_later = 0
         self.no_grad = 0  # 1 for a call made with gradients off
         self.self_activation = self.self_saved = 0
         self.activation = self.saved = 0  # inclusive, summed at fill
@@ -254,9 +254,10 @@ class MemoryMeter(Meter):
         self._stack: list[Any] = []  # the running forward calls, innermost last
         # Storage (by StorageImpl address) -> a weak reference that keeps the address from being reused.
         self._returned: dict[int, StorageWeakRef] = {}
-        # id(parent's state) -> [(call state, [(weak tensor, version as the call began)])] of the calls that
-        # returned with their inputs as they found them: read again as their parent returns, an input its code
-        # modified in place since (``x += block(x)``) breaks a checkpoint of the call as surely as a change inside it.
+        # id(caller's state) -> [(call state, [(weak tensor, version as the call began)])] of the calls that
+        # returned with their inputs as they found them: read again as each caller up the chain returns, an input
+        # that caller's code modified in place since (``x += block(x)``) breaks a checkpoint of the call as surely
+        # as a change inside it.
         self._inputs_after: dict[int, list[tuple[Any, list[tuple[Any, int]]]]] = {}
         self._saved: dict[int, StorageWeakRef] = {}
         # The calls' inputs too: one nothing saves or returns (a temporary made between two modules) dies within the
@@ -508,12 +509,15 @@ class MemoryMeter(Meter):
         versions, state.input_versions = state.input_versions, []
         state.inplace = mutated_inputs(versions)
         waiting = self._inputs_after
-        if waiting:
-            for returned, pairs in waiting.pop(id(state), ()):  # (its callees': their inputs read again)
+        parent = state.parent
+        if waiting:  # the calls made inside this one: their inputs read again, and handed on to this one's caller
+            for returned, pairs in waiting.pop(id(state), ()):
                 if any((tensor := ref()) is not None and tensor_version(tensor) != version for ref, version in pairs):
-                    returned.inplace = 1
-        if versions and not state.inplace and state.parent is not None:
-            waiting.setdefault(id(state.parent), []).append(
+                    returned.changed_later = 1
+                elif parent is not None and any(ref() is not None for ref, _ in pairs):
+                    waiting.setdefault(id(parent), []).append((returned, pairs))
+        if versions and not state.inplace and parent is not None:
+            waiting.setdefault(id(parent), []).append(
                 (state, [(weakref.ref(tensor), version) for tensor, version in versions]))
         returned = self._returned
         for tensor in iter_tensors((output,)):
@@ -617,6 +621,7 @@ class MemoryMeter(Meter):
             _add(row, "checkpoint_side_effects", state.side_effects)
             _add(row, "checkpoint_cache_updates", state.cache_updates)
             _add(row, "checkpoint_inplace_inputs", state.inplace)
+            _add(row, "checkpoint_inputs_changed_later", state.changed_later)
             _add(row, "checkpoint_saved_tensors", state.tensors)
             _add(row, "checkpoint_no_grad_calls", state.no_grad)
             _add(row, "foreign_calls", int(call.parent is not None and not _inside(call.name, call.parent.name)))

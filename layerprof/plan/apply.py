@@ -204,8 +204,8 @@ class _Checkpointed(_Wrapper):
     """``forward`` run under ``checkpoint(..., use_reentrant=False)``, RNG state preserved, while grad is on."""
 
     def __init__(self, forward: Callable[..., Any], label: str | None = None, off: bool = False) -> None:
+        functools.update_wrapper(self, forward)  # (first: it copies the forward's __dict__, an old wrapper's fields)
         self._forward, self._label, self._off = forward, label, off
-        functools.update_wrapper(self, forward)
 
     def _parts(self) -> tuple[Any, ...]:
         return self._forward, self._label, self._off

@@ -85,6 +85,8 @@ def _why_excluded(record: ModuleRecord, allow_side_effects: bool) -> str | None:
         return "shared: called from a module that does not contain it"
     if count("checkpoint_inplace_inputs"):
         return "modifies an input in place"
+    if count("checkpoint_inputs_changed_later"):
+        return "its input is modified in place after it returns (x += block(x))"
     if count("checkpoint_cache_updates"):
         # Not a side effect to allow: the re-run would attend over the keys its forward already appended (a
         # sliding window's cache then no longer fits the mask; a full one gives other gradients or none).

@@ -640,7 +640,9 @@ class CheckpointPlan:
         return self
 
     def remove(self) -> None:
-        """Take the wrapping off: the modules are exactly as before ``apply`` (a no-op when not applied)."""
+        """Take the wrapping off: the modules are exactly as before ``apply`` (a no-op when not applied). A forward
+        another tool put over a wrapper while the plan was applied stays, with the wrapper inside it turned off (a
+        warning says so)."""
         applied, self._applied = self._applied, []
         for module, own in reversed(applied):
             unwrap(module, own)

@@ -31,7 +31,8 @@ __all__ = ["RunOption", "run_options", "run_name", "parse_run", "recomputed_chil
 
 MAX_CHILDREN = 32  # a Sequential with more children offers no runs (their number grows with its square)
 # Why a child keeps the run out: what recomputing it would get wrong (a child that frees nothing is fine inside).
-_BLOCKING = ("shared", "modifies an input in place", "side effects", "updates a key/value cache")
+_BLOCKING = ("shared", "modifies an input in place", "its input is modified in place", "side effects",
+             "updates a key/value cache")
 _NAME = re.compile(r"^(.*)\[(\d+):(\d+)\]$")
 
 

@@ -62,10 +62,17 @@ def _shifts(root: Any) -> dict[str, float]:
                  for record in records for timing in record.call_times
                  if timing.step == last and not timing.recompute and timing.backward_ms
                  and timing.backward_start_ms is not None]
+    spans: dict[int, list[tuple[float, float]]] = {}  # id(record) -> its re-runs' (start, end)
     for start, ms, record in runs:
-        if any(other is not record and other in record.ancestors and other_start <= start < other_start + other_ms
-               for other_start, other_ms, other in runs):
-            continue  # inside an ancestor's re-run: taken off with it
+        spans.setdefault(id(record), []).append((start, start + ms))
+    for start, ms, record in runs:
+        above = record.parent
+        while above is not None:  # inside an ancestor's re-run: taken off with it
+            if any(first <= start < end for first, end in spans.get(id(above), ())):
+                break
+            above = above.parent
+        if above is not None:
+            continue
         holding = [interval for interval in backwards if interval[0] <= start < interval[1]]
         if holding:
             name = max(holding, key=lambda interval: interval[2])[3]
