@@ -15,8 +15,9 @@ From the flops meter's figures and the machine's peaks (``collect/peaks.py``, or
 
 Self figures (a module's own ops, not its children's) make a parent's point its own work, so the points of a
 tree add up to the step. The measured time is the self time moved by recomputation (``record/work_time.py``): a
-recomputed module's re-run added, as its FLOPs count it; a re-run taken off the module whose backward ran it. Peaks come from the tree (``record/roofs.py``), where the Profile attaches a callable
-that measures them only when one of these fields is first read; without peaks these fields are None.
+recomputed module's re-run added, as its FLOPs count it; a re-run taken off the module whose backward ran it.
+Peaks come from the tree (``record/roofs.py``), where the Profile attaches a callable that measures them only when
+one of these fields is first read; without peaks these fields are None.
 """
 from __future__ import annotations
 
