@@ -493,3 +493,24 @@ def test_a_step_ended_between_forward_and_backward_is_warned_of() -> None:
                 state.sum().backward(retain_graph=True)
                 prof.step()
         assert prof.tree.backward_ms > 0
+
+
+def test_a_module_replaced_each_step_is_let_go_and_its_successor_timed() -> None:
+    # A new head per task, put in place each step inside one block: every replaced head stayed alive with its
+    # parameters for the whole block and while the profiler was held (999 heads, RSS +132 MiB), and a schedule's
+    # attach hooked every dead one again (its steps twice as slow by the end).
+    import weakref
+
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32))
+    x = torch.randn(4, 16)
+    replaced = []
+    for schedule in (None, layerprof.schedule(wait=1, active=1)):
+        with LayerProf(model, schedule=schedule) as prof:
+            for _ in range(20):
+                replaced.append(weakref.ref(model[2]))
+                model[2] = nn.Linear(32, 32)
+                model(x).sum().backward()
+                prof.step()
+        assert sum(ref() is not None for ref in replaced) == 0  # (no head but the model's own is kept)
+        assert len(prof._entries) == 4 and prof.records["2"].calls == 1 and prof.records["2"].backward_ms > 0
+        assert prof.records["2"].steps == (20 if schedule is None else 10)

@@ -306,6 +306,7 @@ class LayerProf:
     _records: dict[str, ModuleRecord] | None = None
     _counting_step: dict[str, StepTimes] | None = None
     _counting_done = False
+    _replaced = False  # whether a profiled module was replaced by one registered in its place during the step
     # The batch sizes, and the count of shapes beyond the batch, the root's calls had when the counting meters
     # stopped (``_shape_counts``): where the shapes meter does not run, what tells that later (timed) steps ran
     # shapes the counted step did not.
@@ -737,6 +738,27 @@ class LayerProf:
             self._counted_shapes = _shape_counts(tracker.example)
         if self._observed and not last:  # (the last step's observers go with the tracker)
             self._set_observers()
+        if self._replaced:
+            self._drop_replaced()
+
+    def _drop_replaced(self) -> None:
+        """Forget the modules that left the model during the step, replaced by modules registered in their place
+        (a new head each step): kept, each stayed alive with its parameters for the whole block and took hooks at
+        every attach. Their records stay, as a replaced module's record is its successor's."""
+        self._replaced = False
+        present = {id(module) for module in self.model.modules()}
+        gone = [module for _, module in self._entries if id(module) not in present]
+        if not gone:
+            return
+        self._entries = [(name, module) for name, module in self._entries if id(module) in present]
+        self._entry_modules = list(map(_second, self._entries))
+        self._built = -1  # (never the plan's modules again in this block)
+        if self._plan is not None and self._names is self._plan.names:
+            self._names = dict(self._names)
+        for module in gone:
+            self._names.pop(id(module), None)
+        if self._tracker is not None:
+            self._tracker.forget(gone)
 
     def _drop_step(self) -> None:
         """Forget the step under way (it did not complete): its calls, and the meters' numbers for it."""
@@ -762,6 +784,10 @@ class LayerProf:
         if parent_name is None or not isinstance(submodule, nn.Module) or self._tracker is None:
             return None
         prefix = f"{parent_name}.{name}" if parent_name else name
+        table = getattr(parent, "_modules", None)
+        old = table.get(name) if isinstance(table, dict) else None
+        if old is not None and old is not submodule and id(old) in self._names:
+            self._replaced = True  # (forgotten as the step ends, where it left the model: ``_drop_replaced``)
         added = []
         records = self._records_now()
         for qualified, module in submodule.named_modules(prefix=prefix):

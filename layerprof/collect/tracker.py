@@ -488,6 +488,16 @@ class Tracker:
             self.detach()
             raise
 
+    def forget(self, modules: list[nn.Module]) -> None:
+        """Stop timing ``modules`` (they left the model) and let go of them: their keys out of the name tables (a
+        later object at one's address is no module of the block), and out of the entries attached."""
+        for module in modules:
+            key = id(module._forward_pre_hooks)
+            self.names.pop(key, None)
+            self.wrapped_names.pop(key, None)
+        gone = set(map(id, modules))
+        self._attached = [[entry for entry in attached if id(entry[1]) not in gone] for attached in self._attached]
+
     def drop_copied_hooks(self, module: nn.Module) -> None:
         """Take off the hooks of this tracker that ``module`` carries without having been attached: a deep copy
         of a hooked module copies its hook dicts. Else a copy that joins the model is hooked twice (its calls
