@@ -157,6 +157,8 @@ def plot_icicle(
     shallower level (a leaf, a self part, an "other" group) is carried down, faded, in the same colour, so every
     level's bar spans the whole total. Args as ``plot_sunburst``.
     """
+    from matplotlib.patches import Rectangle
+
     plot_suffix(path)
     root, chosen, layout = _prepare(profile, metric, depth, min_share)
     levels = layout.max_depth + 1
@@ -169,9 +171,11 @@ def plot_icicle(
             carried = segment.depth < level and segment.terminal
             if segment.depth != level and not carried:
                 continue
-            style = _patch_style(segment)
-            bar = ax.barh(level, segment.extent, left=segment.start, height=0.86, alpha=0.3 if carried else 1.0,
-                          **style)[0]
+            # (a Rectangle added as it is: what barh makes, without its work per call, a millisecond each, which
+            # a deep model's thousands of carried bars added up to seconds; the limits are set above)
+            bar = Rectangle((segment.start, level - 0.43), segment.extent, 0.86, alpha=0.3 if carried else 1.0,
+                            **_patch_style(segment))
+            ax.add_artist(bar)
             bar.set_gid(f"{'carried' if carried else segment.kind}:{segment.name}")
             if not carried:
                 _bar_label(ax, segment, level, unit_x * segment.extent, unit_y * 0.86)
