@@ -305,7 +305,7 @@ class Profile:
         lead = ["name", "type", "calls", *(c for c in beside if c not in ("name", "type", "calls"))]
         rest = [c for c in export.display_columns(rows) if c not in lead]
         page_lead = list(dict.fromkeys(["name", "type", *beside]))
-        return Table(rows, [*lead, *rest], step_ms=table.step_ms, page_lead=page_lead)
+        return Table(rows, [*lead, *rest], step_ms=table.step_ms, page_lead=page_lead, records=chosen)
 
     def roofline(self, **filters: Any) -> Table:
         """Each module's own ops against the machine's roofs (``peaks()``): self time, FLOPs, bytes, own intensity,
@@ -327,12 +327,13 @@ class Profile:
             raise ValueError(no_roofs_message(environment_in(self.meta)))
         columns = ["name", "type", "self_total_ms", "self_flops", "self_bytes", "self_intensity",
                    "achieved_bandwidth", "attainable_ms", "efficiency", "bound", "lost_ms"]
-        rows = []
+        rows, shown = [], []
         for record in self.select(**filters):
             row = {name: value_of(record, name) for name in columns}
             if row["bound"] is not None and (row["self_flops"] or row["self_bytes"]):
                 rows.append({**row, "depth": record.depth})
-        return Table(rows, columns)
+                shown.append(record)
+        return Table(rows, columns, records=shown)  # (a column asked for beyond these is computed from the records)
 
     # -- exports: every table export is ``self.rows(**filters).to_*()`` ---------------------------------------
     def to_dataframe(self, columns: Sequence[str] | None = None, **filters: Any) -> Any:

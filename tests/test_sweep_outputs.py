@@ -138,3 +138,71 @@ def test_plotting_recompute_time_without_checkpointing_says_how_to_get_it() -> N
 def test_a_plot_kind_that_is_no_name_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="kind must be a plot kind's name, one of: sunburst, "):
         _dollar_profile().plot(None)  # (a ValueError "unknown plot kind None" before)
+
+
+class Trainer(nn.Module):
+    """A step that calls ``model.net(x)``: the root is never called itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+
+
+def test_shares_of_a_root_never_called_are_of_its_top_level_modules_in_every_table(tmp_path: Path) -> None:
+    # The summary, compare() and the gate sum the top-level modules of a root never called; the tables, the
+    # DataFrame and TensorBoard had no share (NaN, "—") and no time scalar for the model.
+    pytest.importorskip("pandas")
+    trainer = Trainer()
+    with layerprof.LayerProf(trainer) as prof:
+        trainer.net(torch.randn(8, 16)).sum().backward()
+    net = prof.records["net"]
+    frame = prof.to_dataframe(columns=("name", "total_ms", "time_percent"))
+    shares = dict(zip(frame["name"], frame["time_percent"]))
+    assert shares["net"] == pytest.approx(100.0)  # (the top-level module: the whole)
+    assert shares["net.0"] == pytest.approx(100.0 * prof.records["net.0"].total_ms / net.total_ms)
+    markdown = prof.top(2).to_markdown(columns=("name", "total", "time_percent"))
+    assert "| — |" not in markdown and "%" in markdown.splitlines()[2]
+    tensorboard = pytest.importorskip("torch.utils.tensorboard")
+    tags = prof.to_tensorboard(str(tmp_path / "tb"))
+    assert "layerprof/total_ms/Trainer" in tags and "layerprof/forward_ms/Trainer" in tags
+    assert tensorboard is not None
+
+
+def test_the_roofline_table_computes_a_column_asked_for_from_its_records() -> None:
+    # prof.roofline().to_markdown(columns=("flops", "bytes", ...)) printed "—" for every module: its rows were built
+    # without records, so a derived column computed from the row dicts, which lack the stored fields.
+    net = nn.Sequential(nn.Linear(512, 2048), nn.ReLU())
+    with layerprof.LayerProf(net, metrics=("flops",), peaks={"flops": 1e11, "bandwidth": 1e10}) as prof:
+        net(torch.randn(8, 512)).sum().backward()
+        prof.step()
+        net(torch.randn(8, 512)).sum().backward()
+    pytest.importorskip("pandas")
+    frame = prof.roofline().to_dataframe(columns=("name", "flops", "intensity"))
+    row = frame[frame["name"] == "0"].iloc[0]
+    record = prof.records["0"]
+    assert row["flops"] == record.flops_forward + record.flops_backward and row["intensity"] > 0
+    assert "| — |" not in prof.roofline().to_markdown(columns=("name", "flops", "bytes", "intensity"))
+
+
+def test_an_empty_dataframe_has_the_types_of_a_full_one() -> None:
+    pytest.importorskip("pandas")
+    net = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    with layerprof.LayerProf(net) as prof:
+        net(torch.randn(2, 8)).sum().backward()
+    full, empty = prof.to_dataframe(), prof.to_dataframe(type="Conv2d")
+    assert len(empty) == 0
+    for column in ("name", "type", "parent", "calls"):
+        assert empty[column].dtype == full[column].dtype, column
+
+
+@pytest.mark.parametrize("option", [{"top": 0}, {"depth": 0}, {"top": -1}, {"depth": True}])
+def test_tensorboard_refuses_a_top_or_depth_it_would_not_honour(option: dict, tmp_path: Path) -> None:
+    # top=0 wrote the model's scalars and a 10-row table; depth=0 an empty table beside plots of the whole tree.
+    pytest.importorskip("torch.utils.tensorboard")
+    net = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    with layerprof.LayerProf(net) as prof:
+        net(torch.randn(2, 8)).sum().backward()
+    name = next(iter(option))
+    with pytest.raises(ValueError, match=rf"{name} must be a positive int or None \(every module\)"):
+        prof.to_tensorboard(str(tmp_path / "tb"), **option)
+    assert not (tmp_path / "tb").exists()  # (refused before a writer was made)

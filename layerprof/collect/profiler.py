@@ -864,6 +864,13 @@ class LayerProf:
         facts = environment(self.model) if parameter is reuse.UNKNOWN else environment_of(parameter)
         if facts["device"] == "meta":
             facts = on_input_device(facts, tracker.example.get(INPUT_DEVICE))
+            if facts["device"] == "meta" and any(meter.name == "live_memory" for meter in self.metrics):
+                _warn_user(
+                    "live_memory ran on a model and an input on the meta device, which allocates nothing: its "
+                    "readings of allocated bytes (the peaks, cuda_*/live figures) are 0 and say nothing. The saved "
+                    "and activation bytes, counted from the tensors' sizes, hold: profile with metrics=('memory',) "
+                    "for them"
+                )
         meta: dict[str, Any] = {"environment": {**facts, **example_facts(tracker.example)}}
         if self._stats.steps == 0 and self._counting_step is not None:
             distorting = [m.name for m in self.metrics if m.distorts_timing]
@@ -978,8 +985,9 @@ class LayerProf:
     @property
     def tree(self) -> ModuleRecord | None:
         """The root record: the profile's once profiling has stopped; while running, the records being filled
-        (made when first read); None before start. After a block that raised or was cancelled, a RuntimeError
-        that says so, as ``profile`` gives."""
+        (made when first read), whose times and figures are written as profiling stops: until then they read None
+        or 0, not the steps so far; None before start. After a block that raised or was cancelled, a
+        RuntimeError that says so, as ``profile`` gives."""
         if self._state == "done" and self._profile is not None:
             return self._profile.tree
         if self._state == "failed":

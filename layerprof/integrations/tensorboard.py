@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..record.fields import FIELDS, canonical
+from ..render.rows import whole_of
 from ..render.summary import partial_note
 from ._optional import require
 
@@ -42,6 +43,9 @@ def write_tensorboard(profile: Any, writer_or_logdir: Any, step: int | None = No
 
     ``depth``: only modules down to this depth (root = 0); ``top``: only the ``top`` modules by total time
     (the root always), and the top table's length (default 10)."""
+    for name, value in (("depth", depth), ("top", top)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive int or None (every module), got {value!r}")
     records = profile.select(max_depth=depth) if depth is not None else list(profile.records.values())
     if top is not None:
         ranked = {row["name"] for row in profile.top(top, by="total_ms", max_depth=depth).rows}
@@ -50,16 +54,18 @@ def write_tensorboard(profile: Any, writer_or_logdir: Any, step: int | None = No
     fields = [f for f in (canonical(n, present) for n in SCALAR_FIELDS) if f in FIELDS]
     writer, owned = _writer(writer_or_logdir)
     tags = []
+    root = profile.tree
+    whole = whole_of(root)  # (a root never called itself: its top-level modules' sums, as the summary's)
     try:
         for name in dict.fromkeys(fields):
             for record in records:
-                value = FIELDS[name].value(record, profile.tree)
+                value = FIELDS[name].value(whole if record is root else record, whole)
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     tag = scalar_tag(name, record)
                     writer.add_scalar(tag, value, global_step=step)
                     tags.append(tag)
         _write_figures(profile, writer, step, depth, top)
-        table = profile.top(top or 10, by="total_ms", max_depth=depth)
+        table = profile.top(10 if top is None else top, by="total_ms", max_depth=depth)
         writer.add_text("layerprof/top", table.to_markdown(), global_step=step)
         note = partial_note(profile.meta)
         if note is not None:  # a run that ended early: said beside its numbers
@@ -73,6 +79,7 @@ def write_tensorboard(profile: Any, writer_or_logdir: Any, step: int | None = No
 
 def _write_figures(profile: Any, writer: Any, step: int | None, depth: int | None, top: int | None) -> None:
     for kind in _PLOTS:
-        options: dict[str, Any] = {"k": top or 10} if kind == "top" else ({"depth": depth} if depth else {})
+        options: dict[str, Any] = ({"k": 10 if top is None else top} if kind == "top" else
+                                   ({"depth": depth} if depth is not None else {}))
         ax = profile.plot(kind, "total", **options)
         writer.add_figure(f"layerprof/{kind}", ax.figure, global_step=step, close=True)  # closes the figure

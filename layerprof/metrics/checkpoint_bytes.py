@@ -35,6 +35,7 @@ from typing import Any, Sequence
 
 import torch
 from torch import nn
+from torch.nn.parameter import UninitializedTensorMixin
 
 from .._tensors import iter_tensors
 from .._torch import tensor_version
@@ -87,7 +88,9 @@ def buffer_versions(entries: Sequence[tuple[str, nn.Module]]) -> list[tuple[str,
     found = []
     for name, module in entries:
         for key, buffer in module._buffers.items():
-            if buffer is not None and not buffer.is_inference():
+            # (a lazy module's buffer not made yet, LazyBatchNorm's before its first call: nothing to read; it is
+            # made, not updated, by that call)
+            if buffer is not None and not isinstance(buffer, UninitializedTensorMixin) and not buffer.is_inference():
                 found.append((name, module, key, buffer, tensor_version(buffer)))
     return found
 

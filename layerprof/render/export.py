@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from .._files import write_text_atomic
-from ..record.fields import canonical
+from ..record.fields import FIELDS, canonical
 from .rows import is_number, numeric_fields
 from .units import field_label, format_field, format_plain
 
@@ -77,7 +77,13 @@ def _import_pandas() -> Any:
     return pandas
 
 
-def _dtype(values: list[Any]) -> str:
+# What a column with no value takes, by the unit of its field: the type the same column has where it holds values
+# (an empty selection concatenated to a full one keeps its types).
+_EMPTY_DTYPES = {"text": "string", "bytes": "Int64", "flops": "Int64", "macs": "Int64", "count": "Int64"}
+_TEXT_COLUMNS = ("name", "type", "parent", "extra_repr")
+
+
+def _dtype(values: list[Any], column: str = "") -> str:
     present = [v for v in values if v is not None]
     if present and all(isinstance(v, bool) for v in present):
         return "boolean"
@@ -88,7 +94,10 @@ def _dtype(values: list[Any]) -> str:
     if present and all(isinstance(v, str) for v in present):
         return "string"
     if not present:
-        return "float64"
+        if column in _TEXT_COLUMNS:
+            return "string"
+        field = FIELDS.get(column)
+        return _EMPTY_DTYPES.get(field.unit, "float64") if field is not None else "float64"
     return "object"
 
 
@@ -99,7 +108,7 @@ def to_dataframe(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None =
     data = {}
     for column in chosen:
         values = [row.get(column) for row in rows]
-        dtype = _dtype(values)
+        dtype = _dtype(values, column)
         if dtype == "float64":
             values = [float("nan") if v is None else float(v) for v in values]
         data[column] = pandas.Series(values, dtype=dtype)

@@ -11,6 +11,7 @@ from typing import Any, Iterable
 from .._check import check_bool, check_int, check_names
 from ..record.fields import FIELDS, derived_fields, detail_fields
 from ..record.records import ModuleRecord
+from ..record.summed import TreeValues, ran
 
 __all__ = ["is_number", "numeric_fields", "derived_names", "FILTERS", "select", "record_rows", "value_of",
            "RowView", "with_fields", "aggregate_by_type", "AGGREGATE_COLUMNS", "top_records"]
@@ -38,14 +39,23 @@ def numeric_fields(rows: Iterable[dict[str, Any]], skip: Iterable[str] = ("depth
     return list(seen)
 
 
-def value_of(record: ModuleRecord, field: str, row: dict[str, Any] | None = None) -> Any:
-    """A field of a record: from its row, else computed by its catalogue entry (derived fields), else None."""
+def value_of(record: ModuleRecord, field: str, row: dict[str, Any] | None = None, root: Any = None) -> Any:
+    """A field of a record: from its row, else computed by its catalogue entry (derived fields, shares of ``root``:
+    the record's root, or what ``whole_of`` gives for it), else None."""
     if row is not None and field in row:
         return row[field]
     declared = FIELDS.get(field)
     if declared is not None:
-        return declared.value(record, record.root)
+        return declared.value(record, record.root if root is None else root)
     return getattr(record, field, None)
+
+
+def whole_of(root: ModuleRecord) -> Any:
+    """What shares of ``root``'s tree are of: the root, or for a root never called itself (a trainer's step calls
+    ``model.net(x)``) a view of it that reads its top-level modules' sums, as the summary's total does."""
+    if ran(root):
+        return root
+    return TreeValues(root).view(root)
 
 
 class RowView:
@@ -67,8 +77,17 @@ def with_fields(rows: list[dict[str, Any]], names: Iterable[str],
     names = list(names)
     if not names:
         return rows
-    sources = records if records is not None else [RowView(row) for row in rows]
-    return [{**row, **{name: value_of(source, name, row) for name in names}} for row, source in zip(rows, sources)]
+    if records is None:
+        return [{**row, **{name: value_of(RowView(row), name, row) for name in names}} for row in rows]
+    wholes: dict[int, Any] = {}  # id(root) -> whole_of(root), once per tree
+    done = []
+    for row, record in zip(rows, records):
+        root = record.root
+        whole = wholes.get(id(root))
+        if whole is None:
+            whole = wholes[id(root)] = whole_of(root)
+        done.append({**row, **{name: value_of(record, name, row, whole) for name in names}})
+    return done
 
 
 # The keyword filters of ``select`` (and of every Profile table method).

@@ -16,7 +16,7 @@ from ..record.fields import FIELDS, canonical
 from ..record.records import ModuleRecord, preorder, tree_rows
 from . import export
 from .html import html_table, notebook_style, to_html
-from .rows import AGGREGATE_COLUMNS, aggregate_by_type, is_number, record_rows, with_fields
+from .rows import AGGREGATE_COLUMNS, aggregate_by_type, is_number, record_rows, whole_of, with_fields
 from .units import format_counted
 
 __all__ = ["Table"]
@@ -57,7 +57,7 @@ class Table(Sequence[dict[str, Any]]):
 
     def __init__(self, rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None,
                  step_ms: float | None = None, page_lead: Sequence[str] | None = None,
-                 like: Table | None = None) -> None:
+                 like: Table | None = None, records: Sequence[ModuleRecord] | None = None) -> None:
         self.rows: list[dict[str, Any]] = _checked_rows(rows)
         if columns is not None:
             columns = _checked_columns(columns)
@@ -70,7 +70,9 @@ class Table(Sequence[dict[str, Any]]):
         self._like = like
         # The records the rows are of, where known: a field asked for by name and not in the rows is computed
         # from them (a share of the model, a roofline figure), else from the row itself.
-        self._records: list[ModuleRecord] | None = None
+        self._records: list[ModuleRecord] | None = None if records is None else list(records)
+        if self._records is not None and len(self._records) != len(self.rows):
+            raise ValueError(f"records must be one per row: {len(self._records)} for {len(self.rows)} rows")
         self.columns: list[str] = (
             list(columns) if columns is not None else export.display_columns(self._template().human_rows())
         )
@@ -84,7 +86,8 @@ class Table(Sequence[dict[str, Any]]):
         """The canonical rows of ``records``, with shares of the step of ``root``; with no records, the columns of
         every record under ``root``."""
         chosen = list(records)
-        step_ms = root.total_ms if root.total_ms else 0.0
+        # (a root never called itself: its top-level modules' sum, as the summary's total)
+        step_ms = FIELDS["total_ms"].value(whole_of(root)) or 0.0
         like = None if chosen else cls(tree_rows(root), step_ms=step_ms)
         table = cls(record_rows(chosen), step_ms=step_ms, like=like)
         table._records = chosen
