@@ -6,10 +6,16 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-__all__ = ["children", "iter_tensors", "iter_tensor_paths", "first_tensor", "loss_of"]
+__all__ = ["children", "iter_tensors", "iter_tensor_paths", "first_tensor", "loss_of", "is_lazy"]
 
 _MAX_DEPTH = 16
 _LEAVES = (str, bytes, int, float, bool, type(None))
+
+
+def is_lazy(tensor: Any) -> bool:
+    """Whether ``tensor`` is a lazy module's parameter or buffer not made yet (``nn.LazyLinear`` before its first
+    call): it has no storage, version or dtype to read."""
+    return isinstance(tensor, torch.nn.parameter.UninitializedTensorMixin)
 
 
 def children(obj: Any) -> Iterable[tuple[Any, Any]] | None:

@@ -337,6 +337,18 @@ def _staged(folder: Path, name: str, text: str) -> tuple[Path, Path]:
     return temporary, folder / name
 
 
+def _refusing(found: Any, refused: list[Path]) -> Any:
+    """``move_into_place`` that refuses to put ``c.txt`` in place (noting it in ``refused``), and hands every other
+    file to ``found``."""
+    def refuses(temporary: Path, target: Path) -> None:
+        if target.name == "c.txt":
+            refused.append(target)
+            raise PermissionError(1, "Operation not permitted")
+        found(temporary, target)
+
+    return refuses
+
+
 def test_moving_files_into_place_all_or_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import layerprof._files as files_module
     from layerprof._files import MoveError, move_all_into_place
@@ -348,15 +360,7 @@ def test_moving_files_into_place_all_or_none(tmp_path: Path, monkeypatch: pytest
     assert (tmp_path / "a.txt").read_text() == "new a" and (tmp_path / "b.txt").read_text() == "new b"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt"]  # (no kept link, no temporary)
 
-    found = files_module.move_into_place
-    refused: list[Path] = []
-
-    def refuses(temporary: Path, target: Path) -> None:
-        if target.name == "c.txt":
-            refused.append(target)
-            raise PermissionError(1, "Operation not permitted")
-        found(temporary, target)
-
+    refuses = _refusing(files_module.move_into_place, [])
     monkeypatch.setattr(files_module, "move_into_place", refuses)
     pairs = [staged("a.txt", "newer a"), staged("new.txt", "made"), staged("c.txt", "c")]
     with pytest.raises(MoveError) as caught:
@@ -391,14 +395,8 @@ def test_an_undo_that_fails_keeps_the_old_file_and_says_where(tmp_path: Path, mo
     staged = functools.partial(_staged, tmp_path)
 
     found_move, found_replace = files_module.move_into_place, os.replace
-
     refused: list[Path] = []
-
-    def refuses(temporary: Path, target: Path) -> None:
-        if target.name == "c.txt":
-            refused.append(target)
-            raise PermissionError(1, "Operation not permitted")
-        found_move(temporary, target)
+    refuses = _refusing(found_move, refused)
 
     def no_undo(source: Any, target: Any) -> None:
         if refused:  # (the undo, after c.txt was refused: a.txt's kept copy cannot go back)

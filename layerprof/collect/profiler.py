@@ -741,6 +741,13 @@ class LayerProf:
         if self._replaced:
             self._drop_replaced()
 
+    def _own_names(self) -> dict[int, str]:
+        """The block's names by module id, to change: a copy of the plan's where the block still reads those (the
+        plan's stay those of its modules)."""
+        if self._plan is not None and self._names is self._plan.names:
+            self._names = dict(self._names)
+        return self._names
+
     def _drop_replaced(self) -> None:
         """Forget the modules that left the model during the step, replaced by modules registered in their place
         (a new head each step): kept, each stayed alive with its parameters for the whole block and took hooks at
@@ -753,10 +760,9 @@ class LayerProf:
         self._entries = [(name, module) for name, module in self._entries if id(module) in present]
         self._entry_modules = list(map(_second, self._entries))
         self._built = -1  # (never the plan's modules again in this block)
-        if self._plan is not None and self._names is self._plan.names:
-            self._names = dict(self._names)
+        names = self._own_names()
         for module in gone:
-            self._names.pop(id(module), None)
+            names.pop(id(module), None)
         if self._tracker is not None:
             self._tracker.forget(gone)
 
@@ -797,9 +803,7 @@ class LayerProf:
                 holder = records[qualified.rsplit(".", 1)[0] if "." in qualified else ""]
                 records[qualified] = ModuleRecord(qualified, type(module).__name__, module.extra_repr(), holder)
             self._tracker.drop_copied_hooks(module)  # a copy of a profiled module (deepcopy inside the block)
-            if self._plan is not None and self._names is self._plan.names:
-                self._names = dict(self._names)  # the plan's stay those of its modules
-            self._names[id(module)] = qualified
+            self._own_names()[id(module)] = qualified
             self._entries.append((qualified, module))
             added.append((qualified, module))
         if added:
@@ -906,19 +910,18 @@ class LayerProf:
                 meta[meter.name] = extra
         other_shapes = meta.get("shapes", {}).get("steps_with_other_shapes")
         counted = [m.name for m in meters if m.distorts_timing]
-        if (counted and self._counted_shapes is not None and self._stats.steps and "shapes" not in meta
+        changed = f"the steps' inputs changed shape ({other_shapes} step(s) other than the first's)" if (
+            other_shapes) else None
+        if (changed is None and counted and self._counted_shapes is not None and self._stats.steps
                 and not measures(self.metrics, "shapes")
                 and _other_shapes_later(self._counted_shapes, tracker.example)):
-            other_shapes = -1  # (told by the model's inputs, without the shapes meter)
-        if other_shapes and counted:
-            changed = ("the model's inputs changed shape after the counted step" if other_shapes == -1 else
-                       f"the steps' inputs changed shape ({other_shapes} step(s) other than the first's)")
+            changed = "the model's inputs changed shape after the counted step"  # (told by the root's inputs)
+        if changed is not None and counted:
             _warn_user(
-                f"{changed}, and metrics "
-                f"{counted} count one step: their figures (FLOPs, bytes, saved bytes) are of that step's shapes, "
-                "while the times are over every timed step, so FLOP/s, the roofline and checkpoint plans mix the "
-                "two. Profile "
-                "steps of one shape (a fixed length, or one bucket) for figures that go together."
+                f"{changed}, and metrics {counted} count one step: their figures (FLOPs, bytes, saved bytes) are of "
+                "that step's shapes, while the times are over every timed step, so FLOP/s, the roofline and "
+                "checkpoint plans mix the two. Profile steps of one shape (a fixed length, or one bucket) for "
+                "figures that go together."
             )
         if partial is not None:
             meta["partial"] = partial

@@ -35,9 +35,8 @@ from typing import Any, Sequence
 
 import torch
 from torch import nn
-from torch.nn.parameter import UninitializedTensorMixin
 
-from .._tensors import iter_tensors
+from .._tensors import is_lazy, iter_tensors
 from .._torch import tensor_version
 from ..record.fields import Field, declare
 
@@ -90,7 +89,7 @@ def buffer_versions(entries: Sequence[tuple[str, nn.Module]]) -> list[tuple[str,
         for key, buffer in module._buffers.items():
             # (a lazy module's buffer not made yet, LazyBatchNorm's before its first call: nothing to read; it is
             # made, not updated, by that call)
-            if buffer is not None and not isinstance(buffer, UninitializedTensorMixin) and not buffer.is_inference():
+            if buffer is not None and not is_lazy(buffer) and not buffer.is_inference():
                 found.append((name, module, key, buffer, tensor_version(buffer)))
     return found
 

@@ -47,7 +47,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointError
 
-from .._tensors import iter_tensors
+from .._tensors import is_lazy, iter_tensors
 from .._torch import StorageWeakRef, outer_saved_tensors_hooks, storage_key, tensor_version
 from ..record.adoption import adopters
 from ..record.fields import Field, declare
@@ -208,15 +208,11 @@ def _storage(tensor: torch.Tensor) -> Any:
         return None
 
 
-def _lazy(tensor: torch.Tensor) -> bool:
-    return isinstance(tensor, nn.parameter.UninitializedTensorMixin)
-
-
 _second = itemgetter(1)
 
 
 def _holds_lazy(module: nn.Module) -> bool:
-    return any(t is not None and _lazy(t) for table in (module._parameters, module._buffers) for t in table.values())
+    return any(t is not None and is_lazy(t) for table in (module._parameters, module._buffers) for t in table.values())
 
 
 def _with_lazy(modules: Iterable[nn.Module]) -> list[nn.Module]:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from .._derived import derived
+from .._tensors import is_lazy
 from ..record.fields import Field, declare
 from ..record.records import ModuleRecord
 from .meter import Meter, register_meter
@@ -28,17 +29,13 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
-def _is_lazy(tensor: torch.Tensor) -> bool:
-    return isinstance(tensor, nn.parameter.UninitializedTensorMixin)
-
-
 def _bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
 def _tensors(table: dict[str, Any]) -> dict[int, torch.Tensor]:
     # ``_parameters``/``_buffers`` are what ``parameters()``/``buffers()`` walk, without their generator machinery.
-    return {id(t): t for t in table.values() if t is not None and not _is_lazy(t)}
+    return {id(t): t for t in table.values() if t is not None and not is_lazy(t)}
 
 
 class _Totals:
@@ -127,9 +124,9 @@ def measure_params(entries: Sequence[tuple[str, nn.Module]]) -> dict[str, dict[s
         shared_params = 0
         counted: list[torch.Tensor] = []
         table = module._parameters if module._parameters else {}
-        one_name_each = len(mine) == sum(1 for t in table.values() if t is not None and not _is_lazy(t))
+        one_name_each = len(mine) == sum(1 for t in table.values() if t is not None and not is_lazy(t))
         for param_name, param in table.items():
-            if param is None or _is_lazy(param):
+            if param is None or is_lazy(param):
                 continue
             held_by = holders[id(param)]
             if len(held_by) == 1 and one_name_each:
@@ -186,7 +183,7 @@ def module_params(module: nn.Module) -> dict[str, Any]:
 
 def _measure(entries: Sequence[tuple[str, nn.Module]]) -> tuple[dict[str, dict[str, Any]], bool]:
     """The figures, and whether a parameter or buffer is lazy (then they are measured again once it has run)."""
-    lazy = any(_is_lazy(t) for _, module in entries for table in (module._parameters, module._buffers)
+    lazy = any(is_lazy(t) for _, module in entries for table in (module._parameters, module._buffers)
                for t in table.values() if t is not None)
     return measure_params(entries), lazy
 
