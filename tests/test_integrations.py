@@ -140,8 +140,11 @@ def test_lightning_prints_the_summary_once(tmp_path: Path, capfd, caplog) -> Non
 
 
 def test_lightning_ddp_on_cpu(tmp_path: Path) -> None:
-    if torch.cuda.is_initialized():  # Lightning refuses to fork then (a forked child cannot use CUDA)
-        pytest.skip("ddp_fork after this process initialized CUDA (an earlier test here ran on the GPU)")
+    if torch.cuda.is_available():
+        # Lightning refuses to fork once this process initialized CUDA, and where none did yet its forked ranks
+        # still take the CUDA RNG states (isolate_rng), which failed on an H100 machine: "Cannot re-initialize CUDA
+        # in forked subprocess" (2026-11-27). ddp_fork on the CPU is for machines without a GPU.
+        pytest.skip("ddp_fork on the CPU, on a machine with a GPU: Lightning's forked ranks initialize CUDA")
     pl, module = _lightning_module()
     from layerprof.integrations.lightning import LayerProfProfiler
 
