@@ -1,6 +1,7 @@
 """Overhead, accuracy and checkpoint plans of layerprof on a CUDA GPU (CUDA events, one synchronize per step).
 
-    python benchmarks/gpu.py [--repeats 20] [--models resnet50,bert,deep] [--plan-repeats 10]
+    python benchmarks/gpu.py [--repeats 20] [--models resnet50,bert,deep] [--plan-repeats 10] [--overhead-only |
+        --plans-only]
 
 Models: torchvision resnet50 at batch 32 (224x224), BERT-base (12 layers, hidden 768) at batch 8, sequence 128,
 built from its config (no download), and a deep stack of 1,501 small modules (launch-bound: the cost per module).
@@ -28,13 +29,14 @@ Needs a CUDA device; exits with a message (status 2) where there is none.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import statistics
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -198,9 +200,32 @@ def _wrapped_step(model: nn.Module, loss_fn: Callable[[], torch.Tensor], wrapper
     return time.perf_counter() - start
 
 
-def plan(name: str, repeats: int) -> None:
+@contextlib.contextmanager
+def events_price(prof: Any) -> Iterator[None]:
+    """Plans made inside price recomputations as layerprof did before 2026-11-27 (session 26): each module's
+    forward by the CUDA events, nothing taken off for the hooks (the host's forward times and the hooks' figure
+    put aside, and put back after)."""
+    hosts = {name: record.__dict__.pop("host_forward_ms", None) for name, record in prof.records.items()}
+    meta = prof.profile.meta
+    before = meta.get("hook_ms")
+    meta["hook_ms"] = 0.0
+    try:
+        yield
+    finally:
+        for name, value in hosts.items():
+            if value is not None:
+                prof.records[name].host_forward_ms = value
+        if before is None:
+            meta.pop("hook_ms", None)
+        else:
+            meta["hook_ms"] = before
+
+
+def plan(name: str, repeats: int, both_prices: bool = False) -> None:
     """Checkpoint plans at 25, 50 and 75 % of the saved bytes, applied and verified: saved bytes predicted and
-    measured, max_memory_allocated before and after, extra step time predicted and measured (medians)."""
+    measured, max_memory_allocated before and after, extra step time predicted and measured (medians).
+    ``both_prices``: each budget's plan made again as before session 26 (``events_price``) and measured too, in
+    the same run."""
     import warnings
 
     from layerprof import verify_plan
@@ -219,8 +244,14 @@ def plan(name: str, repeats: int) -> None:
             for _ in range(6):
                 step()
                 prof.step()
+    prof.checkpoint_plan(0.5, allow_side_effects=True)  # the hooks' figure measured first (meta["hook_ms"])
+    made = []
     for budget in (0.75, 0.5, 0.25):
-        checkpoint_plan = prof.checkpoint_plan(budget, allow_side_effects=True)
+        made.append((budget, "", prof.checkpoint_plan(budget, allow_side_effects=True)))
+        if both_prices:
+            with events_price(prof):
+                made.append((budget, " (events' price)", prof.checkpoint_plan(budget, allow_side_effects=True)))
+    for budget, label, checkpoint_plan in made:
         result = verify_plan(checkpoint_plan, model, step, repeats=1)
 
         def planned(checkpoint_plan: Any = checkpoint_plan) -> None:
@@ -237,7 +268,7 @@ def plan(name: str, repeats: int) -> None:
         verdict = "within" if within(checkpoint_plan.extra_ms, pairs.median) else "outside"
         peak = result.cuda_peak_bytes or (0, 0)
         drop = (prof.tree.saved_bytes - (checkpoint_plan.saved_peak_bytes or 0)) / 2**20
-        print(f"{name} plan {budget:.0%}: {len(checkpoint_plan.modules)} wrapped; saved "
+        print(f"{name} plan {budget:.0%}{label}: {len(checkpoint_plan.modules)} wrapped; saved "
               f"{prof.tree.saved_bytes / 2**20:.1f} -> {checkpoint_plan.saved_bytes_after / 2**20:.1f} MiB predicted, "
               f"{result.measured_saved_bytes / 2**20:.1f} measured; CUDA peak {peak[0] / 2**20:.1f} -> "
               f"{peak[1] / 2**20:.1f} MiB: {(peak[0] - peak[1]) / 2**20:.1f} less, {drop:.1f} predicted (saved bytes "
@@ -251,7 +282,8 @@ def plan(name: str, repeats: int) -> None:
         # or the rest of the extra (the wrappers' set-up, packing and unpacking, priced by wrap_cost on the host).
         forwards = sum(predicted for predicted, _ in result.recompute_ms.values())
         rerun = sum(measured for _, measured in result.recompute_ms.values())
-        print(f"{name} plan {budget:.0%} split: recomputations {forwards:.2f} ms predicted, {rerun:.2f} measured; "
+        print(f"{name} plan {budget:.0%}{label} split: recomputations {forwards:.2f} ms predicted, {rerun:.2f} "
+              "measured; "
               f"the rest {checkpoint_plan.extra_ms - forwards:.2f} ms predicted, {pairs.median - rerun:.2f} measured",
               flush=True)
 
@@ -310,6 +342,9 @@ def main() -> None:
                              "elapsed GPU time is not kernel time; on an H100 BERT at 4 still was: 89 ms elapsed "
                              "against 55 ms of kernels, its shares 9-11 points from torch.profiler's)")
     parser.add_argument("--overhead-only", action="store_true", help="skip the accuracy check and the plans")
+    parser.add_argument("--plans-only", action="store_true", help="the checkpoint plans alone")
+    parser.add_argument("--both-prices", action="store_true",
+                        help="each plan also made and measured as priced before session 26 (by the events alone)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("benchmarks/gpu.py needs a CUDA device; none is available here (torch "
@@ -318,10 +353,13 @@ def main() -> None:
     torch.backends.cudnn.benchmark = True
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     for name in args.models.split(","):
+        if args.plans_only:
+            plan(name, args.plan_repeats, args.both_prices)
+            continue
         overhead(name, args.repeats)
         if name != "deep" and not args.overhead_only:
             accuracy(name, args.steps, args.accuracy_scale or ACCURACY_SCALES[name])
-            plan(name, args.plan_repeats)
+            plan(name, args.plan_repeats, args.both_prices)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ stage "command line"
     --depth 1 --checkpoint-budget 50% --allow-side-effects; echo "cli: rc $?"; } > "$out/cli.log" 2>&1
 tail -5 "$out/cli.log"
 stage "gpu.py"
-timeout "$(cap 170)" python3 benchmarks/gpu.py --repeats 15 2>&1 | grep -v USDT | tee "$out/gpu.log"
+timeout "$(cap 230)" python3 benchmarks/gpu.py --repeats 15 --both-prices 2>&1 | grep -v USDT | tee "$out/gpu.log"
 stage "checkpoint_peak.py (saved budgets)"
 timeout "$(cap 90)" python3 benchmarks/checkpoint_peak.py --device cuda --models bert-base,gpt2,resnet50 2>&1 \
     | grep -v USDT | tee "$out/peak_saved.log"

@@ -1,9 +1,10 @@
 """Where a checkpoint plan's recompute time comes from on CUDA (about 1.5 minutes on an H100): for the modules of
 the plans at 50 and 25 % of ResNet-50's and BERT-base's saved bytes (``benchmarks/gpu.py``'s sizes), each
 wrapped module's recomputation as measured by ``verify_plan`` (wall time between synchronizes around it in a
-plain step), against three predictions: the profiled forward by CUDA events (what the planner takes on CUDA, no
-hooks taken off), the same by the host's wall clock (a profile with the CPU clock in the events' place), and that
-less the profiler's hooks (``hook_ms`` per module call inside, what the planner takes off on the CPU clock).
+plain step), against the plan's price (``less_hooks``: from the events, the host's time beside them and the hooks
+measured on the GPU), the profiled forward by CUDA events, the host's time in that profile (``host_forward_ms``),
+the forward by the host's wall clock (a profile with the CPU clock in the events' place), and that less the hooks
+as the CPU measures them (``hook_ms`` per module call inside, without the events' stamps).
 
     python benchmarks/gpu_recompute.py [--models resnet50,bert] [--budgets 0.5,0.25]
 
@@ -61,13 +62,18 @@ def profile(model: torch.nn.Module, step: Any, wall: bool) -> Any:
     return prof
 
 
-def part(found: dict[str, Any], name: str) -> float:
-    """A candidate's recompute time; for a run ``parent[first:stop]`` of a Sequential's children, theirs summed."""
+def part(found: dict[str, Any], name: str, read: Any = lambda c: c.recompute_ms) -> float:
+    """``read`` of a module's entry in ``found`` (a candidate's recompute time by default); for a run
+    ``parent[first:stop]`` of a Sequential's children, theirs summed."""
     if name in found:
-        return float(found[name].recompute_ms)
+        return float(read(found[name]) or 0.0)
     parent, first, stop = re.fullmatch(r"(.*)\[(\d+):(\d+)\]", name).groups()  # type: ignore[union-attr]
     prefix = f"{parent}." if parent else ""
-    return sum(float(found[f"{prefix}{i}"].recompute_ms) for i in range(int(first), int(stop)))
+    return sum(float(read(found[f"{prefix}{i}"]) or 0.0) for i in range(int(first), int(stop)))
+
+
+def host_ms(record: Any) -> float:
+    return float(getattr(record, "host_forward_ms", None) or 0.0)  # (None on the CPU clock)
 
 
 def run(name: str, device: str, budgets: list[float]) -> None:
@@ -80,23 +86,27 @@ def run(name: str, device: str, budgets: list[float]) -> None:
     for _ in range(3):
         step()
     events, wall = profile(model, step, False), profile(model, step, True)
-    hook_ms = hook_cost(LayerProf, ("shapes",))
-    by_wall = {c.name: c for c in candidates(wall.tree, True, None, hook_ms)}
+    cpu_hook_ms = hook_cost(LayerProf, ("shapes",))
+    by_wall = {c.name: c for c in candidates(wall.tree, True, None, cpu_hook_ms)}
     bare = {c.name: c for c in candidates(wall.tree, True, None, 0.0)}
     root_e, root_w = events.tree, wall.tree
+    plans = [events.checkpoint_plan(budget, allow_side_effects=True, wrap_cost=None) for budget in budgets]
     print(f"{name}: clocks {events.meta['clock']} / {wall.meta['clock']}; root forward {root_e.forward_ms:.2f} ms "
-          f"(events) / {root_w.forward_ms:.2f} (wall); hook_ms {hook_ms * 1e3:.1f} µs a module call", flush=True)
-    for budget in budgets:
-        plan = events.checkpoint_plan(budget, allow_side_effects=True, wrap_cost=None)
+          f"(events; host {host_ms(root_e):.2f}) / {root_w.forward_ms:.2f} (wall); hook_ms "
+          f"{cpu_hook_ms * 1e3:.1f} µs a module call (CPU), {plans[0].hook_ms * 1e3:.1f} as the plan took it",
+          flush=True)
+    for budget, plan in zip(budgets, plans):
         result = verify_plan(plan, model, step, repeats=3)
-        totals = [0.0] * 4
-        print(f"{name} {budget:.0%}: module | measured | events | wall | wall less hooks (ms)")
+        totals = [0.0] * 6
+        print(f"{name} {budget:.0%}: module | measured | priced | events | host (events' profile) | wall | "
+              "wall less CPU hooks (ms)")
         for chosen in plan.chosen:
             measured = result.recompute_ms[chosen.name][1]
-            row = [measured, chosen.recompute_ms, part(bare, chosen.name), part(by_wall, chosen.name)]
+            row = [measured, chosen.recompute_ms, part(events.records, chosen.name, lambda r: r.forward_ms_median),
+                   part(events.records, chosen.name, host_ms), part(bare, chosen.name), part(by_wall, chosen.name)]
             totals = [t + r for t, r in zip(totals, row)]
             print(f"  {chosen.name} | " + " | ".join(f"{value:.2f}" for value in row), flush=True)
-        print(f"  total | " + " | ".join(f"{value:.2f}" for value in totals), flush=True)
+        print("  total | " + " | ".join(f"{value:.2f}" for value in totals), flush=True)
 
 
 def main() -> None:

@@ -474,9 +474,12 @@ class Profile:
         the plan is chosen on every wrapper priced cold, and its figures then price each wrapped call by the other
         work between it and the last wrapped call (``cold_extra_ms`` keeps the cold figure). A
         recomputation is priced as the profiled forward less the profiler's own hooks inside it
-        (``meta["hook_ms"]`` per module call on the CPU wall clock: measured on this host when the profile is
+        (``meta["hook_ms"]`` per module call: measured on this host when the profile is
         first planned or saved, about 0.4 s once per process, and kept in the profile, so a saved profile plans
-        with the figure of the host that profiled it). On a profile of one step with ``metrics=("live_memory",)``
+        with the figure of the host that profiled it). On CUDA events the forward is the GPU's time, which holds
+        the hooks only where the GPU waited on the host: the price is then read from the host's time of the
+        forward beside it (``host_forward_ms``), less the hooks, as far as the events do not exceed it
+        (``layerprof.plan.candidates.less_hooks``). On a profile of one step with ``metrics=("live_memory",)``
         (the live-bytes reader on in the timed step, ``meta["timing_distorted_by"]``) the reader's time comes off
         too: ``live_forward_ops`` (the ops it saw in the module's forward) x ``meta["live_op_ms"]`` (its time per op,
         measured on this host when the profile is first planned or saved, ``layerprof.collect.live_op_cost``). A

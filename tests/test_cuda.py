@@ -321,3 +321,26 @@ def test_a_saved_cuda_profile_holds_the_gpus_roofs_and_gates_against_a_second_ru
     capsys.readouterr()
     assert main(["compare", str(paths[0]), str(paths[1]), "--fail-if-slower", "50"]) in (0, 1)
     assert "measured otherwise" not in capsys.readouterr().err.lower()
+
+
+def test_the_records_hold_the_hosts_forward_beside_the_events_and_plans_price_from_both(cuda: torch.device) -> None:
+    """Every CUDA-timed forward has the host's time beside the events' (``host_forward_ms``); a plan's first read
+    measures the hooks' host cost on the GPU (``meta["hook_ms"]``) and prices each module from the two
+    (``less_hooks``): never above the events' time, and no more below it than the hooks inside."""
+    from layerprof.plan.candidates import candidates
+
+    model, step = _built("resnet50", cuda)
+    step()
+    with LayerProf(model, metrics=("memory", "shapes"), warmup=1) as prof:
+        for _ in range(3):
+            step()
+            prof.step()
+    timed = [record for record in prof.records.values() if record.calls]
+    assert timed and all(record.host_forward_ms is not None and record.host_forward_ms > 0 for record in timed)
+    plan = prof.checkpoint_plan(0.5)
+    hook_ms = prof.profile.meta["hook_ms"]
+    assert plan.hook_ms == hook_ms and 0.0 < hook_ms < 1.0, hook_ms  # ms a module call
+    bare = {c.name: c for c in candidates(prof.tree, hook_ms=0.0)}
+    for chosen in candidates(prof.tree, hook_ms=hook_ms):
+        if chosen.excluded is None and chosen.recompute_ms:
+            assert chosen.recompute_ms <= bare[chosen.name].recompute_ms + 1e-9

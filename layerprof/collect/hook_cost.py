@@ -17,7 +17,9 @@ burst over half of either side's steps moved their medians' difference (3.0-3.8x
 steps, to 0 over the bare ones, in experiments that slowed five steps' Linear calls). The first two steps of each
 side are left out (cold). In a tight loop of modules the same hooks cost a third of it, as the wrapper does
 (``wrap_cost.py``). On a GPU the module times are device times, which the host's
-hooks do not lengthen as long as the host runs ahead: the planner subtracts it only on the CPU wall clock.
+hooks do not lengthen as long as the host runs ahead: there the figure is measured on the GPU, against the host's
+time of each forward that the records hold beside the events' (``host_forward_ms``), and the planner takes it off
+that (``plan/candidates.py``, ``less_hooks``).
 """
 from __future__ import annotations
 
@@ -38,8 +40,10 @@ _STEPS = 9  # profiled and bare steps
 _DROPPED = 2  # the first steps of each, cold
 
 
-def _bare_block_ms(stack: torch.nn.Module, blocks: list[torch.nn.Module], x: torch.Tensor) -> list[float]:
-    """Each block's least forward wall time over plain training steps, timed by hooks on the blocks alone."""
+def _bare_block_ms(stack: torch.nn.Module, blocks: list[torch.nn.Module], x: torch.Tensor,
+                   statistic: Callable[[list[float]], float] = min) -> list[float]:
+    """Each block's least forward wall time over plain training steps (or another ``statistic`` of them), timed by
+    hooks on the blocks alone."""
     times: list[list[float]] = [[] for _ in blocks]
     started = [0] * len(blocks)
 
@@ -61,23 +65,29 @@ def _bare_block_ms(stack: torch.nn.Module, blocks: list[torch.nn.Module], x: tor
     finally:
         for handle in handles:
             handle.remove()
-    return [min(found[_DROPPED:]) for found in times]
+    return [statistic(found[_DROPPED:]) for found in times]
 
 
-def hook_cost(profiler: Callable[..., Any], metrics: tuple[str, ...] = ()) -> float:
+def hook_cost(profiler: Callable[..., Any], metrics: tuple[str, ...] = (), device: str = "cpu") -> float:
     """Milliseconds that the hooks of ``profiler`` (LayerProf, which calls this as its profile is made) on one
     module call add to the profiled forward of the modules around it, on the CPU wall clock, with the meters
     ``metrics`` that run in every timed step (the memory meter counts in a step of its own and adds nothing);
-    measured once per process and meter set, on one thread (``layerprof._threads``; cached)."""
-    key = tuple(sorted(metrics))
-    return calibrated(_CACHE, key, lambda: _measure(profiler, key))
+    measured once per process, device and meter set, on one thread (``layerprof._threads``; cached). On a CUDA
+    ``device`` the stack runs there, timed by CUDA events, and the figure is what the hooks add to the host's
+    time of the forward (``host_forward_ms``, the mean over the steps, against the bare blocks' mean): the events'
+    stamps and the per-call clock lookup are host work that the CPU's figure leaves out."""
+    key = (device, *sorted(metrics))
+    return calibrated(_CACHE, key, lambda: _measure(profiler, tuple(sorted(metrics)), device))
 
 
-def _measure(profiler: Callable[..., Any], metrics: tuple[str, ...]) -> float:
+def _measure(profiler: Callable[..., Any], metrics: tuple[str, ...], device: str = "cpu") -> float:
+    on_cuda = torch.device(device).type == "cuda"
     # Seeded: leave the caller's RNG as it was; a step with backward even where the caller's grad is off.
-    with torch.random.fork_rng(devices=[]), torch.enable_grad():
+    with torch.random.fork_rng(devices=[torch.device(device)] if on_cuda else []), torch.enable_grad():
         stack, blocks, x = calibration_stack(LARGE)
-        bare = _bare_block_ms(stack, blocks, x)
+        if on_cuda:
+            stack, x = stack.to(device), x.detach().to(device).requires_grad_()
+        bare = _bare_block_ms(stack, blocks, x, statistics.fmean if on_cuda else min)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a calibration, not the user's profile
             with profiler(stack, metrics=metrics, warmup=_DROPPED) as prof:
@@ -85,5 +95,6 @@ def _measure(profiler: Callable[..., Any], metrics: tuple[str, ...]) -> float:
                     stack(x).sum().backward()
                     prof.step()
         records = prof.records
-        profiled = [float(records[str(2 * index)].forward_ms_min) for index in range(len(blocks))]
+        field = "host_forward_ms" if on_cuda else "forward_ms_min"
+        profiled = [float(getattr(records[str(2 * index)], field)) for index in range(len(blocks))]
     return max(0.0, statistics.median((inside - alone) / LARGE for inside, alone in zip(profiled, bare)))

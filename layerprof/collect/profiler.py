@@ -963,11 +963,15 @@ class LayerProf:
             # The records are in tree order unless modules joined while profiling (then the tree is walked again).
             in_order = len(self._records) == self._built
             self._profile = Profile(self._tree, meta, self._records if in_order else None)
-        if meta["clock"] == ["wall"] and measures(self.metrics, "memory"):
+        events = [index for index, clock in tracker.cuda_clocks.items() if _kind(clock) == "cuda_event"]
+        on_events = bool(events) and "cuda_sync" not in meta["clock"]
+        if (meta["clock"] == ["wall"] or on_events) and measures(self.metrics, "memory"):
             # A profile to plan checkpoints on: what the hooks add to each ancestor's forward, which a
-            # recomputation does not pay (the planner takes it off), measured by its first plan.
+            # recomputation does not pay (the planner takes it off), measured by its first plan. Where CUDA events
+            # timed the modules, what they add to the host's time of each forward (``host_forward_ms``).
             shapes = tuple(m.name for m in self.metrics if m.name == "shapes")
-            later_figures = {"hook_ms": functools.partial(hook_cost, LayerProf, shapes)}
+            device = f"cuda:{events[0]}" if on_events else "cpu"
+            later_figures = {"hook_ms": functools.partial(hook_cost, LayerProf, shapes, device)}
             if "live_memory" in meta.get("timing_distorted_by", ()):
                 # The live-bytes reader ran in the one timed step: its time per op, taken off recomputations with
                 # each module's op count (live_op_cost.py), measured as hook_ms is (about 0.1 s once a process).

@@ -117,7 +117,7 @@ class _Pass:
 
 
 class _Module:
-    __slots__ = ("calls", "steps_run", "forward", "backward", "sums", "last_times", "last_step")
+    __slots__ = ("calls", "steps_run", "forward", "backward", "sums", "last_times", "last_step", "host")
 
     def __init__(self, filled: int) -> None:
         self.calls = 0
@@ -125,6 +125,7 @@ class _Module:
         self.forward = _Pass(filled)
         self.backward = _Pass(filled)
         self.sums = [0.0, 0.0, 0.0]  # _MEAN_ONLY, in order
+        self.host: float | None = None  # the host's forward time summed over steps, where CUDA events timed it
         self.last_times: StepTimes | None = None  # its call timings are built only for the last step
         self.last_step = 0
 
@@ -238,6 +239,8 @@ class StepStats:
                 sums[1] += times.self_backward_ms
             if times.recompute_ms is not None:
                 sums[2] += times.recompute_ms
+            if times.host_forward_ms is not None:
+                module.host = (module.host or 0.0) + times.host_forward_ms
         if slot is not None:
             if len(step) < len(modules):
                 for module in modules.values():
@@ -281,6 +284,8 @@ class StepStats:
                         record.recompute_ms = total / steps
                 elif values.runs:
                     setattr(record, field, total / steps)
+            if module.host is not None:
+                record.host_forward_ms = module.host / steps
 
     def step_totals(self) -> dict[str, list[float] | None]:
         """The model's forward and backward time in each recorded step (of the reservoir's steps, the same ones
@@ -329,6 +334,8 @@ class StepStats:
                 own["forward_ms"] = own[forward_median] = own[forward_min] = own[forward_max] = forward
                 own[forward_p95] = forward
                 own[forward_std] = 0.0
+                if times.host_forward_ms is not None:
+                    own["host_forward_ms"] = times.host_forward_ms
             if backward is not None:
                 own["backward_ms"] = own[backward_median] = own[backward_min] = own[backward_max] = backward
                 own[backward_p95] = backward

@@ -55,14 +55,14 @@ class RootStep:
         state.bounds.append(seq)
         state.owners.append(call)
         self.call = call
-        call.fwd_start = clock.now()
+        call.fwd_start = _stamp(clock)
 
     def forward_ends(self, failed: bool) -> None:
         """The training step has returned its loss (or raised: ``failed``, and the call does not count)."""
         call = self.call
         if call is None or call.fwd_end is not None or not self.tracker.active:
             return
-        end = call.clock.now()
+        end = _stamp(call.clock)
         state = self.tracker._thread()
         stack = state.stack
         if call in stack:  # calls left open inside it by an exception close with it

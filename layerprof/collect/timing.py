@@ -36,7 +36,7 @@ class StepTimes:
     ``CallTiming`` fields as a tuple, in call order (a record makes its ``call_times`` from them when read)."""
 
     __slots__ = ("calls", "forward_ms", "backward_ms", "self_forward_ms", "self_backward_ms", "recompute_ms",
-                 "timings")
+                 "timings", "host_forward_ms")
 
     def __init__(self, calls: int = 0, forward_ms: float | None = None, backward_ms: float | None = None,
                  self_forward_ms: float | None = None, self_backward_ms: float | None = None,
@@ -48,6 +48,8 @@ class StepTimes:
         self.self_backward_ms = self_backward_ms
         self.recompute_ms: float | None = None
         self.timings: list[tuple[Any, ...]] = [] if timings is None else timings  # CallTiming's fields, in order
+        # The host's wall time of the counted forward calls, where CUDA events timed them (else None).
+        self.host_forward_ms: float | None = None
 
     @property
     def call_times(self) -> list[CallTiming]:
@@ -192,6 +194,7 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
     children_forward: dict[CallTrace, float] = {}
     children_backward: dict[CallTrace, float] = {}
     timings: list[tuple[Any, ...] | None] = [None] * len(calls)  # CallTiming's fields, None: not counted
+    hosts: dict[int, float] | None = None  # by call index, the host's forward ms of calls timed by CUDA events
     for index in range(len(calls) - 1, -1, -1):
         call = calls[index]
         parent = call.parent
@@ -205,8 +208,11 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
             clock = call.clock
             if type(start) is int:  # wall clocks: nanoseconds, read without a method call per stamp
                 forward_start, forward_ms = (start - clock.origin) / 1e6, (end - start) / 1e6
-            else:
-                forward_start, forward_ms = clock.offset_ms(start), clock.ms(start, end)
+            else:  # CUDA events, with the host's nanoseconds beside them (tracker.py)
+                forward_start, forward_ms = clock.offset_ms(start[1]), clock.ms(start[1], end[1])
+                if hosts is None:
+                    hosts = {}
+                hosts[index] = (end[0] - start[0]) / 1e6
             backward_start_ms: float | None
             backward_ms: float | None
             b_start, b_end = call.bwd_start, call.bwd_end
@@ -259,7 +265,7 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
     result: dict[str, StepTimes] = {}
     uncalled: list[tuple[CallTrace, tuple[Any, ...]]] = []  # calls not made by their tree parent, with timings
     known_prefix = PREFIXES.get
-    for call, timing in zip(calls, timings):
+    for index, (call, timing) in enumerate(zip(calls, timings)):
         if timing is None:
             continue
         name = call.name
@@ -271,8 +277,11 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
         if times is None:
             if not recompute and not recursive:  # the common case, a module's first call: its values as they are
                 own = None if backward_ms is None else backward_ms - children_backward.get(call, 0.0)
-                result[name] = StepTimes(1, forward_ms, backward_ms, forward_ms - children_forward.get(call, 0.0),
-                                         None if own is None else own if own > _LEFTOVER_MS else 0.0, [timing])
+                times = result[name] = StepTimes(1, forward_ms, backward_ms,
+                                                 forward_ms - children_forward.get(call, 0.0),
+                                                 None if own is None else own if own > _LEFTOVER_MS else 0.0, [timing])
+                if hosts is not None and index in hosts:
+                    times.host_forward_ms = hosts[index]
                 continue
             times = result[name] = StepTimes()
         times.timings.append(timing)
@@ -283,6 +292,8 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
             times.calls += 1
             if not recursive:
                 times.forward_ms = (times.forward_ms or 0.0) + forward_ms
+                if hosts is not None and index in hosts:
+                    times.host_forward_ms = (times.host_forward_ms or 0.0) + hosts[index]
             own = forward_ms - children_forward.get(call, 0.0)
             times.self_forward_ms = (times.self_forward_ms or 0.0) + own
         if backward_ms is not None:

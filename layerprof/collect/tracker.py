@@ -705,7 +705,10 @@ class Tracker:
             call.seq_start = seq = next_seq()
             state.bounds.append(seq)
             state.owners.append(call)
-            call.fwd_start = clock.now()
+            stamp = clock.now()
+            # CUDA events carry the host time beside them: the planner prices a recomputation on a launch-bound
+            # step by what the host took (``host_forward_ms``), which the events hold only where the GPU waits.
+            call.fwd_start = stamp if type(stamp) is int else (perf_counter_ns(), stamp)
 
         # A module's own pre-hook, after the user's (a module with hooks of its own). ``kwargs`` None: torch calls
         # it without them where a hook before it in the same call took ours off (ending the block).
@@ -728,6 +731,8 @@ class Tracker:
                 return None  # the call began before profiling did
             call = stack[-1]
             end = call.clock.now()
+            if type(end) is not int:
+                end = (perf_counter_ns(), end)
             name = names.get(id(module._forward_pre_hooks))
             if name is None:
                 return None
@@ -737,6 +742,8 @@ class Tracker:
                 if call is None:
                     return None
                 end = call.clock.now()
+                if type(end) is not int:
+                    end = (perf_counter_ns(), end)
             stack.pop()
             call.fwd_end = end
             call.seq_end = seq = next_seq()

@@ -305,7 +305,9 @@ class CheckpointPlan:
     work between it and the last wrapped call), ``cold_extra_ms`` (the same with every wrapper call priced cold:
     what the knapsack minimised, additive, an upper bound of ``extra_ms``), ``wrap_cost`` (the WrapCost that
     priced the wrappers, None if not counted), ``hook_ms`` (the profiler's own time per module call taken off each
-    ancestor's recompute time, 0 where the profile's clock is not the CPU wall clock), ``feasible`` (whether the budget is met), ``least_reachable_bytes`` (the least
+    ancestor's recompute time: on the CPU wall clock from its forward, on CUDA events from the host's time of it,
+    ``candidates.less_hooks``; 0 where it was not measured, as under ``sync=True``), ``feasible`` (whether the
+    budget is met), ``least_reachable_bytes`` (the least
     saved memory any plan reaches), ``reachable_allowing_side_effects`` (where the budget is out of reach and
     allowing side effects would reach less: that least, else None), ``excluded`` (module -> why it may not be
     wrapped), ``note``, ``already_recomputed`` (the outermost modules the model recomputes in backward itself,

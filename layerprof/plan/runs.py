@@ -22,8 +22,8 @@ from typing import Any, Sequence
 
 from ..metrics.checkpoint_bytes import freed_by_runs
 from ..record.records import ModuleRecord
-from .candidates import (Candidate, Priced, _forward_ms, _saved_tensors, grad_share, reader_ops, skipped_tail_ms,
-                         tail_of)
+from .candidates import (Candidate, Priced, _forward_ms, _saved_tensors, grad_share, less_hooks, reader_ops,
+                         skipped_tail_ms, tail_of)
 from .solver import ends_of
 from .wrap_cost import WrapCost
 
@@ -121,8 +121,8 @@ def run_options(records: list[ModuleRecord], found: list[Candidate], below: list
         record = records[i]
         # Each child's recompute ms and saved tensors, read once; a run's are summed over its children in their
         # order, as child by child (the same floating-point sums)
-        child_ms = [(_forward_ms(child) - hook_ms * below[index[id(child)]] - op_ms * reader_ops(child))
-                    * grad_share(child) for child in children]
+        child_ms = [(less_hooks(child, _forward_ms(child), hook_ms * below[index[id(child)]])
+                     - op_ms * reader_ops(child)) * grad_share(child) for child in children]
         child_tensors = [_saved_tensors(child) for child in children]
         starts = [index[id(child)] for child in children]
         jumps = [ends[start] for start in starts]

@@ -202,6 +202,9 @@ declare(
           doc="forward re-run during backward by activation checkpointing (inside the enclosing backward)",
           needs="it is measured where modules run under activation checkpointing: wrap some in "
                 "torch.utils.checkpoint, or apply a plan (prof.checkpoint_plan(budget).applied(model))"),
+    Field("host_forward_ms", "ms", "Host Forward", detail=True,
+          doc="the host's wall time of the forward per recorded step where CUDA events timed it (the Python and "
+              "launch side, hooks included), beside forward_ms, the GPU's elapsed time"),
     Field("steps", "count", "Steps", cost=False, detail=True, always=True, combine="max",
           doc="profiled steps the figures are over"),
     Field("steps_run", "count", "Steps Run", cost=False, detail=True, always=True, combine="max",

@@ -1,0 +1,120 @@
+"""The host's time of each forward beside the CUDA events' (``host_forward_ms``), and the checkpoint planner's
+price of a recomputation from the two (``plan/candidates.py``, ``less_hooks``). The events are the fake ones of
+``test_patterns.py`` on the CPU; a "GPU" slower than the host is an event whose elapsed time is scaled."""
+from __future__ import annotations
+
+import time
+import types
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from layerprof import LayerProf
+from layerprof.metrics.memory import MemoryMeter, MemoryReader
+from layerprof.plan.candidates import candidates, less_hooks
+
+from .invariants import check_profile
+from .test_patterns import FakeEvent, FakeEventClock, fake_events  # noqa: F401,F811 (a fixture)
+
+
+class Busy(nn.Module):
+    """Host work of ``ms`` in its forward (the Python and launch side of a module), then a Linear."""
+
+    def __init__(self, ms: float) -> None:
+        super().__init__()
+        self.ms = ms
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        end = time.perf_counter() + self.ms / 1e3
+        while time.perf_counter() < end:
+            pass
+        return torch.relu(self.fc(x))
+
+
+def _gpu_slower(monkeypatch: pytest.MonkeyPatch, factor: float) -> None:
+    """The fake events' elapsed time times ``factor``: a GPU behind the host throughout (its kernels' time)."""
+    plain = FakeEvent.elapsed_time
+    monkeypatch.setattr(FakeEvent, "elapsed_time", lambda self, end: factor * plain(self, end))
+
+
+def test_events_keep_the_hosts_time_of_each_forward_beside_them(fake_events: list[FakeEventClock],  # noqa: F811
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    _gpu_slower(monkeypatch, 3.0)
+    model = nn.Sequential(Busy(2.0), Busy(4.0))
+    with LayerProf(model) as prof:
+        model(torch.randn(8, 16)).sum().backward()
+    assert fake_events and prof.tree.steps == 1
+    check_profile(prof, model)
+    for name, ms in (("0", 2.0), ("1", 4.0)):
+        record = prof.records[name]
+        # The host's time is the busy loop's and a Linear's (a few µs); the events read three times the host's.
+        assert ms <= record.host_forward_ms < ms + 1.0, (name, record.host_forward_ms)
+        assert record.forward_ms == pytest.approx(3.0 * record.host_forward_ms, rel=0.02)
+    assert prof.tree.host_forward_ms >= prof.records["0"].host_forward_ms + prof.records["1"].host_forward_ms
+    assert prof.records["0.fc"].host_forward_ms < 1.0
+    # Saved and read back with the profile.
+    frame = prof.to_dataframe(columns=["name", "host_forward_ms"])
+    assert frame.set_index("name").loc["1", "host_forward_ms"] == pytest.approx(prof.records["1"].host_forward_ms)
+
+
+def test_the_wall_clock_records_no_host_time_of_its_own() -> None:
+    model = nn.Sequential(Busy(0.5), nn.Linear(16, 4))
+    with LayerProf(model) as prof:
+        model(torch.randn(8, 16)).sum().backward()
+    assert all(getattr(record, "host_forward_ms", None) is None for record in prof.records.values())
+
+
+def _record(events_median: float, host_mean: float, events_mean: float | None = None) -> Any:
+    return types.SimpleNamespace(forward_ms_median=events_median, host_forward_ms=host_mean,
+                                 forward_ms=events_mean if events_mean is not None else events_median)
+
+
+@pytest.mark.parametrize(("events", "host", "hooks", "expected"), [
+    (10.0, 10.0, 4.0, 6.0),   # the GPU waited on the host: the host's time less the hooks, 10 - 4
+    (9.0, 10.0, 4.0, 6.0),    # events below the host's time (the GPU had a backlog as the call began): the same
+    (20.0, 10.0, 4.0, 20.0),  # the GPU behind throughout (events >= host + hooks): its time, hooks hidden
+    (14.0, 10.0, 4.0, 14.0),  # at host + hooks exactly: the events
+    (12.0, 10.0, 4.0, 10.0),  # between: max(10 - 4, min(12, 2 * 12 - 10 - 4 = 10))
+])
+def test_a_recomputation_on_cuda_is_priced_from_the_events_and_the_hosts_time(
+        events: float, host: float, hooks: float, expected: float) -> None:
+    assert less_hooks(_record(events, host), events, hooks) == pytest.approx(expected)
+
+
+def test_the_hosts_mean_is_scaled_to_the_events_statistic_and_loses_the_same_tail() -> None:
+    # One slow step put both means 20 % above the medians: the host's mean 12 reads 10 at the events' median.
+    record = _record(events_median=10.0, host_mean=12.0, events_mean=12.0)
+    assert less_hooks(record, 10.0, 4.0) == pytest.approx(6.0)
+    # An early-stop tail of 2 ms off the events (10 -> 8) comes off the host's time too: 10 - 2 - 4.
+    assert less_hooks(record, 8.0, 4.0) == pytest.approx(4.0)
+    # And on the wall clock (no host figure), the forward less the hooks, as before.
+    assert less_hooks(types.SimpleNamespace(forward_ms=10.0, forward_ms_median=10.0), 10.0, 4.0) == 6.0
+
+
+@pytest.mark.parametrize("factor", [1.0, 4.0], ids=["host-bound", "gpu-bound"])
+def test_the_planner_takes_the_hooks_off_only_where_the_gpu_waited_on_the_host(
+        fake_events: list[FakeEventClock], monkeypatch: pytest.MonkeyPatch, factor: float) -> None:  # noqa: F811
+    _gpu_slower(monkeypatch, factor)
+    monkeypatch.setattr(MemoryMeter, "reader_factory", MemoryReader)  # no allocator to read on the fake "GPU"
+    model = nn.Sequential(*(nn.Sequential(Busy(1.0), Busy(1.0), nn.Linear(16, 16)) for _ in range(3)))
+    with LayerProf(model, metrics=("memory", "shapes")) as prof:
+        for _ in range(2):
+            model(torch.randn(8, 16, requires_grad=True)).sum().backward()
+            prof.step()
+    hooks = 0.05  # a figure per module call large enough to see (the fake events' profile measures none)
+    bare = {c.name: c for c in candidates(prof.tree, hook_ms=0.0)}
+    priced = {c.name: c for c in candidates(prof.tree, hook_ms=hooks)}
+    for name in ("0", "1", "2"):
+        inside = 5  # two Busy, their two Linears, the last Linear
+        record = prof.records[name]
+        if factor == 1.0:  # the events are the host's time: the hooks come off
+            assert bare[name].recompute_ms - priced[name].recompute_ms == pytest.approx(inside * hooks, abs=0.02)
+            assert priced[name].recompute_ms < record.forward_ms
+        else:  # the GPU took four times the host's time: the events' figure, the hooks hidden in it
+            assert priced[name].recompute_ms == pytest.approx(bare[name].recompute_ms)
+            assert priced[name].recompute_ms > 2.0 * record.host_forward_ms
+    plan = prof.checkpoint_plan(0.5, wrap_cost=None)
+    assert plan.modules and all(c.recompute_ms > 0 for c in plan.chosen)
