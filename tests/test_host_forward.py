@@ -118,3 +118,35 @@ def test_the_planner_takes_the_hooks_off_only_where_the_gpu_waited_on_the_host(
             assert priced[name].recompute_ms > 2.0 * record.host_forward_ms
     plan = prof.checkpoint_plan(0.5, wrap_cost=None)
     assert plan.modules and all(c.recompute_ms > 0 for c in plan.chosen)
+
+
+class _Inner(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.busy = Busy(1.0)
+        self.c = Busy(2.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.busy(x)
+
+
+class _Outer(nn.Module):
+    """Calls its grandchild ``b.c`` itself, after ``b``: ``b`` adopts that call's times (timing.py, ``_adopt``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.b = _Inner()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b.c(self.b(x))
+
+
+def test_an_adopted_call_brings_its_hosts_time_with_it(fake_events: list[FakeEventClock],  # noqa: F811
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    _gpu_slower(monkeypatch, 3.0)
+    model = _Outer()
+    with LayerProf(model) as prof:
+        model(torch.randn(8, 16)).sum().backward()
+    inner, grandchild = prof.records["b"], prof.records["b.c"]
+    assert grandchild.calls == 1 and inner.forward_ms > 3.0 * 2.5  # its own 1 ms and the adopted 2 ms, times 3
+    assert inner.forward_ms == pytest.approx(3.0 * inner.host_forward_ms, rel=0.02)

@@ -263,7 +263,8 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
         _merge_into_parent(call, parent, task)
 
     result: dict[str, StepTimes] = {}
-    uncalled: list[tuple[CallTrace, tuple[Any, ...]]] = []  # calls not made by their tree parent, with timings
+    # Calls not made by their tree parent, with their timings and their host forward ms (None off CUDA events).
+    uncalled: list[tuple[CallTrace, tuple[Any, ...], float | None]] = []
     known_prefix = PREFIXES.get
     for index, (call, timing) in enumerate(zip(calls, timings)):
         if timing is None:
@@ -271,7 +272,7 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
         name = call.name
         parent = call.parent
         if parent is None or parent.name != (known_prefix(name) or prefix_of(name)):
-            uncalled.append((call, timing))
+            uncalled.append((call, timing, None if hosts is None else hosts.get(index)))
         times = result.get(name)
         _, forward_ms, _, backward_ms, recompute, _, recursive = timing
         if times is None:
@@ -301,9 +302,9 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
                 times.backward_ms = (times.backward_ms or 0.0) + backward_ms
             own = backward_ms - children_backward.get(call, 0.0)
             times.self_backward_ms = (times.self_backward_ms or 0.0) + (own if own > _LEFTOVER_MS else 0.0)
-    for call, timing in uncalled:
+    for call, timing, host in uncalled:
         if _may_adopt(call, result):
-            _adopt(result, adopters(call), timing[1], timing[3])
+            _adopt(result, adopters(call), timing[1], timing[3], host)
     return result
 
 
@@ -320,14 +321,16 @@ def _may_adopt(call: CallTrace, result: dict[str, StepTimes]) -> bool:
     return False
 
 
-def _adopt(result: dict[str, StepTimes], found: tuple[str, ...], forward_ms: float, backward_ms: float | None
-           ) -> None:
+def _adopt(result: dict[str, StepTimes], found: tuple[str, ...], forward_ms: float, backward_ms: float | None,
+           host_ms: float | None = None) -> None:
     """Add an adopted call's inclusive times to those of its adopters that ran in the step (a call of their own
-    that was not a checkpoint re-run)."""
+    that was not a checkpoint re-run); ``host_ms``: its host forward time, where CUDA events timed it."""
     for name in found:
         times = result.get(name)
         if times is None or not times.calls:
             continue
         times.forward_ms = (times.forward_ms or 0.0) + forward_ms
+        if host_ms is not None and times.host_forward_ms is not None:
+            times.host_forward_ms += host_ms
         if backward_ms is not None:
             times.backward_ms = (times.backward_ms or 0.0) + backward_ms
