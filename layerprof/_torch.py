@@ -339,6 +339,13 @@ _python_functions: list[Callable[[], list[Any]]] = []
 _scripted: list[bool] = []
 
 
+def seeded_rng() -> Any:
+    """``torch.random.fork_rng`` over the CPU and every CUDA device this process initialized: a calibration seeds
+    its stacks with ``torch.manual_seed``, which reseeds every device, and leaves them all as they were."""
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    return torch.random.fork_rng(devices=devices)
+
+
 def torchscript_compiled() -> bool:
     """Whether this process has scripted or traced anything (functions and modules compiled by ``torch.jit`` go
     into its Python compilation unit), so that TorchScript code, which starts a backward pass without going through

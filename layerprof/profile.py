@@ -532,8 +532,17 @@ class Profile:
         found = self.meta.get(key)
         measure = self.measures.get(key) if found is None else None
         if measure is not None:
-            with torch.inference_mode(False):
-                found = measure()
+            try:
+                with torch.inference_mode(False):
+                    found = measure()
+            except (RuntimeError, ValueError, TypeError) as error:  # (torch's OutOfMemoryError is a RuntimeError)
+                # A calibration that cannot run here (a full GPU, a CUDA error) costs the figure, not the plan or
+                # the save: as if it was not measured, said once.
+                why = (str(error).strip().splitlines() or [""])[0]
+                warnings.warn(f"layerprof could not measure {key} on this machine ({type(error).__name__}: {why}); "
+                              "the plan takes nothing off for it, so its recompute times read high by the "
+                              "profiler's own cost", RuntimeWarning, stacklevel=3)
+                found = None
             if found is not None:
                 self.meta[key] = found
             else:  # failed: not tried again at every plan and save

@@ -31,6 +31,7 @@ from typing import Any, Callable
 import torch
 
 from .._threads import calibrated
+from .._torch import seeded_rng
 from ..plan.wrap_cost import LARGE, calibration_stack
 
 __all__ = ["hook_cost"]
@@ -83,7 +84,7 @@ def hook_cost(profiler: Callable[..., Any], metrics: tuple[str, ...] = (), devic
 def _measure(profiler: Callable[..., Any], metrics: tuple[str, ...], device: str = "cpu") -> float:
     on_cuda = torch.device(device).type == "cuda"
     # Seeded: leave the caller's RNG as it was; a step with backward even where the caller's grad is off.
-    with torch.random.fork_rng(devices=[torch.device(device)] if on_cuda else []), torch.enable_grad():
+    with seeded_rng(), torch.enable_grad():
         stack, blocks, x = calibration_stack(LARGE)
         if on_cuda:
             stack, x = stack.to(device), x.detach().to(device).requires_grad_()

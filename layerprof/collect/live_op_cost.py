@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .._threads import calibrated
+from .._torch import seeded_rng
 from ..metrics.live_bytes import LiveBytesReader
 
 __all__ = ["live_op_cost"]
@@ -70,7 +71,7 @@ def live_op_cost() -> float:
 
 
 def _measure() -> float:
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
+    with seeded_rng(), torch.no_grad():
         x, weight, bias = torch.randn(8, 32), torch.randn(32, 32), torch.randn(32)
         bare, watched = [], []
         for index in range(_ROUNDS):

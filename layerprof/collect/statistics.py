@@ -125,7 +125,7 @@ class _Module:
         self.forward = _Pass(filled)
         self.backward = _Pass(filled)
         self.sums = [0.0, 0.0, 0.0]  # _MEAN_ONLY, in order
-        self.host: float | None = None  # the host's forward time summed over steps, where CUDA events timed it
+        self.host: _Pass | None = None  # the host's forward time, where CUDA events timed it (made when first seen)
         self.last_times: StepTimes | None = None  # its call timings are built only for the last step
         self.last_step = 0
 
@@ -239,14 +239,21 @@ class StepStats:
                 sums[1] += times.self_backward_ms
             if times.recompute_ms is not None:
                 sums[2] += times.recompute_ms
-            if times.host_forward_ms is not None:
-                module.host = (module.host or 0.0) + times.host_forward_ms
+            value = times.host_forward_ms
+            if value is not None:
+                if module.host is None:  # as many samples as the module's other passes held before this step
+                    module.host = _Pass(len(module.forward.samples) - (1 if slot == -1 else 0))
+                _put(module.host, value, slot)
+            elif module.host is not None:
+                _put_zero(module.host, slot)
         if slot is not None:
             if len(step) < len(modules):
                 for module in modules.values():
                     if module.last_step != steps:
                         _put_zero(module.forward, slot)
                         _put_zero(module.backward, slot)
+                        if module.host is not None:
+                            _put_zero(module.host, slot)
             if slot < 0:
                 self._sampled += 1
 
@@ -284,8 +291,9 @@ class StepStats:
                         record.recompute_ms = total / steps
                 elif values.runs:
                     setattr(record, field, total / steps)
-            if module.host is not None:
-                record.host_forward_ms = module.host / steps
+            if module.host is not None and module.host.runs:
+                summary = module.host.summary(steps)
+                record.host_forward_ms, record.host_forward_ms_median = summary["mean"], summary["median"]
 
     def step_totals(self) -> dict[str, list[float] | None]:
         """The model's forward and backward time in each recorded step (of the reservoir's steps, the same ones
@@ -335,7 +343,7 @@ class StepStats:
                 own[forward_p95] = forward
                 own[forward_std] = 0.0
                 if times.host_forward_ms is not None:
-                    own["host_forward_ms"] = times.host_forward_ms
+                    own["host_forward_ms"] = own["host_forward_ms_median"] = times.host_forward_ms
             if backward is not None:
                 own["backward_ms"] = own[backward_median] = own[backward_min] = own[backward_max] = backward
                 own[backward_p95] = backward

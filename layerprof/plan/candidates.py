@@ -112,22 +112,20 @@ def less_hooks(record: ModuleRecord, forward_ms: float, hooks_ms: float) -> floa
     early stop's tail) and the profiler's hooks inside it (``hooks_ms``, host time).
 
     On the CPU wall clock the forward holds the hooks: ``forward_ms - hooks_ms``. Where CUDA events timed it, the
-    forward is the GPU's elapsed time E, and the record holds the host's time W beside it (``host_forward_ms``,
-    its mean over steps, scaled here to the forward's statistic). A recomputation in a plain step takes about the
+    forward is the GPU's elapsed time E, and the record holds the host's time W beside it (``host_forward_ms``;
+    its median over steps, as E is). A recomputation in a plain step takes about the
     larger of its kernels' time and the host's time without the hooks, W - h. Where E exceeds W + h the GPU was
     behind the host throughout and E is its kernels' time: E. Where E is at most W, the GPU waited on the host
     (a launch-bound step, the hooks' host time in the events) and its kernels took at most E: W - h, which the
     H100 bore out (2026-11-27: ResNet-50 b32 and BERT-base b8 s128, the wrapped modules' recomputations 8.65 and
     14.22 ms measured, 8.05 and 13.59 by the host less the hooks, 16.60 and 19.65 by the events). Between the
     two, linearly."""
-    host = getattr(record, "host_forward_ms", None)
+    median = getattr(record, "host_forward_ms_median", None)
+    host = median if median is not None else getattr(record, "host_forward_ms", None)
     if host is None:
         return forward_ms - hooks_ms
-    mean = float(record.forward_ms or 0.0)
-    # The host's mean, scaled as the events' statistic is to their mean (a stall in one step moves both), and less
-    # the same early-stop tail (in the events' time; the host's share of it is not known).
-    host_ms = host * (_forward_ms(record) / mean) if mean > 0.0 else host
-    host_ms -= _forward_ms(record) - forward_ms
+    # Less the same early-stop tail as the events (in the events' time; the host's share of it is not known).
+    host_ms = float(host) - (_forward_ms(record) - forward_ms)
     bare_host = host_ms - hooks_ms
     return max(bare_host, min(forward_ms, 2.0 * forward_ms - host_ms - hooks_ms))
 

@@ -407,8 +407,12 @@ class CheckpointPlan:
             self.note = (f"the budget ({budget_bytes} bytes) cannot be met: the least saved memory any plan "
                          f"reaches is {self.least_reachable_bytes} bytes{hint}. Plan for that or more")
         chosen = [self._option(i) for i in (solution.chosen if solution is not None else ())]
-        saving = {} if wrap_cost is None else gap_savings({r.name: r for r in preorder(root)},
-                                                          [o.name for o in chosen], wrap_cost, hook_ms)
+        records = preorder(root)
+        # On CUDA events (records with the host's forward beside) the gaps are the GPU's time, which holds the
+        # hooks only where it waited on the host: none taken off there, as before the host's time was recorded.
+        on_events = any(getattr(r, "host_forward_ms", None) is not None for r in records)
+        saving = {} if wrap_cost is None else gap_savings({r.name: r for r in records}, [o.name for o in chosen],
+                                                          wrap_cost, 0.0 if on_events else hook_ms)
         self.chosen = [ChosenModule(o.name, "Sequential" if isinstance(o, RunOption) else o.type, o.freed_bytes,
                                     o.kept_bytes, o.recompute_ms, max(0.0, o.wrap_ms - saving.get(o.name, 0.0)),
                                     len(o.children) if isinstance(o, RunOption) else 0, o.wrap_ms)

@@ -56,6 +56,7 @@ import torch
 from torch import nn
 
 from .._threads import calibrated
+from .._torch import seeded_rng
 from .apply import unwrap, wrap
 
 __all__ = ["WrapCost", "wrap_cost", "check_wrap_cost", "calibration_stack"]
@@ -202,7 +203,7 @@ def wrap_cost() -> WrapCost:
 
 
 def _measure() -> WrapCost:
-    with torch.random.fork_rng(devices=[]):  # the stacks are seeded: leave the caller's RNG as it was
+    with seeded_rng():  # the stacks are seeded: leave the caller's RNG as it was
         small, small_tensors, forward_gap, backward_gap = _overhead_ms(_SMALL)
         large, large_tensors = _overhead_ms(LARGE)[:2]
         warmer = [_overhead_ms(_SMALL, rows) for rows in _GAP_ROWS]

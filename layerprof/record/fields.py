@@ -205,6 +205,8 @@ declare(
     Field("host_forward_ms", "ms", "Host Forward", detail=True,
           doc="the host's wall time of the forward per recorded step where CUDA events timed it (the Python and "
               "launch side, hooks included), beside forward_ms, the GPU's elapsed time"),
+    Field("host_forward_ms_median", "ms", "Host Forward median", combine="none", detail=True,
+          doc="median over steps of host_forward_ms"),
     Field("steps", "count", "Steps", cost=False, detail=True, always=True, combine="max",
           doc="profiled steps the figures are over"),
     Field("steps_run", "count", "Steps Run", cost=False, detail=True, always=True, combine="max",
