@@ -397,3 +397,20 @@ def test_progress_bar_only_when_asked_or_on_a_terminal(monkeypatch) -> None:
     assert list(progress(range(3), 3)) == [0, 1, 2] and stream.getvalue() == ""  # StringIO is no terminal
     assert list(progress(range(3), 3, enabled=True)) == [0, 1, 2]
     assert stream.getvalue().startswith("\rlayerprof:   0%|") and "| 0/3 [" in stream.getvalue()
+
+
+def test_a_compiled_model_is_a_usage_error_not_an_internal_one(tmp_path: Path, capsys) -> None:
+    """A factory returning a torch.compile'd module: LayerProf refuses it, and the command says so as a usage error
+    (exit 2), not as a bug of layerprof (70)."""
+    spec = tmp_path / "compiled_models.py"
+    spec.write_text(textwrap.dedent('''
+        import torch
+        from torch import nn
+
+
+        def compiled():
+            return torch.compile(nn.Sequential(nn.Linear(8, 8), nn.ReLU()), backend="eager")
+    '''))
+    assert main([f"{spec}:compiled", "-i", "2,8", "--warmup", "0", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "error: LayerProf cannot see inside a torch.compile'd module" in err and "internal error" not in err

@@ -12,7 +12,7 @@ from ..profile import Profile
 from ..collect.profiler import LayerProf
 from ..metrics import make_meters
 from ..render.progress import progress
-from .errors import RunError, one_line
+from .errors import RunError, UsageError, one_line
 
 __all__ = ["loss_of", "run_profile", "training_step", "progress", "metering_meters"]
 
@@ -59,7 +59,10 @@ def run_profile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     model.train(not inference)
     total = warmup + steps + bool(metering_meters(metrics, warmup))
     grad_mode = torch.inference_mode() if inference else contextlib.nullcontext()
-    prof = LayerProf(model, warmup=warmup, metrics=metrics, sync=sync)
+    try:
+        prof = LayerProf(model, warmup=warmup, metrics=metrics, sync=sync)
+    except TypeError as exc:  # a model LayerProf refuses (torch.compile'd, TorchScript): the spec's, not a bug
+        raise UsageError(f"{exc}") from exc
     try:
         with grad_mode, prof:
             for step in progress(range(total), total, show_progress):

@@ -463,7 +463,10 @@ class MemoryMeter(Meter):
             self._held = [held for held in self._held if _still_held(held)]
             self._starts_released = self._saved_before and not self._held
         inputs = {}
-        for key, storage in _storages(args, kwargs).items():
+        # A call under no_grad (an evaluation pass inside the step) saves nothing and no checkpoint re-runs it:
+        # its inputs are nothing a checkpoint keeps, nor inputs of the training forward.
+        grad_on = torch.is_grad_enabled()
+        for key, storage in _storages(args, kwargs).items() if grad_on else ():
             if key not in self._static:
                 inputs[key] = storage.nbytes()
                 if key not in self._inputs:
@@ -474,7 +477,7 @@ class MemoryMeter(Meter):
             self._step_log = state.log
         state.side_effects = int(has_side_effects(module))
         state.cache_updates = int(updates_a_cache(args, kwargs))
-        state.no_grad = int(not torch.is_grad_enabled())
+        state.no_grad = int(not grad_on)
         state.input_versions = input_versions((args, kwargs))
         state.name = call.name
         self._forward.append(state)
