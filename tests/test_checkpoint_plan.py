@@ -1243,3 +1243,30 @@ def test_an_evaluation_pass_inside_the_step_changes_neither_the_plan_nor_its_sav
                               for name, record in prof.records.items()}
     assert figures[True] == figures[False]
     assert prof.records[""].checkpoint_kept_bytes == 0  # the model's input needs no grad: nothing to keep
+
+
+def test_fsdp2s_own_forward_hooks_are_no_reason_to_warn() -> None:
+    """FSDP2's pre- and post-forward hooks (torch.distributed's) run again in a recomputation by design, gathering
+    the parameters for it: a plan wrapping a unit's parent does not tell the user to take them off. A hook of the
+    user's own still warns."""
+    def pre_forward(module: nn.Module, args: Any) -> None:
+        return None
+
+    def users(module: nn.Module, args: Any) -> None:
+        return None
+
+    pre_forward.__module__ = "torch.distributed.fsdp._fully_shard._fsdp_state"
+    model = nn.Sequential(nn.Sequential(nn.Linear(8, 8), nn.Tanh()), nn.Linear(8, 1))
+    with LayerProf(model, metrics=("memory",)) as prof:
+        model(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    plan = prof.checkpoint_plan(0.5, wrap_cost=None)
+    assert plan.modules
+    for hook, warned in ((pre_forward, False), (users, True)):
+        handles = [module.register_forward_pre_hook(hook) for module in model.modules()]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with plan.applied(model):
+                pass
+        for handle in handles:
+            handle.remove()
+        assert any("carry forward hooks" in str(w.message) for w in caught) == warned

@@ -408,3 +408,61 @@ def test_dynamo_imported_for_the_first_time_inside_a_block_keeps_torchs_call_imp
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["True", "True", "True"]
+
+
+class _Region(nn.Module):
+    """Compiles a region: a torch.compile'd function inside its forward that calls a submodule (``block``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Linear(16, 32)
+        self.block = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 32))
+        self.head = nn.Linear(32, 1)
+        self.region = torch.compile(self._region, backend="eager")
+
+    def _region(self, h: torch.Tensor) -> torch.Tensor:
+        return self.block(h) + h
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.region(self.emb(x)))
+
+
+@pytest.mark.parametrize("first", ["before the block", "inside the block"])
+def test_modules_a_compiled_region_ran_are_named_not_silently_not_run(first: str) -> None:
+    """The compiled graph of a region calls no module hook: its modules cannot be measured, and the block says
+    which (they used to read "not run" without a word, their weights holding gradients). Compiled first inside the
+    block, dynamo traces them without layerprof's hooks: one graph, no recompilation at the hooks (up to 7 before)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model, x = _Region(), torch.randn(8, 16)
+    plain = _Region()
+    plain(x).sum().backward()
+    if first == "before the block":
+        model(x).sum().backward()
+        model.zero_grad()
+    with pytest.warns(RuntimeWarning, match=r"1 module\(s\) were not seen to run, yet parameters in them hold "
+                                            r"gradients \('block'\).*torch.compile'd function"):
+        with LayerProf(model) as prof:
+            for _ in range(2):
+                model.zero_grad()
+                model(x).sum().backward()
+                prof.step()
+    assert prof.profile.meta["unseen_with_gradients"] == ["block"]
+    assert prof.records["block"].calls == 0 and prof.records["head"].calls == 1
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), plain.parameters()))
+    assert counters["stats"]["unique_graphs"] == 1
+    assert hook_state(model) == hook_state(_Region())
+
+
+def test_modules_not_run_with_no_fresh_gradient_are_not_named() -> None:
+    """A head the step does not use: no gradient (set to None), or zeros (``zero_grad(set_to_none=False)``)."""
+    model = nn.ModuleDict({"body": nn.Linear(4, 4), "unused": nn.Linear(4, 4)})
+    for set_to_none in (True, False):
+        model["unused"](torch.randn(2, 4)).sum().backward()
+        model.zero_grad(set_to_none=set_to_none)
+        with LayerProf(model) as prof:
+            model["body"](torch.randn(2, 4)).sum().backward()
+        assert prof.records["unused"].calls == 0 and "unseen_with_gradients" not in prof.profile.meta

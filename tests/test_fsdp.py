@@ -166,6 +166,33 @@ def _worker(rank: int) -> dict[str, Any]:
     model = MLP(checkpointed=True)
     results["checkpointed"] = _profile(_shard(model, [model.fc1, model.fc2, model.fc3, model]))
 
+    # The saved bytes: FSDP2's all-gathered parameters, saved by the layers' matmuls, are weights, not activations
+    # (they read as 4 MiB "saved for backward" on 1024-wide layers, and plans freed them).
+    torch.manual_seed(0)
+    plain = MLP()
+    with LayerProf(plain, metrics=("memory",)) as prof:
+        plain(x).sum().backward()
+    results["saved_plain"] = {name: record.saved_bytes for name, record in prof.records.items()}
+    torch.manual_seed(0)
+    model = MLP()
+    model = _shard(model, [model.fc1, model.fc2, model.fc3, model])
+    model(x).sum().backward()
+    with LayerProf(model, metrics=("memory",)) as prof:
+        model(x).sum().backward()
+    results["saved_sharded"] = {name: record.saved_bytes for name, record in prof.records.items()}
+
+    # LayerProf made before fully_shard: the fsdp_comm meter joins as profiling starts (else the communication
+    # would be in the modules' times, without a word).
+    torch.manual_seed(0)
+    model = MLP()
+    early = LayerProf(model)
+    model = _shard(model, [model.fc1, model.fc2, model.fc3, model])
+    model(x).sum().backward()
+    with early:
+        model(x).sum().backward()
+    results["made_before_shard"] = ([meter.name for meter in early.metrics],
+                                    early.profile.meta.get("fsdp_comm") is not None)
+
     # One unit of two modules (fully_shard([fc1, fc2])): billed to fc1, its param group (each of the two holds it)
     # wrapped once. Before, it was wrapped twice: its bytes counted twice, and a wrapper left on it after the block.
     torch.manual_seed(0)
@@ -370,3 +397,14 @@ def test_gathered_profile_spreads_fsdp_communication_over_ranks() -> None:
     assert ("FSDP2 communication (in no module's time): forward 10 ms / 20 ms / 30 ms; backward 20 ms / 40 ms / 60 ms"
             in gathered.table().splitlines())
     assert GatheredProfile([{"rank": 0, "rows": rows, "meta": {}}]).fsdp_communication == {}
+
+
+def test_fsdp2s_gathered_parameters_are_not_saved_activations(ranks: dict[int, dict[str, Any]]) -> None:
+    for results in ranks.values():
+        assert results["saved_sharded"] == results["saved_plain"] and results["saved_plain"][""] > 0
+
+
+def test_a_layerprof_made_before_fully_shard_times_the_communication_apart(ranks: dict[int, dict[str, Any]]) -> None:
+    for results in ranks.values():
+        meters, measured = results["made_before_shard"]
+        assert "fsdp_comm" in meters and measured

@@ -21,6 +21,7 @@ from .live_op_cost import live_op_cost
 from .environment import environment, environment_of, on_input_device
 from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters, measures
+from ..metrics.meter import meters_needed_since
 from ..metrics.peaks import check_peaks
 from .._torch import add_module_registration_hook, compiled_module_type, remove_module_registration_hook
 from .._torch import calling_around, compiled_around, submodules, torchscript_compiled
@@ -29,6 +30,7 @@ from ..profile import Profile
 from ..record.records import ModuleRecord, module_paths
 from .schedule import Action, Schedule
 from .statistics import StepStats
+from .unseen import ran_unseen, unseen_message
 from .stepcall import RootStep
 from .timing import StepTimes, all_returned, step_times
 from .tracker import BATCHES, INPUT_DEVICE, NOTE_PREFIX, OTHER_DIMS, Tracker, backward_note
@@ -433,6 +435,9 @@ class LayerProf:
         self._entry_modules = modules  # the entries' modules while no module joins (then len(entries) > _built)
         self._owns = owns
         self._built = len(entries)
+        # A meter the model came to need since LayerProf(model) (fully_shard applied after it: its communication
+        # would be in the modules' times without the fsdp_comm meter).
+        self.metrics.extend(meters_needed_since(self.metrics, self.model))
         pausing = []
         forward_observed = backward_observed = False
         for meter in self.metrics:  # one loop here, not a generator per question (each a cold frame on entry)
@@ -706,7 +711,8 @@ class LayerProf:
                 # The block's only step, stamped by wall clocks (no event to settle): its times are made when the
                 # profile is first read (a one-shot profile that is never read never makes them), from the calls,
                 # which hold nothing else of the step then.
-                self._stats.add_later(functools.partial(step_times, calls.copy(), self.step_num))
+                held = calls.copy()
+                self._stats.add_later(functools.partial(step_times, held, self.step_num), held)
                 timed = True
             else:
                 for clock in tracker.clocks():
@@ -833,6 +839,14 @@ class LayerProf:
             )
         return False
 
+    def _ran_unseen(self) -> list[str]:
+        """The outermost modules no recorded step saw called under which a parameter holds a gradient (only read
+        where some module was not seen: ``collect/unseen.py``)."""
+        if not self._stats.steps:
+            return []
+        ran = self._stats.ran()
+        return [] if len(ran) >= len(self._entries) else ran_unseen(self._entries, ran)
+
     def _finish(self, partial: str | None = None) -> None:
         tracker = self._tracker
         assert tracker is not None
@@ -887,6 +901,10 @@ class LayerProf:
             )
         if tracker.late:
             _warn_late_backward(list(tracker.late))
+        unseen = self._ran_unseen()
+        if unseen:
+            meta["unseen_with_gradients"] = unseen
+            _warn_user(unseen_message(unseen))
         # What the records show of the model is read now, whenever they are made: a later change of the model
         # cannot change the profile.
         reprs = read_reprs(modules, plan if len(self._entries) == self._built else None, owns, unchanged)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import random
 from array import array
-from typing import Callable
+from typing import Any, Callable, Iterable
 
 from ..record.records import ModuleRecord
 from .timing import StepTimes
@@ -176,6 +176,7 @@ class StepStats:
         self._first: dict[str, StepTimes] | None = None
         # The first step's times where they are made when first needed (``add_later``).
         self._later: Callable[[], dict[str, StepTimes]] | None = None
+        self._later_calls: Iterable[Any] = ()
 
     def add(self, step: dict[str, StepTimes]) -> None:
         """One measured step. A module absent from it did not run in that step: it counts 0."""
@@ -188,17 +189,25 @@ class StepStats:
             self._add(first)
         self._add(step)
 
-    def add_later(self, make: Callable[[], dict[str, StepTimes]]) -> None:
+    def add_later(self, make: Callable[[], dict[str, StepTimes]], calls: Iterable[Any] = ()) -> None:
         """The first measured step, its times made by ``make()`` when first needed (``fill``, ``step_totals``, a
-        second step): a one-shot profile's last step, whose times a profile that is never read never needs."""
+        second step): a one-shot profile's last step, whose times a profile that is never read never needs.
+        ``calls``: the step's calls (with a ``name``), for ``ran`` before the times are made."""
         if self.steps:
             raise ValueError("add_later is for the first step: a step was added already")
-        self.steps, self._later = 1, make
+        self.steps, self._later, self._later_calls = 1, make, calls
+
+    def ran(self) -> set[str]:
+        """The names of the modules called (or recomputed) in a recorded step."""
+        if self._later is not None:
+            return {call.name for call in self._later_calls}
+        first = self._first
+        return set(first if first is not None else self._modules)
 
     def _first_step(self) -> dict[str, StepTimes] | None:
         """The first step's times, while it is the only one (None once folded into the sums)."""
         if self._later is not None:
-            self._first, self._later = self._later(), None
+            self._first, self._later, self._later_calls = self._later(), None, ()
         return self._first
 
     def _add(self, step: dict[str, StepTimes]) -> None:

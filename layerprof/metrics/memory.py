@@ -171,7 +171,7 @@ class _CallMemory:
     __slots__ = (
         "inputs", "self_activation", "self_saved", "activation", "saved", "log", "self_tensors", "tensors",
         "name", "parent", "depth", "input_sizes", "input_versions", "freed", "kept", "side_effects", "inplace",
-        "changed_later", "cache_updates", "no_grad", "ops", "ops_start",
+        "changed_later", "cache_updates", "no_grad", "ops", "ops_start", "params",
         "forward_mark", "forward_start", "forward_delta", "forward_peak", "forward_end_mark",
         "backward_mark", "backward_start", "backward_delta", "backward_peak", "backward_end_mark",
     )
@@ -197,6 +197,16 @@ class _CallMemory:
         self.backward_peak: int | None = None
         self.ops: int | None = None  # ops the reader saw in the forward; None where it raised (never ended)
         self.ops_start: int | None = None  # the reader's op count when the forward started
+        self.params: dict[str, Any] | None = None  # the module's own parameter table (read as it saves)
+
+
+def _holds(params: dict[str, Any], key: int) -> bool:
+    """Whether one of a module's own parameters (as they are now) has the storage ``key``."""
+    for parameter in params.values():
+        storage = None if parameter is None else _storage(parameter)
+        if storage is not None and storage_key(storage) == key:
+            return True
+    return False
 
 
 def _storage(tensor: torch.Tensor) -> Any:
@@ -400,7 +410,11 @@ class MemoryMeter(Meter):
                 if storage is not None:
                     key = storage_key(storage)
                     if key not in self._static:
-                        if key not in self._saved:
+                        if state.params and _holds(state.params, key):
+                            # A parameter put on the module as its call began (FSDP2's all-gathered, unsharded
+                            # ones, resharded after the forward): a weight, not an activation a checkpoint frees.
+                            self._static.add(key)
+                        elif key not in self._saved:
                             self._saved[key] = StorageWeakRef(storage)
                             state.self_saved += storage.nbytes()
                             self._savers[key] = [storage.nbytes(), state]
@@ -478,6 +492,7 @@ class MemoryMeter(Meter):
         state.side_effects = int(has_side_effects(module))
         state.cache_updates = int(updates_a_cache(args, kwargs))
         state.no_grad = int(not grad_on)
+        state.params = module._parameters
         state.input_versions = input_versions((args, kwargs))
         state.name = call.name
         self._forward.append(state)

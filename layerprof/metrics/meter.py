@@ -147,6 +147,14 @@ def make_meters(names: Iterable[str] | None, model: nn.Module | None = None) -> 
     return meters
 
 
+def meters_needed_since(meters: list[Meter], model: nn.Module) -> list[Meter]:
+    """The meters ``model`` needs now (``Meter.needed_by``) that ``meters`` lack: the model changed after its
+    LayerProf was made (``fully_shard`` applied after ``LayerProf(model)``)."""
+    have = {type(meter) for meter in meters}
+    return [cls() for cls in METERS.values() if cls not in have
+            and getattr(cls.needed_by, "__func__", None) is not _NEEDED_BY_NONE and cls.needed_by(model)]
+
+
 _NEEDED_BY_NONE = Meter.needed_by.__func__  # (the base's: no model needs the meter; not called)
 
 

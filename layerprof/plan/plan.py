@@ -173,6 +173,12 @@ def _computes_a_weight(hook: Any) -> bool:
     return type(hook).__name__ in _WEIGHT_HOOKS or isinstance(hook, BasePruningMethod)
 
 
+def _runs_again_safely(hook: Any) -> bool:
+    """A forward hook that may run again in a recomputation: one that computes a weight, or one of
+    torch.distributed's (FSDP2's pre- and post-forward hooks, which gather the parameters again for it)."""
+    return _computes_a_weight(hook) or str(getattr(hook, "__module__", None) or "").startswith("torch.distributed.")
+
+
 def _regions(modules: dict[str, nn.Module], sequentials: dict[int, tuple[nn.Module, dict[tuple[int, int], str]]]
              ) -> list[tuple[str, nn.Module, bool]]:
     """The regions to wrap as ``(name, module, called_inside)``: each wrapped module, and each child of a wrapped run.
@@ -202,8 +208,7 @@ def _warn_rerun(modules: dict[str, nn.Module], sequentials: dict[int, tuple[nn.M
     for name, region, called_inside in _regions(modules, sequentials):
         for inner, module in region.named_modules(prefix=name):
             hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
-            if (called_inside or module is not region) and any(
-                    not _computes_a_weight(hook) for hook in hooks):
+            if (called_inside or module is not region) and any(not _runs_again_safely(hook) for hook in hooks):
                 hooked.append(inner)
             if isinstance(module, _NormBase) and module.track_running_stats:
                 statistics.append(inner)

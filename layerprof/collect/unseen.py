@@ -1,0 +1,52 @@
+"""Modules that no recorded step saw called, yet whose parameters hold gradients: code the hooks do not reach ran
+them. Most often a ``torch.compile``'d function inside a forward that calls submodules (compiling a region): its
+compiled graph calls no module hook, so those modules read "not run" and their time is in their caller's. Read as
+a block ends, only where some module was not seen (``ran`` has fewer names than the block has modules)."""
+from __future__ import annotations
+
+from typing import Any, Collection, Iterable
+
+__all__ = ["ran_unseen", "unseen_message"]
+
+
+def _has_gradient(module: Any) -> bool:
+    """Whether a parameter of the module's own holds a gradient that is not all zeros (``zero_grad`` without
+    ``set_to_none`` leaves zeros on modules that did not run)."""
+    for parameter in module._parameters.values():
+        grad = None if parameter is None else parameter.grad
+        if grad is None or grad.is_meta:
+            continue
+        try:
+            if grad.is_sparse or bool(grad.any()):
+                return True
+        except RuntimeError:  # a tensor subclass that cannot answer: not taken as evidence
+            continue
+    return False
+
+
+def ran_unseen(entries: Iterable[tuple[str, Any]], ran: Collection[str]) -> list[str]:
+    """Of the block's modules (``entries``, qualified name and module, parents first), the outermost ones not in
+    ``ran`` (the names seen called in a recorded step) under which some module holds a gradient of its own."""
+    found: list[str] = []
+    for name, module in entries:
+        if name in ran or not _has_gradient(module):
+            continue
+        outermost = name  # up to the outermost ancestor not seen either (a Sequential whose layers hold weights)
+        parts = name.split(".")
+        for end in range(len(parts) - 1, 0, -1):
+            prefix = ".".join(parts[:end])
+            if prefix in ran:
+                break
+            outermost = prefix
+        if outermost not in found:
+            found.append(outermost)
+    return found
+
+
+def unseen_message(names: list[str]) -> str:
+    shown = ", ".join(repr(name) for name in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return (f"{len(names)} module(s) were not seen to run, yet parameters in them hold gradients ({shown}): code "
+            "that layerprof's hooks do not reach ran them, most often a torch.compile'd function inside a forward "
+            "(a compiled region calls no module hook). They read 'not run', and their time is in the module that "
+            "called that code. Profile with that code eager and compile after profiling (or gradients left from "
+            "before the block, if the model's gradients were not cleared)")
