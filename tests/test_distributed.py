@@ -5,6 +5,7 @@ JSON and the parent asserts. Every wait has a timeout so that a hang fails the t
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import Any
@@ -284,6 +285,19 @@ def _worker(rank: int) -> dict[str, Any]:
     else:
         result["failed"] = {"view": _view(gathered),
                             "failed_ranks": None if gathered is None else gathered.failed_ranks}
+
+    # rank 1 calls gather() inside its block (its profile not ready): it still takes part, then raises
+    prof = LayerProf(net)
+    with prof:
+        net(x).sum().backward()
+        if rank == 1:
+            try:
+                prof.gather()
+            except RuntimeError as error:
+                result["inside"] = {"raised": str(error).split(":")[0]}
+    if rank == 0:
+        gathered = prof.gather()
+        result["inside"] = {"failed_ranks": None if gathered is None else gathered.failed_ranks}
     return result
 
 
@@ -385,3 +399,65 @@ def test_fsdp_on_cpu_gloo(two_ranks: dict[int, dict[str, Any]], kind: str) -> No
         assert types[""] == "FSDPNet" and types["fc1"] == "FSDPLinear" and types["fc2"] == "Linear"
     for row in view["modules"].values():
         assert row["ranks"] == [0, 1] and row["backward_ms_rank_min"] is not None
+
+
+def test_a_rank_that_gathers_inside_its_block_still_takes_part(two_ranks: dict[int, dict[str, Any]]) -> None:
+    """Rank 1 called gather() while profiling: its profile is not ready, and it raised before the collective, so
+    rank 0 waited in it until the group's timeout (30 minutes with gloo's default). It now takes part as a failed
+    rank, then raises as ``prof.profile`` does."""
+    assert two_ranks[1]["inside"] == {"raised": "the profile is not ready"}
+    assert two_ranks[0]["inside"] == {"failed_ranks": {"1": "profiling was still running when it called gather()"}}
+
+
+def _one_rank_profile(warmup: int = 0) -> Any:
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    with pytest.warns(RuntimeWarning, match="recorded no step") if warmup else contextlib.nullcontext():
+        with LayerProf(model, warmup=warmup) as prof:
+            model(torch.randn(2, 4)).sum().backward()
+    return prof.profile
+
+
+def test_a_rank_that_recorded_no_step_is_listed_not_compared() -> None:
+    """A rank whose every step was warm-up sent a profile with no step: the view read as two ranks agreeing when
+    it was rank 0 alone. It is now listed beside the failed ranks, and the table says so."""
+    gathered = GatheredProfile([rank_payload(_one_rank_profile(), 0, 2), rank_payload(_one_rank_profile(5), 1, 2)])
+    assert gathered.ranks == [0]
+    assert gathered.failed_ranks == {1: "it recorded no step: every step was warm-up or outside the schedule"}
+    table = gathered.table().splitlines()
+    assert table[0].startswith("Across 1 rank")
+    assert "Rank 1: no profile (it recorded no step: every step was warm-up or outside the schedule)" in table
+
+
+def test_the_gathered_table_exports_show_the_spread_over_ranks() -> None:
+    """``to_table()``'s Markdown and LaTeX held the name and type alone: the rank fields are detail fields."""
+    gathered = GatheredProfile([rank_payload(_one_rank_profile(), rank, 2) for rank in (0, 1)])
+    table = gathered.to_table()
+    assert table.columns[:5] == ["name", "type", "forward_ms_rank_min", "forward_ms_rank_median",
+                                 "forward_ms_rank_max"]
+    assert "total_ms_slowest_rank" in table.columns
+    header = table.to_markdown().splitlines()[0]
+    assert header.count("|") == len(table.columns) + 1 and "rank max" in header.lower()
+
+
+def test_a_module_list_in_the_cross_rank_rows_is_its_childrens_total() -> None:
+    """A ModuleList is never called itself: the summary shows its children's sum, and the cross-rank rows read
+    "—" (GPT-2's ``h``, its whole transformer stack)."""
+    class Stack(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    model = Stack()
+    with LayerProf(model) as prof:
+        model(torch.randn(2, 4)).sum().backward()
+    gathered = GatheredProfile([rank_payload(prof.profile, rank, 2) for rank in (0, 1)])
+    row = gathered.to_dict()["layers"]
+    children = sum(prof.records[f"layers.{i}"].forward_ms for i in range(3))
+    assert row["forward_ms_rank_median"] == pytest.approx(children)
+    assert row["total_ms_rank_max"] == pytest.approx(children + sum(prof.records[f"layers.{i}"].backward_ms
+                                                                     for i in range(3)))

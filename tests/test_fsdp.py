@@ -408,3 +408,24 @@ def test_a_layerprof_made_before_fully_shard_times_the_communication_apart(ranks
     for results in ranks.values():
         meters, measured = results["made_before_shard"]
         assert "fsdp_comm" in meters and measured
+
+
+def test_compare_reads_the_models_communication_from_the_meters_totals() -> None:
+    """On FSDP2 rank files the model-level rows of ``compare`` read the root's record: its own unit's
+    communication, or none where the root holds no parameter. They are the totals over units, which the
+    ``fsdp_comm`` meter keeps in the profile's meta (here set by hand on two CPU profiles)."""
+    import layerprof
+
+    profiles = []
+    for scale in (1.0, 2.0):
+        model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+        with LayerProf(model) as prof:
+            model(torch.randn(2, 4)).sum().backward()
+        prof.profile.meta["fsdp_comm"] = {"steps": 1, "units": ["0"], "comm_forward_ms": 6.31 * scale,
+                                          "comm_backward_ms": 10.3 * scale, "all_gather_bytes": 679_936,
+                                          "reduce_scatter_bytes": 339_968 * scale, "per_step": []}
+        profiles.append(prof.profile)
+    rows = {row["metric"]: row for row in layerprof.compare(*profiles).model}
+    assert rows["comm_forward_ms"]["a"] == pytest.approx(6.31) and rows["comm_forward_ms"]["b"] == pytest.approx(12.62)
+    assert rows["all_gather_bytes"]["a"] == rows["all_gather_bytes"]["b"] == 679_936
+    assert rows["reduce_scatter_bytes"]["ratio"] == pytest.approx(2.0)

@@ -1084,6 +1084,9 @@ class LayerProf:
             # A collective: this rank still takes part, sending why it has no profile (the other ranks would wait
             # for it until the group's timeout), then raises as ``prof.profile`` does.
             Profile.gather_failure(f"{self._failure}", dst, group)
+        elif self._state != "done":  # called inside the block, or before it: as a failed rank, then the same error
+            Profile.gather_failure("profiling was still running when it called gather()" if self._state == "running"
+                                   else "profiling never started when it called gather()", dst, group)
         return self.profile.gather(dst, group, margin, min_ms)
     unknown_ops = _result(Profile.unknown_ops)
     checkpoint_plan = _result(Profile.checkpoint_plan)

@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .._check import check_int, check_real
-from .crossrank import Spread, cross_rank_stats, spread, straggler_floor, stragglers
+from .crossrank import PASSES, Spread, cross_rank_stats, spread, straggler_floor, stragglers
+from ..record.summed import TreeValues
 from ..render.table import Table
 from ..render.units import format_counted
 from .comm import CommMeter, register_timed_comm_hook
@@ -34,9 +35,19 @@ COMM_FIELDS = ("comm_ms", "exposed_ms", "launch_ms")
 def rank_payload(profile: Profile, rank: int = 0, world_size: int = 1) -> dict[str, Any]:
     """What one rank sends: plain dicts and numbers (no anytree objects, no per-call timings)."""
     rows = {}
+    records = profile.records
+    values = None
     for name, row in profile.to_dict().items():
         row = dict(row)
         row.pop("call_times", None)
+        record = records.get(name)
+        if record is not None and not record.calls and record.children:
+            # A container never called itself (a ModuleList): its children's totals, as the summary shows them.
+            values = values or TreeValues(profile.tree)
+            if values.summed(record):
+                for field in ("forward_ms", "backward_ms"):
+                    if row.get(field) is None:
+                        row[field] = values.stored(record, field)
         rows[name] = row
     return {"rank": rank, "world_size": world_size, "rows": rows, "meta": dict(profile.meta)}
 
@@ -61,7 +72,14 @@ class GatheredProfile:
     def __init__(self, payloads: Sequence[Mapping[str, Any]], margin: float = 0.2, min_ms: float | None = None) -> None:
         # Ranks whose profiling failed sent why instead of a profile (``gather_failure``): listed, not compared.
         self.failed_ranks: dict[int, str] = {int(p["rank"]): str(p[_FAILED]) for p in payloads if _FAILED in p}
-        payloads = [p for p in payloads if _FAILED not in p]
+        # And ranks whose profile recorded no step (every step warm-up or outside the schedule): nothing to
+        # compare, and left in they read as ranks that agree.
+        for p in payloads:
+            if _FAILED not in p and (p.get("meta") or {}).get("steps", 1) == 0:
+                self.failed_ranks[int(p["rank"])] = ("it recorded no step: every step was warm-up or outside the "
+                                                     "schedule")
+        payloads = [p for p in payloads if _FAILED not in p and int(p["rank"]) not in self.failed_ranks]
+        self.failed_ranks = dict(sorted(self.failed_ranks.items()))
         self.per_rank: dict[int, dict[str, Any]] = {int(p["rank"]): dict(p) for p in payloads}
         self.ranks = sorted(self.per_rank)
         self.margin = margin
@@ -110,8 +128,12 @@ class GatheredProfile:
 
     def to_table(self) -> Any:
         """The canonical rows as a ``layerprof.Table``, for its exports (``to_csv``, ``to_markdown``,
-        ``to_dataframe``...)."""
-        return Table(list(self.to_dict().values()))
+        ``to_dataframe``...), showing each pass's min, median and max over ranks and its slowest rank (the
+        fields are detail fields: a table of records shows them only when named)."""
+        rows = list(self.to_dict().values())
+        shown = ["name", "type", *(f"{p}_{key}" for p in PASSES
+                                   for key in ("rank_min", "rank_median", "rank_max", "slowest_rank"))]
+        return Table(rows, columns=[column for column in shown if any(column in row for row in rows)] or None)
 
     def table(self, depth: int | None = None) -> str:
         """A text table: per module, forward/backward/total min, median and max over ranks, slowest rank,

@@ -57,6 +57,21 @@ def _model_row(root: Any) -> tuple[dict[str, Any], Any]:
     return row, lambda field: row[field] if field in row else (values.value(root, field) if field in FIELDS else None)
 
 
+def _with_model_totals(profile: Profile, row: dict[str, Any], read: Any) -> tuple[dict[str, Any], Any]:
+    """The model-level row with the totals a meter left in the profile's meta under a field's own name (the
+    ``fsdp_comm`` meter's communication and bytes, summed over its units), where the root's record holds only its
+    own unit's, or none."""
+    meta = profile.meta
+    found = {}
+    for name, field in FIELDS.items():
+        totals = meta.get(field.meter) if field.meter else None
+        if isinstance(totals, dict) and is_number(totals.get(name)):
+            found[name] = totals[name]
+    if not found:
+        return row, read
+    return {**row, **found}, lambda field: found[field] if field in found else read(field)
+
+
 def _difference(a: Any, b: Any) -> tuple[float | None, float | None, float | None]:
     if not (is_number(a) and is_number(b)):
         return None, None, None
@@ -107,7 +122,8 @@ class Comparison:
                              f"labels are columns too; name the profiles otherwise, e.g. ('before', 'after') "
                              f"(taken: {', '.join(sorted(_COLUMNS))})")
         root_a, root_b = a.tree, b.tree
-        (row_a, read_a), (row_b, read_b) = _model_row(root_a), _model_row(root_b)
+        (row_a, read_a), (row_b, read_b) = (_with_model_totals(a, *_model_row(root_a)),
+                                            _with_model_totals(b, *_model_row(root_b)))
         self.model: list[dict[str, Any]] = [_compared("modules", len(a.records), len(b.records), self.names)]
         for field in _ordered_fields([row_a, row_b]):
             self.model.append(_compared(field, read_a(field), read_b(field), self.names))
