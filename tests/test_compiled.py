@@ -466,3 +466,57 @@ def test_modules_not_run_with_no_fresh_gradient_are_not_named() -> None:
         with LayerProf(model) as prof:
             model["body"](torch.randn(2, 4)).sum().backward()
         assert prof.records["unused"].calls == 0 and "unseen_with_gradients" not in prof.profile.meta
+
+
+def _compiled_once() -> None:
+    """torch.compile has compiled a graph in this process (the warning's condition)."""
+    torch.compile(lambda t: t + 1, backend="eager")(torch.ones(2))
+
+
+def test_modules_eager_code_reads_uncalled_are_not_named_after_a_compile() -> None:
+    """Eager code reads some parameters without calling their module: nn.MultiheadAttention its out_proj's weight,
+    a ParameterList is never called, a parent its child's scale. None of that is a compiled region, also in a
+    process that compiled something else (the second reading: every ViT was named)."""
+    _compiled_once()
+
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+            self.scales = nn.ParameterList([nn.Parameter(torch.ones(16))])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.layer(x) * self.scales[0]
+
+    model = Scaled()
+    with LayerProf(model) as prof:
+        model(torch.randn(2, 5, 16)).sum().backward()
+    assert "unseen_with_gradients" not in prof.profile.meta
+    assert prof.records["layer.self_attn.out_proj"].calls == 0  # (read by its parent, never called)
+
+
+def test_a_module_seen_in_a_warm_up_step_is_not_named() -> None:
+    _compiled_once()
+    model = nn.ModuleDict({"body": nn.Linear(4, 4), "aux": nn.Linear(4, 4)})
+    with LayerProf(model, warmup=1) as prof:
+        for step in range(3):
+            out = model["body"](torch.randn(2, 4))
+            if step == 0:  # only in the warm-up step; its gradient stays (not cleared)
+                out = model["aux"](out)
+            out.sum().backward()
+            prof.step()
+    assert prof.records["aux"].calls == 0 and "unseen_with_gradients" not in prof.profile.meta
+
+
+def test_a_compile_on_another_thread_does_not_blank_the_profile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``torch.compiler.is_compiling()`` reads a flag set process-wide for a whole compile, on any thread: the
+    hooks ask ``is_dynamo_compiling()``, True only inside what dynamo traces (the second reading: every module read
+    "not run" while another thread compiled)."""
+    if not hasattr(torch.compiler, "_is_compiling_flag"):
+        pytest.skip("this torch's is_compiling() reads no process-wide flag")
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)  # what a compile on another thread sets
+    assert torch.compiler.is_compiling()
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    with LayerProf(model) as prof:
+        model(torch.randn(2, 4)).sum().backward()
+    assert prof.records["0"].calls == 1 and prof.records["0"].backward_ms > 0

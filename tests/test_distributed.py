@@ -461,3 +461,12 @@ def test_a_module_list_in_the_cross_rank_rows_is_its_childrens_total() -> None:
     assert row["forward_ms_rank_median"] == pytest.approx(children)
     assert row["total_ms_rank_max"] == pytest.approx(children + sum(prof.records[f"layers.{i}"].backward_ms
                                                                      for i in range(3)))
+
+
+def test_a_view_with_no_rank_to_compare_says_why() -> None:
+    """Every rank's profile recorded no step (or failed): a clear error naming each rank's reason, not
+    "no rank's rows to compare" from deep inside (the second reading)."""
+    with pytest.raises(RuntimeError, match=r"no rank has a profile to compare \(rank 0: it recorded no step: every "
+                                           r"step was warm-up or outside the schedule; rank 1: the block raised"):
+        GatheredProfile([rank_payload(_one_rank_profile(5), 0, 2),
+                         {"rank": 1, "world_size": 2, "failed": "the block raised ValueError"}])

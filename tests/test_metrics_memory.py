@@ -452,3 +452,52 @@ def test_live_memory_on_the_meta_device_says_its_readings_mean_nothing() -> None
         with LayerProf(model, metrics=("live_memory",)) as prof:
             model(torch.randn(64, 256, device="meta")).sum().backward()
     assert prof.records["0"].saved_bytes == 64 * 256 * 4
+
+
+class _FastWeights(nn.Module):
+    """A weight made in the forward (a hypernetwork's, MAML's fast weights), used directly or put in a Linear's
+    parameter table by ``torch.func.functional_call``."""
+
+    def __init__(self, functional: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.functional = functional
+        self.w = nn.Parameter(torch.randn(256, 256))
+        self.lin = nn.Linear(256, 256, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fast = self.w * 2.0
+        if self.functional:
+            return torch.func.functional_call(self.lin, {"weight": fast}, (x,))
+        return torch.nn.functional.linear(x, fast)
+
+
+def test_a_weight_made_in_the_forward_is_saved_however_it_is_passed() -> None:
+    """A tensor made in the step and put in a module's parameter table (functional_call) is an activation, not a
+    parameter: the second reading found it counted 0 once parameters put on a module as its call began (FSDP2's
+    gathered ones, leaf nn.Parameters) were taken as weights."""
+    x = torch.randn(8, 256, requires_grad=True)
+    figures = []
+    for functional in (False, True):
+        model = _FastWeights(functional)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with LayerProf(model, metrics=("memory",)) as prof:
+                model(x).sum().backward()
+        root = prof.records[""]
+        figures.append((root.saved_bytes, root.checkpoint_freed_bytes))
+    # x (8 x 256 x 4 = 8,192 B) and the fast weight (256 x 256 x 4 = 262,144 B), saved by the matmul
+    assert figures[0] == figures[1] == (270_336, 262_144)
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_a_module_returning_its_input_makes_no_activation_without_grad(mode: Any) -> None:
+    """Under no_grad a call's inputs are still what tells a returned input from a new tensor (the second reading:
+    an Identity read 8,192 bytes of activation under no_grad once the inputs of such calls were dropped)."""
+    model = nn.Sequential(nn.Identity(), nn.ReLU(inplace=True), nn.Flatten(), nn.Linear(2048, 128))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with mode(), LayerProf(model, metrics=("memory",)) as prof:
+            model(torch.randn(1, 2048))
+    assert prof.records["0"].activation_bytes == 0 and prof.records["1"].activation_bytes == 0
+    assert prof.records[""].activation_bytes == 128 * 4  # the Linear's output alone

@@ -30,7 +30,7 @@ from ..profile import Profile
 from ..record.records import ModuleRecord, module_paths
 from .schedule import Action, Schedule
 from .statistics import StepStats
-from .unseen import ran_unseen, unseen_message
+from .unseen import dynamo_compiled, ran_unseen, unseen_message
 from .stepcall import RootStep
 from .timing import StepTimes, all_returned, step_times
 from .tracker import BATCHES, INPUT_DEVICE, NOTE_PREFIX, OTHER_DIMS, Tracker, backward_note
@@ -357,6 +357,7 @@ class LayerProf:
             self.metrics.append(Annotator())
         self.step_num = 0
         self._stats = StepStats(max_samples=max_samples)
+        self._unrecorded_names: set[str] = set()  # modules seen in steps not recorded (warm-up)
         self._counting: list[Meter] = []  # timing-distorting meters while they run
         self._steps_with_calls = 0
         self._entries: reuse.Entries | list[tuple[str, nn.Module]] = []
@@ -722,6 +723,8 @@ class LayerProf:
                     clock.recycle()  # every stamp of the step is read: CUDA events go back to their pool
                 # (no times: every call of the step raised, and the loop caught it; a step that ran nothing is no
                 # step, as one without a call is not)
+                if action is not Action.RECORD and times:  # (warm-up: seen run, for ``_ran_unseen``)
+                    self._unrecorded_names.update(times)
                 if action is Action.RECORD and times:
                     if self._counting:
                         self._counting_step = times
@@ -842,9 +845,9 @@ class LayerProf:
     def _ran_unseen(self) -> list[str]:
         """The outermost modules no recorded step saw called under which a parameter holds a gradient (only read
         where some module was not seen: ``collect/unseen.py``)."""
-        if not self._stats.steps:
+        if not self._stats.steps or not dynamo_compiled():
             return []
-        ran = self._stats.ran()
+        ran = self._stats.ran() | self._unrecorded_names
         return [] if len(ran) >= len(self._entries) else ran_unseen(self._entries, ran)
 
     def _finish(self, partial: str | None = None) -> None:

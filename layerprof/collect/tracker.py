@@ -669,7 +669,9 @@ class Tracker:
         local = self._local
         cpu_clock = self.cpu_clock
         cuda_initialized = torch.cuda.is_initialized
-        compiling = torch.compiler.is_compiling  # (True only while torch.compile traces; 54 ns a call eager)
+        # True only inside what dynamo traces (a constant there), False in eager on every thread (20 ns a call):
+        # not ``is_compiling``, a process-wide flag set for a compile on any thread.
+        compiling = torch.compiler.is_dynamo_compiling
         handled = _handled
         next_seq = _next_sequence_nr
 

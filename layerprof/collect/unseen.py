@@ -1,12 +1,36 @@
-"""Modules that no recorded step saw called, yet whose parameters hold gradients: code the hooks do not reach ran
-them. Most often a ``torch.compile``'d function inside a forward that calls submodules (compiling a region): its
-compiled graph calls no module hook, so those modules read "not run" and their time is in their caller's. Read as
-a block ends, only where some module was not seen (``ran`` has fewer names than the block has modules)."""
+"""Modules that no step saw called, yet whose parameters hold gradients, in a process where torch.compile has
+compiled something: a ``torch.compile``'d function inside a forward that calls submodules (compiling a region) ran
+them. Its compiled graph calls no module hook, so those modules read "not run" and their time is in their caller's.
+Read as a block ends, only where dynamo compiled a graph in this process and some module was not seen (``ran`` has
+fewer names than the block has modules). Without a compiled graph a module's parameters are read uncalled by eager
+code alone (``nn.MultiheadAttention`` reads its ``out_proj``'s weight, a ``ParameterList`` is never called), which
+says nothing wrong."""
 from __future__ import annotations
 
+import sys
 from typing import Any, Collection, Iterable
 
-__all__ = ["ran_unseen", "unseen_message"]
+from torch import nn
+
+__all__ = ["dynamo_compiled", "ran_unseen", "unseen_message"]
+
+
+def dynamo_compiled() -> bool:
+    """Whether torch.compile (dynamo) has compiled a graph in this process (read without importing dynamo)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    try:
+        return bool(counters is not None and counters["stats"]["unique_graphs"])
+    except (KeyError, TypeError):
+        return False
+
+
+def _callable(module: Any) -> bool:
+    """Whether the module has a forward of its own (a ParameterList or ModuleList has none: never called), and is
+    not one whose parameters torch reads without calling it (``nn.MultiheadAttention``'s ``out_proj``)."""
+    kind = type(module)
+    return (getattr(kind, "forward", None) is not getattr(nn.Module, "forward", None)
+            and kind.__name__ != "NonDynamicallyQuantizableLinear")
 
 
 def _has_gradient(module: Any) -> bool:
@@ -29,7 +53,7 @@ def ran_unseen(entries: Iterable[tuple[str, Any]], ran: Collection[str]) -> list
     ``ran`` (the names seen called in a recorded step) under which some module holds a gradient of its own."""
     found: list[str] = []
     for name, module in entries:
-        if name in ran or not _has_gradient(module):
+        if name in ran or not _callable(module) or not _has_gradient(module):
             continue
         outermost = name  # up to the outermost ancestor not seen either (a Sequential whose layers hold weights)
         parts = name.split(".")
@@ -45,8 +69,8 @@ def ran_unseen(entries: Iterable[tuple[str, Any]], ran: Collection[str]) -> list
 
 def unseen_message(names: list[str]) -> str:
     shown = ", ".join(repr(name) for name in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-    return (f"{len(names)} module(s) were not seen to run, yet parameters in them hold gradients ({shown}): code "
-            "that layerprof's hooks do not reach ran them, most often a torch.compile'd function inside a forward "
-            "(a compiled region calls no module hook). They read 'not run', and their time is in the module that "
-            "called that code. Profile with that code eager and compile after profiling (or gradients left from "
-            "before the block, if the model's gradients were not cleared)")
+    return (f"{len(names)} module(s) were not seen to run, yet parameters in them hold gradients ({shown}), and "
+            "torch.compile has compiled code in this process: a torch.compile'd function inside a forward that "
+            "calls them runs them without module hooks (a compiled region). They read 'not run', and their time "
+            "is in the module that called that function: profile with it eager and compile after profiling. "
+            "(Gradients left from before the block, where they were not cleared, read the same.)")

@@ -80,6 +80,10 @@ class GatheredProfile:
                                                      "schedule")
         payloads = [p for p in payloads if _FAILED not in p and int(p["rank"]) not in self.failed_ranks]
         self.failed_ranks = dict(sorted(self.failed_ranks.items()))
+        if not payloads:
+            why = "; ".join(f"rank {rank}: {reason}" for rank, reason in self.failed_ranks.items())
+            raise RuntimeError(f"no rank has a profile to compare ({why or 'no rank was gathered'}): profile steps "
+                               "that the profile records on at least one rank, then gather again")
         self.per_rank: dict[int, dict[str, Any]] = {int(p["rank"]): dict(p) for p in payloads}
         self.ranks = sorted(self.per_rank)
         self.margin = margin

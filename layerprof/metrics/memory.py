@@ -201,9 +201,13 @@ class _CallMemory:
 
 
 def _holds(params: dict[str, Any], key: int) -> bool:
-    """Whether one of a module's own parameters (as they are now) has the storage ``key``."""
+    """Whether one of a module's own parameters as they are now, a leaf ``nn.Parameter``, has the storage ``key``
+    (not a tensor computed in the step that ``torch.func.functional_call`` or a stateless reparametrization puts
+    in the table: an activation)."""
     for parameter in params.values():
-        storage = None if parameter is None else _storage(parameter)
+        if not isinstance(parameter, nn.Parameter) or parameter.grad_fn is not None:
+            continue
+        storage = _storage(parameter)
         if storage is not None and storage_key(storage) == key:
             return True
     return False
@@ -409,12 +413,11 @@ class MemoryMeter(Meter):
                 storage = _storage(tensor)
                 if storage is not None:
                     key = storage_key(storage)
-                    if key not in self._static:
-                        if state.params and _holds(state.params, key):
-                            # A parameter put on the module as its call began (FSDP2's all-gathered, unsharded
-                            # ones, resharded after the forward): a weight, not an activation a checkpoint frees.
-                            self._static.add(key)
-                        elif key not in self._saved:
+                    if key not in self._static and not (state.params and _holds(state.params, key)):
+                        # (_holds: a leaf parameter put on the module as its call began, FSDP2's all-gathered,
+                        # unsharded ones, resharded after the forward: a weight, not an activation a checkpoint
+                        # frees. Read at each save, never kept: the storage goes, and its address is reused.)
+                        if key not in self._saved:
                             self._saved[key] = StorageWeakRef(storage)
                             state.self_saved += storage.nbytes()
                             self._savers[key] = [storage.nbytes(), state]
@@ -478,15 +481,18 @@ class MemoryMeter(Meter):
             self._starts_released = self._saved_before and not self._held
         inputs = {}
         # A call under no_grad (an evaluation pass inside the step) saves nothing and no checkpoint re-runs it:
-        # its inputs are nothing a checkpoint keeps, nor inputs of the training forward.
+        # its inputs are nothing a checkpoint keeps, nor inputs of the training forward (its own inputs still tell
+        # what it returns of them from what it makes).
         grad_on = torch.is_grad_enabled()
-        for key, storage in _storages(args, kwargs).items() if grad_on else ():
+        for key, storage in _storages(args, kwargs).items():
             if key not in self._static:
                 inputs[key] = storage.nbytes()
-                if key not in self._inputs:
+                if grad_on and key not in self._inputs:
                     self._inputs[key] = StorageWeakRef(storage)
         parent = self._states.get(id(call.parent)) if call.parent is not None else None
         state = _CallMemory(inputs, self._log_for(call.clock.device), parent)
+        if not grad_on:
+            state.input_sizes = {}  # (nothing a checkpoint of it keeps)
         if self._step_log is None and call.parent is None:
             self._step_log = state.log
         state.side_effects = int(has_side_effects(module))
