@@ -41,7 +41,8 @@ class Meter:
     @classmethod
     def needed_by(cls, model: nn.Module) -> bool:
         """Whether ``model``'s times are wrong without this meter, so that it runs even when not asked for
-        (the FSDP meter on a ``fully_shard`` model). Called once per ``LayerProf``; keep it cheap."""
+        (the FSDP meter on a ``fully_shard`` model). Called as a ``LayerProf`` is made and again as it starts
+        (``fully_shard`` applied in between); keep it cheap."""
         return False
 
     def use_clock(self, clock: Any) -> None:
