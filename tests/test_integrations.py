@@ -293,3 +293,64 @@ def test_to_tensorboard_rejects_what_is_not_a_writer() -> None:
         net(torch.randn(4, 8)).sum().backward()
     with pytest.raises(TypeError, match="SummaryWriter or a log directory"):
         prof.to_tensorboard(42)
+
+
+def test_a_folder_that_cannot_be_made_is_refused_as_the_integration_is_made(tmp_path: Path) -> None:
+    """A file where the folder would go was found after the whole run, failing a training run that had finished
+    and losing its profile (a sweep). It is refused as the callback or profiler is made; so is a Lightning
+    ``filename`` with a folder in it, and ``filename=None`` takes the default stem, as Lightning's own profilers."""
+    pytest.importorskip("transformers")
+    from layerprof.integrations.transformers import LayerProfCallback
+
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a folder")
+    makers = [("LayerProfCallback", "output_dir", LayerProfCallback)]
+    if pl is not None:
+        from layerprof.integrations.lightning import LayerProfProfiler
+
+        makers.append(("LayerProfProfiler", "dirpath", LayerProfProfiler))
+        with pytest.raises(ValueError, match=r"filename must be a file name stem .*got 'sub/x'"):
+            LayerProfProfiler(filename="sub/x")
+        assert LayerProfProfiler(filename=None).filename == "layerprof"
+    for owner, path_name, make in makers:
+        with pytest.raises(ValueError, match=re.escape(f"{owner}: {path_name} '{blocker / 'prof'}' cannot be a "
+                                                       f"folder: '{blocker}' is a file")):
+            make(blocker / "prof")
+        make(tmp_path / "new" / "prof")  # a folder to be made: fine
+
+
+def test_files_that_cannot_be_written_fail_neither_the_run_nor_leave_half_a_pair(tmp_path: Path) -> None:
+    """A folder in the way of the summary (``layerprof-rank0.txt``) after the JSON was written: the fit raised at
+    its end, and the JSON stayed with no path pointing to it. Now both files or neither, a warning, and the
+    profile kept in ``profiler.profiles``."""
+    pl, module = _lightning_module()
+    from layerprof.integrations.lightning import LayerProfProfiler
+
+    (tmp_path / "layerprof-rank0.txt").mkdir()
+    profiler = LayerProfProfiler(dirpath=tmp_path)
+    trainer = pl.Trainer(max_epochs=1, profiler=profiler, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+    with pytest.warns(RuntimeWarning, match=r"LayerProfProfiler could not write the profile's files \("
+                                            r"IsADirectoryError.*the profile is in profiler.profiles"):
+        trainer.fit(module, _loader(3))
+    assert trainer.state.finished and len(profiler.profiles) == 1 and profiler.paths == []
+    assert not (tmp_path / "layerprof-rank0.json").exists()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["layerprof-rank0.txt"]  # no temporary left
+
+
+def test_each_runs_files_go_to_its_own_trainers_log_dir(tmp_path: Path) -> None:
+    """Without a dirpath, the files go to the trainer's log dir: a second trainer's run wrote into the first's
+    (Lightning's setup keeps a dirpath already set)."""
+    pl, module = _lightning_module()
+    from layerprof.integrations.lightning import LayerProfProfiler
+
+    profiler = LayerProfProfiler()
+    for root in ("first", "second"):
+        trainer = pl.Trainer(max_epochs=1, profiler=profiler, default_root_dir=tmp_path / root, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             accelerator="cpu")
+        trainer.fit(module, _loader(2))
+    assert (tmp_path / "first" / "layerprof-rank0.json").exists()
+    assert (tmp_path / "second" / "layerprof-rank0-2.json").exists()
+    assert profiler.paths == [tmp_path / "second" / "layerprof-rank0-2.json", tmp_path / "second" /
+                              "layerprof-rank0-2.txt"]

@@ -30,7 +30,7 @@ from ..distributed.comm import time_ddp_wrapper
 from ..profile import Profile
 from ..render.units import format_counted
 from ._optional import require
-from .steps import GapSchedule, checked_options
+from .steps import GapSchedule, checked_options, write_profile_files, written_or_warned
 
 _profilers = require("lightning.pytorch.profilers", "lightning", "layerprof.integrations.lightning")
 _callbacks = require("lightning.pytorch.callbacks", "lightning", "layerprof.integrations.lightning")
@@ -61,6 +61,16 @@ class _EndOnException(_callbacks.Callback):
                                   error=exception)
 
 
+def _checked_stem(filename: Any) -> str:
+    """The files' stem: a non-empty name without a folder in it; None for the default, as Lightning's own take."""
+    if filename is None:
+        return "layerprof"
+    if not isinstance(filename, str) or not filename or os.sep in filename or (os.altsep or os.sep) in filename:
+        raise ValueError(f"LayerProfProfiler: filename must be a file name stem such as 'layerprof' (no folder: "
+                         f"give the folder as dirpath), or None, got {filename!r}")
+    return filename
+
+
 class LayerProfProfiler(_profilers.Profiler):
     """A Lightning profiler that runs LayerProf on ``trainer.lightning_module``, one step per training batch.
 
@@ -71,10 +81,10 @@ class LayerProfProfiler(_profilers.Profiler):
         metrics: meters beside timing, as for ``LayerProf(model, metrics=...)``.
     """
 
-    def __init__(self, dirpath: str | Path | None = None, filename: str = "layerprof",
+    def __init__(self, dirpath: str | Path | None = None, filename: str | None = "layerprof",
                  schedule: Schedule | None = None, metrics: Iterable[str] | None = None) -> None:
         # Checked once the object is whole: a half-made one's __del__ (Lightning's teardown) reads these.
-        super().__init__(dirpath=None, filename=filename)
+        super().__init__(dirpath=None, filename="layerprof")
         self.schedule: Schedule | None = None
         self.metrics: tuple[str, ...] | None = None
         self._prof: LayerProf | None = None
@@ -87,6 +97,8 @@ class LayerProfProfiler(_profilers.Profiler):
         self.paths: list[Path] = []
         self.dirpath, self.schedule, self.metrics = checked_options("LayerProfProfiler", "dirpath", dirpath,
                                                                     schedule, metrics)
+        self._given_dirpath = self.dirpath  # None: each run's trainer's log dir (Lightning's setup sets it)
+        self.filename = _checked_stem(filename)
 
     def _module(self) -> Any:
         proxy = getattr(self, "_lightning_module", None)  # a weakref proxy, set by the trainer before setup
@@ -99,6 +111,8 @@ class LayerProfProfiler(_profilers.Profiler):
 
     def setup(self, stage: str, local_rank: int | None = None, log_dir: str | None = None) -> None:
         """A run begins (Lightning calls it): a profile left running by an earlier run that raised ends first."""
+        # Lightning's setup keeps a dirpath already set: without one given, each run's log dir (not the first's).
+        self.dirpath = getattr(self, "_given_dirpath", None)
         super().setup(stage, local_rank=local_rank, log_dir=log_dir)
         if self._prof is not None:
             self._finish(partial=_STOPPED)
@@ -189,12 +203,10 @@ class LayerProfProfiler(_profilers.Profiler):
         self.profiles.append(profile)
         self.profile_result = profile
         dirpath = Path(self.dirpath if self.dirpath is not None else os.getcwd())
-        dirpath.mkdir(parents=True, exist_ok=True)
         run = len(self.profiles)
         stem = dirpath / (f"{self.filename}-rank{self._rank}" + (f"-{run}" if run > 1 else ""))
-        profile.to_json(stem.with_suffix(".json"))
-        stem.with_suffix(".txt").write_text(profile.layerwise_summary(footer=True) + "\n", encoding="utf-8")
-        self.paths = [stem.with_suffix(".json"), stem.with_suffix(".txt")]
+        self.paths = written_or_warned("LayerProfProfiler", "profiler.profiles",
+                                       lambda: write_profile_files(profile, stem))
 
     def summary(self) -> str:
         """The annotated summary of the last run's profiled batches ("" before any batch ran)."""
@@ -210,7 +222,7 @@ class LayerProfProfiler(_profilers.Profiler):
         runs = len(self.profiles)
         if self._prof is not None:
             self._finish()
-        if len(self.profiles) > runs and self.profile_result is not None:  # this run recorded a batch
+        if len(self.profiles) > runs and self.profile_result is not None and self.paths:  # recorded, written
             json_path, text_path = self.paths
             batches = format_counted(self.profile_result.meta.get("steps") or 0, "training batch", "training batches")
             self._rank_zero_info(f"layerprof: {batches} profiled; the summary is in {text_path} "

@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, fields
-from typing import Any, Iterable
+from pathlib import Path
+from typing import Any, Callable, Iterable
 
 from .._check import check_names
+from .._files import move_all_into_place, temporary_beside
 from ..collect.schedule import Action, Schedule
 from ..metrics.meter import make_meters
 
-__all__ = ["GapSchedule", "checked_options"]
+__all__ = ["GapSchedule", "checked_options", "checked_folder", "write_profile_files", "written_or_warned"]
 
 
 def checked_options(owner: str, path_name: str, path: Any, schedule: Any,
@@ -21,6 +24,8 @@ def checked_options(owner: str, path_name: str, path: Any, schedule: Any,
         hint = " (a schedule goes by name: schedule=layerprof.schedule(...))" if isinstance(path, Schedule) else ""
         raise TypeError(f"{owner}: {path_name} must be a directory (a str or os.PathLike) or None, got "
                         f"{type(path).__name__}{hint}")
+    if path is not None:
+        checked_folder(owner, path_name, path)
     GapSchedule.around(schedule)  # (a TypeError for anything but a Schedule or None)
     if metrics is None:
         return path, schedule, None
@@ -52,3 +57,48 @@ class GapSchedule(Schedule):
         if step % 2:
             return Action.NONE
         return Action.RECORD if self.every_step else super().__call__(step // 2)
+
+
+def checked_folder(owner: str, path_name: str, path: Any) -> None:
+    """A ValueError, as the integration is made, for a folder that could never be made or written: a file in the
+    way (the folder itself or one above it), or a first existing folder above it that cannot be written. (Found at
+    the end of the run it lost the run's profile, and failed a training run that had finished.)"""
+    folder = Path(path)
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise ValueError(f"{owner}: {path_name} {str(folder)!r} cannot be a folder: {str(existing)!r} is a file; "
+                         "give a folder to write the profile into")
+    if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{owner}: {path_name} {str(folder)!r} cannot be written ({str(existing)!r} is not "
+                         "writable); give a folder to write the profile into")
+
+
+def write_profile_files(profile: Any, stem: Path) -> list[Path]:
+    """The profile's JSON and its annotated summary at ``stem`` + ``.json`` / ``.txt``, both or neither (each
+    written beside its target, then both moved into place; an old pair is left as it was where one cannot be)."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    targets = [stem.with_suffix(".json"), stem.with_suffix(".txt")]
+    texts = [profile.to_json(), profile.layerwise_summary(footer=True) + "\n"]
+    temporaries: list[Path] = []
+    try:
+        for target, text in zip(targets, texts):
+            temporaries.append(temporary_beside(target))
+            temporaries[-1].write_text(text, encoding="utf-8")
+        move_all_into_place(list(zip(temporaries, targets)))
+    finally:
+        for temporary in temporaries:  # (moved ones are gone already)
+            temporary.unlink(missing_ok=True)
+    return targets
+
+
+def written_or_warned(owner: str, kept: str, write: Callable[[], list[Path]]) -> list[Path]:
+    """``write()``'s paths, or, where it fails (a full disk, a file in the way), none and a warning: the run it
+    profiled is done, and its profile is still in ``kept``."""
+    try:
+        return write()
+    except OSError as error:
+        warnings.warn(f"{owner} could not write the profile's files ({type(error).__name__}: {error}); the run is "
+                      f"not failed for it, and the profile is in {kept}", RuntimeWarning, stacklevel=3)
+        return []

@@ -29,7 +29,7 @@ from ..collect.schedule import Schedule
 from ..distributed.comm import time_ddp_wrapper
 from ..profile import Profile
 from ._optional import require
-from .steps import GapSchedule, checked_options
+from .steps import GapSchedule, checked_options, write_profile_files, written_or_warned
 
 _transformers = require("transformers", "transformers", "layerprof.integrations.transformers")
 
@@ -216,12 +216,10 @@ class LayerProfCallback(_transformers.TrainerCallback):
 
     def _write(self, profile: Profile, args: Any, state: Any) -> None:
         folder = Path(self.output_dir if self.output_dir is not None else args.output_dir)
-        folder.mkdir(parents=True, exist_ok=True)
         run = len(self._profiles)
         stem = folder / ("layerprof" + (f"-{run}" if run > 1 else ""))
-        profile.to_json(stem.with_suffix(".json"))
-        stem.with_suffix(".txt").write_text(profile.layerwise_summary(footer=True) + "\n", encoding="utf-8")
-        self.paths = [stem.with_suffix(".json"), stem.with_suffix(".txt")]
+        self.paths = written_or_warned("LayerProfCallback", "callback.profiles",
+                                       lambda: write_profile_files(profile, stem))
         report_to = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
         if "tensorboard" in report_to or "all" in report_to:
             logdir = Path(_tensorboard_dir(args))
