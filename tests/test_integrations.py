@@ -354,3 +354,22 @@ def test_each_runs_files_go_to_its_own_trainers_log_dir(tmp_path: Path) -> None:
     assert (tmp_path / "second" / "layerprof-rank0-2.json").exists()
     assert profiler.paths == [tmp_path / "second" / "layerprof-rank0-2.json", tmp_path / "second" /
                               "layerprof-rank0-2.txt"]
+
+
+def test_a_run_before_the_schedules_active_steps_is_told_in_training_steps(tmp_path: Path) -> None:
+    """The "recorded no step" warning spoke of LayerProf's own steps (a gap between each two training steps: 3
+    batches read "steps 0 to 5"), of ``warmup=0`` where the schedule had ``warmup=1``, of an internal class, and of
+    ``prof.step()``, which a trainer's user never calls."""
+    pl, module = _lightning_module()
+    from layerprof.integrations.lightning import LayerProfProfiler
+
+    profiler = LayerProfProfiler(dirpath=tmp_path, schedule=layerprof.schedule(wait=3, warmup=1, active=2))
+    trainer = pl.Trainer(max_epochs=1, profiler=profiler, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+    with pytest.warns(RuntimeWarning) as caught:
+        trainer.fit(module, _loader(3))
+    texts = [str(w.message) for w in caught if "recorded no" in str(w.message)]
+    assert texts == ["LayerProf recorded no training step: the run's 3 training steps all came before the "
+                     "schedule's active ones (layerprof.schedule(wait=3, warmup=1, active=2)), or every call in them "
+                     "raised. Run more steps, or change the schedule."]
+    assert profiler.profiles == []

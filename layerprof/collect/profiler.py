@@ -955,7 +955,10 @@ class LayerProf:
                          else [tracker.cpu_clock.kind])
         if not later:
             meta["step_ms"] = stats.step_totals()
-        if self._stats.steps == 0:
+        note = None if self.schedule is None or self._stats.steps else self.schedule.no_step_note(self.step_num)
+        if note is not None:  # (a framework's schedule, in its own steps)
+            _warn_user(note)
+        elif self._stats.steps == 0:
             if self._steps_with_calls:  # the model ran, in steps the profile was told to leave out
                 left_out, fix = ((f"warm-up (warmup={self.warmup})", "lower warmup") if self.schedule is None else
                                  (f"warm-up or outside the schedule ({self.schedule!r})", "change the schedule"))

@@ -30,6 +30,11 @@ class Schedule:
         for name in ("wait", "warmup", "active", "repeat", "skip_first"):
             check_int(f"schedule {name}", getattr(self, name), minimum=1 if name == "active" else 0)
 
+    def no_step_note(self, step_num: int) -> str | None:
+        """The warning for a block that recorded no step after ``step_num`` + 1 steps, where this schedule words
+        it better than LayerProf's own (a framework's steps, counted otherwise): None here."""
+        return None
+
     def __call__(self, step: int) -> Action:
         """The action for step number ``step`` (0-based, counted by ``prof.step()``)."""
         if step < self.skip_first:

@@ -11,6 +11,7 @@ from .._check import check_names
 from .._files import move_all_into_place, temporary_beside
 from ..collect.schedule import Action, Schedule
 from ..metrics.meter import make_meters
+from ..render.units import format_counted
 
 __all__ = ["GapSchedule", "checked_options", "checked_folder", "write_profile_files", "written_or_warned"]
 
@@ -57,6 +58,16 @@ class GapSchedule(Schedule):
         if step % 2:
             return Action.NONE
         return Action.RECORD if self.every_step else super().__call__(step // 2)
+
+    def no_step_note(self, step_num: int) -> str | None:
+        """In the framework's training steps and the user's schedule (LayerProf's own steps count the gaps too)."""
+        given = {f.name: getattr(self, f.name) for f in fields(Schedule)}
+        shown = ", ".join(f"{name}={value}" for name, value in given.items()
+                          if value != Schedule.__dataclass_fields__[name].default)
+        training = format_counted((step_num + 1) // 2, "training step")
+        return (f"LayerProf recorded no training step: the run's {training} all came before the schedule's active "
+                f"ones (layerprof.schedule({shown})), or every call in them raised. Run more steps, or change the "
+                "schedule.")
 
 
 def checked_folder(owner: str, path_name: str, path: Any) -> None:
