@@ -370,6 +370,39 @@ def test_a_run_before_the_schedules_active_steps_is_told_in_training_steps(tmp_p
         trainer.fit(module, _loader(3))
     texts = [str(w.message) for w in caught if "recorded no" in str(w.message)]
     assert texts == ["LayerProf recorded no training step: the run's 3 training steps all came before the "
-                     "schedule's active ones (layerprof.schedule(wait=3, warmup=1, active=2)), or every call in them "
-                     "raised. Run more steps, or change the schedule."]
+                     "schedule's active ones (layerprof.schedule(wait=3, warmup=1, active=2)). Run more steps, or "
+                     "change the schedule."]
     assert profiler.profiles == []
+
+
+def test_a_dotted_filename_and_a_dirpath_set_by_hand_are_kept(tmp_path: Path) -> None:
+    """``filename="exp.v2"`` wrote ``exp.json`` for every rank and run (``with_suffix`` took ``.v2-rank0`` for a
+    suffix); a ``profiler.dirpath`` set by hand after a first run was replaced by the trainer's log dir (the second
+    reading)."""
+    pl, module = _lightning_module()
+    from layerprof.integrations.lightning import LayerProfProfiler
+
+    profiler = LayerProfProfiler(filename="exp.v2")
+    for root in ("first", "second"):
+        if root == "second":
+            profiler.dirpath = str(tmp_path / "by_hand")
+        trainer = pl.Trainer(max_epochs=1, profiler=profiler, default_root_dir=tmp_path / root, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             accelerator="cpu")
+        trainer.fit(module, _loader(2))
+    assert (tmp_path / "first" / "exp.v2-rank0.json").exists()
+    assert profiler.paths == [tmp_path / "by_hand" / "exp.v2-rank0-2.json", tmp_path / "by_hand" / "exp.v2-rank0-2.txt"]
+
+
+def test_the_no_step_note_tells_a_schedule_never_reached_from_calls_that_raised() -> None:
+    from layerprof.integrations.steps import GapSchedule, checked_options
+
+    assert GapSchedule.around(None).no_step_note(5) is None  # every step recorded: LayerProf's own words
+    late = GapSchedule.around(layerprof.schedule(wait=3, active=1)).no_step_note(5)
+    assert "the run's 3 training steps all came before the schedule's active ones" in late
+    reached = GapSchedule.around(layerprof.schedule(active=3, repeat=1)).no_step_note(5)
+    assert reached == ("LayerProf recorded no training step: every call in the active ones of the run's 3 training "
+                       "steps (layerprof.schedule(active=3, repeat=1)) raised.")
+    with pytest.raises(ValueError, match="holds a NUL character"):
+        checked_options("LayerProfCallback", "output_dir", "a\0b", None, None)
+    assert checked_options("LayerProfCallback", "output_dir", "~/prof", None, None)[0] == str(Path.home() / "prof")

@@ -63,9 +63,10 @@ class _EndOnException(_callbacks.Callback):
 
 def _checked_stem(filename: Any) -> str:
     """The files' stem: a non-empty name without a folder in it; None for the default, as Lightning's own take."""
-    if filename is None:
+    if filename is None or filename == "":
         return "layerprof"
-    if not isinstance(filename, str) or not filename or os.sep in filename or (os.altsep or os.sep) in filename:
+    if (not isinstance(filename, str) or os.sep in filename or (os.altsep or os.sep) in filename
+            or "\0" in filename):
         raise ValueError(f"LayerProfProfiler: filename must be a file name stem such as 'layerprof' (no folder: "
                          f"give the folder as dirpath), or None, got {filename!r}")
     return filename
@@ -111,9 +112,14 @@ class LayerProfProfiler(_profilers.Profiler):
 
     def setup(self, stage: str, local_rank: int | None = None, log_dir: str | None = None) -> None:
         """A run begins (Lightning calls it): a profile left running by an earlier run that raised ends first."""
-        # Lightning's setup keeps a dirpath already set: without one given, each run's log dir (not the first's).
-        self.dirpath = getattr(self, "_given_dirpath", None)
+        # Lightning's setup keeps a dirpath already set: without one given, each run's log dir (not the first's),
+        # unless the user set one by hand since the last run.
+        from_log_dir = getattr(self, "_from_log_dir", None)
+        if from_log_dir is not None and self.dirpath == from_log_dir:
+            self.dirpath = getattr(self, "_given_dirpath", None)
+        before = self.dirpath
         super().setup(stage, local_rank=local_rank, log_dir=log_dir)
+        self._from_log_dir = self.dirpath if not before and self.dirpath else None
         if self._prof is not None:
             self._finish(partial=_STOPPED)
         proxy = getattr(self, "_lightning_module", None)

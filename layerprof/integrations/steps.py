@@ -26,6 +26,8 @@ def checked_options(owner: str, path_name: str, path: Any, schedule: Any,
         raise TypeError(f"{owner}: {path_name} must be a directory (a str or os.PathLike) or None, got "
                         f"{type(path).__name__}{hint}")
     if path is not None:
+        if isinstance(path, str):
+            path = os.path.expanduser(path)  # ("~/prof", as TrainingArguments' output_dir)
         checked_folder(owner, path_name, path)
     GapSchedule.around(schedule)  # (a TypeError for anything but a Schedule or None)
     if metrics is None:
@@ -60,20 +62,28 @@ class GapSchedule(Schedule):
         return Action.RECORD if self.every_step else super().__call__(step // 2)
 
     def no_step_note(self, step_num: int) -> str | None:
-        """In the framework's training steps and the user's schedule (LayerProf's own steps count the gaps too)."""
+        """In the framework's training steps and the user's schedule (LayerProf's own steps count the gaps too);
+        None without a schedule of the user's (every step recorded: LayerProf's own words)."""
+        if self.every_step:
+            return None
         given = {f.name: getattr(self, f.name) for f in fields(Schedule)}
         shown = ", ".join(f"{name}={value}" for name, value in given.items()
                           if value != Schedule.__dataclass_fields__[name].default)
-        training = format_counted((step_num + 1) // 2, "training step")
+        steps = (step_num + 1) // 2
+        training = format_counted(steps, "training step")
+        if any(Schedule.__call__(self, step) is Action.RECORD for step in range(steps)):
+            return (f"LayerProf recorded no training step: every call in the active ones of the run's {training} "
+                    f"(layerprof.schedule({shown})) raised.")
         return (f"LayerProf recorded no training step: the run's {training} all came before the schedule's active "
-                f"ones (layerprof.schedule({shown})), or every call in them raised. Run more steps, or change the "
-                "schedule.")
+                f"ones (layerprof.schedule({shown})). Run more steps, or change the schedule.")
 
 
 def checked_folder(owner: str, path_name: str, path: Any) -> None:
     """A ValueError, as the integration is made, for a folder that could never be made or written: a file in the
     way (the folder itself or one above it), or a first existing folder above it that cannot be written. (Found at
     the end of the run it lost the run's profile, and failed a training run that had finished.)"""
+    if "\0" in os.fspath(path):
+        raise ValueError(f"{owner}: {path_name} {path!r} holds a NUL character, which no path can")
     folder = Path(path)
     existing = folder
     while not existing.exists() and existing != existing.parent:
@@ -90,7 +100,7 @@ def write_profile_files(profile: Any, stem: Path) -> list[Path]:
     """The profile's JSON and its annotated summary at ``stem`` + ``.json`` / ``.txt``, both or neither (each
     written beside its target, then both moved into place; an old pair is left as it was where one cannot be)."""
     stem.parent.mkdir(parents=True, exist_ok=True)
-    targets = [stem.with_suffix(".json"), stem.with_suffix(".txt")]
+    targets = [stem.with_name(stem.name + ".json"), stem.with_name(stem.name + ".txt")]  # ("exp.v2-rank0.json")
     texts = [profile.to_json(), profile.layerwise_summary(footer=True) + "\n"]
     temporaries: list[Path] = []
     try:
@@ -110,6 +120,8 @@ def written_or_warned(owner: str, kept: str, write: Callable[[], list[Path]]) ->
     try:
         return write()
     except OSError as error:
-        warnings.warn(f"{owner} could not write the profile's files ({type(error).__name__}: {error}); the run is "
-                      f"not failed for it, and the profile is in {kept}", RuntimeWarning, stacklevel=3)
+        left = getattr(error, "left", None)  # (a MoveError whose undo could not put every old file back)
+        extra = f" ({'; '.join(left)})" if left else ""
+        warnings.warn(f"{owner} could not write the profile's files ({type(error).__name__}: {error}){extra}; the "
+                      f"run is not failed for it, and the profile is in {kept}", RuntimeWarning, stacklevel=3)
         return []

@@ -221,7 +221,12 @@ class LayerProfCallback(_transformers.TrainerCallback):
         self.paths = written_or_warned("LayerProfCallback", "callback.profiles",
                                        lambda: write_profile_files(profile, stem))
         report_to = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
-        if "tensorboard" in report_to or "all" in report_to:
+        if self.paths and ("tensorboard" in report_to or "all" in report_to):  # (after the pair, or not at all)
             logdir = Path(_tensorboard_dir(args))
-            profile.to_tensorboard(logdir, step=state.global_step)
-            self.paths.append(logdir)
+
+            def board() -> list[Path]:
+                profile.to_tensorboard(logdir, step=state.global_step)
+                return [logdir]
+
+            self.paths += written_or_warned("LayerProfCallback", "callback.profiles (its files are in "
+                                            f"{self.paths[0].parent})", board)
