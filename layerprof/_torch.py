@@ -339,6 +339,17 @@ _python_functions: list[Callable[[], list[Any]]] = []
 _scripted: list[bool] = []
 
 
+def dynamo_compiled() -> bool:
+    """Whether torch.compile (dynamo) has compiled a graph in this process: its counters, read without importing
+    dynamo (not imported, it compiled nothing)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    try:
+        return bool(counters is not None and counters["stats"]["unique_graphs"])
+    except (KeyError, TypeError):
+        return False
+
+
 def seeded_rng() -> Any:
     """``torch.random.fork_rng`` over the CPU and every CUDA device this process initialized: a calibration seeds
     its stacks with ``torch.manual_seed``, which reseeds every device, and leaves them all as they were."""

@@ -7,22 +7,13 @@ code alone (``nn.MultiheadAttention`` reads its ``out_proj``'s weight, a ``Param
 says nothing wrong."""
 from __future__ import annotations
 
-import sys
 from typing import Any, Collection, Iterable
 
 from torch import nn
 
+from .._torch import dynamo_compiled
+
 __all__ = ["dynamo_compiled", "ran_unseen", "unseen_message"]
-
-
-def dynamo_compiled() -> bool:
-    """Whether torch.compile (dynamo) has compiled a graph in this process (read without importing dynamo)."""
-    utils = sys.modules.get("torch._dynamo.utils")
-    counters = getattr(utils, "counters", None)
-    try:
-        return bool(counters is not None and counters["stats"]["unique_graphs"])
-    except (KeyError, TypeError):
-        return False
 
 
 def _callable(module: Any) -> bool:
