@@ -12,7 +12,8 @@ import torch
 
 from .._torch import cuda_event_record, cuda_raw_stream
 
-__all__ = ["Clock", "CpuClock", "PausableClock", "CurrentStream", "CudaEventClock", "CudaSyncClock", "make_clock"]
+__all__ = ["Clock", "CpuClock", "PausableClock", "CurrentStream", "CudaEventClock", "CudaSyncClock", "host_stamped",
+           "make_clock"]
 
 
 class Clock:
@@ -185,6 +186,13 @@ class CudaSyncClock(CpuClock):
     def now(self) -> int:
         torch.cuda.synchronize(self._index)
         return perf_counter_ns()
+
+
+def host_stamped(clock: Clock) -> Any:
+    """A stamp of ``clock``; one that does not order itself (a CUDA event) with the host's nanoseconds beside it,
+    as ``(ns, event)``. (The tracker's hooks, run for every call and graph node, do the same inline.)"""
+    stamp = clock.now()
+    return stamp if type(stamp) is int else (perf_counter_ns(), stamp)
 
 
 def make_clock(device: torch.device, sync: bool) -> Clock:

@@ -24,13 +24,13 @@ from ..metrics import Meter, make_meters, measures
 from ..metrics.meter import meters_needed_since
 from ..metrics.peaks import check_peaks
 from .._torch import add_module_registration_hook, compiled_module_type, remove_module_registration_hook
-from .._torch import calling_around, compiled_around, submodules, torchscript_compiled
+from .._torch import calling_around, compiled_around, dynamo_compiled, submodules, torchscript_compiled
 from .._torch import unbind_call_wrappers
 from ..profile import Profile
 from ..record.records import ModuleRecord, module_paths
 from .schedule import Action, Schedule
 from .statistics import StepStats
-from .unseen import dynamo_compiled, ran_unseen, unseen_message
+from .unseen import ran_unseen, unseen_message
 from .stepcall import RootStep
 from .timing import StepTimes, all_returned, step_times
 from .tracker import BATCHES, INPUT_DEVICE, NOTE_PREFIX, OTHER_DIMS, Tracker, backward_note
@@ -843,8 +843,9 @@ class LayerProf:
         return False
 
     def _ran_unseen(self) -> list[str]:
-        """The outermost modules no recorded step saw called under which a parameter holds a gradient (only read
-        where some module was not seen: ``collect/unseen.py``)."""
+        """The outermost modules no step saw called (recorded or warm-up) under which a parameter holds a
+        gradient, in a process where dynamo compiled a graph (only read where some module was not seen:
+        ``collect/unseen.py``)."""
         if not self._stats.steps or not dynamo_compiled():
             return []
         ran = self._stats.ran() | self._unrecorded_names

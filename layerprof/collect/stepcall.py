@@ -10,21 +10,16 @@ training step either way.
 """
 from __future__ import annotations
 
-from time import perf_counter_ns
 from typing import Any
 
 import torch
 from torch import nn
 
 from .._torch import next_sequence_nr
+from .clock import host_stamped
 from .tracker import CallTrace, Tracker, walk_pending
 
 __all__ = ["RootStep"]
-
-
-def _stamp(clock: Any) -> Any:
-    stamp = clock.now()  # CUDA stamps carry the host time beside them, as the tracker's do
-    return stamp if type(stamp) is int else (perf_counter_ns(), stamp)
 
 
 class RootStep:
@@ -55,14 +50,14 @@ class RootStep:
         state.bounds.append(seq)
         state.owners.append(call)
         self.call = call
-        call.fwd_start = _stamp(clock)
+        call.fwd_start = host_stamped(clock)
 
     def forward_ends(self, failed: bool) -> None:
         """The training step has returned its loss (or raised: ``failed``, and the call does not count)."""
         call = self.call
         if call is None or call.fwd_end is not None or not self.tracker.active:
             return
-        end = _stamp(call.clock)
+        end = host_stamped(call.clock)
         state = self.tracker._thread()
         stack = state.stack
         if call in stack:  # calls left open inside it by an exception close with it
@@ -78,12 +73,12 @@ class RootStep:
     def backward_begins(self) -> None:
         """The trainer's backward pass begins (again: a later stamp replaces an earlier one)."""
         if self.call is not None and self.call.fwd_end is not None:
-            self._backward_start = _stamp(self.call.clock)
+            self._backward_start = host_stamped(self.call.clock)
 
     def backward_ends(self) -> None:
         """The trainer's backward pass has ended (once per begin; a second end does nothing)."""
         if self.call is not None and self._backward_start is not None:
-            self._backward.append((self._backward_start, _stamp(self.call.clock)))
+            self._backward.append((self._backward_start, host_stamped(self.call.clock)))
             self._backward_start = None
 
     def fold(self) -> None:

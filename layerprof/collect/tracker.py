@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch import nn
 
-from .clock import Clock, CpuClock, make_clock
+from .clock import Clock, CpuClock, host_stamped, make_clock
 from .environment import input_facts
 from .reuse import Entries
 from .._tensors import first_tensor, iter_tensors
@@ -244,8 +244,7 @@ class CallTrace:
     def close(self, task: int) -> None:
         """End the current interval now, if it belongs to backward pass ``task``."""
         if task == self.task:
-            stamp = self.clock.now()
-            self.bwd_end = stamp if type(stamp) is int else (perf_counter_ns(), stamp)
+            self.bwd_end = host_stamped(self.clock)
 
     def _observe_start(self, task: int) -> None:
         """Tell observers which calls (this one and the enclosing ones) begin their backward in this pass; before
@@ -709,8 +708,9 @@ class Tracker:
             state.bounds.append(seq)
             state.owners.append(call)
             stamp = clock.now()
-            # CUDA events carry the host time beside them: the planner prices a recomputation on a launch-bound
-            # step by what the host took (``host_forward_ms``), which the events hold only where the GPU waits.
+            # CUDA events carry the host time beside them (``host_stamped``, inline: this runs for every call): the
+            # planner prices a recomputation on a launch-bound step by what the host took (``host_forward_ms``),
+            # which the events hold only where the GPU waits.
             call.fwd_start = stamp if type(stamp) is int else (perf_counter_ns(), stamp)
 
         # A module's own pre-hook, after the user's (a module with hooks of its own). ``kwargs`` None: torch calls
@@ -744,9 +744,7 @@ class Tracker:
                 call = _unwind_to(stack, name)
                 if call is None:
                     return None
-                end = call.clock.now()
-                if type(end) is not int:
-                    end = (perf_counter_ns(), end)
+                end = host_stamped(call.clock)
             stack.pop()
             call.fwd_end = end
             call.seq_end = seq = next_seq()

@@ -11,9 +11,7 @@ from typing import Any, Collection, Iterable
 
 from torch import nn
 
-from .._torch import dynamo_compiled
-
-__all__ = ["dynamo_compiled", "ran_unseen", "unseen_message"]
+__all__ = ["ran_unseen", "unseen_message"]
 
 
 def _callable(module: Any) -> bool:

@@ -118,9 +118,18 @@ def _resolve(chosen: Iterable[str]) -> tuple[list[type[Meter]], list[type[Meter]
     for cls in classes:
         if cls.replaces in named:
             raise ValueError(f"metrics: {cls.name!r} is {cls.replaces!r} with more; give one of them, not both")
-    needing = [cls for name, cls in METERS.items()
-               if name not in named and getattr(cls.needed_by, "__func__", None) is not _NEEDED_BY_NONE]
-    return classes, needing
+    return classes, _needing(named)
+
+
+def _needing(named: set[str]) -> list[type[Meter]]:
+    """The registered meters not in ``named`` whose ``needed_by`` is their own (the ones a model may need)."""
+    return [cls for name, cls in METERS.items()
+            if name not in named and getattr(cls.needed_by, "__func__", None) is not _NEEDED_BY_NONE]
+
+
+def _needed(needing: list[type[Meter]], model: nn.Module) -> list[Meter]:
+    """A meter of each class of ``needing`` that ``model`` needs."""
+    return [cls() for cls in needing if cls.needed_by(model)]
 
 
 # The registry's version (``dict_version``) and ``_resolve(DEFAULT_METRICS)`` as it read then: a LayerProf made with
@@ -142,18 +151,14 @@ def make_meters(names: Iterable[str] | None, model: nn.Module | None = None) -> 
     for cls in classes:
         meters.append(cls())
     if model is not None:
-        for cls in needing:
-            if cls.needed_by(model):
-                meters.append(cls())
+        meters += _needed(needing, model)
     return meters
 
 
 def meters_needed_since(meters: list[Meter], model: nn.Module) -> list[Meter]:
     """The meters ``model`` needs now (``Meter.needed_by``) that ``meters`` lack: the model changed after its
     LayerProf was made (``fully_shard`` applied after ``LayerProf(model)``)."""
-    have = {type(meter) for meter in meters}
-    return [cls() for cls in METERS.values() if cls not in have
-            and getattr(cls.needed_by, "__func__", None) is not _NEEDED_BY_NONE and cls.needed_by(model)]
+    return _needed(_needing({meter.name for meter in meters}), model)
 
 
 _NEEDED_BY_NONE = Meter.needed_by.__func__  # (the base's: no model needs the meter; not called)
