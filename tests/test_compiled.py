@@ -495,6 +495,38 @@ def test_modules_eager_code_reads_uncalled_are_not_named_after_a_compile() -> No
     assert prof.records["layer.self_attn.out_proj"].calls == 0  # (read by its parent, never called)
 
 
+def test_a_tied_weight_whose_module_is_never_called_is_not_named_after_a_compile() -> None:
+    """T5's ``shared`` embedding is never called: its weight is the encoder's and decoder's ``embed_tokens``', which
+    run. In a process that compiled something, the block named it (every T5 drew the warning); a tied weight is no
+    evidence of a compiled region. A module of the region that holds a weight of its own is still named."""
+    transformers = pytest.importorskip("transformers")
+    _compiled_once()
+    config = transformers.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=2,
+                                   decoder_start_token_id=0, pad_token_id=0)
+    model = transformers.T5ForConditionalGeneration(config)
+    ids = torch.randint(1, 100, (2, 6))
+    with LayerProf(model) as prof:
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert model.shared.weight is model.encoder.embed_tokens.weight and model.shared.weight.grad is not None
+    assert prof.records["shared"].calls == 0 and prof.records["encoder.embed_tokens"].calls >= 1
+    assert "unseen_with_gradients" not in prof.profile.meta
+
+    class TiedRegion(_Region):  # the region's first Linear shares its weight with a module that runs eagerly
+        def __init__(self) -> None:
+            super().__init__()
+            self.eager = nn.Linear(32, 32)
+            self.block[0].weight = self.eager.weight
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.region(self.eager(self.emb(x))))
+
+    region = TiedRegion()
+    with pytest.warns(RuntimeWarning, match=r"\('block'\)"):
+        with LayerProf(region) as prof:
+            region(torch.randn(8, 16)).sum().backward()
+    assert prof.profile.meta["unseen_with_gradients"] == ["block"]  # block.0's bias, block.2's weights: its own
+
+
 def test_a_module_seen_in_a_warm_up_step_is_not_named() -> None:
     _compiled_once()
     model = nn.ModuleDict({"body": nn.Linear(4, 4), "aux": nn.Linear(4, 4)})
