@@ -1270,3 +1270,58 @@ def test_fsdp2s_own_forward_hooks_are_no_reason_to_warn() -> None:
         for handle in handles:
             handle.remove()
         assert any("carry forward hooks" in str(w.message) for w in caught) == warned
+
+
+def test_a_plan_applied_to_a_model_of_other_structure_is_refused_or_warned() -> None:
+    """Names alone resolve on more models than the profiled one: a plan made on 4 blocks wrapped 6 blocks' first
+    four without a word, and one wrapping a block applied where that block held other layers."""
+    model, x = _mlp(depth=4), torch.randn(8, 16)
+    prof = _profile(model, lambda: model(x).sum().backward())
+    plan = prof.checkpoint_plan(0.5, wrap_cost=None, runs=False)
+    assert plan.modules and all(name in {"1", "2", "3", "4"} for name in plan.modules)
+    # Deeper (blocks 5 and 6 added, the last Linear now '7'): the wrapped blocks are as profiled, the figures not.
+    deeper = _mlp(depth=6)
+    with pytest.warns(UserWarning, match=r"the plan was made on a model other than this one: this one has 12 "
+                                         r"module\(s\) the profiled model had not \('6', '7', '5.0' and 9 more\)"):
+        plan.apply(deeper)
+    assert all(is_wrapped(deeper.get_submodule(name)) for name in plan.modules)
+    plan.remove()
+    # A wrapped block that holds another layer (same names above it, same type): refused, nothing wrapped.
+    grown = _mlp(depth=4)
+    target = plan.modules[0]
+    grown.get_submodule(target).append(nn.Identity())
+    before = _state(grown)
+    with pytest.raises(ValueError, match=re.escape(
+            f"model: the plan wraps {target!r}, whose modules in this model are not the profiled model's (it has "
+            f"'{target}.5' that the profiled one had not); the plan frees and re-runs what the profiled model's held. "
+            "Profile this model and plan on that profile")):
+        plan.apply(grown)
+    assert _state(grown) == before and not plan.is_applied
+    # Classes renamed below a wrapped module (as FSDP2's fully_shard does: FSDPLinear) are the same structure.
+    renamed = _mlp(depth=4)
+    for name in plan.modules:
+        layer = renamed.get_submodule(name)[0]
+        layer.__class__ = type("FSDPLinear", (nn.Linear,), {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with plan.applied(renamed):
+            assert all(is_wrapped(renamed.get_submodule(name)) for name in plan.modules)
+
+
+def test_a_run_applied_to_a_sequential_whose_children_differ_is_refused() -> None:
+    """A plan wrapping runs of the model's children applied to any Sequential with as many children or more."""
+    model, x = _mlp(depth=4), torch.randn(8, 16)
+    prof = _profile(model, lambda: model(x).sum().backward())
+    plan = prof.checkpoint_plan(0.5, wrap_cost=None)
+    runs = [name for name in plan.modules if parse_run(name)]
+    assert runs, plan.modules
+    parent, first, _ = parse_run(runs[0])
+    other = copy.deepcopy(model)  # one child of the run nests its layer in a Sequential: same names down to it
+    holder = other.get_submodule(parent) if parent else other
+    holder[first] = nn.Sequential(holder[first])
+    inner = f"{parent}.{first}" if parent else str(first)
+    with pytest.raises(ValueError, match=re.escape(f"model: the plan wraps {runs[0]!r}, whose modules in this model "
+                                                   f"are not the profiled model's (it has '{inner}.0' that the "
+                                                   "profiled one had not)")):
+        plan.apply(other)
+    assert not any(is_wrapped(module) for module in other.modules())

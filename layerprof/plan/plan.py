@@ -44,6 +44,7 @@ from .gaps import gap_savings
 from .peak import PeakModel, PeakPrediction, step_peak
 from .peak_budget import choose_under_peak
 from .runs import RunOption, parse_run, run_options
+from .structure import structure_differs
 from .wrap_cost import WrapCost, check_wrap_cost
 from .solver import DEFAULT_RESOLUTION, Run, best_reachable, ends_of, frontier, iter_frontier, solve
 
@@ -423,6 +424,7 @@ class CheckpointPlan:
                                     len(o.children) if isinstance(o, RunOption) else 0, o.wrap_ms)
                        for o in chosen]
         self.modules = [c.name for c in self.chosen]
+        self._module_names = [r.name for r in records]  # the profiled model's, checked as the plan applies
         self.saved_bytes_after = self._saved_after(solution.chosen if solution is not None else (),
                                                    sum(c.net_bytes for c in self.chosen))
         self.saved_peak_bytes, self.saved_peak_at = None, None
@@ -631,7 +633,25 @@ class CheckpointPlan:
                     "would replace: plan without runs (prof.checkpoint_plan(..., runs=False)), whose wrappers keep "
                     "a module's forward, or take that forward off first")
             sequentials.setdefault(id(module), (module, {}))[1][run[1:]] = name
+        self._check_structure(model)
         return modules, sequentials
+
+    def _check_structure(self, model: nn.Module) -> None:
+        """Refuse a model whose modules under a wrapped one are not the profiled model's, and warn where others
+        differ (``structure.py``). Plans from before the names were kept (unpickled) are not checked."""
+        profiled = self.__dict__.get("_module_names")
+        if profiled is None:
+            return
+        wrapped: dict[str, list[str]] = {}
+        for name in self.modules:
+            run = parse_run(name)
+            prefix = f"{run[0]}." if run is not None and run[0] else ""
+            wrapped[name] = [name] if run is None else [f"{prefix}{i}" for i in range(run[1], run[2])]
+        refusal, warning = structure_differs(profiled, [name for name, _ in model.named_modules()], wrapped)
+        if refusal is not None:
+            raise ValueError(refusal)
+        if warning is not None:
+            warnings.warn(warning, UserWarning, stacklevel=4)
 
     def apply(self, model: nn.Module) -> CheckpointPlan:
         """Wrap the chosen modules of ``model`` in non-reentrant ``torch.utils.checkpoint`` (all or none);
