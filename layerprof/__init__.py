@@ -28,7 +28,7 @@ with quiet_interrupt():
     from .metrics.shapes import ShapesMeter
     from .plan.plan import CheckpointPlan
     from .plan.verify import Verification, verify_plan
-    from .profile import Profile, compare, load, loads, save
+    from .profile import Profile, compare, gather_saved, load, loads, save
     from .record import CallTiming, ModuleRecord
     from .render.compare import Comparison
     from .render.plot import plot_icicle, plot_sunburst, plot_top
@@ -40,7 +40,7 @@ __all__ = [
     "Table", "Comparison", "compare", "load", "loads", "save", "CheckpointPlan", "verify_plan", "Verification",
     "Meter", "register_meter", "register_flop_formula", "register_bytes_formula", "register_module_flops", "peaks",
     "ParamsMeter", "ShapesMeter", "MemoryMeter", "FlopMeter", "CommMeter",
-    "GatheredProfile", "gather_profile", "register_timed_comm_hook", "plot_sunburst", "plot_icicle", "plot_top",
-    "plot_roofline",
+    "GatheredProfile", "gather_profile", "gather_saved", "register_timed_comm_hook", "plot_sunburst", "plot_icicle",
+    "plot_top", "plot_roofline",
     "__version__",
 ]

@@ -13,13 +13,13 @@ import sys
 import threading
 import warnings
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable, Sequence
+from typing import IO, Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
 from ._check import check_bool, check_path, check_text
 from ._gc import gc_paused
-from .distributed.gather import gather_failure, gather_profile
+from .distributed.gather import GatheredProfile, gather_failure, gather_profile, gathered_from_saved
 from ._machine import environment_in, other_machine
 from .metrics.peaks import check_peaks
 from .metrics.peaks import peaks as measure_peaks
@@ -44,7 +44,7 @@ from .integrations.tensorboard import write_tensorboard
 from .render.tree import render_tree, timepool
 from .render.units import format_counted, format_ms
 
-__all__ = ["Profile", "load", "loads", "save", "as_profile", "compare"]
+__all__ = ["Profile", "load", "loads", "save", "as_profile", "compare", "gather_saved"]
 
 
 # The dtypes whose roofs a plain matrix product measures (float8's FLOPs run in scaled products, which it does not).
@@ -674,3 +674,23 @@ def compare(a: Any, b: Any, names: tuple[str, str] = ("a", "b"), module_fields: 
     4
     """
     return Comparison(as_profile(a), as_profile(b), names, module_fields)
+
+
+def gather_saved(sources: Sequence[Any] | Mapping[int, Any], margin: float = 0.2,
+                 min_ms: float | None = None) -> GatheredProfile:
+    """The cross-rank view of a torch.distributed job from each rank's saved profile: what ``prof.gather()``
+    returns on its ``dst``, made after the run, in any process (no process group needed).
+
+    ``sources``: the per-rank files (paths, or Profiles, or LayerProfs after their block), in any order: each
+    profile made under torch.distributed knows its rank and the world size (``meta["distributed"]``). A mapping
+    ``{rank: path}`` names the ranks of files that do not (saved outside a process group, or by an earlier
+    layerprof). A rank of the job with no file among them is listed in ``failed_ranks``. ``margin``, ``min_ms``:
+    the straggler rule, as for ``gather()``.
+    """
+    if isinstance(sources, (str, Path, Profile)) or not isinstance(sources, (Sequence, Mapping)):
+        raise TypeError(f"gather_saved takes the per-rank profiles as a list (of paths or Profiles) or as "
+                        f"{{rank: path}}, got {type(sources).__name__}: wrap a single one in a list")
+    given = list(sources.items()) if isinstance(sources, Mapping) else [(None, source) for source in sources]
+    named = [(rank, repr(str(source)) if isinstance(source, (str, Path)) else f"profile {index}", as_profile(source))
+             for index, (rank, source) in enumerate(given)]
+    return gathered_from_saved(named, margin=margin, min_ms=min_ms)

@@ -17,6 +17,7 @@ from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 from torch.distributed.device_mesh import init_device_mesh
 
+import layerprof
 from layerprof import GatheredProfile, LayerProf, register_timed_comm_hook
 from layerprof.distributed.crossrank import cross_rank_stats, shown_names, spread
 from layerprof.distributed.gather import rank_payload
@@ -241,7 +242,8 @@ def _worker(rank: int) -> dict[str, Any]:
     torch.manual_seed(0)
     ddp = nn.parallel.DistributedDataParallel(Net(slow_rank=1))
     prof = _profile(ddp, metrics=("ddp_comm",))
-    result["ddp"] = {"names": list(prof.records), "comm": prof.profile.meta["ddp_comm"], "view": _view(prof.gather())}
+    result["ddp"] = {"names": list(prof.records), "comm": prof.profile.meta["ddp_comm"], "view": _view(prof.gather()),
+                     "saved": prof.profile.to_json()}  # (each rank's file, as a user would save it)
 
     # a communication hook that takes 30 ms per bucket, one parameter per bucket after DDP's rebuild
     torch.manual_seed(0)
@@ -407,6 +409,47 @@ def test_a_rank_that_gathers_inside_its_block_still_takes_part(two_ranks: dict[i
     rank, then raises as ``prof.profile`` does."""
     assert two_ranks[1]["inside"] == {"raised": "the profile is not ready"}
     assert two_ranks[0]["inside"] == {"failed_ranks": {"1": "profiling was still running when it called gather()"}}
+
+
+def test_saved_rank_files_know_their_rank_and_give_the_gathered_view(two_ranks: dict[int, dict[str, Any]],
+                                                                     tmp_path: Any) -> None:
+    """Each rank's saved profile held no rank or world size, and the cross-rank view of saved files needed the
+    private ``rank_payload``: ``layerprof.gather_saved`` makes the view ``gather()`` made, from the files alone."""
+    paths = []
+    for rank in (1, 0):  # (in any order: each file knows its rank)
+        path = tmp_path / f"layerprof-rank{rank}.json"
+        path.write_text(two_ranks[rank]["ddp"]["saved"])
+        assert layerprof.load(path).meta["distributed"] == {"rank": rank, "world_size": 2, "backend": "gloo"}
+        paths.append(path)
+    gathered = layerprof.gather_saved(paths)
+    live = two_ranks[0]["ddp"]["view"]
+    assert gathered.ranks == [0, 1] and gathered.failed_ranks == {}
+    assert gathered.to_dict() == live["modules"]  # the very numbers rank 0 gathered
+    assert gathered.straggler_ranks == [1] == live["straggler_ranks"]
+    assert gathered.communication_stragglers() == [0]
+    alone = layerprof.gather_saved([paths[0]])  # rank 1's file alone: rank 0 of the 2 is missing, and said so
+    assert alone.ranks == [1] and alone.failed_ranks == {0: "no saved profile of it was given"}
+
+
+def test_gather_saved_refuses_files_it_cannot_place() -> None:
+    """Profiles without a rank (saved outside a process group) are placed by ``{rank: profile}``; two of one rank,
+    a rank its file contradicts, jobs of different sizes and a lone path string are refused, naming the fix."""
+    first, second = _one_rank_profile(), _one_rank_profile()
+    with pytest.raises(ValueError, match=r"cannot tell which rank saved profile 0: .*\{rank: path\}"):
+        layerprof.gather_saved([first, second])
+    assert layerprof.gather_saved({0: first, 1: second}).ranks == [0, 1]
+    assert layerprof.gather_saved([first]).ranks == [0]  # one profile outside a group: the one-rank view
+    with pytest.raises(TypeError, match="wrap a single one in a list"):
+        layerprof.gather_saved("rank0.json")
+    first.meta["distributed"] = {"rank": 1, "world_size": 2, "backend": "gloo"}
+    second.meta["distributed"] = {"rank": 1, "world_size": 2, "backend": "gloo"}
+    with pytest.raises(ValueError, match="rank 1 is given twice"):
+        layerprof.gather_saved([first, second])
+    with pytest.raises(ValueError, match="was given as rank 0, but it was saved by rank 1"):
+        layerprof.gather_saved({0: first})
+    second.meta["distributed"] = {"rank": 0, "world_size": 4, "backend": "gloo"}
+    with pytest.raises(ValueError, match=r"jobs of different sizes: world sizes 2 \(profile 0\), 4 \(profile 1\)"):
+        layerprof.gather_saved([first, second])
 
 
 def _one_rank_profile(warmup: int = 0) -> Any:

@@ -1,15 +1,16 @@
-"""Where a result was measured: host, OS, CPU, torch, threads, device, dtype, batch size."""
+"""Where a result was measured: host, OS, CPU, torch, threads, device, dtype, batch size, the rank."""
 from __future__ import annotations
 
 from functools import lru_cache
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from .._machine import machine as _machine
 
-__all__ = ["environment", "environment_of", "input_facts", "on_input_device"]
+__all__ = ["environment", "environment_of", "input_facts", "on_input_device", "rank_facts"]
 
 
 @lru_cache(maxsize=64)
@@ -108,3 +109,11 @@ def input_facts(example: torch.Tensor | None) -> dict[str, Any]:
         if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
             facts["autocast_dtype"] = str(torch.get_autocast_dtype(device_type)).replace("torch.", "")
     return facts
+
+
+def rank_facts() -> dict[str, Any] | None:
+    """This process's global rank, the default group's size and its backend under an initialized
+    torch.distributed (None outside one): what tells the per-rank files of one job apart once saved."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "backend": str(dist.get_backend())}

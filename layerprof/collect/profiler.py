@@ -18,7 +18,7 @@ from .._derived import verified
 from .._gc import gc_paused
 from .hook_cost import hook_cost
 from .live_op_cost import live_op_cost
-from .environment import environment, environment_of, on_input_device
+from .environment import environment, environment_of, on_input_device, rank_facts
 from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters, measures
 from ..metrics.meter import meters_needed_since
@@ -894,6 +894,9 @@ class LayerProf:
                     "for them"
                 )
         meta: dict[str, Any] = {"environment": {**facts, **example_facts(tracker.example)}}
+        ranks = rank_facts()
+        if ranks is not None:  # (saved per rank: which rank of how many, for layerprof.gather_saved)
+            meta["distributed"] = ranks
         if self._stats.steps == 0 and self._counting_step is not None:
             distorting = [m.name for m in self.metrics if m.distorts_timing]
             # Only set while a distorting meter counted, so ``distorting`` is not empty here.

@@ -8,7 +8,8 @@ raised still takes part (``prof.gather()`` sends why it has no profile, then rai
 ``failed_ranks`` instead of waiting for it.
 
 Without an initialized process group (a plain ``python train.py``), ``gather()`` returns a one-rank view of the
-local profile, so one script runs both under torchrun and alone.
+local profile, so one script runs both under torchrun and alone. ``gathered_from_saved`` makes the same view from
+profiles saved per rank (``layerprof.gather_saved``), each knowing its rank from ``meta["distributed"]``.
 """
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ from .table import rank_table
 if TYPE_CHECKING:
     from ..profile import Profile
 
-__all__ = ["GatheredProfile", "gather_profile", "gather_failure", "rank_payload", "register_timed_comm_hook",
-           "CommMeter"]
+__all__ = ["GatheredProfile", "gather_profile", "gather_failure", "gathered_from_saved", "rank_payload",
+           "register_timed_comm_hook", "CommMeter"]
 
 COMM_FIELDS = ("comm_ms", "exposed_ms", "launch_ms")
 
@@ -209,3 +210,66 @@ def gather_profile(profile: Profile, dst: int = 0, group: Any = None, margin: fl
     if received is None:
         return None
     return GatheredProfile(received, margin=margin, min_ms=min_ms)
+
+
+def _saved_rank(given: int | None, where: str, meta: Mapping[str, Any], alone: bool) -> tuple[int, int | None]:
+    """The rank and world size of one saved profile: its ``meta["distributed"]`` (made under torch.distributed),
+    the rank it was given under, or, for a lone profile saved outside any group, rank 0 of 1."""
+    saved = meta.get("distributed") if isinstance(meta.get("distributed"), Mapping) else {}
+    rank, world_size = saved.get("rank"), saved.get("world_size")
+    if rank is None:
+        rank = (meta.get("lightning") or {}).get("rank") if isinstance(meta.get("lightning"), Mapping) else None
+    if given is not None:
+        given = check_int(f"the rank of {where}", given)
+        if rank is not None and rank != given:
+            raise ValueError(f"{where} was given as rank {given}, but it was saved by rank {rank} "
+                             f"(its meta['distributed']): give each file under the rank that saved it")
+        rank = given
+    if rank is None:
+        if not alone:
+            raise ValueError(f"cannot tell which rank saved {where}: its meta has no 'distributed' entry (saved "
+                             "outside torch.distributed, or by an earlier layerprof); give the files as "
+                             "{rank: path}, e.g. gather_saved({0: 'rank0.json', 1: 'rank1.json'})")
+        rank, world_size = 0, 1
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+        raise ValueError(f"{where}: meta['distributed']['rank'] must be a rank (an integer >= 0), got {rank!r}; "
+                         "the file is damaged: give the files as {rank: path}")
+    return rank, world_size
+
+
+def gathered_from_saved(profiles: Sequence[tuple[int | None, str, Profile]], margin: float = 0.2,
+                        min_ms: float | None = None) -> GatheredProfile:
+    """The cross-rank view of per-rank profiles, as ``gather_profile`` makes it on ``dst``, from ``(rank or None,
+    what to call it in errors, profile)`` triples. A rank of the job (by the world size the profiles saved) with
+    no profile among them is listed in ``failed_ranks``; a rank given twice, or profiles of jobs of different
+    sizes, is a ValueError."""
+    _check_share("margin", margin)
+    if min_ms is not None:
+        _check_share("min_ms", min_ms, share=False)
+    if not profiles:
+        raise ValueError("gather_saved needs at least one saved profile: give the per-rank files (a list of paths, "
+                         "or {rank: path})")
+    payloads: dict[int, dict[str, Any]] = {}
+    where_by_rank: dict[int, str] = {}
+    sizes: dict[int, str] = {}
+    for given, where, profile in profiles:
+        rank, world_size = _saved_rank(given, where, profile.meta, alone=len(profiles) == 1)
+        if rank in payloads:
+            raise ValueError(f"rank {rank} is given twice ({where_by_rank[rank]} and {where}): give one saved "
+                             "profile per rank")
+        if world_size is not None:
+            sizes.setdefault(int(world_size), where)
+        payloads[rank], where_by_rank[rank] = rank_payload(profile, rank, world_size or 0), where
+    if len(sizes) > 1:
+        shown = ", ".join(f"{size} ({where})" for size, where in sizes.items())
+        raise ValueError(f"these profiles come from jobs of different sizes: world sizes {shown}; give the "
+                         "files of one run")
+    world_size = max([*sizes, max(payloads) + 1])
+    if sizes and max(payloads) >= world_size:
+        raise ValueError(f"rank {max(payloads)} ({where_by_rank[max(payloads)]}) is outside a job of {world_size} "
+                         "ranks: give each file under the rank that saved it")
+    missing = [{"rank": rank, "world_size": world_size, _FAILED: "no saved profile of it was given"}
+               for rank in range(world_size) if rank not in payloads]
+    for payload in payloads.values():
+        payload["world_size"] = world_size
+    return GatheredProfile([*payloads.values(), *missing], margin=margin, min_ms=min_ms)
