@@ -319,7 +319,8 @@ def test_a_rank_whose_block_raised_still_takes_part_in_gather(two_ranks: dict[in
     assert failed["failed_ranks"] == {"1": "the block raised ValueError"}  # (JSON keys)
     assert list(failed["view"]["per_rank_names"]) == ["0"]
     assert "Rank 1: no profile (the block raised ValueError)" in failed["view"]["table"].splitlines()
-    assert failed["view"]["table"].startswith("Across 1 rank, per step")
+    # (the header said "Across 1 rank", as of a one-rank job, with rank 1's failure on the line below)
+    assert failed["view"]["table"].startswith("Across 1 of 2 ranks, per step")
 
 
 def test_both_ranks_records_arrive_on_rank_0_with_the_same_structure(two_ranks: dict[int, dict[str, Any]]) -> None:
@@ -429,6 +430,7 @@ def test_saved_rank_files_know_their_rank_and_give_the_gathered_view(two_ranks: 
     assert gathered.communication_stragglers() == [0]
     alone = layerprof.gather_saved([paths[0]])  # rank 1's file alone: rank 0 of the 2 is missing, and said so
     assert alone.ranks == [1] and alone.failed_ranks == {0: "no saved profile of it was given"}
+    assert alone.table().startswith("Across 1 of 2 ranks, per step") and "slowest rank" not in alone.table()
 
 
 def test_gather_saved_refuses_files_it_cannot_place() -> None:
@@ -467,7 +469,9 @@ def test_a_rank_that_recorded_no_step_is_listed_not_compared() -> None:
     assert gathered.ranks == [0]
     assert gathered.failed_ranks == {1: "it recorded no step: every step was warm-up or outside the schedule"}
     table = gathered.table().splitlines()
-    assert table[0].startswith("Across 1 rank")
+    assert table[0].startswith("Across 1 of 2 ranks, per step")  # (was "Across 1 rank")
+    assert gathered.world_size == 2
+    assert repr(gathered).startswith("<GatheredProfile Sequential: 1 of 2 ranks, 3 modules")
     assert "Rank 1: no profile (it recorded no step: every step was warm-up or outside the schedule)" in table
 
 

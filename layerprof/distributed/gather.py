@@ -22,7 +22,7 @@ from ..render.table import Table
 from ..render.units import format_counted
 from .comm import CommMeter, register_timed_comm_hook
 from .fsdp import FsdpCommMeter
-from .table import rank_table
+from .table import rank_table, ranks_compared
 
 if TYPE_CHECKING:
     from ..profile import Profile
@@ -57,8 +57,9 @@ class GatheredProfile:
     """Every rank's profile and their comparison, on the rank that gathered them.
 
     Attributes:
-        ranks: the ranks gathered, in order. ``per_rank``: ``{rank: payload}`` with each rank's ``rows`` (by
-            recorded name, as on that rank) and ``meta``.
+        ranks: the ranks compared, in order. ``per_rank``: ``{rank: payload}`` with each rank's ``rows`` (by
+            recorded name, as on that rank) and ``meta``. ``failed_ranks``: ``{rank: why}`` for the ranks of the
+            job that have no profile to compare. ``world_size``: the ranks of the job, compared or not.
         step: the whole step (outermost record) across ranks, a ``ModuleSpread``.
         modules: ``{shown name: ModuleSpread}``, names without DDP/FSDP wrapper prefixes (see
             ``layerprof.crossrank``).
@@ -71,6 +72,9 @@ class GatheredProfile:
     """
 
     def __init__(self, payloads: Sequence[Mapping[str, Any]], margin: float = 0.2, min_ms: float | None = None) -> None:
+        # The job's size, failed ranks included: a view of 1 rank of 2 must not read as a one-rank job.
+        self.world_size = max(max(int(p.get("world_size") or 0), int(p["rank"]) + 1) for p in payloads) if (
+            payloads) else 0
         # Ranks whose profiling failed sent why instead of a profile (``gather_failure``): listed, not compared.
         self.failed_ranks: dict[int, str] = {int(p["rank"]): str(p[_FAILED]) for p in payloads if _FAILED in p}
         # And ranks whose profile recorded no step (every step warm-up or outside the schedule): nothing to
@@ -103,10 +107,6 @@ class GatheredProfile:
             if measured is not None:
                 found[name] = measured
         return found
-
-    @property
-    def world_size(self) -> int:
-        return len(self.ranks)
 
     @property
     def straggler_ranks(self) -> list[int]:
@@ -149,7 +149,7 @@ class GatheredProfile:
         return self.table()
 
     def __repr__(self) -> str:
-        return (f"<GatheredProfile {self.step.type}: {format_counted(self.world_size, 'rank')}, "
+        return (f"<GatheredProfile {self.step.type}: {ranks_compared(self)}, "
                 f"{format_counted(len(self.modules), 'module')}, stragglers {self.straggler_ranks}>")
 
 

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from .crossrank import ModuleSpread, Spread
     from .gather import GatheredProfile
 
-__all__ = ["rank_table"]
+__all__ = ["rank_table", "ranks_compared"]
 
 
 def _three(values: Spread | None) -> str:
@@ -44,14 +44,22 @@ def _partial_ranks(gathered: GatheredProfile) -> list[str]:
     return [f"Rank {rank}: {note}" for rank, note in sorted(notes) if note is not None]
 
 
+def ranks_compared(gathered: GatheredProfile) -> str:
+    """How many ranks the view compares: ``"2 ranks"``, or ``"1 of 2 ranks"`` where some of the job's have no
+    profile (a failed rank, a file not given)."""
+    whole = format_counted(gathered.world_size, "rank")
+    return whole if len(gathered.ranks) == gathered.world_size else f"{len(gathered.ranks)} of {whole}"
+
+
 def rank_table(gathered: GatheredProfile, depth: int | None = None) -> str:
     """The cross-rank view as text; ``depth`` limits the module rows (the root has depth 0)."""
     step = gathered.step
     lines = [
-        f"Across {format_counted(gathered.world_size, 'rank')}, per step: min / median / max over ranks. "
+        f"Across {ranks_compared(gathered)}, per step: min / median / max over ranks. "
         f"Straggler: total above the median by more than {gathered.margin:.0%} and {format_ms(gathered.min_ms)}.",
         f"Step ({step.type}): total {_three(step.total_ms)}"
-        + (f", slowest rank {step.total_ms.slowest_rank}" if step.total_ms is not None and gathered.world_size > 1 else "")
+        + (f", slowest rank {step.total_ms.slowest_rank}" if step.total_ms is not None and len(gathered.ranks) > 1
+           else "")
         + f"; stragglers: {_ranks(step.stragglers) or 'none'}",
     ]
     lines.extend(_partial_ranks(gathered))
