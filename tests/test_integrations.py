@@ -406,3 +406,39 @@ def test_the_no_step_note_tells_a_schedule_never_reached_from_calls_that_raised(
     with pytest.raises(ValueError, match="holds a NUL character"):
         checked_options("LayerProfCallback", "output_dir", "a\0b", None, None)
     assert checked_options("LayerProfCallback", "output_dir", "~/prof", None, None)[0] == str(Path.home() / "prof")
+
+
+def test_a_new_lightning_profiler_writes_beside_an_earlier_runs_files(tmp_path: Path) -> None:
+    """A script run again with a new profiler into the same folder replaced the earlier run's files without a
+    word (the numbering was per profiler): the second run now goes past the highest number already there."""
+    pl, module = _lightning_module()
+    from layerprof.integrations.lightning import LayerProfProfiler
+
+    (tmp_path / "exp-rank1-3.json").write_text("{}")  # another rank's third run: the number is the job's
+    (tmp_path / "exp-rank0-7").mkdir()  # (no .json/.txt file: not a run)
+    for batches in (4, 2):
+        profiler = LayerProfProfiler(dirpath=tmp_path, filename="exp")
+        trainer = pl.Trainer(max_epochs=1, profiler=profiler, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+                             limit_val_batches=0)
+        trainer.fit(module, _loader(batches))
+    assert profiler.paths == [tmp_path / "exp-rank0-5.json", tmp_path / "exp-rank0-5.txt"]
+    assert layerprof.load(tmp_path / "exp-rank0-4.json").meta["steps"] == 4  # the first run's, kept
+    assert layerprof.load(tmp_path / "exp-rank0-5.json").meta["steps"] == 2
+
+
+def test_a_new_trainer_callback_writes_beside_an_earlier_runs_files(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from layerprof.integrations.transformers import LayerProfCallback
+
+    for steps in (3, 2):
+        args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=steps,
+                                              report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True,
+                                              logging_strategy="no")
+        callback = LayerProfCallback()
+        transformers.Trainer(model=_tiny_classifier(transformers, layers=1), args=args, train_dataset=_Tokens(),
+                             callbacks=[callback]).train()
+    assert callback.paths == [tmp_path / "layerprof-2.json", tmp_path / "layerprof-2.txt"]
+    assert layerprof.load(tmp_path / "layerprof.json").meta["steps"] == 3  # the first run's, kept
+    assert layerprof.load(tmp_path / "layerprof-2.json").meta["steps"] == 2

@@ -9,7 +9,8 @@ whether ``training_step`` calls ``self(x)`` or ``self.net(x)``.
 At the end of the run each rank writes ``<filename>-rank<k>.json`` (``layerprof show`` reads it) and
 ``<filename>-rank<k>.txt`` (the annotated summary) into ``dirpath``, by default the trainer's log dir, and rank 0
 logs one line saying where (``profiler.summary()`` returns the summary, to print once); a later
-``fit`` with the same profiler is profiled too, into ``<filename>-rank<k>-<n>.json`` for the n-th. A run that ends
+``fit`` is profiled too, into ``<filename>-rank<k>-<n>.json`` for the n-th, or past the highest number already in
+``dirpath`` (a new profiler over an earlier run's files writes beside them, not over them). A run that ends
 on an exception or an interrupt takes every hook off at once and writes the batches completed before it as a
 partial profile (``meta["partial"]`` says why): the profiler's actions see an exception in a batch or between
 batches, and a callback it adds to the trainer (``on_exception``) one outside the epoch's batches (an epoch's end
@@ -18,6 +19,7 @@ hooks, ``on_train_end``). Needs ``lightning`` (``pip install lightning``).
 from __future__ import annotations
 
 import os
+import re
 import sys
 import weakref
 from pathlib import Path
@@ -30,7 +32,7 @@ from ..distributed.comm import time_ddp_wrapper
 from ..profile import Profile
 from ..render.units import format_counted
 from ._optional import require
-from .steps import GapSchedule, checked_options, write_profile_files, written_or_warned
+from .steps import GapSchedule, checked_options, next_run, run_stem, write_profile_files, written_or_warned
 
 _profilers = require("lightning.pytorch.profilers", "lightning", "layerprof.integrations.lightning")
 _callbacks = require("lightning.pytorch.callbacks", "lightning", "layerprof.integrations.lightning")
@@ -93,6 +95,7 @@ class LayerProfProfiler(_profilers.Profiler):
         self._handling: dict[str, BaseException | None] = {}  # per watched action, the exception handled at its start
         self._trainer: Any = None  # a weak reference to the trainer of the run being profiled
         self._rank = 0
+        self._run = 1  # the number of the run being profiled, in its files' names
         self.profiles: list[Profile] = []  # one per run (fit) that recorded a batch, in order
         self.profile_result: Profile | None = None  # the last of them
         self.paths: list[Path] = []
@@ -180,6 +183,11 @@ class LayerProfProfiler(_profilers.Profiler):
         time_ddp_wrapper(prof.metrics, getattr(getattr(trainer, "strategy", None), "model", None))
         prof.start()
         self._prof, self._root = prof, prof.root_step()
+        # Numbered as the run begins, by every rank alike: at its end one rank's files could already be there.
+        self._run = max(len(self.profiles) + 1, next_run(self._folder(), rf"{re.escape(self.filename)}-rank[0-9]+"))
+
+    def _folder(self) -> Path:
+        return Path(self.dirpath if self.dirpath is not None else os.getcwd())
 
     def _give_way(self) -> bool:
         """A new profiler wants the model: end this one if its trainer is no longer running (it stopped on an
@@ -208,9 +216,7 @@ class LayerProfProfiler(_profilers.Profiler):
         profile.meta["lightning"] = {"rank": self._rank, "step": "run_training_batch"}
         self.profiles.append(profile)
         self.profile_result = profile
-        dirpath = Path(self.dirpath if self.dirpath is not None else os.getcwd())
-        run = len(self.profiles)
-        stem = dirpath / (f"{self.filename}-rank{self._rank}" + (f"-{run}" if run > 1 else ""))
+        stem = run_stem(self._folder(), f"{self.filename}-rank{self._rank}", self._run)
         self.paths = written_or_warned("LayerProfProfiler", "profiler.profiles",
                                        lambda: write_profile_files(profile, stem))
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -13,7 +14,8 @@ from ..collect.schedule import Action, Schedule
 from ..metrics.meter import make_meters
 from ..render.units import format_counted
 
-__all__ = ["GapSchedule", "checked_options", "checked_folder", "write_profile_files", "written_or_warned"]
+__all__ = ["GapSchedule", "checked_options", "checked_folder", "next_run", "run_stem", "write_profile_files",
+           "written_or_warned"]
 
 
 def checked_options(owner: str, path_name: str, path: Any, schedule: Any,
@@ -94,6 +96,25 @@ def checked_folder(owner: str, path_name: str, path: Any) -> None:
     if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"{owner}: {path_name} {str(folder)!r} cannot be written ({str(existing)!r} is not "
                          "writable); give a folder to write the profile into")
+
+
+def next_run(folder: Path, stem: str) -> int:
+    """The number of the next run's files in ``folder``, whose names are ``stem`` (a regular expression: one
+    integration's, every rank's) then ``-<n>`` from the second run on, then ``.json`` or ``.txt``: 1 where the folder
+    holds none, else one past the highest there. So a new profiler or callback pointed at a folder of an earlier
+    run's files (a script run again) writes beside them rather than over them."""
+    pattern = re.compile(rf"{stem}(?:-([0-9]+))?\.(?:json|txt)")
+    try:
+        names = [entry.name for entry in os.scandir(folder) if entry.is_file()]  # (files: a folder is in the way)
+    except OSError:  # no folder yet (made as the files are written), or none to read: no earlier run there
+        return 1
+    found = [pattern.fullmatch(name) for name in names]
+    return max((int(match.group(1) or 1) for match in found if match is not None), default=0) + 1
+
+
+def run_stem(folder: Path, name: str, run: int) -> Path:
+    """The files' path without ``.json``/``.txt``: ``name`` for the first run, ``name-<run>`` after it."""
+    return folder / (name + (f"-{run}" if run > 1 else ""))
 
 
 def write_profile_files(profile: Any, stem: Path) -> list[Path]:

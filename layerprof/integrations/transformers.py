@@ -6,7 +6,8 @@ with the hooks off, never recorded. ``schedule`` (``layerprof.schedule(...)``) c
 of training, ``layerprof.json`` and ``layerprof.txt`` (the annotated summary) go to ``output_dir`` (default:
 ``args.output_dir``), and, when TensorBoard is among ``args.report_to``, the scalars, figures and top table go
 to the TensorBoard log folder too (``<output_dir>/runs/layerprof`` unless set). A later ``train()`` with the same
-callback is profiled too, into ``layerprof-<n>.json`` for the n-th.
+callback is profiled too, into ``layerprof-<n>.json`` for the n-th, or past the highest number already in the
+folder (a new callback over an earlier run's files writes beside them, not over them).
 
 The Trainer tells its callbacks nothing when ``train()`` raises. The callback notices that the run is over the
 first time anything touches the model or the callback again (the model called, ``callback.profile`` read, another
@@ -29,7 +30,7 @@ from ..collect.schedule import Schedule
 from ..distributed.comm import time_ddp_wrapper
 from ..profile import Profile
 from ._optional import require
-from .steps import GapSchedule, checked_options, write_profile_files, written_or_warned
+from .steps import GapSchedule, checked_options, next_run, run_stem, write_profile_files, written_or_warned
 
 _transformers = require("transformers", "transformers", "layerprof.integrations.transformers")
 
@@ -216,8 +217,8 @@ class LayerProfCallback(_transformers.TrainerCallback):
 
     def _write(self, profile: Profile, args: Any, state: Any) -> None:
         folder = Path(self.output_dir if self.output_dir is not None else args.output_dir)
-        run = len(self._profiles)
-        stem = folder / ("layerprof" + (f"-{run}" if run > 1 else ""))
+        run = max(len(self._profiles), next_run(folder, "layerprof"))  # (world process zero alone writes)
+        stem = run_stem(folder, "layerprof", run)
         self.paths = written_or_warned("LayerProfCallback", "callback.profiles",
                                        lambda: write_profile_files(profile, stem))
         report_to = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
