@@ -6,6 +6,7 @@ import os
 import re
 from unittest import mock
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -442,3 +443,61 @@ def test_a_new_trainer_callback_writes_beside_an_earlier_runs_files(tmp_path: Pa
     assert callback.paths == [tmp_path / "layerprof-2.json", tmp_path / "layerprof-2.txt"]
     assert layerprof.load(tmp_path / "layerprof.json").meta["steps"] == 3  # the first run's, kept
     assert layerprof.load(tmp_path / "layerprof-2.json").meta["steps"] == 2
+
+
+def test_a_lightning_run_resumed_from_a_checkpoint_profiles_the_batches_an_uninterrupted_one_does(
+        tmp_path: Path) -> None:
+    """The schedule counted batches from the resumed ``fit()``: ``wait=6, active=4`` over 12 batches resumed after
+    4 recorded batches 10 and 11 (2), where the uninterrupted run records 6 to 9 (4)."""
+    pl, _ = _lightning_module()
+    from layerprof.integrations.lightning import LayerProfProfiler
+
+    options = dict(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                   enable_model_summary=False, limit_val_batches=0, accumulate_grad_batches=2)
+    recorded = {}
+    for name in ("uninterrupted", "resumed"):
+        torch.manual_seed(0)
+        module = _lightning_module()[1]
+        ckpt_path = None
+        if name == "resumed":  # 2 optimizer steps of 2 batches, saved, then resumed to the same 6 optimizer steps
+            first = pl.Trainer(max_steps=2, **options)
+            first.fit(module, _loader(8))
+            ckpt_path = tmp_path / "half.ckpt"
+            first.save_checkpoint(ckpt_path)
+        profiler = LayerProfProfiler(dirpath=tmp_path / name, schedule=layerprof.schedule(wait=6, active=4, repeat=1))
+        trainer = pl.Trainer(max_steps=6, profiler=profiler, **options)
+        trainer.fit(module, _loader(8), ckpt_path=ckpt_path)
+        assert trainer.global_step == 6
+        recorded[name] = profiler.profile_result.meta
+    assert recorded["uninterrupted"]["steps"] == recorded["resumed"]["steps"] == 4  # batches 6, 7, 8, 9
+    assert recorded["resumed"]["schedule"]["first"] == 4 and recorded["uninterrupted"]["schedule"]["first"] == 0
+
+
+def test_a_trainer_run_resumed_from_a_checkpoint_profiles_the_steps_an_uninterrupted_one_does(
+        tmp_path: Path) -> None:
+    """``wait=5, active=2`` over 8 optimizer steps resumed after 4 recorded nothing (the resumed train()'s steps
+    counted from 0 reached only its 5th); it now records the training's steps 5 and 6, as an uninterrupted run."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from layerprof.integrations.transformers import LayerProfCallback
+
+    def train(output_dir: Path, max_steps: int, callback: Any = None, resume: Any = None, save: bool = False) -> Any:
+        args = transformers.TrainingArguments(
+            output_dir=str(output_dir), per_device_train_batch_size=2, max_steps=max_steps, report_to=[],
+            use_cpu=True, save_strategy="steps" if save else "no", save_steps=4, disable_tqdm=True,
+            logging_strategy="no")
+        trainer = transformers.Trainer(model=_tiny_classifier(transformers, layers=1), args=args,
+                                       train_dataset=_Tokens(), callbacks=[callback] if callback else [])
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    schedule = layerprof.schedule(wait=5, active=2, repeat=1)
+    uninterrupted = LayerProfCallback(schedule=schedule)
+    train(tmp_path / "uninterrupted", 8, uninterrupted)
+    train(tmp_path / "resumed", 4, save=True)
+    resumed = LayerProfCallback(schedule=schedule)
+    trainer = train(tmp_path / "resumed", 8, resumed, resume=str(tmp_path / "resumed" / "checkpoint-4"))
+    assert trainer.state.global_step == 8
+    assert uninterrupted.profile.meta["steps"] == 2
+    assert resumed.profile is not None and resumed.profile.meta["steps"] == 2  # steps 5 and 6
+    assert resumed.profile.meta["schedule"]["first"] == 4

@@ -2,7 +2,8 @@
 
 Each ``run_training_batch`` action (the forward, backward and optimizer step of one batch) is one layerprof step;
 the time between batches (validation, logging, data loading) is a step with the hooks off, so it costs nothing
-and is never recorded. ``schedule`` (``layerprof.schedule(wait=, warmup=, active=, repeat=)``) counts batches.
+and is never recorded. ``schedule`` (``layerprof.schedule(wait=, warmup=, active=, repeat=)``) counts the training's
+batches, those before a checkpoint that ``fit(ckpt_path=...)`` resumes from included.
 The LightningModule (the root) is timed over ``training_step``, up to the loss, and the trainer's backward call,
 whether ``training_step`` calls ``self(x)`` or ``self.net(x)``.
 
@@ -72,6 +73,15 @@ def _checked_stem(filename: Any) -> str:
         raise ValueError(f"LayerProfProfiler: filename must be a file name stem such as 'layerprof' (no folder: "
                          f"give the folder as dirpath), or None, got {filename!r}")
     return filename
+
+
+def _batches_done(trainer: Any) -> int:
+    """The training batches the trainer ran before this one: 0 in a new run, those of the checkpoint in a run
+    resumed with ``fit(ckpt_path=...)`` (its loop's progress, restored with it), so that the schedule counts the
+    batches of the whole training, as an uninterrupted run does."""
+    progress = getattr(getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None), "batch_progress", None)
+    done = getattr(getattr(progress, "total", None), "completed", 0)
+    return done if isinstance(done, int) and not isinstance(done, bool) and done > 0 else 0
 
 
 class LayerProfProfiler(_profilers.Profiler):
@@ -176,9 +186,11 @@ class LayerProfProfiler(_profilers.Profiler):
                 self._root.backward_ends()
 
     def _begin(self) -> None:
-        prof = LayerProf(self._module(), metrics=self.metrics, schedule=GapSchedule.around(self.schedule))
-        prof._give_way = self._give_way
+        module = self._module()
         trainer = self._trainer() if self._trainer is not None else None
+        prof = LayerProf(module, metrics=self.metrics, schedule=GapSchedule.around(self.schedule,
+                                                                                   _batches_done(trainer)))
+        prof._give_way = self._give_way
         # Under DDP the strategy trains a DistributedDataParallel of the LightningModule: the ddp_comm meter times it.
         time_ddp_wrapper(prof.metrics, getattr(getattr(trainer, "strategy", None), "model", None))
         prof.start()

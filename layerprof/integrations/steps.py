@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .._check import check_names
+from .._check import check_int, check_names
 from .._files import move_all_into_place, temporary_beside
 from ..collect.schedule import Action, Schedule
 from ..metrics.meter import make_meters
@@ -43,25 +43,30 @@ def checked_options(owner: str, path_name: str, path: Any, schedule: Any,
 class GapSchedule(Schedule):
     """A LayerProf schedule over steps that alternate training step, gap, training step, ...: the gaps (evaluation,
     logging, data loading between steps) have their hooks off, so they cost nothing and are never recorded.
-    Training step ``k`` (LayerProf step ``2k``) follows the schedule's own fields (``wait``, ``warmup``, ...), or
-    is recorded when ``every_step``. Build one with ``GapSchedule.around(schedule_or_None)``."""
+    The run's training step ``k`` (LayerProf step ``2k``) is the trainer's step ``first + k``, which follows the
+    schedule's own fields (``wait``, ``warmup``, ...), or is recorded when ``every_step``: ``first``, the trainer's
+    steps done before the run began, is how a run resumed from a checkpoint profiles the steps an uninterrupted run
+    would. Build one with ``GapSchedule.around(schedule_or_None, first)``."""
 
     every_step: bool = False
+    first: int = 0
 
     @classmethod
-    def around(cls, per_step: Schedule | None) -> GapSchedule:
-        """The gap schedule whose training steps follow ``per_step`` (every one recorded when None)."""
+    def around(cls, per_step: Schedule | None, first: int = 0) -> GapSchedule:
+        """The gap schedule whose training steps follow ``per_step`` (every one recorded when None), the run's
+        first being the trainer's step ``first``."""
+        first = check_int("first", first)
         if per_step is None:
-            return cls(every_step=True)
+            return cls(every_step=True, first=first)
         if not isinstance(per_step, Schedule):
             raise TypeError(
                 f"schedule must be a layerprof.schedule(wait=, warmup=, active=, repeat=), got {per_step!r}")
-        return cls(**{f.name: getattr(per_step, f.name) for f in fields(Schedule)})
+        return cls(**{f.name: getattr(per_step, f.name) for f in fields(Schedule)}, first=first)
 
     def __call__(self, step: int) -> Action:
         if step % 2:
             return Action.NONE
-        return Action.RECORD if self.every_step else super().__call__(step // 2)
+        return Action.RECORD if self.every_step else super().__call__(self.first + step // 2)
 
     def no_step_note(self, step_num: int) -> str | None:
         """In the framework's training steps and the user's schedule (LayerProf's own steps count the gaps too);
@@ -73,10 +78,13 @@ class GapSchedule(Schedule):
                           if value != Schedule.__dataclass_fields__[name].default)
         steps = (step_num + 1) // 2
         training = format_counted(steps, "training step")
-        if any(Schedule.__call__(self, step) is Action.RECORD for step in range(steps)):
+        if self.first:  # (resumed: the schedule counts the trainer's steps)
+            training += f" (the trainer's {self.first} to {self.first + steps - 1}: it resumed after {self.first})"
+        if any(Schedule.__call__(self, step) is Action.RECORD for step in range(self.first, self.first + steps)):
             return (f"LayerProf recorded no training step: every call in the active ones of the run's {training} "
                     f"(layerprof.schedule({shown})) raised.")
-        return (f"LayerProf recorded no training step: the run's {training} all came before the schedule's active "
+        where = "outside" if self.first else "before"
+        return (f"LayerProf recorded no training step: the run's {training} all came {where} the schedule's active "
                 f"ones (layerprof.schedule({shown})). Run more steps, or change the schedule.")
 
 

@@ -2,8 +2,10 @@
 
 A step is one optimizer step with all its micro-batches (``on_step_begin`` fires on the first micro-batch
 only, ``on_step_end`` after the optimizer step); the time between steps (evaluation, logging, saving) is a step
-with the hooks off, never recorded. ``schedule`` (``layerprof.schedule(...)``) counts optimizer steps. At the end
-of training, ``layerprof.json`` and ``layerprof.txt`` (the annotated summary) go to ``output_dir`` (default:
+with the hooks off, never recorded. ``schedule`` (``layerprof.schedule(...)``) counts the training's optimizer steps
+(``state.global_step``: those before a checkpoint that ``train(resume_from_checkpoint=...)`` resumes from
+included). At the end of training, ``layerprof.json`` and ``layerprof.txt`` (the annotated summary) go to
+``output_dir`` (default:
 ``args.output_dir``), and, when TensorBoard is among ``args.report_to``, the scalars, figures and top table go
 to the TensorBoard log folder too (``<output_dir>/runs/layerprof`` unless set). A later ``train()`` with the same
 callback is profiled too, into ``layerprof-<n>.json`` for the n-th, or past the highest number already in the
@@ -165,7 +167,12 @@ class LayerProfCallback(_transformers.TrainerCallback):
         if self._prof is None:
             if self._context is None or model is None:
                 return  # outside a train() this callback saw begin
-            prof = LayerProf(model, metrics=self.metrics, schedule=GapSchedule.around(self.schedule))
+            # The schedule counts the training's optimizer steps: a run resumed from a checkpoint
+            # (resume_from_checkpoint) begins at the global step restored with it, and profiles the steps an
+            # uninterrupted run would.
+            first = getattr(state, "global_step", 0)
+            first = first if isinstance(first, int) and not isinstance(first, bool) and first > 0 else 0
+            prof = LayerProf(model, metrics=self.metrics, schedule=GapSchedule.around(self.schedule, first))
             prof._give_way = self._give_way
             # Under torchrun the Trainer trains a DistributedDataParallel of the model: the ddp_comm meter times it.
             time_ddp_wrapper(prof.metrics, getattr(self._trainer(), "model_wrapped", None))
