@@ -341,6 +341,29 @@ def test_the_root_carries_the_training_step(tmp_path: Path, call_self: bool) -> 
     assert "—" not in header and header.startswith("Step: forward ")
 
 
+class Lbfgs(Net):
+    """An optimizer that evaluates its closure, so training_step, three times a batch."""
+
+    def configure_optimizers(self):
+        return torch.optim.LBFGS(self.parameters(), lr=0.1, max_iter=3)
+
+
+@pytest.mark.parametrize("call_self", [False, True], ids=["self.net(x)", "self(x)"])
+def test_an_optimizer_that_reruns_the_closure_counts_one_root_call_per_batch(tmp_path: Path, call_self: bool) -> None:
+    """LBFGS runs training_step three times a batch: a ``self(x)`` in the second and third runs, outside the
+    step's call, counted as root calls (3 a batch where the docs say one). Its modules count every run's call, and
+    the root holds them (a child never above its parent)."""
+    module = Lbfgs(call_self=call_self)
+    profiler = LayerProfProfiler()
+    _trainer(tmp_path, profiler).fit(module, _loader(4))
+    profile = profiler.profile_result
+    root, net = profile.tree, profile.records["net"]
+    assert profile.meta["steps"] == 4
+    assert root.calls == 1  # (was 3 with self(x))
+    assert net.calls == 3 and profile.records["net.0"].calls == 3  # max_iter=3: the closure ran three times
+    assert root.forward_ms >= net.forward_ms > 0 and root.backward_ms >= net.backward_ms > 0
+
+
 class BatchClock(pl.Callback):
     """The wall time of each training batch, from on_train_batch_start to on_train_batch_end (around the action)."""
 

@@ -6,7 +6,8 @@ begin and end, and tells a ``RootStep``: the training step opens a call of the r
 it nest under (its forward is the training step up to the loss), and the trainer's backward call gives that call
 its backward (the loss's own gradient, every module's, and the engine's work between them). A call of the root
 made inside the step (a ``training_step`` that calls ``self(x)``) is folded into it, so the root counts one call per
-training step either way.
+training step either way; so is one made by a later run of the step in the same training step (an optimizer that
+re-evaluates its closure, LBFGS), whose module calls then count as made by none and go to the root's time.
 """
 from __future__ import annotations
 
@@ -93,18 +94,36 @@ class RootStep:
         # the root (under DDP, Lightning's forward redirection runs training_step in a call of the LightningModule,
         # so a ``self(x)`` there is a call of the root inside a call of the root). In the order they began: a call
         # before the calls made inside it.
-        inner, within = [], {id(call)}
+        # An optimizer that calls its closure several times a step (LBFGS) runs training_step again after the
+        # step's call has ended: a ``self(x)`` there is a call of the root outside it, which would count as another
+        # call of the root. Those are folded too; what they called is left without a caller, as under a
+        # training_step that calls ``self.net(x)``, and its time is the root's (adopted as a call made by none).
+        inner, within, again = [], {id(call)}, set()
         for other in calls[self._first + 1:]:
-            if other.name == call.name and other.parent is not None and id(other.parent) in within:
+            if other.name == call.name and other.parent is None:
+                again.add(id(other))
+                within.add(id(other))
+            elif other.name == call.name and other.parent is not None and id(other.parent) in within:
                 inner.append(other)
                 within.add(id(other))
         task = next((c.task for c in calls[self._first + 1:] if c.task is not None), None)
-        if inner:
-            folded = set(map(id, inner))
+        if inner or again:
+            folded = set(map(id, inner)) | again
+            later = again | {id(c) for c in inner if _under(c, again)}
             for other in calls:
                 if other.parent is not None and id(other.parent) in folded:
-                    other.parent = call
+                    other.parent = None if id(other.parent) in later else call
             calls[:] = [c for c in calls if id(c) not in folded]
         if len(backward) == 1 and task is not None:
             call.task = task
             call.bwd_start, call.bwd_end = backward[0]
+
+
+def _under(call: CallTrace, tops: set[int]) -> bool:
+    """Whether ``call`` was made inside one of the calls ``tops`` (by identity)."""
+    parent = call.parent
+    while parent is not None:
+        if id(parent) in tops:
+            return True
+        parent = parent.parent
+    return False
