@@ -284,7 +284,9 @@ class StepStats:
             calls = module.calls
             record.calls = calls // steps if calls % steps == 0 else calls / steps
             record.steps_run = module.steps_run
-            if module.last_times is not None:
+            # The calls of the last recorded step only: a module that skipped it has none (an earlier step's
+            # calls, drawn in the trace, would stand outside every slice of that step).
+            if module.last_times is not None and module.last_step == steps:
                 record._timings = module.last_times.timings
             for field, values in (("forward_ms", module.forward), ("backward_ms", module.backward)):
                 if not values.runs:

@@ -1,0 +1,45 @@
+"""Rendering and export sweep: what a profile's outputs show where a user's run is unusual (a module skipped in
+the last step, a shared module, ...). Each test is one bug found by the sweep."""
+from __future__ import annotations
+
+import json
+
+import torch
+from torch import nn
+
+import layerprof
+
+
+class _Aux(nn.Module):
+    """A body run every step and an auxiliary head run only in some steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+        self.aux = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor, with_aux: bool) -> torch.Tensor:
+        h = self.body(x)
+        return h.sum() + (self.aux(h).sum() if with_aux else 0)
+
+
+def test_trace_holds_only_the_last_steps_calls_when_a_module_skipped_it() -> None:
+    # Before: `aux` ran in step 0 only, and its record kept step 0's call as its `call_times` ("every call of the
+    # module in the last recorded step"), so the trace and speedscope drew it 1 step early, outside every slice
+    # of its parent (whose step-0 slice is not in the trace), and speedscope's timeline spanned two steps.
+    torch.manual_seed(0)
+    net = _Aux()
+    x = torch.randn(4, 8)
+    with layerprof.LayerProf(net) as prof:
+        for step in range(2):
+            net(x, with_aux=step == 0).backward()
+            prof.step()
+    assert prof.records["aux"].steps_run == 1
+    assert prof.records["aux"].call_times == []
+    events = [e for e in json.loads(prof.to_trace())["traceEvents"] if e["ph"] == "X"]
+    assert {e["args"]["step"] for e in events} == {1}
+    assert "aux" not in {e["args"]["module"] for e in events}
+    frames = [frame["name"] for frame in json.loads(prof.to_speedscope())["shared"]["frames"]]
+    timelines = json.loads(prof.to_speedscope())["profiles"][:2]
+    opened = {frames[event["frame"]] for timeline in timelines for event in timeline["events"]}
+    assert not any(name.startswith("aux") for name in opened)
