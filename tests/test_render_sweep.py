@@ -3,11 +3,14 @@ the last step, a shared module, ...). Each test is one bug found by the sweep.""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
 import layerprof
+from layerprof.cli import main
 
 
 class _Aux(nn.Module):
@@ -43,3 +46,19 @@ def test_trace_holds_only_the_last_steps_calls_when_a_module_skipped_it() -> Non
     timelines = json.loads(prof.to_speedscope())["profiles"][:2]
     opened = {frames[event["frame"]] for timeline in timelines for event in timeline["events"]}
     assert not any(name.startswith("aux") for name in opened)
+
+
+@pytest.mark.parametrize("mode", ["--no-backward", "--eval"])
+@pytest.mark.parametrize("metric", ["backward", "self_backward"])
+def test_a_backward_plot_metric_of_a_forward_only_run_is_refused_before_the_model_is_built(
+        mode: str, metric: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: the model was built and profiled, then writing the plot raised ("no record of this profile holds
+    # the field 'backward_ms'", exit 5) and every other output of the run (--json here) was lost with it.
+    factory = tmp_path / "models.py"
+    factory.write_text("def broken():\n    raise AssertionError('the model was built: options must be checked first')\n")
+    argv = [f"{factory}:broken", "-i", "2,8", mode, "--plot", str(tmp_path / "p.png"), "--plot-metric", metric,
+            "--json", str(tmp_path / "p.json")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--plot-metric {metric}" in err and mode in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".py") == []
