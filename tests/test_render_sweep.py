@@ -62,3 +62,29 @@ def test_a_backward_plot_metric_of_a_forward_only_run_is_refused_before_the_mode
     err = capsys.readouterr().err
     assert f"--plot-metric {metric}" in err and mode in err and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".py") == []
+
+
+class _Wrap(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.m = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.m(x)
+
+
+def test_a_module_whose_only_child_is_shared_lists_it_on_its_own_line() -> None:
+    # Before: `b`, whose only submodule is the Linear that `a` holds too, printed the alias inside its own
+    # parentheses, "(b): Wrap【...】((m): Linear【same module as 'a.m', counted there】())", unlike torch's repr.
+    shared = nn.Linear(4, 4)
+    net = nn.Sequential()
+    net.add_module("a", _Wrap(shared))
+    net.add_module("b", _Wrap(shared))
+    with layerprof.LayerProf(net) as prof:
+        net(torch.randn(2, 4)).sum().backward()
+    for columns in (None, ()):
+        lines = prof.layerwise_summary(columns=columns).split("\n")
+        b = next(i for i, line in enumerate(lines) if line.startswith("  (b): _Wrap"))
+        assert lines[b].endswith("("), lines[b]
+        assert lines[b + 1].startswith("    (m): Linear") and "same module as 'a.m'" in lines[b + 1]
+        assert lines[b + 2] == "  )"
