@@ -55,7 +55,7 @@ def test_a_backward_plot_metric_of_a_forward_only_run_is_refused_before_the_mode
     # Before: the model was built and profiled, then writing the plot raised ("no record of this profile holds
     # the field 'backward_ms'", exit 5) and every other output of the run (--json here) was lost with it.
     factory = tmp_path / "models.py"
-    factory.write_text("def broken():\n    raise AssertionError('the model was built: options must be checked first')\n")
+    factory.write_text("def broken():\n    raise AssertionError('built: options must be checked first')\n")
     argv = [f"{factory}:broken", "-i", "2,8", mode, "--plot", str(tmp_path / "p.png"), "--plot-metric", metric,
             "--json", str(tmp_path / "p.json")]
     assert main(argv) == 2
@@ -88,3 +88,15 @@ def test_a_module_whose_only_child_is_shared_lists_it_on_its_own_line() -> None:
         assert lines[b].endswith("("), lines[b]
         assert lines[b + 1].startswith("    (m): Linear") and "same module as 'a.m'" in lines[b + 1]
         assert lines[b + 2] == "  )"
+
+
+def test_plotting_backward_flops_of_a_forward_only_profile_says_it_has_no_backward() -> None:
+    # Before: "no record of this profile holds the field 'flops_backward'; run with LayerProf(model,
+    # metrics=('flops',))", for a profile recorded with that very meter: its step had no backward pass.
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    with layerprof.LayerProf(net, metrics=("flops",)) as prof:
+        with torch.no_grad():
+            net(torch.randn(2, 4))
+    with pytest.raises(ValueError) as info:
+        prof.plot("sunburst", metric="flops_backward")
+    assert "metrics=('flops',)" not in str(info.value) and "no backward pass" in str(info.value)

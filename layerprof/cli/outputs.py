@@ -12,7 +12,7 @@ from .._files import MoveError, destination, is_special, move_all_into_place, te
 from ..metrics import DEFAULT_METRICS, METERS
 from ..profile import Profile
 from ..record.fields import FIELDS, canonical
-from ..render.plot_metrics import metric_meters
+from ..render.plot_metrics import backward_only, metric_meters
 from .errors import RunError, UsageError, one_line
 from .spec import spec_file
 
@@ -80,7 +80,9 @@ def _check_plot(options: argparse.Namespace, path: Path) -> None:
             raise UsageError(f"--plot-metric: {exc}") from None
     if not hasattr(options, "metrics"):
         return  # `show`: the saved profile decides what it holds (``saved._check_plot_figures``, once loaded)
-    if kind != "roofline" and (options.eval or options.no_backward) and _backward_only(metric):
+    # (the metric is known here: ``metric_meters`` refused any other name above)
+    forward_only = options.eval or options.no_backward
+    if kind != "roofline" and forward_only and backward_only(FIELDS[canonical(metric) or metric]):
         mode = "--eval" if options.eval else "--no-backward"
         raise UsageError(f"--plot-metric {metric}: a run with {mode} has no backward pass to plot; plot forward or "
                          f"total, or drop {mode}")
@@ -92,15 +94,6 @@ def _check_plot(options: argparse.Namespace, path: Path) -> None:
         if kind == "roofline":
             raise UsageError(f"--plot-kind roofline needs the flops meter (FLOPs and bytes): add --metrics {asked}")
         raise UsageError(f"--plot-metric {metric} needs the {' and '.join(missing)} meter: add --metrics {asked}")
-
-
-def _backward_only(metric: str) -> bool:
-    """Whether plot metric ``metric`` reads only figures of the backward pass (``backward``, ``self_backward``,
-    ``flops_backward``...), which a forward-only run never records."""
-    field = FIELDS.get(canonical(metric) or "")
-    if field is None:
-        return False
-    return all("backward" in part or "recompute" in part for part in (field.parts or (field.name,)))
 
 
 def missing_meters(options: argparse.Namespace, needed: Any) -> list[str]:

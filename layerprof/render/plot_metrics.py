@@ -14,7 +14,8 @@ from ..record.records import ModuleRecord
 from .columns import Column
 from .units import format_value
 
-__all__ = ["PlotMetric", "resolve_metric", "metric_meters", "root_of", "PLOTTABLE_UNITS", "plot_metric_names"]
+__all__ = ["PlotMetric", "resolve_metric", "backward_only", "metric_meters", "root_of", "PLOTTABLE_UNITS",
+           "plot_metric_names"]
 
 PLOTTABLE_UNITS = ("ms", "bytes", "flops", "macs", "count")
 
@@ -118,6 +119,15 @@ def resolve_metric(name: str, root: ModuleRecord) -> tuple[PlotMetric, tuple[str
         return metric, present
     targets = ALIASES.get(name) if name in ALIASES and len(ALIASES[name]) > 1 else metric.fields
     missing = " or ".join(repr(target) for target in targets)
-    raise ValueError(
-        f"cannot plot metric {name!r}: no record of this profile holds the field {missing}; {metric.field.hint}"
-    )
+    hint = metric.field.hint
+    if backward_only(metric.field) and _recorded(records, "forward_ms") and not _recorded(records, "backward_ms"):
+        # (its meter ran: the step had no backward pass to count)
+        hint = ("this profile has no backward pass (its steps ran forward only): call .backward() inside the block, "
+                "or plot a forward figure")
+    raise ValueError(f"cannot plot metric {name!r}: no record of this profile holds the field {missing}; {hint}")
+
+
+def backward_only(field: Field) -> bool:
+    """Whether ``field`` reads only figures of the backward pass (``backward_ms``, ``flops_backward``, recompute),
+    which a forward-only step never records."""
+    return all("backward" in part or "recompute" in part for part in (field.parts or (field.name,)))

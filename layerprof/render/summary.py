@@ -65,8 +65,9 @@ def _render(record: ModuleRecord, values: TreeValues, columns: list[Column], dep
     head = record.type + _annotation(record, values, columns) + "("
     if not lines:
         return head + ")"
+    # An extra_repr of one line goes inside the parentheses; a shared module's line is a child's, on its own.
     if len(lines) == 1 and not record.children and not (expand and aliases.get(record.name)):
-        return head + lines[0] + ")"  # an extra_repr of one line (a shared module's line is a child's)
+        return head + lines[0] + ")"
     return head + "\n  " + "\n  ".join(lines) + "\n)"
 
 
