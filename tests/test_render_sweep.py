@@ -90,6 +90,7 @@ def test_a_module_whose_only_child_is_shared_lists_it_on_its_own_line() -> None:
         assert lines[b + 2] == "  )"
 
 
+@pytest.mark.filterwarnings("ignore:only one step was profiled")
 def test_plotting_backward_flops_of_a_forward_only_profile_says_it_has_no_backward() -> None:
     # Before: "no record of this profile holds the field 'flops_backward'; run with LayerProf(model,
     # metrics=('flops',))", for a profile recorded with that very meter: its step had no backward pass.
