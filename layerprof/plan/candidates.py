@@ -8,8 +8,8 @@ from typing import Any
 from ..record.records import ModuleRecord, preorder
 from .wrap_cost import WrapCost
 
-__all__ = ["Candidate", "Priced", "candidates", "descendant_calls", "less_hooks", "reader_ops", "require_figures",
-           "skipped_tail_ms", "tail_of"]
+__all__ = ["Candidate", "Priced", "candidates", "descendant_calls", "grad_calls", "less_hooks", "reader_ops",
+           "require_figures", "skipped_tail_ms", "tail_of"]
 
 
 class Priced:
@@ -139,6 +139,13 @@ def grad_share(record: ModuleRecord) -> float:
     return 1.0 if not no_grad or calls <= 0 else max(0.0, calls - no_grad) / calls
 
 
+def grad_calls(record: ModuleRecord) -> float:
+    """The calls a step that a wrapper checkpoints: those made with gradients on. Called with them off, a wrapper
+    calls the forward as it is (``apply.py``), without the checkpoint's set-up, and costs nothing to price."""
+    no_grad = float(getattr(record, "checkpoint_no_grad_calls", None) or 0)
+    return max(0.0, float(record.calls or 0) - no_grad)
+
+
 def _saved_tensors(record: ModuleRecord) -> int:
     return int(getattr(record, "checkpoint_saved_tensors", None) or 0)
 
@@ -247,8 +254,8 @@ def candidates(root: ModuleRecord, allow_side_effects: bool = False, cost: WrapC
             kept_bytes=int(getattr(record, "checkpoint_kept_bytes", None) or 0),
             recompute_ms=max(0.0, recompute), calls=record.calls,
             excluded=_why_excluded(record, allow_side_effects),
-            # (the wrapper's set-up runs on a call under no_grad too: every call priced)
-            wrap_ms=0.0 if cost is None else cost.of(record.calls or 0, _saved_tensors(record)),
+            # (a call under no_grad skips the wrapper's set-up: the calls with gradients on are priced)
+            wrap_ms=0.0 if cost is None else cost.of(grad_calls(record), _saved_tensors(record)),
             deducted_share=deducted / forward if forward >= TIMED_MS else None,
         ))
     return found

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..record.records import CallTiming, ModuleRecord
+from .candidates import grad_calls
 from .runs import parse_run
 from .wrap_cost import WrapCost
 
@@ -109,6 +110,6 @@ def gap_savings(records: dict[str, ModuleRecord], names: Sequence[str], cost: Wr
         counted[span.name] += 1
     for name in names:  # the last step's calls, scaled to the calls a step the cold figure prices
         run = parse_run(name)
-        calls = float(records[name if run is None else run[0]].calls or 0)
+        calls = grad_calls(records[name if run is None else run[0]])  # (as the cold figure counts them)
         saving[name] = saving[name] * calls / counted[name] if counted[name] else 0.0
     return saving

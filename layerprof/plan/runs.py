@@ -22,8 +22,8 @@ from typing import Any, Sequence
 
 from ..metrics.checkpoint_bytes import freed_by_runs
 from ..record.records import ModuleRecord
-from .candidates import (Candidate, Priced, _forward_ms, _saved_tensors, grad_share, less_hooks, reader_ops,
-                         skipped_tail_ms, tail_of)
+from .candidates import (Candidate, Priced, _forward_ms, _saved_tensors, grad_calls, grad_share, less_hooks,
+                         reader_ops, skipped_tail_ms, tail_of)
 from .solver import ends_of
 from .wrap_cost import WrapCost
 
@@ -126,7 +126,7 @@ def run_options(records: list[ModuleRecord], found: list[Candidate], below: list
         child_tensors = [_saved_tensors(child) for child in children]
         starts = [index[id(child)] for child in children]
         jumps = [ends[start] for start in starts]
-        calls = record.calls or 0
+        calls = grad_calls(record)  # (a call under no_grad skips the wrapper's set-up)
         # Going back from a run's last child, the early stop's tail ends at the last child before the stop that
         # saves tensors or has children of its own (``tail_of``), whatever the run's first child when that is
         # before it: read once per stop.
