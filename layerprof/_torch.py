@@ -790,3 +790,9 @@ def unpatch_fsdp2_group(group: Any, saved: dict[str, Any]) -> None:
             vars(group).pop(point, None)
         else:
             setattr(group, point, previous)
+
+
+def global_forward_hooks() -> list[Any]:
+    """The forward hooks and pre-hooks registered for every module (``register_module_forward_hook`` and
+    ``register_module_forward_pre_hook``), which run for each module call as a module's own do."""
+    return [*torch_module._global_forward_hooks.values(), *torch_module._global_forward_pre_hooks.values()]

@@ -31,6 +31,7 @@ from torch.nn.modules.batchnorm import _NormBase
 from torch.nn.utils.prune import BasePruningMethod
 
 from .._check import check_bool, check_int
+from .._torch import global_forward_hooks
 from .._gc import gc_paused
 from ..metrics.checkpoint_bytes import STORAGES_ATTRIBUTE, saved_after, saved_peak
 from ..metrics.memory import TIMELINE_ATTRIBUTE
@@ -174,10 +175,18 @@ def _computes_a_weight(hook: Any) -> bool:
     return type(hook).__name__ in _WEIGHT_HOOKS or isinstance(hook, BasePruningMethod)
 
 
+# The forward hook Hugging Face's gradient_checkpointing_enable() (enable_input_require_grads) and PEFT put on the
+# input embeddings: ``output.requires_grad_(True)``, the same again in a recomputation.
+_REQUIRE_GRADS_HOOKS = ("make_inputs_require_grads", "make_inputs_require_grad")
+
+
 def _runs_again_safely(hook: Any) -> bool:
-    """A forward hook that may run again in a recomputation: one that computes a weight, or one of
-    torch.distributed's (FSDP2's pre- and post-forward hooks, which gather the parameters again for it)."""
-    return _computes_a_weight(hook) or str(getattr(hook, "__module__", None) or "").startswith("torch.distributed.")
+    """A forward hook that may run again in a recomputation: one that computes a weight, one of
+    torch.distributed's (FSDP2's pre- and post-forward hooks, which gather the parameters again for it), or
+    Hugging Face's (or PEFT's) that makes the embeddings' output require grad."""
+    source = str(getattr(hook, "__module__", None) or "")
+    return _computes_a_weight(hook) or source.startswith("torch.distributed.") or (
+        getattr(hook, "__name__", None) in _REQUIRE_GRADS_HOOKS and source.startswith(("transformers.", "peft.")))
 
 
 def _regions(modules: dict[str, nn.Module], sequentials: dict[int, tuple[nn.Module, dict[tuple[int, int], str]]]
@@ -206,18 +215,21 @@ def _warn_rerun(modules: dict[str, nn.Module], sequentials: dict[int, tuple[nn.M
     so the plan did not exclude them, and that a step in training mode updates a second time as they re-run."""
     hooked: list[str] = []
     statistics: list[str] = []
+    # Hooks registered for every module (register_module_forward_hook) run for the modules inside too.
+    everywhere = [hook for hook in global_forward_hooks() if not _runs_again_safely(hook)]
     for name, region, called_inside in _regions(modules, sequentials):
         for inner, module in region.named_modules(prefix=name):
-            hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
+            hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values(), *everywhere]
             if (called_inside or module is not region) and any(not _runs_again_safely(hook) for hook in hooks):
                 hooked.append(inner)
             if isinstance(module, _NormBase) and module.track_running_stats:
                 statistics.append(inner)
     if hooked:
         warnings.warn(
-            f"the plan wraps modules that carry forward hooks ({_shown(hooked)}): a checkpoint runs their forward "
-            "again in backward, hooks included, so those hooks can run twice a step (a list a hook appends to grows "
-            "twice); take the hooks off, or have them do nothing in the re-run, which runs during backward",
+            f"the plan wraps modules that carry forward hooks ({_shown(hooked)}"
+            f"{'; hooks registered for every module among them' if everywhere else ''}): a checkpoint runs their "
+            "forward again in backward, hooks included, so those hooks can run twice a step (a list a hook appends to "
+            "grows twice); take the hooks off, or have them do nothing in the re-run, which runs during backward",
             UserWarning, stacklevel=3)
     if statistics and not side_effects_allowed:
         warnings.warn(
