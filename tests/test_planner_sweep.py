@@ -88,3 +88,23 @@ def test_a_global_forward_hook_that_runs_again_warns() -> None:
         warnings.simplefilter("error")  # without it: no warning
         with plan.applied(model):
             pass
+
+
+def test_a_first_step_without_backward_is_named_as_the_memory_meters_step() -> None:
+    # The memory meter counts the first profiled step. An evaluation pass under no_grad first, then training
+    # steps: the plan said "the profiled step saved nothing for backward (was its forward run under torch.no_grad
+    # or inference_mode?)" of a profile whose steps ran backward, naming no step.
+    model = _mlp()
+    x = torch.randn(8, 16)
+    steps = iter([True, False, False])
+
+    def step() -> None:
+        if next(steps):
+            with torch.no_grad():
+                model(x)
+        else:
+            model(x).sum().backward()
+
+    plan = _profile(model, step, steps=3).checkpoint_plan(0.5)
+    assert plan.modules == [] and "the memory meter's step (the first profiled)" in plan.note
+    assert "later steps ran backward" in plan.note

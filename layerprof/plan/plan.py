@@ -402,7 +402,12 @@ class CheckpointPlan:
             out_of_reach = solution is None and need > 0 and self.saved_bytes_before > 0
         self.feasible = solution is not None
         self.reachable_allowing_side_effects = self._allowing_side_effects(found) if out_of_reach else None
-        if self.saved_bytes_before == 0:
+        if self.saved_bytes_before == 0 and (root.steps or 0) > 1 and root.backward_ms:
+            # The memory meter counts the first profiled step; later ones ran backward (an evaluation pass first)
+            self.note = ("the memory meter's step (the first profiled) saved nothing for backward, though later "
+                         "steps ran backward: was it an evaluation step, under torch.no_grad? Profile a training "
+                         "step first: nothing to wrap")
+        elif self.saved_bytes_before == 0:
             self.note = ("the profiled step saved nothing for backward (was its forward run under torch.no_grad or "
                          "inference_mode?): nothing to wrap")
         elif budget_bytes is None:
