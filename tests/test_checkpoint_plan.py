@@ -828,7 +828,7 @@ def test_calls_made_with_gradients_off_are_not_priced_as_recomputed() -> None:
     found = {candidate.name: candidate for candidate in candidates(prof.tree)}
     forward = record.forward_ms_median  # both calls; the one a checkpoint re-runs is half of it (same work)
     assert found["1"].recompute_ms == pytest.approx(forward / 2)
-    assert found["1"].calls == 2  # the wrapper's set-up runs on both calls
+    assert found["1"].calls == 2  # (both calls; the wrapper is priced on the one with gradients: grad_calls)
     # Without the reference pass nothing is scaled.
     plain = _profile(model, lambda: model(x).sum().backward(), steps=3)
     assert plain.records["1"].checkpoint_no_grad_calls == 0
