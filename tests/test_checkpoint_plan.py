@@ -272,6 +272,28 @@ def test_pareto_and_plot(tmp_path) -> None:
     assert text.startswith("Checkpoint plan for Sequential:") and all(name in text for name in plan.modules)
 
 
+def test_a_budget_far_above_todays_keeps_the_frontier_readable() -> None:
+    """A budget of "1e9" bytes on a model saving about 100 KiB drew its line at 954 MiB and squashed the frontier
+    into the axis, in the plot and in the report's panel: the line goes to the legend, marked off the chart."""
+    from layerprof.render.checkpoint import frontier_svg
+    from layerprof.render.units import format_bytes
+
+    model = _mlp()
+    x = torch.randn(32, 16)
+    prof = _profile(model, lambda: model(x).sum().backward())
+    plan = prof.checkpoint_plan("1e9")
+    today = plan.saved_bytes_before / 2**20
+    ax = prof.plot("checkpoint", budget="1e9")
+    assert ax.get_ylim()[1] < 1.25 * today  # (up to 954 MiB before)
+    labels = ax.get_legend_handles_labels()[1]
+    assert "budget 954 MiB (above the chart: nothing to wrap)" in labels
+    svg = frontier_svg(plan)
+    assert 'stroke="#d62728" stroke-dasharray' not in svg and "above the chart: nothing to wrap" in svg
+    assert f"up to {format_bytes(plan.saved_bytes_before)}" in svg
+    near = frontier_svg(prof.checkpoint_plan(0.5))  # a budget under today's: drawn as a line
+    assert 'stroke="#d62728" stroke-dasharray' in near
+
+
 def test_out_of_reach_for_side_effects_says_what_allowing_them_reaches() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 64), nn.BatchNorm1d(64), nn.Tanh(), nn.Linear(64, 64), nn.BatchNorm1d(64))

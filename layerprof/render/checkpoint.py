@@ -241,8 +241,11 @@ def plot_checkpoint(profile: Any, metric: str = "total", budget: Any = None, ax:
             ax.scatter([at], [plan.predicted_peak_bytes / scale], s=80, marker="*", color="tab:purple",
                        zorder=5, label=f"its step peak: {format_bytes(plan.predicted_peak_bytes)}",
                        gid="checkpoint:chosen-peak")
-    line, label = _budget_line(plan)
-    ax.axhline(line / scale, color="tab:red", linestyle=":", linewidth=1, label=label, gid="checkpoint:budget")
+    line, label = _budget_line(plan, _data_top(plan, peaks))
+    if line is None:  # far above the frontier: in the legend only, the frontier kept readable
+        ax.plot([], [], color="tab:red", linestyle=":", linewidth=1, label=label, gid="checkpoint:budget")
+    else:
+        ax.axhline(line / scale, color="tab:red", linestyle=":", linewidth=1, label=label, gid="checkpoint:budget")
     ax.set_xlabel("extra time per step: recomputed forwards + wrappers (ms)")
     ax.set_ylabel("memory (MiB)" if peaks is not None else "saved for backward (MiB)")
     ax.set_title(f"{plain_text(plan.model_type)}: checkpoint plans (Pareto frontier)")
@@ -274,12 +277,21 @@ def _frontier_peaks(plan: Any, points: list[Any]) -> list[int] | None:
     return None if any(peak is None for peak in peaks) else peaks
 
 
-def _budget_line(plan: Any) -> tuple[int, str]:
-    """Where the plan's budget is drawn, and its label: the saved bytes' budget, or the step peak's."""
+def _data_top(plan: Any, peaks: list[int] | None) -> int:
+    """The highest point drawn besides the budget: today's saved bytes, or the step peaks where drawn."""
+    return max([plan.saved_bytes_before, 1] + (peaks or []) + ([plan.profiled_peak_bytes] if peaks is not None else []))
+
+
+def _budget_line(plan: Any, top: int) -> tuple[int | None, str]:
+    """Where the plan's budget is drawn, and its label: the saved bytes' budget, or the step peak's. None where it
+    is over 1.25 times the highest point drawn (``top``): a budget far above today's (``"1e9"``) would squash the
+    frontier into the axis; its label then says it is off the chart."""
     peak = getattr(plan, "peak_budget_bytes", None)
-    if peak is not None:
-        return peak, f"peak budget {format_bytes(peak)}"
-    return plan.budget_bytes, f"budget {format_bytes(plan.budget_bytes)}"
+    line, label = ((peak, f"peak budget {format_bytes(peak)}") if peak is not None
+                   else (plan.budget_bytes, f"budget {format_bytes(plan.budget_bytes)}"))
+    if line > 1.25 * top:
+        return None, f"{label} (above the chart: nothing to wrap)"
+    return line, label
 
 
 def frontier_svg(plan: Any, width: int = 640, height: int = 300) -> str:
@@ -287,11 +299,11 @@ def frontier_svg(plan: Any, width: int = 640, height: int = 300) -> str:
     predicted peak with each plan where known (dashed), today's point, the plan and its budget marked."""
     points = plan.pareto()
     peaks = _frontier_peaks(plan, points)
-    budget, budget_label = _budget_line(plan)
+    highest = _data_top(plan, peaks)
+    budget, budget_label = _budget_line(plan, highest)
     left, right, top, bottom = 70, 20, 20, 40
     most_ms = max([p.extra_ms for p in points] + [_on_frontier_ms(plan), 1e-9])
-    most_bytes = max([plan.saved_bytes_before, budget, 1] + (peaks or []) +
-                     ([plan.profiled_peak_bytes] if peaks is not None else []))
+    most_bytes = highest if budget is None else max(highest, budget)
 
     def x(ms: float) -> float:
         return left + (width - left - right) * ms / most_ms
@@ -314,8 +326,10 @@ def frontier_svg(plan: Any, width: int = 640, height: int = 300) -> str:
         f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="#888"/>',
         f'<polyline points="{steps([p.saved_bytes for p in points])}" fill="none" stroke="#555" stroke-width="1.5">'
         "<title>saved for backward</title></polyline>",
-        f'<line x1="{left}" y1="{y(budget):.1f}" x2="{width - right}" y2="{y(budget):.1f}" '
-        f'stroke="#d62728" stroke-dasharray="3,3"><title>{html.escape(budget_label)}</title></line>',
+        (f'<line x1="{left}" y1="{y(budget):.1f}" x2="{width - right}" y2="{y(budget):.1f}" '
+         f'stroke="#d62728" stroke-dasharray="3,3"><title>{html.escape(budget_label)}</title></line>')
+        if budget is not None else
+        (f'<text x="{left + 6}" y="{top - 6}" font-size="11" fill="#d62728">{html.escape(budget_label)}</text>'),
         f'<circle cx="{x(0):.1f}" cy="{y(plan.saved_bytes_before):.1f}" r="5" fill="#1f77b4">'
         f"<title>today: {format_bytes(plan.saved_bytes_before)}</title></circle>",
     ]
