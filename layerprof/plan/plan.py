@@ -670,6 +670,13 @@ class CheckpointPlan:
         if warning is not None:
             warnings.warn(warning, UserWarning, stacklevel=4)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy of a plan (pickled, deep-copied) is not applied: the wrappers it would remove are the original
+        model's, and copied with the plan they were orphans that made ``apply`` refuse ("already applied")."""
+        state = dict(self.__dict__)
+        state["_applied"] = []
+        return state
+
     def apply(self, model: nn.Module) -> CheckpointPlan:
         """Wrap the chosen modules of ``model`` in non-reentrant ``torch.utils.checkpoint`` (all or none);
         ``remove()`` undoes it."""
