@@ -81,6 +81,16 @@ def _gaps(spans: Sequence[tuple[float, float]], starts: list[float], hook_ms: fl
     return found
 
 
+def _entry(records: dict[str, ModuleRecord], name: str) -> ModuleRecord:
+    """The record whose calls are a plan entry's: the module's, or a run's Sequential's."""
+    run = parse_run(name)
+    return records[name if run is None else run[0]]
+
+
+def _has_no_grad_calls(records: dict[str, ModuleRecord], name: str) -> bool:
+    return grad_calls(_entry(records, name)) < float(_entry(records, name).calls or 0)
+
+
 def gap_savings(records: dict[str, ModuleRecord], names: Sequence[str], cost: WrapCost, hook_ms: float = 0.0
                 ) -> dict[str, float]:
     """For each plan entry of ``names``: what its wrapper costs a step less than priced cold, from the gaps of
@@ -88,7 +98,10 @@ def gap_savings(records: dict[str, ModuleRecord], names: Sequence[str], cost: Wr
     saving = {name: 0.0 for name in names}
     if not cost.gap_points or not names:
         return saving
-    spans = [span for name in names for span in wrapped_spans(records, name)]
+    # A call made under no_grad runs no checkpoint (the wrapper calls the forward as it is) and has no backward:
+    # where its entry has such calls, those without a backward are no wrapped calls, before another or priced.
+    spans = [span for name in names for span in wrapped_spans(records, name)
+             if span.backward is not None or not _has_no_grad_calls(records, name)]
     forward_starts, backward_starts = [], []
     for record in records.values():
         for call in record.call_times:
@@ -109,7 +122,6 @@ def gap_savings(records: dict[str, ModuleRecord], names: Sequence[str], cost: Wr
         saving[span.name] += cost.per_call_ms - cost.per_call_at(forward_gap, backward_gap)
         counted[span.name] += 1
     for name in names:  # the last step's calls, scaled to the calls a step the cold figure prices
-        run = parse_run(name)
-        calls = grad_calls(records[name if run is None else run[0]])  # (as the cold figure counts them)
+        calls = grad_calls(_entry(records, name))  # (as the cold figure counts them)
         saving[name] = saving[name] * calls / counted[name] if counted[name] else 0.0
     return saving
