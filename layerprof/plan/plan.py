@@ -402,8 +402,12 @@ class CheckpointPlan:
             out_of_reach = solution is None and need > 0 and self.saved_bytes_before > 0
         self.feasible = solution is not None
         self.reachable_allowing_side_effects = self._allowing_side_effects(found) if out_of_reach else None
-        if self.saved_bytes_before == 0 and (root.steps or 0) > 1 and root.backward_ms:
-            # The memory meter counts the first profiled step; later ones ran backward (an evaluation pass first)
+        no_grad = getattr(root, "checkpoint_no_grad_calls", None) or 0
+        later = (root.steps or 0) > 1 or no_grad >= (root.calls or 0) > 0
+        if self.saved_bytes_before == 0 and root.backward_ms and later:
+            # The memory meter counts the first profiled step; later ones ran backward (an evaluation pass first).
+            # Those are the timed steps (root.steps), the meter's left out: 2 steps profiled hold steps == 1, the
+            # meter's step then told apart by its calls, all made with gradients off.
             self.note = ("the memory meter's step (the first profiled) saved nothing for backward, though later "
                          "steps ran backward: was it an evaluation step, under torch.no_grad? Profile a training "
                          "step first: nothing to wrap")
