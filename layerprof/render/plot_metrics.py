@@ -121,10 +121,17 @@ def resolve_metric(name: str, root: ModuleRecord) -> tuple[PlotMetric, tuple[str
     missing = " or ".join(repr(target) for target in targets)
     hint = metric.field.hint
     if backward_only(metric.field) and _recorded(records, "forward_ms") and not _recorded(records, "backward_ms"):
-        # (its meter ran: the step had no backward pass to count)
         hint = ("this profile has no backward pass (its steps ran forward only): call .backward() inside the block, "
-                "or plot a forward figure")
+                "or plot a forward figure") + ("" if _meter_ran(metric.field, records) else f"; and {hint}")
     raise ValueError(f"cannot plot metric {name!r}: no record of this profile holds the field {missing}; {hint}")
+
+
+def _meter_ran(field: Field, records: list[ModuleRecord]) -> bool:
+    """Whether the meters of ``field`` ran in the profile: a field of theirs that is not backward-only holds a
+    value (times: always)."""
+    return not field.meters or any(
+        other.meters == field.meters and not backward_only(other) and _recorded(records, other.name)
+        for other in FIELDS.values() if other.combine != "none" and not other.parts)
 
 
 def backward_only(field: Field) -> bool:
