@@ -95,3 +95,33 @@ def test_plotting_backward_flops_without_the_flops_meter_still_names_the_meter()
     with pytest.raises(ValueError) as info:
         prof.plot("sunburst", metric="flops_backward")
     assert "metrics=('flops',)" in str(info.value)
+
+
+class _CheckpointedAux(nn.Module):
+    """A body run every step and an auxiliary head, checkpointed by the model itself, run only in some steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh())
+        self.aux = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1))
+
+    def forward(self, x: torch.Tensor, with_aux: bool) -> torch.Tensor:
+        h = self.body(x)
+        if not with_aux:
+            return h.sum()
+        return h.sum() + torch.utils.checkpoint.checkpoint(self.aux, h, use_reentrant=False).sum()
+
+
+def test_a_module_the_model_checkpoints_stays_already_recomputed_when_it_skipped_the_last_step() -> None:
+    # fcdbdf3 keeps no call timings of a module that skipped the last recorded step; the planner's
+    # _outermost_recomputed reads them (a call with recompute) to name the modules the model checkpoints itself.
+    # `aux`, checkpointed by the model and re-run in the timed step 1, skipped step 2: already_recomputed lost it
+    # ([] against ['aux'] before fcdbdf3, and ['aux'] where it ran in the last step too), and with it the note
+    # that a wrapper around it nests checkpoints.
+    torch.manual_seed(0)
+    net = _CheckpointedAux()
+    x = torch.randn(8, 16)
+    pattern = iter([True, True, False])
+    prof = _profile(net, lambda: net(x, next(pattern)).backward(), steps=3)
+    assert prof.records["aux"].steps_run == 1 and prof.records["aux"].recompute_ms
+    assert prof.checkpoint_plan(0.5, wrap_cost=None).already_recomputed == ["aux"]
