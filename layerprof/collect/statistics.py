@@ -286,8 +286,11 @@ class StepStats:
             record.steps_run = module.steps_run
             # The calls of the last recorded step only: a module that skipped it has none (an earlier step's
             # calls, drawn in the trace, would stand outside every slice of that step).
-            if module.last_times is not None and module.last_step == steps:
-                record._timings = module.last_times.timings
+            if module.last_times is not None:
+                if module.last_step == steps:
+                    record._timings = module.last_times.timings
+                else:  # kept apart, for the planner: whether the model re-ran it itself (``plan._own_calls``)
+                    record.__dict__["_earlier_timings"] = module.last_times.timings
             for field, values in (("forward_ms", module.forward), ("backward_ms", module.backward)):
                 if not values.runs:
                     continue

@@ -24,6 +24,7 @@ import contextlib
 import math
 import warnings
 from dataclasses import dataclass
+from itertools import starmap
 from typing import Any, Iterator
 
 from torch import nn
@@ -35,7 +36,7 @@ from .._torch import global_forward_hooks
 from .._gc import gc_paused
 from ..metrics.checkpoint_bytes import STORAGES_ATTRIBUTE, saved_after, saved_peak
 from ..metrics.memory import TIMELINE_ATTRIBUTE
-from ..record.records import ModuleRecord, preorder
+from ..record.records import CallTiming, ModuleRecord, preorder
 from ..render.checkpoint import plan_text, wrapped_count
 from ..render.units import format_counted
 from .apply import is_wrapped, unwrap, wrap, wrap_runs
@@ -83,9 +84,15 @@ def _outermost_recomputed(root: ModuleRecord) -> list[str]:
     return found
 
 
+def _own_calls(record: ModuleRecord) -> list[CallTiming]:
+    """The record's calls in the last recorded step; where it skipped that step (an auxiliary head run every other
+    step), on a live profile, those of the last step it ran in, which say whether the model re-ran it itself."""
+    return record.call_times or list(starmap(CallTiming, record.__dict__.get("_earlier_timings", ())))
+
+
 def _rerun(record: ModuleRecord) -> bool:
     """Whether one of the record's own calls ran again in backward."""
-    return bool(record.recompute_ms) and any(timing.recompute for timing in record.call_times)
+    return bool(record.recompute_ms) and any(timing.recompute for timing in _own_calls(record))
 
 
 def _rerun_together(called: list[ModuleRecord]) -> bool:
@@ -95,11 +102,11 @@ def _rerun_together(called: list[ModuleRecord]) -> bool:
     first, as backward reaches each, and only they were recomputed, not their parent."""
     if not all(map(_rerun, called)):
         return False
-    step = min(timing.step for record in called for timing in record.call_times if timing.recompute)
+    step = min(timing.step for record in called for timing in _own_calls(record) if timing.recompute)
 
     def first(recompute: bool) -> ModuleRecord:
         return min(called, key=lambda record: min(
-            (timing.forward_start_ms for timing in record.call_times
+            (timing.forward_start_ms for timing in _own_calls(record)
              if timing.step == step and timing.recompute == recompute), default=float("inf")))
 
     return first(False) is first(True)
