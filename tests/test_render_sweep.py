@@ -101,3 +101,28 @@ def test_plotting_backward_flops_of_a_forward_only_profile_says_it_has_no_backwa
     with pytest.raises(ValueError) as info:
         prof.plot("sunburst", metric="flops_backward")
     assert "metrics=('flops',)" not in str(info.value) and "no backward pass" in str(info.value)
+
+
+@pytest.mark.parametrize("metric", ["memory", "saved_bytes"])
+def test_a_saved_bytes_plot_of_an_eval_run_is_refused_before_the_model_is_built(
+        metric: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: the model was built and profiled under inference_mode, which saves nothing for backward, then writing
+    # the plot raised ("nothing to plot: the model's saved_bytes (Saved) is 0", exit 5), losing --json with it.
+    factory = tmp_path / "models.py"
+    factory.write_text("def broken():\n    raise AssertionError('built: options must be checked first')\n")
+    argv = [f"{factory}:broken", "-i", "2,8", "--eval", "--metrics", "memory", "--plot", str(tmp_path / "p.png"),
+            "--plot-metric", metric, "--json", str(tmp_path / "p.json")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--plot-metric {metric}: a run with --eval" in err and "saves nothing for backward" in err
+    assert "plot activation_bytes" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".py") == []
+
+
+def test_a_saved_bytes_plot_of_a_run_without_backward_is_drawn(tmp_path: Path) -> None:
+    # --no-backward keeps gradients on: autograd saves for a backward that never runs, and the meter counts it.
+    factory = tmp_path / "models.py"
+    factory.write_text("from torch import nn\n\n\ndef net():\n    return nn.Sequential(nn.Linear(8, 8), nn.ReLU())\n")
+    argv = [f"{factory}:net", "-i", "2,8", "--no-backward", "--metrics", "memory", "--steps", "1", "--warmup", "0",
+            "--plot", str(tmp_path / "p.png"), "--plot-metric", "saved_bytes"]
+    assert main(argv) == 0 and (tmp_path / "p.png").stat().st_size > 0

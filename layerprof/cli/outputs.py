@@ -12,7 +12,7 @@ from .._files import MoveError, destination, is_special, move_all_into_place, te
 from ..metrics import DEFAULT_METRICS, METERS
 from ..profile import Profile
 from ..record.fields import FIELDS, canonical
-from ..render.plot_metrics import backward_only, metric_meters
+from ..render.plot_metrics import backward_only, metric_meters, saved_for_backward
 from .errors import RunError, UsageError, one_line
 from .spec import spec_file
 
@@ -81,11 +81,17 @@ def _check_plot(options: argparse.Namespace, path: Path) -> None:
     if not hasattr(options, "metrics"):
         return  # `show`: the saved profile decides what it holds (``saved._check_plot_figures``, once loaded)
     # (the metric is known here: ``metric_meters`` refused any other name above)
+    field = FIELDS[canonical(metric) or metric] if kind != "roofline" else None  # (roofline: no metric)
     forward_only = options.eval or options.no_backward
-    if kind != "roofline" and forward_only and backward_only(FIELDS[canonical(metric) or metric]):
+    if field is not None and forward_only and backward_only(field):
         mode = "--eval" if options.eval else "--no-backward"
         raise UsageError(f"--plot-metric {metric}: a run with {mode} has no backward pass to plot; plot forward or "
                          f"total, or drop {mode}")
+    if field is not None and options.eval and saved_for_backward(field):
+        # (--no-backward keeps gradients on: autograd saves for a backward that does not run, and this counts it)
+        raise UsageError(f"--plot-metric {metric}: a run with --eval (torch.inference_mode) saves nothing for "
+                         "backward, so the saved bytes are 0 on every module; plot activation_bytes (what the modules "
+                         "return), or drop --eval")
     if kind == "roofline":
         needed = ("flops",)
     missing = missing_meters(options, needed)

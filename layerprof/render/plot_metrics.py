@@ -14,8 +14,8 @@ from ..record.records import ModuleRecord
 from .columns import Column
 from .units import format_value
 
-__all__ = ["PlotMetric", "resolve_metric", "backward_only", "metric_meters", "root_of", "PLOTTABLE_UNITS",
-           "plot_metric_names"]
+__all__ = ["PlotMetric", "resolve_metric", "backward_only", "saved_for_backward", "metric_meters", "root_of",
+           "PLOTTABLE_UNITS", "plot_metric_names"]
 
 PLOTTABLE_UNITS = ("ms", "bytes", "flops", "macs", "count")
 
@@ -138,3 +138,9 @@ def backward_only(field: Field) -> bool:
     """Whether ``field`` reads only figures of the backward pass (``backward_ms``, ``flops_backward``, recompute),
     which a forward-only step never records."""
     return all("backward" in part or "recompute" in part for part in (field.parts or (field.name,)))
+
+
+def saved_for_backward(field: Field) -> bool:
+    """Whether ``field`` reads only what autograd saved for backward (``saved_bytes``), which a step without
+    gradients (``torch.inference_mode``, ``torch.no_grad``) never saves: 0 on every module."""
+    return all("saved" in part for part in (field.parts or (field.name,)))
