@@ -80,6 +80,11 @@ def one_line(capsys: pytest.CaptureFixture[str]) -> str:
     (["--columns", "forward,flops"], "--columns forward,flops needs the flops meter: add --metrics flops"),
     (["--columns", "input_shapes,saved_bytes", "--metrics", "params"],
      "--columns input_shapes,saved_bytes needs the shapes and memory meter: add --metrics params,shapes,memory"),
+    (["--columns", "forward,backward", "--no-backward"], "--columns forward,backward: a run with --no-backward has no "
+     "backward pass, so backward would show nothing on any module; drop it or --no-backward"),
+    (["--columns", "self_backward,forward,flops_backward", "--eval", "--metrics", "flops"],
+     "--columns self_backward,forward,flops_backward: a run with --eval has no backward pass, so "
+     "self_backward,flops_backward would show nothing on any module; drop them or --eval"),
     # an output over the model's own file
     (["--report", "{models}"], "--report '{models}' is the model file this command reads; give the output another"),
     # paths the system refuses: a usage error, not an internal one (exit 70 before)

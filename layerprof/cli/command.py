@@ -13,7 +13,9 @@ import torch
 
 from ..metrics import make_meters
 from ..profile import Profile
+from ..record.fields import FIELDS, canonical
 from ..render.columns import resolve_columns
+from ..render.plot_metrics import backward_only
 from ..render.units import format_count, format_counted
 from .checkpoint import check_checkpoint_options, plan_and_verify, planned, plot_options
 from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, CLIError, RunError, UsageError, one_line
@@ -45,7 +47,8 @@ def _device(text: str) -> torch.device:
 
 def _check_names(options: argparse.Namespace) -> None:
     """Unknown metric or column names fail before the model is built, with the library's message; so does a
-    column whose meter ``--metrics`` leaves out (it would print "—" for every module)."""
+    column whose meter ``--metrics`` leaves out, or a backward column of a run with no backward pass (either would
+    print "—" for every module)."""
     try:
         if options.metrics is not None:
             make_meters(options.metrics)
@@ -57,7 +60,13 @@ def _check_names(options: argparse.Namespace) -> None:
         asked = ",".join([*(options.metrics or ()), *missing])
         raise UsageError(f"--columns {','.join(options.columns)} needs the {' and '.join(missing)} meter: add "
                          f"--metrics {asked}")
-
+    # (every name is declared here: resolve_columns refused any other)
+    backward = [name for name in options.columns or () if backward_only(FIELDS[canonical(name) or name])]
+    if backward and (options.eval or options.no_backward):
+        mode = "--eval" if options.eval else "--no-backward"
+        them = "it" if len(backward) == 1 else "them"
+        raise UsageError(f"--columns {','.join(options.columns)}: a run with {mode} has no backward pass, so "
+                         f"{','.join(backward)} would show nothing on any module; drop {them} or {mode}")
 
 
 def _headline(spec: str, model: torch.nn.Module, inputs: list[InputSpec], options: argparse.Namespace,
