@@ -208,6 +208,24 @@ def test_compare_module_fields_are_field_names(prof: LayerProf) -> None:
     assert compared.modules[0]["params_a"] == compared.modules[0]["params_b"] == 4 * 8 + 8 + 8 * 1 + 1  # 49
 
 
+@pytest.mark.filterwarnings("ignore:only one step was profiled")
+def test_compare_module_fields_that_a_profile_did_not_record_are_refused(prof: LayerProf) -> None:
+    # Before: module_fields=("flops",) of profiles without FLOPs gave columns of None on every module, without a word.
+    net = _net()
+    with LayerProf(net, metrics=("flops",)) as counted:
+        net(torch.randn(2, 4)).sum().backward()
+    with pytest.raises(ValueError, match=re.escape("module_fields: 'flops' was recorded by neither profile ('a' nor "
+                                                   "'b'), so its columns would be empty; run with LayerProf(model, "
+                                                   "metrics=('flops',))")):
+        layerprof.compare(prof.profile, prof.profile, module_fields=("flops",))
+    with pytest.raises(ValueError, match=re.escape("module_fields: 'flops' was recorded by profile 'before' but not by "
+                                                   "'after', so nothing of it compares; for 'after', run with "
+                                                   "LayerProf(model, metrics=('flops',))")):
+        layerprof.compare(counted, prof.profile, names=("before", "after"), module_fields=("flops",))
+    compared = layerprof.compare(counted, counted, module_fields=("flops",))
+    assert compared.modules[1]["flops_a"] == compared.modules[1]["flops_b"] > 0
+
+
 def test_a_meter_named_twice_is_refused() -> None:
     # It ran twice, and timing_distorted_by listed ['flops', 'flops'].
     with pytest.raises(ValueError, match=re.escape("metrics: 'flops' is given twice; give each meter once")):

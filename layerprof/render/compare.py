@@ -142,12 +142,31 @@ class Comparison:
 
     def _module_fields(self, chosen: Sequence[str] | None) -> list[str]:
         if chosen is not None:
-            return _known_fields(chosen)
+            fields = _known_fields(chosen)
+            for field in fields:
+                self._check_recorded(field)
+            return fields
         rows_a = [self.a.records[n].to_dict() for n in self.matched]
         rows_b = [self.b.records[n].to_dict() for n in self.matched]
         present = set(numeric_fields(rows_a, skip=_not_costs())) & set(numeric_fields(rows_b, skip=_not_costs()))
         present.add("total_ms")
         return [f for f in MODULE_FIELDS if f in present]
+
+    def _check_recorded(self, field: str) -> None:
+        """A chosen field that no matching module of a profile holds would compare as an empty column: refused,
+        naming the profile that lacks it and how to record it."""
+        lacking = [label for label, profile in zip(self.names, (self.a, self.b))
+                   if all(value_of(profile.records[name], field) is None for name in self.matched)]
+        if not lacking:
+            return
+        declared = FIELDS.get(field)
+        hint = declared.hint if declared is not None else "record it in both profiles"
+        if len(lacking) == 2:
+            raise ValueError(f"module_fields: {field!r} was recorded by neither profile ({self.names[0]!r} nor "
+                             f"{self.names[1]!r}), so its columns would be empty; {hint}")
+        other = self.names[1] if lacking[0] == self.names[0] else self.names[0]
+        raise ValueError(f"module_fields: {field!r} was recorded by profile {other!r} but not by {lacking[0]!r}, "
+                         f"so nothing of it compares; for {lacking[0]!r}, {hint}")
 
     def _module_row(self, name: str) -> dict[str, Any]:
         record_a, record_b = self.a.records[name], self.b.records[name]
