@@ -11,7 +11,7 @@ from layerprof import LayerProf
 from layerprof.record.records import ModuleRecord
 from layerprof.render.summary import annotated_repr
 from layerprof.render.units import (format_bytes, format_count, format_flops, format_ms, format_percent,
-                                    format_signed_ms)
+                                    format_signed_field, format_signed_ms)
 
 from .models import MLP
 
@@ -132,6 +132,7 @@ def test_units_are_formatted_in_one_place() -> None:
     # A time difference keeps its sign once: the CLI's verified line printed "+-229 ms" for a negative one.
     assert format_signed_ms(2.5) == "+2.5 ms" and format_signed_ms(-229.0) == "-229 ms"
     assert format_signed_ms(-0.4) == "-400 µs" and format_signed_ms(0.0) == "+0 ms"
+    assert format_signed_field("total_ms", 0.376) == "+376 µs" and format_signed_field("flops", -2e9) == "-2 GFLOPs"
     assert format_count(11_689_512) == "11.7M"
     assert format_count(999) == "999"
     assert format_flops(3.6e9) == "3.6 GFLOPs"

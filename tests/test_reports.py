@@ -553,6 +553,20 @@ def test_compare_per_module_diff_and_text() -> None:
     assert list(modules["name"]) == ["", "fc"] and modules["total_ms_ratio"][1] == pytest.approx(5 / 12)
 
 
+def test_compare_module_differences_carry_their_sign_both_ways() -> None:
+    # Before: a module 376 µs slower showed "376 µs" beside another's "-1.71 ms": a rise read as a size.
+    before = [("", "Net", dict(forward_ms=10.0)), ("fast", "Linear", dict(forward_ms=2.0)),
+              ("slow", "Linear", dict(forward_ms=1.0))]
+    after = [("", "Net", dict(forward_ms=10.0)), ("fast", "Linear", dict(forward_ms=0.29)),
+             ("slow", "Linear", dict(forward_ms=1.376))]
+    lines = str(layerprof.compare(hand_built(before), hand_built(after))).split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith("Modules with the largest change in total_ms"))
+    assert [line.split() for line in lines[start + 3:start + 5]] == [
+        ["fast", "2", "ms", "290", "µs", "-1.71", "ms", "0.145x"],  # 0.29 - 2
+        ["slow", "1", "ms", "1.38", "ms", "+376", "µs", "1.38x"],  # 1.376 - 1
+    ]
+
+
 def test_compare_says_when_the_two_were_measured_otherwise() -> None:
     teacher, student = hand_built(TEACHER), hand_built(STUDENT)
     alike = {"device": "cpu", "dtype": "float32", "threads": 8, "cpu": "AMD EPYC 7B13", "torch": "2.14.1"}

@@ -13,7 +13,7 @@ from ..record.fields import FIELDS, canonical
 from ..record.summed import TreeValues, summable
 from .rows import derived_names, is_number, numeric_fields, value_of
 from .gate import different_machines, different_settings
-from .units import format_change, format_counted, format_field, format_ratio
+from .units import format_change, format_counted, format_field, format_ratio, format_signed_field
 
 if TYPE_CHECKING:
     from ..profile import Profile
@@ -213,7 +213,7 @@ class Comparison:
             "module": row["name"],
             self.names[0]: format_field(field, row[f"{field}_a"]),
             self.names[1]: format_field(field, row[f"{field}_b"]),
-            "diff": format_field(field, row[f"{field}_diff"]),
+            "diff": format_signed_field(field, row[f"{field}_diff"]),
             "ratio": format_ratio(row[f"{field}_ratio"]),
         } for row in changed[:limit]]
         if not rows:

@@ -6,7 +6,7 @@ from ..record.fields import FIELDS
 __all__ = [
     "format_ms", "format_count", "format_bytes", "format_flops", "format_percent", "format_change", "format_ratio",
     "format_plain", "format_field", "format_value", "field_label", "format_shapes", "format_counted", "format_signed_ms",
-    "format_signed_bytes",
+    "format_signed_bytes", "format_signed_field",
     "MISSING",
 ]
 
@@ -166,6 +166,14 @@ def format_field(field: str, value: object) -> str:
     count, text as is."""
     declared = FIELDS.get(field)
     return format_value("count" if declared is None else declared.unit, value)
+
+
+def format_signed_field(field: str, value: object) -> str:
+    """A difference in ``field``'s unit with its sign either way: ``format_signed_field('total_ms', 0.376) ==
+    '+376 µs'``, ``format_signed_field('total_ms', -1.71) == '-1.71 ms'``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return format_field(field, value)
+    return ("-" if value < 0 else "+") + format_field(field, abs(value))
 
 
 def field_label(field: str) -> str:
