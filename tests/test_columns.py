@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from layerprof import LayerProf
+from layerprof.record.fields import FIELDS
 from layerprof.render.table import Table
 
 
@@ -144,3 +145,14 @@ def test_derived_fields_are_columns_of_every_table(metered: LayerProf) -> None:
     # Computed, never stored: the rows and the records keep the stored fields only.
     assert "macs" not in metered.to_csv().splitlines()[0].split(",")
     assert not hasattr(metered.records["0"], "macs")
+
+
+def test_every_field_has_its_own_label(prof: LayerProf) -> None:
+    # Before: self_total_ms and self_percent were both "Self Time" in the summary's header, so a summary of the two
+    # read "Self Time: 1 ms (7.5%) | Self Time: 7.5%". A share is labelled as the other shares are: "Forward" for
+    # forward_percent, "Time" for time_percent, "Self" for self_percent.
+    labels: dict[str, str] = {}
+    for field in FIELDS.values():
+        assert labels.setdefault(field.label, field.name) == field.name, (field.label, labels[field.label])
+    line = prof.layerwise_summary(columns=("self_total", "self_percent")).split("\n")[1]
+    assert "【Self Time: " in line and " | Self: " in line, line

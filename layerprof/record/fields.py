@@ -222,7 +222,7 @@ declare(
           doc="forward time per call"),
     Field("time_percent", "percent", "Time", of="total_ms", combine="none", cost=False,
           doc="share of the step's time (forward + backward of the root)"),
-    Field("self_percent", "percent", "Self Time", of="self_total_ms", share_of="total_ms", combine="none",
+    Field("self_percent", "percent", "Self", of="self_total_ms", share_of="total_ms", combine="none",
           cost=False, doc="self time as a share of the step's time"),
     Field("forward_percent", "percent", "Forward", of="forward_ms", combine="none", cost=False,
           doc="share of the root's forward time"),
