@@ -28,7 +28,7 @@ def _indent(text: str, spaces: int) -> str:
 
 
 def _annotation(record: ModuleRecord, values: TreeValues, columns: list[Column]) -> str:
-    if not columns:  # columns=(): the model's plain repr
+    if not columns:  # columns=(): nn.Module.__repr__ of the records (a class's own __repr__ is not kept)
         return ""
     summed = values.summed(record)
     if not summed and not ran(record):
