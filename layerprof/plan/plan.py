@@ -673,8 +673,13 @@ class CheckpointPlan:
         wrapped: dict[str, list[str]] = {}
         for name in self.modules:
             run = parse_run(name)
-            prefix = f"{run[0]}." if run is not None and run[0] else ""
-            wrapped[name] = [name] if run is None else [f"{prefix}{i}" for i in range(run[1], run[2])]
+            if run is None:
+                wrapped[name] = [name]
+                continue
+            # The run's children by their keys in the Sequential (indices, or the names of an OrderedDict's).
+            prefix = f"{run[0]}." if run[0] else ""
+            keys = list(model.get_submodule(run[0])._modules)[run[1]:run[2]]
+            wrapped[name] = [f"{prefix}{key}" for key in keys]
         refusal, warning = structure_differs(profiled, [name for name, _ in model.named_modules()], wrapped)
         if refusal is not None:
             raise ValueError(refusal)

@@ -1,0 +1,59 @@
+"""A second reading of recent commits: cases found by using them as a user would."""
+from __future__ import annotations
+
+import collections
+import copy
+import re
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from layerprof import LayerProf
+from layerprof.plan.apply import is_wrapped
+from layerprof.plan.runs import parse_run
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(128, 128), nn.Linear(128, 128)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.b(nn.functional.gelu(self.a(x))))
+
+
+def _named_sequential() -> nn.Sequential:
+    """A Sequential of named children (as torchvision's DenseNet ``features``): its runs' children are not '0', '1'."""
+    torch.manual_seed(0)
+    blocks = [(f"b{i}", _Block()) for i in range(4)]
+    return nn.Sequential(collections.OrderedDict([("inp", nn.Linear(16, 128)), *blocks, ("out", nn.Linear(128, 1))]))
+
+
+def test_a_run_of_a_named_sequential_whose_child_differs_is_refused() -> None:
+    """The structure check named a run's children '<parent>.<index>', which a Sequential of named children does not
+    have: nothing was compared under the run, and a child grown under it applied with a warning that said 'the
+    modules the plan wraps are as profiled'."""
+    model, x = _named_sequential(), torch.randn(8, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with LayerProf(model, metrics=("memory", "shapes")) as prof:
+            model(x).sum().backward()
+            prof.step()
+    plans = [prof.checkpoint_plan(budget, wrap_cost=None) for budget in (0.1, 0.3, 0.2)]
+    plan = next(plan for plan in plans if any(parse_run(name) for name in plan.modules))
+    run = next(name for name in plan.modules if parse_run(name))
+    first = parse_run(run)[1]
+    other = copy.deepcopy(model)
+    key = list(other._modules)[first]
+    other._modules[key].extra = nn.Linear(2, 2)  # a layer the profiled child had not, under the wrapped run
+    with pytest.raises(ValueError, match=re.escape(
+            f"model: the plan wraps {run!r}, whose modules in this model are not the profiled model's (it has "
+            f"'{key}.extra' that the profiled one had not)")):
+        plan.apply(other)
+    assert not any(is_wrapped(module) for module in other.modules()) and not plan.is_applied
+    with warnings.catch_warnings():  # the very model: no refusal, no warning
+        warnings.simplefilter("error")
+        with plan.applied(model):
+            assert plan.is_applied
