@@ -10,6 +10,8 @@ import pytest
 import torch
 from torch import nn
 
+import layerprof
+
 from layerprof import LayerProf
 from layerprof.plan.apply import is_wrapped
 from layerprof.plan.runs import parse_run
@@ -57,3 +59,23 @@ def test_a_run_of_a_named_sequential_whose_child_differs_is_refused() -> None:
         warnings.simplefilter("error")
         with plan.applied(model):
             assert plan.is_applied
+
+
+def _one_rank_profile() -> layerprof.Profile:
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    with LayerProf(model) as prof:
+        model(torch.randn(2, 4)).sum().backward()
+        prof.step()
+    return prof.profile
+
+
+def test_gather_saved_refuses_a_rank_past_the_jobs_size() -> None:
+    """``gathered_from_saved`` checked a rank against the world size it had just raised to that rank (never
+    outside): rank 3 given to a file without a rank, beside rank 0 of a 2-rank job, made a view of '2 of 4 ranks'
+    with ranks 1 and 2 'missing'."""
+    saved, unranked = _one_rank_profile(), _one_rank_profile()
+    saved.meta["distributed"] = {"rank": 0, "world_size": 2, "backend": "gloo"}
+    with pytest.raises(ValueError, match=r"rank 3 \(profile 1\) is outside a job of 2 ranks"):
+        layerprof.gather_saved({0: saved, 3: unranked})
+    gathered = layerprof.gather_saved({0: saved, 1: unranked})  # within the job: placed
+    assert gathered.ranks == [0, 1] and gathered.world_size == 2 and gathered.failed_ranks == {}

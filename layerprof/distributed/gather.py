@@ -264,10 +264,10 @@ def gathered_from_saved(profiles: Sequence[tuple[int | None, str, Profile]], mar
         shown = ", ".join(f"{size} ({where})" for size, where in sizes.items())
         raise ValueError(f"these profiles come from jobs of different sizes: world sizes {shown}; give the "
                          "files of one run")
-    world_size = max([*sizes, max(payloads) + 1])
-    if sizes and max(payloads) >= world_size:
-        raise ValueError(f"rank {max(payloads)} ({where_by_rank[max(payloads)]}) is outside a job of {world_size} "
+    if sizes and max(payloads) >= max(sizes):  # (a rank given to a file without one, past the job's size)
+        raise ValueError(f"rank {max(payloads)} ({where_by_rank[max(payloads)]}) is outside a job of {max(sizes)} "
                          "ranks: give each file under the rank that saved it")
+    world_size = max([*sizes, max(payloads) + 1])
     missing = [{"rank": rank, "world_size": world_size, _FAILED: "no saved profile of it was given"}
                for rank in range(world_size) if rank not in payloads]
     for payload in payloads.values():
