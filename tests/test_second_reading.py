@@ -16,6 +16,8 @@ from layerprof import LayerProf
 from layerprof.plan.apply import is_wrapped
 from layerprof.plan.runs import parse_run
 
+from .ranks import run_ranks
+
 
 class _Block(nn.Module):
     def __init__(self) -> None:
@@ -79,3 +81,27 @@ def test_gather_saved_refuses_a_rank_past_the_jobs_size() -> None:
         layerprof.gather_saved({0: saved, 3: unranked})
     gathered = layerprof.gather_saved({0: saved, 1: unranked})  # within the job: placed
     assert gathered.ranks == [0, 1] and gathered.world_size == 2 and gathered.failed_ranks == {}
+
+
+def _subgroup_worker(rank: int) -> dict | None:
+    import torch.distributed as dist
+
+    group = dist.new_group([1])  # (every rank makes it; rank 1 alone is in it)
+    if rank != 1:
+        return None
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    with LayerProf(model) as prof:
+        model(torch.randn(2, 4)).sum().backward()
+        prof.step()
+    gathered = prof.gather(dst=1, group=group)
+    return {"header": gathered.table().splitlines()[0], "world_size": gathered.world_size,
+            "ranks": gathered.ranks, "failed": gathered.failed_ranks}
+
+
+def test_a_gather_over_a_subgroup_reads_as_the_groups_ranks(tmp_path) -> None:
+    """The header's 'of N ranks' took N from the default group (the payloads' world size) and from the highest
+    global rank: a gather over a one-rank group of a 2-rank job read 'Across 1 of 2 ranks', as if a rank had no
+    profile, with nothing in failed_ranks to say which (before the header change it read 'Across 1 rank')."""
+    results = run_ranks(_subgroup_worker, tmp_path)
+    assert results[1] == {"header": results[1]["header"], "world_size": 1, "ranks": [1], "failed": {}}
+    assert results[1]["header"].startswith("Across 1 rank, per step")

@@ -59,7 +59,8 @@ class GatheredProfile:
     Attributes:
         ranks: the ranks compared, in order. ``per_rank``: ``{rank: payload}`` with each rank's ``rows`` (by
             recorded name, as on that rank) and ``meta``. ``failed_ranks``: ``{rank: why}`` for the ranks of the
-            job that have no profile to compare. ``world_size``: the ranks of the job, compared or not.
+            job that have no profile to compare. ``world_size``: the ranks of the job (of the group gathered),
+            compared or not.
         step: the whole step (outermost record) across ranks, a ``ModuleSpread``.
         modules: ``{shown name: ModuleSpread}``, names without DDP/FSDP wrapper prefixes (see
             ``layerprof.crossrank``).
@@ -72,9 +73,9 @@ class GatheredProfile:
     """
 
     def __init__(self, payloads: Sequence[Mapping[str, Any]], margin: float = 0.2, min_ms: float | None = None) -> None:
-        # The job's size, failed ranks included: a view of 1 rank of 2 must not read as a one-rank job.
-        self.world_size = max(max(int(p.get("world_size") or 0), int(p["rank"]) + 1) for p in payloads) if (
-            payloads) else 0
+        # The job's size (the gathering group's), failed ranks included: a view of 1 rank of 2 must not read as a
+        # one-rank job. Not the highest rank + 1: ranks are global, and a subgroup's need not start at 0.
+        self.world_size = max([len(payloads), *(int(p.get("world_size") or 0) for p in payloads)])
         # Ranks whose profiling failed sent why instead of a profile (``gather_failure``): listed, not compared.
         self.failed_ranks: dict[int, str] = {int(p["rank"]): str(p[_FAILED]) for p in payloads if _FAILED in p}
         # And ranks whose profile recorded no step (every step warm-up or outside the schedule): nothing to
@@ -186,7 +187,7 @@ def gather_failure(why: str, dst: int = 0, group: Any = None) -> None:
         return
     import torch.distributed as dist
 
-    _gather({"rank": dist.get_rank(), "world_size": dist.get_world_size(), _FAILED: why}, dst, group)
+    _gather({"rank": dist.get_rank(), "world_size": dist.get_world_size(group), _FAILED: why}, dst, group)
 
 
 def gather_profile(profile: Profile, dst: int = 0, group: Any = None, margin: float = 0.2,
@@ -205,8 +206,8 @@ def gather_profile(profile: Profile, dst: int = 0, group: Any = None, margin: fl
         return GatheredProfile([rank_payload(profile)], margin=margin, min_ms=min_ms)
     import torch.distributed as dist
 
-    # (the rank is global, as gather_object's dst is)
-    received = _gather(rank_payload(profile, dist.get_rank(), dist.get_world_size()), dst, group)
+    # (the rank is global, as gather_object's dst is; the size is the group's, whose ranks are gathered)
+    received = _gather(rank_payload(profile, dist.get_rank(), dist.get_world_size(group)), dst, group)
     if received is None:
         return None
     return GatheredProfile(received, margin=margin, min_ms=min_ms)
