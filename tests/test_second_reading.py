@@ -105,3 +105,20 @@ def test_a_gather_over_a_subgroup_reads_as_the_groups_ranks(tmp_path) -> None:
     results = run_ranks(_subgroup_worker, tmp_path)
     assert results[1] == {"header": results[1]["header"], "world_size": 1, "ranks": [1], "failed": {}}
     assert results[1]["header"].startswith("Across 1 rank, per step")
+
+
+def test_mobilebert_names_the_head_s_dense_not_its_tied_decoder() -> None:
+    """docs/internals.md said MobileBERT's prediction head's ``dense`` and ``decoder`` are named where it reads their
+    weights uncalled; the decoder's weights are the word embeddings' and the head's ``bias`` (tied): only
+    ``dense`` is."""
+    transformers = pytest.importorskip("transformers")
+    torch.compile(lambda t: t + 1, backend="eager")(torch.ones(2))  # (the warning's condition)
+    config = transformers.MobileBertConfig(vocab_size=100, hidden_size=32, embedding_size=16, num_hidden_layers=1,
+                                           num_attention_heads=2, intermediate_size=32, intra_bottleneck_size=16,
+                                           true_hidden_size=16, num_feedforward_networks=1)
+    model = transformers.MobileBertForMaskedLM(config)
+    ids = torch.randint(1, 100, (2, 6))
+    with pytest.warns(RuntimeWarning, match=r"\('cls\.predictions\.dense'\)"):
+        with LayerProf(model) as prof:
+            model(input_ids=ids, labels=ids).loss.backward()
+    assert prof.profile.meta["unseen_with_gradients"] == ["cls.predictions.dense"]
