@@ -122,3 +122,56 @@ def test_mobilebert_names_the_head_s_dense_not_its_tied_decoder() -> None:
         with LayerProf(model) as prof:
             model(input_ids=ids, labels=ids).loss.backward()
     assert prof.profile.meta["unseen_with_gradients"] == ["cls.predictions.dense"]
+
+
+class _Layer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(128, 128), nn.GELU(), nn.Linear(128, 128))
+        self.norm = nn.LayerNorm(128)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.norm(x))
+
+
+class _Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp, self.out = nn.Linear(16, 128), nn.Linear(128, 1)
+        self.layers = nn.ModuleList(_Layer() for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.out(x)
+
+
+def test_a_submodule_compiled_after_profiling_below_a_wrapped_one_keeps_the_structure() -> None:
+    """Compiling after profiling is what the docs advise: ``layer.mlp = torch.compile(layer.mlp)`` below a wrapped
+    layer put its modules under ``mlp._orig_mod``, and the structure check refused the plan (it applied before the
+    check), telling the user to profile the compiled model. A module grown under it is still refused."""
+    model, x = _Stack(), torch.randn(8, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with LayerProf(model, metrics=("memory",)) as prof:
+            model(x).sum().backward()
+            prof.step()
+    plans = [prof.checkpoint_plan(budget, wrap_cost=None, runs=False) for budget in (0.5, 0.3, 0.2, 0.1)]
+    plan = next(plan for plan in plans if any(re.fullmatch(r"layers\.\d", name) for name in plan.modules))
+    layers = [name for name in plan.modules if re.fullmatch(r"layers\.\d", name)]
+    grown = copy.deepcopy(model)
+    for name in layers:  # (the mlp of a wrapped layer: below it, neither wrapped nor on a wrapped one's path)
+        for layer in (model.get_submodule(name), grown.get_submodule(name)):
+            layer.mlp = torch.compile(layer.mlp, backend="eager")
+    with warnings.catch_warnings(record=True) as caught:  # (not "error": dynamo's own tracing warns)
+        warnings.simplefilter("always")
+        with plan.applied(model):
+            assert all(is_wrapped(model.get_submodule(name)) for name in plan.modules)
+            model(x).sum().backward()
+    assert not [w for w in caught if "a model other than this one" in str(w.message)]
+    target = layers[0]
+    grown.get_submodule(target).mlp._orig_mod.append(nn.Identity())
+    with pytest.raises(ValueError, match=re.escape(f"(it has '{target}.mlp.3' that the profiled one had not)")):
+        plan.apply(grown)

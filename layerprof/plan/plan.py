@@ -34,6 +34,7 @@ from torch.nn.utils.prune import BasePruningMethod
 from .._check import check_bool, check_int
 from .._torch import global_forward_hooks
 from .._gc import gc_paused
+from .._torch import compiled_module_type
 from ..metrics.checkpoint_bytes import STORAGES_ATTRIBUTE, saved_after, saved_peak
 from ..metrics.memory import TIMELINE_ATTRIBUTE
 from ..record.records import CallTiming, ModuleRecord, preorder
@@ -268,6 +269,23 @@ def _wrapper_hint(model: nn.Module, names: list[str]) -> str:
                 f"torch.compile(...) puts an OptimizedModule in its place): apply the plan before compiling, or "
                 f"compile in place with model.{compiled}.compile(), which keeps the module")
     return ""
+
+
+def _eager_names(model: nn.Module) -> list[str]:
+    """The qualified names of ``model``'s modules, those under a submodule compiled since the profile
+    (``parent.child = torch.compile(child)`` puts an OptimizedModule there, the module under its ``_orig_mod``) read
+    as they were: compiling after profiling is what the docs advise, and it leaves the structure as profiled."""
+    compiled_type = compiled_module_type()
+    found = list(model.named_modules())
+    compiled = {name for name, module in found if compiled_type is not None and isinstance(module, compiled_type)}
+    if not compiled:
+        return [name for name, _ in found]
+    names = []
+    for name, _ in found:
+        parts = name.split(".")
+        names.append(".".join(part for at, part in enumerate(parts)
+                              if part != "_orig_mod" or ".".join(parts[:at]) not in compiled))
+    return names
 
 
 def _compiled_on_path(model: nn.Module, names: list[str]) -> str | None:
@@ -680,7 +698,7 @@ class CheckpointPlan:
             prefix = f"{run[0]}." if run[0] else ""
             keys = list(model.get_submodule(run[0])._modules)[run[1]:run[2]]
             wrapped[name] = [f"{prefix}{key}" for key in keys]
-        refusal, warning = structure_differs(profiled, [name for name, _ in model.named_modules()], wrapped)
+        refusal, warning = structure_differs(profiled, _eager_names(model), wrapped)
         if refusal is not None:
             raise ValueError(refusal)
         if warning is not None:
