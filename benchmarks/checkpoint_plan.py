@@ -394,7 +394,7 @@ def planning_time(count: int = 10_000) -> float:
                        rng.uniform(0.01, 5.0), 1, None) for i in range(count)]
 
     class _Root:  # what the plan reads of a root record
-        type = "Synthetic"
+        type, name, steps = "Synthetic", "", 1
         saved_bytes = sum(c.freed_bytes for c in found)
         calls, recompute_ms, children = 1, None, ()
 
