@@ -291,6 +291,21 @@ def test_rates_and_shares_are_refused_with_the_reason() -> None:
     assert plt.get_fignums() == before
 
 
+def test_self_fields_are_refused_naming_the_inclusive_one() -> None:
+    """A plot lays out inclusive values and draws each module's self part from them. A self field drawn as
+    inclusive made the root's own 0.2 ms of a 45 ms forward the whole plot, its children scaled 200 times down
+    inside it (a Linear of 12.2 ms drawn as 0.12), and self_activation_bytes failed after a run ("is 0")."""
+    profile = metered_with_buffers()
+    for name, inclusive in (("self_forward", "forward_ms"), ("self_total_ms", "total_ms"), ("self_flops", "flops"),
+                            ("self_activation_bytes", "activation_bytes"), ("self_saved_bytes", "saved_bytes")):
+        with pytest.raises(ValueError, match=rf"^cannot plot metric '{name}': it is a module's own part, which a "
+                                             rf"plot draws already .* plot '{inclusive}'$"):
+            profile.plot("sunburst", metric=name)
+    from layerprof.render.plot_metrics import plot_metric_names
+
+    assert not [name for name in plot_metric_names() if name.startswith("self")]
+
+
 # -- figures and files ----------------------------------------------------------------------------------------
 def test_new_figure_only_without_ax(resnet_profile, axes) -> None:
     before = plt.get_fignums()

@@ -49,7 +49,7 @@ def test_trace_holds_only_the_last_steps_calls_when_a_module_skipped_it() -> Non
 
 
 @pytest.mark.parametrize("mode", ["--no-backward", "--eval"])
-@pytest.mark.parametrize("metric", ["backward", "self_backward"])
+@pytest.mark.parametrize("metric", ["backward", "flops_backward"])
 def test_a_backward_plot_metric_of_a_forward_only_run_is_refused_before_the_model_is_built(
         mode: str, metric: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Before: the model was built and profiled, then writing the plot raised ("no record of this profile holds

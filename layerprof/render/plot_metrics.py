@@ -76,6 +76,11 @@ def _why_not(field: Field) -> str | None:
         return "it is not a number"
     if field.unit == "percent":
         return f"it is a share, and a plot shows each module's share already: plot {field.of!r}"
+    if field.name.startswith("self_") and field.name[5:] in FIELDS:
+        # A plot lays out inclusive values and draws each module's self part from them (what its children leave):
+        # drawn as inclusive, the root's own 0.2 ms of a 45 ms forward held its children, scaled 200 times down.
+        return (f"it is a module's own part, which a plot draws already from the inclusive values (the hatched "
+                f"self part, the top-k bars): plot {field.name[5:]!r}")
     if field.detail or field.combine == "none" or field.unit not in PLOTTABLE_UNITS:
         return (f"its values ({field.unit}) do not add up over modules, as the areas of a plot must; plot an amount "
                 "such as 'flops' or 'total'")
