@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
+from collections import Counter
 from dataclasses import dataclass
 from itertools import starmap
 from typing import Any, Iterator
@@ -110,10 +111,18 @@ def _rerun_together(called: list[ModuleRecord]) -> bool:
     first, as backward reaches each, and only they were recomputed, not their parent."""
     if not all(map(_rerun, called)):
         return False
-    step = min(timing.step for record in called for timing in _own_calls(record) if timing.recompute)
+    # Compared in one step: the one most of them re-ran in (the latest of those). A module that skipped the last
+    # step reads an earlier one's calls (``_own_calls``), where it can stand alone: first both ways, which says
+    # nothing (an encoder whose layers are checkpointed one by one, one dropped in the last step).
+    steps = [{timing.step for timing in _own_calls(record) if timing.recompute} for record in called]
+    counted = Counter(step for found in steps for step in found)
+    step, together = max(counted.items(), key=lambda item: (item[1], item[0]))
+    if together < 2:
+        return False
+    compared = [record for record, found in zip(called, steps) if step in found]
 
     def first(recompute: bool) -> ModuleRecord:
-        return min(called, key=lambda record: min(
+        return min(compared, key=lambda record: min(
             (timing.forward_start_ms for timing in _own_calls(record)
              if timing.step == step and timing.recompute == recompute), default=float("inf")))
 

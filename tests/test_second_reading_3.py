@@ -1,0 +1,57 @@
+"""Second reading of the commits 9840e31..7ac4253 (and the plan's copy, 8cea2cd): one test per problem found."""
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from layerprof import LayerProf
+
+
+def _profile(model: nn.Module, step, steps: int = 3) -> LayerProf:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with LayerProf(model, metrics=("memory",)) as prof:
+            for _ in range(steps):
+                step()
+                prof.step()
+    return prof
+
+
+class _LayerDrop(nn.Module):
+    """Layers the model checkpoints one by one, one of them dropped in some steps (LayerDrop)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64)) for _ in range(4))
+
+    def forward(self, h: torch.Tensor, dropped: int | None) -> torch.Tensor:
+        for index, layer in enumerate(self.layers):
+            if index != dropped:
+                h = checkpoint(layer, h, use_reentrant=False)
+        return h
+
+
+class _Encoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.drop, self.head = nn.Linear(16, 64), _LayerDrop(), nn.Linear(64, 1)
+
+    def forward(self, x: torch.Tensor, dropped: int | None) -> torch.Tensor:
+        return self.head(self.drop(self.inp(x), dropped)).sum()
+
+
+def test_layers_checkpointed_one_by_one_are_named_when_one_skipped_the_last_step() -> None:
+    # 317aeb7 reads the calls of a module that skipped the last step from the last step it ran in; _rerun_together
+    # then compared the children's first forward and first recomputation in the earliest step any of them re-ran
+    # in, where only the dropped layer had calls: it was first both ways, and the encoder, never checkpointed as a
+    # whole, read as re-run as one forward (['drop'] instead of its four layers).
+    torch.manual_seed(0)
+    net, x = _Encoder(), torch.randn(8, 16)
+    dropped = iter([None, None, 3])
+    prof = _profile(net, lambda: net(x, next(dropped)).backward())
+    assert prof.records["drop.layers.3"].steps_run == 1 and prof.records["drop.layers.0"].steps_run == 2
+    plan = prof.checkpoint_plan(0.5, wrap_cost=None)
+    assert plan.already_recomputed == [f"drop.layers.{i}" for i in range(4)]
