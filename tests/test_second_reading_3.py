@@ -55,3 +55,37 @@ def test_layers_checkpointed_one_by_one_are_named_when_one_skipped_the_last_step
     assert prof.records["drop.layers.3"].steps_run == 1 and prof.records["drop.layers.0"].steps_run == 2
     plan = prof.checkpoint_plan(0.5, wrap_cost=None)
     assert plan.already_recomputed == [f"drop.layers.{i}" for i in range(4)]
+
+
+class _Holder(nn.Module):
+    """A module that keeps its net's checkpoint plan (a LightningModule with ``self.plan``)."""
+
+    def __init__(self, net: nn.Module, plan) -> None:
+        super().__init__()
+        self.net, self.plan = net, plan
+
+
+def test_a_plan_copied_with_its_model_removes_the_copys_wrappers() -> None:
+    # 8cea2cd: a plan pickled or deep-copied while applied reads not applied. Copied together with the model it is
+    # applied to (an EMA deepcopy of a module that keeps its plan, torch.save of it), the copy's plan could remove()
+    # the copy's wrappers before (its modules were the copy's, by the copy's memo); now it reads not applied,
+    # remove() leaves the copy wrapped, and apply() on the copy refuses ("already wrapped").
+    import copy
+    import pickle
+
+    from layerprof.plan.apply import is_wrapped
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(16, 64), *(nn.Sequential(nn.Linear(64, 64), nn.Tanh()) for _ in range(3)),
+                        nn.Linear(64, 1))
+    x = torch.randn(8, 16)
+    prof = _profile(net, lambda: net(x).sum().backward(), steps=1)
+    plan = prof.checkpoint_plan(0.5, runs=False, wrap_cost=None)
+    holder = _Holder(net, plan)
+    with plan.applied(net):
+        copies = [copy.deepcopy(holder), pickle.loads(pickle.dumps(holder))]
+    for other in copies:
+        assert any(is_wrapped(module) for module in other.net.modules())
+        assert other.plan.is_applied
+        other.plan.remove()
+        assert not any(is_wrapped(module) for module in other.net.modules())
