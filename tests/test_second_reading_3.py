@@ -89,3 +89,31 @@ def test_a_plan_copied_with_its_model_removes_the_copys_wrappers() -> None:
         assert other.plan.is_applied
         other.plan.remove()
         assert not any(is_wrapped(module) for module in other.net.modules())
+
+
+def test_compare_of_a_backward_field_a_forward_only_profile_lacks_names_the_backward_not_the_meter() -> None:
+    # ab2ff12: module_fields=("flops_backward",) against a forward-only profile that ran the flops meter said to run
+    # with metrics=('flops',), which it did: the hint that does not record it. It lacks the backward pass.
+    import re
+
+    import pytest
+
+    import layerprof
+
+    def profiled(backward: bool) -> LayerProf:
+        torch.manual_seed(0)
+        net, x = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 1)), torch.randn(8, 16)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with LayerProf(net, metrics=("flops",)) as prof:
+                out = net(x).sum()
+                if backward:
+                    out.backward()
+        return prof
+
+    trained, forward_only = profiled(True), profiled(False)
+    with pytest.raises(ValueError) as info:
+        layerprof.compare(trained, forward_only, module_fields=("flops_backward",))
+    message = str(info.value)
+    assert "'flops_backward' was recorded by profile 'a' but not by 'b'" in message
+    assert "metrics=('flops',)" not in message and re.search(r"no backward pass.*\.backward\(\)", message), message
