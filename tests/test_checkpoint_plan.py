@@ -1349,23 +1349,21 @@ def test_a_run_applied_to_a_sequential_whose_children_differ_is_refused() -> Non
     assert not any(is_wrapped(module) for module in other.modules())
 
 
-def test_a_plan_pickled_or_copied_while_applied_is_a_plan_not_applied() -> None:
-    """Pickled while applied, a plan carried copies of the wrapped modules and read applied: apply() refused the
-    model it was made for ("already applied") until remove() unwrapped the orphans."""
-    import pickle
-
+def test_a_plan_deep_copied_alone_while_applied_is_a_plan_not_applied() -> None:
+    """Deep-copied alone while applied, a plan carried copies of the wrapped modules and read applied: apply() refused
+    the model it was made for ("already applied") until remove() unwrapped the orphans. (Copied with its model, it
+    stays applied to the copy's modules: ``test_a_plan_copied_with_its_model_removes_the_copys_wrappers``.)"""
     model, x = _mlp(depth=3), torch.randn(8, 16)
     prof = _profile(model, lambda: model(x).sum().backward())
     plan = prof.checkpoint_plan(0.5, runs=False)
     expected = _run(model, x)
     with plan.applied(model):
-        copies = [pickle.loads(pickle.dumps(plan)), copy.deepcopy(plan)]
+        other = copy.deepcopy(plan)
         assert plan.is_applied and is_wrapped(model.get_submodule(plan.modules[0]))
     fresh = _mlp(depth=3)
-    for other in copies:
-        assert not other.is_applied and other.modules == plan.modules
-        with other.applied(fresh):
-            assert all(is_wrapped(fresh.get_submodule(name)) for name in plan.modules)
-            got = _run(fresh, x)
-        assert not any(is_wrapped(module) for module in fresh.modules())
-        assert torch.equal(got[0], expected[0]) and all(torch.equal(a, b) for a, b in zip(got[1], expected[1]))
+    assert not other.is_applied and other.modules == plan.modules
+    with other.applied(fresh):
+        assert all(is_wrapped(fresh.get_submodule(name)) for name in plan.modules)
+        got = _run(fresh, x)
+    assert not any(is_wrapped(module) for module in fresh.modules())
+    assert torch.equal(got[0], expected[0]) and all(torch.equal(a, b) for a, b in zip(got[1], expected[1]))

@@ -21,6 +21,7 @@ backward needs anyway, is left out of the checkpoint.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import warnings
 from collections import Counter
@@ -718,12 +719,20 @@ class CheckpointPlan:
         if warning is not None:
             warnings.warn(warning, UserWarning, stacklevel=4)
 
-    def __getstate__(self) -> dict[str, Any]:
-        """A copy of a plan (pickled, deep-copied) is not applied: the wrappers it would remove are the original
-        model's, and copied with the plan they were orphans that made ``apply`` refuse ("already applied")."""
-        state = dict(self.__dict__)
-        state["_applied"] = []
-        return state
+    def __deepcopy__(self, memo: dict[int, Any]) -> CheckpointPlan:
+        """A deep copy of an applied plan is applied to the copies of its modules made in the same deep copy (a
+        model that keeps its plan, copied for an EMA: the copy's plan removes the copy's wrappers), and not
+        applied where the plan is copied alone: its modules' copies would be orphans, and ``apply`` would refuse
+        ("already applied"). (Copied after the model in one deep copy: a module keeps its own attributes after
+        its submodules.) Pickled, a plan keeps what it wrapped, as copies: pickle it with its model, or remove() it
+        first."""
+        copied = type(self).__new__(type(self))
+        memo[id(self)] = copied
+        for key, value in self.__dict__.items():
+            if key == "_applied":
+                value = [entry for entry in value if id(entry[0]) in memo]
+            copied.__dict__[key] = copy.deepcopy(value, memo)
+        return copied
 
     def apply(self, model: nn.Module) -> CheckpointPlan:
         """Wrap the chosen modules of ``model`` in non-reentrant ``torch.utils.checkpoint`` (all or none);
