@@ -89,11 +89,13 @@ def flop_formula(op: Any) -> FlopFormula | None:
     return formula
 
 
-_FREE_TAGS = {torch.Tag.pointwise, torch.Tag.inplace_view}
+# A view's copy (``diagonal_copy``, ``permute_copy``: what ``torch.diag`` and functionalized views run) moves data.
+_FREE_TAGS = {torch.Tag.pointwise, torch.Tag.inplace_view, torch.Tag.view_copy}
 
 
 def is_free(op: Any) -> bool:
-    """Ops free by convention without a registry entry: elementwise (``pointwise`` tag), views, random fills.
+    """Ops free by convention without a registry entry: elementwise (``pointwise`` tag), views and their copies,
+    random fills.
 
     A random fill is an op that draws (``nondeterministic_seeded``) and does not decompose: composite ops that
     may draw for their dropout (``aten.scaled_dot_product_attention``, ``aten.lstm``, ``aten.gru``, which reach
@@ -542,6 +544,8 @@ _FREE_OPS = (
     "_sparse_coo_tensor_with_dims_and_tensors", "_sparse_coo_tensor_with_dims", "_coalesced_",
     # checks and index factories (transformers' torch_compilable_check runs _is_all_true in LLaVA's forward)
     "_is_all_true", "_is_any_true", "isin", "allclose", "tril_indices", "triu_indices",
+    # more factories, reductions and data movement (SigLIP's loss makes its labels with eye, DETR's takes a diagonal)
+    "eye", "logspace", "nansum", "diagonal_backward", "block_diag", "histogram", "_pack_padded_sequence",
 )
 
 _register_where_present(free, _FREE_OPS)
