@@ -453,6 +453,20 @@ def cudnn_rnn_flops(x: Sequence[int], weights: Sequence[Sequence[int]], *args: A
     return 2 * _rnn_tokens(x, batch_sizes) * _cudnn_rnn_matrix_elements(weights)
 
 
+def _whole_rnn_flops(x: Sequence[int], params: Sequence[Sequence[int]], tokens: int) -> int:
+    # every 2-D weight ([gates * h, in]) meets every token once per layer and direction; biases are free
+    return 2 * tokens * _cudnn_rnn_matrix_elements(params)
+
+
+@register_flop_formula(aten.gru, aten.rnn_tanh, aten.rnn_relu)
+def whole_rnn_flops(x: Sequence[int], second: Any, params: Any, *args: Any, **kwargs: Any) -> int:
+    """nn.GRU/nn.RNN on CPU under inference_mode, where the op reaches the meter whole: priced here and run as it
+    is (run decomposed, its output had other bits than unprofiled)."""
+    if params and isinstance(params[0], int):  # packed: (data [tokens, i], batch_sizes, hx, params, ...)
+        return _whole_rnn_flops(x, args[0], x[0])
+    return _whole_rnn_flops(x, params, prod(x[:-1]))  # (input [b, t, i] or [t, b, i], hx, params, ...)
+
+
 @register_flop_formula(aten.miopen_rnn)
 def miopen_rnn_flops(x: Sequence[int], weights: Sequence[Sequence[int]], *args: Any, **kwargs: Any) -> int:
     """A whole nn.LSTM/GRU/RNN on MIOpen: every weight matrix meets every token once per layer and direction."""
