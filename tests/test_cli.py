@@ -338,7 +338,9 @@ def test_help_shows_the_subcommands_and_every_name(capsys, monkeypatch) -> None:
     listed = {word.rstrip(",") for line in names.splitlines() for word in line.split()}
     assert set(column_names()) <= listed and {"forward", "memory", "flops", "saved_bytes", "time_percent"} <= listed
     assert "    zz_meter:  zz_field_bytes" in names  # grouped under the meter that records it
-    assert "any column above but mean_forward, forward_per_call_ms, time_percent" in names  # no plot of a share
+    # no plot of a self field (a plot draws the self part) nor of a share
+    assert "any column above but self_forward, self_backward, self_total, mean_forward, self_forward_ms," in names
+    assert "forward_per_call_ms, time_percent, self_percent," in names
 
 
 def test_console_script_points_at_main() -> None:
