@@ -103,9 +103,9 @@ def test_plotting_backward_flops_of_a_forward_only_profile_says_it_has_no_backwa
     assert "metrics=('flops',)" not in str(info.value) and "no backward pass" in str(info.value)
 
 
-@pytest.mark.parametrize("metric", ["memory", "saved_bytes"])
+@pytest.mark.parametrize("metric, field", [("memory", "saved_bytes"), ("saved_bytes", "saved_bytes")])
 def test_a_saved_bytes_plot_of_an_eval_run_is_refused_before_the_model_is_built(
-        metric: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        metric: str, field: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Before: the model was built and profiled under inference_mode, which saves nothing for backward, then writing
     # the plot raised ("nothing to plot: the model's saved_bytes (Saved) is 0", exit 5), losing --json with it.
     factory = tmp_path / "models.py"
@@ -115,6 +115,7 @@ def test_a_saved_bytes_plot_of_an_eval_run_is_refused_before_the_model_is_built(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"--plot-metric {metric}: a run with --eval" in err and "saves nothing for backward" in err
+    assert f"so {field} is 0 on every module" in err
     assert "plot activation_bytes" in err and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".py") == []
 

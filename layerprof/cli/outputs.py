@@ -90,7 +90,7 @@ def _check_plot(options: argparse.Namespace, path: Path) -> None:
     if field is not None and options.eval and saved_for_backward(field):
         # (--no-backward keeps gradients on: autograd saves for a backward that does not run, and this counts it)
         raise UsageError(f"--plot-metric {metric}: a run with --eval (torch.inference_mode) saves nothing for "
-                         "backward, so the saved bytes are 0 on every module; plot activation_bytes (what the modules "
+                         f"backward, so {field.name} is 0 on every module; plot activation_bytes (what the modules "
                          "return), or drop --eval")
     if kind == "roofline":
         needed = ("flops",)
