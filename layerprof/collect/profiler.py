@@ -313,6 +313,7 @@ class LayerProf:
     # stopped (``_shape_counts``): where the shapes meter does not run, what tells that later (timed) steps ran
     # shapes the counted step did not.
     _counted_shapes: tuple[set[Any], int] | None = None
+    _example_before: dict[str, Any] | None = None  # the tracker's example as the warm-up step under way began
     _observed = False  # whether some meter observes calls (set as the block starts)
     _tracker: Tracker | None = None
     _owns: list[dict[str, Any]] | None = None  # the entries' ``__dict__``, where the start read them
@@ -676,7 +677,8 @@ class LayerProf:
     def _begin_step(self) -> None:
         tracker = self._tracker
         assert tracker is not None
-        wanted = self._action(self.step_num) is not Action.NONE
+        action = self._action(self.step_num)
+        wanted = action is not Action.NONE
         if wanted and not self._counting_done:
             for meter in self.metrics:
                 if meter.distorts_timing:
@@ -696,6 +698,9 @@ class LayerProf:
             tracker.attach(self._entries, names or None, self._around if names else None)
         elif not wanted and tracker.active:
             tracker.detach()
+        # A warm-up step's inputs are not the profile's workload: the example is put back as it was at its end.
+        self._example_before = None if action is not Action.WARMUP else {
+            key: dict(value) if isinstance(value, dict) else value for key, value in tracker.example.items()}
 
     def _end_step(self, last: bool = False) -> None:
         """Close the step under way (``last``: the block's last, as it stops)."""
@@ -745,6 +750,11 @@ class LayerProf:
             counting, self._counting = self._counting, []
             _stop_all(counting)
             self._counted_shapes = _shape_counts(tracker.example)
+        before = self._example_before
+        if before is not None and action is not Action.RECORD:
+            self._example_before = None
+            tracker.example.clear()
+            tracker.example.update(before)
         if self._observed and not last:  # (the last step's observers go with the tracker)
             self._set_observers()
         if self._replaced:
