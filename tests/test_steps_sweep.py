@@ -26,3 +26,18 @@ def test_warmup_steps_batch_size_is_not_the_profiles() -> None:
         environment = prof.profile.meta["environment"]
         assert environment["batch_size"] == 8
         assert "batch_sizes" not in environment
+
+
+def test_a_step_dropped_by_stop_partial_sets_no_batch_size() -> None:
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    prof = LayerProf(net).start()
+    for _ in range(2):
+        net(torch.randn(8, 4)).sum().backward()
+        prof.step()
+    for _ in range(3):  # the failing step's calls, dropped with it
+        net(torch.randn(64, 4))
+    prof.stop(partial="the data loader failed")
+    assert prof.records[""].steps == 2
+    environment = prof.profile.meta["environment"]
+    assert environment["batch_size"] == 8
+    assert "batch_sizes" not in environment

@@ -313,7 +313,7 @@ class LayerProf:
     # stopped (``_shape_counts``): where the shapes meter does not run, what tells that later (timed) steps ran
     # shapes the counted step did not.
     _counted_shapes: tuple[set[Any], int] | None = None
-    _example_before: dict[str, Any] | None = None  # the tracker's example as the warm-up step under way began
+    _example_before: dict[str, Any] | None = None  # the tracker's example as the step under way began
     _observed = False  # whether some meter observes calls (set as the block starts)
     _tracker: Tracker | None = None
     _owns: list[dict[str, Any]] | None = None  # the entries' ``__dict__``, where the start read them
@@ -698,8 +698,9 @@ class LayerProf:
             tracker.attach(self._entries, names or None, self._around if names else None)
         elif not wanted and tracker.active:
             tracker.detach()
-        # A warm-up step's inputs are not the profile's workload: the example is put back as it was at its end.
-        self._example_before = None if action is not Action.WARMUP else {
+        # A step left out (warm-up, or dropped by ``stop(partial=)``) is not the profile's workload: the example is
+        # put back as it was.
+        self._example_before = None if not wanted else {
             key: dict(value) if isinstance(value, dict) else value for key, value in tracker.example.items()}
 
     def _end_step(self, last: bool = False) -> None:
@@ -789,6 +790,9 @@ class LayerProf:
         """Forget the step under way (it did not complete): its calls, and the meters' numbers for it."""
         assert self._tracker is not None
         self._tracker.clear_calls()
+        if self._example_before is not None:
+            self._tracker.example.clear()
+            self._tracker.example.update(self._example_before)
         for meter in self._running_meters():
             meter.end_step(False)
 
