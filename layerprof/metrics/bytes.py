@@ -170,6 +170,18 @@ for _name in ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_st
 register_bytes_formula(torch.ops.prim.device)(nothing)
 
 
+def written_only(template: Any, *args: Any, out: Any = None, **kwargs: Any) -> int:
+    """An allocation filled from its arguments (``zeros_like``, ``new_ones``): the template tensor gives only its
+    shape, dtype and device, so nothing is read; the result is written."""
+    return _written(out)  # template: [*dims] (not read) -> out: written
+
+
+for _name in ("zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like", "new_zeros",
+              "new_ones", "new_full"):
+    if hasattr(aten, _name):
+        register_bytes_formula(getattr(aten, _name))(written_only)
+
+
 @register_bytes_formula(aten.copy_, aten._copy_from, aten._copy_from_and_resize)
 def copy_bytes(destination: torch.Tensor, source: Any, *args: Any, out: Any = None, **kwargs: Any) -> int:
     """Reads the source, writes the destination (whose old values are not read)."""
