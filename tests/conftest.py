@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import warnings
+from typing import Callable
+
 import pytest
 import torch
 
 import layerprof.collect.profiler as profiler_module
+from layerprof import LayerProf
 
 torch.set_num_threads(1)
 
@@ -33,6 +37,19 @@ def hook_state(model: torch.nn.Module, calls: bool = True) -> dict[str | None, t
             )
         ) + (tuple(sorted(module.__dict__)),)
     return state
+
+
+def profile_quietly(model: torch.nn.Module, step: Callable[[], object], steps: int,
+                    metrics: tuple[str, ...] = ("memory",)) -> LayerProf:
+    """``steps`` calls of ``step``, each closed with ``prof.step()``, in a block with ``metrics``, its warnings (one
+    step slowed by a meter, ...) silenced: the planner's tests read the figures, not the advice."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with LayerProf(model, metrics=metrics) as prof:
+            for _ in range(steps):
+                step()
+                prof.step()
+    return prof
 
 
 @pytest.fixture(autouse=True)

@@ -23,6 +23,8 @@ from layerprof import LayerProf
 from layerprof.plan.apply import RecomputeTimer, is_wrapped, unwrap, wrap, wrap_runs
 from layerprof.plan.runs import parse_run, recomputed_children
 
+from .conftest import profile_quietly
+
 
 def _mlp(depth: int = 4, width: int = 128, dropout: float = 0.0) -> nn.Module:
     torch.manual_seed(0)
@@ -32,13 +34,7 @@ def _mlp(depth: int = 4, width: int = 128, dropout: float = 0.0) -> nn.Module:
 
 
 def _profile(model: nn.Module, step, steps: int = 1) -> LayerProf:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with LayerProf(model, metrics=("memory", "shapes")) as prof:
-            for _ in range(steps):
-                step()
-                prof.step()
-    return prof
+    return profile_quietly(model, step, steps, ("memory", "shapes"))
 
 
 def _state(model: nn.Module) -> dict:

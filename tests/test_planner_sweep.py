@@ -9,6 +9,8 @@ from torch import nn
 
 from layerprof import LayerProf
 
+from .conftest import profile_quietly
+
 
 def _mlp(depth: int = 3, width: int = 64) -> nn.Sequential:
     torch.manual_seed(0)
@@ -18,13 +20,7 @@ def _mlp(depth: int = 3, width: int = 64) -> nn.Sequential:
 
 
 def _profile(model: nn.Module, step, steps: int = 2) -> LayerProf:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with LayerProf(model, metrics=("memory",)) as prof:
-            for _ in range(steps):
-                step()
-                prof.step()
-    return prof
+    return profile_quietly(model, step, steps)
 
 
 @pytest.mark.parametrize("runs", [False, True])

@@ -1,14 +1,14 @@
 """Second reading of the sweep's commits (3a6b566..931984e): one test per problem found."""
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 from torch import nn
 
 from layerprof import LayerProf
 from layerprof.plan.wrap_cost import WrapCost
+
+from .conftest import profile_quietly
 
 
 def _mlp() -> nn.Sequential:
@@ -18,13 +18,7 @@ def _mlp() -> nn.Sequential:
 
 
 def _profile(model: nn.Module, step, steps: int = 2) -> LayerProf:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with LayerProf(model, metrics=("memory",)) as prof:
-            for _ in range(steps):
-                step()
-                prof.step()
-    return prof
+    return profile_quietly(model, step, steps)
 
 
 # Back to back (a gap under 1,000 s) a wrapper costs nothing; cold, 1 ms a call.

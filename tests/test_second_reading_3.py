@@ -9,15 +9,11 @@ from torch.utils.checkpoint import checkpoint
 
 from layerprof import LayerProf
 
+from .conftest import profile_quietly
+
 
 def _profile(model: nn.Module, step, steps: int = 3) -> LayerProf:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with LayerProf(model, metrics=("memory",)) as prof:
-            for _ in range(steps):
-                step()
-                prof.step()
-    return prof
+    return profile_quietly(model, step, steps)
 
 
 class _LayerDrop(nn.Module):
