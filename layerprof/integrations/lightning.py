@@ -33,7 +33,8 @@ from ..distributed.comm import time_ddp_wrapper
 from ..profile import Profile
 from ..render.units import format_counted
 from ._optional import require
-from .steps import GapSchedule, checked_options, next_run, run_stem, write_profile_files, written_or_warned
+from .steps import (GapSchedule, checked_options, next_run, run_stem, steps_done, write_profile_files,
+                    written_or_warned)
 
 _profilers = require("lightning.pytorch.profilers", "lightning", "layerprof.integrations.lightning")
 _callbacks = require("lightning.pytorch.callbacks", "lightning", "layerprof.integrations.lightning")
@@ -80,8 +81,7 @@ def _batches_done(trainer: Any) -> int:
     resumed with ``fit(ckpt_path=...)`` (its loop's progress, restored with it), so that the schedule counts the
     batches of the whole training, as an uninterrupted run does."""
     progress = getattr(getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None), "batch_progress", None)
-    done = getattr(getattr(progress, "total", None), "completed", 0)
-    return done if isinstance(done, int) and not isinstance(done, bool) and done > 0 else 0
+    return steps_done(getattr(getattr(progress, "total", None), "completed", 0))
 
 
 class LayerProfProfiler(_profilers.Profiler):

@@ -14,8 +14,8 @@ from ..collect.schedule import Action, Schedule
 from ..metrics.meter import make_meters
 from ..render.units import format_counted
 
-__all__ = ["GapSchedule", "checked_options", "checked_folder", "next_run", "run_stem", "write_profile_files",
-           "written_or_warned"]
+__all__ = ["GapSchedule", "checked_options", "checked_folder", "next_run", "run_stem", "steps_done",
+           "write_profile_files", "written_or_warned"]
 
 
 def checked_options(owner: str, path_name: str, path: Any, schedule: Any,
@@ -104,6 +104,12 @@ def checked_folder(owner: str, path_name: str, path: Any) -> None:
     if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"{owner}: {path_name} {str(folder)!r} cannot be written ({str(existing)!r} is not "
                          "writable); give a folder to write the profile into")
+
+
+def steps_done(value: Any) -> int:
+    """A trainer's count of the steps it ran before this run (restored from a checkpoint it resumes from), for
+    ``GapSchedule.around``: 0 where it is missing or not a positive int (a trainer without the attribute)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def next_run(folder: Path, stem: str) -> int:

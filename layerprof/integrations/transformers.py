@@ -32,7 +32,8 @@ from ..collect.schedule import Schedule
 from ..distributed.comm import time_ddp_wrapper
 from ..profile import Profile
 from ._optional import require
-from .steps import GapSchedule, checked_options, next_run, run_stem, write_profile_files, written_or_warned
+from .steps import (GapSchedule, checked_options, next_run, run_stem, steps_done, write_profile_files,
+                    written_or_warned)
 
 _transformers = require("transformers", "transformers", "layerprof.integrations.transformers")
 
@@ -170,8 +171,7 @@ class LayerProfCallback(_transformers.TrainerCallback):
             # The schedule counts the training's optimizer steps: a run resumed from a checkpoint
             # (resume_from_checkpoint) begins at the global step restored with it, and profiles the steps an
             # uninterrupted run would.
-            first = getattr(state, "global_step", 0)
-            first = first if isinstance(first, int) and not isinstance(first, bool) and first > 0 else 0
+            first = steps_done(getattr(state, "global_step", 0))
             prof = LayerProf(model, metrics=self.metrics, schedule=GapSchedule.around(self.schedule, first))
             prof._give_way = self._give_way
             # Under torchrun the Trainer trains a DistributedDataParallel of the model: the ddp_comm meter times it.

@@ -130,20 +130,19 @@ def less_hooks(record: ModuleRecord, forward_ms: float, hooks_ms: float) -> floa
     return max(bare_host, min(forward_ms, 2.0 * forward_ms - host_ms - hooks_ms))
 
 
-def grad_share(record: ModuleRecord) -> float:
-    """The share of the module's calls a checkpoint re-runs: those made with gradients on. A call under ``no_grad``
-    (a reference model's pass in DPO, a teacher or EMA pass through the same modules) saves nothing and is never
-    recomputed, but its time is in the module's forward."""
-    calls = float(record.calls or 0)
-    no_grad = float(getattr(record, "checkpoint_no_grad_calls", None) or 0)
-    return 1.0 if not no_grad or calls <= 0 else max(0.0, calls - no_grad) / calls
-
-
 def grad_calls(record: ModuleRecord) -> float:
     """The calls a step that a wrapper checkpoints: those made with gradients on. Called with them off, a wrapper
     calls the forward as it is (``apply.py``), without the checkpoint's set-up, and costs nothing to price."""
     no_grad = float(getattr(record, "checkpoint_no_grad_calls", None) or 0)
     return max(0.0, float(record.calls or 0) - no_grad)
+
+
+def grad_share(record: ModuleRecord) -> float:
+    """The share of the module's calls a checkpoint re-runs: those made with gradients on (``grad_calls``). A call
+    under ``no_grad`` (a reference model's pass in DPO, a teacher or EMA pass through the same modules) saves
+    nothing and is never recomputed, but its time is in the module's forward."""
+    calls = float(record.calls or 0)
+    return 1.0 if calls <= 0 else grad_calls(record) / calls
 
 
 def _saved_tensors(record: ModuleRecord) -> int:

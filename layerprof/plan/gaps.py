@@ -87,10 +87,6 @@ def _entry(records: dict[str, ModuleRecord], name: str) -> ModuleRecord:
     return records[name if run is None else run[0]]
 
 
-def _has_no_grad_calls(records: dict[str, ModuleRecord], name: str) -> bool:
-    return grad_calls(_entry(records, name)) < float(_entry(records, name).calls or 0)
-
-
 def gap_savings(records: dict[str, ModuleRecord], names: Sequence[str], cost: WrapCost, hook_ms: float = 0.0
                 ) -> dict[str, float]:
     """For each plan entry of ``names``: what its wrapper costs a step less than priced cold, from the gaps of
@@ -100,8 +96,10 @@ def gap_savings(records: dict[str, ModuleRecord], names: Sequence[str], cost: Wr
         return saving
     # A call made under no_grad runs no checkpoint (the wrapper calls the forward as it is) and has no backward:
     # where its entry has such calls, those without a backward are no wrapped calls, before another or priced.
+    entries = {name: _entry(records, name) for name in names}
+    no_grad = {name for name, entry in entries.items() if grad_calls(entry) < float(entry.calls or 0)}
     spans = [span for name in names for span in wrapped_spans(records, name)
-             if span.backward is not None or not _has_no_grad_calls(records, name)]
+             if span.backward is not None or name not in no_grad]
     forward_starts, backward_starts = [], []
     for record in records.values():
         for call in record.call_times:
@@ -122,6 +120,6 @@ def gap_savings(records: dict[str, ModuleRecord], names: Sequence[str], cost: Wr
         saving[span.name] += cost.per_call_ms - cost.per_call_at(forward_gap, backward_gap)
         counted[span.name] += 1
     for name in names:  # the last step's calls, scaled to the calls a step the cold figure prices
-        calls = grad_calls(_entry(records, name))  # (as the cold figure counts them)
+        calls = grad_calls(entries[name])  # (as the cold figure counts them)
         saving[name] = saving[name] * calls / counted[name] if counted[name] else 0.0
     return saving
