@@ -34,9 +34,8 @@ from torch.nn.modules.batchnorm import _NormBase
 from torch.nn.utils.prune import BasePruningMethod
 
 from .._check import check_bool, check_int
-from .._torch import global_forward_hooks
 from .._gc import gc_paused
-from .._torch import compiled_module_type
+from .._torch import compiled_module_type, global_forward_hooks
 from ..metrics.checkpoint_bytes import STORAGES_ATTRIBUTE, saved_after, saved_peak
 from ..metrics.memory import TIMELINE_ATTRIBUTE
 from ..record.records import CallTiming, ModuleRecord, preorder
@@ -244,8 +243,9 @@ def _warn_rerun(modules: dict[str, nn.Module], sequentials: dict[int, tuple[nn.M
     everywhere = [hook for hook in global_forward_hooks() if not _runs_again_safely(hook)]
     for name, region, called_inside in _regions(modules, sequentials):
         for inner, module in region.named_modules(prefix=name):
-            hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values(), *everywhere]
-            if (called_inside or module is not region) and any(not _runs_again_safely(hook) for hook in hooks):
+            hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
+            if (called_inside or module is not region) and (
+                    everywhere or any(not _runs_again_safely(hook) for hook in hooks)):
                 hooked.append(inner)
             if isinstance(module, _NormBase) and module.track_running_stats:
                 statistics.append(inner)
