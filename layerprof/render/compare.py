@@ -13,7 +13,7 @@ from ..record.fields import FIELDS, canonical
 from ..record.summed import TreeValues, summable
 from .rows import derived_names, is_number, numeric_fields, value_of
 from .gate import different_machines, different_settings
-from .plot_metrics import _meter_ran, backward_only
+from .plot_metrics import how_to_record
 from .units import format_change, format_counted, format_field, format_ratio, format_signed_field
 
 if TYPE_CHECKING:
@@ -161,14 +161,9 @@ class Comparison:
         if not lacking:
             return
         declared = FIELDS.get(field)
-        hint = declared.hint if declared is not None else "record it in both profiles"
-        if declared is not None and backward_only(declared):
-            # A profile whose steps ran forward only lacks it for want of .backward(), not (only) of its meter.
-            records = [(self.a, self.b)[self.names.index(lacking[0])].records[name] for name in self.matched]
-            if all(value_of(r, "backward_ms") is None for r in records) and any(
-                    value_of(r, "forward_ms") is not None for r in records):
-                hint = ("it has no backward pass (its steps ran forward only): call .backward() inside the block"
-                        + ("" if _meter_ran(declared, records) else f"; and {hint}"))
+        # (a profile whose steps ran forward only lacks a backward field for want of .backward(), not of its meter)
+        records = [(self.a, self.b)[self.names.index(lacking[0])].records[name] for name in self.matched]
+        hint = how_to_record(declared, records, "it has") if declared is not None else "record it in both profiles"
         if len(lacking) == 2:
             raise ValueError(f"module_fields: {field!r} was recorded by neither profile ({self.names[0]!r} nor "
                              f"{self.names[1]!r}), so its columns would be empty; {hint}")

@@ -14,8 +14,8 @@ from ..record.records import ModuleRecord
 from .columns import Column
 from .units import format_value
 
-__all__ = ["PlotMetric", "resolve_metric", "backward_only", "saved_for_backward", "metric_meters", "root_of",
-           "PLOTTABLE_UNITS", "plot_metric_names"]
+__all__ = ["PlotMetric", "resolve_metric", "backward_only", "how_to_record", "saved_for_backward", "metric_meters",
+           "root_of", "PLOTTABLE_UNITS", "plot_metric_names"]
 
 PLOTTABLE_UNITS = ("ms", "bytes", "flops", "macs", "count")
 
@@ -124,11 +124,18 @@ def resolve_metric(name: str, root: ModuleRecord) -> tuple[PlotMetric, tuple[str
         return metric, present
     targets = ALIASES.get(name) if name in ALIASES and len(ALIASES[name]) > 1 else metric.fields
     missing = " or ".join(repr(target) for target in targets)
-    hint = metric.field.hint
-    if backward_only(metric.field) and _recorded(records, "forward_ms") and not _recorded(records, "backward_ms"):
-        hint = ("this profile has no backward pass (its steps ran forward only): call .backward() inside the block, "
-                "or plot a forward figure") + ("" if _meter_ran(metric.field, records) else f"; and {hint}")
+    hint = how_to_record(metric.field, records, "this profile has", ", or plot a forward figure")
     raise ValueError(f"cannot plot metric {name!r}: no record of this profile holds the field {missing}; {hint}")
+
+
+def how_to_record(field: Field, records: list[ModuleRecord], subject: str, instead: str = "") -> str:
+    """How a profile (``records``) that lacks ``field`` would hold it: the field's hint (its meter); for a backward
+    figure of a profile whose steps ran forward only, the backward pass it lacks (``subject`` "has no backward
+    pass", then ``instead``: what else to do), and its meter too where that did not run either."""
+    if not (backward_only(field) and _recorded(records, "forward_ms") and not _recorded(records, "backward_ms")):
+        return field.hint
+    return (f"{subject} no backward pass (its steps ran forward only): call .backward() inside the block{instead}"
+            + ("" if _meter_ran(field, records) else f"; and {field.hint}"))
 
 
 def _meter_ran(field: Field, records: list[ModuleRecord]) -> bool:
