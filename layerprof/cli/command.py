@@ -21,7 +21,7 @@ from .checkpoint import check_checkpoint_options, plan_and_verify, planned, plot
 from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, CLIError, RunError, UsageError, one_line
 from .inputs import (InputSpec, check_forward_takes, check_input_names, check_input_sizes, check_input_vocab,
                      make_inputs, parse_dtype, parse_input)
-from .outputs import Output, missing_meters, requested_outputs, write_outputs
+from .outputs import Output, forward_only_mode, missing_meters, requested_outputs, write_outputs
 from .parser import build_parser
 from .run import metering_meters, run_profile
 from .saved import SUBCOMMANDS, run_saved
@@ -62,8 +62,8 @@ def _check_names(options: argparse.Namespace) -> None:
                          f"--metrics {asked}")
     # (every name is declared here: resolve_columns refused any other)
     backward = [name for name in options.columns or () if backward_only(FIELDS[canonical(name) or name])]
-    if backward and (options.eval or options.no_backward):
-        mode = "--eval" if options.eval else "--no-backward"
+    mode = forward_only_mode(options)
+    if backward and mode is not None:
         them = "it" if len(backward) == 1 else "them"
         raise UsageError(f"--columns {','.join(options.columns)}: a run with {mode} has no backward pass, so "
                          f"{','.join(backward)} would show nothing on any module; drop {them} or {mode}")

@@ -16,7 +16,7 @@ from ..render.plot_metrics import backward_only, metric_meters, saved_for_backwa
 from .errors import RunError, UsageError, one_line
 from .spec import spec_file
 
-__all__ = ["Output", "requested_outputs", "write_outputs"]
+__all__ = ["Output", "forward_only_mode", "requested_outputs", "write_outputs"]
 
 _METHODS = {"csv": "to_csv", "json": "to_json", "html": "to_html", "trace": "to_trace",
             "speedscope": "to_speedscope", "report": "to_report", "plot": "plot"}
@@ -66,6 +66,12 @@ def _check_path(flag: str, path: Path) -> None:
         raise UsageError(f"--{flag} {str(path)!r}: cannot write in folder {str(folder)!r} ({exc.strerror})") from None
 
 
+def forward_only_mode(options: argparse.Namespace) -> str | None:
+    """The option that makes a run forward only (``--eval`` or ``--no-backward``), or None: a backward figure of
+    such a run is empty on every module."""
+    return "--eval" if options.eval else "--no-backward" if options.no_backward else None
+
+
 def _check_plot(options: argparse.Namespace, path: Path) -> None:
     if path.suffix.lower() not in _PLOT_SUFFIXES:
         raise UsageError(f"--plot {str(path)!r}: a plot is saved as .png or .svg; give a path ending in one of them")
@@ -82,9 +88,8 @@ def _check_plot(options: argparse.Namespace, path: Path) -> None:
         return  # `show`: the saved profile decides what it holds (``saved._check_plot_figures``, once loaded)
     # (the metric is known here: ``metric_meters`` refused any other name above)
     field = FIELDS[canonical(metric) or metric] if kind != "roofline" else None  # (roofline: no metric)
-    forward_only = options.eval or options.no_backward
-    if field is not None and forward_only and backward_only(field):
-        mode = "--eval" if options.eval else "--no-backward"
+    mode = forward_only_mode(options)
+    if field is not None and mode is not None and backward_only(field):
         raise UsageError(f"--plot-metric {metric}: a run with {mode} has no backward pass to plot; plot forward or "
                          f"total, or drop {mode}")
     if field is not None and options.eval and saved_for_backward(field):
