@@ -703,6 +703,15 @@ class LayerProf:
         self._example_before = None if not wanted else {
             key: dict(value) if isinstance(value, dict) else value for key, value in tracker.example.items()}
 
+    def _restore_example(self) -> None:
+        """Put the tracker's example (batch size, input facts) back as the step under way found it: that step is not
+        the profile's workload (a warm-up step, one dropped)."""
+        before, self._example_before = self._example_before, None
+        if before is not None:
+            example = self._tracker.example  # type: ignore[union-attr]
+            example.clear()
+            example.update(before)
+
     def _end_step(self, last: bool = False) -> None:
         """Close the step under way (``last``: the block's last, as it stops)."""
         tracker = self._tracker
@@ -751,11 +760,8 @@ class LayerProf:
             counting, self._counting = self._counting, []
             _stop_all(counting)
             self._counted_shapes = _shape_counts(tracker.example)
-        before = self._example_before
-        if before is not None and action is not Action.RECORD:
-            self._example_before = None
-            tracker.example.clear()
-            tracker.example.update(before)
+        if action is not Action.RECORD:
+            self._restore_example()
         if self._observed and not last:  # (the last step's observers go with the tracker)
             self._set_observers()
         if self._replaced:
@@ -790,9 +796,7 @@ class LayerProf:
         """Forget the step under way (it did not complete): its calls, and the meters' numbers for it."""
         assert self._tracker is not None
         self._tracker.clear_calls()
-        if self._example_before is not None:
-            self._tracker.example.clear()
-            self._tracker.example.update(self._example_before)
+        self._restore_example()
         for meter in self._running_meters():
             meter.end_step(False)
 
