@@ -3,8 +3,8 @@ compiled something: a ``torch.compile``'d function inside a forward that calls s
 them. Its compiled graph calls no module hook, so those modules read "not run" and their time is in their caller's.
 Read as a block ends, only where dynamo compiled a graph in this process and some module was not seen (``ran`` has
 fewer names than the block has modules). A parameter tied to one of a module seen to run (T5's ``shared``
-embedding is its encoder's ``embed_tokens``) is no evidence. Without a compiled graph a module's parameters are read uncalled by eager
-code alone (``nn.MultiheadAttention`` reads its ``out_proj``'s weight, a ``ParameterList`` is never called), which
+embedding is its encoder's ``embed_tokens``) is no evidence. Without a compiled graph a module's parameters are
+read uncalled by eager code alone (``nn.MultiheadAttention`` reads its ``out_proj``'s weight, a ``ParameterList`` is never called), which
 says nothing wrong."""
 from __future__ import annotations
 
