@@ -4,8 +4,8 @@ them. Its compiled graph calls no module hook, so those modules read "not run" a
 Read as a block ends, only where dynamo compiled a graph in this process and some module was not seen (``ran`` has
 fewer names than the block has modules). A parameter tied to one of a module seen to run (T5's ``shared``
 embedding is its encoder's ``embed_tokens``) is no evidence. Without a compiled graph a module's parameters are
-read uncalled by eager code alone (``nn.MultiheadAttention`` reads its ``out_proj``'s weight, a ``ParameterList`` is never called), which
-says nothing wrong."""
+read uncalled by eager code alone (``nn.MultiheadAttention`` reads its ``out_proj``'s weight, a ``ParameterList``
+is never called), which says nothing wrong."""
 from __future__ import annotations
 
 from typing import Any, Collection, Iterable
