@@ -314,7 +314,7 @@ def test_help_has_three_examples(capsys) -> None:
     out = capsys.readouterr().out
     assert EPILOG in out
     assert [line.split()[1] for line in EPILOG.splitlines() if line.startswith("  layerprof ")] == [
-        "torchvision.models:resnet18", "torchvision.models:vit_b_16", "my_models.py:TinyLM", "show", "compare"]
+        "torchvision.models:resnet18", "torchvision.models:vit_b_16", "my_models.py:TinyLM", "show", "compare", "gather"]
 
 
 def test_help_shows_the_subcommands_and_every_name(capsys, monkeypatch) -> None:
@@ -330,7 +330,8 @@ def test_help_shows_the_subcommands_and_every_name(capsys, monkeypatch) -> None:
     out = capsys.readouterr().out
     usage = out.split("\n\n")[0].splitlines()
     assert usage == ["usage: layerprof SPEC --input SHAPE [options]", "       layerprof show PROFILE.json [options]",
-                     "       layerprof compare A.json B.json [options]"]
+                     "       layerprof compare A.json B.json [options]",
+                     "       layerprof gather RANK_FILE [RANK_FILE ...] [options]"]
     names = out[out.index("\nnames ") + 1:]
     metrics = names.splitlines()[1].split()
     assert metrics[0] == "--metrics" and [name.rstrip(",") for name in metrics[1:]] == sorted(METERS)

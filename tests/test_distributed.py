@@ -6,6 +6,7 @@ JSON and the parent asserts. Every wait has a timeout so that a hang fails the t
 from __future__ import annotations
 
 import contextlib
+import csv as csv_module
 import json
 import time
 from typing import Any
@@ -20,6 +21,7 @@ from torch.distributed.device_mesh import init_device_mesh
 import layerprof
 from layerprof import GatheredProfile, LayerProf, register_timed_comm_hook
 from layerprof.distributed.crossrank import cross_rank_stats, shown_names, spread
+from layerprof.cli import main
 from layerprof.distributed.gather import rank_payload
 from layerprof.metrics import METERS, Meter, register_meter
 
@@ -431,6 +433,61 @@ def test_saved_rank_files_know_their_rank_and_give_the_gathered_view(two_ranks: 
     alone = layerprof.gather_saved([paths[0]])  # rank 1's file alone: rank 0 of the 2 is missing, and said so
     assert alone.ranks == [1] and alone.failed_ranks == {0: "no saved profile of it was given"}
     assert alone.table().startswith("Across 1 of 2 ranks, per step") and "slowest rank" not in alone.table()
+
+
+def test_the_command_gathers_saved_rank_files(two_ranks: dict[int, dict[str, Any]], tmp_path: Any,
+                                             capsys: Any) -> None:
+    """``layerprof gather`` prints the view ``gather_saved`` makes of the same files (the command had no way to
+    build it), writes its rows, and with ``--fail-on-stragglers`` exits 1 naming the straggler (rank 1 here)."""
+    paths = []
+    for rank in (0, 1):
+        path = tmp_path / f"layerprof-rank{rank}.json"
+        path.write_text(two_ranks[rank]["ddp"]["saved"])
+        paths.append(str(path))
+    expected = layerprof.gather_saved(paths)
+    csv = tmp_path / "ranks.csv"
+    assert main(["gather", *paths[::-1], "--csv", str(csv)]) == 0  # (in any order: each file knows its rank)
+    out, err = capsys.readouterr()
+    assert out == expected.table() + "\n"
+    assert f"wrote {csv}" in err
+    rows = list(csv_module.DictReader(csv.open()))
+    assert [row["name"] for row in rows] == list(expected.modules)  # a row per module, as the view's
+    for row in rows:
+        wanted = expected.to_dict()[row["name"]]
+        assert float(row["total_ms_rank_max"]) == pytest.approx(wanted["total_ms_rank_max"], rel=1e-6)
+        assert int(row["total_ms_slowest_rank"]) == wanted["total_ms_slowest_rank"]
+    assert main(["gather", *paths, "--fail-on-stragglers"]) == 1
+    assert "rank 1 slower than the median step by more than 0.2" in capsys.readouterr().err
+    # A margin no rank is past: the same files pass.
+    assert main(["gather", *paths, "--fail-on-stragglers", "--margin", "1000"]) == 0
+    assert "no straggler among 2 ranks" in capsys.readouterr().err
+    assert main(["gather", paths[1], "--depth", "0"]) == 0  # rank 1 alone: rank 0 is said to be missing
+    out = capsys.readouterr().out
+    assert out.startswith("Across 1 of 2 ranks") and "Rank 0: no profile (no saved profile of it was given)" in out
+
+
+def test_the_gather_command_places_files_by_rank_and_refuses_what_it_cannot(tmp_path: Any, capsys: Any) -> None:
+    """Files saved outside a process group hold no rank: given as RANK=PATH. A rank twice is a usage error
+    (exit 2), a missing or foreign file exit 3, both before anything is printed."""
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    _one_rank_profile().to_json(first)
+    _one_rank_profile().to_json(second)
+    assert main(["gather", f"0={first}", f"1={second}"]) == 0
+    assert capsys.readouterr().out.startswith("Across 2 ranks, per step")
+    assert main(["gather", str(first), str(second)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "cannot tell which rank saved" in err and "{rank: path}" in err
+    assert main(["gather", f"0={first}", f"0={second}"]) == 2
+    assert "rank 0 is given twice" in capsys.readouterr().err
+    assert main(["gather", f"0={first}", str(tmp_path / "missing.json")]) == 3
+    assert "missing.json': no such file" in capsys.readouterr().err
+    (tmp_path / "not.json").write_text("{}")
+    assert main(["gather", str(tmp_path / "not.json")]) == 3
+    assert "is not a layerprof profile" in capsys.readouterr().err
+    assert main(["gather", str(first), "--margin", "-1"]) == 2
+    assert "expected a finite fraction >= 0" in capsys.readouterr().err
+    assert main(["gather", str(first), "--csv", str(tmp_path / "no" / "rows.csv")]) == 2
+    assert "does not exist" in capsys.readouterr().err
 
 
 def test_gather_saved_refuses_files_it_cannot_place() -> None:

@@ -24,6 +24,7 @@ from .inputs import (InputSpec, check_forward_takes, check_input_names, check_in
 from .outputs import Output, forward_only_mode, missing_meters, requested_outputs, write_outputs
 from .parser import build_parser
 from .run import metering_meters, run_profile
+from .gather import run_gather
 from .saved import SUBCOMMANDS, run_saved
 from .spec import load_model, parse_kwargs
 
@@ -188,7 +189,8 @@ def _stdout_reader_may_leave() -> Iterator[None]:
 def main(argv: Sequence[str] | None = None, prog: str = "layerprof") -> int:
     """Entry point of ``layerprof`` and ``python -m layerprof``; returns the exit status.
 
-    ``layerprof show PROFILE.json`` and ``layerprof compare A.json B.json`` work on saved profiles (``saved.py``).
+    ``layerprof show PROFILE.json`` and ``layerprof compare A.json B.json`` work on saved profiles (``saved.py``),
+    ``layerprof gather RANK_FILE...`` on a distributed job's per-rank files (``gather.py``).
     Each kind of failure has its own exit status (``errors.py``: 1 slower, 2 usage, 3 unreadable profile,
     4 different models, 5 run failed, 70 internal error). Errors are one line on stderr, with the traceback above
     it only under ``--debug`` (accepted by every subcommand).
@@ -203,6 +205,8 @@ def _main(argv: list[str], prog: str, debug: bool) -> int:
     try:
         if argv and argv[0] in SUBCOMMANDS:  # a SPEC always has a ':', so these names are free
             return run_saved(argv, prog)
+        if argv and argv[0] == "gather":
+            return run_gather(argv[1:], prog)
         options = build_parser(prog).parse_args(argv)
         return _run(options)
     except CLIError as exc:

@@ -2,7 +2,8 @@
 
 =====  ==========================================================================================
  0     done (and ``compare --fail-if-slower`` found no regression)
- 1     ``compare --fail-if-slower``: B is slower than A beyond the limit and the noise
+ 1     ``compare --fail-if-slower``: B is slower than A beyond the limit and the noise; ``gather
+       --fail-on-stragglers``: a rank is a straggler on the whole step
  2     usage error: the command line asks for something impossible (option, spec, shape, path)
  3     unreadable input: a profile file is missing, unreadable, not JSON or not a layerprof profile
  4     ``compare --fail-if-slower``: the two profiles are of different models, so there is no verdict

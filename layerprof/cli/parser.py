@@ -2,19 +2,21 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Callable, NoReturn
 
 from .._version import __version__
 from .errors import UsageError
 from .names import names_help
 
-__all__ = ["build_parser", "add_checkpoint_options", "add_common_options", "add_output_options", "EPILOG", "USAGE"]
+__all__ = ["build_parser", "nonnegative", "add_checkpoint_options", "add_common_options", "add_output_options", "EPILOG", "USAGE"]
 
-# The three forms of the command; each subcommand's --help lists its own options.
+# The four forms of the command; each subcommand's --help lists its own options.
 USAGE = """\
 %(prog)s SPEC --input SHAPE [options]
        %(prog)s show PROFILE.json [options]
-       %(prog)s compare A.json B.json [options]"""
+       %(prog)s compare A.json B.json [options]
+       %(prog)s gather RANK_FILE [RANK_FILE ...] [options]"""
 
 EPILOG = """\
 examples:
@@ -29,11 +31,14 @@ examples:
   layerprof compare before.json after.json --fail-if-slower 10
       compare two saved profiles; exit 1 when after's median step is more than 10 % above before's, beyond the
       noise of both (see layerprof compare --help for the gate)
+  layerprof gather train-rank0.json train-rank1.json --fail-on-stragglers
+      the cross-rank view of a distributed job's per-rank files; exit 1 when a rank is a straggler
 
 exit status:
-  0 ok, 1 compare found B slower, 2 usage error, 3 a profile is missing or unreadable, 4 compare was given
-  profiles of two different models or measured otherwise (device, dtype, threads), 5 the run failed (the model,
-  its factory or an export raised), 70 internal error (a bug of layerprof: rerun with --debug), 130 interrupted
+  0 ok, 1 compare found B slower (gather --fail-on-stragglers: a straggler rank), 2 usage error, 3 a profile is
+  missing or unreadable, 4 compare was given profiles of two different models or measured otherwise (device,
+  dtype, threads), 5 the run failed (the model, its factory or an export raised), 70 internal error (a bug of
+  layerprof: rerun with --debug), 130 interrupted
 """
 
 
@@ -67,6 +72,20 @@ def _count(minimum: int, most: int = _MOST) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected an integer <= {most}, got {value}")
         return value
     parse.__name__ = "integer"
+    return parse
+
+
+def nonnegative(what: str, example: str) -> Callable[[str], float]:
+    """An argparse type: a finite number >= 0, refused naming ``what`` it is and an ``example``."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what} such as {example}, got {text!r}") from None
+        if not math.isfinite(value) or value < 0:
+            raise argparse.ArgumentTypeError(f"expected a finite {what} >= 0 such as {example}, got {text!r}")
+        return value
+
     return parse
 
 

@@ -9,7 +9,6 @@ otherwise (another device, dtype or thread count).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -29,9 +28,9 @@ from .checkpoint import check_budget_options, plan_lines, planned, plot_options
 from .errors import EXIT_OK, EXIT_SLOWER, NotComparable, UnreadableInput, UsageError, one_line
 from .outputs import requested_outputs, write_outputs
 from .parser import (_Parser, _depth, _names, add_checkpoint_options, add_common_options, add_output_options,
-                     number_pair)
+                     nonnegative, number_pair)
 
-__all__ = ["SUBCOMMANDS", "run_saved"]
+__all__ = ["SUBCOMMANDS", "load_profile", "run_saved"]
 
 SUBCOMMANDS = ("show", "compare")
 
@@ -48,16 +47,6 @@ exit status:
   different models (another root type, under half the modules alike, another batch size) or were measured
   otherwise (another device, dtype or thread count), 70 internal error
 """
-
-
-def _percent(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a percentage such as 10, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite percentage >= 0 such as 10, got {text!r}")
-    return value
 
 
 def _show_parser(prog: str) -> argparse.ArgumentParser:
@@ -86,7 +75,7 @@ def _compare_parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("b", metavar="B.json", help="the profile compared with it")
     parser.add_argument("--by", choices=PASSES, default="total",
                         help="the time --fail-if-slower checks (default total)")
-    parser.add_argument("--fail-if-slower", type=_percent, metavar="PCT",
+    parser.add_argument("--fail-if-slower", type=nonnegative("percentage", "10"), metavar="PCT",
                         help="exit 1 when B's median step is more than PCT %% above A's, beyond the noise")
     parser.add_argument("--per-module", action="store_true",
                         help="with --fail-if-slower, also fail when any module is slower by the same test")
@@ -94,7 +83,8 @@ def _compare_parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
-def _load(path: str, what: str) -> Profile:
+def load_profile(path: str, what: str) -> Profile:
+    """The profile saved at ``path``; ``what`` names the argument in the error of a file that is not one."""
     if not Path(path).is_file():
         if Path(path).is_dir():
             raise UnreadableInput(f"{what} {path!r} is a folder, not a profile file")
@@ -110,7 +100,7 @@ def _load(path: str, what: str) -> Profile:
 def _show(options: argparse.Namespace) -> int:
     outputs = requested_outputs(options)
     check_budget_options(options)
-    profile = _load(options.profile, "PROFILE")
+    profile = load_profile(options.profile, "PROFILE")
     if options.peaks is not None:
         flops, bandwidth = options.peaks
         profile.meta["peaks"] = {"flops": flops, "bandwidth": bandwidth, "source": "given"}
@@ -201,7 +191,7 @@ def _check_roofs(profile: Profile, options: argparse.Namespace, asked: str) -> N
 def _compare(options: argparse.Namespace) -> int:
     if options.per_module and options.fail_if_slower is None:
         raise UsageError("--per-module applies the --fail-if-slower limit to each module: give --fail-if-slower PCT")
-    a, b = _load(options.a, "A"), _load(options.b, "B")
+    a, b = load_profile(options.a, "A"), load_profile(options.b, "B")
     print(compare(a, b, names=("A", "B")), flush=True)
     if options.fail_if_slower is None:
         return EXIT_OK
