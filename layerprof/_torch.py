@@ -35,7 +35,7 @@ __all__ = [
     "add_backward_entry_hook", "remove_backward_entry_hook", "torchscript_compiled", "hooks_outputs_in_forward",
     "fsdp1_wrapper",
     "with_forward_pre_hooks", "NodeHooker", "cuda_raw_stream", "cuda_event_record",
-    "dict_version", "eager_forwards",
+    "dict_version", "eager_forwards", "sparse_parts",
 ]
 
 # The sequence number the next autograd node created on this thread will get: a module call owns the nodes
@@ -509,6 +509,19 @@ def nested_sizes(tensor: torch.Tensor) -> list[list[int]]:
 def storage_key(storage: Any) -> int:
     """A key that identifies a storage while it lives (its C++ address)."""
     return storage._cdata
+
+
+def sparse_parts(tensor: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+    """The strided tensors a sparse tensor is stored in (indices, then values), or None for any other layout. A COO
+    tensor's (``_indices``, ``_values``) are read without the coalescing check its public accessors make."""
+    layout = tensor.layout
+    if layout == torch.sparse_coo:
+        return tensor._indices(), tensor._values()
+    if layout in (torch.sparse_csr, torch.sparse_bsr):
+        return tensor.crow_indices(), tensor.col_indices(), tensor.values()
+    if layout in (torch.sparse_csc, torch.sparse_bsc):
+        return tensor.ccol_indices(), tensor.row_indices(), tensor.values()
+    return None
 
 
 def tensor_version(tensor: torch.Tensor) -> int:

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-from .._torch import storage_key
+from .._torch import sparse_parts, storage_key
 
 __all__ = ["BYTES_FORMULAS", "register_bytes_formula", "op_bytes", "tensor_bytes", "BytesFormula"]
 
@@ -56,6 +56,13 @@ def tensor_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
+def _stored_bytes(tensor: torch.Tensor) -> int:
+    """The bytes a tensor without strides holds: a sparse one's indices and values (its dense size would count
+    every zero: 1.6 KB for a 20-node ring of 40 edges, 800 bytes stored), else its elements."""
+    parts = sparse_parts(tensor)
+    return tensor_bytes(tensor) if parts is None else sum(map(tensor_bytes, parts))
+
+
 def _tensors(values: Any, skip: frozenset[str] = frozenset(), kwargs: dict[str, Any] | None = None) -> list[Any]:
     found = []
     for value in values:
@@ -80,7 +87,7 @@ def _read_bytes(tensor: torch.Tensor) -> int:
     try:
         strides = tensor.stride()
     except (RuntimeError, NotImplementedError):  # (sparse: no strides)
-        return tensor_bytes(tensor)
+        return _stored_bytes(tensor)
     if 0 not in strides or not tensor.numel():
         return tensor_bytes(tensor)
     covered = tensor.element_size()
@@ -94,9 +101,9 @@ def _view_bytes(tensor: torch.Tensor) -> int:
     """``_read_bytes``, at most the storage's size: a view whose elements overlap (``unfold``'s windows) reads its
     storage once, as several views of one storage do (``_unique_bytes``)."""
     read = _read_bytes(tensor)
-    if tensor.is_contiguous():  # (no overlap: read as it is, without a look at the storage)
-        return read
     try:
+        if tensor.is_contiguous():  # (no overlap: read as it is, without a look at the storage)
+            return read
         return min(read, tensor.untyped_storage().nbytes())
     except (RuntimeError, NotImplementedError):  # no storage (sparse, functional wrappers): its elements
         return read
@@ -115,7 +122,7 @@ def _unique_bytes(tensors: list[Any]) -> int:
         try:
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError):  # no storage (sparse, functional wrappers): its elements
-            total += tensor_bytes(tensor)
+            total += _stored_bytes(tensor)
             continue
         key = storage_key(storage)
         seen = per_storage.get(key)

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from .._torch import (TorchDispatchMode, current_autograd_node, has_decomposition, mode_is_on, nested_sizes,
-                      ready_mode)
+                      ready_mode, sparse_parts)
 from .._torch import graph_task_id, next_sequence_nr, sequence_nr
 from ..record.adoption import adopters, caller
 from ..record.fields import FIELDS, Field, declare
@@ -155,6 +155,18 @@ def _first_dtype(args: Any) -> Any:
         if isinstance(arg, (list, tuple)) and arg and isinstance(arg[0], torch.Tensor):
             return arg[0].dtype
     return None
+
+
+def _stored_share(args: Any) -> float:
+    """The share of its entries that each sparse tensor among an op's arguments stores, multiplied (1.0 when all
+    are dense): a formula reads only shapes, and a sparse operand's shape is its dense one."""
+    share = 1.0
+    for arg in args:
+        if isinstance(arg, torch.Tensor) and arg.layout != torch.strided:
+            parts = sparse_parts(arg)
+            if parts is not None and arg.numel():
+                share *= parts[-1].numel() / arg.numel()
+    return share
 
 
 def _op_name(func: Any) -> str:
@@ -342,6 +354,8 @@ class FlopMeter(Meter):
         elif kind is not _FREE:
             try:
                 flops = kind(*_shape(args), out_shape=_shape(out), **_shape(kwargs)) or 0
+                if flops:
+                    flops = round(flops * _stored_share(args))
             except Exception as error:  # a wrong formula must not crash the user's run: list the op instead
                 unknown = f"{_op_name(func)} (formula raised {type(error).__name__}: {error})"
         moved = 0

@@ -3,7 +3,9 @@
 Convention, stated once for all of layerprof: **1 MAC (multiply-accumulate) = 2 FLOPs**, and only the
 multiply-accumulates of matmul-like ops are counted (matmuls, convolutions, attention, RNN gate matmuls), as
 ``torch.utils.flop_counter.FlopCounterMode`` does; bias adds, activations, norms, softmax and other elementwise
-work count 0. Attention counts the dense score matrix even when causal, as FlopCounterMode does.
+work count 0. Attention counts the dense score matrix even when causal, as FlopCounterMode does. A product with a
+sparse operand counts only its stored entries: the counter scales the dense formula by the operand's share of
+stored entries (``2 * nnz * n`` for a sparse ``[m, k]`` times a dense ``[k, n]``; FlopCounterMode counts the zeros).
 
 A formula is a pure function of shapes: the counter calls it with the op's arguments where every tensor is
 replaced by its shape (a ``torch.Size``; a list of tensors by a list of shapes; a nested tensor by a list of
@@ -125,9 +127,10 @@ def mm_flops(a: Sequence[int], b: Sequence[int], *args: Any, **kwargs: Any) -> i
 _register_where_present(mm_flops, ("_int_mm",))  # int8 @ int8 -> int32 (torchao's int8 dynamic quantization)
 
 
-@register_flop_formula(aten.addmm, aten._addmm_activation)
+@register_flop_formula(aten.addmm, aten._addmm_activation, aten._sparse_addmm)
 def addmm_flops(bias: Sequence[int], a: Sequence[int], b: Sequence[int], *args: Any, **kwargs: Any) -> int:
-    """Matrix product plus bias; the bias add is free."""
+    """Matrix product plus bias; the bias add is free. ``_sparse_addmm`` (``torch.sparse.mm``) is counted dense here
+    and scaled to its stored entries by the counter, as every product with a sparse operand is."""
     return mm_flops(a, b)  # bias + a: [m, k] @ b: [k, n]
 
 
