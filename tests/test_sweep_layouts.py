@@ -68,3 +68,52 @@ def test_sparse_operand_bytes_are_its_indices_and_values() -> None:
     csr = coo.to_sparse_csr()
     # crow_indices 21 int64 (168) + col_indices 40 int64 (320) + values 160, read; the same written
     assert op_bytes(aten.clone.default, (csr,), {}, csr.clone()) == 2 * (168 + 320 + 160)
+
+
+class ComplexLinear(nn.Module):
+    """A linear map with a complex weight (a complex-valued network's layer)."""
+
+    def __init__(self, inputs: int, outputs: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(inputs, outputs, dtype=torch.cfloat))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return z @ self.weight
+
+
+class SpectralMix(nn.Module):
+    """The spectral convolution of a Fourier neural operator: complex weights on the lowest modes of the FFT."""
+
+    def __init__(self, channels: int, modes: int) -> None:
+        super().__init__()
+        self.modes = modes
+        self.weight = nn.Parameter(torch.randn(channels, channels, modes, dtype=torch.cfloat))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        spectrum = torch.fft.rfft(x)[..., :self.modes]
+        mixed = torch.einsum("bix,iox->box", spectrum, self.weight)
+        return torch.fft.irfft(mixed, n=x.shape[-1])
+
+
+def test_complex_products_count_four_real_multiply_accumulates() -> None:
+    # A complex multiply-accumulate, (a + bi)(c + di) added to a sum, is four real ones; complex products were counted
+    # as real ones (FlopCounterMode's count), a quarter of their work, beside float32 roofs.
+    torch.manual_seed(0)
+    model = nn.Sequential(ComplexLinear(8, 16))
+    z = torch.randn(3, 8, dtype=torch.cfloat)
+    with LayerProf(model, metrics=("flops",)) as prof:
+        torch.view_as_real(model(z)).sum().backward()
+    record = prof.records["0"]
+    assert record.flops_forward == 4 * 2 * 3 * 8 * 16  # z: [3, 8] @ w: [8, 16], 384 complex MACs: 3,072
+    assert record.flops_backward == 4 * 2 * 8 * 3 * 16  # dw = z^H: [8, 3] @ grad: [3, 16]
+    assert prof.profile.meta["flops"]["dtype"] == "float32"  # complex64's parts: the roofs it runs against
+
+
+def test_spectral_layer_counts_its_complex_mixing() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(SpectralMix(4, 6))
+    x = torch.randn(2, 4, 32)
+    with LayerProf(model, metrics=("flops",)) as prof:
+        model(x).sum().backward()
+    # einsum -> bmm over the 6 modes: [6, 2, 4] @ [6, 4, 4], 192 complex MACs, 4 real ones each
+    assert prof.records["0"].flops_forward == 4 * 2 * 6 * 2 * 4 * 4

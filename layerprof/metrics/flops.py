@@ -369,6 +369,10 @@ class FlopMeter(Meter):
         if flops:
             dtype = _first_dtype(args)
             if dtype is not None:
+                if dtype.is_complex:
+                    # A complex multiply-accumulate is four real ones, run in the real dtype of its parts (whose
+                    # roofs the roofline reads).
+                    flops, dtype = 4 * flops, dtype.to_real()
                 self._flops_by_dtype[dtype] = self._flops_by_dtype.get(dtype, 0) + int(flops)
         phase, call = self._where()
         if call is None:

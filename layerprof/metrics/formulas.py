@@ -6,6 +6,8 @@ multiply-accumulates of matmul-like ops are counted (matmuls, convolutions, atte
 work count 0. Attention counts the dense score matrix even when causal, as FlopCounterMode does. A product with a
 sparse operand counts only its stored entries: the counter scales the dense formula by the operand's share of
 stored entries (``2 * nnz * n`` for a sparse ``[m, k]`` times a dense ``[k, n]``; FlopCounterMode counts the zeros).
+A complex multiply-accumulate is four real ones (8 FLOPs): the counter multiplies a formula's count by 4 where the
+op's operands are complex (FlopCounterMode counts them as real).
 
 A formula is a pure function of shapes: the counter calls it with the op's arguments where every tensor is
 replaced by its shape (a ``torch.Size``; a list of tensors by a list of shapes; a nested tensor by a list of
