@@ -117,3 +117,19 @@ def test_spectral_layer_counts_its_complex_mixing() -> None:
         model(x).sum().backward()
     # einsum -> bmm over the 6 modes: [6, 2, 4] @ [6, 4, 4], 192 complex MACs, 4 real ones each
     assert prof.records["0"].flops_forward == 4 * 2 * 6 * 2 * 4 * 4
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_is_known_in_every_mode_and_with_sample_weights(mode: str) -> None:
+    # A bag with per_sample_weights (mode "sum" only) runs aten._embedding_bag_per_sample_weights_backward in
+    # backward, which was listed as an op with no formula ("FLOPs leave out 1 op"): a lookup and its sums are free,
+    # as the bag's forward and its other backward kernels are.
+    torch.manual_seed(0)
+    model = nn.EmbeddingBag(50, 8, mode=mode)
+    ids, offsets = torch.randint(0, 50, (10,)), torch.tensor([0, 3, 7])
+    weights = torch.rand(10, requires_grad=True) if mode == "sum" else None
+    with LayerProf(model, metrics=("flops",)) as prof:
+        model(ids, offsets, per_sample_weights=weights).sum().backward()
+    assert prof.unknown_ops() == {}
+    assert prof.tree.flops_forward == prof.tree.flops_backward == 0
+    assert prof.tree.bytes_forward > 0 and prof.tree.bytes_backward > 0

@@ -557,7 +557,8 @@ _FREE_OPS = (
     "index_fill", "index_reduce", "floor_divide", "take", "put", "unique_consecutive", "unique_dim", "_unique",
     "nonzero_static", "diag_embed", "rot90", "alias_copy", "narrow_copy", "trace", "complex", "polar",
     "_unsafe_masked_index", "_unsafe_masked_index_put_accumulate", "embedding_renorm", "_embedding_bag_forward_only",
-    "segment_reduce", "_segment_reduce_backward", "_cummax_helper", "_cummin_helper", "_philox_key_split",
+    "_embedding_bag_per_sample_weights_backward", "segment_reduce", "_segment_reduce_backward", "_cummax_helper",
+    "_cummin_helper", "_philox_key_split",
     "_philox_normal", "_philox_uniform",
     # sparse COO tensors made from indices and values (the gradient of an Embedding with sparse=True)
     "_sparse_coo_tensor_with_dims_and_tensors", "_sparse_coo_tensor_with_dims", "_coalesced_",
