@@ -133,3 +133,42 @@ def test_embedding_bag_is_known_in_every_mode_and_with_sample_weights(mode: str)
     assert prof.unknown_ops() == {}
     assert prof.tree.flops_forward == prof.tree.flops_backward == 0
     assert prof.tree.bytes_forward > 0 and prof.tree.bytes_backward > 0
+
+
+
+class Sparsify(nn.Module):
+    """Makes its output sparse (a pruned activation handed to a sparse product)."""
+
+    def __init__(self, layout: torch.layout) -> None:
+        super().__init__()
+        self.layout = layout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x).to_sparse(layout=self.layout)
+
+
+class SparseProduct(nn.Module):
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.sparse.mm(h, torch.eye(h.shape[1]))
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
+def test_conversions_to_sparse_and_their_gradients_are_known_free_ops(layout: torch.layout) -> None:
+    # x.to_sparse() runs aten._to_sparse (_to_sparse_csr), and a sparse product's backward to it aten.is_coalesced
+    # and aten.sparse_mask: each was listed as an op with no formula, though they only move data (a conversion, a
+    # query, a masked copy).
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), Sparsify(layout), SparseProduct())
+    x = torch.randn(6, 8)
+    with LayerProf(model, metrics=("flops",)) as prof:
+        model(x).sum().backward()
+    assert prof.unknown_ops() == {}
+    assert prof.records["1"].flops_forward == 0 and prof.records["1"].flops_backward == 0
+    assert prof.records["0"].flops_forward == 2 * 6 * 8 * 8  # x: [6, 8] @ w: [8, 8]
+    stored = (torch.relu(model[0](x)) != 0).sum().item()
+    # h: [6, 8] sparse @ eye: [8, 8]: one multiply-accumulate per stored entry and column
+    assert prof.records["2"].flops_forward == 2 * stored * 8
+    # A COO h's gradient is the dense grad: [6, 8] @ eye^T: [8, 8], then masked (torch computes all of it); a CSR
+    # h's is sampled at its entries (sparse_sampled_addmm, which was unknown too): 2 * stored * 8.
+    backward = 2 * 6 * 8 * 8 if layout == torch.sparse_coo else 2 * stored * 8
+    assert prof.records["2"].flops_backward == backward

@@ -171,7 +171,7 @@ def nothing(*args: Any, **kwargs: Any) -> int:
 for _name in ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_unsafe_view", "alias",
               "lift_fresh", "detach", "set_", "resize_", "_resize_output_", "_assert_async",
               "_assert_tensor_metadata", "_fused_sdp_choice", "_has_compatible_shallow_copy_type", "sym_size",
-              "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size", "_nested_tensor_size"):
+              "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size", "_nested_tensor_size", "is_coalesced"):
     if hasattr(aten, _name):
         register_bytes_formula(getattr(aten, _name))(nothing)
 register_bytes_formula(torch.ops.prim.device)(nothing)

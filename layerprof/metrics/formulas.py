@@ -136,6 +136,13 @@ def addmm_flops(bias: Sequence[int], a: Sequence[int], b: Sequence[int], *args: 
     return mm_flops(a, b)  # bias + a: [m, k] @ b: [k, n]
 
 
+@register_flop_formula(aten.sparse_sampled_addmm)
+def sampled_addmm_flops(mask: Sequence[int], a: Sequence[int], b: Sequence[int], *args: Any, **kwargs: Any) -> int:
+    """Matrix product computed only where a sparse mask stores an entry (the gradient of a CSR operand): counted
+    dense here, scaled to the mask's stored entries by the counter, ``2 * nnz * k``."""
+    return mm_flops(a, b)  # mask: [m, n] sparse, a: [m, k] @ b: [k, n] at the mask's entries
+
+
 @register_flop_formula(aten.bmm)
 def bmm_flops(a: Sequence[int], b: Sequence[int], *args: Any, **kwargs: Any) -> int:
     """Batched matrix product."""
@@ -560,8 +567,11 @@ _FREE_OPS = (
     "_embedding_bag_per_sample_weights_backward", "segment_reduce", "_segment_reduce_backward", "_cummax_helper",
     "_cummin_helper", "_philox_key_split",
     "_philox_normal", "_philox_uniform",
-    # sparse COO tensors made from indices and values (the gradient of an Embedding with sparse=True)
-    "_sparse_coo_tensor_with_dims_and_tensors", "_sparse_coo_tensor_with_dims", "_coalesced_",
+    # sparse COO tensors made from indices and values (the gradient of an Embedding with sparse=True), conversions
+    # to sparse layouts and the masked copy and query of a sparse operand's gradient (x.to_sparse() in a forward)
+    "_sparse_coo_tensor_with_dims_and_tensors", "_sparse_coo_tensor_with_dims", "_coalesced_", "_to_sparse",
+    "_to_sparse_csr", "_to_sparse_csc", "_to_sparse_bsr", "_to_sparse_bsc", "is_coalesced", "sparse_mask",
+    "_sparse_mask_projection",
     # checks and index factories (transformers' torch_compilable_check runs _is_all_true in LLaVA's forward)
     "_is_all_true", "_is_any_true", "isin", "allclose", "tril_indices", "triu_indices",
     # more factories, reductions and data movement (SigLIP's loss makes its labels with eye, DETR's takes a diagonal)
