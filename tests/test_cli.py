@@ -261,6 +261,9 @@ BAD = [
     (["{m}:Net", "-i", "2-x=2,20"], 2, "'2-x' is not a keyword argument name"),
     (["{m}:Net"], 2, "give the model's input shape"),
     (["{m}:Net", "-i", "2,20", "--dtype", "int8"], 2, "must be a floating type"),
+    # float8 is a storage format: a model cast to it cannot run its matmuls (the run failed making the input, with
+    # torch's "normal_kernel_cpu not implemented for 'Float8_e4m3fn'", exit 5)
+    (["{m}:Net", "-i", "2,20", "--dtype", "float8_e4m3fn"], 2, "--dtype float8_e4m3fn: a model cannot compute in"),
     (["{m}:Net", "-i", "2,20", "--steps", "0"], 2, "argument --steps: expected an integer >= 1, got 0"),
     (["{m}:Net", "-i", "2,20", "--metrics", "nosuchmetric"], 2, "unknown metric 'nosuchmetric'; choose from"),
     (["{m}:Net", "-i", "2,20", "--columns", "forward,nope"], 2, "unknown column 'nope'; choose from"),
@@ -363,6 +366,17 @@ def test_parse_input_and_make_inputs() -> None:
     assert 0 <= int(args[1].min()) and int(args[1].max()) <= 6  # vocab 7: ids in [0, 7)
     assert len(set(args[1].tolist())) > 1  # random, not constant
     assert list(kwargs) == ["mask"] and kwargs["mask"].dtype == torch.bool
+
+
+
+def test_float8_inputs_are_drawn_in_float32_and_cast() -> None:
+    # randn has no float8 kernel: '--input 2,8:float8_e4m3fn', for a model that upcasts its input, failed with
+    # "cannot make the input 2x8 float8_e4m3fn (16 B): NotImplementedError".
+    torch.manual_seed(0)
+    (x,), _ = make_inputs([parse_input("2,8:float8_e4m3fn")])
+    assert x.dtype == torch.float8_e4m3fn and tuple(x.shape) == (2, 8)
+    torch.manual_seed(0)
+    assert torch.equal(x.float(), torch.randn(2, 8).to(torch.float8_e4m3fn).float())
 
 
 @dataclasses.dataclass

@@ -101,6 +101,10 @@ def _run(options: argparse.Namespace) -> int:
     dtype = parse_dtype(options.dtype, "--dtype") if options.dtype else None
     if dtype is not None and not dtype.is_floating_point:
         raise UsageError(f"--dtype {options.dtype}: the model's dtype must be a floating type such as bfloat16")
+    if dtype is not None and dtype.itemsize == 1:
+        # float8 stores tensors: its matmuls need scales (torch._scaled_mm, torchao), a cast model's layers have none.
+        raise UsageError(f"--dtype {options.dtype}: a model cannot compute in a float8 type; give float32, bfloat16 "
+                         f"or float16 (a model that casts inside its forward takes --input SHAPE:{options.dtype})")
     device = _device(options.device)
     check_input_sizes(inputs, dtype or torch.float32, device)
     check_checkpoint_options(options)
