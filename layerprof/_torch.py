@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.nn.modules import module as torch_module
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 __all__ = [
     "compiled_in_place", "is_compiled_function",
@@ -35,7 +35,7 @@ __all__ = [
     "add_backward_entry_hook", "remove_backward_entry_hook", "torchscript_compiled", "hooks_outputs_in_forward",
     "fsdp1_wrapper",
     "with_forward_pre_hooks", "NodeHooker", "cuda_raw_stream", "cuda_event_record",
-    "dict_version", "eager_forwards", "sparse_parts",
+    "dict_version", "eager_forwards", "sparse_parts", "inner_tensors",
 ]
 
 # The sequence number the next autograd node created on this thread will get: a module call owns the nodes
@@ -522,6 +522,18 @@ def sparse_parts(tensor: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
     if layout in (torch.sparse_csc, torch.sparse_bsc):
         return tensor.ccol_indices(), tensor.row_indices(), tensor.values()
     return None
+
+
+def inner_tensors(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The tensors that hold the data of a tensor without a storage of its own: a sparse tensor's indices and
+    values, a wrapper subclass's inner tensors (``__tensor_flatten__``: a DTensor's local shard); () for others."""
+    parts = sparse_parts(tensor)
+    if parts is not None:
+        return parts
+    if is_traceable_wrapper_subclass(tensor):
+        names, _ = tensor.__tensor_flatten__()
+        return tuple(getattr(tensor, name) for name in names)
+    return ()
 
 
 def tensor_version(tensor: torch.Tensor) -> int:

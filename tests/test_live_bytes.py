@@ -303,3 +303,56 @@ def test_a_failing_reader_calibration_leaves_its_figure_out(monkeypatch: pytest.
     assert prof.checkpoint_plan(0.5, wrap_cost=None).saved_bytes_before > 0
     assert "live_op_ms" not in prof.profile.meta and "hook_ms" in prof.profile.meta
     assert "live_op_ms" not in prof.profile.measures  # failed once: not measured again at every plan and save
+
+
+class _TensorParallelMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.act, self.down = nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.up(x)))
+
+
+def _live_figures(model: nn.Module, x: torch.Tensor) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # one step under a distorting meter
+        with LayerProf(model, metrics=("live_memory",)) as prof:
+            model(x).sum().backward()
+    records = [prof.records[name] for name in ("up", "act", "down")]
+    return prof.profile.meta["live_memory"], [(r.cuda_forward_delta_bytes, r.cuda_forward_peak_bytes) for r in records]
+
+
+def test_tensor_parallel_step_counts_the_shards(tmp_path: Any) -> None:
+    # Under parallelize_module (ColwiseParallel / RowwiseParallel) the parameters, activations and gradients are
+    # DTensors: the reader skipped ops returning a tensor subclass, and a DTensor's own storage is a placeholder
+    # (freed as soon as read), so up and down read 0 and the step's peak 264 bytes. Their local shards hold the data.
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available() or dist.is_initialized():
+        pytest.skip("needs a gloo group of this process's own")
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    torch.manual_seed(0)
+    plain, x = _TensorParallelMLP(), torch.randn(4, 8)
+    parallel = _TensorParallelMLP()
+    parallel.load_state_dict(plain.state_dict())
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        plan = {"up": ColwiseParallel(), "down": RowwiseParallel()}
+        parallelize_module(parallel, init_device_mesh("cpu", (1,)), plan)
+        assert type(parallel.up.weight).__name__ == "DTensor"
+        step, calls = _live_figures(parallel, x)
+    finally:
+        dist.destroy_process_group()
+    # up's output [4, 16] float32: 256 bytes, GELU's 256, down's [4, 8]: 128, as in the plain model's step
+    assert calls == [(256, 256), (256, 256), (128, 128)]
+    assert (step, calls) == _live_figures(plain, x)
+    # the gradients left at the end: 8 * 16 + 16 + 16 * 8 + 8 = 280 float32
+    assert step["step_end_bytes"] == 280 * 4
+
+
+def test_a_sparse_tensor_made_in_the_step_counts_its_indices_and_values() -> None:
+    # A sparse tensor has no storage of its own: one made in the step (x.to_sparse() in a forward) counted 0.
+    x, kept = torch.eye(6), []
+    reader = read_step(lambda: kept.append(x.to_sparse()))
+    assert (reader.current, reader.peak) == (2 * 6 * 8 + 6 * 4,) * 2  # indices [2, 6] int64, values [6] float32

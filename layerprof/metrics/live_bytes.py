@@ -11,7 +11,8 @@ peak, exist on the CPU too.
 
 What it sees: the tensors ops return, forward and backward (autograd runs a CPU backward on the calling thread,
 and carries the modes over to the threads it uses, so gradients count), the recomputation of a
-``torch.utils.checkpoint`` region, the ops the FLOP meter's mode runs below it. What it does not: a kernel's own
+``torch.utils.checkpoint`` region, the ops the FLOP meter's mode runs below it; a tensor without a storage of its
+own by what holds its data (a DTensor's local shard, a sparse tensor's indices and values). What it does not: a kernel's own
 scratch buffers (allocated below the dispatcher, freed before the op returns), tensors made on other threads, and
 devices other than the CPU. A dispatch mode is its thread's own: the reader ``covers`` the CPU on the thread that
 opened it only, so a module call (or a whole step) run on another thread reads unknown (None), as the plain memory
@@ -39,7 +40,7 @@ from typing import Any, Callable
 import torch
 
 from .._tensors import iter_tensors
-from .._torch import TorchDispatchMode, ready_mode, storage_key
+from .._torch import TorchDispatchMode, inner_tensors, ready_mode, storage_key
 from .._version import check_live_bytes_torch
 from ..record.fields import Field, declare
 from .memory import CudaMemoryReader, MemoryMeter, MemoryReader
@@ -78,6 +79,8 @@ class _Watch(TorchDispatchMode):
             self.reader.see((out,), (args, kwargs))
         elif isinstance(out, (tuple, list)):
             self.reader.see(out, (args, kwargs))
+        elif isinstance(out, torch.Tensor):  # a subclass (a DTensor)
+            self.reader.see((out,), (args, kwargs))
         return out
 
 
@@ -126,9 +129,12 @@ class LiveBytesReader(MemoryReader):
         for tensor in outputs:
             if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
                 continue
+            if type(tensor) is not torch.Tensor and _held_inside(tensor, self.see, inputs):
+                continue
             try:
                 storage = tensor.untyped_storage()
             except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested or wrapper tensors
+                _held_inside(tensor, self.see, inputs)
                 continue
             key = storage_key(storage)
             size = storage.nbytes()
@@ -162,12 +168,27 @@ def _input_storages(inputs: Any) -> set[int]:
     """Keys of the CPU storages among an op's arguments (a wrapper tensor without a storage is skipped)."""
     keys = set()
     for tensor in iter_tensors(inputs):
-        if tensor.device.type == "cpu" and tensor.layout == torch.strided:
-            try:
-                keys.add(storage_key(tensor.untyped_storage()))
-            except (RuntimeError, NotImplementedError, TypeError):
-                continue
+        if tensor.device.type != "cpu":
+            continue
+        inner = inner_tensors(tensor) if type(tensor) is not torch.Tensor or tensor.layout != torch.strided else ()
+        if inner:  # (a view of a DTensor returns a view of its shard)
+            keys |= _input_storages(inner)
+            continue
+        try:
+            keys.add(storage_key(tensor.untyped_storage()))
+        except (RuntimeError, NotImplementedError, TypeError):
+            continue
     return keys
+
+
+def _held_inside(tensor: torch.Tensor, see: Callable[[Any, Any], None], inputs: Any) -> bool:
+    """Hands ``see`` the tensors that hold ``tensor``'s data where others do: a wrapper subclass's inner tensors (a
+    DTensor's shard: the wrapper's own storage is a placeholder, freed as soon as it is read, so a tensor-parallel
+    step's activations and gradients counted 0), a sparse tensor's indices and values. False for a plain one."""
+    inner = inner_tensors(tensor)
+    if inner:
+        see(inner, inputs)
+    return bool(inner)
 
 
 def read_step(step: Callable[[], Any]) -> LiveBytesReader:
