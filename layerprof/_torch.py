@@ -531,8 +531,8 @@ def inner_tensors(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
     if parts is not None:
         return parts
     if is_traceable_wrapper_subclass(tensor):
-        names, _ = tensor.__tensor_flatten__()
-        return tuple(getattr(tensor, name) for name in names)
+        names, _ = tensor.__tensor_flatten__()  # (DTensor's also names its device mesh, an opaque object)
+        return tuple(inner for inner in map(tensor.__getattribute__, names) if isinstance(inner, torch.Tensor))
     return ()
 
 

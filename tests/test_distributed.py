@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import layerprof
 from layerprof import GatheredProfile, LayerProf, register_timed_comm_hook
@@ -269,6 +270,14 @@ def _worker(rank: int) -> dict[str, Any]:
     fully_shard(fsdp2, mesh=mesh)
     result["fsdp2"] = {"view": _view(_profile(fsdp2, steps=2).gather())}
 
+    # tensor parallelism: fc1 split by columns, fc2 by rows; the meters read each rank's own shards
+    torch.manual_seed(0)
+    parallel = Net()
+    parallelize_module(parallel, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    prof = _profile(parallel, steps=2, metrics=("memory",))
+    result["tensor_parallel"] = {name: (prof.records[name].activation_bytes, prof.records[name].saved_bytes)
+                                 for name in ("fc1", "act", "fc2")}
+
     # rank 1's block raises in its third step: its gather() still takes part in the collective, then raises
     torch.manual_seed(0)
     net, x = Net(), torch.randn(4, 8)
@@ -323,6 +332,15 @@ def test_a_rank_whose_block_raised_still_takes_part_in_gather(two_ranks: dict[in
     assert "Rank 1: no profile (the block raised ValueError)" in failed["view"]["table"].splitlines()
     # (the header said "Across 1 rank", as of a one-rank job, with rank 1's failure on the line below)
     assert failed["view"]["table"].startswith("Across 1 of 2 ranks, per step")
+
+
+def test_tensor_parallel_bytes_are_each_ranks_shards(two_ranks: dict[int, dict[str, Any]]) -> None:
+    """A DTensor's own storage is a placeholder of the global size: fc1's output and fc2's saved input, DTensors of
+    [4, 16] whose shards are [4, 8] float32 (128 bytes) on each of the 2 ranks, read 256 bytes, twice their data."""
+    for rank in (0, 1):
+        # fc1: returns its shard (128), saves x [4, 8] (128); ReLU: returns and saves its [4, 8] (128, 128);
+        # fc2: returns the all-reduced [4, 4] (64), saves its input's shard as RowwiseParallel hands it (128)
+        assert two_ranks[rank]["tensor_parallel"] == {"fc1": [128, 128], "act": [128, 128], "fc2": [64, 128]}
 
 
 def test_both_ranks_records_arrive_on_rank_0_with_the_same_structure(two_ranks: dict[int, dict[str, Any]]) -> None:

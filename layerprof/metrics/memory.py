@@ -48,7 +48,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointError
 
 from .._tensors import is_lazy, iter_tensors
-from .._torch import StorageWeakRef, outer_saved_tensors_hooks, storage_key, tensor_version
+from .._torch import StorageWeakRef, inner_tensors, outer_saved_tensors_hooks, storage_key, tensor_version
 from ..record.adoption import adopters
 from ..record.fields import Field, declare
 from ..record.records import ModuleRecord
@@ -214,6 +214,12 @@ def _holds(params: dict[str, Any], key: int) -> bool:
 
 
 def _storage(tensor: torch.Tensor) -> Any:
+    if type(tensor) is not torch.Tensor and type(tensor) is not nn.Parameter:
+        inner = inner_tensors(tensor)
+        if len(inner) == 1:
+            # A DTensor's data is its local shard: its own storage is a placeholder of the global size (a rank's
+            # saved and activation bytes under tensor parallelism read world_size times its own).
+            tensor = inner[0]
     try:
         return tensor.untyped_storage()
     except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested or wrapper tensors
