@@ -194,6 +194,31 @@ def test_a_tensor_saved_in_slots_in_a_row_unpacks_as_one(metrics: tuple[str, ...
                for note in raised.value.__notes__)
 
 
+def test_a_recomputation_that_runs_other_code_is_not_blamed_on_the_meter_alone() -> None:
+    # Under torch.nn.utils.parametrize.cached(), the second call reads the cached orthogonal weight while its
+    # recomputation in backward, outside the cache, computes it afresh: torch raises a CheckpointError with or
+    # without layerprof. The note said only that the memory meter's saved-tensor hooks were the cause, and to
+    # profile without it, which raises the same.
+    torch.manual_seed(0)
+    layer = nn.utils.parametrizations.orthogonal(nn.Linear(6, 6))
+    x = torch.randn(3, 6)
+
+    def step() -> None:
+        with nn.utils.parametrize.cached():
+            out = checkpoint(layer, x, use_reentrant=False) + checkpoint(layer, 2 * x, use_reentrant=False)
+        out.sum().backward()
+
+    with pytest.raises(torch.utils.checkpoint.CheckpointError):
+        step()  # torch's own limitation, no profiler
+    with pytest.raises(torch.utils.checkpoint.CheckpointError) as raised:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # one step under a distorting meter
+            with LayerProf(layer, metrics=("memory",)):
+                step()
+    notes = [note for note in raised.value.__notes__ if "saved-tensor hooks" in note]
+    assert len(notes) == 1 and "without the metric too" in notes[0] and "parametrize.cached()" in notes[0]
+
+
 def test_torch_func_under_the_memory_meter_says_why_it_raises() -> None:
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     params = {name: value.detach() for name, value in model.named_parameters()}

@@ -383,12 +383,18 @@ class MemoryMeter(Meter):
                     "does not run with (torch.func's grad, vjp, jacrev and hessian do not support them); profile it "
                     "without that metric: timing, 'flops' and 'shapes' work there")
         if isinstance(error, CheckpointError) and "Recomputed values" in str(error):
+            # Not always this meter's doing: a recomputation that runs other code than its forward raises the same
+            # without it (a parametrization computed in forward under parametrize.cached() is recomputed outside
+            # the cache, its own ops added), so the note names both.
             return (f"metrics=({self.name!r},) counts what autograd saves with saved-tensor hooks, under which "
                     "autograd unpacks a saved tensor that needs grad as a new object each time (torch's "
                     "save_on_cpu does the same). A checkpointed call given one tensor in several arguments that "
                     "tests their identity (nn.MultiheadAttention as self-attention: query is key) then recomputes "
                     "another path. Pass the tensor once (checkpoint(lambda x: attn(x, x, x), x)), or profile "
-                    "without that metric")
+                    "without that metric. If the step raises this without the metric too, the recomputation runs "
+                    "other code than the forward did, which torch.utils.checkpoint refuses: a parametrized weight "
+                    "read from torch.nn.utils.parametrize.cached() in forward is computed afresh in backward, outside "
+                    "the cache (do not checkpoint those calls)")
         return None
 
     # -- saved tensors ---------------------------------------------------------------------------------------------
