@@ -104,3 +104,18 @@ def test_a_first_step_without_backward_is_named_as_the_memory_meters_step() -> N
     plan = _profile(model, step, steps=3).checkpoint_plan(0.5)
     assert plan.modules == [] and "the memory meter's step (the first profiled)" in plan.note
     assert "later steps ran backward" in plan.note
+
+
+@pytest.mark.parametrize("steps", [2, 3])
+def test_an_empty_batch_is_not_taken_for_an_evaluation_step(steps: int) -> None:
+    # A training step on a batch of 0 ran its forward with gradients on and its backward, and saved 0 bytes: the
+    # plan asked whether the forward ran under torch.no_grad (2 steps) or whether the memory meter's step was an
+    # evaluation step (3 steps), neither of which it was.
+    model = _mlp()
+    x = torch.randn(0, 16)
+    prof = profile_quietly(model, lambda: model(x).sum().backward(), steps)
+    assert prof.tree.saved_bytes == 0 and prof.tree.backward_ms > 0
+    plan = prof.checkpoint_plan(0.5)
+    assert plan.modules == [] and plan.feasible
+    assert plan.note.startswith("the profiled step ran its forward with gradients on and a backward, yet saved "
+                                "nothing for it (were its tensors empty, a batch of 0")

@@ -57,11 +57,15 @@ __all__ = ["CheckpointPlan", "ChosenModule", "FrontierPoint", "make_plan", "requ
 _UNKNOWN_PEAK = 2**63 - 1  # a plan whose step peak cannot be predicted: never within a peak budget
 
 
+def _no_grad_calls(root: ModuleRecord) -> int:
+    """The root's calls in the memory meter's step made with gradients off."""
+    return getattr(root, "checkpoint_no_grad_calls", None) or 0
+
+
 def _trained_after_first(root: ModuleRecord) -> bool:
     """Whether steps after the memory meter's (the first profiled) were timed, or its calls were all made with
     gradients off: an evaluation pass first, training after it."""
-    no_grad = getattr(root, "checkpoint_no_grad_calls", None) or 0
-    return (root.steps or 0) > 1 or no_grad >= (root.calls or 0) > 0
+    return (root.steps or 0) > 1 or _no_grad_calls(root) >= (root.calls or 0) > 0
 
 
 def _for_side_effects(candidate: Candidate) -> bool:
@@ -444,7 +448,12 @@ class CheckpointPlan:
             out_of_reach = solution is None and need > 0 and self.saved_bytes_before > 0
         self.feasible = solution is not None
         self.reachable_allowing_side_effects = self._allowing_side_effects(found) if out_of_reach else None
-        if self.saved_bytes_before == 0 and root.backward_ms and _trained_after_first(root):
+        if self.saved_bytes_before == 0 and root.backward_ms and root.calls and not _no_grad_calls(root):
+            # Gradients on and a backward, yet nothing saved: not an evaluation step, whatever the step count says.
+            self.note = ("the profiled step ran its forward with gradients on and a backward, yet saved nothing for "
+                         "it (were its tensors empty, a batch of 0, or did its ops keep nothing but parameters?): "
+                         "nothing to wrap")
+        elif self.saved_bytes_before == 0 and root.backward_ms and _trained_after_first(root):
             # The memory meter counts the first profiled step; later ones ran backward (an evaluation pass first).
             # Those are the timed steps (root.steps), the meter's left out: 2 steps profiled hold steps == 1, the
             # meter's step then told apart by its calls, all made with gradients off.
