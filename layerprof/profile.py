@@ -28,6 +28,7 @@ from .record.records import ModuleRecord, preorder, release_tree
 from .record.roofs import attach_peaks, no_roofs_message
 from .record.summed import TreeValues
 from .plan.plan import CheckpointPlan, make_plan, saved_today
+from .plan.profiled_as import profiled_as
 from .render import export
 from .render.compare import Comparison
 from .render.html import html_table, notebook_style
@@ -524,7 +525,7 @@ class Profile:
                     "and pass wrap_cost=(per_call_ms, per_tensor_ms)", RuntimeWarning, stacklevel=2)
         return make_plan(self.tree, budget, allow_side_effects=allow_side_effects, resolution=resolution,
                          wrap_cost=wrap_cost, hook_ms=self._measured("hook_ms"), runs=runs, peak=peak,
-                         op_ms=self._measured("live_op_ms"))
+                         op_ms=self._measured("live_op_ms"), profiled_as=profiled_as(self.meta))
 
     def _measured(self, key: str) -> float:
         """``meta[key]``, measured now (``measures``) for a profile LayerProf made here that has none yet; 0 where

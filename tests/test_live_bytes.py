@@ -43,7 +43,8 @@ def test_per_call_figures_and_the_step_peak_by_hand() -> None:
     # Tanh's gradient (16384 B), then Linear 0's weight [128, 64] 32768 B and bias 512 B gradients.
     meta = prof.profile.meta["live_memory"]
     assert meta == {"device": "cpu", "step_peak_bytes": 8 + 5160 + 16384 + 32768 + 512, "step_start_bytes": 0,
-                    "step_end_bytes": 5160 + 32768 + 512}  # the gradients stay; the loss, seed and Tanh's go
+                    "step_end_bytes": 5160 + 32768 + 512,  # the gradients stay; the loss, seed and Tanh's go
+                    "training": True}
     timeline = root.__dict__[TIMELINE_ATTRIBUTE]
     # Index 0, then boundaries: 8 in forward (the model's and each layer's start and end), 6 in backward (each
     # layer's start and end; the model's start with Linear 2's and end with Linear 0's), the step's end.
@@ -193,7 +194,7 @@ def test_calls_run_on_another_thread_read_unknown_not_zero() -> None:
             on_a_thread(lambda: model(x).sum().backward())
     assert {name: [getattr(r, f) for f in fields] for name, r in prof.records.items()} == {
         name: [None] * 4 for name in ("", "0", "1", "2")}
-    assert "live_memory" not in prof.profile.meta  # no step peak either
+    assert "step_peak_bytes" not in prof.profile.meta["live_memory"]  # no step peak either (the mode only)
     assert prof.records["0"].activation_bytes == 16384  # the meter's own figures: [32, 128] float32
     # The forward on the block's thread, the backward on another: the forward's figures (by hand in the first
     # test), the backward's unknown.

@@ -314,10 +314,15 @@ class MemoryMeter(Meter):
         # tensor saved in several slots in a row (``checkpoint(attn, x, x, x)`` saves its inputs so) unpacks as one
         # object, as without hooks: ``nn.MultiheadAttention`` takes its self-attention path on ``query is key``.
         self._last_packed: tuple[Any, Any] | None = None
+        # The model, while the step runs, and the mode it was in as the step ended (``model.training``): a plan
+        # applied to the model in the other mode frees other bytes (Dropout saves its mask in training only).
+        self._model: nn.Module | None = None
+        self._training: bool | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: Sequence[tuple[str, nn.Module]]) -> None:
         self._after_backward, self._held, self._saved_before, self._starts_released = 0, [], False, False
+        self._model = model
         self._static = _storage_keys(list(model.parameters()), list(model.buffers()))
         # Lazy modules whose parameters are made in their first call: their storages join the static ones then.
         self._lazy = _with_lazy(model.modules())
@@ -338,6 +343,8 @@ class MemoryMeter(Meter):
     def stop(self) -> None:
         self._updated.update(updated_buffers(self._buffer_versions))
         self._buffer_versions = []
+        if self._model is not None:
+            self._training, self._model = bool(self._model.training), None
         hooks, self._hooks = self._hooks, None
         self._stack.clear()
         self._inputs_after.clear()
@@ -371,8 +378,11 @@ class MemoryMeter(Meter):
         allocated from the start of the model's first forward call to the end of the step (allocator bytes on
         CUDA, live tensor bytes made in the step on the CPU), ``step_start_bytes`` and ``step_end_bytes``. Where a
         forward of the step saved for backward after the backward of every earlier forward that saved had run
-        (gradient accumulation), ``forwards_after_backward``: how many did."""
+        (gradient accumulation), ``forwards_after_backward``: how many did. ``training``: the model's mode as the
+        step ended (``model.training``)."""
         found = dict(self._step)
+        if self._training is not None:
+            found["training"] = self._training
         if self._after_backward:
             found["forwards_after_backward"] = self._after_backward
         return found

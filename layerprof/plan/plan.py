@@ -47,6 +47,7 @@ from .candidates import Candidate, Priced, candidates, descendant_calls, require
 from .gaps import gap_savings
 from .peak import PeakModel, PeakPrediction, step_peak
 from .peak_budget import choose_under_peak
+from .profiled_as import differences
 from .runs import RunOption, parse_run, run_options
 from .structure import structure_differs
 from .wrap_cost import WrapCost, check_wrap_cost
@@ -385,7 +386,9 @@ class CheckpointPlan:
     device (CUDA, or the CPU with ``metrics=("live_memory",)``; else None): ``profiled_peak_bytes`` (measured in the
     profiled step) and ``predicted_peak_bytes`` (with the plan, ``peak.py``), reached in ``predicted_peak_phase``
     (``"forward"``, ``"backward"``, ``"recompute"`` or ``"between calls"``) at ``predicted_peak_at`` (the module
-    whose backward or recomputation holds it, else None).
+    whose backward or recomputation holds it, else None). ``profiled_as``: the profiled model's mode and dtype
+    (``{"training": bool, "dtype": "float32"}``, None for either a profile does not hold): ``apply`` warns where a
+    model differs, since what its modules save does (``profiled_as.py``).
 
     A plan made against the step's peak (``checkpoint_plan(peak=...)``, ``peak_budget.py``) has ``budget_kind``
     ``"peak"`` (else ``"saved"``), ``peak_budget_bytes`` (else None) and ``budget_bytes`` None; ``feasible`` says
@@ -399,6 +402,7 @@ class CheckpointPlan:
                  peak_budget_bytes: int | None = None) -> None:
         self.model_type = root.type
         self.side_effects_allowed = False  # (``make_plan`` sets what it was given)
+        self.profiled_as: dict[str, Any] = {}  # (and this)
         self.wrap_cost = wrap_cost
         self.hook_ms = hook_ms
         self.budget_bytes = budget_bytes
@@ -750,6 +754,8 @@ class CheckpointPlan:
             raise RuntimeError("this plan is already applied; call remove() before applying it again")
         modules, sequentials = self._resolve(model)
         _warn_rerun(modules, sequentials, self.side_effects_allowed)
+        for text in differences(self.__dict__.get("profiled_as"), model):  # (none kept by an unpickled older plan)
+            warnings.warn(text, UserWarning, stacklevel=2)
         try:
             for name, module in modules.items():
                 self._applied.append((module, wrap(module, label=name)))
@@ -828,10 +834,12 @@ class CheckpointPlan:
 
 def make_plan(root: ModuleRecord, budget: Any = None, allow_side_effects: bool = False,
               resolution: int = DEFAULT_RESOLUTION, wrap_cost: Any = "measured", hook_ms: float = 0.0,
-              runs: bool = True, peak: Any = None, op_ms: float = 0.0) -> CheckpointPlan:
+              runs: bool = True, peak: Any = None, op_ms: float = 0.0, profiled_as: dict[str, Any] | None = None
+              ) -> CheckpointPlan:
     """The plan for a profile's tree; see ``Profile.checkpoint_plan``. ``hook_ms``: the profiler's own time in
     each ancestor's forward per module call (the profile's ``meta["hook_ms"]``), taken off recompute times;
-    ``op_ms``: the live-bytes reader's per op (``meta["live_op_ms"]``), taken off with each module's op count."""
+    ``op_ms``: the live-bytes reader's per op (``meta["live_op_ms"]``), taken off with each module's op count.
+    ``profiled_as``: the profile's mode and dtype (``profiled_as.py``), which ``apply`` compares with the model's."""
     if (budget is None) == (peak is None):
         raise TypeError(
             "checkpoint_plan takes one budget: budget= for the memory saved for backward, or peak= for the step's "
@@ -859,6 +867,7 @@ def make_plan(root: ModuleRecord, budget: Any = None, allow_side_effects: bool =
                                   op_ms)
         plan = CheckpointPlan(root, found, budget_bytes, resolution, cost, hook_ms, options, peak_bytes)
     plan.side_effects_allowed = allow_side_effects
+    plan.profiled_as = dict(profiled_as or {})
     return plan
 
 

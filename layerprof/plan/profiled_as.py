@@ -1,0 +1,61 @@
+"""What a plan's profile ran the model as, and where a model the plan is applied to differs.
+
+Two settings of the model change what its modules save for backward without changing its structure: its mode
+(Dropout saves its mask in training only, BatchNorm its batch statistics) and its parameters' dtype (what a step
+saves is in that dtype). A training script that profiles in one process and plans in another builds the model
+again, and a model built for evaluation (``model.eval()``) or cast afterwards (``model.to(torch.bfloat16)``) takes
+the plan silently while its predicted bytes are another model's: a plan made in eval mode missed its budget in
+training by the masks it never counted. So the plan keeps the profile's mode and dtype, and ``apply`` warns where
+the model differs.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from .._machine import environment_in
+
+__all__ = ["profiled_as", "differences"]
+
+
+def profiled_as(meta: Any) -> dict[str, Any]:
+    """``{"training": bool, "dtype": str}`` of a profile's ``meta``: the model's mode as the memory meter's step
+    ended and its first parameter's dtype (``"float32"``); None for either that the profile does not hold (one
+    saved by an older layerprof, or written by hand)."""
+    memory = (meta.get("memory") or meta.get("live_memory")) if isinstance(meta, dict) else None
+    training = memory.get("training") if isinstance(memory, dict) else None
+    dtype = environment_in(meta).get("dtype")
+    return {"training": training if isinstance(training, bool) else None,
+            "dtype": dtype if isinstance(dtype, str) else None}
+
+
+def _mode(training: bool) -> str:
+    return "training mode (model.train())" if training else "eval mode (model.eval())"
+
+
+def differences(profiled: dict[str, Any] | None, model: nn.Module) -> list[str]:
+    """The warnings for ``model`` where its mode or dtype is not the one the plan's profile (``profiled``, of
+    ``profiled_as``) ran."""
+    if not profiled:
+        return []
+    found = []
+    name = type(model).__name__
+    training = profiled.get("training")
+    if training is not None and bool(model.training) != training:
+        found.append(
+            f"plan.apply: this {name} is in {_mode(model.training)}, and the profile the plan was made on ran it in "
+            f"{_mode(training)}: its modules save other tensors for backward in the other mode (Dropout saves its "
+            "mask in training only, BatchNorm its batch statistics), so the plan's predicted bytes and times are "
+            "not this model's, and it can miss its budget. Plan on a profile of a step in the mode you train in, "
+            f"or call model.{'train' if training else 'eval'}() before applying the plan")
+    dtype = profiled.get("dtype")
+    parameter = next(model.parameters(), None)
+    now = None if parameter is None or parameter.is_meta else str(parameter.dtype).replace("torch.", "")
+    if dtype is not None and now is not None and now != dtype:
+        found.append(
+            f"plan.apply: this {name}'s parameters are {now}, and the profiled model's were {dtype}: what its "
+            f"modules save for backward is in the parameters' dtype, so the plan's predicted bytes are the {dtype} "
+            "model's, not this one's (it wraps more than this model needs, or misses its budget). Plan on a profile "
+            "of the model in the dtype you train it in (model.to(dtype) before profiling)")
+    return found

@@ -1,0 +1,73 @@
+"""The checkpoint planner as a training script uses it: profiled in one process (or saved and loaded), planned and
+applied in another on a freshly built model. Bugs found by a sweep of such use, each with its test."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import layerprof
+
+from .conftest import profile_quietly
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 64), nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64)),
+                         nn.Dropout(0.5), nn.Linear(64, 1))
+
+
+def _plan_of(model: nn.Module, x: torch.Tensor, budget: str = "50%") -> layerprof.CheckpointPlan:
+    prof = profile_quietly(model, lambda: model(x).sum().backward(), 2)
+    saved = layerprof.loads(prof.profile.to_json())  # (what a training script loads: the mode survives the file)
+    return saved.checkpoint_plan(budget, wrap_cost=None, runs=False)
+
+
+def _apply_warnings(plan: layerprof.CheckpointPlan, model: nn.Module) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plan.apply(model)
+    plan.remove()
+    return [str(w.message) for w in caught]
+
+
+def test_a_plan_made_on_a_profile_in_eval_mode_warns_when_applied_to_a_model_in_training() -> None:
+    # Profiled in eval mode (Dropout saves nothing), trained in training mode: the plan's bytes were not the
+    # model's, and it missed its budget without a word (verify_plan measured more than predicted).
+    x = torch.randn(32, 16)
+    plan = _plan_of(_net().eval(), x)
+    assert plan.modules
+    model = _net().train()
+    found = [m for m in _apply_warnings(plan, model) if "eval mode" in m]
+    assert len(found) == 1 and "training mode" in found[0] and "Plan on a profile of a step in the mode" in found[0]
+    trained = _plan_of(model, x)  # (what the warning is for: in training the step saves the Dropout's mask too)
+    assert trained.saved_bytes_before > plan.saved_bytes_before
+    # The mode it was profiled in: no warning.
+    assert not [m for m in _apply_warnings(plan, _net().eval()) if "mode" in m]
+
+
+def test_a_plan_made_on_a_float32_profile_warns_when_applied_to_a_bfloat16_model() -> None:
+    x = torch.randn(32, 16)
+    plan = _plan_of(_net().eval(), x)
+    found = [m for m in _apply_warnings(plan, _net().eval().to(torch.bfloat16)) if "dtype" in m]
+    assert len(found) == 1 and "bfloat16" in found[0] and "float32" in found[0]
+    assert not [m for m in _apply_warnings(plan, _net().eval()) if "dtype" in m]
+
+
+def test_a_plan_of_an_older_profile_without_the_mode_applies_without_a_warning() -> None:
+    model, x = _net().train(), torch.randn(32, 16)
+    prof = profile_quietly(model, lambda: model(x).sum().backward(), 2)
+    profile = prof.profile
+    profile.meta.get("memory", {}).pop("training", None)
+    profile.meta.get("environment", {}).pop("dtype", None)
+    plan = profile.checkpoint_plan("50%", wrap_cost=None, runs=False)
+    assert not [m for m in _apply_warnings(plan, _net().eval().double()) if "mode" in m or "dtype" in m]
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_the_memory_meter_keeps_the_mode_the_step_ran_in(training: bool) -> None:
+    model, x = _net().train(training), torch.randn(8, 16)
+    prof = profile_quietly(model, lambda: model(x).sum().backward(), 1)
+    assert prof.profile.meta["memory"]["training"] is training
