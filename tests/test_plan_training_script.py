@@ -71,3 +71,23 @@ def test_the_memory_meter_keeps_the_mode_the_step_ran_in(training: bool) -> None
     model, x = _net().train(training), torch.randn(8, 16)
     prof = profile_quietly(model, lambda: model(x).sum().backward(), 1)
     assert prof.profile.meta["memory"]["training"] is training
+
+
+def test_a_frozen_model_that_saved_nothing_is_told_apart_from_one_run_under_no_grad() -> None:
+    # Only a head outside the model trains (every parameter of the model frozen, its input needing no grad): with
+    # gradients on, autograd saves nothing in it. The plan asked whether its forward ran under torch.no_grad.
+    model, head, x = _net().requires_grad_(False), nn.Linear(1, 1), torch.randn(8, 16)
+    frozen = profile_quietly(model, lambda: head(model(x)).sum().backward(), 2)
+    plan = frozen.checkpoint_plan("50%", wrap_cost=None)
+    assert plan.modules == [] and plan.saved_bytes_before == 0
+    assert "no_grad" not in plan.note and "requires_grad" in plan.note and "frozen" in plan.note
+    assert layerprof.loads(frozen.profile.to_json()).checkpoint_plan("50%", wrap_cost=None).note == plan.note
+
+    trained = _net()
+
+    def evaluation() -> None:
+        with torch.no_grad():
+            trained(x)
+
+    under_no_grad = profile_quietly(trained, evaluation, 1).checkpoint_plan("50%", wrap_cost=None)
+    assert "torch.no_grad" in under_no_grad.note and "frozen" not in under_no_grad.note

@@ -69,6 +69,13 @@ def _trained_after_first(root: ModuleRecord) -> bool:
     return (root.steps or 0) > 1 or _no_grad_calls(root) >= (root.calls or 0) > 0
 
 
+def _frozen(root: ModuleRecord) -> bool:
+    """Whether the memory meter's step called the model with gradients on only (no call under no_grad), where it
+    saved nothing: nothing in it required grad. Unknown (an older file without the count): False."""
+    no_grad = getattr(root, "checkpoint_no_grad_calls", None)
+    return no_grad == 0 and bool(root.calls)
+
+
 def _for_side_effects(candidate: Candidate) -> bool:
     """Whether the candidate is excluded only because recomputing it has side effects (allow_side_effects)."""
     return candidate.excluded is not None and candidate.excluded.startswith("side effects")
@@ -464,6 +471,11 @@ class CheckpointPlan:
             self.note = ("the memory meter's step (the first profiled) saved nothing for backward, though later "
                          "steps ran backward: was it an evaluation step, under torch.no_grad? Profile a training "
                          "step first: nothing to wrap")
+        elif self.saved_bytes_before == 0 and _frozen(root):
+            self.note = ("the profiled step saved nothing for backward: the model ran with gradients on, but nothing "
+                         "in it required grad (its parameters frozen with requires_grad_(False), its inputs not "
+                         "requiring grad: a frozen backbone under a head that trains), so autograd held nothing there "
+                         "and no checkpoint frees anything: nothing to wrap")
         elif self.saved_bytes_before == 0:
             self.note = ("the profiled step saved nothing for backward (was its forward run under torch.no_grad or "
                          "inference_mode?): nothing to wrap")
