@@ -91,3 +91,18 @@ def test_a_frozen_model_that_saved_nothing_is_told_apart_from_one_run_under_no_g
 
     under_no_grad = profile_quietly(trained, evaluation, 1).checkpoint_plan("50%", wrap_cost=None)
     assert "torch.no_grad" in under_no_grad.note and "frozen" not in under_no_grad.note
+
+
+def test_a_plan_verifies_itself_and_its_verification_prints_as_text() -> None:
+    # plan.verify(model, step) was an AttributeError (only layerprof.verify_plan(plan, model, step) existed), and
+    # print(result) gave a dataclass repr of 15 fields on one line, where the command line prints text.
+    model, x = _net().train(), torch.randn(32, 16)
+    plan = _plan_of(model, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = plan.verify(model, lambda: model(x).sum().backward(), repeats=1)
+    assert isinstance(result, layerprof.Verification) and not plan.is_applied
+    assert result.measured_saved_bytes == result.predicted_saved_bytes == plan.saved_bytes_after
+    text = str(result)
+    assert text.startswith("verified: saved ") and ", budget met; step " in text
+    assert repr(result).startswith("Verification(predicted_saved_bytes=")

@@ -27,7 +27,7 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass
 from itertools import starmap
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
@@ -798,6 +798,13 @@ class CheckpointPlan:
     @property
     def is_applied(self) -> bool:
         return bool(self._applied)
+
+    def verify(self, model: nn.Module, step: Callable[[], Any], repeats: int = 5) -> Any:
+        """``layerprof.verify_plan(plan, model, step, repeats)``: apply the plan to ``model``, measure ``step()``
+        (a forward and backward) with and without it, take it off, and return the Verification, measured beside
+        predicted (``print`` it for the text the command line prints)."""
+        from .verify import verify_plan  # (verify.py imports this module)
+        return verify_plan(self, model, step, repeats)
 
     # -- reading ---------------------------------------------------------------------------------------------
     @property

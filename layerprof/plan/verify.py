@@ -28,6 +28,7 @@ from torch import nn
 from ..collect.profiler import LayerProf
 from ..metrics.live_bytes import read_step
 from ..record.records import ModuleRecord, preorder
+from ..render.checkpoint import verification_text
 from .apply import RecomputeTimer
 from .fault_cost import page_fault_us
 from .plan import CheckpointPlan, saved_today
@@ -81,6 +82,9 @@ class Verification:
         if self.peak_budget_bytes is not None:
             return self.peak_bytes is not None and self.peak_bytes[1] <= self.peak_budget_bytes
         return self.budget_bytes is not None and self.measured_saved_bytes <= self.budget_bytes
+
+    def __str__(self) -> str:
+        return verification_text(self)  # (the command line's lines; repr keeps the fields)
 
     @property
     def fault_ms(self) -> float | None:
