@@ -222,21 +222,27 @@ class _Checkpointed(_Wrapper):
         # must not change what the recomputation sees.
         tensors: list[torch.Tensor] = []
         layout = _pull_tensors((args, kwargs), tensors, {})
+        timer = _timer
+        if timer is None or label is None:
+            # Untimed, the body keeps no state of its own: torch.compile traces it into the checkpoint whole (a
+            # counter it mutated broke the graph at every wrapped region, and failed fullgraph=True).
+            def plain(*flat: Any) -> Any:
+                positional, keywords = _put_tensors(layout, flat)
+                return forward(*positional, **keywords)
+
+            return checkpoint(plain, *tensors, use_reentrant=False, preserve_rng_state=True)
         runs = [0]  # of body for this call: the first is the forward, later ones recompute it
 
         def body(*flat: Any) -> Any:
             positional, keywords = _put_tensors(layout, flat)
             runs[0] += 1
-            timer = _timer
-            if timer is None or label is None:
+            active = _timer  # (the timer may have ended before backward recomputes)
+            if active is None:
                 return forward(*positional, **keywords)
             if runs[0] == 1:
-                return timer._region(forward, positional, keywords)
-            return timer._run(label, forward, positional, keywords)
+                return active._region(forward, positional, keywords)
+            return active._run(label, forward, positional, keywords)
 
-        timer = _timer
-        if timer is None or label is None:
-            return checkpoint(body, *tensors, use_reentrant=False, preserve_rng_state=True)
         return timer._call(label, lambda: checkpoint(body, *tensors, use_reentrant=False, preserve_rng_state=True))
 
 
@@ -273,8 +279,12 @@ class _RunsForward(_Wrapper):
                  labels: dict[tuple[int, int], str], off: bool = False) -> None:
         self._sequential = weakref.ref(sequential)  # (the Sequential holds this: no cycle)
         self._spans, self._labels, self._off = sorted(spans), labels, off
-        self._children: tuple[nn.Module, ...] = ()
-        self._segments: list[Callable[[Any], Any]] = []
+        # Made here, where the Sequential is whole, not at the first call: torch.compile cannot trace making them
+        # (functools.update_wrapper). A deep copy's or an unpickled one's, made before its Sequential has children,
+        # at its first call.
+        children = sequential.__dict__.get("_modules")
+        self._children: tuple[nn.Module, ...] = tuple(children.values()) if children is not None else ()
+        self._segments = _segments(self._children, self._spans, labels) if children is not None else []
         self.__name__ = "forward"  # (its signature is __call__'s: forward(input), as a bound Sequential.forward)
 
     def _parts(self) -> tuple[Any, ...]:
