@@ -3,6 +3,7 @@ applied in another on a freshly built model. Bugs found by a sweep of such use, 
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -25,11 +26,17 @@ def _plan_of(model: nn.Module, x: torch.Tensor, budget: str = "50%") -> layerpro
     return saved.checkpoint_plan(budget, wrap_cost=None, runs=False)
 
 
-def _apply_warnings(plan: layerprof.CheckpointPlan, model: nn.Module) -> list[str]:
+def _apply_warnings(plan: layerprof.CheckpointPlan, model: nn.Module, before_step: Any = None) -> list[str]:
+    """The warnings of applying ``plan`` to ``model`` and running two training steps (``before_step(model)`` first:
+    what a trainer does after the plan is applied)."""
+    x = torch.randn(32, 16)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        plan.apply(model)
-    plan.remove()
+        with plan.applied(model):
+            if before_step is not None:
+                before_step(model)
+            for _ in range(2):
+                model(x.to(next(model.parameters()).dtype)).sum().backward()
     return [str(w.message) for w in caught]
 
 
@@ -42,10 +49,29 @@ def test_a_plan_made_on_a_profile_in_eval_mode_warns_when_applied_to_a_model_in_
     model = _net().train()
     found = [m for m in _apply_warnings(plan, model) if "eval mode" in m]
     assert len(found) == 1 and "training mode" in found[0] and "Plan on a profile of a step in the mode" in found[0]
+    found = _apply_warnings(_plan_of(_net().train(), x), _net().eval())  # (a step with gradients on, in eval mode)
+    assert len(found) == 1 and "runs in eval mode" in found[0] and "Call model.train() before the step" in found[0]
     trained = _plan_of(model, x)  # (what the warning is for: in training the step saves the Dropout's mask too)
     assert trained.saved_bytes_before > plan.saved_bytes_before
     # The mode it was profiled in: no warning.
     assert not [m for m in _apply_warnings(plan, _net().eval()) if "mode" in m]
+
+
+def test_the_mode_is_checked_in_the_step_not_as_the_plan_is_applied() -> None:
+    # A model from from_pretrained is in eval mode when the plan is applied, and the trainer calls model.train()
+    # before its first step: the mode the step runs in is the one that counts. A model cast after apply (Lightning's
+    # "bf16-true") is checked there too, and the check runs once per apply.
+    x = torch.randn(32, 16)
+    plan = _plan_of(_net().train(), x)
+    assert plan.profiled_as == {"training": True, "dtype": "float32"}
+    assert not [m for m in _apply_warnings(plan, _net().eval(), lambda model: model.train()) if "mode" in m]
+    found = _apply_warnings(plan, _net().train(), lambda model: model.to(torch.bfloat16))
+    assert len(found) == 1 and found[0].startswith("checkpoint plan: this Sequential's parameters are bfloat16")
+    evaluated = _net().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad(), plan.applied(evaluated):  # (an evaluation pass: no step, no check)
+            evaluated(x)
 
 
 def test_a_plan_made_on_a_float32_profile_warns_when_applied_to_a_bfloat16_model() -> None:

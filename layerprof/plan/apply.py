@@ -203,9 +203,11 @@ _FUNCTION_PARTS = frozenset(("__code__", "__globals__", "__func__", "__closure__
 class _Checkpointed(_Wrapper):
     """``forward`` run under ``checkpoint(..., use_reentrant=False)``, RNG state preserved, while grad is on."""
 
-    def __init__(self, forward: Callable[..., Any], label: str | None = None, off: bool = False) -> None:
+    def __init__(self, forward: Callable[..., Any], label: str | None = None, off: bool = False,
+                 first_call: Callable[[], Any] | None = None) -> None:
         functools.update_wrapper(self, forward)  # (first: it copies the forward's __dict__, an old wrapper's fields)
         self._forward, self._label, self._off = forward, label, off
+        self._first_call = first_call  # (not copied with the module: a copy is not the model it checks)
 
     def _parts(self) -> tuple[Any, ...]:
         return self._forward, self._label, self._off
@@ -217,6 +219,7 @@ class _Checkpointed(_Wrapper):
         forward, label = self._forward, self._label
         if self._off or not torch.is_grad_enabled():
             return forward(*args, **kwargs)
+        _first_call(self)
         # The tensors go to checkpoint as its inputs (it holds them for the recomputation, as the planner counts),
         # and the lists that held them are copies: a caller appending to a list it passed (DenseNet's blocks do)
         # must not change what the recomputation sees.
@@ -246,18 +249,28 @@ class _Checkpointed(_Wrapper):
         return timer._call(label, lambda: checkpoint(body, *tensors, use_reentrant=False, preserve_rng_state=True))
 
 
+def _first_call(wrapper: _Checkpointed | _RunsForward) -> None:
+    """Call the wrapper's ``_first_call`` (what to check at its first call with gradients on) once; not while
+    torch.compile traces it (kept for a call run eagerly): it warns, which would break the graph."""
+    if wrapper._first_call is None or torch.compiler.is_compiling():
+        return
+    first_call, wrapper._first_call = wrapper._first_call, None
+    first_call()
+
+
 def is_wrapped(module: nn.Module) -> bool:
     """Whether ``module.forward`` is a checkpoint wrapper put there by ``wrap`` (and not turned off since)."""
     forward = module.__dict__.get("forward")
     return getattr(forward, _MARK, False) and not getattr(forward, "_off", False)
 
 
-def wrap(module: nn.Module, label: str | None = None) -> tuple[Any, _Wrapper]:
+def wrap(module: nn.Module, label: str | None = None, first_call: Callable[[], Any] | None = None
+         ) -> tuple[Any, _Wrapper]:
     """Wrap ``module``'s forward; returns what ``unwrap`` needs to restore it (the instance's own forward or a
     marker that it had none, and the wrapper). ``label``: the name its recomputations are timed under by a
-    RecomputeTimer."""
+    RecomputeTimer; ``first_call``: called at the wrapper's first call with gradients on."""
     own = module.__dict__.get("forward", _MISSING)
-    wrapper = _Checkpointed(module.forward, label)
+    wrapper = _Checkpointed(module.forward, label, first_call=first_call)
     module.forward = wrapper  # type: ignore[method-assign]
     return own, wrapper
 
@@ -276,9 +289,11 @@ class _RunsForward(_Wrapper):
     in its place), it runs the children without checkpoints."""
 
     def __init__(self, sequential: nn.Sequential, spans: list[tuple[int, int]],
-                 labels: dict[tuple[int, int], str], off: bool = False) -> None:
+                 labels: dict[tuple[int, int], str], off: bool = False,
+                 first_call: Callable[[], Any] | None = None) -> None:
         self._sequential = weakref.ref(sequential)  # (the Sequential holds this: no cycle)
         self._spans, self._labels, self._off = sorted(spans), labels, off
+        self._first_call = first_call  # (as a module's wrapper keeps it)
         # Made here, where the Sequential is whole, not at the first call: torch.compile cannot trace making them
         # (functools.update_wrapper). A deep copy's or an unpickled one's, made before its Sequential has children,
         # at its first call.
@@ -299,6 +314,8 @@ class _RunsForward(_Wrapper):
         children = tuple(sequential._modules.values())
         if self._off:
             return _in_order(children, input)
+        if torch.is_grad_enabled():
+            _first_call(self)
         if children != self._children:  # (identity: modules compare as objects)
             self._children, self._segments = children, _segments(children, self._spans, self._labels)
         for segment in self._segments:
@@ -323,16 +340,16 @@ def _segments(children: tuple[nn.Module, ...], spans: list[tuple[int, int]], lab
 
 
 def wrap_runs(sequential: nn.Module, spans: list[tuple[int, int]],
-              labels: dict[tuple[int, int], str] | None = None) -> Any:
+              labels: dict[tuple[int, int], str] | None = None, first_call: Callable[[], Any] | None = None) -> Any:
     """Run each ``[first, stop)`` of ``sequential``'s children (positions as in slicing) under one checkpoint;
     returns what ``unwrap`` needs. Only an ``nn.Sequential`` itself, whose forward is known. ``labels``: span ->
-    the name its recomputations are timed under."""
+    the name its recomputations are timed under; ``first_call``: as for ``wrap``."""
     if type(sequential) is not nn.Sequential:
         raise TypeError(f"runs of children are wrapped in an nn.Sequential only, got {type(sequential).__name__}")
     if len(list(sequential.children())) != len(sequential):
         raise ValueError("a Sequential that holds one module twice cannot have runs wrapped: wrap modules instead")
     own = sequential.__dict__.get("forward", _MISSING)
-    wrapper = _RunsForward(sequential, spans, labels or {})
+    wrapper = _RunsForward(sequential, spans, labels or {}, first_call=first_call)
     sequential.forward = wrapper  # type: ignore[method-assign]
     return own, wrapper
 

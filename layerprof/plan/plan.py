@@ -47,7 +47,7 @@ from .candidates import Candidate, Priced, candidates, descendant_calls, require
 from .gaps import gap_savings
 from .peak import PeakModel, PeakPrediction, step_peak
 from .peak_budget import choose_under_peak
-from .profiled_as import differences
+from .profiled_as import FirstCall
 from .runs import RunOption, parse_run, run_options
 from .structure import structure_differs
 from .wrap_cost import WrapCost, check_wrap_cost
@@ -394,8 +394,9 @@ class CheckpointPlan:
     profiled step) and ``predicted_peak_bytes`` (with the plan, ``peak.py``), reached in ``predicted_peak_phase``
     (``"forward"``, ``"backward"``, ``"recompute"`` or ``"between calls"``) at ``predicted_peak_at`` (the module
     whose backward or recomputation holds it, else None). ``profiled_as``: the profiled model's mode and dtype
-    (``{"training": bool, "dtype": "float32"}``, None for either a profile does not hold): ``apply`` warns where a
-    model differs, since what its modules save does (``profiled_as.py``).
+    (``{"training": bool, "dtype": "float32"}``, None for either a profile does not hold): the first wrapped call
+    of a step after ``apply`` warns where the model then differs, since what its modules save does
+    (``profiled_as.py``).
 
     A plan made against the step's peak (``checkpoint_plan(peak=...)``, ``peak_budget.py``) has ``budget_kind``
     ``"peak"`` (else ``"saved"``), ``peak_budget_bytes`` (else None) and ``budget_bytes`` None; ``feasible`` says
@@ -766,13 +767,14 @@ class CheckpointPlan:
             raise RuntimeError("this plan is already applied; call remove() before applying it again")
         modules, sequentials = self._resolve(model)
         _warn_rerun(modules, sequentials, self.side_effects_allowed)
-        for text in differences(self.__dict__.get("profiled_as"), model):  # (none kept by an unpickled older plan)
-            warnings.warn(text, UserWarning, stacklevel=2)
+        # The model's mode and dtype, checked in the step (a trainer sets them after apply): none kept by an
+        # unpickled older plan.
+        first_call = FirstCall(model, self.__dict__.get("profiled_as"))
         try:
             for name, module in modules.items():
-                self._applied.append((module, wrap(module, label=name)))
+                self._applied.append((module, wrap(module, label=name, first_call=first_call)))
             for module, runs in sequentials.values():
-                self._applied.append((module, wrap_runs(module, list(runs), labels=runs)))
+                self._applied.append((module, wrap_runs(module, list(runs), labels=runs, first_call=first_call)))
         except BaseException:
             self.remove()
             raise
@@ -858,7 +860,7 @@ def make_plan(root: ModuleRecord, budget: Any = None, allow_side_effects: bool =
     """The plan for a profile's tree; see ``Profile.checkpoint_plan``. ``hook_ms``: the profiler's own time in
     each ancestor's forward per module call (the profile's ``meta["hook_ms"]``), taken off recompute times;
     ``op_ms``: the live-bytes reader's per op (``meta["live_op_ms"]``), taken off with each module's op count.
-    ``profiled_as``: the profile's mode and dtype (``profiled_as.py``), which ``apply`` compares with the model's."""
+    ``profiled_as``: the profile's mode and dtype (``profiled_as.py``), compared with the model's in its step."""
     if (budget is None) == (peak is None):
         raise TypeError(
             "checkpoint_plan takes one budget: budget= for the memory saved for backward, or peak= for the step's "

@@ -5,18 +5,22 @@ Two settings of the model change what its modules save for backward without chan
 saves is in that dtype). A training script that profiles in one process and plans in another builds the model
 again, and a model built for evaluation (``model.eval()``) or cast afterwards (``model.to(torch.bfloat16)``) takes
 the plan silently while its predicted bytes are another model's: a plan made in eval mode missed its budget in
-training by the masks it never counted. So the plan keeps the profile's mode and dtype, and ``apply`` warns where
-the model differs.
+training by the masks it never counted. So the plan keeps the profile's mode and dtype, and the first wrapped call
+with gradients on after ``apply`` warns where the model then differs (``FirstCall``): not ``apply`` itself, since a
+model is often applied to before a trainer sets its mode (``from_pretrained`` returns it in eval mode, and
+``Trainer.train()`` or Lightning's ``fit`` calls ``model.train()``) or casts it (Lightning's ``"bf16-true"``).
 """
 from __future__ import annotations
 
+import warnings
+import weakref
 from typing import Any
 
 from torch import nn
 
 from .._machine import environment_in
 
-__all__ = ["profiled_as", "differences"]
+__all__ = ["profiled_as", "differences", "FirstCall"]
 
 
 def profiled_as(meta: Any) -> dict[str, Any]:
@@ -35,7 +39,7 @@ def _mode(training: bool) -> str:
 
 
 def differences(profiled: dict[str, Any] | None, model: nn.Module) -> list[str]:
-    """The warnings for ``model`` where its mode or dtype is not the one the plan's profile (``profiled``, of
+    """The warnings for ``model`` where its mode or dtype now is not the one the plan's profile (``profiled``, of
     ``profiled_as``) ran."""
     if not profiled:
         return []
@@ -44,18 +48,36 @@ def differences(profiled: dict[str, Any] | None, model: nn.Module) -> list[str]:
     training = profiled.get("training")
     if training is not None and bool(model.training) != training:
         found.append(
-            f"plan.apply: this {name} is in {_mode(model.training)}, and the profile the plan was made on ran it in "
-            f"{_mode(training)}: its modules save other tensors for backward in the other mode (Dropout saves its "
-            "mask in training only, BatchNorm its batch statistics), so the plan's predicted bytes and times are "
-            "not this model's, and it can miss its budget. Plan on a profile of a step in the mode you train in, "
-            f"or call model.{'train' if training else 'eval'}() before applying the plan")
+            f"checkpoint plan: this {name} runs in {_mode(model.training)}, and the profile the plan was made on ran "
+            f"it in {_mode(training)}: its modules save other tensors for backward in the other mode (Dropout saves "
+            "its mask in training only, BatchNorm its batch statistics), so the plan's predicted bytes and times are "
+            "not this model's, and it can miss its budget. "
+            + ("Call model.train() before the step, if it is to train" if training else
+               "Plan on a profile of a step in the mode you train in (model.train() before profiling)"))
     dtype = profiled.get("dtype")
     parameter = next(model.parameters(), None)
     now = None if parameter is None or parameter.is_meta else str(parameter.dtype).replace("torch.", "")
     if dtype is not None and now is not None and now != dtype:
         found.append(
-            f"plan.apply: this {name}'s parameters are {now}, and the profiled model's were {dtype}: what its "
+            f"checkpoint plan: this {name}'s parameters are {now}, and the profiled model's were {dtype}: what its "
             f"modules save for backward is in the parameters' dtype, so the plan's predicted bytes are the {dtype} "
             "model's, not this one's (it wraps more than this model needs, or misses its budget). Plan on a profile "
             "of the model in the dtype you train it in (model.to(dtype) before profiling)")
     return found
+
+
+class FirstCall:
+    """Called by the wrappers of one ``apply`` at their first call with gradients on (a training step's): warns, once,
+    where the model (held weakly) then runs in another mode or dtype than the profile's (``differences``)."""
+
+    def __init__(self, model: nn.Module, profiled: dict[str, Any] | None) -> None:
+        self._model = weakref.ref(model)
+        self._profiled = profiled
+
+    def __call__(self) -> None:
+        profiled, self._profiled = self._profiled, None
+        model = self._model()
+        if not profiled or model is None:
+            return
+        for text in differences(profiled, model):
+            warnings.warn(text, UserWarning, stacklevel=4)
