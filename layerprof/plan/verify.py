@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..collect.profiler import LayerProf
+from ..metrics.checkpoint_bytes import STORAGES_ATTRIBUTE, saved_after
 from ..metrics.live_bytes import read_step
 from ..record.records import ModuleRecord, preorder
 from ..render.checkpoint import verification_text
@@ -58,6 +59,8 @@ class Verification:
     a profile with ``live_memory``, else None); ``predicted_peak_bytes`` and
     ``profiled_peak_bytes``: the plan's prediction of it and the peak its profile measured, on the same scale
     (None where the profile was taken without a reader for its device: on the CPU, without ``live_memory``).
+    ``measured_saved_bytes``: what the step saved for backward with the plan, of one micro-batch where the step
+    accumulates several (each forward's backward run before the next forward), as the plan's profile is of one.
     ``budget_bytes`` is the plan's budget of saved bytes, ``peak_budget_bytes`` its budget of the step's peak (one is
     None): ``meets_budget`` holds the measured saved bytes, or the measured peak with the plan, against it."""
 
@@ -154,7 +157,7 @@ def verify_plan(plan: CheckpointPlan, model: nn.Module, step: Callable[[], Any],
     step_before, step_after = (statistics.median(ms for ms, _ in times) for times in (before, after))
     faults = None if resource is None else tuple(statistics.median(f for _, f in times) for times in (before, after))
     return Verification(
-        predicted_saved_bytes=plan.saved_bytes_after, measured_saved_bytes=saved_today(prof.profile.tree),
+        predicted_saved_bytes=plan.saved_bytes_after, measured_saved_bytes=_saved_at_once(prof.profile),
         budget_bytes=plan.budget_bytes, predicted_extra_ms=plan.extra_ms, measured_extra_ms=step_after - step_before,
         step_ms_before=step_before, step_ms_after=step_after, recompute_ms=recompute,
         cuda_peak_bytes=(before_peak, after_peak) if on_cuda else None,
@@ -163,6 +166,26 @@ def verify_plan(plan: CheckpointPlan, model: nn.Module, step: Callable[[], Any],
         peak_budget_bytes=plan.peak_budget_bytes,
         page_faults=faults, fault_us=None if resource is None else page_fault_us(),  # type: ignore[arg-type]
     )
+
+
+def _saved_at_once(profile: Any) -> int:
+    """The bytes the verified step saved for backward: its forwards' sum, or, where each forward after the first
+    began once every earlier one's backward had run (gradient accumulation), the most one forward saved (the sum
+    was never held: 4 micro-batches read 4 times the plan's bytes, and its budget missed). A ValueError where only
+    some forwards of the step did (which forwards were held together is not known here)."""
+    root = profile.tree
+    memory = profile.meta.get("memory")
+    after = memory.get("forwards_after_backward", 0) if isinstance(memory, dict) else 0
+    tables = root.__dict__.get(STORAGES_ATTRIBUTE) or []
+    if not after:
+        return saved_today(root)
+    if after == len(tables) - 1:
+        return max(saved_after([table], set()) for table in tables)
+    raise ValueError(
+        f"step: verify_plan's step ran {len(tables)} forwards that saved for backward, {after} of them after every "
+        "earlier one's backward had run, and others while an earlier one's saved tensors were held: its saved "
+        "bytes are neither one micro-batch's nor a sum held at once. Verify with a step of one forward and its "
+        "backward (the step the plan was made on), or of micro-batches each run to its backward")
 
 
 def _require_backward(root: ModuleRecord) -> None:
