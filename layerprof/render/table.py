@@ -16,7 +16,8 @@ from ..record.fields import FIELDS, canonical
 from ..record.records import ModuleRecord, preorder, tree_rows
 from . import export
 from .html import html_table, notebook_style, to_html
-from .rows import AGGREGATE_COLUMNS, aggregate_by_type, is_number, record_rows, whole_of, with_fields
+from .rows import (AGGREGATE_COLUMNS, RowView, aggregate_by_type, is_number, record_rows, value_of, whole_of,
+                   with_fields)
 from .units import format_counted
 
 __all__ = ["Table"]
@@ -189,12 +190,21 @@ class Table(Sequence[dict[str, Any]]):
         for name in columns:
             resolved = name if name in present else canonical(name, present=lambda key: key in present)
             declared = FIELDS.get(resolved) if resolved is not None else None
-            # A derived field is computed; with no rows to look at, any declared field is taken as it would be.
-            computable = declared is not None and (declared.derived or not template.rows)
-            if resolved not in present and not computable:
+            if resolved not in present and declared is None:
                 raise ValueError(f"unknown column {name!r}: the rows hold {', '.join(present)}")
+            # A declared field the rows lack is computed (a derived one) or read off the records. With no rows to
+            # look at it is taken as it would be; else some module must hold it, or the column is blank throughout.
+            if resolved not in present and template.rows and not template._holds(declared):
+                raise ValueError(f"column {resolved!r}: no module of this profile holds it; {declared.hint}")
             chosen.append(resolved)
         return with_fields(rows, [c for c in chosen if c not in present], self._records), chosen
+
+    def _holds(self, field: Any) -> bool:
+        """Whether some module of the tree these rows are of (every module, not only the rows selected) holds a
+        value of ``field``; for rows with no records behind them (an aggregate), some row."""
+        if self._records:
+            return any(value_of(record, field.name) is not None for record in preorder(self._records[0].root))
+        return any(value_of(RowView(row), field.name, row) is not None for row in self.page_rows())
 
     def _machine(self, columns: Sequence[str] | None) -> tuple[list[dict[str, Any]], list[str]]:
         """The rows and columns of a machine-readable table: every stored field, or ``columns``."""
