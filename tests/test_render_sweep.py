@@ -3,6 +3,7 @@ the last step, a shared module, ...). Each test is one bug found by the sweep.""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,23 @@ def test_a_saved_bytes_plot_of_a_run_without_backward_is_drawn(tmp_path: Path) -
     argv = [f"{factory}:net", "-i", "2,8", "--no-backward", "--metrics", "memory", "--steps", "1", "--warmup", "0",
             "--plot", str(tmp_path / "p.png"), "--plot-metric", "saved_bytes"]
     assert main(argv) == 0 and (tmp_path / "p.png").stat().st_size > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CUDA fields are read on a GPU")
+@pytest.mark.filterwarnings("ignore:only one step was profiled")
+def test_a_cuda_memory_figure_of_a_cpu_profile_says_it_needs_a_gpu_not_the_meter_that_ran() -> None:
+    # Before: "no record of this profile holds the field 'cuda_forward_peak_bytes'; run with LayerProf(model,
+    # metrics=('memory',))", for a profile recorded with that very meter: the CUDA figures are read on a GPU only.
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    with layerprof.LayerProf(net, metrics=("memory",)) as prof:
+        net(torch.randn(2, 4)).sum().backward()
+    hint = "it is read from the CUDA allocator: run the model on a GPU with LayerProf(model, metrics=('memory',))"
+    with pytest.raises(ValueError, match=re.escape(f"'cuda_forward_peak_bytes'; {hint}")):
+        prof.plot("top", metric="cuda_forward_peak_bytes")
+    with pytest.raises(ValueError, match=re.escape(f"so its columns would be empty; {hint}")):
+        layerprof.compare(prof, prof, names=("x", "y"), module_fields=["cuda_backward_delta_bytes"])
+    with pytest.raises(ValueError, match=re.escape("run with LayerProf(model, metrics=('fsdp_comm',)) on a model "
+                                                   "whose units are sharded with torch.distributed.fsdp.fully_shard")):
+        prof.plot("top", metric="comm_forward")
+    with pytest.raises(ValueError, match=re.escape("it is measured on a GPU, where CUDA events time the forward")):
+        layerprof.compare(prof, prof, names=("x", "y"), module_fields=["host_forward_ms"])

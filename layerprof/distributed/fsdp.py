@@ -45,14 +45,18 @@ __all__ = ["FsdpCommMeter", "FSDP_FIELDS"]
 
 FSDP_FIELDS = ("comm_forward_ms", "comm_backward_ms", "all_gather_bytes", "reduce_scatter_bytes")
 
+# The meter times FSDP2 units only: on a model without any it runs and records nothing.
+_SHARDED = ("run with LayerProf(model, metrics=('fsdp_comm',)) on a model whose units are sharded with "
+            "torch.distributed.fsdp.fully_shard")
+
 declare(
-    Field("comm_forward_ms", "ms", "Comm Forward", meter="fsdp_comm",
+    Field("comm_forward_ms", "ms", "Comm Forward", meter="fsdp_comm", needs=_SHARDED,
           doc="FSDP2 communication for this unit in forward (all-gather, copy-out, reshard), in no module's time"),
-    Field("comm_backward_ms", "ms", "Comm Backward", meter="fsdp_comm",
+    Field("comm_backward_ms", "ms", "Comm Backward", meter="fsdp_comm", needs=_SHARDED,
           doc="FSDP2 communication for this unit in backward (all-gather, reduce-scatter), in no module's time"),
-    Field("all_gather_bytes", "bytes", "All-Gather", meter="fsdp_comm",
+    Field("all_gather_bytes", "bytes", "All-Gather", meter="fsdp_comm", needs=_SHARDED,
           doc="bytes this unit's all-gathers produced per step (every rank's shard)"),
-    Field("reduce_scatter_bytes", "bytes", "Reduce-Scatter", meter="fsdp_comm",
+    Field("reduce_scatter_bytes", "bytes", "Reduce-Scatter", meter="fsdp_comm", needs=_SHARDED,
           doc="bytes of gradients this unit's reduce-scatters took in per step (every rank's share)"),
     aliases={"comm_forward": "comm_forward_ms", "comm_backward": "comm_backward_ms"},
 )

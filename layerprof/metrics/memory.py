@@ -72,6 +72,9 @@ CUDA_FIELDS = (
 MEMORY_FIELDS = (
     "activation_bytes", "self_activation_bytes", "saved_bytes", "self_saved_bytes", *CUDA_FIELDS, *CHECKPOINT_FIELDS,
 )
+# A CPU profile run with the memory meter lacks these too: "run with metrics=('memory',)" alone would be untrue.
+_ON_CUDA = "it is read from the CUDA allocator: run the model on a GPU with LayerProf(model, metrics=('memory',))"
+
 declare(
     Field("activation_bytes", "bytes", "Activations", share_of="activation_bytes", meter="memory",
           doc="bytes of the tensors the module's calls returned that were new (not inputs, not parameters)"),
@@ -79,10 +82,10 @@ declare(
     Field("saved_bytes", "bytes", "Saved", share_of="saved_bytes", meter="memory",
           doc="bytes autograd saved for backward during the module's calls"),
     Field("self_saved_bytes", "bytes", "Self Saved", share_of="saved_bytes", meter="memory"),
-    Field("cuda_forward_delta_bytes", "bytes", "CUDA Fwd Δ", meter="memory"),
-    Field("cuda_forward_peak_bytes", "bytes", "CUDA Fwd Peak", combine="max", meter="memory"),
-    Field("cuda_backward_delta_bytes", "bytes", "CUDA Bwd Δ", meter="memory"),
-    Field("cuda_backward_peak_bytes", "bytes", "CUDA Bwd Peak", combine="max", meter="memory"),
+    Field("cuda_forward_delta_bytes", "bytes", "CUDA Fwd Δ", meter="memory", needs=_ON_CUDA),
+    Field("cuda_forward_peak_bytes", "bytes", "CUDA Fwd Peak", combine="max", meter="memory", needs=_ON_CUDA),
+    Field("cuda_backward_delta_bytes", "bytes", "CUDA Bwd Δ", meter="memory", needs=_ON_CUDA),
+    Field("cuda_backward_peak_bytes", "bytes", "CUDA Bwd Peak", combine="max", meter="memory", needs=_ON_CUDA),
     aliases={"memory": ("saved_bytes", "activation_bytes")},
 )
 

@@ -187,6 +187,9 @@ def _per_call(record: Any) -> float | None:
     return None if forward is None or not calls else forward / calls
 
 
+# A CPU profile lacks these: its clock is the host's, and there is no separate GPU time to set them beside.
+_ON_GPU = "it is measured on a GPU, where CUDA events time the forward (sync=False): run the model on CUDA"
+
 declare(
     Field("calls", "count", "Calls", cost=False, always=True,
           doc="forward calls per step (every call of a shared module or a recursive one)"),
@@ -202,10 +205,10 @@ declare(
           doc="forward re-run during backward by activation checkpointing (inside the enclosing backward)",
           needs="it is measured where modules run under activation checkpointing: wrap some in "
                 "torch.utils.checkpoint, or apply a plan (prof.checkpoint_plan(budget).applied(model))"),
-    Field("host_forward_ms", "ms", "Host Forward", detail=True,
+    Field("host_forward_ms", "ms", "Host Forward", detail=True, needs=_ON_GPU,
           doc="the host's wall time of the forward per recorded step where CUDA events timed it (the Python and "
               "launch side, hooks included), beside forward_ms, the GPU's elapsed time"),
-    Field("host_forward_ms_median", "ms", "Host Forward median", combine="none", detail=True,
+    Field("host_forward_ms_median", "ms", "Host Forward median", combine="none", detail=True, needs=_ON_GPU,
           doc="median over steps of host_forward_ms"),
     Field("steps", "count", "Steps", cost=False, detail=True, always=True, combine="max",
           doc="profiled steps the figures are over"),
