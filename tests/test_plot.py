@@ -398,6 +398,23 @@ def test_every_plot_function_saves_to_a_str_or_a_path(measured_profile, tmp_path
 
 
 @pytest.mark.parametrize("kind", sorted(PLOT_FUNCTIONS))
+def test_an_ax_that_is_no_axes_is_a_type_error_saying_what_to_pass(measured_profile, kind) -> None:
+    # Before: AttributeError: 'Figure' object has no attribute 'set_xlim' (or 'numpy.ndarray' ... 'barh'), from
+    # inside the drawing: ``fig, axes = plt.subplots(1, 2)`` then ax=axes, or ax=fig, are the likely slips.
+    figure, pair = plt.subplots(1, 2)
+    try:
+        with pytest.raises(TypeError, match=r"^ax must be a matplotlib Axes \(fig, ax = plt.subplots\(\)\) or None, "
+                                            r"got a Figure: pass one of its Axes, e.g. ax=fig.axes\[0\]$"):
+            PLOT_FUNCTIONS[kind](measured_profile, ax=figure)
+        with pytest.raises(TypeError, match=r"^ax must be .* got an array of 2 Axes: pass one, e.g. ax=axes\[0\]$"):
+            PLOT_FUNCTIONS[kind](measured_profile, ax=pair)
+        with pytest.raises(TypeError, match=r"^ax must be .* or None, got 5 \(int\)$"):
+            PLOT_FUNCTIONS[kind](measured_profile, ax=5)
+    finally:
+        plt.close(figure)
+
+
+@pytest.mark.parametrize("kind", sorted(PLOT_FUNCTIONS))
 def test_a_figure_made_here_holds_its_legend_and_labels(resnet_profile, measured_profile, tmp_path, kind) -> None:
     profile = measured_profile if kind in ("roofline", "checkpoint") else resnet_profile
     ax = PLOT_FUNCTIONS[kind](profile)

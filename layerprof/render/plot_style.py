@@ -125,11 +125,28 @@ def points_per_unit(ax: Any) -> tuple[float, float]:
     return abs(x1 - x0) * scale, abs(y1 - y0) * scale
 
 
+def _checked_axes(ax: Any) -> Any:
+    """``ax`` if it is an Axes; a TypeError otherwise. The likely slips are the Figure or the array of Axes that
+    ``plt.subplots`` returns, which failed deep in the drawing as an AttributeError."""
+    from matplotlib.axes import Axes
+    from matplotlib.figure import FigureBase
+
+    if isinstance(ax, Axes):
+        return ax
+    asked = "ax must be a matplotlib Axes (fig, ax = plt.subplots()) or None"
+    if isinstance(ax, FigureBase):
+        raise TypeError(f"{asked}, got a Figure: pass one of its Axes, e.g. ax=fig.axes[0]")
+    if type(ax).__name__ == "ndarray" and all(isinstance(item, Axes) for item in getattr(ax, "flat", ())):
+        one = "axes[0]" if ax.ndim == 1 else "axes[0, 0]"  # (a grid of plt.subplots(2, 2) is 2-d)
+        raise TypeError(f"{asked}, got an array of {ax.size} Axes: pass one, e.g. ax={one}")
+    raise TypeError(f"{asked}, got {ax!r} ({type(ax).__name__})")
+
+
 def new_axes(ax: Any, figsize: tuple[float, float]) -> Any:
     """``ax`` itself, or the Axes of a new pyplot figure (left open, for ``plt.show()``; a plot saved with
     ``path=`` closes the figure it made)."""
     if ax is not None:
-        return ax
+        return _checked_axes(ax)
     import matplotlib.pyplot as plt
 
     _, ax = plt.subplots(figsize=figsize)
