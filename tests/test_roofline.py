@@ -6,6 +6,7 @@ the best of a few short profiles, as ``peaks()`` takes the best of a few repeats
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -174,6 +175,21 @@ def test_bad_peaks_are_refused_early() -> None:
         LayerProf(net, peaks=1e12)
     with pytest.raises(ValueError, match="unknown dtype"):
         layerprof.peaks("cpu", "float7")
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    # Before: torch's "set_num_threads expects a positive integer" (a RuntimeError) for 0 and -1; 2.5 ran on 2
+    # threads and "4" on 4, each cached and saved as asked.
+    (dict(threads=0), ValueError, "peaks: threads must be >= 1 or None, got 0"),
+    (dict(threads=2.5), TypeError, "peaks: threads must be an int >= 1 or None, got 2.5 (float)"),
+    (dict(threads="4"), TypeError, "peaks: threads must be an int >= 1 or None, got '4' (str)"),
+    # Before: torch's "Expected one of cpu, cuda, ipu, xpu, mkldnn, ... device type at start of device string"
+    (dict(device="cup"), ValueError, "peaks: device 'cup' is not a device: give 'cpu', 'cuda', 'cuda:1' or a "
+     "torch.device"),
+])
+def test_bad_peaks_arguments_name_the_argument(kwargs: dict, error: type, message: str) -> None:
+    with pytest.raises(error, match="^" + re.escape(message) + "$"):
+        layerprof.peaks(**kwargs)
 
 
 def test_big_matmul_is_compute_bound_near_the_roof(monkeypatch: pytest.MonkeyPatch) -> None:

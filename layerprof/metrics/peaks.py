@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from .._check import check_real
+from .._check import check_int, check_real
 
 __all__ = ["peaks", "check_peaks", "PEAK_KEYS"]
 
@@ -41,6 +41,14 @@ def _as_dtype(dtype: Any) -> torch.dtype:
     if not isinstance(found, torch.dtype):
         raise ValueError(f"peaks: unknown dtype {dtype!r}; pass a torch.dtype such as torch.float32")
     return found
+
+
+def _as_device(device: Any) -> torch.device:
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as error:  # torch's message lists every device type it was built to know
+        raise ValueError(f"peaks: device {device!r} is not a device: give 'cpu', 'cuda', 'cuda:1' or a "
+                         "torch.device") from error
 
 
 def _best_seconds(run: Callable[[], Any], sync: Callable[[], None], budget: float) -> float:
@@ -88,12 +96,13 @@ def peaks(device: Any = None, dtype: Any = None, threads: int | None = None) -> 
     >>> sorted(roofs)[:4], roofs["flops"] > 0, roofs is peaks("cpu")
     (['bandwidth', 'device', 'dtype', 'flops'], True, True)
     """
-    device = _default_device() if device is None else torch.device(device)
+    device = _default_device() if device is None else _as_device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     dtype = _as_dtype(dtype)
     current = torch.get_num_threads()
-    threads = current if threads is None or device.type != "cpu" else int(threads)
+    threads = check_int("peaks: threads", threads, minimum=1, none=True)
+    threads = current if threads is None or device.type != "cpu" else threads
     key = (str(device), str(dtype), threads if device.type == "cpu" else 0)
     cached = _CACHE.get(key)
     if cached is not None:
