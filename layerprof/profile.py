@@ -224,7 +224,8 @@ class Profile:
                           footer: bool = False) -> str:
         """The model's repr, each module annotated with its costs and share of the step; ``footer=True`` adds
         the totals (model size, activation and saved memory, the largest modules). A partial profile (a run
-        that ended early) says so in its first line."""
+        that ended early) says so in its first line. A column the run left out (its meter did not run, backward
+        of a forward-only run) is a ValueError that says how to record it."""
         footer = check_bool("footer", footer)
         text = annotated_repr(self.tree, columns=columns, depth=depth, footer=footer, meta=self.meta)
         note = partial_note(self.meta)

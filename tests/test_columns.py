@@ -180,3 +180,30 @@ def test_a_column_some_module_holds_stays_a_column_of_a_selection_without_it() -
             net[0](torch.randn(2, 4)).sum().backward()  # the others never run: no figures of theirs
     assert metered.to_csv(columns=["name", "flops"], name="2") == "name,flops\n2,\n"
 
+
+@pytest.mark.parametrize("column, hint", [
+    ("flops", "run with LayerProf(model, metrics=('flops',))"),
+    ("saved_bytes", "run with LayerProf(model, metrics=('memory',))"),
+])
+def test_a_summary_column_no_module_holds_is_refused_with_how_to_record_it(prof: LayerProf, column: str,
+                                                                          hint: str) -> None:
+    # Before: the summary printed "FLOPs: —" on every line, where the command line, plot and compare refuse it.
+    with pytest.raises(ValueError, match=re.escape(f"column {column!r}: no module of this profile holds it; {hint}")):
+        prof.layerwise_summary(columns=["forward", column])
+    assert "Forward Time" in prof.layerwise_summary(columns=["forward"])
+
+
+def test_a_backward_summary_column_of_a_forward_only_profile_says_it_has_no_backward() -> None:
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU())
+    with LayerProf(net) as forward_only:
+        net(torch.randn(2, 4))
+    with pytest.raises(ValueError, match=re.escape("column 'backward_ms': no module of this profile holds it; "
+                                                   "this profile has no backward pass")):
+        forward_only.layerwise_summary(columns=["backward"])
+    assert "Backward Time: —" in forward_only.layerwise_summary()  # the default columns, not asked for: shown
+
+
+def test_a_summary_column_the_model_gave_no_value_of_still_shows(prof: LayerProf) -> None:
+    # A script that asks the same columns of every model: recompute where nothing was checkpointed, a CUDA figure
+    # of a CPU run whose memory meter ran, print "—" as before.
+    assert "Recompute: —" in prof.layerwise_summary(columns=["forward", "recompute"])

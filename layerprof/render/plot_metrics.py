@@ -7,15 +7,15 @@ does not add up, and a plot's areas must add up to the model's: such a field is 
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 from ..record.fields import ALIASES, FIELDS, Field, canonical
 from ..record.records import ModuleRecord
 from .columns import Column
 from .units import format_value
 
-__all__ = ["PlotMetric", "resolve_metric", "backward_only", "how_to_record", "saved_for_backward", "metric_meters",
-           "root_of", "PLOTTABLE_UNITS", "plot_metric_names"]
+__all__ = ["PlotMetric", "resolve_metric", "backward_only", "how_to_record", "run_lacks", "saved_for_backward",
+           "metric_meters", "root_of", "PLOTTABLE_UNITS", "plot_metric_names"]
 
 PLOTTABLE_UNITS = ("ms", "bytes", "flops", "macs", "count")
 
@@ -136,6 +136,16 @@ def how_to_record(field: Field, records: list[ModuleRecord], subject: str, inste
         return field.hint
     return (f"{subject} no backward pass (its steps ran forward only): call .backward() inside the block{instead}"
             + ("" if _meter_ran(field, records) else f"; and {field.hint}"))
+
+
+def run_lacks(field: Field, records: list[ModuleRecord], meta: dict[str, Any] | None = None) -> bool:
+    """Whether the run of a profile (``records``, ``meta``) left ``field`` out, not the model: its meter did not
+    run, or it is a backward figure and the steps ran forward only. A CUDA figure of a CPU run (whose meter ran),
+    recompute where nothing was checkpointed, FSDP figures of a model with no unit (the meter's meta notes it), are
+    what the model gave."""
+    forward_only = _recorded(records, "forward_ms") and not _recorded(records, "backward_ms")
+    ran = _meter_ran(field, records) or any(meter in (meta or {}) for meter in field.meters)
+    return not ran or (backward_only(field) and forward_only)
 
 
 def _meter_ran(field: Field, records: list[ModuleRecord]) -> bool:

@@ -12,6 +12,7 @@ from ..record.records import ModuleRecord
 from ..record.summed import TreeValues, ran
 from .columns import Column, resolve_columns
 from .footer import summary_footer
+from .plot_metrics import how_to_record, run_lacks
 from .units import format_count, format_counted, format_ms
 
 __all__ = ["annotated_repr", "summary_header", "partial_note", "unknown_ops_note", "SUMMED_NOTE"]
@@ -125,6 +126,19 @@ def summary_header(root: ModuleRecord, values: TreeValues | None = None) -> str:
     return f"Step: {step}; percentages are of the total (forward + backward of the model)."
 
 
+def _check_held(chosen: list[Column], root: ModuleRecord, values: TreeValues, meta: dict[str, Any] | None) -> None:
+    """A column asked for by name that the run left out (its meter did not run; backward in a forward-only run)
+    would print "—" on every line: refused, saying how to record it, as plot, compare and the command line do.
+    The default columns of a forward-only run still show, and so does a column the model gave no value of (a CUDA
+    figure on the CPU): a script that asks the same columns of every model goes on."""
+    records = [root, *root.descendants]
+    for column in chosen:
+        held = any(values.value(record, column.name) is not None for record in records)
+        if not held and run_lacks(column.field, records, meta):
+            hint = how_to_record(column.field, records, "this profile has", ", or show a forward column")
+            raise ValueError(f"column {column.name!r}: no module of this profile holds it; {hint}")
+
+
 def annotated_repr(root: ModuleRecord, columns: Iterable[str] | None = None, depth: int | None = None,
                    header: bool = True, footer: bool = False, meta: dict[str, Any] | None = None) -> str:
     """The model's repr with each module's costs; ``depth`` limits how deep modules are expanded (root = 0; a
@@ -134,6 +148,8 @@ def annotated_repr(root: ModuleRecord, columns: Iterable[str] | None = None, dep
     depth = check_int("depth", depth, none=True)
     chosen = resolve_columns(columns, root=root)
     values = TreeValues(root)
+    if columns is not None:
+        _check_held(chosen, root, values, meta)
     body = _render(root, values, chosen, depth, _alias_positions(root))
     if header:
         counts_flops = any(column.field.meter == "flops" for column in chosen)
