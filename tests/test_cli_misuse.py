@@ -85,6 +85,10 @@ def one_line(capsys: pytest.CaptureFixture[str]) -> str:
     (["--columns", "self_backward,forward,flops_backward", "--eval", "--metrics", "flops"],
      "--columns self_backward,forward,flops_backward: a run with --eval has no backward pass, so "
      "self_backward,flops_backward would show nothing on any module; drop them or --eval"),
+    # a figure chosen and no --plot to draw it: ignored, the run went on and wrote no figure, before
+    (["--plot-metric", "flops"], "--plot-metric flops: no figure is drawn without --plot PATH (a .png or .svg)"),
+    (["--plot-kind", "top", "--json", "{d}/p.json"],
+     "--plot-kind top: no figure is drawn without --plot PATH (a .png or .svg)"),
     # an output over the model's own file
     (["--report", "{models}"], "--report '{models}' is the model file this command reads; give the output another"),
     # paths the system refuses: a usage error, not an internal one (exit 70 before)

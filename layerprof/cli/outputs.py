@@ -14,6 +14,7 @@ from ..profile import Profile
 from ..record.fields import FIELDS, canonical
 from ..render.plot_metrics import backward_only, metric_meters, saved_for_backward
 from .errors import RunError, UsageError, one_line
+from .parser import PLOT_DEFAULTS
 from .spec import spec_file
 
 __all__ = ["Output", "forward_only_mode", "requested_outputs", "write_outputs"]
@@ -115,9 +116,21 @@ def missing_meters(options: argparse.Namespace, needed: Any) -> list[str]:
     return [meter for meter in dict.fromkeys(needed) if meter not in covered]
 
 
+def _check_plot_chosen(options: argparse.Namespace) -> None:
+    """--plot-kind or --plot-metric without --plot chooses a figure nothing draws: refused, as --wrap-cost without
+    a plan is (the run went on, and the user looked for a figure that was never written)."""
+    if getattr(options, "plot", None) is not None:
+        return
+    chosen = [f"--{name.replace('_', '-')} {getattr(options, name)}" for name, default in PLOT_DEFAULTS.items()
+              if getattr(options, name, default) != default]
+    if chosen:
+        raise UsageError(f"{' '.join(chosen)}: no figure is drawn without --plot PATH (a .png or .svg)")
+
+
 def requested_outputs(options: argparse.Namespace) -> list[Output]:
     """The outputs asked for, checked before anything is built: this version can write them, each path is a file
     in a folder that exists and can be written, and a plot's format and metric can be made."""
+    _check_plot_chosen(options)
     outputs = []
     for flag, method in _METHODS.items():
         path = getattr(options, flag, None)

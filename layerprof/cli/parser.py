@@ -93,6 +93,10 @@ def _names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
+# What --plot draws when not told: an option set otherwise without --plot is refused (``outputs``).
+PLOT_DEFAULTS = {"plot_kind": "sunburst", "plot_metric": "total"}
+
+
 def add_output_options(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """The ``--csv/--json/--html/--trace/--speedscope/--report/--plot`` options (``layerprof SPEC`` and ``show``)."""
     for flag, what in (("csv", "a CSV table"), ("json", "JSON"), ("html", "an HTML table"),
@@ -100,9 +104,9 @@ def add_output_options(group: argparse.ArgumentParser | argparse._ArgumentGroup)
                        ("report", "an interactive HTML report (icicle, table, timeline)")):
         group.add_argument(f"--{flag}", metavar="PATH", help=f"write the profile as {what}")
     group.add_argument("--plot", metavar="PATH", help="write a figure of the profile (see --plot-kind)")
-    group.add_argument("--plot-kind", choices=("sunburst", "icicle", "top", "roofline", "checkpoint"), default="sunburst",
-                       help="the figure --plot draws (default sunburst)")
-    group.add_argument("--plot-metric", default="total", metavar="NAME",
+    group.add_argument("--plot-kind", choices=("sunburst", "icicle", "top", "roofline", "checkpoint"),
+                       default=PLOT_DEFAULTS["plot_kind"], help="the figure --plot draws (default sunburst)")
+    group.add_argument("--plot-metric", default=PLOT_DEFAULTS["plot_metric"], metavar="NAME",
                        help="the quantity --plot shows (default total)")
 
 
