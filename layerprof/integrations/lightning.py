@@ -253,6 +253,13 @@ class LayerProfProfiler(_profilers.Profiler):
                                  f"(profiler.summary() returns it), the profile in {json_path} (layerprof show reads it)")
         self.teardown(stage=self._stage)
 
+    def __del__(self) -> None:
+        # Lightning's __del__ tears down; a profiler whose __init__ never ran (an unknown argument: the TypeError
+        # has told the user) has nothing to tear down, and would add an AttributeError's traceback to that.
+        ending = getattr(super(), "__del__", None)
+        if ending is not None and hasattr(self, "_stage"):
+            ending()
+
     def teardown(self, stage: str | None) -> None:
         if self._prof is not None:
             self._finish()
