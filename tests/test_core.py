@@ -998,7 +998,8 @@ def test_warns_when_every_step_that_ran_was_warm_up() -> None:
 
 def test_warns_when_the_run_stopped_before_the_schedules_first_recorded_step() -> None:
     # A schedule's wait steps run without hooks, so no call of the model is seen there: the warning says the steps
-    # were all outside the schedule (before: "call the model inside the block", though it ran in every step).
+    # were all outside the schedule (before: "call the model inside the block", though it ran in every step), and
+    # not "warm-up (warmup=0)", advising to "lower warmup": a schedule takes no warmup= beside it.
     model = MLP()
     prof = LayerProf(model, schedule=schedule(wait=5, active=2, repeat=1)).start()
     for _ in range(3):  # the run ends (an early stop, a short epoch) before step 5
@@ -1007,9 +1008,9 @@ def test_warns_when_the_run_stopped_before_the_schedules_first_recorded_step() -
     with pytest.warns(RuntimeWarning) as caught:
         prof.stop()
     assert [str(w.message) for w in caught] == [
-        "LayerProf recorded no step: steps 0 to 3 (counted by prof.step()) were all warm-up (warmup=0) or outside "
-        "the schedule (Schedule(wait=5, warmup=0, active=2, repeat=1, skip_first=0)). A step ends at prof.step() or "
-        "at the end of the block: run more steps, or lower warmup / change the schedule."]
+        "LayerProf recorded no step: steps 0 to 3 (counted by prof.step()) were all before the schedule's first "
+        "recorded step, step 5 (Schedule(wait=5, warmup=0, active=2, repeat=1, skip_first=0)). A step ends at "
+        "prof.step() or at the end of the block: run more steps, or change the schedule."]
     assert prof.profile.meta["steps"] == 0 and prof.profile.meta["steps_seen"] == 0
 
 

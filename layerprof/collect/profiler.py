@@ -28,7 +28,7 @@ from .._torch import calling_around, compiled_around, dynamo_compiled, submodule
 from .._torch import unbind_call_wrappers
 from ..profile import Profile
 from ..record.records import ModuleRecord, module_paths
-from .schedule import Action, Schedule
+from .schedule import Action, Schedule, first_recorded
 from .statistics import StepStats
 from .unseen import ran_unseen, unseen_message
 from .stepcall import RootStep
@@ -991,11 +991,13 @@ class LayerProf:
                 )
             elif not any(self._action(step) is Action.RECORD for step in range(self.step_num + 1)):
                 # Every step was warm-up or a schedule's wait, whose calls no hook sees: the model may have run.
+                # (A schedule takes no warmup= beside it: "lower warmup" was advice the user could not take.)
+                left_out, fix = ((f"warm-up (warmup={self.warmup})", "lower warmup") if self.schedule is None else
+                                 (f"before the schedule's first recorded step, step {first_recorded(self.schedule)} "
+                                  f"({self.schedule!r})", "change the schedule"))
                 _warn_user(
                     f"LayerProf recorded no step: steps 0 to {self.step_num} (counted by prof.step()) were all "
-                    f"warm-up (warmup={self.warmup}) or outside the schedule"
-                    f"{'' if self.schedule is None else f' ({self.schedule!r})'}. A step ends at "
-                    "prof.step() or at the end of the block: run more steps, or lower warmup / change the schedule.",
+                    f"{left_out}. A step ends at prof.step() or at the end of the block: run more steps, or {fix}.",
                 )
             else:
                 _warn_user("LayerProf recorded no step: call the model inside the block")

@@ -7,7 +7,7 @@ from enum import Enum
 
 from .._check import check_int
 
-__all__ = ["Action", "Schedule", "schedule"]
+__all__ = ["Action", "Schedule", "schedule", "first_recorded"]
 
 
 class Action(Enum):
@@ -49,6 +49,11 @@ class Schedule:
         if position < self.wait + self.warmup:
             return Action.WARMUP
         return Action.RECORD
+
+
+def first_recorded(plan: Schedule) -> int:
+    """The number of the first step ``plan`` records (past ``skip_first``, the first cycle's wait and warm-up)."""
+    return plan.skip_first + plan.wait + plan.warmup
 
 
 def schedule(*, wait: int = 0, warmup: int = 0, active: int = 1, repeat: int = 0, skip_first: int = 0) -> Schedule:
