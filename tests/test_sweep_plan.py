@@ -181,3 +181,24 @@ def test_the_frontier_figures_mark_the_plan_on_the_frontier() -> None:
     # The report's SVG: x = 70 + (640 - 90) * 8 / 21 (the frontier's last point, 21 ms) = 279.5
     assert ('<circle cx="279.5" cy="103.8" r="6" fill="#d62728"><title>plan: 2.56 KiB, +7 ms (+8 ms priced cold)'
             '</title></circle>') in frontier_svg(plan)
+
+
+def test_the_frontier_plot_refuses_options_it_would_drop_or_pass_on_under_another_name() -> None:
+    # Before: plot("checkpoint", k=3) raised "Profile.checkpoint_plan() got an unexpected keyword argument 'k'" (a
+    # function the user did not call), and a CheckpointPlan drawn with budget= or planning options ignored them:
+    # the marked plan was the one given, not the plan for that budget.
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+    x = torch.randn(4, 4)
+    prof = _profile(net, lambda: net(x).sum().backward())
+    with pytest.raises(TypeError, match=r"^plot\('checkpoint'\) got an unexpected keyword argument 'k'; it takes "
+                                        r"budget=, ax=, path= and checkpoint_plan's allow_side_effects=, "
+                                        r"resolution=, wrap_cost=, runs=, peak=$"):
+        prof.plot("checkpoint", k=3)
+    plan = prof.checkpoint_plan(0.5)
+    with pytest.raises(TypeError, match=r"^plot\('checkpoint'\) of a CheckpointPlan draws that plan: budget= and "
+                                        r"allow_side_effects= apply to a profile \(prof.plot\('checkpoint', "
+                                        r"budget=...\)\)$"):
+        plot_checkpoint(plan, budget="30%", allow_side_effects=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import html
+import inspect
 import platform
 from pathlib import Path
 from typing import Any
@@ -205,6 +206,16 @@ def wrapped_count(chosen: Any) -> str:
     return f"{modules} and {runs_text}" if len(chosen) > runs else runs_text
 
 
+def _check_planning(profile: Any, options: dict[str, Any]) -> None:
+    """Options the frontier passes on to ``checkpoint_plan``; a TypeError naming the plot for any other (Python's
+    would name checkpoint_plan, which the user did not call)."""
+    planning = [name for name in inspect.signature(profile.checkpoint_plan).parameters if name != "budget"]
+    for name in options:
+        if name not in planning:
+            raise TypeError(f"plot('checkpoint') got an unexpected keyword argument {name!r}; it takes budget=, "
+                            f"ax=, path= and checkpoint_plan's {', '.join(f'{other}=' for other in planning)}")
+
+
 def plot_checkpoint(profile: Any, metric: str = "total", budget: Any = None, ax: Any = None,
                     path: str | Path | None = None, **options: Any) -> Any:
     """The frontier of checkpoint plans: saved-for-backward memory against extra time per step (recomputation and
@@ -214,8 +225,13 @@ def plot_checkpoint(profile: Any, metric: str = "total", budget: Any = None, ax:
     write the figure to (see ``plot_sunburst``)."""
     plot_suffix(path)
     if hasattr(profile, "pareto"):
+        if budget is not None or options:  # (the plan given is the one marked: a budget would be dropped)
+            given = ", ".join(f"{name}=" for name in ([] if budget is None else ["budget"]) + list(options))
+            raise TypeError(f"plot('checkpoint') of a CheckpointPlan draws that plan: {given.replace(', ', ' and ')} "
+                            "apply to a profile (prof.plot('checkpoint', budget=...))")
         plan = profile
     else:
+        _check_planning(profile, options)
         plan = profile.checkpoint_plan(0.5 if budget is None and options.get("peak") is None else budget, **options)
     points = plan.pareto()
     created, ax = ax is None, new_axes(ax, (6.4, 4.2))
