@@ -111,10 +111,15 @@ def test_the_calibration_is_assembled_from_its_stacks(monkeypatch: pytest.Monkey
     assert module.wrap_cost() is cost and len(asked) == 4  # cached: not measured again
 
 
-@pytest.mark.parametrize("bad", ["fast", (1.0,), (-1.0, 0.0), (float("nan"), 0.0), (True, 0.0), 3.0])
-def test_bad_wrap_cost_is_refused(bad) -> None:
+@pytest.mark.parametrize("bad, error", [
+    ("fast", ValueError), ((1.0,), ValueError), ((-1.0, 0.0), ValueError), ((float("nan"), 0.0), ValueError),
+    ((1.0, float("inf")), ValueError),
+    # a wrong kind of value: a ValueError before
+    ((True, 0.0), TypeError), (3.0, TypeError), (("0.4", "0.01"), TypeError), ({"per_call_ms": 0.4}, TypeError),
+])
+def test_bad_wrap_cost_is_refused(bad, error) -> None:
     prof = _profile(_blocks(2), torch.randn(2, 32))
-    with pytest.raises(ValueError, match="wrap_cost must be 'measured', None"):
+    with pytest.raises(error, match="wrap_cost must be 'measured', None"):
         prof.checkpoint_plan(0.5, wrap_cost=bad)
 
 

@@ -233,11 +233,14 @@ def check_wrap_cost(value: Any) -> WrapCost | None:
         return wrap_cost()
     if value is None or isinstance(value, WrapCost):
         return value
-    if isinstance(value, (tuple, list)) and len(value) == 2 and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 and v == v and v != float("inf")
-            for v in value):
+    numbers = isinstance(value, (tuple, list)) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+    if numbers and len(value) == 2 and all(0 <= v < float("inf") for v in value):  # (NaN fails the comparison)
         return WrapCost(float(value[0]), float(value[1]))
-    raise ValueError(
+    # A wrong kind of value (3.0, a pair holding a string or a bool) is a TypeError; a string other than "measured",
+    # a pair of other length, or a negative, infinite or NaN figure a ValueError.
+    wrong = ValueError if isinstance(value, str) or numbers else TypeError
+    raise wrong(
         f"wrap_cost must be 'measured', None (recompute time only) or a pair (per_call_ms, per_tensor_ms) of "
         f"non-negative numbers, got {value!r}"
     )
