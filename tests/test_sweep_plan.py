@@ -202,3 +202,22 @@ def test_the_frontier_plot_refuses_options_it_would_drop_or_pass_on_under_anothe
                                         r"allow_side_effects= apply to a profile \(prof.plot\('checkpoint', "
                                         r"budget=...\)\)$"):
         plot_checkpoint(plan, budget="30%", allow_side_effects=True)
+
+
+def test_a_metric_given_to_the_frontier_plot_is_refused_not_dropped(tmp_path) -> None:
+    # Before: prof.plot("checkpoint", "flops") and --plot-kind checkpoint --plot-metric flops drew the frontier
+    # (saved memory against extra time) as if no metric had been given.
+    from layerprof.cli import main
+
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    prof = _profile(net, lambda: net(torch.randn(4, 4)).sum().backward())
+    with pytest.raises(ValueError, match=r"^plot\('checkpoint'\) draws saved memory against extra time: metric= "
+                                         r"does not apply \(got 'flops'\)$"):
+        prof.plot("checkpoint", "flops")
+    saved = tmp_path / "p.json"
+    prof.to_json(saved)
+    assert main(["show", str(saved), "--plot", str(tmp_path / "p.png"), "--plot-kind", "checkpoint",
+                 "--plot-metric", "flops"]) == 2
+    assert not (tmp_path / "p.png").exists()

@@ -76,8 +76,11 @@ def forward_only_mode(options: argparse.Namespace) -> str | None:
 def _check_plot(options: argparse.Namespace, path: Path) -> None:
     if path.suffix.lower() not in _PLOT_SUFFIXES:
         raise UsageError(f"--plot {str(path)!r}: a plot is saved as .png or .svg; give a path ending in one of them")
-    if getattr(options, "plot_kind", None) == "checkpoint":
-        return  # the frontier of checkpoint plans: its axes are fixed, --plot-metric does not apply
+    if getattr(options, "plot_kind", None) == "checkpoint":  # the frontier of checkpoint plans: its axes are fixed
+        if options.plot_metric != PLOT_DEFAULTS["plot_metric"]:
+            raise UsageError(f"--plot-metric {options.plot_metric}: --plot-kind checkpoint draws saved memory against "
+                             "extra time, and takes no metric; drop --plot-metric")
+        return
     metric = options.plot_metric
     kind = getattr(options, "plot_kind", None)
     if kind != "roofline":

@@ -224,6 +224,9 @@ def plot_checkpoint(profile: Any, metric: str = "total", budget: Any = None, ax:
     ``profile``: a Profile (planned here with ``options``) or a CheckpointPlan. ``path``: a .png or .svg file to
     write the figure to (see ``plot_sunburst``)."""
     plot_suffix(path)
+    if metric != "total":  # (the plots' shared default; its axes are fixed)
+        raise ValueError(f"plot('checkpoint') draws saved memory against extra time: metric= does not apply (got "
+                         f"{metric!r})")
     if hasattr(profile, "pareto"):
         if budget is not None or options:  # (the plan given is the one marked: a budget would be dropped)
             given = ", ".join(f"{name}=" for name in ([] if budget is None else ["budget"]) + list(options))
