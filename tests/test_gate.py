@@ -275,6 +275,14 @@ def test_a_limit_that_is_not_a_percentage_is_a_usage_error(limit: str, tmp_path:
     assert f"argument --fail-if-slower: expected {expected} such as 10, got {limit!r}" in capsys.readouterr().err
 
 
+def test_by_without_a_limit_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: `compare A B --by forward` printed the comparison it prints without --by: the option was dropped.
+    a = make_profile(model([10] * 3))
+    assert main(gate_run(tmp_path, a, a, "--by", "forward")) == 2
+    assert ("--by forward chooses the time the --fail-if-slower limit checks: give --fail-if-slower PCT"
+            in capsys.readouterr().err)
+
+
 def test_per_module_needs_a_limit_and_ten_steps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a = make_profile(model([10] * 3))
     assert main(gate_run(tmp_path, a, a, "--per-module")) == 2

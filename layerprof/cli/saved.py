@@ -191,6 +191,9 @@ def _check_roofs(profile: Profile, options: argparse.Namespace, asked: str) -> N
 def _compare(options: argparse.Namespace) -> int:
     if options.per_module and options.fail_if_slower is None:
         raise UsageError("--per-module applies the --fail-if-slower limit to each module: give --fail-if-slower PCT")
+    if options.by != "total" and options.fail_if_slower is None:  # (the comparison printed is the same by any)
+        raise UsageError(f"--by {options.by} chooses the time the --fail-if-slower limit checks: give "
+                         "--fail-if-slower PCT")
     a, b = load_profile(options.a, "A"), load_profile(options.b, "B")
     print(compare(a, b, names=("A", "B")), flush=True)
     if options.fail_if_slower is None:
