@@ -2,6 +2,7 @@
 plots of such models, and the units of the tables."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -195,14 +196,24 @@ def test_an_empty_dataframe_has_the_types_of_a_full_one() -> None:
         assert empty[column].dtype == full[column].dtype, column
 
 
-@pytest.mark.parametrize("option", [{"top": 0}, {"depth": 0}, {"top": -1}, {"depth": True}])
-def test_tensorboard_refuses_a_top_or_depth_it_would_not_honour(option: dict, tmp_path: Path) -> None:
+@pytest.mark.parametrize("option, error, message", [
+    ({"top": 0}, ValueError, "top must be >= 1 or None, got 0"),
+    ({"depth": 0}, ValueError, "depth must be >= 1 or None, got 0"),
+    ({"top": -1}, ValueError, "top must be >= 1 or None, got -1"),
+    # a wrong type: ValueErrors before; and a step of "x" was tensorboard's "invalid literal for int() with base
+    # 10: 'x'", once the log folder and its event file were made (1.5 was written as step 1)
+    ({"depth": True}, TypeError, "depth must be an int >= 1 or None, got True (bool)"),
+    ({"top": "3"}, TypeError, "top must be an int >= 1 or None, got '3' (str)"),
+    ({"step": "x"}, TypeError, "step must be an int or None, got 'x' (str)"),
+    ({"step": 1.5}, TypeError, "step must be an int or None, got 1.5 (float)"),
+])
+def test_tensorboard_refuses_a_top_depth_or_step_it_would_not_honour(option: dict, error: type, message: str,
+                                                                      tmp_path: Path) -> None:
     # top=0 wrote the model's scalars and a 10-row table; depth=0 an empty table beside plots of the whole tree.
     pytest.importorskip("torch.utils.tensorboard")
     net = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
     with layerprof.LayerProf(net) as prof:
         net(torch.randn(2, 8)).sum().backward()
-    name = next(iter(option))
-    with pytest.raises(ValueError, match=rf"{name} must be a positive int or None \(every module\)"):
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
         prof.to_tensorboard(str(tmp_path / "tb"), **option)
     assert not (tmp_path / "tb").exists()  # (refused before a writer was made)

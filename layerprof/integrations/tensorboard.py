@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .._check import check_int
 from ..record.fields import FIELDS, canonical
 from ..render.rows import whole_of
 from ..render.summary import partial_note
@@ -43,9 +44,9 @@ def write_tensorboard(profile: Any, writer_or_logdir: Any, step: int | None = No
 
     ``depth``: only modules down to this depth (root = 0); ``top``: only the ``top`` modules by total time
     (the root always), and the top table's length (default 10)."""
-    for name, value in (("depth", depth), ("top", top)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"{name} must be a positive int or None (every module), got {value!r}")
+    # depth=0 or top=0 would write a table with no module beside plots of the whole tree: refused.
+    depth, top = check_int("depth", depth, minimum=1, none=True), check_int("top", top, minimum=1, none=True)
+    step = check_int("step", step, minimum=None, none=True)  # (the writer's own check comes once files are made)
     records = profile.select(max_depth=depth) if depth is not None else list(profile.records.values())
     if top is not None:
         ranked = {row["name"] for row in profile.top(top, by="total_ms", max_depth=depth).rows}
