@@ -55,6 +55,9 @@ from .solver import DEFAULT_RESOLUTION, Run, best_reachable, ends_of, frontier, 
 
 __all__ = ["CheckpointPlan", "ChosenModule", "FrontierPoint", "make_plan", "require_step_peak"]
 
+# ``verify.py``'s ``verify_plan``, put here as that module loads (``layerprof`` loads it): it profiles the step
+# with the collector, which reaches this module through the profile, so this module cannot import it.
+VERIFIER: list[Callable[..., Any]] = []
 _UNKNOWN_PEAK = 2**63 - 1  # a plan whose step peak cannot be predicted: never within a peak budget
 
 
@@ -805,8 +808,7 @@ class CheckpointPlan:
         """``layerprof.verify_plan(plan, model, step, repeats)``: apply the plan to ``model``, measure ``step()``
         (a forward and backward) with and without it, take it off, and return the Verification, measured beside
         predicted (``print`` it for the text the command line prints)."""
-        from .verify import verify_plan  # (verify.py imports this module)
-        return verify_plan(self, model, step, repeats)
+        return VERIFIER[0](self, model, step, repeats)
 
     # -- reading ---------------------------------------------------------------------------------------------
     @property

@@ -32,7 +32,7 @@ from ..record.records import ModuleRecord, preorder
 from ..render.checkpoint import verification_text
 from .apply import RecomputeTimer
 from .fault_cost import page_fault_us
-from .plan import CheckpointPlan, saved_today
+from .plan import VERIFIER, CheckpointPlan, saved_today
 
 try:
     import resource
@@ -214,3 +214,6 @@ def _timed(step: Callable[[], Any], sync: Callable[[], Any] | None = None) -> tu
         sync()
     elapsed = (time.perf_counter() - start) * 1e3
     return elapsed, _minor_faults() - faults
+
+
+VERIFIER[:] = [verify_plan]  # (what plan.verify() calls)
