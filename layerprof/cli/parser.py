@@ -81,7 +81,7 @@ def nonnegative(what: str, example: str) -> Callable[[str], float]:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what} such as {example}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"expected a {what} such as {example}, got {text!r}") from None
         if not math.isfinite(value) or value < 0:
             raise argparse.ArgumentTypeError(f"expected a finite {what} >= 0 such as {example}, got {text!r}")
         return value
