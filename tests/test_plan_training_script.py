@@ -12,6 +12,7 @@ from torch import nn
 import layerprof
 
 from .conftest import profile_quietly
+from .ranks import run_ranks
 
 
 def _net() -> nn.Module:
@@ -87,6 +88,7 @@ def test_a_plan_of_an_older_profile_without_the_mode_applies_without_a_warning()
     prof = profile_quietly(model, lambda: model(x).sum().backward(), 2)
     profile = prof.profile
     profile.meta.get("memory", {}).pop("training", None)
+    profile.meta.get("memory", {}).pop("dtype", None)
     profile.meta.get("environment", {}).pop("dtype", None)
     plan = profile.checkpoint_plan("50%", wrap_cost=None, runs=False)
     assert not [m for m in _apply_warnings(plan, _net().eval().double()) if "mode" in m or "dtype" in m]
@@ -178,3 +180,36 @@ def test_verifying_a_plan_on_a_step_that_accumulates_micro_batches_measures_one_
         result = plan.verify(model, accumulated, repeats=1)
     assert result.measured_saved_bytes == result.predicted_saved_bytes == plan.saved_bytes_after
     assert result.meets_budget
+
+
+def _mixed_precision_worker(rank: int) -> dict[str, Any]:
+    """Profile an FSDP2 model with a bfloat16 MixedPrecisionPolicy, plan, apply the plan to the same model sharded
+    the same way and run a step: the dtype check's warnings, and the dtype the plan keeps."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh("cpu", (1,))
+
+    def sharded() -> nn.Module:
+        model = _stack()
+        for unit in (model[1], model[3], model):
+            fully_shard(unit, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+        return model
+
+    x, model = torch.randn(32, 16), sharded()
+    prof = profile_quietly(model, lambda: model(x).sum().backward(), 2)
+    plan = layerprof.loads(prof.profile.to_json()).checkpoint_plan("50%", wrap_cost=None, runs=False)
+    found = _apply_warnings(plan, sharded())
+    return {"modules": plan.modules, "profiled_as": plan.profiled_as,
+            "warnings": [text for text in found if text.startswith("checkpoint plan")]}
+
+
+def test_fsdp2_mixed_precision_is_the_dtype_of_the_step_on_both_sides(tmp_path: Any) -> None:
+    # FSDP2 with MixedPrecisionPolicy(param_dtype=bfloat16) keeps float32 shards at rest and puts bfloat16 unsharded
+    # parameters on the modules while they run. The profile's dtype was read at rest (float32), the plan's check in
+    # the first wrapped call, inside the forward (bfloat16): the same model, sharded the same way, was told its
+    # parameters were bfloat16 where the profiled model's were float32. Both now read the dtype the step ran in.
+    result = run_ranks(_mixed_precision_worker, tmp_path, world_size=1)[0]
+    assert result["modules"]
+    assert result["profiled_as"] == {"training": True, "dtype": "bfloat16"}
+    assert result["warnings"] == []

@@ -60,7 +60,7 @@ from .checkpoint_bytes import (
 from .meter import Meter, register_meter
 
 __all__ = ["MemoryMeter", "MemoryReader", "CudaMemoryReader", "PeakLog", "MEMORY_FIELDS", "CUDA_FIELDS",
-           "TIMELINE_ATTRIBUTE"]
+           "TIMELINE_ATTRIBUTE", "parameters_dtype"]
 
 # The root record's private attribute holding the step's memory levels at every boundary (live profiles, and
 # profiles saved from one: ``layerprof.record.step_tables``).
@@ -243,6 +243,15 @@ def _with_lazy(modules: Iterable[nn.Module]) -> list[nn.Module]:
     return [module for module in modules if _holds_lazy(module)]
 
 
+_UNREAD = object()
+
+
+def parameters_dtype(model: nn.Module) -> str | None:
+    """The dtype of ``model``'s first parameter (``"float32"``), None where it has none or it is on meta."""
+    parameter = next(model.parameters(), None)
+    return None if parameter is None or parameter.is_meta else str(parameter.dtype).replace("torch.", "")
+
+
 def _storage_keys(*objs: Any) -> set[int]:
     return set(_storages(*objs))
 
@@ -318,14 +327,17 @@ class MemoryMeter(Meter):
         # object, as without hooks: ``nn.MultiheadAttention`` takes its self-attention path on ``query is key``.
         self._last_packed: tuple[Any, Any] | None = None
         # The model, while the step runs, and the mode it was in as the step ended (``model.training``): a plan
-        # applied to the model in the other mode frees other bytes (Dropout saves its mask in training only).
+        # applied to the model in the other mode frees other bytes (Dropout saves its mask in training only). And its
+        # first parameter's dtype as the step first saved (``_UNREAD`` until then): read inside the forward, where a
+        # plan's wrapper reads it, since FSDP2's mixed precision puts bfloat16 parameters on the modules only there.
         self._model: nn.Module | None = None
         self._training: bool | None = None
+        self._dtype: Any = _UNREAD
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: Sequence[tuple[str, nn.Module]]) -> None:
         self._after_backward, self._held, self._saved_before, self._starts_released = 0, [], False, False
-        self._model = model
+        self._model, self._dtype = model, _UNREAD
         self._static = _storage_keys(list(model.parameters()), list(model.buffers()))
         # Lazy modules whose parameters are made in their first call: their storages join the static ones then.
         self._lazy = _with_lazy(model.modules())
@@ -382,10 +394,12 @@ class MemoryMeter(Meter):
         CUDA, live tensor bytes made in the step on the CPU), ``step_start_bytes`` and ``step_end_bytes``. Where a
         forward of the step saved for backward after the backward of every earlier forward that saved had run
         (gradient accumulation), ``forwards_after_backward``: how many did. ``training``: the model's mode as the
-        step ended (``model.training``)."""
+        step ended (``model.training``); ``dtype``: its first parameter's as its forward first saved for backward."""
         found = dict(self._step)
         if self._training is not None:
             found["training"] = self._training
+        if isinstance(self._dtype, str):
+            found["dtype"] = self._dtype
         if self._after_backward:
             found["forwards_after_backward"] = self._after_backward
         return found
@@ -431,6 +445,8 @@ class MemoryMeter(Meter):
             self._made_lazy()
         if self._stack:
             call = self._stack[-1]
+            if self._dtype is _UNREAD and self._model is not None and not call.recompute:
+                self._dtype = parameters_dtype(self._model)
             # A recomputed (checkpointed) call saves during backward, briefly: not what the forward holds.
             state = None if call.recompute else self._states.get(id(call))
             if state is not None:

@@ -19,17 +19,21 @@ from typing import Any
 from torch import nn
 
 from .._machine import environment_in
+from ..metrics.memory import parameters_dtype
 
 __all__ = ["profiled_as", "differences", "FirstCall"]
 
 
 def profiled_as(meta: Any) -> dict[str, Any]:
     """``{"training": bool, "dtype": str}`` of a profile's ``meta``: the model's mode as the memory meter's step
-    ended and its first parameter's dtype (``"float32"``); None for either that the profile does not hold (one
-    saved by an older layerprof, or written by hand)."""
+    ended and its first parameter's dtype (``"float32"``) as the step ran (the memory meter's, read in the forward as
+    ``differences`` reads it: FSDP2's mixed precision has bfloat16 parameters there, float32 shards at rest; the
+    environment's, read at rest, from an older file); None for either that the profile does not hold (one saved by
+    an older layerprof, or written by hand)."""
     memory = (meta.get("memory") or meta.get("live_memory")) if isinstance(meta, dict) else None
-    training = memory.get("training") if isinstance(memory, dict) else None
-    dtype = environment_in(meta).get("dtype")
+    memory = memory if isinstance(memory, dict) else {}
+    training = memory.get("training")
+    dtype = memory.get("dtype") or environment_in(meta).get("dtype")
     return {"training": training if isinstance(training, bool) else None,
             "dtype": dtype if isinstance(dtype, str) else None}
 
@@ -55,8 +59,7 @@ def differences(profiled: dict[str, Any] | None, model: nn.Module) -> list[str]:
             + ("Call model.train() before the step, if it is to train" if training else
                "Plan on a profile of a step in the mode you train in (model.train() before profiling)"))
     dtype = profiled.get("dtype")
-    parameter = next(model.parameters(), None)
-    now = None if parameter is None or parameter.is_meta else str(parameter.dtype).replace("torch.", "")
+    now = parameters_dtype(model)
     if dtype is not None and now is not None and now != dtype:
         found.append(
             f"checkpoint plan: this {name}'s parameters are {now}, and the profiled model's were {dtype}: what its "
