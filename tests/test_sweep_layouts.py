@@ -172,3 +172,13 @@ def test_conversions_to_sparse_and_their_gradients_are_known_free_ops(layout: to
     # h's is sampled at its entries (sparse_sampled_addmm, which was unknown too): 2 * stored * 8.
     backward = 2 * 6 * 8 * 8 if layout == torch.sparse_coo else 2 * stored * 8
     assert prof.records["2"].flops_backward == backward
+
+
+def test_a_dense_product_counts_exactly_however_large() -> None:
+    # Scaling every count by a sparse operand's share of stored entries (1.0 for dense ones) went through a float:
+    # a dense product past 2**53 FLOPs lost its last digits (this one read 42 fewer). On meta tensors: no data.
+    m, k, n = 3 * 2**20 + 1, 2**20 + 3, 2**20 + 7
+    model = nn.Linear(k, n, bias=False, device="meta")
+    with LayerProf(model, metrics=("flops",)) as prof:
+        model(torch.empty(m, k, device="meta"))
+    assert prof.tree.flops_forward == 2 * m * k * n  # x: [m, k] @ w: [k, n]

@@ -354,8 +354,9 @@ class FlopMeter(Meter):
         elif kind is not _FREE:
             try:
                 flops = kind(*_shape(args), out_shape=_shape(out), **_shape(kwargs)) or 0
-                if flops:
-                    flops = round(flops * _stored_share(args))
+                share = _stored_share(args) if flops else 1.0
+                if share != 1.0:  # (a dense product's count stays an exact int, however large)
+                    flops = round(flops * share)
             except Exception as error:  # a wrong formula must not crash the user's run: list the op instead
                 unknown = f"{_op_name(func)} (formula raised {type(error).__name__}: {error})"
         moved = 0
