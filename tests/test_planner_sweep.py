@@ -86,10 +86,8 @@ def test_a_global_forward_hook_that_runs_again_warns() -> None:
             pass
 
 
-def test_a_first_step_without_backward_is_named_as_the_memory_meters_step() -> None:
-    # The memory meter counts the first profiled step. An evaluation pass under no_grad first, then training
-    # steps: the plan said "the profiled step saved nothing for backward (was its forward run under torch.no_grad
-    # or inference_mode?)" of a profile whose steps ran backward, naming no step.
+def _evaluation_then_training() -> LayerProf:
+    """3 steps profiled: an evaluation pass under no_grad (the memory meter's step), then two training steps."""
     model = _mlp()
     x = torch.randn(8, 16)
     steps = iter([True, False, False])
@@ -101,7 +99,14 @@ def test_a_first_step_without_backward_is_named_as_the_memory_meters_step() -> N
         else:
             model(x).sum().backward()
 
-    plan = _profile(model, step, steps=3).checkpoint_plan(0.5)
+    return _profile(model, step, steps=3)
+
+
+def test_a_first_step_without_backward_is_named_as_the_memory_meters_step() -> None:
+    # The memory meter counts the first profiled step. An evaluation pass under no_grad first, then training
+    # steps: the plan said "the profiled step saved nothing for backward (was its forward run under torch.no_grad
+    # or inference_mode?)" of a profile whose steps ran backward, naming no step.
+    plan = _evaluation_then_training().checkpoint_plan(0.5)
     assert plan.modules == [] and "the memory meter's step (the first profiled)" in plan.note
     assert "later steps ran backward" in plan.note
 
@@ -119,3 +124,14 @@ def test_an_empty_batch_is_not_taken_for_an_evaluation_step(steps: int) -> None:
     assert plan.modules == [] and plan.feasible
     assert plan.note.startswith("the profiled step ran its forward with gradients on and a backward, yet saved "
                                 "nothing for it (were its tensors empty, a batch of 0")
+
+
+def test_a_profile_without_the_no_grad_count_is_not_said_to_have_run_with_gradients_on() -> None:
+    # An older file holds no count of the memory meter's calls under no_grad (None): the note for a batch of 0 read
+    # that unknown as 0 and told an evaluation step first, then training steps, that its forward "ran with gradients
+    # on", where before it asked whether that step was an evaluation step, as it was.
+    profile = _evaluation_then_training().profile
+    profile.tree.checkpoint_no_grad_calls = None  # (what a file saved before the count was kept reads as)
+    plan = profile.checkpoint_plan(0.5)
+    assert plan.modules == [] and "gradients on" not in plan.note
+    assert "the memory meter's step (the first profiled)" in plan.note

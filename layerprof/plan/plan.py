@@ -72,9 +72,9 @@ def _trained_after_first(root: ModuleRecord) -> bool:
     return (root.steps or 0) > 1 or _no_grad_calls(root) >= (root.calls or 0) > 0
 
 
-def _frozen(root: ModuleRecord) -> bool:
-    """Whether the memory meter's step called the model with gradients on only (no call under no_grad), where it
-    saved nothing: nothing in it required grad. Unknown (an older file without the count): False."""
+def _gradients_on_only(root: ModuleRecord) -> bool:
+    """Whether the memory meter's step called the model with gradients on only (no call under no_grad). Unknown (an
+    older file without the count): False."""
     no_grad = getattr(root, "checkpoint_no_grad_calls", None)
     return no_grad == 0 and bool(root.calls)
 
@@ -463,7 +463,7 @@ class CheckpointPlan:
             out_of_reach = solution is None and need > 0 and self.saved_bytes_before > 0
         self.feasible = solution is not None
         self.reachable_allowing_side_effects = self._allowing_side_effects(found) if out_of_reach else None
-        if self.saved_bytes_before == 0 and root.backward_ms and root.calls and not _no_grad_calls(root):
+        if self.saved_bytes_before == 0 and root.backward_ms and _gradients_on_only(root):
             # Gradients on and a backward, yet nothing saved: not an evaluation step, whatever the step count says.
             self.note = ("the profiled step ran its forward with gradients on and a backward, yet saved nothing for "
                          "it (were its tensors empty, a batch of 0, or did its ops keep nothing but parameters?): "
@@ -475,7 +475,7 @@ class CheckpointPlan:
             self.note = ("the memory meter's step (the first profiled) saved nothing for backward, though later "
                          "steps ran backward: was it an evaluation step, under torch.no_grad? Profile a training "
                          "step first: nothing to wrap")
-        elif self.saved_bytes_before == 0 and _frozen(root):
+        elif self.saved_bytes_before == 0 and _gradients_on_only(root):  # (no backward: nothing required grad)
             self.note = ("the profiled step saved nothing for backward: the model ran with gradients on, but nothing "
                          "in it required grad (its parameters frozen with requires_grad_(False), its inputs not "
                          "requiring grad: a frozen backbone under a head that trains), so autograd held nothing there "
