@@ -182,3 +182,19 @@ def test_a_dense_product_counts_exactly_however_large() -> None:
     with LayerProf(model, metrics=("flops",)) as prof:
         model(torch.empty(m, k, device="meta"))
     assert prof.tree.flops_forward == 2 * m * k * n  # x: [m, k] @ w: [k, n]
+
+
+class SampledProduct(nn.Module):
+    def forward(self, mask: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.sparse.sampled_addmm(mask, a, b)
+
+
+def test_a_batched_sampled_product_counts_each_batch() -> None:
+    # torch.sparse.sampled_addmm takes a batch of CSR masks: [3, 5, 6] with 5 entries each, a: [3, 5, 4],
+    # b: [3, 4, 6]. The formula read the shapes as a 2-D product (m = 3, k = 5, n = 4): 20 FLOPs for 120.
+    mask = torch.stack([torch.eye(5, 6)] * 3).to_sparse_csr()
+    model = SampledProduct()
+    with LayerProf(model, metrics=("flops",)) as prof:
+        model(mask, torch.randn(3, 5, 4), torch.randn(3, 4, 6))
+    assert prof.unknown_ops() == {}
+    assert prof.tree.flops_forward == 2 * 15 * 4  # 15 stored entries, a row of a times a column of b each: k = 4

@@ -140,7 +140,7 @@ def addmm_flops(bias: Sequence[int], a: Sequence[int], b: Sequence[int], *args: 
 def sampled_addmm_flops(mask: Sequence[int], a: Sequence[int], b: Sequence[int], *args: Any, **kwargs: Any) -> int:
     """Matrix product computed only where a sparse mask stores an entry (the gradient of a CSR operand): counted
     dense here, scaled to the mask's stored entries by the counter, ``2 * nnz * k``."""
-    return mm_flops(a, b)  # mask: [m, n] sparse, a: [m, k] @ b: [k, n] at the mask's entries
+    return 2 * prod(a) * b[-1]  # mask: [*batch, m, n] sparse, a: [*batch, m, k] @ b: [*batch, k, n] at its entries
 
 
 @register_flop_formula(aten.bmm)
