@@ -317,7 +317,8 @@ def test_help_has_three_examples(capsys) -> None:
     out = capsys.readouterr().out
     assert EPILOG in out
     assert [line.split()[1] for line in EPILOG.splitlines() if line.startswith("  layerprof ")] == [
-        "torchvision.models:resnet18", "torchvision.models:vit_b_16", "my_models.py:TinyLM", "show", "compare", "gather"]
+        "torchvision.models:resnet18", "torchvision.models:vit_b_16", "my_models.py:TinyLM", "show", "compare",
+        "gather"]
 
 
 def test_help_shows_the_subcommands_and_every_name(capsys, monkeypatch) -> None:

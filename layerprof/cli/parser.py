@@ -9,7 +9,8 @@ from .._version import __version__
 from .errors import UsageError
 from .names import names_help
 
-__all__ = ["build_parser", "nonnegative", "add_checkpoint_options", "add_common_options", "add_output_options", "EPILOG", "USAGE"]
+__all__ = ["build_parser", "nonnegative", "add_checkpoint_options", "add_common_options", "add_output_options",
+           "EPILOG", "USAGE"]
 
 # The four forms of the command; each subcommand's --help lists its own options.
 USAGE = """\

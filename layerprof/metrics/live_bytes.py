@@ -9,14 +9,14 @@ baseline, 0. ``read`` gives (bytes live now, the most live since the last ``rese
 ``CudaMemoryReader`` does for the CUDA allocator, so the memory meter's per-call deltas and peaks, and the step's
 peak, exist on the CPU too.
 
-What it sees: the tensors ops return, forward and backward (autograd runs a CPU backward on the calling thread,
-and carries the modes over to the threads it uses, so gradients count), the recomputation of a
+What it sees: the tensors ops return, forward and backward (autograd runs a CPU backward on the calling thread, and
+carries the modes over to the threads it uses, so gradients count), the recomputation of a
 ``torch.utils.checkpoint`` region, the ops the FLOP meter's mode runs below it; a tensor without a storage of its
-own by what holds its data (a DTensor's local shard, a sparse tensor's indices and values). What it does not: a kernel's own
-scratch buffers (allocated below the dispatcher, freed before the op returns), tensors made on other threads, and
-devices other than the CPU. A dispatch mode is its thread's own: the reader ``covers`` the CPU on the thread that
-opened it only, so a module call (or a whole step) run on another thread reads unknown (None), as the plain memory
-meter's CPU calls do, not the 0 bytes the reader saw of it.
+own by what holds its data (a DTensor's local shard, a sparse tensor's indices and values). What it does not: a
+kernel's own scratch buffers (allocated below the dispatcher, freed before the op returns), tensors made on other
+threads, and devices other than the CPU. A dispatch mode is its thread's own: the reader ``covers`` the CPU on the
+thread that opened it only, so a module call (or a whole step) run on another thread reads unknown (None), as the
+plain memory meter's CPU calls do, not the 0 bytes the reader saw of it.
 
 A mode on every op slows the step (tens of µs an op), so it is opt-in: ``LayerProf(model,
 metrics=("live_memory",))`` is the memory meter with this reader on CPU calls (and the CUDA reader on CUDA ones).
