@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import layerprof
+from layerprof.plan.apply import is_wrapped
 
 from .conftest import profile_quietly
 from .ranks import run_ranks
@@ -213,3 +214,25 @@ def test_fsdp2_mixed_precision_is_the_dtype_of_the_step_on_both_sides(tmp_path: 
     assert result["modules"]
     assert result["profiled_as"] == {"training": True, "dtype": "bfloat16"}
     assert result["warnings"] == []
+
+
+def test_verifying_on_a_step_mixing_held_and_accumulated_forwards_refuses_before_timing_it() -> None:
+    # Two forwards held together, then a third after their backward: neither one micro-batch's bytes nor a sum held
+    # at once. The ValueError came only after the 2 * repeats timed steps had run (the plan taken off meanwhile); it
+    # had no test.
+    model, xs = _stack(), [torch.randn(32, 16) for _ in range(3)]
+    prof = profile_quietly(model, lambda: model(xs[0]).sum().backward(), 2)
+    plan = prof.checkpoint_plan("50%", wrap_cost=None)
+    calls = []
+
+    def mixed() -> None:
+        calls.append(1)
+        (model(xs[0]).sum() + model(xs[1]).sum()).backward()
+        model(xs[2]).sum().backward()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match="3 forwards that saved for backward, 1 of them after every earlier"):
+            plan.verify(model, mixed, repeats=3)
+    assert not plan.is_applied and not any(map(is_wrapped, model.modules()))
+    assert len(calls) == 1  # the profiled step only: nothing timed for a verification that cannot be made

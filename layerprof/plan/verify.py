@@ -142,6 +142,7 @@ def verify_plan(plan: CheckpointPlan, model: nn.Module, step: Callable[[], Any],
                     "the plan applied to compiled._orig_mod takes effect under compile too, and the bytes it frees "
                     "are the same") from error
             _require_backward(prof.profile.tree)
+            measured = _saved_at_once(prof.profile)  # (a step it cannot measure is refused before any timing)
         after_peak = step_peak(step) if step_peak is not None else None
     before: list[tuple[float, int]] = []
     after: list[tuple[float, int]] = []
@@ -157,7 +158,7 @@ def verify_plan(plan: CheckpointPlan, model: nn.Module, step: Callable[[], Any],
     step_before, step_after = (statistics.median(ms for ms, _ in times) for times in (before, after))
     faults = None if resource is None else tuple(statistics.median(f for _, f in times) for times in (before, after))
     return Verification(
-        predicted_saved_bytes=plan.saved_bytes_after, measured_saved_bytes=_saved_at_once(prof.profile),
+        predicted_saved_bytes=plan.saved_bytes_after, measured_saved_bytes=measured,
         budget_bytes=plan.budget_bytes, predicted_extra_ms=plan.extra_ms, measured_extra_ms=step_after - step_before,
         step_ms_before=step_before, step_ms_after=step_after, recompute_ms=recompute,
         cuda_peak_bytes=(before_peak, after_peak) if on_cuda else None,
