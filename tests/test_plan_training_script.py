@@ -236,3 +236,22 @@ def test_verifying_on_a_step_mixing_held_and_accumulated_forwards_refuses_before
             plan.verify(model, mixed, repeats=3)
     assert not plan.is_applied and not any(map(is_wrapped, model.modules()))
     assert len(calls) == 1  # the profiled step only: nothing timed for a verification that cannot be made
+
+
+def test_the_mode_kept_is_the_one_the_step_saved_in_not_the_one_the_block_ended_in() -> None:
+    # One profiled step that trains, then evaluates (model.eval(), no_grad) before the block ends: the meter kept
+    # the mode as it stopped, eval, and the plan of this training step told the same model, training, that it was
+    # profiled in eval mode. What the step saved was saved in training mode.
+    model, x = _net().train(), torch.randn(32, 16)
+
+    def train_then_evaluate() -> None:
+        model.train()
+        model(x).sum().backward()
+        model.eval()
+        with torch.no_grad():
+            model(x)
+
+    prof = profile_quietly(model, train_then_evaluate, 1)
+    assert prof.profile.meta["memory"]["training"] is True
+    plan = prof.checkpoint_plan("50%", wrap_cost=None, runs=False)
+    assert not [m for m in _apply_warnings(plan, _net().train()) if "mode" in m]

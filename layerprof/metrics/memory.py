@@ -326,10 +326,11 @@ class MemoryMeter(Meter):
         # tensor saved in several slots in a row (``checkpoint(attn, x, x, x)`` saves its inputs so) unpacks as one
         # object, as without hooks: ``nn.MultiheadAttention`` takes its self-attention path on ``query is key``.
         self._last_packed: tuple[Any, Any] | None = None
-        # The model, while the step runs, and the mode it was in as the step ended (``model.training``): a plan
-        # applied to the model in the other mode frees other bytes (Dropout saves its mask in training only). And its
-        # first parameter's dtype as the step first saved (``_UNREAD`` until then): read inside the forward, where a
-        # plan's wrapper reads it, since FSDP2's mixed precision puts bfloat16 parameters on the modules only there.
+        # The model, while the step runs, and its mode (``model.training``) and first parameter's dtype as its
+        # forward first saved for backward (as the step ended where it saved nothing): a plan applied to the model
+        # in the other mode or dtype frees other bytes (Dropout saves its mask in training only). Read inside the
+        # forward, where a plan's wrapper reads them: FSDP2's mixed precision puts bfloat16 parameters on the
+        # modules only there, and a step may evaluate (model.eval()) after its training forward and backward.
         self._model: nn.Module | None = None
         self._training: bool | None = None
         self._dtype: Any = _UNREAD
@@ -337,7 +338,7 @@ class MemoryMeter(Meter):
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: Sequence[tuple[str, nn.Module]]) -> None:
         self._after_backward, self._held, self._saved_before, self._starts_released = 0, [], False, False
-        self._model, self._dtype = model, _UNREAD
+        self._model, self._training, self._dtype = model, None, _UNREAD
         self._static = _storage_keys(list(model.parameters()), list(model.buffers()))
         # Lazy modules whose parameters are made in their first call: their storages join the static ones then.
         self._lazy = _with_lazy(model.modules())
@@ -359,7 +360,9 @@ class MemoryMeter(Meter):
         self._updated.update(updated_buffers(self._buffer_versions))
         self._buffer_versions = []
         if self._model is not None:
-            self._training, self._model = bool(self._model.training), None
+            if self._dtype is _UNREAD:  # (nothing saved)
+                self._training = bool(self._model.training)
+            self._model = None
         hooks, self._hooks = self._hooks, None
         self._stack.clear()
         self._inputs_after.clear()
@@ -393,8 +396,9 @@ class MemoryMeter(Meter):
         allocated from the start of the model's first forward call to the end of the step (allocator bytes on
         CUDA, live tensor bytes made in the step on the CPU), ``step_start_bytes`` and ``step_end_bytes``. Where a
         forward of the step saved for backward after the backward of every earlier forward that saved had run
-        (gradient accumulation), ``forwards_after_backward``: how many did. ``training``: the model's mode as the
-        step ended (``model.training``); ``dtype``: its first parameter's as its forward first saved for backward."""
+        (gradient accumulation), ``forwards_after_backward``: how many did. ``training`` and ``dtype``: the model's
+        mode (``model.training``) and its first parameter's dtype as its forward first saved for backward (the mode
+        as the step ended where it saved nothing)."""
         found = dict(self._step)
         if self._training is not None:
             found["training"] = self._training
@@ -446,7 +450,7 @@ class MemoryMeter(Meter):
         if self._stack:
             call = self._stack[-1]
             if self._dtype is _UNREAD and self._model is not None and not call.recompute:
-                self._dtype = parameters_dtype(self._model)
+                self._training, self._dtype = bool(self._model.training), parameters_dtype(self._model)
             # A recomputed (checkpointed) call saves during backward, briefly: not what the forward holds.
             state = None if call.recompute else self._states.get(id(call))
             if state is not None:

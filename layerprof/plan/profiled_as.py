@@ -25,11 +25,11 @@ __all__ = ["profiled_as", "differences", "FirstCall"]
 
 
 def profiled_as(meta: Any) -> dict[str, Any]:
-    """``{"training": bool, "dtype": str}`` of a profile's ``meta``: the model's mode as the memory meter's step
-    ended and its first parameter's dtype (``"float32"``) as the step ran (the memory meter's, read in the forward as
-    ``differences`` reads it: FSDP2's mixed precision has bfloat16 parameters there, float32 shards at rest; the
-    environment's, read at rest, from an older file); None for either that the profile does not hold (one saved by
-    an older layerprof, or written by hand)."""
+    """``{"training": bool, "dtype": str}`` of a profile's ``meta``: the model's mode and its first parameter's dtype
+    (``"float32"``) as the memory meter's step first saved for backward, read in the forward as ``differences``
+    reads them (FSDP2's mixed precision has bfloat16 parameters there, float32 shards at rest; the environment's
+    dtype, read at rest, from an older file); None for either that the profile does not hold (one saved by an older
+    layerprof, or written by hand)."""
     memory = (meta.get("memory") or meta.get("live_memory")) if isinstance(meta, dict) else None
     memory = memory if isinstance(memory, dict) else {}
     training = memory.get("training")
