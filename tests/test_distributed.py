@@ -482,6 +482,10 @@ def test_the_command_gathers_saved_rank_files(two_ranks: dict[int, dict[str, Any
     assert main(["gather", paths[1], "--depth", "0"]) == 0  # rank 1 alone: rank 0 is said to be missing
     out = capsys.readouterr().out
     assert out.startswith("Across 1 of 2 ranks") and "Rank 0: no profile (no saved profile of it was given)" in out
+    # As a check, a rank without a profile fails it: that rank may be the slow one (it passed, 1 rank compared).
+    assert main(["gather", paths[1], "--fail-on-stragglers", "--margin", "1000"]) == 1
+    assert ("1 of 2 ranks have no profile to compare (rank 0: no saved profile of it was given): give every rank's "
+            "file") in capsys.readouterr().err
 
 
 def test_the_gather_command_places_files_by_rank_and_refuses_what_it_cannot(tmp_path: Any, capsys: Any) -> None:

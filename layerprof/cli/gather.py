@@ -26,7 +26,7 @@ _RANKED = re.compile(r"(\d+)=(.+)", re.DOTALL)  # RANK=PATH (a path of digits th
 _EPILOG = """\
 exit status:
   0 the view was printed (and, with --fail-on-stragglers, no rank is a straggler), 1 --fail-on-stragglers found
-  a straggler rank, 2 usage error (a rank given twice, files of jobs of different sizes, a bad option),
+  a straggler rank or a rank of the job without a profile, 2 usage error (a rank given twice, files of jobs of different sizes, a bad option),
   3 a file is missing, unreadable or not a layerprof profile, 70 internal error
 """
 
@@ -47,7 +47,7 @@ def gather_parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--csv", metavar="PATH", help="write the rows (min, median, max, slowest rank) as CSV")
     parser.add_argument("--markdown", metavar="PATH", help="write the rows as a Markdown table")
     parser.add_argument("--fail-on-stragglers", action="store_true",
-                        help="exit 1 when a rank is a straggler on the whole step")
+                        help="exit 1 when a rank is a straggler on the whole step, or has no profile")
     add_common_options(parser)
     return parser
 
@@ -89,6 +89,11 @@ def _verdict(gathered: GatheredProfile, failing: bool) -> int:
     stragglers = gathered.straggler_ranks
     if not failing:
         return EXIT_OK
+    if gathered.failed_ranks:  # a rank the view lacks may be the slow one: the check cannot pass without it
+        shown = "; ".join(f"rank {rank}: {why}" for rank, why in gathered.failed_ranks.items())
+        print(f"layerprof gather: {len(gathered.failed_ranks)} of {gathered.world_size} ranks have no profile to "
+              f"compare ({shown}): give every rank's file", file=sys.stderr)
+        return EXIT_SLOWER
     if stragglers:
         shown = ", ".join(map(str, stragglers))
         print(f"layerprof gather: rank{'s' if len(stragglers) > 1 else ''} {shown} slower than the median step by "
