@@ -26,8 +26,8 @@ _RANKED = re.compile(r"(\d+)=(.+)", re.DOTALL)  # RANK=PATH (a path of digits th
 _EPILOG = """\
 exit status:
   0 the view was printed (and, with --fail-on-stragglers, no rank is a straggler), 1 --fail-on-stragglers found
-  a straggler rank or a rank of the job without a profile, 2 usage error (a rank given twice, files of jobs of different sizes, a bad option),
-  3 a file is missing, unreadable or not a layerprof profile, 70 internal error
+  a straggler rank or a rank of the job without a profile, 2 usage error (a rank given twice, files of jobs of
+  different sizes, a bad option), 3 a file is missing, unreadable or not a layerprof profile, 70 internal error
 """
 
 
