@@ -417,6 +417,21 @@ def test_progress_bar_only_when_asked_or_on_a_terminal(monkeypatch) -> None:
     assert stream.getvalue().startswith("\rlayerprof:   0%|") and "| 0/3 [" in stream.getvalue()
 
 
+def test_a_typeerror_of_a_bug_in_layerprof_is_an_internal_error(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Only LayerProf's refusals of a model (``RefusedModel``, a TypeError) are the spec's fault: any other
+    TypeError raised while making the LayerProf is a bug of layerprof, and was reported as a usage error (exit 2),
+    pointing the user at their own command line."""
+    import layerprof.cli.run as run
+
+    def broken(*args, **kwargs):
+        raise TypeError("unsupported operand type(s) for +: 'int' and 'NoneType'")
+
+    monkeypatch.setattr(run, "LayerProf", broken)
+    assert main(["torch.nn:Linear", "--kwargs", '{"in_features": 8, "out_features": 8}', "-i", "2,8",
+                 "--warmup", "0", "--steps", "1"]) == 70
+    assert "internal error: TypeError: unsupported operand" in capsys.readouterr().err
+
+
 def test_a_compiled_model_is_a_usage_error_not_an_internal_one(tmp_path: Path, capsys) -> None:
     """A factory returning a torch.compile'd module: LayerProf refuses it, and the command says so as a usage error
     (exit 2), not as a bug of layerprof (70)."""

@@ -9,6 +9,7 @@ from torch import nn
 
 from .._tensors import loss_of as _loss_of
 from ..profile import Profile
+from ..collect.compiled import RefusedModel
 from ..collect.profiler import LayerProf
 from ..metrics import make_meters
 from ..render.progress import progress
@@ -61,7 +62,7 @@ def run_profile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     grad_mode = torch.inference_mode() if inference else contextlib.nullcontext()
     try:
         prof = LayerProf(model, warmup=warmup, metrics=metrics, sync=sync)
-    except TypeError as exc:  # a model LayerProf refuses (torch.compile'd, TorchScript): the spec's, not a bug
+    except RefusedModel as exc:  # (torch.compile'd, TorchScript): the spec's; another TypeError is a bug
         raise UsageError(f"{exc}") from exc
     try:
         with grad_mode, prof:

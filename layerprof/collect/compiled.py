@@ -18,7 +18,13 @@ from .._torch import compiled_in_place, compiled_module_type
 
 _second = itemgetter(1)
 
-__all__ = ["compiled_while_profiling", "refuse_compiled_in_place", "refuse_compiled_wrapper"]
+__all__ = ["RefusedModel", "compiled_while_profiling", "refuse_compiled_in_place", "refuse_compiled_wrapper"]
+
+class RefusedModel(TypeError):
+    """A model, or a module of it, that LayerProf cannot profile (TorchScript, torch.compile'd, compiled in place,
+    not an nn.Module): a TypeError, told apart from a TypeError of a bug (the command line reports it as the
+    spec's, a bug as layerprof's)."""
+
 
 _WHAT_TO_DO = {
     "compile": "Profile the eager model: before calling .compile(), or an eager copy (copy.deepcopy(model) leaves "
@@ -48,7 +54,7 @@ def refuse_compiled_in_place(paths: list[tuple[str, nn.Module]], modules: list[n
     of ``paths``, and ``owns`` their ``__dict__``, where the caller has them."""
     found = compiled_in_place(paths, modules, owns)
     if found is not None:
-        raise TypeError(f"LayerProf cannot profile a module compiled in place: {_describe(*found)}: {_CONSEQUENCE} "
+        raise RefusedModel(f"LayerProf cannot profile a module compiled in place: {_describe(*found)}: {_CONSEQUENCE} "
                         + _WHAT_TO_DO[found[2]])
 
 

@@ -34,7 +34,7 @@ from .unseen import ran_unseen, unseen_message
 from .stepcall import RootStep
 from .timing import StepTimes, all_returned, step_times
 from .tracker import BATCHES, INPUT_DEVICE, NOTE_PREFIX, OTHER_DIMS, Tracker, backward_note
-from .compiled import compiled_while_profiling, refuse_compiled_in_place
+from .compiled import RefusedModel, compiled_while_profiling, refuse_compiled_in_place
 from .recompute import roll_up_recompute
 from .reprs import Reprs, read_reprs, write_reprs
 
@@ -108,31 +108,32 @@ def _check_model(model: Any) -> list[tuple[str, nn.Module]] | None:
 def _refuse_model(model: Any) -> None:
     """Raise for a model that is not an eager nn.Module (TorchScript, a torch.compile wrapper, anything else)."""
     if isinstance(model, torch.jit.ScriptModule):
-        raise TypeError(
+        raise RefusedModel(
             "LayerProf cannot profile a TorchScript module: its submodules' hooks never run. "
             "Profile the eager nn.Module before torch.jit.script/trace."
         )
     compiled = compiled_module_type()
     if compiled is not None and isinstance(model, compiled):
-        raise TypeError(
+        raise RefusedModel(
             "LayerProf cannot see inside a torch.compile'd module: compiled graphs skip module hooks. "
             "Profile the eager module instead: LayerProf(compiled._orig_mod)."
         )
     if not isinstance(model, nn.Module):
-        raise TypeError(f"LayerProf expects a torch.nn.Module, got {type(model).__module__}.{type(model).__qualname__}")
+        raise RefusedModel(
+            f"LayerProf expects a torch.nn.Module, got {type(model).__module__}.{type(model).__qualname__}")
 
 
 def _check_children(paths: list[tuple[str, nn.Module]], compiled: type | None) -> None:
     script = torch.jit.ScriptModule
     for name, child in paths:
         if isinstance(child, script):
-            raise TypeError(
+            raise RefusedModel(
                 f"LayerProf cannot profile module '{name}' ({type(child).__name__}): it is TorchScript, whose "
                 "submodules' hooks never run. Profile with the eager module in its place (before torch.jit.script/"
                 "trace), or profile the parts of the model around it separately."
             )
         if compiled is not None and isinstance(child, compiled):
-            raise TypeError(
+            raise RefusedModel(
                 f"LayerProf cannot see inside module '{name}': it is torch.compile'd, and compiled graphs skip "
                 "module hooks, so its modules would show as not run. Profile with the eager module in its place "
                 "(the compiled module's ._orig_mod), and compile after profiling."
