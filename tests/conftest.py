@@ -12,6 +12,16 @@ from layerprof import LayerProf
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Each test starts single-threaded, as this file sets torch: a test that runs the command in-process with
+    ``--threads 2`` (or sets threads itself and fails before putting them back) left the next test of its worker
+    at 2 threads, and a roofline test that reads the threads failed in that order only."""
+    yield
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--regenerate-golden", action="store_true", default=False,
                      help="rewrite tests/golden/ from the current rendering (review the diff before committing)")
