@@ -83,3 +83,20 @@ def test_a_profiler_left_running_is_named_and_can_be_freed() -> None:
     with LayerProf(net) as prof:
         _train_step(net)
     assert prof.tree.calls == 1
+
+
+def test_a_profiler_left_running_in_a_notebook_cell_is_named_by_its_cell() -> None:
+    interactiveshell = pytest.importorskip("IPython.core.interactiveshell")
+    shell = interactiveshell.InteractiveShell.instance()
+    try:
+        shell.user_ns.update(LayerProf=LayerProf, net=_net())
+        started = shell.run_cell("lost = LayerProf(net)\nlost.start()", store_history=True)
+        assert started.success
+        # the cell run again: named as IPython's tracebacks name it, not by the cell's temporary file
+        message = str(shell.run_cell("LayerProf(net).start()", store_history=True).error_in_exec)
+        assert f"(started at cell In[{started.execution_count}], line 2)" in message, message
+        assert "ipykernel" not in message and ".py:" not in message
+        shell.run_cell("LayerProf.running_on(net).cancel()", silent=True)
+    finally:
+        interactiveshell.InteractiveShell.clear_instance()
+    assert not _PROFILED

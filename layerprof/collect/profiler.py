@@ -171,7 +171,19 @@ def _place(started_at: tuple[Any, int] | None) -> str:
         return "at ?"
     code, lasti = started_at
     line = next((line for start, end, line in code.co_lines() if start <= lasti < end), None)
-    return f"at {code.co_filename}:{'?' if line is None else line}"
+    line_text = "?" if line is None else line
+    cell = _notebook_cell(code.co_filename)
+    return f"at {code.co_filename}:{line_text}" if cell is None else f"at cell {cell}, line {line_text}"
+
+
+def _notebook_cell(filename: str) -> str | None:
+    """``In[3]`` for code run in an IPython cell, as its tracebacks name it: the cell's file is a temporary name
+    (``/tmp/ipykernel_.../123.py``) that says nothing to whoever reads the message. IPython is not imported here."""
+    ipython = sys.modules.get("IPython")
+    shell = getattr(ipython, "get_ipython", lambda: None)()
+    name_of = getattr(getattr(shell, "compile", None), "format_code_name", None)
+    named = name_of(filename) if name_of is not None else None
+    return named[1] if named else None
 
 
 def example_facts(example: dict[str, Any]) -> dict[str, Any]:
