@@ -356,3 +356,42 @@ def test_the_calls_inside_a_forward_that_raised_are_not_calls_either() -> None:
     assert records["first.slow"].forward_ms is None
     # The failed branch's 5 ms sleep is the root's own forward time.
     assert records[""].self_forward_ms >= 5.0
+
+
+class _ProbeInWorker(torch.utils.data.Dataset):
+    """Each item: how many profilers the worker holds, its dispatch modes, and whether its (profiled) teacher's
+    call was taken by a profiler."""
+
+    def __init__(self, teacher: nn.Module) -> None:
+        self.teacher = teacher
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        from layerprof.collect.profiler import _PROFILED
+
+        with torch.no_grad():
+            self.teacher(torch.randn(1, 4))
+        return torch.tensor([len(_PROFILED), len(_get_current_dispatch_mode_stack())])
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no fork")
+def test_a_dataloader_worker_forked_in_a_block_profiles_nothing() -> None:
+    # The workers fork as the loop starts, inside the block: with the profiler's copy on, a FLOP meter's dispatch
+    # mode slowed every op a worker ran (5x on a dataset of small Linears) and the teacher's calls piled up there.
+    net = nn.ModuleDict({"student": nn.Linear(4, 4), "teacher": nn.Linear(4, 4)})
+    before = hook_state(net)
+    loader = torch.utils.data.DataLoader(_ProbeInWorker(net["teacher"]), batch_size=2, num_workers=1,
+                                         multiprocessing_context="fork")
+    with LayerProf(net, metrics=("flops", "memory")) as prof:
+        seen = []
+        for batch in loader:
+            net["student"](torch.randn(2, 4)).sum().backward()
+            seen.append(batch)
+            prof.step()
+    assert torch.cat(seen).sum().item() == 0  # no profiler and no dispatch mode in the worker
+    assert prof.records["student"].calls == 1 and not prof.records["teacher"].calls
+    assert hook_state(net) == before

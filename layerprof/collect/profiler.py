@@ -51,6 +51,24 @@ _own, _kind = attrgetter("__dict__"), attrgetter("kind")
 _PROFILED: dict[LayerProf, None] = {}
 
 
+def _cancel_in_child() -> None:
+    """In a process forked while profiling (a DataLoader's workers, forked as the loop starts): cancel the copies
+    of the running profilers. Their records never reach the parent, yet a FLOP meter's dispatch mode would slow
+    every op the worker runs (a dataset's transforms), and a profiled module called there (a teacher in
+    ``__getitem__``) would keep its calls until the worker exits."""
+    for holder in list(_PROFILED):
+        try:
+            holder.cancel()
+        except Exception:  # (CUDA, say, cannot be used in a forked child): at least the copy records nothing
+            _PROFILED.pop(holder, None)
+            if holder._tracker is not None:
+                holder._tracker.active, holder._tracker._token = False, None
+
+
+if hasattr(os, "register_at_fork"):  # (not on Windows, which spawns)
+    os.register_at_fork(after_in_child=_cancel_in_child)
+
+
 def _fill(tree: ModuleRecord | None, records: dict[str, ModuleRecord], stats: StepStats,
           meters: Iterable[Meter]) -> None:
     """Write the block's numbers onto its records: the step statistics, recompute rolled up, every meter's."""
