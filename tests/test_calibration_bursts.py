@@ -79,9 +79,11 @@ def _hook_cost_with_burst(monkeypatch: pytest.MonkeyPatch, burst_us: int) -> flo
 def test_a_burst_over_half_the_profiled_steps_does_not_move_the_hook_cost(monkeypatch: pytest.MonkeyPatch) -> None:
     """A burst of 30 µs on each Linear call (about twice its profiled forward) in five of the seven profiled steps
     kept (the 3rd to the 7th of nine): the medians' difference read 3.0-3.8x the clean figure (40.6 µs against
-    13.7, 40.7 against 10.7); the least of each side stays within the clean figure's spread."""
+    13.7, 40.7 against 10.7); the least of each side stays within the clean figure's spread. Under the full
+    suite's two workers the pair's own spread reached 1.8x in all three tries of one CI run (20.0 against 36.6
+    µs): five tries, and a bound of 2x, still well under what the medians read."""
     def measure() -> tuple[float, float]:
         return _hook_cost_with_burst(monkeypatch, 0), _hook_cost_with_burst(monkeypatch, 30)
 
-    clean, burst = measured_until(3, measure, lambda pair: pair[1] < 1.5 * pair[0])
-    assert 0 < clean and burst < 1.5 * clean, (clean, burst)
+    clean, burst = measured_until(5, measure, lambda pair: pair[1] < 2 * pair[0])
+    assert 0 < clean and burst < 2 * clean, (clean, burst)
