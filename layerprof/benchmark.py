@@ -36,6 +36,10 @@ class BenchmarkResult:
     environment: dict[str, Any] = field(default_factory=dict, repr=False)
     profile: Profile | None = field(default=None, repr=False)
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        # IPython shows a cell's last value by this: the line ``print`` gives, not the dataclass's fields.
+        printer.text(str(self))
+
     def __str__(self) -> str:
         lat = self.latency_ms
         mode = "forward+backward" if self.backward else "forward (inference_mode)"

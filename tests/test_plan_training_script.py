@@ -135,6 +135,9 @@ def test_a_plan_verifies_itself_and_its_verification_prints_as_text() -> None:
     text = str(result)
     assert text.startswith("verified: saved ") and ", budget met; step " in text
     assert repr(result).startswith("Verification(predicted_saved_bytes=")
+    # As a notebook cell's last value, IPython shows the text (it showed the ~470-character repr).
+    pretty = pytest.importorskip("IPython.lib.pretty")
+    assert pretty.pretty(result) == text
 
 
 def _stack() -> nn.Module:

@@ -422,6 +422,9 @@ def test_benchmark_latency_throughput_and_per_module() -> None:
     assert result.latency_ms["min"] == min(result.samples_ms)
     assert result.throughput == pytest.approx(16 / (result.latency_ms["median"] / 1e3))
     assert "samples/s" in str(result)
+    # As a notebook cell's last value, IPython shows the line print gives (it showed the dataclass's fields).
+    pretty = pytest.importorskip("IPython.lib.pretty")
+    assert pretty.pretty(result) == str(result) and not repr(result).startswith(str(result))
     trained = layerprof.benchmark(model, (x,), iters=4, warmup=1, backward=True, per_module=True, progress=False)
     assert trained.profile is not None and trained.profile.tree.backward_ms > 0
     assert trained.profile.tree.steps == 4

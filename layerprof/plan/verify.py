@@ -89,6 +89,10 @@ class Verification:
     def __str__(self) -> str:
         return verification_text(self)  # (the command line's lines; repr keeps the fields)
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        # IPython shows a cell's last value by this: the text, not the ~470 characters of the fields' repr.
+        printer.text(str(self))
+
     @property
     def fault_ms(self) -> float | None:
         """The plan's change in page faults a step at ``fault_us`` a fault (ms), or None where not counted."""
