@@ -20,6 +20,7 @@ _second = itemgetter(1)
 
 __all__ = ["RefusedModel", "compiled_while_profiling", "refuse_compiled_in_place", "refuse_compiled_wrapper"]
 
+
 class RefusedModel(TypeError):
     """A model, or a module of it, that LayerProf cannot profile (TorchScript, torch.compile'd, compiled in place,
     not an nn.Module): a TypeError, told apart from a TypeError of a bug (the command line reports it as the
@@ -54,8 +55,8 @@ def refuse_compiled_in_place(paths: list[tuple[str, nn.Module]], modules: list[n
     of ``paths``, and ``owns`` their ``__dict__``, where the caller has them."""
     found = compiled_in_place(paths, modules, owns)
     if found is not None:
-        raise RefusedModel(f"LayerProf cannot profile a module compiled in place: {_describe(*found)}: {_CONSEQUENCE} "
-                        + _WHAT_TO_DO[found[2]])
+        raise RefusedModel(f"LayerProf cannot profile a module compiled in place: {_describe(*found)}: "
+                           f"{_CONSEQUENCE} {_WHAT_TO_DO[found[2]]}")
 
 
 def compiled_while_profiling(paths: list[tuple[str, nn.Module]], modules: list[nn.Module] | None = None,
