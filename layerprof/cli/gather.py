@@ -15,7 +15,7 @@ from typing import Sequence
 
 from ..distributed.gather import GatheredProfile, gathered_from_saved
 from .errors import EXIT_OK, EXIT_SLOWER, UnreadableInput, UsageError
-from .outputs import _check_writable
+from .outputs import check_writable
 from .parser import _Parser, _depth, add_common_options, nonnegative
 from .saved import load_profile
 
@@ -65,7 +65,7 @@ def run_gather(argv: Sequence[str], prog: str = "layerprof") -> int:
     for flag in ("csv", "markdown"):
         path = getattr(options, flag)
         if path is not None:
-            _check_writable(flag, Path(path))
+            check_writable(flag, Path(path))
     given = list(map(_ranked, options.files))
     triples = [(rank, repr(path), load_profile(path, "RANK_FILE")) for rank, path in given]
     try:

@@ -17,7 +17,7 @@ from .errors import RunError, UsageError, one_line
 from .parser import PLOT_DEFAULTS
 from .spec import spec_file
 
-__all__ = ["Output", "forward_only_mode", "requested_outputs", "write_outputs"]
+__all__ = ["Output", "check_writable", "forward_only_mode", "requested_outputs", "write_outputs"]
 
 _METHODS = {"csv": "to_csv", "json": "to_json", "html": "to_html", "trace": "to_trace",
             "speedscope": "to_speedscope", "report": "to_report", "plot": "plot"}
@@ -35,7 +35,8 @@ class Output:
 _PLOT_SUFFIXES = (".png", ".svg")
 
 
-def _check_writable(flag: str, path: Path) -> None:
+def check_writable(flag: str, path: Path) -> None:
+    """A usage error where ``--FLAG PATH`` cannot be written (a folder, a missing folder, no permission)."""
     try:
         _check_path(flag, path)
     except (OSError, RuntimeError) as exc:  # a name too long, a loop of links: what the system says of the path
@@ -140,7 +141,7 @@ def requested_outputs(options: argparse.Namespace) -> list[Output]:
         if path is None:
             continue
         path = Path(path).expanduser()
-        _check_writable(flag, path)
+        check_writable(flag, path)
         if flag == "plot":
             _check_plot(options, path)
         outputs.append(Output(flag, method, path))
