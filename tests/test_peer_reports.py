@@ -405,3 +405,47 @@ def test_interpolation_is_free_and_never_overflows() -> None:
     """sovrasov/flops-counter.pytorch#144 (a scalar scale_factor overflowed) and #119 (F.interpolate crashed)."""
     prof = flops(Call(lambda x: F.interpolate(x, scale_factor=2, mode="bilinear")), torch.randn(200, 3, 10, 10))
     assert prof.tree.flops_forward == 0 and prof.unknown_ops() == {}
+
+
+# -- kernels that were listed as having no formula ---------------------------------------------------------
+def test_cdist_counts_its_matrix_product_in_both_passes() -> None:
+    """facebookresearch/fvcore#42 reported the ops it skipped; layerprof lists the same kind as unknown_ops(). A sweep
+    of functional ops found torch.cdist's matrix-product path listed (its forward 0, its gradient counted)."""
+    x1, x2 = torch.randn(2, 30, 4, requires_grad=True), torch.randn(2, 40, 4, requires_grad=True)
+    prof = flops(Call(torch.cdist), x1, x2, backward=True)
+    # on more than 25 rows torch computes [-2 x1, |x1|^2, 1] @ [x2, 1, |x2|^2]^T: 2 * 2*30*40 * (4 + 2)
+    assert prof.tree.flops_forward == 2 * 2 * 30 * 40 * 6 == 28800
+    # the gradient of each input is one product [30, 40] @ [40, 4] (and its transpose): 2 * 2 * 2*30*40*4
+    assert prof.tree.flops_backward == 38400
+    assert prof.unknown_ops() == {}
+    # few rows: distances computed directly, elementwise work (as F.pdist), known and free
+    small = flops(Call(torch.cdist), torch.randn(2, 3, 4, requires_grad=True), torch.randn(2, 5, 4), backward=True)
+    assert (small.tree.flops_forward, small.tree.flops_backward, small.unknown_ops()) == (0, 0, {})
+    pdist = flops(Call(F.pdist), torch.randn(6, 4, requires_grad=True), backward=True)
+    assert (pdist.tree.flops_backward, pdist.unknown_ops()) == (0, {})
+
+
+def test_affine_grid_and_conv_tbc_count_their_products() -> None:
+    """facebookresearch/fvcore#42 (skipped ops): a spatial transformer's F.affine_grid and fairseq's ConvTBC were
+    listed as unknown, their forward 0 beside a counted backward."""
+    theta = torch.randn(2, 2, 3, requires_grad=True)
+    prof = flops(Call(lambda t: F.affine_grid(t, [2, 3, 4, 5], align_corners=False)), theta, backward=True)
+    # base grid [2, 4*5, 3] @ theta^T [2, 3, 2]: 2 * 2*20*3*2; the backward's product has the same size
+    assert (prof.tree.flops_forward, prof.tree.flops_backward, prof.unknown_ops()) == (480, 480, {})
+
+    x, weight, bias = torch.randn(5, 2, 4), torch.randn(3, 4, 6, requires_grad=True), torch.randn(6)
+    prof = flops(Call(lambda x, w, b: torch.conv_tbc(x, w, b, 1)), x, weight, bias, backward=True)
+    # x: [t=5, b=2, c_in=4], w: [k=3, 4, 6], pad 1 -> [5, 2, 6]: 2 * 5*2 positions * 3*4*6
+    assert prof.tree.flops_forward == 2 * 10 * 72 == 1440
+    assert prof.unknown_ops() == {}
+
+
+def test_a_margin_loss_and_a_cross_product_are_known_and_free() -> None:
+    """facebookresearch/fvcore#42 (skipped ops): F.multilabel_margin_loss and torch.linalg.cross were listed as
+    ops with no formula, a warning under every FLOPs summary, though they hold no matrix product."""
+    scores = torch.randn(4, 5, requires_grad=True)
+    targets = torch.tensor([[1, 2, -1, 0, 0]] * 4)
+    prof = flops(Call(F.multilabel_margin_loss), scores, targets, backward=True)
+    assert (prof.tree.flops_forward, prof.tree.flops_backward, prof.unknown_ops()) == (0, 0, {})
+    prof = flops(Call(torch.linalg.cross), torch.randn(4, 3, requires_grad=True), torch.randn(4, 3), backward=True)
+    assert (prof.tree.flops_forward, prof.tree.flops_backward, prof.unknown_ops()) == (0, 0, {})

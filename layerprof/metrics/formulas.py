@@ -241,6 +241,24 @@ def dot_flops(a: Sequence[int], b: Sequence[int], *args: Any, **kwargs: Any) -> 
     return 2 * a[0]  # a: [k] . b: [k]
 
 
+@register_flop_formula(aten._euclidean_dist)
+def euclidean_dist_flops(x1: Sequence[int], x2: Sequence[int], *args: Any, out_shape: Sequence[int],
+                         **kwargs: Any) -> int:
+    """``torch.cdist``'s matrix-product path (p=2 on more than 25 rows: a VQ codebook lookup). The kernel pads each
+    row with its squared norm and a 1, then multiplies: ``[-2 x1, |x1|^2, 1] @ [x2, 1, |x2|^2]^T`` (FlopCounterMode
+    counts 0, and the gradient's products, which it counts)."""
+    return 2 * prod(out_shape) * (x1[-1] + 2)  # x1: [*, m, d + 2] @ x2^T: [*, d + 2, n] -> [*, m, n]
+
+
+@register_flop_formula(aten.affine_grid_generator)
+def affine_grid_flops(theta: Sequence[int], size: Sequence[int], *args: Any, out_shape: Sequence[int],
+                      **kwargs: Any) -> int:
+    """``F.affine_grid`` (a spatial transformer): every point of the base grid, homogeneous, times the affine
+    matrix (FlopCounterMode counts 0, and the gradient's batched product, which it counts)."""
+    # 2-D: base grid [n, h * w, 3] @ theta^T [n, 3, 2] -> [n, h, w, 2]; 3-D: [n, d * h * w, 4] @ [n, 4, 3]
+    return 2 * prod(out_shape) * theta[-1]
+
+
 # -- convolutions ------------------------------------------------------------------------------------------
 def conv_forward_flops(x: Sequence[int], w: Sequence[int], out: Sequence[int], transposed: bool = False) -> int:
     """One convolution: every weight element meets every position of the larger spatial side once per sample."""
@@ -283,6 +301,13 @@ def convolution_backward_flops(grad_out: Sequence[int], x: Sequence[int], w: Seq
     # grad_out: [n, c_out, *spatial_out]; grad_input = conv_transpose(grad_out, w), grad_w = conv(x, grad_out).
     forward = conv_forward_flops(x, w, grad_out, bool(transposed))
     return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))  # the bias gradient is a sum
+
+
+@register_flop_formula(aten.conv_tbc)
+def conv_tbc_flops(x: Sequence[int], w: Sequence[int], *args: Any, out_shape: Sequence[int], **kwargs: Any) -> int:
+    """Time-batch-channel 1-D convolution (fairseq's ``ConvTBC``): every weight element meets every output position
+    (FlopCounterMode counts 0, and the backward's products, which it counts)."""
+    return 2 * out_shape[0] * out_shape[1] * prod(w)  # x: [t, b, c_in] * w: [k, c_in, c_out] -> [t_out, b, c_out]
 
 
 # -- attention ---------------------------------------------------------------------------------------------
@@ -576,6 +601,10 @@ _FREE_OPS = (
     "_is_all_true", "_is_any_true", "isin", "allclose", "tril_indices", "triu_indices",
     # more factories, reductions and data movement (SigLIP's loss makes its labels with eye, DETR's takes a diagonal)
     "eye", "logspace", "nansum", "diagonal_backward", "block_diag", "histogram", "_pack_padded_sequence",
+    # distances computed directly, without a matrix product (torch.cdist on few rows or p != 2, F.pdist), a cross
+    # product and a margin loss: elementwise work and reductions
+    "_cdist_forward", "_cdist_backward", "_pdist_backward", "linalg_cross", "multilabel_margin_loss_forward",
+    "multilabel_margin_loss_backward",
 )
 
 _register_where_present(free, _FREE_OPS)
