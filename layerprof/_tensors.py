@@ -19,7 +19,10 @@ def is_lazy(tensor: Any) -> bool:
 
 
 def children(obj: Any) -> Iterable[tuple[Any, Any]] | None:
-    """``(key, value)`` pairs of a container (tuple, list, dict, ModelOutput, dataclass), None for anything else."""
+    """``(key, value)`` pairs of a container (tuple, list, dict, ModelOutput, dataclass), None for anything else.
+    A named tuple's keys are its field names (a ``PackedSequence``'s ``data``), as a dataclass's are."""
+    if isinstance(obj, tuple) and isinstance(getattr(type(obj), "_fields", None), tuple):
+        return zip(type(obj)._fields, obj)
     if isinstance(obj, (list, tuple)):
         return enumerate(obj)
     if isinstance(obj, dict):

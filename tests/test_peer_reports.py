@@ -6,6 +6,8 @@ saved bytes, and that the model is left as it was found.
 """
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numpy as np
 import pytest
 import torch
@@ -449,3 +451,23 @@ def test_a_margin_loss_and_a_cross_product_are_known_and_free() -> None:
     assert (prof.tree.flops_forward, prof.tree.flops_backward, prof.unknown_ops()) == (0, 0, {})
     prof = flops(Call(torch.linalg.cross), torch.randn(4, 3, requires_grad=True), torch.randn(4, 3), backward=True)
     assert (prof.tree.flops_forward, prof.tree.flops_backward, prof.unknown_ops()) == (0, 0, {})
+
+
+def test_named_tuple_fields_name_their_paths() -> None:
+    """TylerYep/torchinfo#161 (its NamedTuple cases failed; on layerprof they ran, but a named tuple's tensors were
+    named by position, "0.1", where a dataclass's are named by field)."""
+    Output = namedtuple("Output", "logits hidden")
+    linear = nn.Linear(4, 4)
+    model = Call(lambda x: Output(linear(x) * 2, linear(x)))
+    model.linear = linear
+    with LayerProf(model, metrics=("shapes",)) as prof:
+        model(torch.randn(1, 4))
+    assert prof.tree.output_paths == ["logits", "hidden"]
+
+    lstm = nn.LSTM(8, 16)
+    with LayerProf(lstm, metrics=("shapes",)) as prof:
+        lstm(pack_padded_sequence(torch.randn(5, 2, 8), [5, 3]))
+    # PackedSequence(data [8, 8], batch_sizes [5]) in, PackedSequence and (h, c) out; its None fields are skipped
+    assert prof.tree.input_paths == ["0.data", "0.batch_sizes"]
+    assert prof.tree.input_shapes == [[8, 8], [5]]
+    assert prof.tree.output_paths == ["0.data", "0.batch_sizes", "1.0", "1.1"]

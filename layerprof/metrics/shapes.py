@@ -4,7 +4,8 @@ What a record holds (numbers and strings only; no tensor is kept, only ``torch.S
 
 - ``input_shapes``: the shapes of the tensors of the module's first call, flattened depth first: positional
   arguments, then keyword arguments in the order given; inside them list/tuple items in order, dict (and Hugging
-  Face ``ModelOutput``) values in insertion order, dataclass fields in declaration order. Non-tensor values are
+  Face ``ModelOutput``) values in insertion order, dataclass and named tuple fields in declaration order (a named
+  tuple's paths name its fields: ``"0.data"`` for a ``PackedSequence`` argument). Non-tensor values are
   skipped. ``Linear`` on a ``[4, 10]`` input: ``[[4, 10]]``; on a nested tensor of a ``[3, 4]`` and a ``[2, 4]``,
   ``[[2, None, 4]]`` (None for a ragged dimension; the summary shows ``?``).
 - ``input_dtypes``: the dtype of each of those tensors, e.g. ``["float32"]``.
