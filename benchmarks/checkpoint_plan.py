@@ -212,15 +212,17 @@ class _Sequential(nn.Module):
         return checkpoint_sequential(self.body, self.segments, x, use_reentrant=False)
 
 
-def run_model(name: str, scale: str, repeats: int, cap: int, split: int = 0, keep: bool = False
-              ) -> list[dict[str, Any]]:
+def run_model(name: str, scale: str, repeats: int, cap: int, split: int = 0, keep: bool = False,
+              warmup: int = 0, profiled: int = PROFILED_STEPS) -> list[dict[str, Any]]:
     entry = ZOO[name]
     fault_us = page_fault_us()
     model, step = zoo_step(name, scale)
+    for _ in range(warmup):  # plain steps before the profile (``--warmup``)
+        step()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with LayerProf(model, metrics=("memory",)) as prof:
-            for _ in range(PROFILED_STEPS):  # the memory meter runs in the first step; times from the others
+            for _ in range(profiled):  # the memory meter runs in the first step; times from the others
                 step()
                 prof.step()
     if keep:
@@ -423,7 +425,8 @@ def live_planning_time(blocks: int = 1_100, width: int = 8) -> tuple[int, float,
     return sum(1 for _ in net.modules()), timings[0], timings[1]
 
 
-def _calibrated_run(name: str, scale: str, repeats: int, cap: int, split: int = 0, keep: bool = False
+def _calibrated_run(name: str, scale: str, repeats: int, cap: int, split: int = 0, keep: bool = False,
+                    warmup: int = 0, profiled: int = PROFILED_STEPS
                     ) -> tuple[list[dict[str, Any]], tuple[float, float, float]]:
     """One model's rows, and the wrapper's and the hooks' cost as this process measured them (they are cached per
     process, so measured once before the model runs, as its plans will use them)."""
@@ -434,7 +437,7 @@ def _calibrated_run(name: str, scale: str, repeats: int, cap: int, split: int = 
 
     cost = wrap_cost()
     calibration = (cost.per_call_ms, cost.per_tensor_ms, hook_cost(LayerProf))
-    rows = run_model(name, scale, repeats, cap, split, keep)
+    rows = run_model(name, scale, repeats, cap, split, keep, warmup, profiled)
     for row in rows:
         row["calibration"] = calibration
     return rows, calibration
@@ -455,6 +458,12 @@ def main() -> None:
                         help="glibc only: after each model's profiled steps, set the trim threshold (mallopt) so "
                              "that the heap's top is never given back: no step takes fresh pages for it (a "
                              "diagnosis: users' processes run with the default)")
+    parser.add_argument("--warmup", type=int, default=0, metavar="STEPS",
+                        help="plain steps each model runs before its profile (default 0: the profile's steps are "
+                             "the process's first)")
+    parser.add_argument("--profiled", type=int, default=PROFILED_STEPS, metavar="STEPS",
+                        help=f"steps in the profile the plans are made from (default {PROFILED_STEPS}; the memory "
+                             "meter reads the first, the times are medians over the rest)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
@@ -464,11 +473,12 @@ def main() -> None:
     for name in args.models.split(","):
         if args.same_process:
             found, calibration = _calibrated_run(name, args.scale, args.repeats, args.max_repeats, args.split,
-                                                 args.keep_heap)
+                                                 args.keep_heap, args.warmup, args.profiled)
         else:
             with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
                 found, calibration = pool.submit(_calibrated_run, name, args.scale, args.repeats,
-                                                 args.max_repeats, args.split, args.keep_heap).result()
+                                                 args.max_repeats, args.split, args.keep_heap, args.warmup,
+                                                 args.profiled).result()
         rows += found
         calibrations.append(f"{name} {calibration[0]:.3f} ms + {calibration[1] * 1e3:.1f} us, {calibration[2] * 1e3:.1f} us")
     hits = sum(within(row["predicted_ms"], row["plan_ms"]) for row in rows)
