@@ -496,8 +496,17 @@ class Profile:
         refused for a saved-bytes budget: its saved bytes sum forwards never held at once. Profile one micro-batch a
         step (``prof.step()`` after each backward), or plan by ``peak=``.
         See ``layerprof.plan``."""
+        memory = self.meta.get("memory") or self.meta.get("live_memory") or {}  # (the meter's meta)
+        hidden = memory.get("under_other_saved_tensors_hooks") if isinstance(memory, dict) else None
+        if hidden:
+            shown = ", ".join(repr(name) if name else "the model" for name in hidden[:5])
+            raise ValueError(
+                f"checkpoint_plan: in the profiled step, {shown} ran under saved-tensor hooks entered inside the "
+                "block (torch.autograd.graph.save_on_cpu, saved_tensors_hooks), which autograd ran instead of the "
+                "memory meter's, so what they saved for backward is unknown. Profile with your hooks entered around "
+                "the block (with save_on_cpu(): with LayerProf(model, metrics=(\"memory\",)): ...), where the meter "
+                "counts through them")
         if peak is None:
-            memory = self.meta.get("memory") or self.meta.get("live_memory") or {}  # (the meter's meta)
             accumulated = memory.get("forwards_after_backward", 0) if isinstance(memory, dict) else 0
             if accumulated:
                 saved = saved_today(self.tree)

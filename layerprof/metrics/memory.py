@@ -37,6 +37,7 @@ place, and the counts that make wrapping unsafe or ambiguous (``checkpoint_side_
 """
 from __future__ import annotations
 
+import warnings
 import weakref
 
 from bisect import bisect_left
@@ -48,7 +49,8 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointError
 
 from .._tensors import is_lazy, iter_tensors
-from .._torch import StorageWeakRef, inner_tensors, outer_saved_tensors_hooks, storage_key, tensor_version
+from .._torch import (StorageWeakRef, foreign_saved_tensors_hooks, inner_tensors, outer_saved_tensors_hooks,
+                      storage_key, tensor_version)
 from ..record.adoption import adopters
 from ..record.fields import Field, declare
 from ..record.records import ModuleRecord
@@ -174,7 +176,7 @@ class _CallMemory:
     __slots__ = (
         "inputs", "self_activation", "self_saved", "activation", "saved", "log", "self_tensors", "tensors",
         "name", "parent", "depth", "input_sizes", "input_versions", "freed", "kept", "side_effects", "inplace",
-        "changed_later", "cache_updates", "no_grad", "ops", "ops_start", "params",
+        "changed_later", "cache_updates", "no_grad", "ops", "ops_start", "params", "hidden", "incomplete",
         "forward_mark", "forward_start", "forward_delta", "forward_peak", "forward_end_mark",
         "backward_mark", "backward_start", "backward_delta", "backward_peak", "backward_end_mark",
     )
@@ -201,6 +203,9 @@ class _CallMemory:
         self.ops: int | None = None  # ops the reader saw in the forward; None where it raised (never ended)
         self.ops_start: int | None = None  # the reader's op count when the forward started
         self.params: dict[str, Any] | None = None  # the module's own parameter table (read as it saves)
+        # Ran under saved-tensor hooks entered inside the block (``save_on_cpu``), which autograd runs instead of
+        # ours: what it saved is unknown (``hidden``), and so is the inclusive figure of it and its callers.
+        self.hidden = self.incomplete = False
 
 
 def _holds(params: dict[str, Any], key: int) -> bool:
@@ -322,6 +327,9 @@ class MemoryMeter(Meter):
         self._reader: MemoryReader = MemoryReader()
         self._hooks: Any = None
         self._outer: tuple[Any, Any] | None = None
+        self._own_pack: Any = None  # our pack hook as autograd holds it, to tell it from hooks entered after ours
+        # The outermost modules called under saved-tensor hooks entered inside the block, which hide what they save.
+        self._hidden: dict[str, None] = {}
         # The last tensor packed and the alias handed for it (weak references: nothing kept alive), so that one
         # tensor saved in several slots in a row (``checkpoint(attn, x, x, x)`` saves its inputs so) unpacks as one
         # object, as without hooks: ``nn.MultiheadAttention`` takes its self-attention path on ``query is key``.
@@ -348,7 +356,7 @@ class MemoryMeter(Meter):
         self._outer = outer_saved_tensors_hooks()
         hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         hooks.__enter__()  # raises where saved-tensor hooks are disabled: before the reader opens, nothing to undo
-        self._hooks = hooks
+        self._hooks, self._own_pack = hooks, hooks.pack_hook
         try:
             self._reader.open()
         except BaseException:
@@ -364,6 +372,8 @@ class MemoryMeter(Meter):
                 self._training = bool(self._model.training)
             self._model = None
         hooks, self._hooks = self._hooks, None
+        if self._hidden:
+            self._warn_hidden()
         self._stack.clear()
         self._inputs_after.clear()
         self._returned.clear()
@@ -406,7 +416,21 @@ class MemoryMeter(Meter):
             found["dtype"] = self._dtype
         if self._after_backward:
             found["forwards_after_backward"] = self._after_backward
+        if self._hidden:
+            found["under_other_saved_tensors_hooks"] = list(self._hidden)
         return found
+
+    def _warn_hidden(self) -> None:
+        names = list(self._hidden)
+        shown = ", ".join(repr(name) if name else "the model" for name in names[:5])
+        more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+        warnings.warn(
+            f"metrics=({self.name!r},) counts what autograd saves for backward through saved-tensor hooks of its "
+            f"own, and hooks entered inside the block (torch.autograd.graph.save_on_cpu, saved_tensors_hooks) run "
+            f"instead of them: what {shown}{more} saved under yours is unknown, so their saved-bytes figures read "
+            "None and checkpoint_plan refuses this profile. Enter your hooks around the block (with save_on_cpu(): "
+            "with LayerProf(...)), where the meter hands each tensor on to them and counts it",
+            RuntimeWarning, stacklevel=4)
 
     def explain(self, error: BaseException) -> str | None:
         if isinstance(error, RuntimeError) and "saved tensor hooks" in str(error):
@@ -538,6 +562,10 @@ class MemoryMeter(Meter):
         state = _CallMemory(inputs, self._log_for(call.clock.device), parent)
         if not grad_on:
             state.input_sizes = {}  # (nothing a checkpoint of it keeps)
+        elif foreign_saved_tensors_hooks(self._own_pack):
+            state.hidden = state.incomplete = True
+            if parent is None or not parent.hidden:
+                self._hidden[call.name] = None
         if self._step_log is None and call.parent is None:
             self._step_log = state.log
         state.side_effects = int(has_side_effects(module))
@@ -666,6 +694,7 @@ class MemoryMeter(Meter):
             if parent is not None:
                 parent.activation += state.activation
                 parent.saved += state.saved
+                parent.incomplete = parent.incomplete or state.incomplete
                 parent.tensors += state.tensors
                 parent.side_effects += state.side_effects
                 parent.cache_updates += state.cache_updates
@@ -695,6 +724,12 @@ class MemoryMeter(Meter):
             for name in adopters(call):
                 if name in ran:
                     _adopt(totals[name], state)
+        for call, state in self._calls:
+            if state.incomplete:  # (unknown, not 0: what a call under hooks entered inside the block saved)
+                for name in (call.name, *adopters(call)):
+                    totals[name].update(dict.fromkeys(_SAVED_INCLUSIVE))
+                if state.hidden:
+                    totals[call.name]["self_saved_bytes"] = None
         for name, row in totals.items():
             for field, value in row.items():
                 setattr(records[name], field, value)
@@ -749,6 +784,10 @@ def _still_held(held: list[Any]) -> bool:
     if held and isinstance(held[0], weakref.ref):
         return any(alias() is not None for alias in held)
     return not any(call.bwd_start is not None for call in held)
+
+
+# The inclusive saved-for-backward figures, unknown where a call inside ran under hooks entered in the block.
+_SAVED_INCLUSIVE = ("saved_bytes", "checkpoint_freed_bytes", "checkpoint_kept_bytes", "checkpoint_saved_tensors")
 
 
 def _adopt(row: dict[str, int | None], state: _CallMemory) -> None:

@@ -1,0 +1,80 @@
+"""torch's own utilities that hook modules or change how a step runs, under layerprof: saved-tensor hooks,
+parametrizations, pruning, torch.func. Each profiles a real training step and checks what the user sees."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.autograd.graph import save_on_cpu, saved_tensors_hooks
+
+from layerprof import LayerProf
+
+from .conftest import hook_state
+
+
+def _mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 1))
+
+
+def _to_half() -> saved_tensors_hooks:
+    """A user's compression of what autograd saves: kept in float16, given back in the saved dtype."""
+    return saved_tensors_hooks(lambda t: (t.dtype, t.to(torch.float16)), lambda packed: packed[1].to(packed[0]))
+
+
+# The step's saved bytes, x: [32, 16] and the Tanh's output [32, 64] in float32 (the second Linear saves that same
+# output again, one storage): 32 * 16 * 4 + 32 * 64 * 4 = 2048 + 8192 = 10240.
+SAVED = {"": 10240, "0": 2048, "1": 8192, "2": 0}
+
+
+@pytest.mark.parametrize("user_hooks", [save_on_cpu, _to_half], ids=["save_on_cpu", "a user's float16 hooks"])
+def test_saved_tensor_hooks_entered_inside_the_block_read_unknown_not_zero(user_hooks) -> None:
+    # Autograd runs only the innermost saved-tensor hooks: a `with save_on_cpu():` inside the step hid every saved
+    # tensor from the memory meter, whose figures read 0 and whose planner found a feasible plan wrapping nothing.
+    model, x = _mlp(), torch.randn(32, 16)
+
+    def step() -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        with user_hooks():
+            loss = model(x).pow(2).mean()
+        loss.backward()
+        return [loss.detach(), *(p.grad.clone() for p in model.parameters())]
+
+    plain, before = step(), hook_state(model)
+    with pytest.warns(RuntimeWarning, match=r"what the model saved under yours is unknown"):
+        with LayerProf(model, metrics=("memory",)) as prof:
+            profiled = step()
+    assert all(torch.equal(a, b) for a, b in zip(plain, profiled)) and hook_state(model) == before
+    for name, record in prof.records.items():
+        assert record.saved_bytes is None and record.self_saved_bytes is None, name
+        assert record.activation_bytes is not None, name  # (outputs are read without the hooks)
+    assert prof.meta["memory"]["under_other_saved_tensors_hooks"] == [""]
+    with pytest.raises(ValueError, match=r"the model ran under saved-tensor hooks entered inside the block"):
+        prof.checkpoint_plan(0.5)
+    # Entered around the block, the meter hands each tensor on to them and counts it: exact figures, a real plan.
+    with user_hooks():
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", "metrics=.* hooks entered inside the block")
+            with LayerProf(model, metrics=("memory",)) as prof:
+                model.zero_grad(set_to_none=True)
+                loss = model(x).pow(2).mean()
+                loss.backward()
+        assert {name: record.saved_bytes for name, record in prof.records.items()} == SAVED
+        again = [loss.detach(), *(p.grad for p in model.parameters())]
+        assert all(torch.equal(a, b) for a, b in zip(plain, again))
+    assert prof.checkpoint_plan(0.5).modules
+
+
+def test_a_checkpointed_region_is_not_taken_for_a_users_saved_tensor_hooks() -> None:
+    # torch.utils.checkpoint's own hooks sit above the meter's inside its region, by design (it saves nothing).
+    model, x = _mlp(), torch.randn(32, 16)
+    inner = nn.Sequential(model[0], model[1])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "metrics=.* hooks entered inside the block")
+        with LayerProf(model, metrics=("memory",)) as prof:
+            hidden = torch.utils.checkpoint.checkpoint(inner, x, use_reentrant=False)
+            model[2](hidden).pow(2).mean().backward()
+    assert "under_other_saved_tensors_hooks" not in prof.meta["memory"]
+    assert prof.records["0"].saved_bytes == 0 and prof.records["1"].saved_bytes == 0
