@@ -78,3 +78,27 @@ def test_a_checkpointed_region_is_not_taken_for_a_users_saved_tensor_hooks() -> 
             model[2](hidden).pow(2).mean().backward()
     assert "under_other_saved_tensors_hooks" not in prof.meta["memory"]
     assert prof.records["0"].saved_bytes == 0 and prof.records["1"].saved_bytes == 0
+
+
+def test_hessian_of_a_model_counts_every_op_forward_mode_runs() -> None:
+    # torch.func.hessian is jacfwd(jacrev(f)): forward mode runs its tangents' sums as prims.add, which carries no
+    # pointwise tag and was listed as unknown (with prims.mul: GELU, LayerNorm). Free by the convention, as aten.add.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    wider = nn.Sequential(nn.Linear(3, 4), nn.GELU(), nn.LayerNorm(4), nn.Linear(4, 1))
+    v = torch.randn(3)
+    plain = torch.func.hessian(lambda x: model(x).sum())(v)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (one step under a distorting meter; functorch's deprecated jit.script)
+        with LayerProf(model, metrics=("flops",)) as prof:
+            hessian = torch.func.hessian(lambda x: model(x).sum())(v)
+        with LayerProf(wider, metrics=("flops",)) as wider_prof:
+            torch.func.hessian(lambda x: wider(x).sum())(v)
+    assert torch.equal(hessian, plain)
+    assert prof.unknown_ops() == {} and wider_prof.unknown_ops() == {}
+    # The mms the dispatch sees, 3 tangents batched: Linear(3, 4) forward [1, 3] @ [3, 4] twice (2 * 12 each) and
+    # the tangents' [3, 3] @ [3, 4] (2 * 36): 24 + 24 + 72 = 120; its backward [1, 4] @ [4, 3] twice and
+    # [3, 4] @ [4, 3]: 120. Linear(4, 1) forward [1, 4] @ [4, 1] twice and [3, 4] @ [4, 1]: 8 + 8 + 24 = 40; its
+    # backward, the input's gradient only, [1, 1] @ [1, 4]: 8.
+    flops = {name: (record.flops_forward, record.flops_backward) for name, record in prof.records.items()}
+    assert flops == {"": (160, 128), "0": (120, 120), "1": (0, 0), "2": (40, 8)}

@@ -616,3 +616,16 @@ for _name in _FREE_OPS:
                                          for overload in _backward.overloads()):
         register_flop_formula(_backward)(free)
 register_flop_formula(torch.ops.prim.device)(free)
+
+# torch's primitives (``prims``) that functorch's forward-mode rules run as they are (``jacfwd``, ``hessian``:
+# ``prims.add`` and ``prims.mul`` on tangents): elementwise, shapes, copies and reductions, free as their aten
+# counterparts are; their ops carry no pointwise tag.
+_FREE_PRIMS = (
+    "abs", "acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "erf", "erfc", "exp", "expm1", "exp2",
+    "log", "log1p", "log2", "log10", "neg", "reciprocal", "sign", "sin", "sinh", "sqrt", "rsqrt", "tan", "tanh",
+    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "ge", "gt", "le", "lt", "where",
+    "convert_element_type", "broadcast_in_dim", "clone", "sum", "amax", "amin", "prod", "var",
+)
+for _name in _FREE_PRIMS:
+    if hasattr(torch.ops.prims, _name):
+        register_flop_formula(getattr(torch.ops.prims, _name))(free)
