@@ -12,6 +12,7 @@ from torch.autograd.graph import save_on_cpu, saved_tensors_hooks
 from layerprof import LayerProf
 
 from .conftest import hook_state
+from .invariants import check_profile, parameter_modules_have_backward
 
 
 def _mlp() -> nn.Sequential:
@@ -102,3 +103,56 @@ def test_hessian_of_a_model_counts_every_op_forward_mode_runs() -> None:
     # backward, the input's gradient only, [1, 1] @ [1, 4]: 8.
     flops = {name: (record.flops_forward, record.flops_backward) for name, record in prof.records.items()}
     assert flops == {"": (160, 128), "0": (120, 120), "1": (0, 0), "2": (40, 8)}
+
+
+class _Quantized(nn.Module):
+    """Eager-mode quantization-aware training's layout: stubs around a conv-bn-relu and a Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = torch.ao.quantization.QuantStub(), torch.ao.quantization.DeQuantStub()
+        self.conv, self.bn, self.relu = nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU()
+        self.fc = nn.Linear(8 * 6 * 6, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dequant(self.fc(self.relu(self.bn(self.conv(self.quant(x)))).flatten(1)))
+
+
+@pytest.mark.parametrize("qconfig", ["fused observer", "FakeQuantize", "per-channel weights"])
+def test_quantization_aware_training_counts_its_fake_quantization(qconfig: str) -> None:
+    # FakeQuantize's ops (its fused observer, per-tensor and per-channel cachemask kernels) carry no pointwise tag
+    # and have no decomposition: they were listed as unknown ops. They round and clamp: free by the convention.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch.ao.quantization's deprecation, its observers' reduce_range)
+        quantization = torch.ao.quantization
+        torch.manual_seed(0)
+        model = _Quantized().train()
+        model.qconfig = {"fused observer": quantization.get_default_qat_qconfig("fbgemm"),
+                         "FakeQuantize": quantization.default_qat_qconfig,
+                         "per-channel weights": quantization.get_default_qat_qconfig("x86", version=0)}[qconfig]
+        quantization.fuse_modules_qat(model, [["conv", "bn", "relu"]], inplace=True)
+        quantization.prepare_qat(model, inplace=True)
+    x = torch.randn(2, 3, 8, 8)
+    state = {key: value.clone() for key, value in model.state_dict().items()}
+
+    def step() -> list[torch.Tensor]:
+        model.load_state_dict(state)  # (the observers move at every step: each step starts from the same ones)
+        model.zero_grad(set_to_none=True)
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        return [loss.detach(), *(p.grad.clone() for p in model.parameters())]
+
+    plain, before = step(), hook_state(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (one step under a distorting meter)
+        with LayerProf(model, metrics=("flops", "memory")) as prof:
+            profiled = step()
+    assert all(torch.equal(a, b) for a, b in zip(plain, profiled)) and hook_state(model) == before
+    check_profile(prof, model)
+    parameter_modules_have_backward(prof, model)
+    assert prof.unknown_ops() == {}
+    # The fused ConvBnReLU2d convolves once: 2 * (3 * 3 * 3) * 8 channels * 6 * 6 positions * 2 images = 31104,
+    # backward the weight's gradient only (x needs none); fc: 2 * 288 * 4 * 2 = 4608, backward twice that.
+    flops = {name: (record.flops_forward, record.flops_backward) for name, record in prof.records.items()
+             if record.flops_forward}
+    assert flops == {"": (35712, 40320), "conv": (31104, 31104), "fc": (4608, 9216)}

@@ -605,6 +605,10 @@ _FREE_OPS = (
     # product and a margin loss: elementwise work and reductions
     "_cdist_forward", "_cdist_backward", "_pdist_backward", "linalg_cross", "multilabel_margin_loss_forward",
     "multilabel_margin_loss_backward",
+    # fake quantization (quantization-aware training's FakeQuantize and its fused observer) rounds and clamps
+    "_fused_moving_avg_obs_fq_helper", "fake_quantize_per_tensor_affine_cachemask",
+    "_fake_quantize_per_tensor_affine_cachemask_tensor_qparams", "fake_quantize_per_channel_affine_cachemask",
+    "_fake_quantize_learnable_per_tensor_affine", "_fake_quantize_learnable_per_channel_affine",
 )
 
 _register_where_present(free, _FREE_OPS)
