@@ -25,7 +25,6 @@ __all__ = [
     "next_sequence_nr", "graph_task_id", "queue_backward_callback", "sequence_nr", "current_autograd_node",
     "batched_grad_fn",
     "has_decomposition", "nested_sizes", "storage_key", "submodules", "tensor_version", "outer_saved_tensors_hooks",
-    "foreign_saved_tensors_hooks",
     "compiled_module_type", "process_group_initialized", "fsdp2_param_groups", "FSDP2_HOOK_POINTS", "fsdp2_comm_buffers",
     "patch_fsdp2_group", "unpatch_fsdp2_group",
     "TorchDispatchMode", "ready_mode", "mode_is_on", "StorageWeakRef", "escaped_backward", "add_forward_hooks", "remove_forward_hooks",
@@ -546,18 +545,6 @@ def outer_saved_tensors_hooks() -> tuple[Any, Any] | None:
     """The saved-tensor hooks installed before ours (save_on_cpu, offloading), to chain to; None if none."""
     top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
     return top(False) if top is not None else None
-
-
-def foreign_saved_tensors_hooks(own: Any) -> bool:
-    """Whether the innermost saved-tensor hooks on this thread are someone else's than ``own`` (a pack hook) and not
-    ``torch.utils.checkpoint``'s (a checkpointed region saves nothing through hooks below its own, by design):
-    hooks entered after ``own`` (``save_on_cpu`` inside the profiled block), which autograd runs instead of it."""
-    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-    hooks = top(False) if top is not None else None
-    return hooks is not None and hooks[0] is not own and getattr(hooks[0], "__module__", None) != _CHECKPOINT
-
-
-_CHECKPOINT = "torch.utils.checkpoint"
 
 
 def process_group_initialized() -> bool:

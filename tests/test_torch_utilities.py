@@ -81,6 +81,25 @@ def test_a_checkpointed_region_is_not_taken_for_a_users_saved_tensor_hooks() -> 
     assert prof.records["0"].saved_bytes == 0 and prof.records["1"].saved_bytes == 0
 
 
+def test_a_students_block_inside_its_teachers_is_not_taken_for_a_users_saved_tensor_hooks() -> None:
+    # Distillation with both models profiled: the student's meter is on top inside its block and hands each tensor
+    # on to the teacher's, so the teacher's figures are exact, not unknown.
+    torch.manual_seed(0)
+    teacher = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    student = nn.Sequential(nn.Linear(8, 4), nn.Tanh())
+    x = torch.randn(32, 8)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "metrics=.* hooks entered inside the block")
+        with LayerProf(teacher, metrics=("memory",)) as outer:
+            with LayerProf(student, metrics=("memory",)) as inner:
+                (teacher(x) - student(x)).pow(2).sum().backward()
+    # teacher: Linear(8, 16) keeps x, 32·8·4 = 1024 B; ReLU its output, 32·16·4 = 2048 B, which is also what the
+    # last Linear keeps (one storage, counted once): 3072 B. student: x again, 1024 B; Tanh its output, 512 B.
+    assert {name: r.saved_bytes for name, r in outer.records.items()} == {"": 3072, "0": 1024, "1": 2048, "2": 0}
+    assert {name: r.saved_bytes for name, r in inner.records.items()} == {"": 1536, "0": 1024, "1": 512}
+    assert "under_other_saved_tensors_hooks" not in outer.meta["memory"]
+
+
 def test_hessian_of_a_model_counts_every_op_forward_mode_runs() -> None:
     # torch.func.hessian is jacfwd(jacrev(f)): forward mode runs its tangents' sums as prims.add, which carries no
     # pointwise tag and was listed as unknown (with prims.mul: GELU, LayerNorm). Free by the convention, as aten.add.

@@ -49,8 +49,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointError
 
 from .._tensors import is_lazy, iter_tensors
-from .._torch import (StorageWeakRef, foreign_saved_tensors_hooks, inner_tensors, outer_saved_tensors_hooks,
-                      storage_key, tensor_version)
+from .._torch import StorageWeakRef, inner_tensors, outer_saved_tensors_hooks, storage_key, tensor_version
 from ..record.adoption import adopters
 from ..record.fields import Field, declare
 from ..record.records import ModuleRecord
@@ -562,7 +561,7 @@ class MemoryMeter(Meter):
         state = _CallMemory(inputs, self._log_for(call.clock.device), parent)
         if not grad_on:
             state.input_sizes = {}  # (nothing a checkpoint of it keeps)
-        elif foreign_saved_tensors_hooks(self._own_pack):
+        elif _hidden_from(self._own_pack):
             state.hidden = state.incomplete = True
             if parent is None or not parent.hidden:
                 self._hidden[call.name] = None
@@ -786,6 +785,25 @@ def _still_held(held: list[Any]) -> bool:
     return not any(call.bwd_start is not None for call in held)
 
 
+def _hidden_from(own: Any) -> bool:
+    """Whether the saved-tensor hooks that autograd runs on this thread now hide what is saved from ``own`` (a
+    memory meter's pack hook): hooks entered after it (``save_on_cpu`` inside the profiled block) that do not hand
+    each tensor on to it. Another memory meter's (a block on a second model inside this one: a student's inside its
+    teacher's) hand each tensor on to the hooks that were on top as it began, so the chain is followed down;
+    ``torch.utils.checkpoint``'s save nothing by design (the region is recomputed in backward)."""
+    hooks = outer_saved_tensors_hooks()
+    while hooks is not None:
+        pack = hooks[0]
+        if pack is own:
+            return False
+        meter = getattr(pack, "__self__", None)
+        if not isinstance(meter, MemoryMeter) or meter._hooks is None:
+            return getattr(pack, "__module__", None) != _CHECKPOINT
+        hooks = meter._outer
+    return False  # (a thread without our hooks: nothing of ours to hide)
+
+
+_CHECKPOINT = "torch.utils.checkpoint"
 # The inclusive saved-for-backward figures, unknown where a call inside ran under hooks entered in the block.
 _SAVED_INCLUSIVE = ("saved_bytes", "checkpoint_freed_bytes", "checkpoint_kept_bytes", "checkpoint_saved_tensors")
 
