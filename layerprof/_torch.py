@@ -35,7 +35,7 @@ __all__ = [
     "add_backward_entry_hook", "remove_backward_entry_hook", "torchscript_compiled", "hooks_outputs_in_forward",
     "fsdp1_wrapper",
     "with_forward_pre_hooks", "NodeHooker", "cuda_raw_stream", "cuda_event_record",
-    "dict_version", "eager_forwards", "sparse_parts", "inner_tensors",
+    "dict_version", "eager_forwards", "sparse_parts", "inner_tensors", "faked", "fake_mode",
 ]
 
 # The sequence number the next autograd node created on this thread will get: a module call owns the nodes
@@ -473,6 +473,27 @@ def mode_is_on(mode: Any) -> bool:
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
     return any(entered is mode for entered in _get_current_dispatch_mode_stack())
+
+
+def faked(tensor: torch.Tensor | None) -> bool:
+    """Whether ops run under ``torch._subclasses.fake_tensor.FakeTensorMode`` on this thread, or ``tensor`` (a
+    model's first parameter) is a ``FakeTensor``: shapes, dtypes and a device, and no data. Neither can be true
+    before ``torch._subclasses.fake_tensor`` is imported, so nothing here imports it."""
+    fake_tensor = sys.modules.get("torch._subclasses.fake_tensor")
+    if fake_tensor is None:
+        return False
+    if tensor is not None and isinstance(tensor, fake_tensor.FakeTensor):
+        return True
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
+
+
+def fake_mode() -> Any:
+    """A new ``FakeTensorMode``: inside it, tensors made (a model's parameters, its inputs) and every op's outputs
+    are fake, with shapes, dtypes and a device and no data; ops run their device's kernel choice and compute
+    nothing."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode()
 
 
 def with_forward_pre_hooks(modules: list[Any]) -> list[Any]:

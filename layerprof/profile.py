@@ -25,15 +25,16 @@ from .metrics.peaks import check_peaks
 from .metrics.peaks import peaks as measure_peaks
 from .record import io
 from .record.records import ModuleRecord, preorder, release_tree
-from .record.roofs import attach_peaks, no_roofs_message
+from .record.roofs import attach_peaks, no_roofs_for
 from .record.summed import TreeValues
+from .record.untimed import untimed_in, untimed_note
 from .plan.plan import CheckpointPlan, make_plan, saved_today
 from .plan.profiled_as import profiled_as
 from .render import export
 from .render.compare import Comparison
 from .render.html import html_table, notebook_style
 from .render.plot import save_plot
-from .record.fields import canonical, detail_fields
+from .record.fields import FIELDS, canonical, detail_fields
 from .render.rows import FILTERS, derived_names, is_number, numeric_fields, select, top_records, value_of
 from .metrics.roofline import ROOFLINE_FIELDS
 from .render.summary import annotated_repr, partial_note
@@ -52,10 +53,16 @@ __all__ = ["Profile", "load", "loads", "save", "as_profile", "compare", "gather_
 _MATMUL_DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
+# The roofline's columns that set a measured time beside the counts, blank on a profile without times.
+_MEASURED_ROOFLINE = ("self_total_ms", "achieved_bandwidth", "efficiency", "lost_ms")
+
+
 def _meta_peaks(meta: dict[str, Any]) -> dict[str, Any] | None:
     """``Profile.peaks`` of the profile whose meta is ``meta``: the roofs it holds, else measured now where this
     process runs on the machine that measured the profile (``other_machine``), else None."""
     found = meta.get("peaks")
+    if found is None and untimed_in(meta) is not None:
+        return None  # (a step on the meta device or fake tensors: the roofs are the machine's it is estimated for)
     if found is None:
         environment = environment_in(meta)
         device = environment.get("device") or "cpu"
@@ -288,10 +295,13 @@ class Profile:
                 and any(is_number(value_of(record, by)) for record in records)):
             known.add(by)
         if by not in known:
+            untimed = untimed_note(self.meta)
+            if untimed is not None and by in FIELDS and FIELDS[by].unit == "ms" and by != "attainable_ms":
+                raise ValueError(f"cannot rank by {by!r}: {untimed}. Rank by one of them: top(by='flops')")
             if by in ROOFLINE_FIELDS and self.peaks() is None and any(
                     is_number(getattr(record, "flops_forward", None)) for record in records):
                 # FLOPs counted, but no roofs to hold them against (a file from another machine, saved without them).
-                raise ValueError(f"cannot rank by {by!r}: {no_roofs_message(environment_in(self.meta))}")
+                raise ValueError(f"cannot rank by {by!r}: {no_roofs_for(self.meta)}")
             known |= {name for name in derived_names() if name not in ROOFLINE_FIELDS
                       and any(is_number(value_of(record, name)) for record in records)}
             raise ValueError(f"cannot rank by {by!r}; numeric fields of this profile: {', '.join(sorted(known))}")
@@ -326,9 +336,11 @@ class Profile:
         if all(getattr(record, "self_bytes", None) is None for record in self.records.values()):
             raise ValueError("the roofline needs FLOPs and bytes: profile with LayerProf(model, metrics=('flops',))")
         if self.peaks() is None:
-            raise ValueError(no_roofs_message(environment_in(self.meta)))
+            raise ValueError(no_roofs_for(self.meta))
         columns = ["name", "type", "self_total_ms", "self_flops", "self_bytes", "self_intensity",
                    "achieved_bandwidth", "attainable_ms", "efficiency", "bound", "lost_ms"]
+        if untimed_in(self.meta) is not None:  # (what needs a measured time would be blank on every row)
+            columns = [name for name in columns if name not in _MEASURED_ROOFLINE]
         rows, shown = [], []
         for record in self.select(**filters):
             row = {name: value_of(record, name) for name in columns}
@@ -374,7 +386,8 @@ class Profile:
         check_path(path)
         self._measured("hook_ms")
         self._measured("live_op_ms")
-        if "peaks" not in self.meta and any(getattr(record, "self_bytes", None) is not None
+        if "peaks" not in self.meta and untimed_in(self.meta) is None and any(
+                getattr(record, "self_bytes", None) is not None
                                             for record in self.records.values()):
             # The roofs of the machine that measured the profile, which only a process on it can measure (once per
             # process): a file read on another machine has no others to hold its modules against. A measurement
@@ -496,6 +509,13 @@ class Profile:
         refused for a saved-bytes budget: its saved bytes sum forwards never held at once. Profile one micro-batch a
         step (``prof.step()`` after each backward), or plan by ``peak=``.
         See ``layerprof.plan``."""
+        untimed = untimed_note(self.meta)
+        if untimed is not None:
+            raise ValueError(
+                f"checkpoint_plan: {untimed}. A plan prices each module's recomputation by its measured forward "
+                "time, which this profile lacks: profile a step on the device (a smaller batch or fewer layers "
+                "where the model does not fit). Its saved bytes per module (saved_bytes, self_saved_bytes) are "
+                "what a plan frees")
         memory = self.meta.get("memory") or self.meta.get("live_memory") or {}  # (the meter's meta)
         hidden = memory.get("under_other_saved_tensors_hooks") if isinstance(memory, dict) else None
         if hidden:

@@ -188,6 +188,21 @@ def spec_device(ctx: Context) -> None:
         assert status == 2 and "CUDA is not available here" in err
 
 
+def spec_fake(ctx: Context) -> None:
+    # Normed on fake tensors: one step counted, nothing timed. body.0: x [2, 8] @ w [8, 4] = 2 * 2 * 8 * 4 FLOPs.
+    path = ctx.path("fake.json")
+    status, out, err = ctx.main(f"{ctx.models}:Normed", "-i", "2,8", "--fake", "--metrics", "flops", "--json", path)
+    assert status == 0, err
+    assert "1 step counted, not timed (fake tensors)" in out.splitlines()[0]
+    assert out.splitlines()[1].startswith("No times: the step ran on fake tensors")
+    doc = json.loads(Path(path).read_text())
+    assert doc["meta"]["untimed"] == "fake" and doc["meta"]["steps"] == 1 and "step_ms" not in doc["meta"]
+    body = next(row for row in doc["records"] if row["name"] == "body.0")
+    assert body["flops_forward"] == 2 * 2 * 8 * 4 and body["forward_ms"] is None and body["call_times"] == []
+    status, _, err = ctx.run("--fake", "--device", "meta")
+    assert status == 2 and "--fake with --device meta" in err
+
+
 def spec_dtype(ctx: Context) -> None:
     doc = ctx.json_of("--dtype", "bfloat16")
     assert doc["meta"]["environment"]["dtype"] == doc["meta"]["environment"]["input_dtype"] == "bfloat16"
@@ -516,6 +531,7 @@ CASES: dict[tuple[str, str], Callable[[Context], None]] = {
     ("layerprof", "--no-backward"): spec_no_backward,
     ("layerprof", "--eval"): spec_eval,
     ("layerprof", "--device"): spec_device,
+    ("layerprof", "--fake"): spec_fake,
     ("layerprof", "--dtype"): spec_dtype,
     ("layerprof", "--threads"): spec_threads,
     ("layerprof", "--seed"): spec_seed,

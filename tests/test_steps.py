@@ -399,7 +399,7 @@ def test_what_can_change_between_profiles_is_read_again() -> None:
 def test_the_dtype_and_device_come_from_the_parameter_that_parameters_gives_first() -> None:
     # A walk that stops at the first module holding a parameter, depth first as ``parameters()`` goes: past
     # containers without one, an empty slot, a shared module, and a parameterless first child.
-    from layerprof.collect.environment import _first_parameter
+    from layerprof.collect.environment import first_parameter
 
     shared = nn.Linear(2, 2).double()
     models = [
@@ -409,8 +409,8 @@ def test_the_dtype_and_device_come_from_the_parameter_that_parameters_gives_firs
     ]
     models[0]._modules = {"empty": None, **models[0]._modules}  # an empty slot first
     for model in models:
-        assert _first_parameter(model) is next(model.parameters(), None)
-    assert _first_parameter(models[0]).dtype == torch.float16 and _first_parameter(models[1]) is shared.weight
+        assert first_parameter(model) is next(model.parameters(), None)
+    assert first_parameter(models[0]).dtype == torch.float16 and first_parameter(models[1]) is shared.weight
 
 
 def test_benchmark_latency_throughput_and_per_module() -> None:

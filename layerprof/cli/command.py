@@ -11,6 +11,7 @@ from typing import Iterator, Sequence
 
 import torch
 
+from .._torch import fake_mode
 from ..metrics import make_meters
 from ..profile import Profile
 from ..record.fields import FIELDS, canonical
@@ -77,10 +78,56 @@ def _headline(spec: str, model: torch.nn.Module, inputs: list[InputSpec], option
     dtype_name = str(dtype or torch.float32).replace("torch.", "")
     shown = ", ".join(map(str, inputs))
     shown_params = format_counted(params, "parameter", shown=format_count(params))
-    metering = metering_meters(options.metrics, options.warmup)
-    metered = f"1 step counting {' and '.join(metering)} + " if metering else ""
+    if options.fake or device.type == "meta":
+        steps = "1 step counted, not timed" + (" (fake tensors)" if options.fake else "")
+    else:
+        metering = metering_meters(options.metrics, options.warmup)
+        metered = f"1 step counting {' and '.join(metering)} + " if metering else ""
+        steps = f"{options.warmup} warm-up + {metered}{format_counted(options.steps, 'step')}"
     return (f"{type(model).__name__} from {spec}: {shown_params} | {device}, {dtype_name} | "
-            f"input {shown} | {options.warmup} warm-up + {metered}{format_counted(options.steps, 'step')}, {mode}")
+            f"input {shown} | {steps}, {mode}")
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype | None) -> Iterator[None]:
+    """``dtype`` as torch's default float type for the length of the block (nothing for None): a model built in it
+    has its float parameters and buffers in it."""
+    before = torch.get_default_dtype()
+    if dtype is not None:
+        torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def _timed(name: str) -> bool:
+    """Whether the column or plot metric ``name`` (a declared one) reads a measured time: a time, a rate over one
+    (FLOP/s, bandwidth), a share of the step's time, the roofline's efficiency."""
+    declared = FIELDS.get(canonical(name) or name)
+    if declared is None:
+        return False
+    measured = FIELDS.get(declared.of or "") if declared.unit == "percent" else declared
+    return measured is not None and measured.unit in ("ms", "flop/s", "byte/s", "ratio")
+
+
+def _check_untimed(options: argparse.Namespace) -> None:
+    """On the meta device or fake tensors, before the model is built: what needs a measured time is a usage error
+    (it would print "—" on every module, or find nothing to plot or plan)."""
+    if options.fake and str(options.device).startswith("meta"):
+        raise UsageError("--fake with --device meta: meta tensors hold no data already; give one of the two (--fake "
+                         "on a real device for models that read tensor values)")
+    flag = "--fake" if options.fake else "--device meta"
+    why = f"{flag} counts and does not time (its ops compute nothing)"
+    timed = [name for name in options.columns or () if _timed(name)]
+    if timed:
+        raise UsageError(f"--columns {','.join(options.columns)}: {why}, so {','.join(timed)} would show nothing; "
+                         "show counted columns, such as --columns flops,params,saved_bytes")
+    if planned(options):
+        raise UsageError(f"{why}, and a checkpoint plan prices recomputation by time: plan on a device")
+    if options.plot and (options.plot_kind == "roofline" or _timed(options.plot_metric)):
+        what = "--plot-kind roofline" if options.plot_kind == "roofline" else f"--plot-metric {options.plot_metric}"
+        raise UsageError(f"{what}: {why}; plot a counted figure, such as --plot-metric flops")
 
 
 def _measure_roofs_if_saved(profile: Profile, options: argparse.Namespace, outputs: list[Output]) -> None:
@@ -106,7 +153,10 @@ def _run(options: argparse.Namespace) -> int:
         raise UsageError(f"--dtype {options.dtype}: a model cannot compute in a float8 type; give float32, bfloat16 "
                          f"or float16 (a model that casts inside its forward takes --input SHAPE:{options.dtype})")
     device = _device(options.device)
+    untimed = options.fake or device.type == "meta"
     check_input_sizes(inputs, dtype or torch.float32, device)
+    if untimed:
+        _check_untimed(options)
     check_checkpoint_options(options)
     _check_names(options)
     outputs = requested_outputs(options)
@@ -114,18 +164,28 @@ def _run(options: argparse.Namespace) -> int:
         torch.set_num_threads(options.threads)
     torch.manual_seed(options.seed)
 
-    model = load_model(options.spec, kwargs)
-    check_forward_takes(model, inputs)
-    try:
-        model.to(device=device, dtype=dtype)
-    except Exception as exc:
-        target = f"{device} {options.dtype}" if dtype else str(device)
-        raise RunError(f"moving the model to {target} raised {one_line(exc)}") from exc
-    args, named = make_inputs(inputs, float_dtype=dtype or torch.float32, vocab=options.vocab, device=device)
-    print(_headline(options.spec, model, inputs, options, dtype, device), flush=True)
-    profile = run_profile(model, args, named, steps=options.steps, warmup=options.warmup,
-                          backward=not options.no_backward, inference=options.eval,
-                          metrics=options.metrics, sync=options.sync)
+    # On meta (or fake tensors, the model and its whole run), built there: a model that does not fit in memory is
+    # never allocated (a 7B model is 27 GB in float32).
+    with fake_mode() if options.fake else contextlib.nullcontext():
+        if options.fake:  # (a fake model cannot move: Module.to cannot swap fake parameters; built where it runs)
+            with torch.device(device), _default_dtype(dtype):
+                model = load_model(options.spec, kwargs)
+        else:
+            with torch.device("meta") if device.type == "meta" else contextlib.nullcontext():
+                model = load_model(options.spec, kwargs)
+        check_forward_takes(model, inputs)
+        try:
+            if not options.fake:
+                model.to(device=device, dtype=dtype)
+        except Exception as exc:
+            target = f"{device} {options.dtype}" if dtype else str(device)
+            raise RunError(f"moving the model to {target} raised {one_line(exc)}") from exc
+        args, named = make_inputs(inputs, float_dtype=dtype or torch.float32, vocab=options.vocab, device=device)
+        print(_headline(options.spec, model, inputs, options, dtype, device), flush=True)
+        # No times to warm up or average: one step counts everything.
+        profile = run_profile(model, args, named, steps=1 if untimed else options.steps,
+                              warmup=0 if untimed else options.warmup, backward=not options.no_backward,
+                              inference=options.eval, metrics=options.metrics, sync=options.sync, untimed=untimed)
     print(profile.layerwise_summary(columns=options.columns, depth=options.depth), flush=True)
     if planned(options):
         print(plan_and_verify(profile, model, args, named, options), flush=True)

@@ -50,15 +50,16 @@ def training_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
 
 def run_profile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, steps: int, warmup: int,
                 backward: bool, inference: bool, metrics: list[str] | None, sync: bool = False,
-                show_progress: bool | None = None) -> Profile:
+                show_progress: bool | None = None, untimed: bool = False) -> Profile:
     """Run ``warmup + steps`` steps under LayerProf (one more for the meters without a warm-up step:
-    ``metering_meters``), calling ``prof.step()`` between them; returns the Profile.
+    ``metering_meters``, unless ``untimed``: on the meta device, whose steps have no times to keep clean),
+    calling ``prof.step()`` between them; returns the Profile.
 
     ``inference``: ``model.eval()`` and ``torch.inference_mode()``, forward only. Otherwise the model trains:
     forward, and with ``backward`` the backward of ``loss_of(output)``, gradients cleared after each step.
     """
     model.train(not inference)
-    total = warmup + steps + bool(metering_meters(metrics, warmup))
+    total = warmup + steps + (not untimed and bool(metering_meters(metrics, warmup)))
     grad_mode = torch.inference_mode() if inference else contextlib.nullcontext()
     try:
         prof = LayerProf(model, warmup=warmup, metrics=metrics, sync=sync)

@@ -9,8 +9,10 @@ import torch.distributed as dist
 from torch import nn
 
 from .._machine import machine as _machine
+from .._torch import faked
 
-__all__ = ["environment", "environment_of", "input_facts", "on_input_device", "rank_facts"]
+__all__ = ["environment", "environment_of", "first_parameter", "input_facts", "on_input_device", "rank_facts",
+           "untimed"]
 
 
 @lru_cache(maxsize=64)
@@ -27,7 +29,7 @@ def _device_facts(device: torch.device | None, dtype: torch.dtype | None) -> dic
 _END = object()
 
 
-def _first_parameter(model: nn.Module) -> torch.Tensor | None:
+def first_parameter(model: nn.Module) -> torch.Tensor | None:
     """``next(model.parameters(), None)``, walking modules only until one holds a parameter (``parameters()``
     visits the whole model first: tens of microseconds on a transformer, on every profile), and a module's children
     one at a time (not every sibling stacked at once: a root of ten thousand children took 0.15 ms)."""
@@ -49,7 +51,7 @@ def _first_parameter(model: nn.Module) -> torch.Tensor | None:
 
 def environment(model: nn.Module | None = None, example: torch.Tensor | None = None) -> dict[str, Any]:
     """Facts about the machine and run; ``model`` gives device and dtype, ``example`` the batch size."""
-    return environment_of(_first_parameter(model) if model is not None else None, example)
+    return environment_of(first_parameter(model) if model is not None else None, example)
 
 
 def environment_of(parameter: torch.Tensor | None, example: torch.Tensor | None = None) -> dict[str, Any]:
@@ -84,6 +86,16 @@ def on_input_device(facts: dict[str, Any], device: torch.device | None) -> dict[
     if device is None or device.type == "meta":
         return facts
     return {**facts, **{k: v for k, v in _device_facts(device, None).items() if k != "dtype"}}
+
+
+def untimed(facts: dict[str, Any], parameter: torch.Tensor | None) -> str | None:
+    """Why a step's times are not the model's: ``"meta"`` where it ran on the meta device (``facts``, the
+    environment, already moved to a real input's device), ``"fake"`` where it ran on fake tensors
+    (``FakeTensorMode``, or a model built under it: ``parameter`` is its first). Their ops compute nothing, so the
+    time of a module is the host's bookkeeping of shapes, not the work; None where the step ran on a device."""
+    if facts["device"] == "meta":
+        return "meta"
+    return "fake" if faked(parameter) else None
 
 
 # ``_device_facts`` of the CPU by dtype.

@@ -18,7 +18,7 @@ from .._derived import verified
 from .._gc import gc_paused
 from .hook_cost import hook_cost
 from .live_op_cost import live_op_cost
-from .environment import environment, environment_of, on_input_device, rank_facts
+from .environment import environment_of, first_parameter, on_input_device, rank_facts, untimed
 from .._check import check_bool, check_int
 from ..metrics import Meter, make_meters, measures
 from ..metrics.meter import meters_needed_since
@@ -29,7 +29,7 @@ from .._torch import unbind_call_wrappers
 from ..profile import Profile
 from ..record.records import ModuleRecord, module_paths
 from .schedule import Action, Schedule, first_recorded
-from .statistics import StepStats
+from .statistics import StepStats, drop_times
 from .unseen import ran_unseen, unseen_message
 from .stepcall import RootStep
 from .timing import StepTimes, all_returned, step_times
@@ -70,22 +70,26 @@ if hasattr(os, "register_at_fork"):  # (not on Windows, which spawns)
 
 
 def _fill(tree: ModuleRecord | None, records: dict[str, ModuleRecord], stats: StepStats,
-          meters: Iterable[Meter]) -> None:
-    """Write the block's numbers onto its records: the step statistics, recompute rolled up, every meter's."""
+          meters: Iterable[Meter], timed: bool = True) -> None:
+    """Write the block's numbers onto its records: the step statistics, recompute rolled up, every meter's.
+    Not ``timed`` (a step on the meta device or fake tensors): calls and steps, and no time (``drop_times``)."""
     assert tree is not None
     stats.fill(records)
-    roll_up_recompute(records, tree)
+    if timed:
+        roll_up_recompute(records, tree)
+    else:
+        drop_times(records)
     for meter in meters:
         meter.fill(records)
 
 
-def _made_later(plan: reuse.Plan, reprs: Reprs, stats: StepStats, meters: tuple[Meter, ...]
+def _made_later(plan: reuse.Plan, reprs: Reprs, stats: StepStats, meters: tuple[Meter, ...], timed: bool = True
                 ) -> tuple[ModuleRecord, dict[str, ModuleRecord]]:
     """The records of a block that made none while it ran, made and filled when its profile is first read: from
     its plan's record shapes, the reprs read as it stopped, its statistics and its meters' numbers."""
     tree, records = plan.records()
     write_reprs(list(records.values()), reprs)
-    _fill(tree, records, stats, meters)
+    _fill(tree, records, stats, meters, timed)
     return tree, records
 
 
@@ -247,6 +251,16 @@ def _other_shapes_later(counted: tuple[set[Any], int], example: dict[str, Any]) 
     batches = example.get(BATCHES) or {}
     common = max(batches, key=batches.__getitem__) if batches else None
     return len(example.get(OTHER_DIMS, ())) > counted[1] or (common is not None and common not in counted[0])
+
+
+# What a model that reads a tensor's value (``.item()``, ``if mask.all():``) raises on the meta device: torch's
+# "Tensor.item() cannot be called on meta tensors", "Cannot copy out of meta tensor"...
+_META_READ = (
+    "tensors on the meta device hold no values, and the model reads one (.item(), .tolist(), a Python if on a "
+    "tensor), so it cannot run there. Fake tensors carry the same shapes and take those reads where the code checks "
+    "for them (Hugging Face models do): build the model and its inputs under "
+    "torch._subclasses.fake_tensor.FakeTensorMode() and profile there, with the same metrics"
+)
 
 
 def _warn_user(message: str) -> None:
@@ -667,6 +681,8 @@ class LayerProf:
         explains of it."""
         if note is not None:
             error.add_note(note)
+        if isinstance(error, RuntimeError) and "meta tensor" in str(error):
+            error.add_note(f"{NOTE_PREFIX}{_META_READ}")
         for meter in self.metrics:
             explained = meter.explain(error)
             if explained is not None:
@@ -932,7 +948,9 @@ class LayerProf:
         # The model's device and dtype from its first parameter: the plan's where nothing was written into the
         # model since a clean end (its tables hold what the plan was made from), without a walk of the model.
         parameter = plan.first_parameter() if unchanged and plan is not None else reuse.UNKNOWN
-        facts = environment(self.model) if parameter is reuse.UNKNOWN else environment_of(parameter)
+        if parameter is reuse.UNKNOWN:
+            parameter = first_parameter(self.model)
+        facts = environment_of(parameter)
         if facts["device"] == "meta":
             facts = on_input_device(facts, tracker.example.get(INPUT_DEVICE))
             if facts["device"] == "meta" and any(meter.name == "live_memory" for meter in self.metrics):
@@ -943,6 +961,11 @@ class LayerProf:
                     "for them"
                 )
         meta: dict[str, Any] = {"environment": {**facts, **example_facts(tracker.example)}}
+        # On the meta device or fake tensors every op only works out its output's shape: the hooks' clocks read
+        # that bookkeeping, not the model's work, so no time is kept (FLOPs, bytes, shapes and sizes hold).
+        without_times = untimed(facts, parameter)
+        if without_times is not None:
+            meta["untimed"] = without_times
         ranks = rank_facts()
         if ranks is not None:  # (saved per rank: which rank of how many, for layerprof.gather_saved)
             meta["distributed"] = ranks
@@ -950,11 +973,12 @@ class LayerProf:
             distorting = [m.name for m in self.metrics if m.distorts_timing]
             # Only set while a distorting meter counted, so ``distorting`` is not empty here.
             self._stats.add(self._counting_step)
-            meta["timing_distorted_by"] = distorting
-            _warn_user(
-                f"only one step was profiled, and metrics {distorting} slowed it down: its times include their "
-                "overhead. Profile several steps (call prof.step() after each) for clean times.",
-            )
+            if without_times is None:  # (else there are no times to distort)
+                meta["timing_distorted_by"] = distorting
+                _warn_user(
+                    f"only one step was profiled, and metrics {distorting} slowed it down: its times include their "
+                    "overhead. Profile several steps (call prof.step() after each) for clean times.",
+                )
         if tracker.late:
             _warn_late_backward(list(tracker.late))
         unseen = self._ran_unseen()
@@ -977,7 +1001,7 @@ class LayerProf:
         if not later:
             records = self._records_now()
             write_reprs(list(map(records.__getitem__, map(_first, self._entries))), reprs)
-            _fill(self._tree, records, stats, meters)
+            _fill(self._tree, records, stats, meters, without_times is None)
         for meter in meters:
             extra = meter.meta()
             if extra:
@@ -1006,7 +1030,7 @@ class LayerProf:
         cuda_clocks = tracker.cuda_clocks
         meta["clock"] = (sorted({tracker.cpu_clock.kind, *map(_kind, cuda_clocks.values())}) if cuda_clocks
                          else [tracker.cpu_clock.kind])
-        if not later:
+        if not later and without_times is None:
             meta["step_ms"] = stats.step_totals()
         note = None if self.schedule is None or self._stats.steps else self.schedule.no_step_note(self.step_num)
         if note is not None:  # (a framework's schedule, in its own steps)
@@ -1035,8 +1059,9 @@ class LayerProf:
         self._tracker = None
         if later:
             assert plan is not None
-            self._profile = Profile.deferred(meta, functools.partial(_made_later, plan, reprs, stats, meters),
-                                             functools.partial(_step_ms, stats))
+            self._profile = Profile.deferred(
+                meta, functools.partial(_made_later, plan, reprs, stats, meters, without_times is None),
+                functools.partial(_step_ms, stats) if without_times is None else None)
         else:
             assert self._tree is not None and self._records is not None
             # The records are in tree order unless modules joined while profiling (then the tree is walked again).
@@ -1044,7 +1069,7 @@ class LayerProf:
             self._profile = Profile(self._tree, meta, self._records if in_order else None)
         events = [index for index, clock in tracker.cuda_clocks.items() if _kind(clock) == "cuda_event"]
         on_events = bool(events) and "cuda_sync" not in meta["clock"]
-        if (meta["clock"] == ["wall"] or on_events) and measures(self.metrics, "memory"):
+        if (meta["clock"] == ["wall"] or on_events) and measures(self.metrics, "memory") and without_times is None:
             # A profile to plan checkpoints on: what the hooks add to each ancestor's forward, which a
             # recomputation does not pay (the planner takes it off), measured by its first plan. Where CUDA events
             # timed the modules, what they add to the host's time of each forward (``host_forward_ms``).

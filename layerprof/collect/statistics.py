@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 from ..record.records import ModuleRecord
 from .timing import StepTimes
 
-__all__ = ["RunningStat", "StepStats", "STATISTICS", "STAT_PASSES", "quantile"]
+__all__ = ["RunningStat", "StepStats", "STATISTICS", "STAT_PASSES", "quantile", "drop_times"]
 
 STATISTICS = ("median", "std", "min", "max", "p95")
 STAT_PASSES = ("forward_ms", "backward_ms")
@@ -82,6 +82,20 @@ def quantile(ordered: list[float], q: float) -> float:
 # What ``fill`` writes on the record of a module that did not run (its ``call_times`` is the class's: none).
 _NOT_RUN = {"steps": 1, "calls": 0, "steps_run": 0}
 _STAT_KEYS = {field: tuple(f"{field}_{statistic}" for statistic in STATISTICS) for field in ("forward_ms", "backward_ms")}
+
+# What ``fill`` writes of times on a record: the passes' means and statistics, self and recompute times, the host's
+# forward, and the calls' timings (``call_times``).
+_TIMES = ("forward_ms", "backward_ms", *_MEAN_ONLY, *_STAT_KEYS["forward_ms"], *_STAT_KEYS["backward_ms"],
+          "host_forward_ms", "host_forward_ms_median", "_timings", "_earlier_timings")
+
+
+def drop_times(records: dict[str, ModuleRecord]) -> None:
+    """Take every time ``fill`` wrote off ``records``, which then read None ("not measured"): what a step on the
+    meta device or fake tensors keeps (its calls and steps, and the meters' figures)."""
+    for record in records.values():
+        own = record.__dict__
+        for key in _TIMES:
+            own.pop(key, None)
 
 
 class _Pass:

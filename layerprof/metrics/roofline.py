@@ -37,12 +37,13 @@ ROOFLINE_FIELDS = ("attainable_ms", "efficiency", "bound", "lost_ms")
 
 def roofline_point(record: Any, peaks: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """``{flops, bytes, ms, compute_ms, memory_ms, attainable_ms}`` of a module's own ops, or None where
-    FLOPs/bytes or its self time were not measured or no peaks are known."""
+    FLOPs/bytes or its self time were not measured or no peaks are known. ``ms`` is None for a module counted
+    without times (a step on the meta device): its attainable time and bound still hold, at the peaks given."""
     flops, moved = getattr(record, "self_flops", None), getattr(record, "self_bytes", None)
     if flops is None or moved is None:
         return None
     ms = work_ms(record)
-    if not ms:
+    if ms is not None and not ms:
         return None
     peaks = peaks_of(record) if peaks is None else peaks
     if not peaks:
@@ -75,21 +76,21 @@ def _attainable_ms(record: Any) -> float | None:
 
 def _efficiency(record: Any) -> float | None:
     point = roofline_point(record)
-    return None if point is None else point["attainable_ms"] / point["ms"]
+    return None if point is None or point["ms"] is None else point["attainable_ms"] / point["ms"]
 
 
 def _bound(record: Any) -> str | None:
     point = roofline_point(record)
     if point is None:
         return None
-    if point["ms"] > OVERHEAD_RATIO * point["attainable_ms"]:
+    if point["ms"] is not None and point["ms"] > OVERHEAD_RATIO * point["attainable_ms"]:
         return "overhead"
     return "compute" if point["compute_ms"] >= point["memory_ms"] else "memory"
 
 
 def _lost_ms(record: Any) -> float | None:
     point = roofline_point(record)
-    return None if point is None else max(0.0, point["ms"] - point["attainable_ms"])
+    return None if point is None or point["ms"] is None else max(0.0, point["ms"] - point["attainable_ms"])
 
 
 declare(

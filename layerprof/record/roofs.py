@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Union
 
-from .._machine import other_machine
+from .._machine import environment_in, other_machine
+from .untimed import untimed_note
 
-__all__ = ["attach_peaks", "peaks_of", "no_roofs_reason", "no_roofs_message"]
+__all__ = ["attach_peaks", "peaks_of", "no_roofs_reason", "no_roofs_message", "no_roofs_for"]
 
 PeaksSource = Union[dict, Callable[[], "dict | None"], None]
 
@@ -50,3 +51,15 @@ def no_roofs_message(environment: Any) -> str:
     return (f"no roofs for this profile: {no_roofs_reason(environment)}. Give that machine's: layerprof.load(path, "
             "peaks={'flops': FLOP/s, 'bandwidth': bytes/s}) (its spec sheet, or layerprof.peaks() run there); a "
             "profile saved with to_json() where it was measured holds them")
+
+
+def no_roofs_for(meta: Any) -> str:
+    """``no_roofs_message`` of a profile by its ``meta``; for one without times (a step on the meta device), the
+    roofs of the machine it is estimated for, which only the user can give."""
+    untimed = untimed_note(meta)
+    if untimed is None:
+        return no_roofs_message(environment_in(meta))
+    return (f"no roofs for this profile: {untimed}, and the roofs to hold them against are those of the machine "
+            "the model is estimated for. Give them: LayerProf(model, metrics=('flops',), peaks={'flops': FLOP/s, "
+            "'bandwidth': bytes/s}) (a spec sheet's), or layerprof.load(path, peaks=...) for a saved profile; each "
+            "module's attainable_ms is then the time of its own ops at those roofs")

@@ -12,9 +12,12 @@ from ..record.fields import ALIASES, FIELDS, Field, canonical
 from ..record.records import ModuleRecord
 from .units import field_label, format_percent, format_value
 
-__all__ = ["Column", "resolve_columns", "column_names", "DEFAULT_SUMMARY_COLUMNS"]
+__all__ = ["Column", "resolve_columns", "column_names", "counted_columns", "DEFAULT_SUMMARY_COLUMNS",
+           "COUNTED_SUMMARY_COLUMNS"]
 
 DEFAULT_SUMMARY_COLUMNS = ("forward_ms", "backward_ms")
+# The default of a profile without times (a step on the meta device): of these, the ones it holds; calls if none.
+COUNTED_SUMMARY_COLUMNS = ("flops", "params", "saved_bytes")
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,14 @@ def column_names(records: list[ModuleRecord] | None = None) -> list[str]:
     shown = [f.name for f in FIELDS.values() if f.unit not in ("data", "text") and not f.detail
              and (not records or any(f.value(r, records[0]) is not None for r in records))]
     return [alias for alias, targets in ALIASES.items() if targets[0] in shown] + shown
+
+
+def counted_columns(root: ModuleRecord) -> tuple[str, ...]:
+    """``COUNTED_SUMMARY_COLUMNS`` that some record of ``root``'s tree holds (``("calls",)`` where none is)."""
+    records = _records(root)
+    held = tuple(name for name in COUNTED_SUMMARY_COLUMNS
+                 if any(FIELDS[name].value(record) is not None for record in records))
+    return held or ("calls",)
 
 
 def resolve_columns(names: Iterable[str] | None, default: tuple[str, ...] = DEFAULT_SUMMARY_COLUMNS,

@@ -132,6 +132,10 @@ def how_to_record(field: Field, records: list[ModuleRecord], subject: str, inste
     """How a profile (``records``) that lacks ``field`` would hold it: the field's hint (its meter); for a backward
     figure of a profile whose steps ran forward only, the backward pass it lacks (``subject`` "has no backward
     pass", then ``instead``: what else to do), and its meter too where that did not run either."""
+    if not field.meters and any(record.calls for record in records) and not _recorded(records, "forward_ms"):
+        # Modules ran and none has a time: a step on the meta device or fake tensors (``record/untimed.py``).
+        return (f"{subject} no times: its step ran on the meta device or fake tensors, where ops compute nothing; "
+                "use a counted figure (flops, params, saved_bytes), or profile on a device for times")
     if not (backward_only(field) and _recorded(records, "forward_ms") and not _recorded(records, "backward_ms")):
         return field.hint
     return (f"{subject} no backward pass (its steps ran forward only): call .backward() inside the block{instead}"

@@ -14,7 +14,8 @@ from typing import Any
 
 from ..record.fields import FIELDS
 from ..record.records import ModuleRecord, preorder
-from ..record.roofs import no_roofs_message, peaks_of
+from ..record.roofs import no_roofs_for, peaks_of
+from ..record.untimed import untimed_note
 from ..record.work_time import work_ms
 from .plot_metrics import root_of
 from .plot_save import finish_plot, plot_suffix
@@ -69,6 +70,14 @@ def _label_largest(ax: Any, points: list[dict[str, Any]], count: int, avoid: lis
             label.remove()
 
 
+def _meta_of(profile: Any) -> dict[str, Any]:
+    """The ``meta`` of a Profile or a LayerProf; empty for a bare tree, or a LayerProf whose profile is not made."""
+    try:
+        return getattr(profile, "meta", None) or {}
+    except RuntimeError:
+        return {}
+
+
 def plot_roofline(profile: Any, metric: str = "total", ax: Any = None, labels: int = 8,
                   path: str | Path | None = None) -> Any:
     """Draw the roofline of ``profile`` (needs ``metrics=("flops",)``; peaks measured on first use, or the ones
@@ -90,6 +99,11 @@ def plot_roofline(profile: Any, metric: str = "total", ax: Any = None, labels: i
         raise ValueError(f"the roofline plots self time, FLOPs and bytes; metric must be 'total', got {metric!r}")
     plot_suffix(path)
     root = root_of(profile)
+    untimed = untimed_note(_meta_of(profile))
+    if untimed is not None:
+        raise ValueError(f"the roofline plots the FLOP/s each module achieved, which needs times: {untimed}. "
+                         "Given the roofs of a machine (LayerProf(model, peaks=...)), prof.roofline() lists each "
+                         "module's attainable time there and whether compute or memory bounds it")
     points = roofline_points(root)
     if not points:
         if any(getattr(record, "flops_forward", None) is not None for record in preorder(root)):
@@ -100,11 +114,7 @@ def plot_roofline(profile: Any, metric: str = "total", ax: Any = None, labels: i
                          "run at least two steps (prof.step() after each), so that FLOPs, bytes and times are known")
     peaks = peaks_of(root)
     if not peaks:
-        try:
-            meta = getattr(profile, "meta", None) or {}
-        except RuntimeError:  # a LayerProf whose profile is not made
-            meta = {}
-        raise ValueError(no_roofs_message(meta.get("environment") or {}))
+        raise ValueError(no_roofs_for(_meta_of(profile)))
     import numpy as np
 
     created, ax = ax is None, new_axes(ax, (8.5, 5.5))

@@ -19,6 +19,7 @@ from anytree import PreOrderIter
 from ..record.fields import FIELDS, canonical
 from ..record.records import ModuleRecord
 from ..record.summed import TreeValues
+from ..record.untimed import untimed_note
 from ..record.roofs import peaks_of
 from .plot_roofline import plot_roofline, roofline_points
 from .checkpoint import frontier_svg, plan_text
@@ -96,6 +97,7 @@ def report_data(root: ModuleRecord, meta: dict[str, Any] | None = None) -> dict[
         "title": f"layerprof: {root.type}",
         "subtitle": format_counted(len(records), "module")
         + (f", {format_counted(steps, 'profiled step')}" if steps else ""),
+        "untimed": untimed_note(meta),  # (the timeline's caption: why it is empty)
         "metrics": [{"name": m, "label": FIELDS[m].label} for m in metrics],
         "columns": [{"name": c, "label": FIELDS[c].label, "numeric": True} for c in columns],
         "nodes": nodes,

@@ -10,7 +10,8 @@ from typing import Any, Iterable
 from .._check import check_int
 from ..record.records import ModuleRecord
 from ..record.summed import TreeValues, ran
-from .columns import Column, resolve_columns
+from ..record.untimed import untimed_note
+from .columns import Column, counted_columns, resolve_columns
 from .footer import summary_footer
 from .plot_metrics import how_to_record, run_lacks
 from .units import format_count, format_counted, format_ms
@@ -146,7 +147,10 @@ def annotated_repr(root: ModuleRecord, columns: Iterable[str] | None = None, dep
     ``footer`` adds totals below it: model size, activation and saved memory, the largest modules (``meta``, the
     profile's: where its memory peaks were read)."""
     depth = check_int("depth", depth, none=True)
-    chosen = resolve_columns(columns, root=root)
+    untimed = untimed_note(meta)
+    # A profile without times shows by default what it counted (its FLOPs, parameters, saved bytes).
+    chosen = resolve_columns(columns if columns is not None or untimed is None else counted_columns(root),
+                             root=root)
     values = TreeValues(root)
     if columns is not None:
         _check_held(chosen, root, values, meta)
@@ -154,7 +158,9 @@ def annotated_repr(root: ModuleRecord, columns: Iterable[str] | None = None, dep
     if header:
         counts_flops = any(column.field.meter == "flops" for column in chosen)
         unknown = unknown_ops_note(root, values=values) if counts_flops else None
-        text = "\n".join(part for part in (summary_header(root, values), unknown, body) if part is not None)
+        first = (summary_header(root, values) if untimed is None
+                 else f"{untimed[0].upper()}{untimed[1:]}; percentages are of the model's total of each column.")
+        text = "\n".join(part for part in (first, unknown, body) if part is not None)
     else:
         text = body
     totals = summary_footer(root, meta=meta) if footer else ""

@@ -151,7 +151,7 @@
     timelineItems = [];
     const slices = data.timeline.slices;
     document.getElementById("timeline-caption").textContent = slices.length
-      ? "(the last profiled step, one row per depth)" : "(no calls recorded)";
+      ? "(the last profiled step, one row per depth)" : data.untimed ? `(${data.untimed})` : "(no calls recorded)";
     if (!slices.length) { svg.setAttribute("height", 0); return; }
     const width = svg.clientWidth || 1000, left = 70, rowHeight = 14;
     const end = slices.reduce((m, s) => Math.max(m, s.start + s.duration), 0) || 1;
