@@ -201,6 +201,13 @@ def spec_fake(ctx: Context) -> None:
     assert body["flops_forward"] == 2 * 2 * 8 * 4 and body["forward_ms"] is None and body["call_times"] == []
     status, _, err = ctx.run("--fake", "--device", "meta")
     assert status == 2 and "--fake with --device meta" in err
+    # Without --metrics a counting run counts FLOPs, parameters and saved bytes (timing alone would show none).
+    status, out, err = ctx.main(f"{ctx.models}:Normed", "-i", "2,8", "--fake", "--json", path)
+    assert status == 0, err
+    doc = json.loads(Path(path).read_text())
+    body = next(row for row in doc["records"] if row["name"] == "body.0")
+    assert body["flops_forward"] == 2 * 2 * 8 * 4 and body["params"] == 8 * 4 + 4 and body["saved_bytes"] == 2 * 8 * 4
+    assert "FLOPs:" in out and "Params:" in out and "Saved:" in out
 
 
 def spec_dtype(ctx: Context) -> None:

@@ -111,6 +111,11 @@ def _timed(name: str) -> bool:
     return measured is not None and measured.unit in ("ms", "flop/s", "byte/s", "ratio")
 
 
+# What a run on the meta device or fake tensors counts where --metrics is not given: without it the timing meter alone
+# would run, and show nothing but the parameters of the headline.
+UNTIMED_METRICS = ("flops", "params", "memory")
+
+
 def _check_untimed(options: argparse.Namespace) -> None:
     """On the meta device or fake tensors, before the model is built: what needs a measured time is a usage error
     (it would print "—" on every module, or find nothing to plot or plan)."""
@@ -157,6 +162,8 @@ def _run(options: argparse.Namespace) -> int:
     check_input_sizes(inputs, dtype or torch.float32, device)
     if untimed:
         _check_untimed(options)
+        if options.metrics is None:  # (timing alone would count nothing: the run is for its counts)
+            options.metrics = list(UNTIMED_METRICS)
     check_checkpoint_options(options)
     _check_names(options)
     outputs = requested_outputs(options)

@@ -141,8 +141,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     model.add_argument("--fake", action="store_true",
                        help="count without memory: build the model and its inputs as fake tensors (torch's "
                             "FakeTensorMode) on --device, and run one step that counts FLOPs, bytes, parameters, "
-                            "shapes and saved bytes and times nothing; for models that --device meta cannot run "
-                            "(Hugging Face's read tensor values)")
+                            "shapes and saved bytes and times nothing (--metrics flops,params,memory unless "
+                            "given); for models that --device meta cannot run (Hugging Face's read tensor values)")
     model.add_argument("--dtype", metavar="DTYPE", help="cast the model and float inputs, e.g. bfloat16")
     model.add_argument("--threads", type=_count(1, 2**31 - 1), metavar="N", help="torch.set_num_threads(N)")
     model.add_argument("--seed", type=_count(-2**63, 2**64 - 1), default=0,  # (torch.manual_seed's range)
