@@ -259,3 +259,16 @@ def test_the_command_counts_on_meta_and_refuses_what_needs_times(tmp_path: Path,
                         (["--plot", str(tmp_path / "p.png")], "--plot-metric total: --device meta counts")):
         assert main([*argv, *extra]) == 2
         assert said in capsys.readouterr().err
+
+
+def test_a_comparison_with_a_meta_profile_does_not_read_its_missing_times_as_forward_only() -> None:
+    # Both steps ran forward and backward; the meta one has no backward_ms, which is no sign of a forward-only step.
+    meta = meta_profile(metrics=("params",)).profile
+    model = Llama(**SMALL)
+    with LayerProf(model, metrics=("params",)) as prof:
+        train_step(model, torch.randint(0, 1000, (2, 32)))
+    text = str(layerprof.compare(meta, prof.profile))
+    assert "a ran on meta and b on cpu" in text and "forward only" not in text
+    # With the flops meter its backward is counted: the same passes as the timed step, nothing said of them.
+    counted = meta_profile(metrics=("flops",)).profile
+    assert "forward only" not in str(layerprof.compare(counted, prof.profile))

@@ -35,6 +35,7 @@ import numpy as np
 
 from .._machine import environment_in
 from ..record.records import preorder
+from ..record.untimed import untimed_in
 from .units import format_counted, format_ms
 
 if TYPE_CHECKING:
@@ -219,15 +220,24 @@ def different_settings(a: Profile, b: Profile, names: tuple[str, str] = ("A", "B
     return "; ".join(found) if found else None
 
 
-def _ran(profile: Profile) -> str:
-    backward = any(getattr(record, "backward_ms", None) for record in preorder(profile.tree))
-    return "forward and backward" if backward else "forward only"
+def _ran(profile: Profile) -> str | None:
+    """The passes the steps of ``profile`` ran, read from its backward times; for a profile without times (a step
+    on the meta device or fake tensors), from its backward counts, and None (not known) where it has none."""
+    if untimed_in(profile.meta) is None:
+        backward = any(getattr(record, "backward_ms", None) for record in preorder(profile.tree))
+        return "forward and backward" if backward else "forward only"
+    counted = any(getattr(record, field, None) for record in preorder(profile.tree) for field in _BACKWARD_COUNTS)
+    return "forward and backward" if counted else None
+
+
+# What a step's backward counts where it has no times: FLOPs and bytes (the flops meter).
+_BACKWARD_COUNTS = ("flops_backward", "bytes_backward")
 
 
 def _different_steps(a: Profile, b: Profile, names: tuple[str, str]) -> str | None:
     found = []
     passes_a, passes_b = _ran(a), _ran(b)
-    if passes_a != passes_b:
+    if passes_a is not None and passes_b is not None and passes_a != passes_b:
         found.append(f"{names[0]}'s steps ran {passes_a} and {names[1]}'s {passes_b}")
     slowed_a, slowed_b = a.meta.get("timing_distorted_by") or [], b.meta.get("timing_distorted_by") or []
     if slowed_a != slowed_b:
