@@ -272,3 +272,20 @@ def test_a_comparison_with_a_meta_profile_does_not_read_its_missing_times_as_for
     # With the flops meter its backward is counted: the same passes as the timed step, nothing said of them.
     counted = meta_profile(metrics=("flops",)).profile
     assert "forward only" not in str(layerprof.compare(counted, prof.profile))
+
+
+def test_a_model_without_parameters_on_meta_or_fake_inputs_keeps_no_time() -> None:
+    # No parameter to say where the model runs: its input does (meta), or is a fake tensor whose mode has been left
+    # before the block ends.
+    model = nn.Sequential(nn.Softmax(-1), nn.ReLU())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no "one step slowed by the meters": there are no times
+        with LayerProf(model, metrics=("flops",)) as prof:
+            model(torch.randn(4, 8, device="meta", requires_grad=True)).sum().backward()
+    assert prof.meta["untimed"] == "meta" and prof.tree.forward_ms is None and "step_ms" not in prof.meta
+    prof = LayerProf(model, metrics=("flops",))
+    prof.start()
+    with FakeTensorMode():
+        model(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    prof.stop()
+    assert prof.meta["untimed"] == "fake" and prof.records["0"].forward_ms is None

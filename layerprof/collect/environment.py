@@ -88,14 +88,16 @@ def on_input_device(facts: dict[str, Any], device: torch.device | None) -> dict[
     return {**facts, **{k: v for k, v in _device_facts(device, None).items() if k != "dtype"}}
 
 
-def untimed(facts: dict[str, Any], parameter: torch.Tensor | None) -> str | None:
+def untimed(facts: dict[str, Any], parameter: torch.Tensor | None, input_device: torch.device | None = None,
+            input_fake: bool | None = None) -> str | None:
     """Why a step's times are not the model's: ``"meta"`` where it ran on the meta device (``facts``, the
-    environment, already moved to a real input's device), ``"fake"`` where it ran on fake tensors
-    (``FakeTensorMode``, or a model built under it: ``parameter`` is its first). Their ops compute nothing, so the
+    environment, already moved to a real input's device; for a model without parameters, ``input_device``, its
+    first input's), ``"fake"`` where it ran on fake tensors (``FakeTensorMode``, a model built under it:
+    ``parameter`` is its first, or ``input_fake``: its first input was one). Their ops compute nothing, so the
     time of a module is the host's bookkeeping of shapes, not the work; None where the step ran on a device."""
-    if facts["device"] == "meta":
+    if facts["device"] == "meta" or (parameter is None and input_device is not None and input_device.type == "meta"):
         return "meta"
-    return "fake" if faked(parameter) else None
+    return "fake" if input_fake or faked(parameter) else None
 
 
 # ``_device_facts`` of the CPU by dtype.

@@ -33,7 +33,7 @@ from .statistics import StepStats, drop_times
 from .unseen import ran_unseen, unseen_message
 from .stepcall import RootStep
 from .timing import StepTimes, all_returned, step_times
-from .tracker import BATCHES, INPUT_DEVICE, NOTE_PREFIX, OTHER_DIMS, Tracker, backward_note
+from .tracker import BATCHES, INPUT_DEVICE, INPUT_FAKE, NOTE_PREFIX, OTHER_DIMS, Tracker, backward_note
 from .compiled import RefusedModel, compiled_while_profiling, refuse_compiled_in_place
 from .recompute import roll_up_recompute
 from .reprs import Reprs, read_reprs, write_reprs
@@ -215,6 +215,7 @@ def example_facts(example: dict[str, Any]) -> dict[str, Any]:
     same sizes beyond the batch."""
     found = dict(example)
     found.pop(INPUT_DEVICE, None)
+    found.pop(INPUT_FAKE, None)
     if len(found.pop(OTHER_DIMS, ())) > 1:  # inputs of several shapes beyond the batch: no one shape to name
         found.pop("input_shape", None)
     batches = found.pop(BATCHES, None)
@@ -963,7 +964,7 @@ class LayerProf:
         meta: dict[str, Any] = {"environment": {**facts, **example_facts(tracker.example)}}
         # On the meta device or fake tensors every op only works out its output's shape: the hooks' clocks read
         # that bookkeeping, not the model's work, so no time is kept (FLOPs, bytes, shapes and sizes hold).
-        without_times = untimed(facts, parameter)
+        without_times = untimed(facts, parameter, tracker.example.get(INPUT_DEVICE), tracker.example.get(INPUT_FAKE))
         if without_times is not None:
             meta["untimed"] = without_times
         ranks = rank_facts()

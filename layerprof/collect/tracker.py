@@ -57,6 +57,7 @@ from .._torch import add_call_wrapper, add_forward_hooks_to, escaped_backward, r
 from .._torch import add_forward_hooks, calling_around, hook_key, remove_forward_hooks
 from .._torch import add_backward_entry_hook, remove_backward_entry_hook
 from .._torch import remove_forward_hooks_from
+from .._torch import faked
 from .._torch import NodeHooker
 from .._torch import batched_grad_fn as _batched_grad_fn
 from .compiled import refuse_compiled_wrapper
@@ -682,6 +683,7 @@ class Tracker:
                         example.update(input_facts(tensor))
                         example[BATCHES] = {}
                         example[INPUT_DEVICE] = tensor.device
+                        example[INPUT_FAKE] = faked(tensor)
                         example[OTHER_DIMS] = {}
                     batches = example[BATCHES]
                     batch = tensor.size(0) if tensor.dim() > 0 else None
@@ -864,6 +866,8 @@ BATCHES = "_batches"
 # And the device of the first (``environment.on_input_device``), and the sizes beyond the batch each call had (the
 # input's shape is the profile's only where they are one: dynamic padding gives each batch its own length).
 INPUT_DEVICE = "_device"
+# Whether that first input is a fake tensor (``environment.untimed``: a model without parameters counts on one too).
+INPUT_FAKE = "_fake"
 OTHER_DIMS = "_other_dims"
 
 NOTE_PREFIX = "layerprof: "
