@@ -32,6 +32,17 @@ def children(obj: Any) -> Iterable[tuple[Any, Any]] | None:
     return None
 
 
+def _values(obj: Any) -> Iterable[Any] | None:
+    """The values ``children`` pairs with keys, without the keys: what ``iter_tensors`` walks in every module
+    call's output, where a tuple's field names (looked up for the shapes meter's paths) are not read."""
+    if isinstance(obj, (list, tuple)):
+        return obj
+    if isinstance(obj, dict):
+        return obj.values()
+    items = children(obj)
+    return None if items is None else [value for _, value in items]
+
+
 def iter_tensor_paths(obj: Any, _path: tuple[Any, ...] = (), _depth: int = 0) -> Iterator[tuple[tuple[Any, ...], torch.Tensor]]:
     """Like ``iter_tensors``, with each tensor's path of keys: ``((0,), t)``, ``(("mask", 0), m)``."""
     if isinstance(obj, torch.Tensor):
@@ -70,9 +81,9 @@ def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
         if isinstance(item, torch.Tensor):
             found.append(item)
         elif depth < _MAX_DEPTH and not isinstance(item, _LEAVES):
-            items = children(item)
-            if items is not None:
-                stack.extend([(value, depth + 1) for _, value in items][::-1])
+            values = _values(item)
+            if values is not None:
+                stack.extend([(value, depth + 1) for value in values][::-1])
     return iter(found)
 
 

@@ -206,6 +206,31 @@ def test_iter_tensors_finds_what_iter_tensor_paths_finds_in_the_same_order() -> 
         assert [id(x) for _, x in iter_tensor_paths(flat)] == [id(x) for x in expected]
 
 
+def test_the_walk_of_every_calls_output_looks_up_no_field_names() -> None:
+    # iter_tensors reads every module call's output (the tracker's hot path); a named tuple's field names are the
+    # shapes meter's paths only. A tuple type that counts the lookups of its ``_fields``: none in the walk.
+    from collections import namedtuple
+
+    from layerprof._tensors import iter_tensor_paths, iter_tensors
+
+    looked_up = []
+
+    class Counting(type):
+        def __getattribute__(cls, name: str) -> object:
+            if name == "_fields":
+                looked_up.append(name)
+            return super().__getattribute__(name)
+
+    Pair = Counting("Pair", (namedtuple("Pair", "first second"),), {})
+    t, u = torch.ones(1), torch.zeros(2)
+    value = (Pair(t, [u]), {"x": Pair(u, t)}, None)
+    assert [id(x) for x in iter_tensors(value)] == [id(t), id(u), id(u), id(t)]
+    assert looked_up == []
+    assert [path for path, _ in iter_tensor_paths(value)] == [
+        (0, "first"), (0, "second", 0), (1, "x", "first"), (1, "x", "second")]
+    assert looked_up
+
+
 def test_steps_of_other_shapes_are_noted_where_a_meter_counts_one_step() -> None:
     # A short first batch, then long ones: FLOPs and saved bytes were the 4-row step's while the times were the
     # 512-row steps' (FLOP/s 128 times too low, a plan's bytes against other steps' recompute times), unsaid.
