@@ -138,8 +138,11 @@ def test_a_meta_profile_keeps_no_time_and_says_so() -> None:
     assert summary.splitlines()[0].startswith("No times: the step ran on the meta device, where ops compute nothing")
     assert "FLOPs: 59.2 MFLOPs (100.0%) | Params: 210k (100.0%) | Saved: 690 KiB (100.0%)" in summary
     assert "Forward Time" not in summary and " ms" not in summary
-    # Asked for, a time column shows blanks under the note; FLOP/s too.
-    assert "FLOP/s: —" in prof.layerwise_summary(columns=("flops", "flops_per_s"), depth=0)
+    # Asked for, a time column would show "—" on every module (FLOP/s too): refused, as the command line does.
+    for asked in (("forward_ms",), ("flops", "flops_per_s"), ("forward_percent",)):
+        with pytest.raises(ValueError, match=f"column '{asked[-1]}' reads a measured time, and this profile has no "
+                                             "times: the step ran on the meta device"):
+            prof.layerwise_summary(columns=asked, depth=0)
     row = prof.to_csv().splitlines()[1].split(",")
     assert row[5:7] == ["", ""]  # forward_ms, backward_ms
 

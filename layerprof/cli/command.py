@@ -15,6 +15,7 @@ from .._torch import fake_mode
 from ..metrics import make_meters
 from ..profile import Profile
 from ..record.fields import FIELDS, canonical
+from ..record.untimed import reads_time
 from ..render.columns import resolve_columns
 from ..render.plot_metrics import backward_only
 from ..render.units import format_count, format_counted
@@ -105,10 +106,7 @@ def _timed(name: str) -> bool:
     """Whether the column or plot metric ``name`` (a declared one) reads a measured time: a time, a rate over one
     (FLOP/s, bandwidth), a share of the step's time, the roofline's efficiency."""
     declared = FIELDS.get(canonical(name) or name)
-    if declared is None:
-        return False
-    measured = FIELDS.get(declared.of or "") if declared.unit == "percent" else declared
-    return measured is not None and measured.unit in ("ms", "flop/s", "byte/s", "ratio")
+    return declared is not None and reads_time(declared)
 
 
 # What a run on the meta device or fake tensors counts where --metrics is not given: without it the timing meter alone

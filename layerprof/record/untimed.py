@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["UNTIMED", "untimed_in", "untimed_note"]
+from .fields import FIELDS, Field
+
+__all__ = ["UNTIMED", "untimed_in", "untimed_note", "reads_time"]
 
 # ``meta["untimed"]``: what the step ran on, as a sentence names it.
 UNTIMED = {"meta": "the meta device", "fake": "fake tensors (FakeTensorMode)"}
@@ -30,3 +32,10 @@ def untimed_note(meta: Any) -> str | None:
         return None
     return (f"no times: the step ran on {UNTIMED.get(kind, kind)}, where ops compute nothing; FLOPs, bytes, "
             "parameters, shapes and saved bytes are counted from the tensors' shapes")
+
+
+def reads_time(field: Field) -> bool:
+    """Whether ``field`` reads a measured time, which a profile without times lacks on every module: a time, a rate
+    over one (FLOP/s, bandwidth), a share of the step's time, the roofline's efficiency."""
+    measured = FIELDS.get(field.of or "") if field.unit == "percent" else field
+    return measured is not None and measured.unit in ("ms", "flop/s", "byte/s", "ratio")

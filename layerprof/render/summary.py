@@ -10,7 +10,7 @@ from typing import Any, Iterable
 from .._check import check_int
 from ..record.records import ModuleRecord
 from ..record.summed import TreeValues, ran
-from ..record.untimed import untimed_note
+from ..record.untimed import reads_time, untimed_note
 from .columns import Column, counted_columns, resolve_columns
 from .footer import summary_footer
 from .plot_metrics import how_to_record, run_lacks
@@ -133,7 +133,11 @@ def _check_held(chosen: list[Column], root: ModuleRecord, values: TreeValues, me
     The default columns of a forward-only run still show, and so does a column the model gave no value of (a CUDA
     figure on the CPU): a script that asks the same columns of every model goes on."""
     records = [root, *root.descendants]
+    untimed = untimed_note(meta)
     for column in chosen:
+        if untimed is not None and reads_time(column.field):
+            raise ValueError(f"column {column.name!r} reads a measured time, and this profile has {untimed}: show "
+                             "what it counted, such as columns=('flops', 'params', 'saved_bytes')")
         held = any(values.value(record, column.name) is not None for record in records)
         if not held and run_lacks(column.field, records, meta):
             hint = how_to_record(column.field, records, "this profile has", ", or show a forward column")
