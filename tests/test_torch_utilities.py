@@ -68,6 +68,24 @@ def test_saved_tensor_hooks_entered_inside_the_block_read_unknown_not_zero(user_
     assert prof.checkpoint_plan(0.5).modules
 
 
+def test_the_warning_of_hooks_entered_inside_the_block_names_the_users_line() -> None:
+    # It is raised as the meter stops, under __exit__ or prof.stop() (two depths inside layerprof): it pointed at
+    # layerprof/collect/profiler.py; the line to change is the user's with or stop().
+    model, x = _mlp(), torch.randn(32, 16)
+    with pytest.warns(RuntimeWarning, match="hooks entered inside the block") as caught:
+        with LayerProf(model, metrics=("memory",)):
+            with save_on_cpu():
+                model(x).sum().backward()
+    assert [warning.filename for warning in caught if "hooks entered" in str(warning.message)] == [__file__]
+    prof = LayerProf(model, metrics=("memory",))
+    prof.start()
+    with save_on_cpu():
+        model(x).sum().backward()
+    with pytest.warns(RuntimeWarning, match="hooks entered inside the block") as caught:
+        prof.stop()
+    assert [warning.filename for warning in caught if "hooks entered" in str(warning.message)] == [__file__]
+
+
 def test_a_checkpointed_region_is_not_taken_for_a_users_saved_tensor_hooks() -> None:
     # torch.utils.checkpoint's own hooks sit above the meter's inside its region, by design (it saves nothing).
     model, x = _mlp(), torch.randn(32, 16)

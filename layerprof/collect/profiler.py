@@ -4,7 +4,6 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import warnings
 from operator import attrgetter, itemgetter
 from typing import Any, Callable, Iterable, TypeVar
 
@@ -16,6 +15,7 @@ from .annotate import Annotator
 from .clock import CpuClock, PausableClock
 from .._derived import verified
 from .._gc import gc_paused
+from .._warn import PACKAGE, user_frame, warn_user
 from .hook_cost import hook_cost
 from .live_op_cost import live_op_cost
 from .environment import environment_of, first_parameter, on_input_device, rank_facts, untimed
@@ -176,17 +176,6 @@ def _modules_in(model: nn.Module) -> list[nn.Module]:
     return found
 
 
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _user_frame() -> tuple[Any, int]:
-    """The first frame outside layerprof (the user's ``with`` or ``prof.step()`` line), and its stack level."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
-        frame, level = frame.f_back, level + 1
-    return frame, level
-
-
 def _place(started_at: tuple[Any, int] | None) -> str:
     """``at FILE:LINE`` of a code object's instruction at byte offset ``lasti`` (a frame's ``f_lasti``)."""
     if started_at is None:
@@ -264,17 +253,11 @@ _META_READ = (
 )
 
 
-def _warn_user(message: str) -> None:
-    """A RuntimeWarning attributed to the first frame outside layerprof, however deep inside layerprof it is
-    raised."""
-    warnings.warn(message, RuntimeWarning, stacklevel=_user_frame()[1])
-
-
 def _warn_late_backward(names: list[str]) -> None:
     """Calls whose backward began only after ``prof.step()`` had closed their step (``Tracker.late``)."""
     shown = ", ".join("the model" if not name else f"'{name}'" for name in names[:5])
     more = f" and {len(names) - 5} more" if len(names) > 5 else ""
-    _warn_user(
+    warn_user(
         f"layerprof: the backward of {len(names)} module(s) ({shown}{more}) began after prof.step() had ended the "
         "step of their forward, so their backward time is not in the profile. Call prof.step() after "
         "loss.backward() (and the optimizer step), not between a forward and its backward."
@@ -524,8 +507,8 @@ class LayerProf:
             frame: Any = sys._getframe(2)
         except ValueError:  # called from C with no Python frame above
             frame = None
-        if frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
-            frame = _user_frame()[0]
+        if frame is not None and frame.f_code.co_filename.startswith(PACKAGE):
+            frame = user_frame()[0]
         self._started_at = None if frame is None else (frame.f_code, frame.f_lasti)
         return self
 
@@ -901,7 +884,7 @@ class LayerProf:
         unseen = [(name, module) for name, module in module_paths(self.model) if id(module) not in names]
         if unseen:
             shown = ", ".join(f"'{name}' ({type(module).__name__})" for name, module in unseen[:5])
-            _warn_user(
+            warn_user(
                 f"layerprof: {len(unseen)} module(s) joined the model while profiling without nn.Module registration "
                 f"and were not profiled: {shown}. Create submodules with attribute assignment or add_module, or "
                 "before profiling.",
@@ -955,7 +938,7 @@ class LayerProf:
         if facts["device"] == "meta":
             facts = on_input_device(facts, tracker.example.get(INPUT_DEVICE))
             if facts["device"] == "meta" and any(meter.name == "live_memory" for meter in self.metrics):
-                _warn_user(
+                warn_user(
                     "live_memory ran on a model and an input on the meta device, which allocates nothing: its "
                     "readings of allocated bytes (the peaks, cuda_*/live figures) are 0 and say nothing. The saved "
                     "and activation bytes, counted from the tensors' sizes, hold: profile with metrics=('memory',) "
@@ -976,7 +959,7 @@ class LayerProf:
             self._stats.add(self._counting_step)
             if without_times is None:  # (else there are no times to distort)
                 meta["timing_distorted_by"] = distorting
-                _warn_user(
+                warn_user(
                     f"only one step was profiled, and metrics {distorting} slowed it down: its times include their "
                     "overhead. Profile several steps (call prof.step() after each) for clean times.",
                 )
@@ -985,7 +968,7 @@ class LayerProf:
         unseen = self._ran_unseen()
         if unseen:
             meta["unseen_with_gradients"] = unseen
-            _warn_user(unseen_message(unseen))
+            warn_user(unseen_message(unseen))
         # What the records show of the model is read now, whenever they are made: a later change of the model
         # cannot change the profile.
         reprs = read_reprs(modules, plan if len(self._entries) == self._built else None, owns, unchanged)
@@ -1016,7 +999,7 @@ class LayerProf:
                 and _other_shapes_later(self._counted_shapes, tracker.example)):
             changed = "the model's inputs changed shape after the counted step"  # (told by the root's inputs)
         if changed is not None and counted:
-            _warn_user(
+            warn_user(
                 f"{changed}, and metrics {counted} count one step: their figures (FLOPs, bytes, saved bytes) are of "
                 "that step's shapes, while the times are over every timed step, so FLOP/s, the roofline and "
                 "checkpoint plans mix the two. Profile steps of one shape (a fixed length, or one bucket) for "
@@ -1035,12 +1018,12 @@ class LayerProf:
             meta["step_ms"] = stats.step_totals()
         note = None if self.schedule is None or self._stats.steps else self.schedule.no_step_note(self.step_num)
         if note is not None:  # (a framework's schedule, in its own steps)
-            _warn_user(note)
+            warn_user(note)
         elif self._stats.steps == 0:
             if self._steps_with_calls:  # the model ran, in steps the profile was told to leave out
                 left_out, fix = ((f"warm-up (warmup={self.warmup})", "lower warmup") if self.schedule is None else
                                  (f"warm-up or outside the schedule ({self.schedule!r})", "change the schedule"))
-                _warn_user(
+                warn_user(
                     f"LayerProf recorded no step: the {self._steps_with_calls} step(s) that ran the model were all "
                     f"{left_out}, or every call in them raised. A step ends at prof.step() or at the end of the "
                     f"block: run more steps, or {fix}.",
@@ -1051,12 +1034,12 @@ class LayerProf:
                 left_out, fix = ((f"warm-up (warmup={self.warmup})", "lower warmup") if self.schedule is None else
                                  (f"before the schedule's first recorded step, step {first_recorded(self.schedule)} "
                                   f"({self.schedule!r})", "change the schedule"))
-                _warn_user(
+                warn_user(
                     f"LayerProf recorded no step: steps 0 to {self.step_num} (counted by prof.step()) were all "
                     f"{left_out}. A step ends at prof.step() or at the end of the block: run more steps, or {fix}.",
                 )
             else:
-                _warn_user("LayerProf recorded no step: call the model inside the block")
+                warn_user("LayerProf recorded no step: call the model inside the block")
         self._tracker = None
         if later:
             assert plan is not None

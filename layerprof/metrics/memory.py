@@ -37,7 +37,6 @@ place, and the counts that make wrapping unsafe or ambiguous (``checkpoint_side_
 """
 from __future__ import annotations
 
-import warnings
 import weakref
 
 from bisect import bisect_left
@@ -49,6 +48,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointError
 
 from .._tensors import is_lazy, iter_tensors
+from .._warn import warn_user
 from .._torch import StorageWeakRef, inner_tensors, outer_saved_tensors_hooks, storage_key, tensor_version
 from ..record.adoption import adopters
 from ..record.fields import Field, declare
@@ -423,13 +423,12 @@ class MemoryMeter(Meter):
         names = list(self._hidden)
         shown = ", ".join(repr(name) if name else "the model" for name in names[:5])
         more = f" and {len(names) - 5} more" if len(names) > 5 else ""
-        warnings.warn(
+        warn_user(
             f"metrics=({self.name!r},) counts what autograd saves for backward through saved-tensor hooks of its "
             f"own, and hooks entered inside the block (torch.autograd.graph.save_on_cpu, saved_tensors_hooks) run "
             f"instead of them: what {shown}{more} saved under yours is unknown, so their saved-bytes figures read "
             "None and checkpoint_plan refuses this profile. Enter your hooks around the block (with save_on_cpu(): "
-            "with LayerProf(...)), where the meter hands each tensor on to them and counts it",
-            RuntimeWarning, stacklevel=4)
+            "with LayerProf(...)), where the meter hands each tensor on to them and counts it")
 
     def explain(self, error: BaseException) -> str | None:
         if isinstance(error, RuntimeError) and "saved tensor hooks" in str(error):
