@@ -20,9 +20,12 @@ def is_lazy(tensor: Any) -> bool:
 
 def children(obj: Any) -> Iterable[tuple[Any, Any]] | None:
     """``(key, value)`` pairs of a container (tuple, list, dict, ModelOutput, dataclass), None for anything else.
-    A named tuple's keys are its field names (a ``PackedSequence``'s ``data``), as a dataclass's are."""
-    if isinstance(obj, tuple) and isinstance(getattr(type(obj), "_fields", None), tuple):
-        return zip(type(obj)._fields, obj)
+    A named tuple's keys are its field names (a ``PackedSequence``'s ``data``), as a dataclass's are; so are those of
+    a struct sequence (``torch.max(x, 1)``'s ``values`` and ``indices``), which names them in ``__match_args__``."""
+    if isinstance(obj, tuple) and type(obj) is not tuple:
+        fields = getattr(type(obj), "_fields", None) or getattr(type(obj), "__match_args__", None)
+        if isinstance(fields, tuple) and len(fields) == len(obj):
+            return zip(fields, obj)
     if isinstance(obj, (list, tuple)):
         return enumerate(obj)
     if isinstance(obj, dict):

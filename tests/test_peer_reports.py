@@ -471,3 +471,10 @@ def test_named_tuple_fields_name_their_paths() -> None:
     assert prof.tree.input_paths == ["0.data", "0.batch_sizes"]
     assert prof.tree.input_shapes == [[8, 8], [5]]
     assert prof.tree.output_paths == ["0.data", "0.batch_sizes", "1.0", "1.1"]
+
+    # torch.return_types (struct sequences: no _fields, their names in __match_args__) are named too
+    top = Call(lambda x: torch.max(linear(x), 1))
+    top.linear = linear
+    with LayerProf(top, metrics=("shapes",)) as prof:
+        top(torch.randn(3, 4))
+    assert prof.tree.output_paths == ["values", "indices"] and prof.tree.output_shapes == [[3], [3]]
