@@ -44,6 +44,18 @@ MODELS = textwrap.dedent('''
             return self.head(self.body(x))
 
 
+    class Explicit(nn.Module):
+        """A layer and a buffer made in float32 whatever the default dtype."""
+
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8, dtype=torch.float32)
+            self.register_buffer("scale", torch.ones(8, dtype=torch.float32))
+
+        def forward(self, x):
+            return self.lin(x) * self.scale
+
+
     class Normed(nn.Module):
         """A BatchNorm between two Linears: in training, recomputing it would move its running statistics again."""
 
@@ -208,6 +220,13 @@ def spec_fake(ctx: Context) -> None:
     body = next(row for row in doc["records"] if row["name"] == "body.0")
     assert body["flops_forward"] == 2 * 2 * 8 * 4 and body["params"] == 8 * 4 + 4 and body["saved_bytes"] == 2 * 8 * 4
     assert "FLOPs:" in out and "Params:" in out and "Saved:" in out
+    # --dtype casts what the model made in an explicit dtype too, as Module.to does off fake tensors: 72 parameters
+    # (8 * 8 + 8) in bfloat16 are 144 bytes, and the float32 buffer is cast (the step's output would say if not).
+    status, out, err = ctx.main(f"{ctx.models}:Explicit", "-i", "2,8", "--fake", "--dtype", "bfloat16", "--json", path)
+    assert status == 0, err
+    doc = json.loads(Path(path).read_text())
+    root = next(row for row in doc["records"] if row["name"] == "")
+    assert root["param_bytes"] == 72 * 2 and root["buffer_bytes"] == 8 * 2
 
 
 def spec_dtype(ctx: Context) -> None:

@@ -10,6 +10,7 @@ import traceback
 from typing import Iterator, Sequence
 
 import torch
+from torch import nn
 
 from .._torch import fake_mode
 from ..metrics import make_meters
@@ -102,6 +103,19 @@ def _default_dtype(dtype: torch.dtype | None) -> Iterator[None]:
         torch.set_default_dtype(before)
 
 
+def _cast_fake(model: nn.Module, dtype: torch.dtype) -> None:
+    """``model.to(dtype)`` for a model of fake tensors, which ``Module.to`` cannot swap: the float parameters and
+    buffers that its code made in another dtype than the default it was built under (a float32 buffer or parameter
+    made with an explicit dtype) are cast one by one, as ``to`` would cast them."""
+    for module in model.modules():
+        for tensor in module._parameters.values():
+            if tensor is not None and tensor.is_floating_point() and tensor.dtype != dtype:
+                tensor.data = tensor.data.to(dtype)
+        for name, tensor in module._buffers.items():
+            if tensor is not None and tensor.is_floating_point() and tensor.dtype != dtype:
+                module._buffers[name] = tensor.to(dtype)
+
+
 def _timed(name: str) -> bool:
     """Whether the column or plot metric ``name`` (a declared one) reads a measured time: a time, a rate over one
     (FLOP/s, bandwidth), a share of the step's time, the roofline's efficiency."""
@@ -182,6 +196,8 @@ def _run(options: argparse.Namespace) -> int:
         try:
             if not options.fake:
                 model.to(device=device, dtype=dtype)
+            elif dtype is not None:
+                _cast_fake(model, dtype)
         except Exception as exc:
             target = f"{device} {options.dtype}" if dtype else str(device)
             raise RunError(f"moving the model to {target} raised {one_line(exc)}") from exc
