@@ -262,6 +262,10 @@ def test_the_command_counts_on_meta_and_refuses_what_needs_times(tmp_path: Path,
                         (["--plot", str(tmp_path / "p.png")], "--plot-metric total: --device meta counts")):
         assert main([*argv, *extra]) == 2
         assert said in capsys.readouterr().err
+    # The saved profile asked for a plan: refused with why, and not told to profile with the memory meter
+    assert main(["show", str(saved), "--checkpoint-budget", "50%"]) == 2
+    err = capsys.readouterr().err
+    assert "prices each module's recomputation" in err and "from the shell" not in err
 
 
 def test_a_comparison_with_a_meta_profile_does_not_read_its_missing_times_as_forward_only() -> None:

@@ -22,6 +22,7 @@ from ..render.gate import (MAX_SHARE, MIN_MODULE_STEPS, MIN_SHARE, PASSES, Gate,
 from ..record.fields import Field, stored_fields
 from ..record.records import preorder
 from ..record.roofs import no_roofs_reason
+from ..record.untimed import untimed_in
 from ..render.columns import resolve_columns
 from ..render.plot_metrics import resolve_metric
 from .checkpoint import check_budget_options, plan_lines, planned, plot_options
@@ -120,8 +121,9 @@ def _show(options: argparse.Namespace) -> int:
         except ValueError as exc:  # a profile without the memory meter's figures (or, for a peak, the timeline)
             flag, metric = (("--checkpoint-budget", "memory") if options.checkpoint_peak is None
                             else ("--checkpoint-peak", "live_memory"))
-            raise UsageError(f"{flag}: {one_line(exc)} (from the shell: layerprof SPEC --metrics {metric} --json "
-                             "PATH)") from None
+            shell = ("" if untimed_in(profile.meta) is not None else  # (its advice is a device's run already)
+                     f" (from the shell: layerprof SPEC --metrics {metric} --json PATH)")
+            raise UsageError(f"{flag}: {one_line(exc)}{shell}") from None
     try:
         print(profile.layerwise_summary(columns=options.columns, depth=options.depth), flush=True)
     except ValueError as exc:
