@@ -60,7 +60,8 @@ def one_line(capsys: pytest.CaptureFixture[str]) -> str:
      "--plot-metric: unknown plot metric 'speed'; choose from: forward, backward, total,"),
     (["--plot", "{d}/p.png", "--plot-kind", "roofline"],
      "--plot-kind roofline needs the flops meter (FLOPs and bytes): add --metrics flops"),
-    (["--plot", "{d}/p.pdf"], "--plot '{d}/p.pdf': a plot is saved as .png or .svg; give a path ending in one of them"),
+    (["--plot", "{d}/p.eps"],
+     "--plot '{d}/p.eps': a plot is saved as .png, .svg or .pdf; give a path ending in one of them"),
     (["--csv", "{d}"], "--csv '{d}' is a folder; give the path of a file, e.g. '{d}/profile.csv'"),
     (["--json", "/proc/p.json"], "--json '/proc/p.json': cannot write in folder '/proc' ("),
     (["--json", "{d}/p.json", "--trace", "{d}/p.json"], "--trace '{d}/p.json': another output writes there too"),
@@ -86,9 +87,10 @@ def one_line(capsys: pytest.CaptureFixture[str]) -> str:
      "--columns self_backward,forward,flops_backward: a run with --eval has no backward pass, so "
      "self_backward,flops_backward would show nothing on any module; drop them or --eval"),
     # a figure chosen and no --plot to draw it: ignored, the run went on and wrote no figure, before
-    (["--plot-metric", "flops"], "--plot-metric flops: no figure is drawn without --plot PATH (a .png or .svg)"),
+    (["--plot-metric", "flops"],
+     "--plot-metric flops: no figure is drawn without --plot PATH (a .png, .svg or .pdf)"),
     (["--plot-kind", "top", "--json", "{d}/p.json"],
-     "--plot-kind top: no figure is drawn without --plot PATH (a .png or .svg)"),
+     "--plot-kind top: no figure is drawn without --plot PATH (a .png, .svg or .pdf)"),
     # an output over the model's own file
     (["--report", "{models}"], "--report '{models}' is the model file this command reads; give the output another"),
     # paths the system refuses: a usage error, not an internal one (exit 70 before)

@@ -389,9 +389,9 @@ def test_every_plot_function_saves_to_a_str_or_a_path(measured_profile, tmp_path
     PLOT_FUNCTIONS[kind](measured_profile, path=as_str)
     assert Path(as_str).read_bytes().startswith(b"<?xml")
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{kind}.png", f"{kind}.svg"]  # no temporary left
-    with pytest.raises(ValueError, match=r"cannot save a plot as '.*\.jpg': use a \.png or \.svg path"):
+    with pytest.raises(ValueError, match=r"cannot save a plot as '.*\.jpg': use a \.png, \.svg or \.pdf path"):
         PLOT_FUNCTIONS[kind](measured_profile, path=tmp_path / "plot.jpg")
-    with pytest.raises(TypeError, match="path must be a str or a pathlib.Path ending in .png or .svg, got int"):
+    with pytest.raises(TypeError, match=r"a pathlib.Path ending in \.png, \.svg or \.pdf, got int"):
         PLOT_FUNCTIONS[kind](measured_profile, path=3)
     assert plt.get_fignums() == before  # a bad path fails before anything is drawn
     assert len(list(tmp_path.iterdir())) == 2
@@ -471,7 +471,7 @@ def test_bad_arguments(resnet_profile, tmp_path) -> None:
         layerprof.plot_icicle(resnet_profile, metric="time")
     with pytest.raises(ValueError, match="unknown plot kind 'pie'"):
         resnet_profile.plot("pie")
-    with pytest.raises(ValueError, match=r"\.png or \.svg"):
+    with pytest.raises(ValueError, match=r"\.png, \.svg or \.pdf"):
         resnet_profile.plot("top", path=tmp_path / "plot.jpg")
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(TypeError, match="expected a Profile"):

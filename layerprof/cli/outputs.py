@@ -32,7 +32,7 @@ class Output:
     path: Path
 
 
-_PLOT_SUFFIXES = (".png", ".svg")
+_PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 
 def check_writable(flag: str, path: Path) -> None:
@@ -76,7 +76,7 @@ def forward_only_mode(options: argparse.Namespace) -> str | None:
 
 def _check_plot(options: argparse.Namespace, path: Path) -> None:
     if path.suffix.lower() not in _PLOT_SUFFIXES:
-        raise UsageError(f"--plot {str(path)!r}: a plot is saved as .png or .svg; give a path ending in one of them")
+        raise UsageError(f"--plot {str(path)!r}: a plot is saved as .png, .svg or .pdf; give a path ending in one of them")
     if getattr(options, "plot_kind", None) == "checkpoint":  # the frontier of checkpoint plans: its axes are fixed
         if options.plot_metric != PLOT_DEFAULTS["plot_metric"]:
             raise UsageError(f"--plot-metric {options.plot_metric}: --plot-kind checkpoint draws saved memory against "
@@ -128,7 +128,7 @@ def _check_plot_chosen(options: argparse.Namespace) -> None:
     chosen = [f"--{name.replace('_', '-')} {getattr(options, name)}" for name, default in PLOT_DEFAULTS.items()
               if getattr(options, name, default) != default]
     if chosen:
-        raise UsageError(f"{' '.join(chosen)}: no figure is drawn without --plot PATH (a .png or .svg)")
+        raise UsageError(f"{' '.join(chosen)}: no figure is drawn without --plot PATH (a .png, .svg or .pdf)")
 
 
 def requested_outputs(options: argparse.Namespace) -> list[Output]:

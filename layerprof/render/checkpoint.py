@@ -221,8 +221,8 @@ def plot_checkpoint(profile: Any, metric: str = "total", budget: Any = None, ax:
     """The frontier of checkpoint plans: saved-for-backward memory against extra time per step (recomputation and
     wrappers), and where the profile predicts it the step's peak with each of them (``predicted_peak_bytes``);
     today's point and the plan for ``budget`` (or ``peak=``; by default half the saved memory) marked.
-    ``profile``: a Profile (planned here with ``options``) or a CheckpointPlan. ``path``: a .png or .svg file to
-    write the figure to (see ``plot_sunburst``)."""
+    ``profile``: a Profile (planned here with ``options``) or a CheckpointPlan. ``path``: a .png, .svg or .pdf file
+    to write the figure to (see ``plot_sunburst``)."""
     plot_suffix(path)
     if metric != "total":  # (the plots' shared default; its axes are fixed)
         raise ValueError(f"plot('checkpoint') draws saved memory against extra time: metric= does not apply (got "

@@ -88,7 +88,8 @@ def plot_sunburst(
         depth: deepest ring drawn (None: all).
         ax: the Axes to draw on; None: a new figure.
         min_share: siblings below this share of the total are grouped into one grey "other" wedge.
-        path: a .png or .svg file to write the figure to (all it drew kept; a figure made here is then closed).
+        path: a .png, .svg or .pdf file to write the figure to (all it drew kept; a figure made here is then
+            closed).
 
     >>> import torch, layerprof
     >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())

@@ -83,7 +83,7 @@ def plot_roofline(profile: Any, metric: str = "total", ax: Any = None, labels: i
     """Draw the roofline of ``profile`` (needs ``metrics=("flops",)``; peaks measured on first use, or the ones
     given to ``LayerProf(model, peaks=...)``) and return the Axes. ``labels``: how many of the most
     time-consuming modules are named. ``metric`` is accepted for ``Profile.plot`` and must be ``"total"``.
-    ``path``: a .png or .svg file to write the figure to (see ``plot_sunburst``).
+    ``path``: a .png, .svg or .pdf file to write the figure to (see ``plot_sunburst``).
 
     >>> import torch, layerprof
     >>> net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU())

@@ -5,6 +5,9 @@ A legend beside the Axes or long tick labels fall outside a figure of fixed size
 returned Axes would cut them off. ``fit_figure`` enlarges the figure around its Axes (their size in inches kept,
 so labels fitted to them stay fitted); a saved file is also cropped to what was drawn (``bbox_inches="tight"``).
 A figure the caller made (``ax=...``) is the caller's: it is never resized, only saved if asked.
+
+A PDF goes into a paper: its text is embedded as TrueType (``pdf.fonttype`` 42) rather than matplotlib's default
+Type 3 fonts, which publishers' PDF checks (IEEE PDF eXpress, ACM) refuse.
 """
 from __future__ import annotations
 
@@ -16,20 +19,22 @@ from .._files import move_into_place, temporary_beside
 
 __all__ = ["PLOT_SUFFIXES", "plot_suffix", "fit_figure", "finish_plot"]
 
-PLOT_SUFFIXES = ("png", "svg")
+PLOT_SUFFIXES = ("png", "svg", "pdf")
+# What a saved file is written with, whatever the user's rcParams (only for this save).
+_SAVE_RC = {"pdf.fonttype": 42}
 PAD_INCHES = 0.1
 
 
 def plot_suffix(path: str | os.PathLike[str] | None) -> str | None:
-    """The format ``path`` asks for (``png`` or ``svg``, by its suffix), None for no path; checked before any
-    drawing, so a bad path fails at once."""
+    """The format ``path`` asks for (``png``, ``svg`` or ``pdf``, by its suffix), None for no path; checked before
+    any drawing, so a bad path fails at once."""
     if path is None:
         return None
     if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a str or a pathlib.Path ending in .png or .svg, got {type(path).__name__}")
+        raise TypeError(f"path must be a str or a pathlib.Path ending in .png, .svg or .pdf, got {type(path).__name__}")
     suffix = Path(path).suffix.lower().lstrip(".")
     if suffix not in PLOT_SUFFIXES:
-        raise ValueError(f"cannot save a plot as {str(path)!r}: use a .png or .svg path")
+        raise ValueError(f"cannot save a plot as {str(path)!r}: use a .png, .svg or .pdf path")
     return suffix
 
 
@@ -65,7 +70,10 @@ def finish_plot(ax: Any, path: str | os.PathLike[str] | None, created: bool) -> 
     temporary: Path | None = None
     try:
         temporary = temporary_beside(target)
-        figure.savefig(temporary, format=suffix, dpi=110, bbox_inches="tight", pad_inches=PAD_INCHES)
+        import matplotlib
+
+        with matplotlib.rc_context(_SAVE_RC):
+            figure.savefig(temporary, format=suffix, dpi=110, bbox_inches="tight", pad_inches=PAD_INCHES)
         move_into_place(temporary, target)
     finally:
         if temporary is not None:
