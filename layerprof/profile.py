@@ -367,10 +367,13 @@ class Profile:
         return self.rows(**filters).to_markdown(path, columns, raw)
 
     def to_latex(self, path: str | Path | None = None, columns: Sequence[str] | None = None, raw: bool = False,
-                 caption: str | None = None, label: str | None = None, **filters: Any) -> str:
+                 caption: str | None = None, label: str | None = None, longtable: bool = False, fit: bool = False,
+                 **filters: Any) -> str:
         """A booktabs LaTeX table (needs ``\\usepackage{booktabs}``); written to ``path`` if given. Columns as
-        ``to_markdown``."""
-        return self.rows(**filters).to_latex(path, columns, raw, caption=caption, label=label)
+        ``to_markdown``. ``longtable=True`` breaks across pages (``\\usepackage{longtable}``); ``fit=True`` scales a
+        table wider than the line down to it (``\\usepackage{graphicx}``)."""
+        return self.rows(**filters).to_latex(path, columns, raw, caption=caption, label=label, longtable=longtable,
+                                             fit=fit)
 
     def to_html(self, path: str | Path | None = None, columns: Sequence[str] | None = None, raw: bool = False,
                 title: str | None = None, **filters: Any) -> str:

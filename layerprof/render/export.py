@@ -183,21 +183,31 @@ def to_markdown(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = 
     return "\n".join(lines) + "\n"
 
 
-# ``<``, ``>`` and ``|`` are no special characters, but LaTeX's default font encoding (OT1) has no glyph for them
-# and prints "¡", "¿" and "—": written as commands, they print as themselves in any encoding. A line break would
-# end the cell's paragraph (two in a row are an error inside a tabular): a name's line breaks become spaces.
+# ``<``, ``>``, ``|`` and ``` ` ``` are no special characters, but in LaTeX's default font encoding (OT1) they
+# print as "¡", "¿", "—" and "‘": written as commands, they print as themselves in any encoding. A line break
+# would end the cell's paragraph (two in a row are an error inside a tabular): a name's line breaks become spaces.
 _LATEX_ESCAPES = {
     "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
     "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "<": r"\textless{}", ">": r"\textgreater{}",
-    "|": r"\textbar{}", "\n": " ", "\r": " ", "µ": r"$\mu$", "—": "---",
+    "|": r"\textbar{}", "`": r"\textasciigrave{}", "\n": " ", "\r": " ", "µ": r"$\mu$", "—": "---",
 }
+# pdflatex has no Greek text font (a Greek letter is "Unicode character ... not set up for use with LaTeX", a
+# fatal error): the letters of a module's name (``self.σ = nn.Linear(...)``) are written as math, which every
+# engine typesets. A capital that looks like a Latin one is that letter.
+_GREEK_LETTERS = "αβγδεζηθικλμνξοπρςστυφχψω" "ΑΒΓΔΕΖΗΘΙΚΛΜΝΞΟΠΡΣΤΥΦΧΨΩ"
+_GREEK_LATEX = (r"\alpha \beta \gamma \delta \varepsilon \zeta \eta \theta \iota \kappa \lambda \mu \nu \xi o \pi"
+                r" \rho \varsigma \sigma \tau \upsilon \varphi \chi \psi \omega A B \Gamma \Delta E Z H \Theta"
+                r" I K \Lambda M N \Xi O \Pi P \Sigma T \Upsilon \Phi X \Psi \Omega").split()
+_LATEX_ESCAPES.update(
+    (char, f"${tex}$" if tex.startswith("\\") else tex) for char, tex in zip(_GREEK_LETTERS, _GREEK_LATEX, strict=True)
+)
 
 
 def latex_escape(text: str) -> str:
-    r"""Escape LaTeX's special characters (and write µ and the missing-value dash in plain LaTeX).
+    r"""Escape LaTeX's special characters (and write µ, Greek letters and the missing-value dash in plain LaTeX).
 
-    >>> print(latex_escape("a<b>|c_1 50% µs"))
-    a\textless{}b\textgreater{}\textbar{}c\_1 50\% $\mu$s
+    >>> print(latex_escape("a<b>|c_1 50% µs Δσ"))
+    a\textless{}b\textgreater{}\textbar{}c\_1 50\% $\mu$s $\Delta$$\sigma$
     """
     return "".join(_LATEX_ESCAPES.get(char, char) for char in text)
 
@@ -208,27 +218,44 @@ def to_latex(
     raw: bool = False,
     caption: str | None = None,
     label: str | None = None,
+    longtable: bool = False,
+    fit: bool = False,
 ) -> str:
-    """A booktabs ``tabular`` (``\\usepackage{booktabs}``), wrapped in a ``table`` when a caption or label is given."""
+    """A booktabs ``tabular`` (``\\usepackage{booktabs}``), wrapped in a ``table`` when a caption is given (and
+    ``label``, which needs one).
+
+    ``longtable``: a ``longtable`` (``\\usepackage{longtable}``) instead, which breaks across pages and repeats its
+    header on each; a tabular is one box, and a table taller than the page runs off its bottom. ``fit``: a tabular
+    wider than the line is scaled down to the line's width (``\\usepackage{graphicx}``); a narrower one is left as is.
+    """
+    if longtable and fit:
+        raise ValueError("longtable=True and fit=True cannot go together: a longtable breaks across pages and "
+                         "cannot be scaled; pick fewer columns (columns=...) to narrow it")
+    if label is not None and caption is None:
+        raise ValueError(f"label={label!r} needs a caption: LaTeX numbers a table by its caption, and without one "
+                         f"\\ref{{{label}}} gives the number of the section; give caption= too")
     chosen = list(columns) if columns is not None else display_columns(rows)
     spec = "".join("r" if _is_numeric_column(rows, c) else "l" for c in chosen)
-    body = [
-        f"\\begin{{tabular}}{{{spec}}}",
-        "\\toprule",
-        " & ".join(latex_escape(_header(c, raw)) for c in chosen) + r" \\",
-        "\\midrule",
-    ]
-    for row in rows:
-        body.append(" & ".join(latex_escape(cell_text(c, row.get(c), raw)) for c in chosen) + r" \\")
-    body += ["\\bottomrule", "\\end{tabular}"]
-    if caption is None and label is None:
-        return "\n".join(body) + "\n"
-    wrapped = ["\\begin{table}", "\\centering"]
-    if caption is not None:
-        wrapped.append(f"\\caption{{{latex_escape(caption)}}}")
+    header = ["\\toprule", " & ".join(latex_escape(_header(c, raw)) for c in chosen) + r" \\", "\\midrule"]
+    body = [" & ".join(latex_escape(cell_text(c, row.get(c), raw)) for c in chosen) + r" \\" for row in rows]
+    titled = [f"\\caption{{{latex_escape(caption)}}}"] if caption is not None else []
     if label is not None:
-        wrapped.append(f"\\label{{{label}}}")
-    return "\n".join(wrapped + body + ["\\end{table}"]) + "\n"
+        titled.append(f"\\label{{{label}}}")
+    if longtable:
+        # The first page's header under the caption, the same header again on every page after it.
+        first = [" ".join(titled) + r" \\"] if titled else []
+        lines = [f"\\begin{{longtable}}{{{spec}}}", *first, *header, "\\endfirsthead", *header, "\\endhead",
+                 *body, "\\bottomrule", "\\end{longtable}"]
+        return "\n".join(lines) + "\n"
+    tabular = [f"\\begin{{tabular}}{{{spec}}}", *header, *body, "\\bottomrule", "\\end{tabular}"]
+    if fit:
+        # Measured in a box first: scaled to the line only where wider (graphicx's \resizebox alone would also
+        # blow a narrow table up to the line's width); not indented, as a paragraph's first line would be.
+        tabular = ["\\sbox0{%", *tabular[:-1], tabular[-1] + "}%",
+                   r"\noindent\ifdim\wd0>\linewidth\resizebox{\linewidth}{!}{\usebox0}\else\usebox0\fi"]
+    if not titled:
+        return "\n".join(tabular) + "\n"
+    return "\n".join(["\\begin{table}", "\\centering", *titled, *tabular, "\\end{table}"]) + "\n"
 
 
 def iter_cells(rows: Iterable[dict[str, Any]], columns: Sequence[str], raw: bool) -> Iterable[list[str]]:

@@ -231,13 +231,16 @@ class Table(Sequence[dict[str, Any]]):
         return export.write_text(export.to_markdown(rows, chosen, raw), path)
 
     def to_latex(self, path: str | Path | None = None, columns: Sequence[str] | None = None, raw: bool = False,
-                 caption: str | None = None, label: str | None = None) -> str:
-        """A booktabs LaTeX table of a page's columns (or ``columns``); written to ``path`` if given."""
+                 caption: str | None = None, label: str | None = None, longtable: bool = False,
+                 fit: bool = False) -> str:
+        """A booktabs LaTeX table of a page's columns (or ``columns``); written to ``path`` if given.
+        ``longtable=True``: one that breaks across pages; ``fit=True``: one scaled down to the line's width where
+        wider (see ``export.to_latex``)."""
         check_path(path, columns=True)
-        raw = check_bool("raw", raw)
+        raw, longtable, fit = check_bool("raw", raw), check_bool("longtable", longtable), check_bool("fit", fit)
         caption, label = check_text("caption", caption), check_text("label", label)
         rows, chosen = self._page(columns)
-        text = export.to_latex(rows, chosen, raw, caption=caption, label=label)
+        text = export.to_latex(rows, chosen, raw, caption=caption, label=label, longtable=longtable, fit=fit)
         return export.write_text(text, path)
 
     def to_html(self, path: str | Path | None = None, columns: Sequence[str] | None = None, raw: bool = False,
