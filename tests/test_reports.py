@@ -404,6 +404,8 @@ def test_units_format_fields_by_their_names() -> None:
     assert units.format_field("params", 11_689_512) == "11.7M"
     assert units.format_field("input_shapes", [[1, 3]]) == "[1, 3]"  # shapes print as the summary shows them
     assert units.field_label("cuda_forward_peak_bytes") == "Cuda forward peak bytes"
+    # a statistic of a time names the statistic, its unit in the values: not "Forward ms p95"
+    assert units.field_label("forward_ms_p95") == "Forward p95" and units.field_label("backward_ms_std") == "Backward std"
     # A model's whole run can pass the peta and tebi steps: exa and zetta FLOPs, pebi and exbi bytes
     assert units.format_flops(3e18) == "3 EFLOPs" and units.format_flops(1.5e21) == "1.5 ZFLOPs"
     assert units.format_bytes(3 * 2**50) == "3 PiB" and units.format_bytes(2**61) == "2 EiB"

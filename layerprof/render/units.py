@@ -177,7 +177,9 @@ def format_signed_field(field: str, value: object) -> str:
 
 
 def field_label(field: str) -> str:
-    """A header for a field whose unit is shown in the values: ``field_label('self_forward_ms') == 'Self forward'``."""
+    """A header for a field whose unit is shown in the values: ``field_label('self_forward_ms') == 'Self forward'``,
+    ``field_label('forward_ms_p95') == 'Forward p95'`` (a statistic of a time)."""
+    field = field.replace("_ms_", "_")
     for suffix in ("_ms", "_percent"):
         if field.endswith(suffix):
             field = field[: -len(suffix)] + (" %" if suffix == "_percent" else "")
