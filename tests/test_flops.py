@@ -944,3 +944,27 @@ def test_checks_and_index_factories_are_free_not_unknown() -> None:
         model(torch.randn(2, 8))
     assert prof.unknown_ops() == {}
     assert prof.records[""].flops_forward == 2 * 2 * 8 * 4  # the Linear's: 2 * batch 2 * in 8 * out 4
+
+
+class Ranged(nn.Module):
+    """A Linear inside a ``record_function`` range, as DistributedDataParallel's forward opens one around its
+    module's, and as a model may open its own for torch.profiler."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.profiler.record_function("ranged"):
+            return self.fc(x)
+
+
+def test_record_function_ranges_are_free_not_unknown() -> None:
+    # Their enter and exit ops reached the counter as ops with no formula: every profile of a DDP model (accelerate's
+    # prepared model among them) read "FLOPs leave out 3 ops with no formula ... profiler._record_function_enter_new".
+    model = Ranged()
+    with LayerProf(model, metrics=("flops",)) as prof:
+        model(torch.randn(2, 8)).sum().backward()
+    assert prof.unknown_ops() == {}
+    assert prof.records[""].flops_forward == 2 * 2 * 8 * 4  # the Linear's: 2 * batch 2 * in 8 * out 4
+    assert prof.records[""].flops_backward == 2 * 2 * 8 * 4  # the weight's gradient only: x needs none

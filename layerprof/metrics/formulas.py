@@ -621,6 +621,26 @@ for _name in _FREE_OPS:
         register_flop_formula(_backward)(free)
 register_flop_formula(torch.ops.prim.device)(free)
 
+# Ops that carry no arithmetic, outside aten: ``record_function``'s range marks (DistributedDataParallel's forward
+# opens one, and so may a model's own code), and the collectives of DDP, FSDP and functional collectives
+# (communication, which FlopCounterMode does not count either).
+_FREE_OTHER_OPS = {
+    "profiler": ("_record_function_enter", "_record_function_enter_new", "_record_function_exit"),
+    "c10d": ("broadcast_", "allreduce_", "allreduce_coalesced_", "allgather_", "allgather_coalesced_",
+             "allgather_into_tensor_coalesced_", "_allgather_base_", "reduce_", "reduce_scatter_",
+             "_reduce_scatter_base_", "reduce_scatter_tensor_coalesced_", "gather_", "scatter_", "alltoall_",
+             "alltoall_base_", "barrier", "monitored_barrier_", "send", "recv_", "recv_any_source_"),
+    "_c10d_functional": ("all_reduce", "all_reduce_", "all_reduce_coalesced", "all_reduce_coalesced_",
+                         "all_gather_into_tensor", "all_gather_into_tensor_coalesced", "all_gather_into_tensor_out",
+                         "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_out",
+                         "all_to_all_single", "broadcast", "broadcast_", "wait_tensor"),
+}
+for _namespace, _names in _FREE_OTHER_OPS.items():
+    for _name in _names:  # (a torch built without distributed support has no c10d ops: nothing to name then)
+        _op = getattr(getattr(torch.ops, _namespace), _name, None)
+        if _op is not None:
+            register_flop_formula(_op)(free)
+
 # torch's primitives (``prims``) that functorch's forward-mode rules run as they are (``jacfwd``, ``hessian``:
 # ``prims.add`` and ``prims.mul`` on tangents): elementwise, shapes, copies and reductions, free as their aten
 # counterparts are; their ops carry no pointwise tag.
