@@ -332,6 +332,49 @@ def test_verify_plan() -> None:
         layerprof.verify_plan(plan, model, "step")
 
 
+class _SelfCheckpointing(nn.Module):
+    """Four blocks that the model checkpoints itself once ``gradient_checkpointing`` is set (as Hugging Face's and
+    diffusers' models do after ``gradient_checkpointing_enable()``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.Tanh()) for _ in range(4))
+        self.gradient_checkpointing = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = checkpoint(block, x, use_reentrant=False) if self.gradient_checkpointing else block(x)
+        return x
+
+
+def test_verify_says_when_the_model_checkpoints_itself_since_its_profile() -> None:
+    torch.manual_seed(0)
+    model, x = _SelfCheckpointing(), torch.randn(32, 16)
+    step = lambda: model(x).pow(2).sum().backward()  # noqa: E731
+    plan = profile_quietly(model, step, 2).checkpoint_plan(0.9)
+    assert plan.modules and "" not in plan.modules and not plan.already_recomputed
+    held = layerprof.verify_plan(plan, model, step, repeats=1)
+    assert held.recomputed_since == () and "checkpointing was turned on" not in str(held)
+    model.gradient_checkpointing = True  # turned on after the profile: the plan was made for another model
+    result = layerprof.verify_plan(plan, model, step, repeats=1)
+    ours = [name for entry in plan.modules for name in _entry_blocks(entry)]
+    mine = tuple(f"blocks.{i}" for i in range(4) if f"blocks.{i}" not in ours)
+    assert mine and result.recomputed_since == mine
+    assert f"that its profiled step did not ({', '.join(mine)}): its own checkpointing was turned on" in str(result)
+    # A profile of the model as it trains now counts them: its plan verifies without the note.
+    again = profile_quietly(model, step, 2).checkpoint_plan(0.9)
+    assert set(again.already_recomputed) == {f"blocks.{i}" for i in range(4)}
+    assert layerprof.verify_plan(again, model, step, repeats=1).recomputed_since == ()
+
+
+def _entry_blocks(entry: str) -> list[str]:
+    """The blocks a plan entry covers: itself or its ancestor block ("blocks.1.0" is in "blocks.1"), or a run's."""
+    run = parse_run(entry)
+    if run is not None:
+        return [f"{run[0]}.{i}" for i in range(run[1], run[2])]
+    return [".".join(entry.split(".")[:2])]
+
+
 def test_verification_text_says_when_the_plan_changes_page_faults() -> None:
     from layerprof.plan.verify import Verification
     from layerprof.render.checkpoint import verification_text

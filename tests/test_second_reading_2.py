@@ -108,7 +108,7 @@ class _CheckpointedAux(nn.Module):
 
 def test_a_module_the_model_checkpoints_stays_already_recomputed_when_it_skipped_the_last_step() -> None:
     # fcdbdf3 keeps no call timings of a module that skipped the last recorded step; the planner's
-    # _outermost_recomputed reads them (a call with recompute) to name the modules the model checkpoints itself.
+    # outermost_recomputed reads them (a call with recompute) to name the modules the model checkpoints itself.
     # `aux`, checkpointed by the model and re-run in the timed step 1, skipped step 2: already_recomputed lost it
     # ([] against ['aux'] before fcdbdf3, and ['aux'] where it ran in the last step too), and with it the note
     # that a wrapper around it nests checkpoints.

@@ -53,7 +53,7 @@ from .structure import structure_differs
 from .wrap_cost import WrapCost, check_wrap_cost
 from .solver import DEFAULT_RESOLUTION, Run, best_reachable, ends_of, frontier, iter_frontier, solve
 
-__all__ = ["CheckpointPlan", "ChosenModule", "FrontierPoint", "make_plan", "require_step_peak"]
+__all__ = ["CheckpointPlan", "ChosenModule", "FrontierPoint", "make_plan", "outermost_recomputed", "require_step_peak"]
 
 # ``verify.py``'s ``verify_plan``, put here as that module loads (``layerprof`` loads it): it profiles the step
 # with the collector, which reaches this module through the profile, so this module cannot import it.
@@ -84,7 +84,7 @@ def _for_side_effects(candidate: Candidate) -> bool:
     return candidate.excluded is not None and candidate.excluded.startswith("side effects")
 
 
-def _outermost_recomputed(root: ModuleRecord) -> list[str]:
+def outermost_recomputed(root: ModuleRecord) -> list[str]:
     """The modules the model itself recomputes in backward (its own checkpointing), the outermost of each nest,
     in pre-order. A module counts where its own call was re-run; or, not re-run itself, where it is not the root and
     its two or more called children re-ran as one forward (``_rerun_together``): Hugging Face's
@@ -420,7 +420,7 @@ class CheckpointPlan:
         self.peak_budget_bytes = peak_budget_bytes
         self.budget_kind = "saved" if peak_budget_bytes is None else "peak"
         self.saved_bytes_before = saved_today(root)
-        self.already_recomputed = _outermost_recomputed(root)
+        self.already_recomputed = outermost_recomputed(root)
         self.excluded = {c.name: c.excluded for c in found if c.excluded and c.excluded not in ("not called",
                                                                                                  "frees nothing")}
         # Modules whose profiler time taken off (hooks, the live reader) exceeds the forward it came from, and of

@@ -32,7 +32,8 @@ from ..record.records import ModuleRecord, preorder
 from ..render.checkpoint import verification_text
 from .apply import RecomputeTimer
 from .fault_cost import page_fault_us
-from .plan import VERIFIER, CheckpointPlan, saved_today
+from .plan import VERIFIER, CheckpointPlan, outermost_recomputed, saved_today
+from .runs import parse_run
 
 try:
     import resource
@@ -62,7 +63,10 @@ class Verification:
     ``measured_saved_bytes``: what the step saved for backward with the plan, of one micro-batch where the step
     accumulates several (each forward's backward run before the next forward), as the plan's profile is of one.
     ``budget_bytes`` is the plan's budget of saved bytes, ``peak_budget_bytes`` its budget of the step's peak (one is
-    None): ``meets_budget`` holds the measured saved bytes, or the measured peak with the plan, against it."""
+    None): ``meets_budget`` holds the measured saved bytes, or the measured peak with the plan, against it.
+    ``recomputed_since``: the outermost modules the model recomputed itself in the verified step and not in the
+    profiled one, outside the plan's (its own checkpointing turned on since the profile: the plan was made for
+    another model, and its figures do not hold)."""
 
     predicted_saved_bytes: int
     measured_saved_bytes: int
@@ -79,6 +83,7 @@ class Verification:
     predicted_peak_bytes: int | None = None
     profiled_peak_bytes: int | None = None
     peak_budget_bytes: int | None = None
+    recomputed_since: tuple[str, ...] = ()
 
     @property
     def meets_budget(self) -> bool:
@@ -147,6 +152,7 @@ def verify_plan(plan: CheckpointPlan, model: nn.Module, step: Callable[[], Any],
                     "are the same") from error
             _require_backward(prof.profile.tree)
             measured = _saved_at_once(prof.profile)  # (a step it cannot measure is refused before any timing)
+            since = _recomputed_since(plan, prof.profile)
         after_peak = step_peak(step) if step_peak is not None else None
     before: list[tuple[float, int]] = []
     after: list[tuple[float, int]] = []
@@ -170,7 +176,28 @@ def verify_plan(plan: CheckpointPlan, model: nn.Module, step: Callable[[], Any],
         predicted_peak_bytes=plan.predicted_peak_bytes, profiled_peak_bytes=plan.profiled_peak_bytes,
         peak_budget_bytes=plan.peak_budget_bytes,
         page_faults=faults, fault_us=None if resource is None else page_fault_us(),  # type: ignore[arg-type]
+        recomputed_since=since,
     )
+
+
+def _recomputed_since(plan: CheckpointPlan, profile: Any) -> tuple[str, ...]:
+    """The outermost modules the model recomputed itself in the verified step (``profile``) that its profiled step
+    did not recompute (``plan.already_recomputed``), leaving out the plan's wrapped modules and runs and what is
+    inside them: a model whose own checkpointing was turned on since (``gradient_checkpointing_enable()``)."""
+    ours = []
+    for name in plan.modules:
+        run = parse_run(name)
+        if run is None:
+            ours.append(name)
+        else:
+            parent, first, stop = run
+            ours += [child.name for child in profile.records[parent].children[first:stop]]
+    before = set(plan.already_recomputed)
+
+    def inside(name: str) -> bool:
+        return any(not mine or name == mine or name.startswith(mine + ".") for mine in ours)
+
+    return tuple(name for name in outermost_recomputed(profile.tree) if name not in before and not inside(name))
 
 
 def _saved_at_once(profile: Any) -> int:

@@ -6,7 +6,7 @@ import html
 import inspect
 import platform
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from .plot_save import finish_plot, plot_suffix
 from .plot_style import new_axes, plain_text
@@ -56,11 +56,9 @@ def plan_text(plan: Any) -> str:
     lines += _step_peak(plan)
     recomputed = getattr(plan, "already_recomputed", ())
     if recomputed:
-        shown = ", ".join(name or "<model>" for name in recomputed[:RECOMPUTED_SHOWN])
-        more = f" and {len(recomputed) - RECOMPUTED_SHOWN} more" if len(recomputed) > RECOMPUTED_SHOWN else ""
         lines.append(f"note: the model already recomputes {format_counted(len(recomputed), 'module')} in backward "
-                     f"(its own checkpointing): {shown}{more}; today's saved memory is with that, and a wrapper "
-                     "around them nests")
+                     f"(its own checkpointing): {_names_shown(recomputed)}; today's saved memory is with that, and a "
+                     "wrapper around them nests")
     width = max([len(c.name) for c in plan.chosen] + [6])
     for c in plan.chosen:
         rate = "inf" if c.cost_ms <= 0 else f"{format_bytes(c.bytes_per_ms)}/ms"
@@ -125,6 +123,12 @@ def _cold(ms: float, cold: float | None) -> str:
     return f"  ({format_ms(cold)} priced cold)"
 
 
+def _names_shown(names: Sequence[str]) -> str:
+    """The first ``RECOMPUTED_SHOWN`` module names (the root as ``<model>``), and how many more."""
+    shown = ", ".join(name or "<model>" for name in names[:RECOMPUTED_SHOWN])
+    return shown + (f" and {len(names) - RECOMPUTED_SHOWN} more" if len(names) > RECOMPUTED_SHOWN else "")
+
+
 def verification_text(result: Any) -> str:
     """A Verification as text: saved bytes and step time measured against predicted, then each wrapped module's
     recomputation per step, predicted against measured, the page faults a step where the plan changes them by
@@ -145,6 +149,12 @@ def verification_text(result: Any) -> str:
         lines.append("  recomputed per step, measured against predicted:")
         lines += [f"    {name or '<model>':<{width}}  {format_ms(measured):>9} against {format_ms(predicted):>9}"
                   for name, (predicted, measured) in result.recompute_ms.items()]
+    since = getattr(result, "recomputed_since", ())
+    if since:
+        lines.append(f"  note: the model recomputes {format_counted(len(since), 'module')} of its own in backward "
+                     f"that its profiled step did not ({_names_shown(since)}): its own checkpointing was turned on "
+                     "since the profile, so these figures are not the plan's. Profile the model as it trains now and "
+                     "plan on that profile (the planner counts what the model already recomputes)")
     faults = result.page_faults
     if faults is not None and abs(faults[1] - faults[0]) >= FAULTS_SHOWN:
         more = faults[1] > faults[0]
