@@ -237,6 +237,11 @@ def step_times(calls: Iterable[CallTrace], step: int = 0) -> dict[str, StepTimes
             elif backward_ms is not None and call.elsewhere is not None:
                 # Its backward runs inside that call's (below); its forward ran beside that call's own thread.
                 children_backward[call.elsewhere] = children_backward.get(call.elsewhere, 0.0) + backward_ms
+            elif backward_ms is not None and call.during is not None and call.during.clock is clock:
+                # Re-run by the backward of that call's node, which ran the backward pass through its graph too: that
+                # pass is this call's backward and not the running call's own (its forward stays the running call's:
+                # re-run time is no call's forward).
+                children_backward[call.during] = children_backward.get(call.during, 0.0) + backward_ms
         task = call.task
         if parent is None:
             # A call on a thread of its own while a call ran on another (a replica's): inside that call's

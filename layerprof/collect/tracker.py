@@ -153,7 +153,7 @@ class CallTrace:
     __slots__ = (
         "name", "parent", "clock", "recompute", "seq_start", "seq_end", "fwd_start", "fwd_end",
         "task", "bwd_start", "bwd_end", "passes", "observed_task", "raised", "handling", "step", "deferred",
-        "elsewhere",
+        "elsewhere", "during",
     )
 
     def __init__(self, name: str, parent: CallTrace | None, clock: Clock, recompute: bool, step: _Step) -> None:
@@ -179,6 +179,10 @@ class CallTrace:
         # call runs inside the wrapper's, on a thread of its own), which the ancestors' figures read as around it
         # (``record/adoption.py``).
         self.elsewhere: CallTrace | None = None
+        # Made by a backward pass with no call open on its thread (an ``autograd.Function``'s backward re-running a
+        # module: reentrant checkpointing, torchdiffeq's adjoint): the call whose node that pass was running, whose
+        # backward interval holds this call's forward and the nested backward pass through its graph.
+        self.during: CallTrace | None = None
 
     # -- graph node hooks: a node holds the call (in its hook dict) and never the other way round --------------
     def node_started(self, grad_outputs: Any) -> None:
@@ -696,9 +700,14 @@ class Tracker:
                 state = tracker._thread()
             stack = state.stack
             clock = tracker._clock_for(module, args, kwargs) if cuda_initialized() else cpu_clock
-            call = CallTrace(name, stack[-1] if stack else None, clock, _graph_task_id() != -1, tracker.step_state)
+            task = _graph_task_id()
+            call = CallTrace(name, stack[-1] if stack else None, clock, task != -1, tracker.step_state)
             if not stack:
                 call.elsewhere = tracker._open_elsewhere(state)
+                if task != -1:
+                    running = tracker.step_state.pending.get(task)
+                    if type(running) is CallTrace:
+                        call.during = running
             handling = handled()
             if handling is not None:  # called from an except block: its exception is not this call's
                 call.handling = handling

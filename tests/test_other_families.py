@@ -1,0 +1,128 @@
+"""Model families outside vision and language transformers, trained as their users train them: neural ODEs with
+the adjoint method (torchdiffeq), graph networks (PyTorch Geometric), reinforcement-learning loops. Each optional
+package's tests skip where it is not installed."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from layerprof import LayerProf
+
+from .invariants import check_truth, count_calls
+
+TOLERANCE_MS = 1e-6
+
+
+def self_backward_total(prof: LayerProf) -> float:
+    return sum(record.self_backward_ms or 0.0 for record in prof.records.values())
+
+
+def grads(model: nn.Module) -> list[torch.Tensor]:
+    return [parameter.grad for parameter in model.parameters()]
+
+
+# -- a module re-run by an autograd.Function's backward, with a backward pass through its graph there -------------
+
+class ReentrantBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self.inner, x, use_reentrant=True)
+
+
+def test_reentrant_checkpoint_backward_of_the_rerun_is_not_the_callers_self_time() -> None:
+    # Reentrant checkpointing re-runs `inner` in the backward of the block's node, then runs a backward pass through
+    # the re-run graph there: that pass is inner's backward, inside the block's, and no longer in the block's self.
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(32, 32), ReentrantBlock(), nn.Linear(32, 1))
+    x = torch.randn(16, 32, requires_grad=True)
+    with LayerProf(net) as prof:
+        for _ in range(3):
+            net(x).sum().backward()
+            prof.step()
+    block, inner = prof.records["1"], prof.records["1.inner"]
+    assert inner.recompute_ms > 0 and inner.backward_ms > 0 and inner.calls == 1
+    assert inner.backward_ms <= block.backward_ms + TOLERANCE_MS
+    assert block.self_backward_ms <= block.backward_ms - inner.backward_ms + TOLERANCE_MS
+    # Self times add up to the root's backward, each instant once (inner's nodes were counted twice before).
+    assert self_backward_total(prof) == pytest.approx(prof.tree.backward_ms, rel=1e-9, abs=TOLERANCE_MS)
+    check_truth(prof, net)
+
+
+# -- neural ODEs: torchdiffeq's odeint_adjoint calls the function's forward inside backward -------------------
+
+class Dynamics(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 4))
+
+    def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.net(y)
+
+
+class ODEBlock(nn.Module):
+    """y(1) of dy/dt = f(y) from y0 by 10 steps of RK4 (4 evaluations a step), then a linear head."""
+
+    def __init__(self, adjoint: bool) -> None:
+        super().__init__()
+        self.func, self.head, self.adjoint = Dynamics(), nn.Linear(4, 2), adjoint
+
+    def forward(self, y0: torch.Tensor) -> torch.Tensor:
+        torchdiffeq = pytest.importorskip("torchdiffeq")
+        solve = torchdiffeq.odeint_adjoint if self.adjoint else torchdiffeq.odeint
+        times = torch.tensor([0.0, 1.0])
+        return self.head(solve(self.func, y0, times, method="rk4", options={"step_size": 0.1})[-1])
+
+
+EVALUATIONS = 40  # 10 steps x 4 stages
+BATCH = 8
+# One evaluation: two Linears, 2 * 8 * 4 * 16 FLOPs each.
+EVALUATION_FLOPS = 2 * (2 * BATCH * 4 * 16)
+
+
+@pytest.mark.parametrize("adjoint", [True, False], ids=["adjoint", "direct"])
+def test_neural_ode_outputs_grads_calls_flops_and_self_times(adjoint: bool) -> None:
+    pytest.importorskip("torchdiffeq")
+    torch.manual_seed(0)
+    model = ODEBlock(adjoint)
+    reference = copy.deepcopy(model)
+    y0 = torch.randn(BATCH, 4)
+    expected = reference(y0)
+    expected.sum().backward()
+    with count_calls(model) as counts, LayerProf(model, metrics=("flops",)) as prof:
+        for _ in range(3):
+            model.zero_grad(set_to_none=True)
+            output = model(y0)
+            output.sum().backward()
+            prof.step()
+    assert torch.equal(output, expected)
+    assert all(torch.equal(ours, theirs) for ours, theirs in zip(grads(model), grads(reference)))
+    func, head, root = prof.records["func"], prof.records["head"], prof.tree
+    assert func.calls == EVALUATIONS and prof.records["func.net.0"].calls == EVALUATIONS
+    assert func.flops_forward == EVALUATIONS * EVALUATION_FLOPS
+    if adjoint:
+        # The adjoint pass evaluates f again, backward in time, inside the backward of the root's node: those
+        # evaluations are re-runs (recompute, FLOPs apart), not calls, and their vector-Jacobian products are f's
+        # backward (two products per Linear: input and weight gradients).
+        assert counts["func"] == 2 * 3 * EVALUATIONS  # the reference counts every forward, re-runs included
+        assert func.recompute_ms > 0 and func.flops_recompute == EVALUATIONS * EVALUATION_FLOPS
+        assert func.flops_backward == 2 * EVALUATIONS * EVALUATION_FLOPS
+    else:
+        assert counts["func"] == 3 * EVALUATIONS
+        assert func.recompute_ms is None and func.flops_recompute is None
+        # The first evaluation's input y0 needs no gradient: its first Linear skips one product (2 * 8 * 4 * 16).
+        assert func.flops_backward == 2 * EVALUATIONS * EVALUATION_FLOPS - 2 * BATCH * 4 * 16
+    assert head.flops_forward == 2 * BATCH * 4 * 2
+    assert root.flops_backward == func.flops_backward + 2 * head.flops_forward
+    assert func.backward_ms > 0 and func.backward_ms <= root.backward_ms + TOLERANCE_MS
+    # Each instant of the backward in one self time: f's own backward is not the root's as well.
+    assert self_backward_total(prof) == pytest.approx(root.backward_ms, rel=1e-9, abs=TOLERANCE_MS)
+    check_truth(prof, model)
+    assert not any(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                   for module in model.modules())
