@@ -126,3 +126,114 @@ def test_neural_ode_outputs_grads_calls_flops_and_self_times(adjoint: bool) -> N
     check_truth(prof, model)
     assert not any(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
                    for module in model.modules())
+
+
+# -- graph networks: PyTorch Geometric, message passing as gather + scatter, or as a sparse product -------------
+
+NODES, EDGES, FEATURES, HIDDEN, CLASSES = 30, 120, 8, 16, 3
+
+
+def random_graph(nodes: int = NODES, edges: int = EDGES) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return (torch.randn(nodes, FEATURES, generator=generator),
+            torch.randint(0, nodes, (2, edges), generator=generator))
+
+
+def test_gcn_as_gather_scatter_and_as_sparse_product_count_their_aggregation_differently() -> None:
+    pytest.importorskip("torch_geometric")
+    from torch_geometric.nn import GCNConv
+    from torch_geometric.utils import coalesce, to_torch_csc_tensor
+    x, edge_index = random_graph()
+    torch.manual_seed(0)
+    conv = GCNConv(FEATURES, HIDDEN, normalize=False)
+    linear = 2 * NODES * FEATURES * HIDDEN  # x: [30, 8] @ w: [8, 16]
+    # The same layer, its adjacency as a sparse matrix (duplicate edges merged into one stored entry).
+    adjacency = to_torch_csc_tensor(edge_index, size=(NODES, NODES)).t()
+    stored = coalesce(edge_index).size(1)
+    assert stored < EDGES  # (random edges repeat: the sparse form stores fewer entries than edge_index has)
+    counted = {}
+    for form, graph in (("edges", edge_index), ("sparse", adjacency)):
+        model = copy.deepcopy(conv)
+        expected = copy.deepcopy(conv)(x, graph)
+        with LayerProf(model, metrics=("flops",)) as prof:
+            output = model(x, graph)
+            output.sum().backward()
+        assert torch.equal(output, expected)
+        assert prof.records["lin"].flops_forward == linear and prof.records["lin"].flops_backward == linear
+        counted[form] = prof.tree.flops_forward, prof.tree.flops_backward, prof.records["aggr_module"].calls
+    # Gathers, elementwise messages and scatter-adds are not matmul-like: the aggregation counts 0 as edges.
+    assert counted["edges"] == (linear, linear, 1)
+    # As a sparse product it counts 2 * stored entries * features (and the same for x's gradient); the
+    # aggregation module is not called.
+    assert counted["sparse"] == (linear + 2 * stored * HIDDEN, linear + 2 * stored * HIDDEN, 0)
+
+
+class GraphNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        from torch_geometric.nn import GATConv, GCNConv, GINConv, SAGEConv
+        self.gcn = GCNConv(FEATURES, HIDDEN)
+        self.gat = GATConv(HIDDEN, HIDDEN // 4, heads=4)
+        self.sage = SAGEConv(HIDDEN, HIDDEN)
+        self.gin = GINConv(nn.Sequential(nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN)))
+        self.head = nn.Linear(HIDDEN, CLASSES)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor, batch: torch.Tensor | None = None) -> torch.Tensor:
+        from torch_geometric.nn import global_mean_pool
+        x = torch.relu(self.gcn(x, edge_index))
+        x = torch.nn.functional.elu(self.gat(x, edge_index))
+        x = torch.relu(self.sage(x, edge_index))
+        x = self.head(self.gin(x, edge_index))
+        return x if batch is None else global_mean_pool(x, batch)
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["nodes", "graphs"])
+def test_graph_network_training_steps(batched: bool) -> None:
+    pytest.importorskip("torch_geometric")
+    from torch_geometric.data import Batch, Data
+    x, edge_index = random_graph()
+    batch = None
+    if batched:  # four graphs of 5, 10, 15 and 20 nodes in one Batch, one label each
+        graphs = [Data(x=torch.randn(n, FEATURES), edge_index=torch.randint(0, n, (2, 3 * n))) for n in (5, 10, 15, 20)]
+        joined = Batch.from_data_list(graphs)
+        x, edge_index, batch = joined.x, joined.edge_index, joined.batch
+    labels = torch.randint(0, CLASSES, (4 if batched else x.size(0),), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    model = GraphNet()
+    reference = copy.deepcopy(model)
+
+    def train(net: nn.Module, prof: LayerProf | None = None) -> list[torch.Tensor]:
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        outputs = []
+        for _ in range(3):
+            optimizer.zero_grad()
+            output = net(x, edge_index, batch)
+            torch.nn.functional.cross_entropy(output, labels).backward()
+            outputs += [output.detach(), *(p.grad.clone() for p in net.parameters())]
+            optimizer.step()
+            if prof is not None:
+                prof.step()
+        return outputs
+
+    expected = train(reference)
+    with count_calls(model) as counts, LayerProf(model, metrics=("flops", "memory", "shapes")) as prof:
+        outputs = train(model, prof)
+    assert all(torch.equal(ours, theirs) for ours, theirs in zip(outputs, expected))
+    check_truth(prof, model)
+    records, nodes = prof.records, x.size(0)
+    # (the FLOP and memory meters' step is left out of the times: the calls are per step all the same)
+    assert all(records[name].calls == 1 and count == 3 for name, count in counts.items())
+    assert set(counts) == set(records)
+    # The linear parts exactly; GAT's attention coefficients ((x * att).sum(-1)) and every aggregation count 0.
+    assert records["gcn.lin"].flops_forward == 2 * nodes * FEATURES * HIDDEN
+    assert records["gat"].flops_forward == records["gat.lin"].flops_forward == 2 * nodes * HIDDEN * HIDDEN
+    assert records["sage"].flops_forward == 2 * (2 * nodes * HIDDEN * HIDDEN)  # lin_l and lin_r
+    assert all(records[name].flops_forward == 0 for name in ("gcn.aggr_module", "gat.aggr_module"))
+    # gcn.lin's input x needs no gradient: its backward is the weight's product only.
+    assert records["gcn.lin"].flops_backward == 2 * nodes * FEATURES * HIDDEN
+    assert records["gat.lin"].flops_backward == 2 * records["gat.lin"].flops_forward
+    for name in ("gcn", "gat", "sage", "gin", "head"):
+        assert records[name].backward_ms > 0 and records[name].saved_bytes > 0, name
+    assert records["gcn"].input_dtypes == ["float32", "int64"]
+    assert not any(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                   for module in model.modules())
