@@ -237,3 +237,73 @@ def test_graph_network_training_steps(batched: bool) -> None:
     assert records["gcn"].input_dtypes == ["float32", "int64"]
     assert not any(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
                    for module in model.modules())
+
+
+# -- reinforcement learning: many small calls under no_grad, then one batched update with distributions ---------
+
+class ActorCritic(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(6, 16), nn.Tanh())
+        self.logits, self.mean, self.value = nn.Linear(16, 3), nn.Linear(16, 2), nn.Linear(16, 1)
+        self.log_std = nn.Parameter(torch.zeros(2))
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        hidden = self.body(obs)
+        return self.logits(hidden), self.mean(hidden), self.value(hidden).squeeze(-1)
+
+
+ROLLOUT = 200
+
+
+def rl_step(model: nn.Module, optimizer: torch.optim.Optimizer, generator: torch.Generator) -> torch.Tensor:
+    from torch.distributions import Categorical, Normal
+    observations, actions, controls = [], [], []
+    obs = torch.randn(1, 6, generator=generator)
+    with torch.no_grad():
+        for _ in range(ROLLOUT):
+            logits, mean, _ = model(obs)
+            actions.append(Categorical(logits=logits).sample())
+            controls.append(Normal(mean, model.log_std.exp()).sample())
+            observations.append(obs)
+            obs = torch.tanh(obs + 0.1 * torch.randn(1, 6, generator=generator))
+    logits, mean, value = model(torch.cat(observations))
+    policy, gaussian = Categorical(logits=logits), Normal(mean, model.log_std.exp())
+    loss = (-(policy.log_prob(torch.cat(actions)) * value.detach()).mean()
+            - gaussian.log_prob(torch.cat(controls)).mean() + value.pow(2).mean() - policy.entropy().mean()
+            + gaussian.rsample().pow(2).mean())
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def test_reinforcement_learning_rollouts_and_update() -> None:
+    torch.manual_seed(0)
+    model = ActorCritic()
+    reference = copy.deepcopy(model)
+
+    def train(net: nn.Module, prof: LayerProf | None = None) -> list[torch.Tensor]:
+        torch.manual_seed(1)
+        generator = torch.Generator().manual_seed(2)
+        optimizer = torch.optim.Adam(net.parameters(), lr=1e-2)
+        losses = []
+        for _ in range(3):
+            losses.append(rl_step(net, optimizer, generator))
+            if prof is not None:
+                prof.step()
+        return losses
+
+    expected = train(reference)
+    with count_calls(model) as counts, LayerProf(model) as prof:
+        losses = train(model, prof)
+    assert all(torch.equal(ours, theirs) for ours, theirs in zip(losses, expected))
+    assert all(torch.equal(ours, theirs) for ours, theirs in zip(model.parameters(), reference.parameters()))
+    root = prof.tree
+    assert root.steps == 3 and root.calls == ROLLOUT + 1  # the rollout's calls and the update's, per step
+    check_truth(prof, model, reference=counts)
+    # Only the update's call has a backward: a module's backward is within one call's, far below its forward.
+    assert 0 < root.backward_ms < root.forward_ms
+    assert root.forward_ms_min <= root.forward_ms_median <= root.forward_ms_max
+    assert len(prof.records["body.0"].call_times) == ROLLOUT + 1  # every call of the last step
+    assert not any(module._forward_hooks or module._forward_pre_hooks for module in model.modules())
