@@ -225,3 +225,45 @@ def test_a_kept_text_is_checked_against_every_attribute_its_function_reads(funct
     held = set(getter.__reduce__()[1]) | ({"bias"} if reads_bias else set())
     assert len(held) == width + reads_bias
     assert _attributes_read(function) <= held
+
+
+class _OwnRepr(nn.Module):
+    """A layer that says what it is in ``__repr__`` and not in ``extra_repr``, as PyTorch Geometric's do
+    (``Linear(16, 32, bias=True)``, ``GCNConv(16, 32)``)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.width = width
+        self.weight = nn.Parameter(torch.ones(width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.width}, {self.width}, bias=False)"
+
+
+class _OwnReprAround(nn.Module):
+    """A container whose ``__repr__`` spans its children's lines: nothing of it goes in the annotated line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _OwnRepr(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+    def __repr__(self) -> str:
+        return f"Around(\n  {self.inner!r}\n)"
+
+
+def test_a_layer_that_says_what_it_is_in_its_own_repr_keeps_it_in_the_summary() -> None:
+    model = nn.Sequential(_OwnReprAround(), _OwnRepr(4))
+    for _ in range(2):  # a first block walks the model, the second reuses its plan: both read the texts
+        with LayerProf(model) as prof:
+            model(torch.randn(2, 4)).sum().backward()
+        assert prof.records["1"].extra_repr == prof.records["0.inner"].extra_repr == "4, 4, bias=False"
+        assert prof.records["0"].extra_repr == ""
+        lines = prof.layerwise_summary().splitlines()
+        assert any(line.strip().startswith("(1): _OwnRepr【") and line.endswith("】(4, 4, bias=False)")
+                   for line in lines)

@@ -28,6 +28,7 @@ from .reuse import Plan
 __all__ = ["read_reprs", "write_reprs", "Reprs"]
 
 _PLAIN_REPR = nn.Module.extra_repr
+_MODULE_REPR = nn.Module.__repr__
 
 # torch.nn's extra_repr function -> (a getter of the attributes it formats from a module's ``__dict__``, how many,
 # whether it reads ``self.bias``), each read in torch's source.
@@ -138,6 +139,8 @@ def read_reprs(modules: list[nn.Module], plan: Plan | None, owns: list[dict[str,
     for kind, indices in groups.items():
         function = kind.extra_repr
         if function is _PLAIN_REPR:
+            if _says_in_repr(kind):
+                texts.append((indices, list(map(_inside_repr, map(modules.__getitem__, indices)))))
             continue
         if _KEPT.get(kind) is not function:
             texts.append((indices, list(map(function, map(modules.__getitem__, indices)))))
@@ -216,10 +219,35 @@ def _read_each(modules: list[nn.Module], types: list[type]) -> list[tuple[list[i
     plain = _PLAIN_REPR
     for index, module, kind in zip(range(len(modules)), modules, types):
         if kind.extra_repr is plain and "extra_repr" not in module.__dict__:
+            if _says_in_repr(kind):
+                indices.append(index)
+                texts.append(_inside_repr(module))
             continue
         indices.append(index)
         texts.append(module.extra_repr())
     return [(indices, texts)]
+
+
+def _says_in_repr(kind: type) -> bool:
+    """Whether modules of ``kind`` say what they are in a ``__repr__`` of their own, not torch's: torch's
+    containers define one (``ModuleList`` folds repeated children), which formats the whole subtree."""
+    function = kind.__repr__
+    return function is not _MODULE_REPR and not getattr(function, "__module__", "torch").startswith("torch.")
+
+
+def _inside_repr(module: nn.Module) -> str:
+    """What a module whose class defines ``__repr__`` instead of ``extra_repr`` (PyTorch Geometric's layers:
+    ``GCNConv(16, 32)``, its ``Linear(16, 32, bias=True)``) shows between its parentheses, as ``extra_repr`` would
+    give it; "" where that repr is not one line of the form ``Name(...)`` (it would repeat the children) or
+    raises."""
+    try:
+        text = repr(module)
+    except Exception:  # noqa: BLE001 - a repr that fails on this module: nothing to show, as nn.Module's own
+        return ""
+    start = text.find("(")
+    if "\n" in text or start <= 0 or not text.endswith(")"):
+        return ""
+    return text[start + 1:-1]
 
 
 def write_reprs(records: list[ModuleRecord], reprs: Reprs) -> None:
