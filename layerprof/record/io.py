@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import fields
-from typing import Any
+from typing import Any, Iterable
 
 from .._check import check_int
 from .._gc import gc_paused
@@ -180,6 +180,14 @@ def _record(row: dict[str, Any], parent: ModuleRecord | None) -> ModuleRecord:
     return record
 
 
+def _steps_run_of_old(records: Iterable[ModuleRecord]) -> None:
+    """``steps_run`` of a file saved before it existed (its rows have none), which read as 0, "ran in no step",
+    for every module, in every table and export. Such a file's figures are over the steps a module ran: a module
+    called in it reads as run in every recorded step, one never called in none."""
+    for record in records:
+        record.steps_run = record.steps if record.calls else 0
+
+
 def read_document(doc: Any, non_finite: bool = False) -> tuple[ModuleRecord, dict[str, Any]]:
     """The record tree and meta of a parsed document (see ``document``). Anything that is not a profile this
     version reads is a ValueError naming the first thing wrong, before any record is used. ``non_finite``: the
@@ -191,6 +199,8 @@ def read_document(doc: Any, non_finite: bool = False) -> tuple[ModuleRecord, dic
     with gc_paused():
         for index, row in enumerate(records):
             by_name[row["name"]] = _record(row, check_row(index, row, by_name, each=non_finite))
+    if "steps_run" not in records[0]:
+        _steps_run_of_old(by_name.values())
     root = next(iter(by_name.values()))
     restore_step_tables(root, doc.get("step_tables"), by_name)
     return root, doc.get("meta") or {}
