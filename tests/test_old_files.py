@@ -63,3 +63,13 @@ def test_steps_run_of_an_old_module_never_called_is_0():
             row["call_times"] = []
     now = layerprof.loads(json.dumps(doc)).to_dict()
     assert [now[name]["steps_run"] for name in ("", "0", "1", "2", "3", "4")] == [4, 4, 4, 4, 0, 4]
+
+
+def test_gather_of_old_per_rank_files(capsys):
+    # Files saved before meta['distributed'] name no rank: the shell's refusal says how to give them (it showed only
+    # the Python form, gather_saved({0: ...})), and given so they gather.
+    a, b = str(OLD / "6d11ffc-cnn_steps.json"), str(OLD / "3d68ff1-cnn_steps.json")
+    assert main(["gather", a, b]) == 2
+    assert "layerprof gather 0=rank0.json 1=rank1.json" in capsys.readouterr().err
+    assert main(["gather", f"0={a}", f"1={b}"]) == 0
+    assert capsys.readouterr().out.startswith("Across 2 ranks")

@@ -230,7 +230,8 @@ def _saved_rank(given: int | None, where: str, meta: Mapping[str, Any], alone: b
         if not alone:
             raise ValueError(f"cannot tell which rank saved {where}: its meta has no 'distributed' entry (saved "
                              "outside torch.distributed, or by an earlier layerprof); give the files as "
-                             "{rank: path}, e.g. gather_saved({0: 'rank0.json', 1: 'rank1.json'})")
+                             "{rank: path}, e.g. gather_saved({0: 'rank0.json', 1: 'rank1.json'}), or from the shell "
+                             "layerprof gather 0=rank0.json 1=rank1.json")
         rank, world_size = 0, 1
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
         raise ValueError(f"{where}: meta['distributed']['rank'] must be a rank (an integer >= 0), got {rank!r}; "
