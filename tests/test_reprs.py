@@ -244,7 +244,8 @@ class _OwnRepr(nn.Module):
 
 
 class _OwnReprAround(nn.Module):
-    """A container whose ``__repr__`` spans its children's lines: nothing of it goes in the annotated line."""
+    """A module with a child and a ``__repr__`` of its own, which names the child: nothing of it goes in the
+    annotated line (the child has its own)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -254,7 +255,7 @@ class _OwnReprAround(nn.Module):
         return self.inner(x)
 
     def __repr__(self) -> str:
-        return f"Around(\n  {self.inner!r}\n)"
+        return f"Around(inner={self.inner!r})"
 
 
 def test_a_layer_that_says_what_it_is_in_its_own_repr_keeps_it_in_the_summary() -> None:

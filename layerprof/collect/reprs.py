@@ -236,10 +236,12 @@ def _says_in_repr(kind: type) -> bool:
 
 
 def _inside_repr(module: nn.Module) -> str:
-    """What a module whose class defines ``__repr__`` instead of ``extra_repr`` (PyTorch Geometric's layers:
-    ``GCNConv(16, 32)``, its ``Linear(16, 32, bias=True)``) shows between its parentheses, as ``extra_repr`` would
-    give it; "" where that repr is not one line of the form ``Name(...)`` (it would repeat the children) or
-    raises."""
+    """What a leaf module whose class defines ``__repr__`` instead of ``extra_repr`` (PyTorch Geometric's
+    ``Linear(16, 32, bias=True)``) shows between its parentheses, as ``extra_repr`` would give it; "" where the
+    module has children (such a repr names them, timm's ``SelectAdaptivePool2d(pool_type=avg, flatten=Flatten(...))``,
+    and the summary shows them on their own lines), or the repr is not one line ``Name(...)``, or raises."""
+    if module._modules:
+        return ""
     try:
         text = repr(module)
     except Exception:  # noqa: BLE001 - a repr that fails on this module: nothing to show, as nn.Module's own
