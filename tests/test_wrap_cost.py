@@ -361,5 +361,7 @@ def test_hook_time_brings_a_layers_profiled_forward_near_its_bare_forward() -> N
         excess, taken = found
         return excess > 0 and 0.25 * excess < taken < 2.0 * excess
 
-    found = measured_until(3, measure, of_their_size)
+    # Five tries: under two test workers and a benchmark beside them (session 29) three tries all read the hooks'
+    # price low (0.07 ms taken off against 0.51 excess); idle, the first try holds.
+    found = measured_until(5, measure, of_their_size)
     assert of_their_size(found), found  # (excess, taken) of the last attempt
