@@ -562,9 +562,14 @@ def tensor_version(tensor: torch.Tensor) -> int:
     return tensor._version
 
 
+# torch's reader of the innermost saved-tensor hooks on this thread, looked up once: the memory meter reads it at
+# every module call (whether hooks entered inside the block hide what is saved).
+_TOP_SAVED_TENSORS_HOOKS = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+
+
 def outer_saved_tensors_hooks() -> tuple[Any, Any] | None:
     """The saved-tensor hooks installed before ours (save_on_cpu, offloading), to chain to; None if none."""
-    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    top = _TOP_SAVED_TENSORS_HOOKS
     return top(False) if top is not None else None
 
 

@@ -21,6 +21,7 @@ from ._check import check_bool, check_path, check_text
 from ._gc import gc_paused
 from .distributed.gather import GatheredProfile, gather_failure, gather_profile, gathered_from_saved
 from ._machine import environment_in, other_machine
+from .metrics.memory import hidden_shown
 from .metrics.peaks import check_peaks
 from .metrics.peaks import peaks as measure_peaks
 from .record import io
@@ -522,13 +523,12 @@ class Profile:
         memory = self.meta.get("memory") or self.meta.get("live_memory") or {}  # (the meter's meta)
         hidden = memory.get("under_other_saved_tensors_hooks") if isinstance(memory, dict) else None
         if hidden:
-            shown = ", ".join(repr(name) if name else "the model" for name in hidden[:5])
             raise ValueError(
-                f"checkpoint_plan: in the profiled step, {shown} ran under saved-tensor hooks entered inside the "
-                "block (torch.autograd.graph.save_on_cpu, saved_tensors_hooks), which autograd ran instead of the "
-                "memory meter's, so what they saved for backward is unknown. Profile with your hooks entered around "
-                "the block (with save_on_cpu(): with LayerProf(model, metrics=(\"memory\",)): ...), where the meter "
-                "counts through them")
+                f"checkpoint_plan: in the profiled step, {hidden_shown(hidden)} ran under saved-tensor hooks entered "
+                "inside the block (torch.autograd.graph.save_on_cpu, saved_tensors_hooks), which autograd ran instead "
+                "of the memory meter's, so what they saved for backward is unknown. Profile with your hooks entered "
+                "around the block (with save_on_cpu(): with LayerProf(model, metrics=(\"memory\",)): ...), where the "
+                "meter counts through them")
         if peak is None:
             accumulated = memory.get("forwards_after_backward", 0) if isinstance(memory, dict) else 0
             if accumulated:

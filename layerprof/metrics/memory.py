@@ -60,7 +60,7 @@ from .checkpoint_bytes import (
 )
 from .meter import Meter, register_meter
 
-__all__ = ["MemoryMeter", "MemoryReader", "CudaMemoryReader", "PeakLog", "MEMORY_FIELDS", "CUDA_FIELDS",
+__all__ = ["MemoryMeter", "hidden_shown", "MemoryReader", "CudaMemoryReader", "PeakLog", "MEMORY_FIELDS", "CUDA_FIELDS",
            "TIMELINE_ATTRIBUTE", "parameters_dtype"]
 
 # The root record's private attribute holding the step's memory levels at every boundary (live profiles, and
@@ -420,15 +420,13 @@ class MemoryMeter(Meter):
         return found
 
     def _warn_hidden(self) -> None:
-        names = list(self._hidden)
-        shown = ", ".join(repr(name) if name else "the model" for name in names[:5])
-        more = f" and {len(names) - 5} more" if len(names) > 5 else ""
         warn_user(
             f"metrics=({self.name!r},) counts what autograd saves for backward through saved-tensor hooks of its "
             f"own, and hooks entered inside the block (torch.autograd.graph.save_on_cpu, saved_tensors_hooks) run "
-            f"instead of them: what {shown}{more} saved under yours is unknown, so their saved-bytes figures read "
-            "None and checkpoint_plan refuses this profile. Enter your hooks around the block (with save_on_cpu(): "
-            "with LayerProf(...)), where the meter hands each tensor on to them and counts it")
+            f"instead of them: what {hidden_shown(list(self._hidden))} saved under yours is unknown, so their "
+            "saved-bytes figures read None and checkpoint_plan refuses this profile. Enter your hooks around the "
+            "block (with save_on_cpu(): with LayerProf(...)), where the meter hands each tensor on to them and counts "
+            "it")
 
     def explain(self, error: BaseException) -> str | None:
         if isinstance(error, RuntimeError) and "saved tensor hooks" in str(error):
@@ -782,6 +780,13 @@ def _still_held(held: list[Any]) -> bool:
     if held and isinstance(held[0], weakref.ref):
         return any(alias() is not None for alias in held)
     return not any(call.bwd_start is not None for call in held)
+
+
+def hidden_shown(names: list[str]) -> str:
+    """The modules that ran under saved-tensor hooks entered inside the block (``meta["memory"]
+    ["under_other_saved_tensors_hooks"]``), as the warning and ``checkpoint_plan``'s refusal name them."""
+    shown = ", ".join(repr(name) if name else "the model" for name in names[:5])
+    return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
 def _hidden_from(own: Any) -> bool:
