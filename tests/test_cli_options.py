@@ -548,6 +548,15 @@ def compare_per_module(ctx: Context) -> None:
     assert status == 1 and err.strip().endswith("slower (against the rest of the model): fc 2 ms -> 3 ms (+55.5 %)")
 
 
+def compare_tables(flag: str, line: str) -> Callable[[Context], None]:
+    def case(ctx: Context) -> None:
+        a, b = _pair(ctx, 1.25, 1.25)  # total per step 30.2 -> 37.75 ms (the medians), +25 %
+        status, _, err = ctx.main("compare", a, b, "--fail-if-slower", "20", f"--{flag}", ctx.path("t"))
+        # written before the gate's verdict, which fails
+        assert status == 1 and f"wrote {ctx.path('t')}" in err and line in (ctx.tmp / "t").read_text().splitlines()
+    return case
+
+
 CASES: dict[tuple[str, str], Callable[[Context], None]] = {
     ("layerprof", "--kwargs"): spec_kwargs,
     ("layerprof", "--input"): spec_input,
@@ -579,6 +588,10 @@ CASES: dict[tuple[str, str], Callable[[Context], None]] = {
     ("compare", "--by"): compare_by,
     ("compare", "--fail-if-slower"): compare_fail_if_slower,
     ("compare", "--per-module"): compare_per_module,
+    ("compare", "--csv"): compare_tables(
+        "csv", "total_ms,30.199999999999996,37.75,7.550000000000004,0.25000000000000017,1.2500000000000002,A"),
+    ("compare", "--markdown"): compare_tables("markdown", "| Total | 30.2 ms | 37.8 ms | +25.0% | 1.25x | A |"),
+    ("compare", "--latex"): compare_tables("latex", "Total & 30.2 ms & 37.8 ms & +25.0\\% & 1.25x & A \\\\"),
 }
 for _command in ("layerprof", "show"):
     for _flag in ("csv", "json", "html", "trace", "speedscope", "report", "plot"):

@@ -193,3 +193,92 @@ def test_a_label_without_a_caption_is_refused(small_profile) -> None:
     with pytest.raises(ValueError, match=r"label='tab:x' needs a caption: .* give caption= too"):
         small_profile.to_latex(label="tab:x")
     assert "\\caption{Costs}\n\\label{tab:x}" in small_profile.to_latex(caption="Costs", label="tab:x")
+
+
+# -- a comparison of two profiles as a paper's table (teacher and student) -------------------------------------
+
+def _mlp_profile(width: int) -> layerprof.Profile:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(32, width), nn.ReLU(), nn.Linear(width, 10))
+    with layerprof.LayerProf(net, metrics=("params", "flops")) as prof:
+        net(torch.randn(4, 32)).sum().backward()
+    return prof.profile
+
+
+@pytest.fixture(scope="module")
+def teacher_student() -> layerprof.render.compare.Comparison:
+    return layerprof.compare(_mlp_profile(64), _mlp_profile(16), names=("teacher", "student"))
+
+
+def test_a_comparison_writes_markdown_with_labelled_metrics_and_right_aligned_figures(teacher_student) -> None:
+    lines = teacher_student.to_markdown().splitlines()
+    assert lines[:2] == ["| Metric | teacher | student | Change | Ratio | Better |", "|:---|---:|---:|---:|---:|:---|"]
+    assert len(lines) == 2 + len(teacher_student.model)
+    # teacher 32*64+64 + 64*10+10 = 2,762 parameters; student 32*16+16 + 16*10+10 = 698; 698/2762 = 0.253
+    assert "| Params | 2.76k | 698 | -74.7% | 0.253x | student |" in lines
+    # forward FLOPs 2*4*(32*64 + 64*10) = 21,504 and 2*4*(32*16 + 16*10) = 5,376: a quarter
+    assert "| Flops forward | 21.5 kFLOPs | 5.38 kFLOPs | -75.0% | 0.25x | student |" in lines
+    raw = teacher_student.to_markdown(raw=True).splitlines()
+    assert raw[0] == "| metric | teacher | student | diff | rel_diff | ratio | better |"
+    assert "| params | 2762 | 698 | -2064 | -0.7472845763939174 | 0.25271542360608257 | student |" in raw
+
+
+def test_a_comparison_of_modules_lists_the_largest_change_first(teacher_student, tmp_path) -> None:
+    text = teacher_student.to_csv(tmp_path / "modules.csv", level="modules", field="params")
+    # 0: 32*64+64 = 2,112 against 32*16+16 = 528; 2: 64*10+10 = 650 against 16*10+10 = 170; 1 (ReLU): none
+    assert text.splitlines() == ["module,teacher,student,diff,ratio", "0,2112,528,-1584,0.25",
+                                 "2,650,170,-480,0.26153846153846155", "1,0,0,0,"]
+    assert (tmp_path / "modules.csv").read_text() == text
+    top = teacher_student.to_markdown(level="modules", field="flops_forward", limit=1).splitlines()
+    assert top == ["| Module | teacher | student | Diff | Ratio |", "|:---|---:|---:|---:|---:|",
+                   "| 0 | 16.4 kFLOPs | 4.1 kFLOPs | -12.3 kFLOPs | 0.25x |"]  # 2*4*32*64 = 16,384 and 2*4*32*16 = 4,096
+    model = teacher_student.to_csv().splitlines()
+    assert model[0] == "metric,teacher,student,diff,rel_diff,ratio,better"
+    assert "params,2762,698,-2064,-0.7472845763939174,0.25271542360608257,student" in model
+
+
+def test_a_comparison_as_latex_compiles_with_its_numbers(teacher_student, tmp_path) -> None:
+    text = teacher_student.to_latex(caption="Teacher and student", label="tab:ts")
+    lines = text.splitlines()
+    assert lines[:6] == ["\\begin{table}", "\\centering", "\\caption{Teacher and student}", "\\label{tab:ts}",
+                         "\\begin{tabular}{lrrrrl}", "\\toprule"]
+    assert "Params & 2.76k & 698 & -74.7\\% & 0.253x & student \\\\" in lines
+    pdf = _pdflatex(tmp_path, text)
+    if PDFTOTEXT is not None:
+        assert "Params 2.76k 698 -74.7% 0.253x student" in _pdf_text(pdf)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"level": "layers"}, ValueError, "level must be 'model' or 'modules', got 'layers'"),
+    ({"field": "params"}, ValueError, "field= and limit= choose among the modules: give level='modules'"),
+    ({"level": "modules", "field": "saved_bytes"}, ValueError,
+     r"field: 'saved_bytes' is not among the fields this comparison holds per module \(forward_ms, "),
+    ({"level": "modules", "limit": 0}, ValueError, "limit must be a whole number of rows >= 1"),
+    ({"path": ["metric"]}, TypeError, "path must be a file path"),
+    ({"raw": "yes"}, TypeError, "raw"),
+])
+def test_a_comparison_table_refuses_what_it_cannot_write(teacher_student, kwargs, error, match) -> None:
+    with pytest.raises(error, match=match):
+        teacher_student.to_markdown(**kwargs)
+
+
+def test_profiles_named_as_a_tables_column_in_any_case_are_refused() -> None:
+    profile = _mlp_profile(16)
+    with pytest.raises(ValueError, match="names: 'Change' is a column of the comparison's tables"):
+        layerprof.compare(profile, profile, names=("Change", "b"))
+
+
+def test_the_command_line_writes_the_comparison_tables_or_none(tmp_path, capsys) -> None:
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    _mlp_profile(64).to_json(a)
+    _mlp_profile(16).to_json(b)
+    paths = {flag: tmp_path / f"c.{suffix}" for flag, suffix in (("csv", "csv"), ("markdown", "md"), ("latex", "tex"))}
+    # A path that cannot be written is refused before anything is read or written.
+    unwritable = str(tmp_path / "no" / "c.tex")
+    assert main(["compare", str(a), str(b), "--csv", str(paths["csv"]), "--latex", unwritable]) == 2
+    assert "--latex" in capsys.readouterr().err and not paths["csv"].exists()
+    argv = ["compare", str(a), str(b)] + [item for flag, path in paths.items() for item in (f"--{flag}", str(path))]
+    assert main(argv) == 0
+    assert "| Params | 2.76k | 698 | -74.7% | 0.253x | B |" in paths["markdown"].read_text()
+    assert "params,2762,698,-2064," in paths["csv"].read_text()
+    assert "Params & 2.76k & 698 & -74.7\\% & 0.253x & B \\\\" in paths["latex"].read_text()

@@ -17,10 +17,12 @@ from .errors import RunError, UsageError, one_line
 from .parser import PLOT_DEFAULTS
 from .spec import spec_file
 
-__all__ = ["Output", "check_writable", "forward_only_mode", "requested_outputs", "write_outputs"]
+__all__ = ["COMPARE_METHODS", "Output", "check_writable", "forward_only_mode", "requested_outputs", "write_outputs"]
 
 _METHODS = {"csv": "to_csv", "json": "to_json", "html": "to_html", "trace": "to_trace",
             "speedscope": "to_speedscope", "report": "to_report", "plot": "plot"}
+# ``layerprof compare``'s: the comparison's model-level table (``Comparison`` methods of these names).
+COMPARE_METHODS = {"csv": "to_csv", "markdown": "to_markdown", "latex": "to_latex"}
 
 
 @dataclass(frozen=True)
@@ -131,12 +133,13 @@ def _check_plot_chosen(options: argparse.Namespace) -> None:
         raise UsageError(f"{' '.join(chosen)}: no figure is drawn without --plot PATH (a .png, .svg or .pdf)")
 
 
-def requested_outputs(options: argparse.Namespace) -> list[Output]:
+def requested_outputs(options: argparse.Namespace, methods: dict[str, str] | None = None) -> list[Output]:
     """The outputs asked for, checked before anything is built: this version can write them, each path is a file
-    in a folder that exists and can be written, and a plot's format and metric can be made."""
+    in a folder that exists and can be written, and a plot's format and metric can be made. ``methods``: the
+    flags and what writes each (a Profile's methods unless told)."""
     _check_plot_chosen(options)
     outputs = []
-    for flag, method in _METHODS.items():
+    for flag, method in (_METHODS if methods is None else methods).items():
         path = getattr(options, flag, None)
         if path is None:
             continue
@@ -168,10 +171,11 @@ def _inputs(options: argparse.Namespace) -> list[tuple[Path, str]]:
     return found
 
 
-def write_outputs(profile: Profile, outputs: list[Output], plot_kind: str = "sunburst",
+def write_outputs(profile: Profile | Any, outputs: list[Output], plot_kind: str = "sunburst",
                   plot_metric: str = "total", **plot_options: Any) -> list[Path]:
     """Write every output, or none: each into a temporary file beside its path, all renamed into place only once
-    every one has succeeded (and those renamed undone where a later one cannot be). Returns the paths written."""
+    every one has succeeded (and those renamed undone where a later one cannot be). Returns the paths written.
+    ``profile``: what has the outputs' methods (a Profile, or a comparison's for ``COMPARE_METHODS``)."""
     staged: list[Path] = []
     try:
         for output in outputs:

@@ -27,7 +27,7 @@ from ..render.columns import resolve_columns
 from ..render.plot_metrics import resolve_metric
 from .checkpoint import check_budget_options, plan_lines, planned, plot_options
 from .errors import EXIT_OK, EXIT_SLOWER, NotComparable, UnreadableInput, UsageError, one_line
-from .outputs import requested_outputs, write_outputs
+from .outputs import COMPARE_METHODS, requested_outputs, write_outputs
 from .parser import (_Parser, _depth, _names, add_checkpoint_options, add_common_options, add_output_options,
                      nonnegative, number_pair)
 
@@ -80,6 +80,9 @@ def _compare_parser(prog: str) -> argparse.ArgumentParser:
                         help="exit 1 when B's median step is more than PCT %% above A's, beyond the noise")
     parser.add_argument("--per-module", action="store_true",
                         help="with --fail-if-slower, also fail when any module is slower by the same test")
+    for flag, what in (("csv", "CSV (raw numbers)"), ("markdown", "a Markdown table"),
+                       ("latex", "a booktabs LaTeX table")):
+        parser.add_argument(f"--{flag}", metavar="PATH", help=f"write the model-level comparison as {what}")
     add_common_options(parser)
     return parser
 
@@ -196,8 +199,13 @@ def _compare(options: argparse.Namespace) -> int:
     if options.by != "total" and options.fail_if_slower is None:  # (the comparison printed is the same by any)
         raise UsageError(f"--by {options.by} chooses the time the --fail-if-slower limit checks: give "
                          "--fail-if-slower PCT")
+    outputs = requested_outputs(options, COMPARE_METHODS)
     a, b = load_profile(options.a, "A"), load_profile(options.b, "B")
-    print(compare(a, b, names=("A", "B")), flush=True)
+    comparison = compare(a, b, names=("A", "B"))
+    print(comparison, flush=True)
+    # (written before the gate's verdict: a failed gate is when the tables are read)
+    for path in write_outputs(comparison, outputs):
+        print(f"layerprof: wrote {path}", file=sys.stderr)
     if options.fail_if_slower is None:
         return EXIT_OK
     for name, path, profile in (("A", options.a, a), ("B", options.b, b)):

@@ -5,16 +5,17 @@ Every compared quantity is a cost (time, FLOPs, parameters, bytes), so lower is 
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .export import to_dataframe, to_text
-from .._check import check_names
+from .export import to_csv, to_dataframe, to_latex, to_markdown, to_text, write_text
+from .._check import check_bool, check_names, check_path, check_text
 from ..record.fields import FIELDS, canonical
 from ..record.summed import TreeValues, summable
 from .rows import derived_names, is_number, numeric_fields, value_of
 from .gate import different_machines, different_settings
 from .plot_metrics import how_to_record
-from .units import format_change, format_counted, format_field, format_ratio, format_signed_field
+from .units import field_label, format_change, format_counted, format_field, format_ratio, format_signed_field
 
 if TYPE_CHECKING:
     from ..profile import Profile
@@ -117,7 +118,8 @@ class Comparison:
         self.names = (str(names[0]), str(names[1]))
         if self.names[0] == self.names[1]:
             raise ValueError(f"the two profiles need different names, got {names!r}")
-        taken = [name for name in self.names if name in _COLUMNS]
+        # (case aside: a page's table heads them "Metric", "Change", ...)
+        taken = [name for name in self.names if name.lower() in _COLUMNS]
         if taken:
             raise ValueError(f"names: {taken[0]!r} is a column of the comparison's tables, where the profiles' "
                              f"labels are columns too; name the profiles otherwise, e.g. ('before', 'after') "
@@ -184,15 +186,18 @@ class Comparison:
         """``level="model"``: one row per metric (columns a, b named after the profiles); ``"modules"``: one row
         per matching module."""
         if level == "model":
-            rows = [{**row, self.names[0]: row["a"], self.names[1]: row["b"]} for row in self.model]
-            columns = ["metric", self.names[0], self.names[1], "diff", "rel_diff", "ratio", "better"]
-            return to_dataframe(rows, columns)
+            return to_dataframe(*self.model_rows(raw=True))
         if level == "modules":
             return to_dataframe(self.modules)
         raise ValueError(f"level must be 'model' or 'modules', got {level!r}")
 
-    def _model_text(self) -> str:
+    def model_rows(self, raw: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
+        """The model-level table's rows and columns: ``metric``, one column per profile, then ``change``,
+        ``ratio`` and ``better`` as text (``raw``: the numbers, with ``diff``, ``rel_diff`` and ``ratio``)."""
         a_name, b_name = self.names
+        if raw:
+            rows = [{**row, a_name: row["a"], b_name: row["b"]} for row in self.model]
+            return rows, ["metric", a_name, b_name, "diff", "rel_diff", "ratio", "better"]
         rows = []
         for row in self.model:
             metric = row["metric"]
@@ -204,25 +209,107 @@ class Comparison:
                 "ratio": format_ratio(row["ratio"]),
                 "better": row["better"] or format_field(metric, None),
             })
-        return to_text(rows, ["metric", a_name, b_name, "change", "ratio", "better"], raw=True)
+        return rows, ["metric", a_name, b_name, "change", "ratio", "better"]
 
-    def _modules_text(self, limit: int) -> str:
-        field = "total_ms" if "total_ms" in self.module_fields else (self.module_fields or [None])[0]
+    def module_rows(self, field: str | None = None, limit: int | None = None,
+                    raw: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
+        """The matching modules' rows for one field (``total_ms`` unless told, or the first compared), the largest
+        change first (``limit``: the first so many): ``module``, the field in each profile, ``diff`` and ``ratio``;
+        formatted as text unless ``raw``. The roots compare in the model-level table."""
+        field = self._module_field(field)
         if field is None:
-            return ""
+            return [], []
         changed = [row for row in self.modules if row[f"{field}_diff"] is not None and row["name"]]
         changed.sort(key=lambda row: abs(row[f"{field}_diff"]), reverse=True)
-        rows = [{
+        a_name, b_name = self.names
+        columns = ["module", a_name, b_name, "diff", "ratio"]
+        if raw:
+            return [{"module": row["name"], a_name: row[f"{field}_a"], b_name: row[f"{field}_b"],
+                     "diff": row[f"{field}_diff"], "ratio": row[f"{field}_ratio"]} for row in changed[:limit]], columns
+        return [{
             "module": row["name"],
-            self.names[0]: format_field(field, row[f"{field}_a"]),
-            self.names[1]: format_field(field, row[f"{field}_b"]),
+            a_name: format_field(field, row[f"{field}_a"]),
+            b_name: format_field(field, row[f"{field}_b"]),
             "diff": format_signed_field(field, row[f"{field}_diff"]),
             "ratio": format_ratio(row[f"{field}_ratio"]),
-        } for row in changed[:limit]]
+        } for row in changed[:limit]], columns
+
+    def _module_field(self, field: str | None) -> str | None:
+        if field is None:
+            return "total_ms" if "total_ms" in self.module_fields else (self.module_fields or [None])[0]
+        chosen = canonical(field) if isinstance(field, str) else None
+        if chosen not in self.module_fields:
+            raise ValueError(f"field: {field!r} is not among the fields this comparison holds per module "
+                             f"({', '.join(self.module_fields) or 'none'}); choose one of them, or compare with "
+                             f"module_fields=[...] naming it")
+        return chosen
+
+    def _rows(self, level: str, field: str | None, limit: int | None,
+              raw: bool) -> tuple[list[dict[str, Any]], list[str]]:
+        if level == "model":
+            if field is not None or limit is not None:
+                raise ValueError("field= and limit= choose among the modules: give level='modules' with them")
+            return self.model_rows(raw)
+        if level == "modules":
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+                raise ValueError(f"limit must be a whole number of rows >= 1, or None for every module; got {limit!r}")
+            return self.module_rows(field, limit, raw)
+        raise ValueError(f"level must be 'model' or 'modules', got {level!r}")
+
+    def _page(self, level: str, field: str | None, limit: int | None,
+              raw: bool) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+        """A page's table (Markdown, LaTeX): the rows and columns, headed and with metrics labelled as a reader
+        expects ("Forward", "Trainable params") unless ``raw``, and the columns of figures, right-aligned."""
+        rows, columns = self._rows(level, field, limit, raw)
+        figures = columns[1:-1] if level == "model" else columns[1:]
+        if raw:
+            return rows, columns, figures
+        heads = {column: column if column in self.names else column[:1].upper() + column[1:] for column in columns}
+        paged = [{heads[column]: (field_label(row[column]) if column == "metric" else row[column])
+                  for column in columns} for row in rows]
+        return paged, [heads[c] for c in columns], [heads[c] for c in figures]
+
+    def to_csv(self, path: str | Path | None = None, level: str = "model", field: str | None = None,
+               limit: int | None = None) -> str:
+        """The model-level table (or, ``level="modules"``, the matching modules' change in ``field``, the largest
+        first) as CSV of raw numbers; written to ``path`` (whole or not at all) if given."""
+        check_path(path)
+        rows, columns = self._rows(level, field, limit, raw=True)
+        return write_text(to_csv(rows, columns), path)
+
+    def to_markdown(self, path: str | Path | None = None, level: str = "model", field: str | None = None,
+                    limit: int | None = None, raw: bool = False) -> str:
+        """The model-level table (or, ``level="modules"``, the matching modules' change in ``field``) as a Markdown
+        table, figures right-aligned; written to ``path`` if given."""
+        check_path(path)
+        raw = check_bool("raw", raw)
+        rows, columns, figures = self._page(level, field, limit, raw)
+        return write_text(to_markdown(rows, columns, raw=True, right=figures), path)
+
+    def to_latex(self, path: str | Path | None = None, level: str = "model", field: str | None = None,
+                 limit: int | None = None, raw: bool = False, caption: str | None = None, label: str | None = None,
+                 longtable: bool = False, fit: bool = False) -> str:
+        """The model-level table (or, ``level="modules"``, the matching modules' change in ``field``) as a booktabs
+        LaTeX table, as ``Profile.to_latex`` writes one (``caption``, ``label``, ``longtable``, ``fit``); written
+        to ``path`` if given."""
+        check_path(path)
+        raw, longtable, fit = check_bool("raw", raw), check_bool("longtable", longtable), check_bool("fit", fit)
+        caption, label = check_text("caption", caption), check_text("label", label)
+        rows, columns, figures = self._page(level, field, limit, raw)
+        text = to_latex(rows, columns, raw=True, caption=caption, label=label, longtable=longtable, fit=fit,
+                        right=figures)
+        return write_text(text, path)
+
+    def _model_text(self) -> str:
+        return to_text(*self.model_rows(), raw=True)
+
+    def _modules_text(self, limit: int) -> str:
+        rows, columns = self.module_rows(limit=limit)
         if not rows:
             return ""
+        field = self._module_field(None)
         title = f"Modules with the largest change in {field} ({len(rows)} of {len(self.matched)} matching):\n"
-        return title + to_text(rows, ["module", self.names[0], self.names[1], "diff", "ratio"], raw=True)
+        return title + to_text(rows, columns, raw=True)
 
     def __str__(self) -> str:
         a_name, b_name = self.names

@@ -10,7 +10,7 @@ import io
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Collection, Iterable, Sequence
 
 from .._files import write_text_atomic
 from ..record.fields import FIELDS, canonical
@@ -173,11 +173,14 @@ def markdown_escape(text: str) -> str:
     return _LOOSE_UNDERSCORE.sub(r"\\_", text.translate(_MARKDOWN_ESCAPES))
 
 
-def to_markdown(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None, raw: bool = False) -> str:
-    """A GitHub-flavoured Markdown pipe table; numeric columns right-aligned."""
+def to_markdown(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None, raw: bool = False,
+                right: Collection[str] = ()) -> str:
+    """A GitHub-flavoured Markdown pipe table; numeric columns (and those in ``right``, figures already written
+    as text) right-aligned."""
     chosen = list(columns) if columns is not None else display_columns(rows)
     lines = ["| " + " | ".join(markdown_escape(_header(c, raw)) for c in chosen) + " |"]
-    lines.append("|" + "|".join("---:" if _is_numeric_column(rows, c) else ":---" for c in chosen) + "|")
+    lines.append("|" + "|".join("---:" if c in right or _is_numeric_column(rows, c) else ":---" for c in chosen)
+                 + "|")
     for row in rows:
         lines.append("| " + " | ".join(markdown_escape(cell_text(c, row.get(c), raw)) or " " for c in chosen) + " |")
     return "\n".join(lines) + "\n"
@@ -220,6 +223,7 @@ def to_latex(
     label: str | None = None,
     longtable: bool = False,
     fit: bool = False,
+    right: Collection[str] = (),
 ) -> str:
     """A booktabs ``tabular`` (``\\usepackage{booktabs}``), wrapped in a ``table`` when a caption is given (and
     ``label``, which needs one).
@@ -227,6 +231,7 @@ def to_latex(
     ``longtable``: a ``longtable`` (``\\usepackage{longtable}``) instead, which breaks across pages and repeats its
     header on each; a tabular is one box, and a table taller than the page runs off its bottom. ``fit``: a tabular
     wider than the line is scaled down to the line's width (``\\usepackage{graphicx}``); a narrower one is left as is.
+    Numeric columns, and those in ``right`` (figures already written as text), are right-aligned.
     """
     if longtable and fit:
         raise ValueError("longtable=True and fit=True cannot go together: a longtable breaks across pages and "
@@ -235,7 +240,7 @@ def to_latex(
         raise ValueError(f"label={label!r} needs a caption: LaTeX numbers a table by its caption, and without one "
                          f"\\ref{{{label}}} gives the number of the section; give caption= too")
     chosen = list(columns) if columns is not None else display_columns(rows)
-    spec = "".join("r" if _is_numeric_column(rows, c) else "l" for c in chosen)
+    spec = "".join("r" if c in right or _is_numeric_column(rows, c) else "l" for c in chosen)
     header = ["\\toprule", " & ".join(latex_escape(_header(c, raw)) for c in chosen) + r" \\", "\\midrule"]
     body = [" & ".join(latex_escape(cell_text(c, row.get(c), raw)) for c in chosen) + r" \\" for row in rows]
     titled = [f"\\caption{{{latex_escape(caption)}}}"] if caption is not None else []
