@@ -33,7 +33,7 @@ __all__ = [
     "compiled_around",
     "add_module_registration_hook", "remove_module_registration_hook",
     "add_backward_entry_hook", "remove_backward_entry_hook", "torchscript_compiled", "hooks_outputs_in_forward",
-    "fsdp1_wrapper",
+    "fsdp1_wrapper", "dtensor_local_share",
     "with_forward_pre_hooks", "NodeHooker", "cuda_raw_stream", "cuda_event_record",
     "dict_version", "eager_forwards", "sparse_parts", "inner_tensors", "faked", "fake_mode",
 ]
@@ -372,6 +372,24 @@ def torchscript_compiled() -> bool:
     if found:
         _scripted.append(True)
     return found
+
+
+def dtensor_local_share(tensor: Any) -> float | None:
+    """The share of a DTensor op's work that this rank did, read from its output ``tensor``: the local shard's
+    share of the global elements, divided by the mesh size along each dimension where the output is a partial
+    sum (each rank contracted its slice). None where ``tensor`` is no DTensor (or DTensor is not imported: then no
+    tensor is one)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    dtensor = getattr(module, "DTensor", None) if module is not None else None
+    if dtensor is None or not isinstance(tensor, dtensor):
+        return None
+    total = tensor.numel()
+    share = tensor._local_tensor.numel() / total if total else 1.0
+    mesh = tensor.device_mesh
+    for dim, placement in enumerate(tensor.placements):
+        if placement.is_partial():
+            share /= mesh.size(dim)
+    return share
 
 
 def fsdp1_wrapper() -> type | None:

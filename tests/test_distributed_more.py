@@ -151,3 +151,16 @@ def test_fsdp2_copies_are_not_unknown_ops(ranks: dict[int, dict[str, Any]], scen
         assert all(flops[2] == {} for flops in found["flops"].values()), found["flops"]
     assert "FLOPs leave out" not in ranks[0]["fsdp"]["summary"]
 
+
+def test_tensor_parallel_flops_are_each_ranks_shards(ranks: dict[int, dict[str, Any]]) -> None:
+    """Under tensor parallelism each rank computes its shards, but the meter priced every op at the DTensors'
+    global shapes: each rank reported the whole model's FLOPs (fc1 forward 1024), twice what it did on 2 ranks."""
+    for rank in (0, 1):
+        found = ranks[rank]["tensor_parallel"]
+        assert found["equal"] and found["hooks_as_found"] and found["names"] == found["modules"]
+        flops = {name: tuple(counts[:2]) for name, counts in found["flops"].items()}
+        # fc1, ColwiseParallel: weight [8 of 16 outputs, 8]: forward 2*4*8*8 = 512, weight gradient 512.
+        # fc2, RowwiseParallel: weight [4, 8 of 16 inputs], input [4, 8]: forward 2*4*8*4 = 256 (a partial sum,
+        # all-reduced); backward input gradient [4, 4] @ [4, 8] = 256 and weight gradient 256.
+        assert flops == {"": (768, 1024), "fc1": (512, 512), "act": (0, 0), "fc2": (256, 512)}
+        assert all(counts[2] == {} for counts in found["flops"].values()), found["flops"]

@@ -35,8 +35,8 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from .._torch import (TorchDispatchMode, current_autograd_node, has_decomposition, mode_is_on, nested_sizes,
-                      ready_mode, sparse_parts)
+from .._torch import (TorchDispatchMode, current_autograd_node, dtensor_local_share, has_decomposition, mode_is_on,
+                      nested_sizes, ready_mode, sparse_parts)
 from .._torch import graph_task_id, next_sequence_nr, sequence_nr
 from ..record.adoption import adopters, caller
 from ..record.fields import FIELDS, Field, declare
@@ -167,6 +167,15 @@ def _stored_share(args: Any) -> float:
             if parts is not None and arg.numel():
                 share *= parts[-1].numel() / arg.numel()
     return share
+
+
+def _local_share(out: Any) -> float:
+    """The share of an op's work that this rank did, where it ran on DTensors (tensor parallelism): the mode sees
+    the op with the DTensors' global shapes, while each rank computes its shards only. Read from the first output
+    (1.0 for plain tensors)."""
+    first = out[0] if isinstance(out, (list, tuple)) and out else out
+    share = dtensor_local_share(first)
+    return 1.0 if share is None else share
 
 
 def _op_name(func: Any) -> str:
@@ -354,7 +363,7 @@ class FlopMeter(Meter):
         elif kind is not _FREE:
             try:
                 flops = kind(*_shape(args), out_shape=_shape(out), **_shape(kwargs)) or 0
-                share = _stored_share(args) if flops else 1.0
+                share = _stored_share(args) * _local_share(out) if flops else 1.0
                 if share != 1.0:  # (a dense product's count stays an exact int, however large)
                     flops = round(flops * share)
             except Exception as error:  # a wrong formula must not crash the user's run: list the op instead
