@@ -164,3 +164,33 @@ def test_tensor_parallel_flops_are_each_ranks_shards(ranks: dict[int, dict[str, 
         # all-reduced); backward input gradient [4, 4] @ [4, 8] = 256 and weight gradient 256.
         assert flops == {"": (768, 1024), "fc1": (512, 512), "act": (0, 0), "fc2": (256, 512)}
         assert all(counts[2] == {} for counts in found["flops"].values()), found["flops"]
+
+
+# -- the cross-rank view of modules that some ranks never ran (hand-made rows, no processes) -------------------
+def _rows(a_ms: float | None, b_ms: float | None) -> dict[str, dict[str, Any]]:
+    def row(type_: str, ms: float | None) -> dict[str, Any]:
+        return {"type": type_, "forward_ms": ms, "backward_ms": ms}
+    return {"": row("Branchy", 10.0), "fc1": row("Linear", 2.0), "a": row("Linear", a_ms), "b": row("Linear", b_ms)}
+
+
+def test_a_module_run_on_some_ranks_only_is_said_so() -> None:
+    """An unused branch (DDP's find_unused_parameters, an MoE expert no token was routed to) has a row on every
+    rank but timings on some only. The table showed its one rank's time as min / median / max with that rank as
+    the slowest, as if every rank had been compared; it now names those modules and where they ran, and shows no
+    slowest rank for a module measured on one rank."""
+    from layerprof import GatheredProfile
+
+    payloads = [{"rank": 0, "rows": _rows(1.0, None), "meta": {}}, {"rank": 1, "rows": _rows(None, 3.0), "meta": {}},
+                {"rank": 2, "rows": _rows(1.5, None), "meta": {}}]
+    gathered = GatheredProfile(payloads)
+    table = gathered.table().splitlines()
+    assert "Run on some ranks only (spread over those ranks): a on ranks 0, 2; b on rank 1" in table
+    line_b = next(line for line in table if line.startswith("  b "))
+    # b: total 3 + 3 = 6 ms, on rank 1 only: no slowest rank among one
+    assert "6 ms / 6 ms / 6 ms" in line_b and line_b.split()[-1] == "—"
+    line_a = next(line for line in table if line.startswith("  a "))
+    # a: totals 2 ms (rank 0) and 3 ms (rank 2): the slower of the two that ran it
+    assert "2 ms / 2.5 ms / 3 ms" in line_a and line_a.split()[-1] == "2"
+    assert gathered.to_dict()["b"]["total_ms_rank_min"] == 6.0  # the rows themselves are unchanged
+    same = GatheredProfile([{"rank": r, "rows": _rows(1.0, 1.0), "meta": {}} for r in (0, 1)])
+    assert not any(line.startswith("Run on some ranks") for line in same.table().splitlines())

@@ -24,9 +24,14 @@ def _ranks(ranks: list[int]) -> str:
     return ", ".join(str(rank) for rank in ranks)
 
 
+def _measured(module: ModuleSpread) -> list[int]:
+    """The ranks where the module ran (a rank whose model holds it may never call it: an unused branch)."""
+    return sorted(module.total_ms.values) if module.total_ms is not None else []
+
+
 def _row(module: ModuleSpread) -> list[str]:
     shown = ("  " * module.depth) + (module.name.rsplit(".", 1)[-1] if module.name else "(model)")
-    slowest = module.total_ms.slowest_rank if module.total_ms is not None and len(module.ranks) > 1 else None
+    slowest = module.total_ms.slowest_rank if len(_measured(module)) > 1 else None
     return [
         shown,
         module.type,
@@ -42,6 +47,19 @@ def _partial_ranks(gathered: GatheredProfile) -> list[str]:
     """A line per rank whose run ended early: its means are over the steps it completed, not the others' steps."""
     notes = ((rank, partial_note(payload.get("meta") or {})) for rank, payload in gathered.per_rank.items())
     return [f"Rank {rank}: {note}" for rank, note in sorted(notes) if note is not None]
+
+
+def _run_on_some_ranks(gathered: GatheredProfile, shown: int = 4) -> list[str]:
+    """A line naming the modules that ran on some of the compared ranks only, and where: their spreads are over
+    those ranks, not a comparison of every rank."""
+    some = [(name, measured) for name, module in gathered.modules.items()
+            if 0 < len(measured := _measured(module)) < len(gathered.ranks)]
+    if not some:
+        return []
+    named = "; ".join(f"{name or '(model)'} on rank{'s' if len(ranks) > 1 else ''} {_ranks(ranks)}"
+                      for name, ranks in some[:shown])
+    more = f" and {len(some) - shown} more" if len(some) > shown else ""
+    return [f"Run on some ranks only (spread over those ranks): {named}{more}"]
 
 
 def ranks_compared(gathered: GatheredProfile) -> str:
@@ -64,6 +82,7 @@ def rank_table(gathered: GatheredProfile, depth: int | None = None) -> str:
     ]
     lines.extend(_partial_ranks(gathered))
     lines.extend(f"Rank {rank}: no profile ({why})" for rank, why in sorted(gathered.failed_ranks.items()))
+    lines.extend(_run_on_some_ranks(gathered))
     comm = gathered.communication
     if comm:
         parts = [f"{label} {_three(comm.get(field))}" for field, label in
