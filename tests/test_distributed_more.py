@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel
 
@@ -124,6 +125,38 @@ def _worker(rank: int) -> dict[str, Any]:
 
     prof, checks = _compare(tensor_parallel, metrics=("flops",))
     result["tensor_parallel"] = {**checks, "flops": _flops(prof)}
+
+    offload = CPUOffloadPolicy(pin_memory=False)  # (pinned memory needs a GPU)
+    prof, checks = _compare(fsdp(offload_policy=offload, reshard_after_forward=False), metrics=("flops",))
+    result["fsdp_offload"] = {**checks, "flops": _flops(prof)}
+
+    # DDP as users configure it, with the ddp_comm meter
+    def fp16_compressed() -> nn.Module:
+        model = DistributedDataParallel(Net())
+        register_timed_comm_hook(model, fp16_compress_hook, dist.group.WORLD)
+        return model
+
+    torch.manual_seed(0)
+    plain = DistributedDataParallel(Net())
+    plain.register_comm_hook(dist.group.WORLD, fp16_compress_hook)
+    _, reference = _train(plain, False)
+    variants = {
+        "unused": (lambda: DistributedDataParallel(Branchy(), find_unused_parameters=True), {}),
+        "static_graph": (lambda: DistributedDataParallel(Net(), static_graph=True), {}),
+        "bucket_view": (lambda: DistributedDataParallel(Net(), gradient_as_bucket_view=True), {}),
+        "no_sync": (lambda: DistributedDataParallel(Net()), {"accumulate": 2, "no_sync": True}),
+        "fp16": (fp16_compressed, {}),
+    }
+    for name, (make, options) in variants.items():
+        prof, checks = _compare(make, metrics=("ddp_comm",), **options)
+        comm = prof.profile.meta["ddp_comm"]
+        gathered = prof.gather()
+        result[name] = {**checks, "buckets": [step["buckets"] for step in comm["per_step"]],
+                        "backward": {n: r.backward_ms is not None for n, r in prof.records.items()},
+                        "table": None if gathered is None else gathered.table()}
+    torch.manual_seed(0)
+    _, timed = _train(fp16_compressed(), True)
+    result["fp16"]["equal_to_untimed_hook"] = all(torch.equal(a, b) for a, b in zip(reference, timed))
     return result
 
 
@@ -138,7 +171,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]
 NET_FLOPS = {"": (1536, 2048), "fc1": (1024, 1024), "act": (0, 0), "fc2": (512, 1024)}
 
 
-@pytest.mark.parametrize("scenario", ["fsdp", "fsdp_bf16"])
+@pytest.mark.parametrize("scenario", ["fsdp", "fsdp_bf16", "fsdp_offload"])
 def test_fsdp2_copies_are_not_unknown_ops(ranks: dict[int, dict[str, Any]], scenario: str) -> None:
     """FSDP2's copies into and out of its communication buffers (``fsdp.all_gather_copy_in``,
     ``fsdp.split_with_sizes_copy``, ``fsdp.chunk_cat``) were listed as ops without a FLOP formula, on the root
@@ -164,6 +197,24 @@ def test_tensor_parallel_flops_are_each_ranks_shards(ranks: dict[int, dict[str, 
         # all-reduced); backward input gradient [4, 4] @ [4, 8] = 256 and weight gradient 256.
         assert flops == {"": (768, 1024), "fc1": (512, 512), "act": (0, 0), "fc2": (256, 512)}
         assert all(counts[2] == {} for counts in found["flops"].values()), found["flops"]
+
+
+@pytest.mark.parametrize("scenario", ["unused", "static_graph", "bucket_view", "no_sync", "fp16"])
+def test_ddp_variants_train_as_unprofiled_and_time_every_bucket(ranks: dict[int, dict[str, Any]],
+                                                                scenario: str) -> None:
+    for rank in (0, 1):
+        found = ranks[rank][scenario]
+        assert found["equal"] and found["hooks_as_found"] and found["names"] == found["modules"]
+        # 3 steps, none warm-up; Net's 212 parameters (Branchy's 212 + 68) fit one bucket, all-reduced once a step
+        assert found["buckets"] == [1, 1, 1]
+        unused = {"unused": {"module.b" if rank == 0 else "module.a"}}.get(scenario, set())
+        assert {name for name, ran in found["backward"].items() if not ran} == unused
+    assert ranks[0]["fp16"]["equal_to_untimed_hook"]  # the timed hook is the user's hook, bits and all
+    assert ranks[1][scenario]["table"] is None
+    table = ranks[0][scenario]["table"].splitlines()
+    some = [line for line in table if line.startswith("Run on some ranks only")]
+    assert some == (["Run on some ranks only (spread over those ranks): a on rank 0; b on rank 1"]
+                    if scenario == "unused" else [])
 
 
 # -- the cross-rank view of modules that some ranks never ran (hand-made rows, no processes) -------------------
