@@ -41,6 +41,7 @@ from .._torch import graph_task_id, next_sequence_nr, sequence_nr
 from ..record.adoption import adopters, caller
 from ..record.fields import FIELDS, Field, declare
 from ..record.records import ModuleRecord
+from ..record.work_time import ran_ms
 from .meter import Meter, register_meter
 from .bytes import op_bytes
 from .formulas import NESTED_FORMULAS, flop_formula, is_free
@@ -51,9 +52,10 @@ __all__ = ["FlopMeter", "FLOP_FIELDS"]
 
 
 def _flops_per_second(record: ModuleRecord) -> float | None:
-    """Achieved FLOP/s: total FLOPs over total time (forward + backward, which includes any recompute)."""
+    """Achieved FLOP/s: total FLOPs over total time (forward + backward, which includes any recompute), the time
+    of the steps that ran the module, as the FLOPs are of a step that ran it (``ran_ms``)."""
     flops, ms = FIELDS["flops"].value(record), FIELDS["total_ms"].value(record)
-    return None if flops is None or not ms else flops / (ms / 1000.0)
+    return None if flops is None or not ms else flops / (ran_ms(record, ms) / 1000.0)
 
 
 def _macs(record: ModuleRecord) -> float | None:

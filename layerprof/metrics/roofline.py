@@ -11,11 +11,14 @@ From the flops meter's figures and the machine's peaks (``collect/peaks.py``, or
 * ``bound``: ``compute`` or ``memory`` by which term of the attainable time is larger, or ``overhead`` when the
   measured self time is more than ``OVERHEAD_RATIO`` times the attainable (efficiency below 1/10): the time
   then goes to neither arithmetic nor memory traffic but to Python, dispatch and kernel launches;
-* ``lost_ms``: measured self time minus attainable, the time a better implementation could win.
+* ``lost_ms``: measured self time minus attainable, the time a better implementation could win (per recorded
+  step, as the self time).
 
 Self figures (a module's own ops, not its children's) make a parent's point its own work, so the points of a
 tree add up to the step. The measured time is the self time moved by recomputation (``record/work_time.py``): a
-recomputed module's re-run added, as its FLOPs count it; a re-run taken off the module whose backward ran it.
+recomputed module's re-run added, as its FLOPs count it; a re-run taken off the module whose backward ran it; and,
+as FLOPs and bytes are of one step that ran the module, its mean over the steps that ran it (an auxiliary head run
+every 10 steps is not 10 times as efficient).
 Peaks come from the tree (``record/roofs.py``), where the Profile attaches a callable that measures them only when
 one of these fields is first read; without peaks these fields are None.
 """
@@ -89,8 +92,14 @@ def _bound(record: Any) -> str | None:
 
 
 def _lost_ms(record: Any) -> float | None:
+    """Per recorded step, as the self time is: what is lost in each step that ran the module, times the share of
+    the steps that ran it."""
     point = roofline_point(record)
-    return None if point is None or point["ms"] is None else max(0.0, point["ms"] - point["attainable_ms"])
+    if point is None or point["ms"] is None:
+        return None
+    lost = max(0.0, point["ms"] - point["attainable_ms"])
+    steps, ran = getattr(record, "steps", 0), getattr(record, "steps_run", 0)
+    return lost * ran / steps if 0 < ran < steps else lost
 
 
 declare(

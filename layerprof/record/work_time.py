@@ -13,6 +13,11 @@ ops, except under activation checkpointing:
 Read from the last step's calls (``call_times``, the only ones kept), which say where each re-run ran; the shares
 are the records' means over the steps. Without recomputation, ``work_ms`` is ``self_total_ms``.
 
+FLOPs and bytes are counted in one step, in which the module ran, while its times are means over every recorded
+step, 0 in those it did not run (an auxiliary head every 10 steps, a layer dropped by stochastic depth): set
+beside the counted figures, a time is the mean over the steps that ran the module (``ran_ms``), else the rates
+(FLOP/s, bandwidth, efficiency) come out ``steps / steps_run`` times too high.
+
 >>> from layerprof.record.records import ModuleRecord
 >>> leaf = ModuleRecord("fc", "Linear")
 >>> leaf.self_forward_ms, leaf.self_backward_ms = 1.0, 2.0
@@ -26,13 +31,14 @@ from typing import Any
 from .fields import FIELDS
 from .roofs import _root
 
-__all__ = ["work_ms"]
+__all__ = ["work_ms", "ran_ms"]
 
 _SHIFTS = "_work_shifts"  # where a root keeps its shifts, made when first read
 
 
 def work_ms(record: Any) -> float | None:
-    """``self_total_ms`` of ``record``, moved by the recomputations its self time holds or leaves out."""
+    """``self_total_ms`` of ``record``, moved by the recomputations its self time holds or leaves out, per step
+    that ran it (``ran_ms``)."""
     ms = FIELDS["self_total_ms"].value(record)
     if ms is None:
         return None
@@ -41,7 +47,14 @@ def work_ms(record: Any) -> float | None:
     if shifts is None:
         shifts = _shifts(root)
         root.__dict__[_SHIFTS] = shifts
-    return max(0.0, ms + shifts.get(record.name, 0.0)) if shifts else ms
+    return ran_ms(record, max(0.0, ms + shifts.get(record.name, 0.0)) if shifts else ms)
+
+
+def ran_ms(record: Any, ms: float) -> float:
+    """``ms``, a mean over the recorded steps, as the mean over the steps that ran ``record``'s module (the same
+    where it ran in every one)."""
+    steps, ran = getattr(record, "steps", 0), getattr(record, "steps_run", 0)
+    return ms * steps / ran if 0 < ran < steps else ms
 
 
 def _shifts(root: Any) -> dict[str, float]:

@@ -1,0 +1,71 @@
+"""Many steps of a training loop whose work changes from step to step: modules run on some steps only (an
+auxiliary head, stochastic depth), shapes that change, and a loop that raises half way."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from layerprof import LayerProf
+from layerprof.record.fields import FIELDS
+
+GIVEN = {"flops": 1e9, "bandwidth": 1e6}  # round roofs: the roofline's figures follow from the records exactly
+
+
+class SometimesNet(nn.Module):
+    """``body`` runs every step, ``aux`` on steps 0 and 5 (an auxiliary head every 5 steps), ``skip`` on odd
+    steps (a layer that stochastic depth drops every other step)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.aux, self.skip = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, step: int) -> torch.Tensor:
+        h = self.body(x)
+        if step % 5 == 0:
+            h = self.aux(h)
+        if step % 2 == 1:
+            h = self.skip(h)
+        return h.sum()
+
+
+def run_sometimes(steps: int = 10, **kwargs) -> LayerProf:
+    torch.manual_seed(0)
+    net = SometimesNet()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with LayerProf(net, **kwargs) as prof:
+            for step in range(steps):
+                net(torch.randn(4, 16), step).backward()
+                prof.step()
+    return prof
+
+
+def test_rates_of_a_module_run_in_some_steps_are_over_the_steps_that_ran_it() -> None:
+    """FLOPs are counted in step 0, which ran ``aux``; its times are means over the 9 timed steps, 0 in the 8 that
+    did not run it. FLOP/s and the roofline set the FLOPs beside its time in the step that ran it (before: beside
+    the mean over all 9 steps, so ``aux`` read 9 times as fast as ``body``, the same layer)."""
+    prof = run_sometimes(metrics=("flops",), peaks=GIVEN)
+    body, aux = prof.records["body"], prof.records["aux"]
+    assert (body.steps, body.steps_run, aux.steps, aux.steps_run) == (9, 9, 9, 1)  # aux ran in step 5 of 1-9
+    # Linear(16, 16) on 4 rows: forward 2 * 4 * 16 * 16 = 2,048; backward 2,048 for the weight, and 2,048 more
+    # for the input where it needs a gradient (aux's, not body's).
+    assert (body.flops_forward, body.flops_backward) == (2048, 2048)
+    assert (aux.flops_forward, aux.flops_backward) == (2048, 4096)
+    ran_ms = FIELDS["total_ms"].value(aux) * 9  # the mean over 9 steps, 8 of them 0: the step that ran it
+    assert ran_ms > 0
+    assert FIELDS["flops_per_s"].value(aux) == pytest.approx(6144 / (ran_ms / 1000.0), rel=1e-12)
+    self_ran_ms = FIELDS["self_total_ms"].value(aux) * 9
+    assert FIELDS["achieved_bandwidth"].value(aux) == pytest.approx(aux.self_bytes / (self_ran_ms / 1000.0),
+                                                                     rel=1e-12)
+    attainable = FIELDS["attainable_ms"].value(aux)
+    assert attainable == pytest.approx(1000.0 * max(6144 / 1e9, aux.self_bytes / 1e6), rel=1e-12)
+    assert FIELDS["efficiency"].value(aux) == pytest.approx(attainable / self_ran_ms, rel=1e-12)
+    # Lost time stays per recorded step, as the self time beside it in the table: one step in 9 loses it.
+    assert FIELDS["lost_ms"].value(aux) == pytest.approx(max(0.0, self_ran_ms - attainable) / 9, rel=1e-12)
+    # A module that ran in every step reads as before.
+    assert FIELDS["flops_per_s"].value(body) == pytest.approx(4096 / (FIELDS["total_ms"].value(body) / 1000.0))
+    row = {row["name"]: row for row in prof.roofline()}["aux"]
+    assert row["efficiency"] == FIELDS["efficiency"].value(aux)
