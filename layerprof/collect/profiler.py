@@ -253,6 +253,22 @@ _META_READ = (
 )
 
 
+def _warn_not_counted(records: dict[str, ModuleRecord], counted_names: frozenset[str], counted: list[str]) -> None:
+    """Modules that ran in recorded steps, but not in the one step the counting meters counted: their figures are
+    missing (None), and their ancestors' leave them out."""
+    names = [name for name, record in records.items() if record.steps_run and name not in counted_names]
+    if not names:
+        return
+    shown = ", ".join("the model" if not name else f"'{name}'" for name in names[:5])
+    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+    warn_user(
+        f"{len(names)} module(s) ({shown}{more}) ran in recorded steps but not in the first profiled step, the one "
+        f"that metrics {counted} count: their figures (FLOPs, bytes, saved bytes) are None, and their ancestors' "
+        "leave them out. Make the first profiled step run every module (an auxiliary head, every layer that "
+        "stochastic depth or a condition may skip) for figures of each."
+    )
+
+
 def _warn_late_backward(names: list[str]) -> None:
     """Calls whose backward began only after ``prof.step()`` had closed their step (``Tracker.late``)."""
     shown = ", ".join("the model" if not name else f"'{name}'" for name in names[:5])
@@ -342,6 +358,7 @@ class LayerProf:
     # stopped (``_shape_counts``): where the shapes meter does not run, what tells that later (timed) steps ran
     # shapes the counted step did not.
     _counted_shapes: tuple[set[Any], int] | None = None
+    _counted_names: frozenset[str] = frozenset()  # the modules that ran in the step the counting meters counted
     _example_before: dict[str, Any] | None = None  # the tracker's example as the step under way began
     _observed = False  # whether some meter observes calls (set as the block starts)
     _tracker: Tracker | None = None
@@ -791,6 +808,7 @@ class LayerProf:
             counting, self._counting = self._counting, []
             _stop_all(counting)
             self._counted_shapes = _shape_counts(tracker.example)
+            self._counted_names = frozenset(times)  # (``times``: the step's, made above whenever meters count)
         if action is not Action.RECORD:
             self._restore_example()
         if self._observed and not last:  # (the last step's observers go with the tracker)
@@ -1005,6 +1023,8 @@ class LayerProf:
                 "checkpoint plans mix the two. Profile steps of one shape (a fixed length, or one bucket) for "
                 "figures that go together."
             )
+        if counted and not later:
+            _warn_not_counted(self._records_now(), self._counted_names, counted)
         if partial is not None:
             meta["partial"] = partial
         if self._given_peaks is not None:
