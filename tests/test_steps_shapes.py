@@ -98,3 +98,46 @@ def test_no_warning_where_the_counted_step_ran_every_module() -> None:
                 net(torch.randn(4, 16), step).backward()
                 prof.step()
     assert [prof.records[name].flops_forward for name in ("body", "aux", "skip")] == [2048, 2048, 2048]
+
+
+class FailsAt(nn.Module):
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        self.fc, self.fail_at, self.calls = nn.Linear(4, 4), fail_at, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == self.fail_at + 1:
+            raise ValueError("loss is NaN")
+        return self.fc(x)
+
+
+def test_a_block_that_raised_after_recorded_steps_says_how_to_keep_them() -> None:
+    """Three steps recorded, the fourth raised: the block keeps none of them (all or nothing), and the message says
+    so and how to keep them (before: "so nothing was recorded", with no way named)."""
+    net = FailsAt(3)
+    with pytest.raises(ValueError, match="loss is NaN"):
+        with LayerProf(net) as prof:
+            for _ in range(5):
+                net(torch.randn(2, 4)).sum().backward()
+                prof.step()
+    with pytest.raises(RuntimeError) as info:
+        prof.layerwise_summary()
+    assert str(info.value) == (
+        "no profile: the block raised ValueError in step 3, after 3 recorded step(s), and a `with LayerProf(model)` "
+        "block that raises keeps none. To keep the steps completed before an error, profile with prof = "
+        "LayerProf(model).start() and call prof.stop(partial=str(error), error=error) in your `except`; or fix the "
+        "error and profile again with a new LayerProf(model)")
+    # What it says works, and keeps the three steps, with the step the flops meter counted among them.
+    net = FailsAt(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prof = LayerProf(net, metrics=("flops",)).start()
+        try:
+            for _ in range(5):
+                net(torch.randn(2, 4)).sum().backward()
+                prof.step()
+        except ValueError as error:
+            prof.stop(partial=str(error), error=error)
+    assert prof.layerwise_summary(depth=0).splitlines()[0] == "Partial profile (2 steps recorded): loss is NaN."
+    assert prof.records["fc"].flops_forward == 2 * 2 * 4 * 4  # counted in step 0: 2 rows, 4 -> 4

@@ -1127,10 +1127,7 @@ class LayerProf:
     def profile(self) -> Profile:
         """The result; available once profiling has stopped."""
         if self._state == "failed":
-            raise RuntimeError(
-                f"no profile: {self._failure} before profiling finished, so nothing was recorded. "
-                "Fix the error and profile again with a new LayerProf(model)"
-            )
+            raise RuntimeError(self._no_profile())
         if self._state != "done" or self._profile is None:
             when = "has not started" if self._state == "new" else "is still running"
             raise RuntimeError(
@@ -1138,6 +1135,18 @@ class LayerProf:
                 "block has exited (or after prof.stop())"
             )
         return self._profile
+
+    def _no_profile(self) -> str:
+        """Why a failed block has no profile, and what to do."""
+        # (as a profile counts them: the step the counting meters slowed only where no other was recorded)
+        recorded = self._stats.steps or int(self._counting_step is not None)
+        if not recorded or not self._failure.startswith("the block raised"):
+            return (f"no profile: {self._failure} before profiling finished, so nothing was recorded. "
+                    "Fix the error and profile again with a new LayerProf(model)")
+        return (f"no profile: {self._failure} in step {self.step_num}, after {recorded} recorded step(s), and a "
+                "`with LayerProf(model)` block that raises keeps none. To keep the steps completed before an error, "
+                "profile with prof = LayerProf(model).start() and call prof.stop(partial=str(error), error=error) "
+                "in your `except`; or fix the error and profile again with a new LayerProf(model)")
 
     @property
     def meta(self) -> dict[str, Any]:
