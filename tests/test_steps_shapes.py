@@ -3,13 +3,17 @@ auxiliary head, stochastic depth), shapes that change, and a loop that raises ha
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+import layerprof
 from layerprof import LayerProf
+from layerprof.cli import main
 from layerprof.record.fields import FIELDS
+from layerprof.render.gate import different_models
 
 GIVEN = {"flops": 1e9, "bandwidth": 1e6}  # round roofs: the roofline's figures follow from the records exactly
 
@@ -141,3 +145,33 @@ def test_a_block_that_raised_after_recorded_steps_says_how_to_keep_them() -> Non
             prof.stop(partial=str(error), error=error)
     assert prof.layerwise_summary(depth=0).splitlines()[0] == "Partial profile (2 steps recorded): loss is NaN."
     assert prof.records["fc"].flops_forward == 2 * 2 * 4 * 4  # counted in step 0: 2 rows, 4 -> 4
+
+
+def test_multi_scale_steps_against_one_image_size_are_not_one_workload(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Multi-scale training (16, 24 and 32 pixels, in turn) gated against the same model at 16 pixels only: before,
+    the gate judged them one workload (the multi-scale profile names no one input shape) and passed a step that is
+    3 times the work, "within the noise". Now refused, as two fixed sizes are; two multi-scale runs are not."""
+    def profiled(sizes: list[int]) -> layerprof.Profile:
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        with LayerProf(net) as prof:
+            for size in sizes:
+                net(torch.randn(2, 3, size, size)).sum().backward()
+                prof.step()
+        return prof.profile
+
+    fixed, scales = profiled([16] * 6), profiled([16, 24, 32] * 2)
+    assert fixed.meta["environment"]["input_shape"] == [2, 3, 16, 16]
+    assert "input_shape" not in scales.meta["environment"]
+    assert scales.meta["environment"]["input_shape_variants"] == 3
+    assert different_models(fixed, scales) == (
+        "A was profiled on inputs of one shape, [2, 3, 16, 16], and B on inputs of 3 shapes (other than the batch: "
+        "sequence lengths or image sizes that change from step to step)")
+    assert different_models(scales, fixed).startswith("B was profiled on inputs of one shape, [2, 3, 16, 16], and A")
+    assert different_models(scales, profiled([32, 16, 24] * 2)) is None
+    path_a, path_b = tmp_path / "a.json", tmp_path / "b.json"
+    fixed.to_json(path_a)
+    scales.to_json(path_b)
+    assert main(["compare", str(path_a), str(path_b), "--fail-if-slower", "10"]) == 4
+    assert "and B on inputs of 3 shapes" in capsys.readouterr().err

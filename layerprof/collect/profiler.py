@@ -201,12 +201,14 @@ def example_facts(example: dict[str, Any]) -> dict[str, Any]:
     """The profile's input facts from the tracker's ``example``: the first input's, with the batch size most of the
     root's calls had where they differ (a short first or last batch is not the workload), and ``batch_sizes``, each
     one's count of calls (pairs, in the order first seen); ``input_shape`` only where every call's input had the
-    same sizes beyond the batch."""
+    same sizes beyond the batch, else ``input_shape_variants``, how many such sizes the calls had."""
     found = dict(example)
     found.pop(INPUT_DEVICE, None)
     found.pop(INPUT_FAKE, None)
-    if len(found.pop(OTHER_DIMS, ())) > 1:  # inputs of several shapes beyond the batch: no one shape to name
+    other = len(found.pop(OTHER_DIMS, ()))
+    if other > 1:  # inputs of several shapes beyond the batch: no one shape to name, but how many
         found.pop("input_shape", None)
+        found["input_shape_variants"] = other
     batches = found.pop(BATCHES, None)
     if batches and len(batches) > 1:
         found["batch_size"] = max(batches, key=batches.__getitem__)  # (a tie: the first seen)

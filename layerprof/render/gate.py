@@ -179,7 +179,8 @@ def _per(spread: Spread, rest: float) -> Spread:
 
 def different_models(a: Profile, b: Profile) -> str | None:
     """Why A and B are not two profiles of one model (None when they are): another root type, fewer than half of
-    the modules alike by name and type, another batch size, or inputs of another shape beyond the batch."""
+    the modules alike by name and type, another batch size, or inputs of another shape beyond the batch (or of one
+    shape against several)."""
     if a.tree.type != b.tree.type:
         return f"A is a {a.tree.type} and B a {b.tree.type}"
     modules_a = {(name, record.type) for name, record in a.records.items()}
@@ -199,6 +200,13 @@ def different_models(a: Profile, b: Profile) -> str | None:
     if isinstance(shape_a, list) and isinstance(shape_b, list) and shape_a[1:] != shape_b[1:]:
         return (f"A was profiled on inputs of shape {shape_a} and B on {shape_b} "
                 "(other than the batch: another sequence length or image size)")
+    # One shape against several (multi-scale training, dynamic padding against a fixed length): two workloads. Two
+    # profiles of several shapes each (each batch padded to its own length) may be one.
+    for (one, several, shape, count) in (("A", "B", shape_a, environment_b.get("input_shape_variants")),
+                                         ("B", "A", shape_b, environment_a.get("input_shape_variants"))):
+        if isinstance(shape, list) and isinstance(count, int) and count > 1:
+            return (f"{one} was profiled on inputs of one shape, {shape}, and {several} on inputs of {count} shapes "
+                    "(other than the batch: sequence lengths or image sizes that change from step to step)")
     return None
 
 
