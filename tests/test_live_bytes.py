@@ -44,7 +44,7 @@ def test_per_call_figures_and_the_step_peak_by_hand() -> None:
     meta = prof.profile.meta["live_memory"]
     assert meta == {"device": "cpu", "step_peak_bytes": 8 + 5160 + 16384 + 32768 + 512, "step_start_bytes": 0,
                     "step_end_bytes": 5160 + 32768 + 512,  # the gradients stay; the loss, seed and Tanh's go
-                    "training": True, "dtype": "float32"}
+                    "training": True, "dtype": "float32", "autocast": False}
     timeline = root.__dict__[TIMELINE_ATTRIBUTE]
     # Index 0, then boundaries: 8 in forward (the model's and each layer's start and end), 6 in backward (each
     # layer's start and end; the model's start with Linear 2's and end with Linear 0's), the step's end.

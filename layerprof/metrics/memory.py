@@ -61,7 +61,7 @@ from .checkpoint_bytes import (
 from .meter import Meter, register_meter
 
 __all__ = ["MemoryMeter", "hidden_shown", "MemoryReader", "CudaMemoryReader", "PeakLog", "MEMORY_FIELDS", "CUDA_FIELDS",
-           "TIMELINE_ATTRIBUTE", "parameters_dtype"]
+           "TIMELINE_ATTRIBUTE", "parameters_dtype", "autocast_of"]
 
 # The root record's private attribute holding the step's memory levels at every boundary (live profiles, and
 # profiles saved from one: ``layerprof.record.step_tables``).
@@ -256,6 +256,20 @@ def parameters_dtype(model: nn.Module) -> str | None:
     return None if parameter is None or parameter.is_meta else str(parameter.dtype).replace("torch.", "")
 
 
+def autocast_of(model: nn.Module) -> str | bool | None:
+    """The dtype ``torch.autocast`` computes in (``"bfloat16"``) where it is on, now, for the device of ``model``'s
+    first parameter (the CPU for a model without any), else False; None on meta or another device."""
+    parameter = next(model.parameters(), None)
+    if parameter is not None and parameter.is_meta:
+        return None
+    device = parameter.device.type if parameter is not None else "cpu"
+    if device not in ("cpu", "cuda"):
+        return None
+    if not torch.is_autocast_enabled(device):
+        return False
+    return str(torch.get_autocast_dtype(device)).replace("torch.", "")
+
+
 def _storage_keys(*objs: Any) -> set[int]:
     return set(_storages(*objs))
 
@@ -341,11 +355,13 @@ class MemoryMeter(Meter):
         self._model: nn.Module | None = None
         self._training: bool | None = None
         self._dtype: Any = _UNREAD
+        # ``autocast_of`` the model as its first forward with gradients on began: bf16 autocast saves other bytes.
+        self._autocast: str | bool | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: Sequence[tuple[str, nn.Module]]) -> None:
         self._after_backward, self._held, self._saved_before, self._starts_released = 0, [], False, False
-        self._model, self._training, self._dtype = model, None, _UNREAD
+        self._model, self._training, self._dtype, self._autocast = model, None, _UNREAD, None
         self._static = _storage_keys(list(model.parameters()), list(model.buffers()))
         # Lazy modules whose parameters are made in their first call: their storages join the static ones then.
         self._lazy = _with_lazy(model.modules())
@@ -407,12 +423,15 @@ class MemoryMeter(Meter):
         forward of the step saved for backward after the backward of every earlier forward that saved had run
         (gradient accumulation), ``forwards_after_backward``: how many did. ``training`` and ``dtype``: the model's
         mode (``model.training``) and its first parameter's dtype as its forward first saved for backward (the mode
-        as the step ended where it saved nothing)."""
+        as the step ended where it saved nothing); ``autocast``: the dtype ``torch.autocast`` computed in as its
+        first forward with gradients on began, or False where it was off."""
         found = dict(self._step)
         if self._training is not None:
             found["training"] = self._training
         if isinstance(self._dtype, str):
             found["dtype"] = self._dtype
+        if self._autocast is not None:
+            found["autocast"] = self._autocast
         if self._after_backward:
             found["forwards_after_backward"] = self._after_backward
         if self._hidden:
@@ -544,6 +563,9 @@ class MemoryMeter(Meter):
             self._saved.clear()
             self._held = [held for held in self._held if _still_held(held)]
             self._starts_released = self._saved_before and not self._held
+            if self._autocast is None and torch.is_grad_enabled():
+                # (here, not where the first tensor is saved: autocast's ops save theirs with autocast off)
+                self._autocast = autocast_of(module)
         inputs = {}
         # A call under no_grad (an evaluation pass inside the step) saves nothing and no checkpoint re-runs it:
         # its inputs are nothing a checkpoint keeps, nor inputs of the training forward (its own inputs still tell

@@ -1,14 +1,17 @@
 """What a plan's profile ran the model as, and where a model the plan is applied to differs.
 
-Two settings of the model change what its modules save for backward without changing its structure: its mode
-(Dropout saves its mask in training only, BatchNorm its batch statistics) and its parameters' dtype (what a step
-saves is in that dtype). A training script that profiles in one process and plans in another builds the model
-again, and a model built for evaluation (``model.eval()``) or cast afterwards (``model.to(torch.bfloat16)``) takes
-the plan silently while its predicted bytes are another model's: a plan made in eval mode missed its budget in
-training by the masks it never counted. So the plan keeps the profile's mode and dtype, and the first wrapped call
-with gradients on after ``apply`` warns where the model then differs (``FirstCall``): not ``apply`` itself, since a
-model is often applied to before a trainer sets its mode (``from_pretrained`` returns it in eval mode, and
-``Trainer.train()`` or Lightning's ``fit`` calls ``model.train()``) or casts it (Lightning's ``"bf16-true"``).
+Three settings change what a model's modules save for backward without changing its structure: its mode
+(Dropout saves its mask in training only, BatchNorm its batch statistics), its parameters' dtype (what a step
+saves is in that dtype) and the step's ``torch.autocast`` (a matrix product saves copies in autocast's dtype). A
+training script that profiles in one process and plans in another builds the model again, and a model built for
+evaluation (``model.eval()``), cast afterwards (``model.to(torch.bfloat16)``) or trained under autocast takes the
+plan silently while its predicted bytes are another model's: a plan made in eval mode missed its budget in
+training by the masks it never counted, and one made on a float32 step missed its budget under bfloat16 autocast
+(GPT-2: 780,036 bytes saved against 668,420 predicted). So the plan keeps the profile's mode, dtype and autocast,
+and the first wrapped call with gradients on after ``apply`` warns where the step then differs (``FirstCall``):
+not ``apply`` itself, since a model is often applied to before a trainer sets its mode (``from_pretrained``
+returns it in eval mode, and ``Trainer.train()`` or Lightning's ``fit`` calls ``model.train()``) or casts it
+(Lightning's ``"bf16-true"``), and autocast is entered around each step.
 """
 from __future__ import annotations
 
@@ -19,23 +22,26 @@ from typing import Any
 from torch import nn
 
 from .._machine import environment_in
-from ..metrics.memory import parameters_dtype
+from ..metrics.memory import autocast_of, parameters_dtype
 
 __all__ = ["profiled_as", "differences", "FirstCall"]
 
 
 def profiled_as(meta: Any) -> dict[str, Any]:
-    """``{"training": bool, "dtype": str}`` of a profile's ``meta``: the model's mode and its first parameter's dtype
-    (``"float32"``) as the memory meter's step first saved for backward, read in the forward as ``differences``
-    reads them (FSDP2's mixed precision has bfloat16 parameters there, float32 shards at rest; the environment's
-    dtype, read at rest, from an older file); None for either that the profile does not hold (one saved by an older
-    layerprof, or written by hand)."""
+    """``{"training": bool, "dtype": str, "autocast": str | False}`` of a profile's ``meta``: the model's mode, its
+    first parameter's dtype (``"float32"``) and the dtype ``torch.autocast`` computed in (False: off) as the memory
+    meter's step first saved for backward, read in the forward as ``differences`` reads them (FSDP2's mixed
+    precision has bfloat16 parameters there, float32 shards at rest; the environment's dtype, read at rest, from an
+    older file); None for any that the profile does not hold (one saved by an older layerprof, or written by
+    hand)."""
     memory = (meta.get("memory") or meta.get("live_memory")) if isinstance(meta, dict) else None
     memory = memory if isinstance(memory, dict) else {}
     training = memory.get("training")
     dtype = memory.get("dtype") or environment_in(meta).get("dtype")
+    autocast = memory.get("autocast")
     return {"training": training if isinstance(training, bool) else None,
-            "dtype": dtype if isinstance(dtype, str) else None}
+            "dtype": dtype if isinstance(dtype, str) else None,
+            "autocast": autocast if isinstance(autocast, (str, bool)) and autocast is not True else None}
 
 
 def _mode(training: bool) -> str:
@@ -66,7 +72,20 @@ def differences(profiled: dict[str, Any] | None, model: nn.Module) -> list[str]:
             f"modules save for backward is in the parameters' dtype, so the plan's predicted bytes are the {dtype} "
             "model's, not this one's (it wraps more than this model needs, or misses its budget). Plan on a profile "
             "of the model in the dtype you train it in (model.to(dtype) before profiling)")
+    autocast = profiled.get("autocast")
+    now_autocast = autocast_of(model)
+    if autocast is not None and now_autocast is not None and now_autocast != autocast:
+        found.append(
+            f"checkpoint plan: this {name}'s step runs {_autocast(now_autocast)}, and the profiled step ran "
+            f"{_autocast(autocast)}: autocast changes the dtype of what its modules save for backward (a matrix "
+            "product saves copies of its input and weight in autocast's dtype), so the plan's predicted bytes are "
+            "the other step's, not this one's (it wraps more than this step needs, or misses its budget). Plan on "
+            "a profile of the step as you train it (its forward under the same torch.autocast)")
     return found
+
+
+def _autocast(dtype: str | bool) -> str:
+    return f"under torch.autocast ({dtype})" if dtype else "without torch.autocast"
 
 
 class FirstCall:

@@ -1,0 +1,95 @@
+"""The checkpoint planner inside what a training script does around a plan: autocast around the step, a PEFT
+wrapper between the profiled model and the one trained, a batch other than the profiled one. Each test is a
+problem a sweep of such scripts found."""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import layerprof
+
+from .conftest import profile_quietly
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 64), nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64)),
+                         nn.Tanh(), nn.Linear(64, 1))
+
+
+def _autocast_step(model: nn.Module, x: torch.Tensor) -> Any:
+    def step() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(x).float().sum()
+        loss.backward()
+    return step
+
+
+def _caught(run: Any) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run()
+    return [str(w.message) for w in caught if str(w.message).startswith("checkpoint plan")]
+
+
+def test_a_plan_warns_when_its_step_runs_under_another_autocast_than_the_profiled_one() -> None:
+    # A plan made on a step under bfloat16 autocast and applied in a float32 one (or the other way round): autocast's
+    # matrix products save bf16 copies of their inputs and weights, so what the step saves is not what the plan
+    # predicted. The mode and the parameters' dtype were checked at the first wrapped call; autocast was not, and
+    # the plan missed its budget silently (18,432 bytes saved against 9,344 predicted, budget 14,912).
+    model, x = _net(), torch.randn(32, 16)
+    plain, amp = (lambda: model(x).sum().backward()), _autocast_step(model, x)
+    prof = profile_quietly(model, amp, 2)
+    plan = layerprof.loads(prof.profile.to_json()).checkpoint_plan("50%", wrap_cost=None, runs=False)
+    assert plan.profiled_as == {"training": True, "dtype": "float32", "autocast": "bfloat16"}
+    assert (plan.modules, plan.saved_bytes_before, plan.saved_bytes_after, plan.budget_bytes) == (
+        ["1"], 29824, 9344, 14912)
+    with plan.applied(model):
+        assert _caught(amp) == []
+    with plan.applied(model):
+        found = _caught(plain)
+    assert len(found) == 1 and "runs without torch.autocast, and the profiled step ran under" in found[0]
+    assert "torch.autocast (bfloat16)" in found[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        missed, met = plan.verify(model, plain, repeats=1), plan.verify(model, amp, repeats=1)
+    assert (missed.measured_saved_bytes, missed.meets_budget) == (18432, False)
+    assert (met.measured_saved_bytes, met.meets_budget) == (9344, True)
+
+    # Profiled in float32, a step under autocast is told the same; one in float32 runs without a word.
+    prof = profile_quietly(model, plain, 2)
+    plan = layerprof.loads(prof.profile.to_json()).checkpoint_plan("75%", wrap_cost=None, runs=False)
+    assert plan.profiled_as == {"training": True, "dtype": "float32", "autocast": False}
+    with plan.applied(model):
+        assert _caught(plain) == []
+    with plan.applied(model):
+        found = _caught(amp)
+    assert len(found) == 1 and "runs under torch.autocast (bfloat16), and the profiled step ran without" in found[0]
+    # An autocast entered with gradients off (an evaluation pass in the step before it trains) is not the step's.
+    def evaluated_then_trained() -> None:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            model(x)
+        plain()
+
+    assert profile_quietly(model, evaluated_then_trained, 1).profile.meta["memory"]["autocast"] is False
+
+
+def test_under_autocast_the_plan_changes_no_bit_of_the_loss_or_the_gradients() -> None:
+    model, x = _net(), torch.randn(32, 16)
+    amp = _autocast_step(model, x)
+    plan = profile_quietly(model, amp, 2).checkpoint_plan("25%", wrap_cost=None)
+    assert plan.modules
+
+    def grads() -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        amp()
+        return [p.grad.clone() for p in model.parameters()]
+
+    plain = grads()
+    with plan.applied(model):
+        wrapped = grads()
+    assert all(torch.equal(a, b) for a, b in zip(plain, wrapped))
