@@ -93,3 +93,43 @@ def test_under_autocast_the_plan_changes_no_bit_of_the_loss_or_the_gradients() -
     with plan.applied(model):
         wrapped = grads()
     assert all(torch.equal(a, b) for a, b in zip(plain, wrapped))
+
+
+def _llama() -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                      num_key_value_heads=2, vocab_size=100, max_position_embeddings=64,
+                                      use_cache=False)
+    return transformers.LlamaForCausalLM(config).train()
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_a_plan_applied_across_a_peft_wrapper_says_which_side_to_apply_it_to() -> None:
+    # PEFT's get_peft_model holds the model at base_model.model: a plan made on the PeftModel names its modules
+    # "base_model.model.model.layers.0...", one made on the model inside "model.layers.0...". Applied across, the
+    # refusal said only "apply the plan to the model it was made for", as it said before the hint for DDP's and
+    # torch.compile's wrappers (module, _orig_mod) was added; now it says which side to apply it to.
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(_llama(), peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"],
+                                                          lora_dropout=0.0))
+    inner = model.base_model.model
+    ids = torch.randint(0, 100, (2, 16))
+    for profiled in (model, inner):
+        plan = profile_quietly(profiled, lambda: model(input_ids=ids, labels=ids).loss.backward(), 2
+                               ).checkpoint_plan("50%", wrap_cost=None)
+        assert plan.modules and all(name.startswith("base_model.model.") == (profiled is model)
+                                    for name in plan.modules)
+        other = inner if profiled is model else model
+        with pytest.raises(ValueError) as refused:
+            plan.apply(other)
+        assert not plan.is_applied and not any("forward" in vars(m) for m in model.modules())
+        if profiled is model:
+            assert ("the plan was made for a model that wraps this one (its names start with 'base_model.model', as "
+                    "those of a PEFT model (get_peft_model) do): apply it to that wrapper") in str(refused.value)
+        else:
+            assert "the plan was made for the model this PeftModel wraps: apply it to model.base_model.model" in str(
+                refused.value)
+        with plan.applied(profiled):  # (the side it names takes it)
+            model(input_ids=ids, labels=ids).loss.backward()
+        assert not any("forward" in vars(m) for m in model.modules())

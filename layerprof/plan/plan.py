@@ -175,8 +175,19 @@ def _called_below(record: ModuleRecord) -> list[ModuleRecord]:
 _FITTING_OPTIONS = 4_000
 
 # Wrappers that hold the model as an attribute, which prefixes its modules' names: DistributedDataParallel and
-# DataParallel (``module``), torch.compile's OptimizedModule (``_orig_mod``).
-_WRAPPER_ATTRIBUTES = ("module", "_orig_mod")
+# DataParallel (``module``), torch.compile's OptimizedModule (``_orig_mod``), and PEFT's PeftModel
+# (``get_peft_model``: ``base_model``, a LoraModel or another tuner, holds the model as ``model``).
+_WRAPPER_ATTRIBUTES = ("module", "_orig_mod", "base_model.model")
+
+
+def _held_at(model: nn.Module, attribute: str) -> nn.Module | None:
+    """The module ``model`` holds at the dotted ``attribute``, None where it holds none there."""
+    for part in attribute.split("."):
+        found = model._modules.get(part)
+        if not isinstance(found, nn.Module):
+            return None
+        model = found
+    return model
 
 
 def _resolves(model: nn.Module, name: str) -> bool:
@@ -286,15 +297,17 @@ def _wrapper_hint(model: nn.Module, names: list[str]) -> str:
     ``DistributedDataParallel`` (or ``torch.compile``) wraps and applied to the wrapper, or made for the wrapper
     (names that start with ``module.``) and applied to the model inside. "" where neither explains it."""
     for attribute in _WRAPPER_ATTRIBUTES:
-        inner = model._modules.get(attribute)
-        if isinstance(inner, nn.Module) and all(_resolves(inner, name) for name in names):
+        inner = _held_at(model, attribute)
+        if inner is not None and all(_resolves(inner, name) for name in names):
             return (f"; the plan was made for the model this {type(model).__name__} wraps: apply it to "
                     f"model.{attribute}")
         inside = [_unprefixed(name, attribute) for name in names]
         if all(name is not None and _resolves(model, name) for name in inside):
+            wrappers = ("those of a PEFT model (get_peft_model) do" if attribute == "base_model.model" else
+                        "those of a DistributedDataParallel or a compiled model do")
             return (f"; the plan was made for a model that wraps this one (its names start with {attribute!r}, as "
-                    f"those of a DistributedDataParallel or a compiled model do): apply it to that wrapper, or plan on "
-                    f"a profile of this {type(model).__name__} itself")
+                    f"{wrappers}): apply it to that wrapper, or plan on a profile of this "
+                    f"{type(model).__name__} itself")
     compiled = _compiled_on_path(model, names)
     if compiled:
         return (f"; {compiled!r} of this model was compiled since the profile (model.{compiled} = "
