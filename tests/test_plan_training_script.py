@@ -65,7 +65,8 @@ def test_the_mode_is_checked_in_the_step_not_as_the_plan_is_applied() -> None:
     # "bf16-true") is checked there too, and the check runs once per apply.
     x = torch.randn(32, 16)
     plan = _plan_of(_net().train(), x)
-    assert plan.profiled_as == {"training": True, "dtype": "float32", "autocast": False}
+    assert plan.profiled_as == {"training": True, "dtype": "float32", "autocast": False,
+                                "batch_size": 32}
     assert not [m for m in _apply_warnings(plan, _net().eval(), lambda model: model.train()) if "mode" in m]
     found = _apply_warnings(plan, _net().train(), lambda model: model.to(torch.bfloat16))
     assert len(found) == 1 and found[0].startswith("checkpoint plan: this Sequential's parameters are bfloat16")
@@ -215,7 +216,8 @@ def test_fsdp2_mixed_precision_is_the_dtype_of_the_step_on_both_sides(tmp_path: 
     # parameters were bfloat16 where the profiled model's were float32. Both now read the dtype the step ran in.
     result = run_ranks(_mixed_precision_worker, tmp_path, world_size=1)[0]
     assert result["modules"]
-    assert result["profiled_as"] == {"training": True, "dtype": "bfloat16", "autocast": False}
+    assert result["profiled_as"] == {"training": True, "dtype": "bfloat16", "autocast": False,
+                                     "batch_size": 32}
     assert result["warnings"] == []
 
 

@@ -28,20 +28,24 @@ __all__ = ["profiled_as", "differences", "FirstCall"]
 
 
 def profiled_as(meta: Any) -> dict[str, Any]:
-    """``{"training": bool, "dtype": str, "autocast": str | False}`` of a profile's ``meta``: the model's mode, its
-    first parameter's dtype (``"float32"``) and the dtype ``torch.autocast`` computed in (False: off) as the memory
-    meter's step first saved for backward, read in the forward as ``differences`` reads them (FSDP2's mixed
-    precision has bfloat16 parameters there, float32 shards at rest; the environment's dtype, read at rest, from an
-    older file); None for any that the profile does not hold (one saved by an older layerprof, or written by
-    hand)."""
+    """``{"training": bool, "dtype": str, "autocast": str | False, "batch_size": int}`` of a profile's ``meta``:
+    the model's mode, its first parameter's dtype (``"float32"``) and the dtype ``torch.autocast`` computed in
+    (False: off) as the memory meter's step first saved for backward, read in the forward as ``differences`` reads
+    them (FSDP2's mixed precision has bfloat16 parameters there, float32 shards at rest; the environment's dtype,
+    read at rest, from an older file); None for any that the profile does not hold (one saved by an older
+    layerprof, or written by hand). ``"batch_size"`` too: the first dimension of the first tensor the model was
+    called with, which the model cannot be checked against (``verify_plan`` compares it with its step's), None
+    where unknown."""
     memory = (meta.get("memory") or meta.get("live_memory")) if isinstance(meta, dict) else None
     memory = memory if isinstance(memory, dict) else {}
     training = memory.get("training")
     dtype = memory.get("dtype") or environment_in(meta).get("dtype")
     autocast = memory.get("autocast")
+    batch = environment_in(meta).get("batch_size")
     return {"training": training if isinstance(training, bool) else None,
             "dtype": dtype if isinstance(dtype, str) else None,
-            "autocast": autocast if isinstance(autocast, (str, bool)) and autocast is not True else None}
+            "autocast": autocast if isinstance(autocast, (str, bool)) and autocast is not True else None,
+            "batch_size": batch if isinstance(batch, int) and not isinstance(batch, bool) else None}
 
 
 def _mode(training: bool) -> str:

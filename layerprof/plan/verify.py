@@ -33,6 +33,7 @@ from ..render.checkpoint import verification_text
 from .apply import RecomputeTimer
 from .fault_cost import page_fault_us
 from .plan import VERIFIER, CheckpointPlan, outermost_recomputed, saved_today
+from .profiled_as import profiled_as
 from .runs import parse_run
 
 try:
@@ -66,7 +67,10 @@ class Verification:
     None): ``meets_budget`` holds the measured saved bytes, or the measured peak with the plan, against it.
     ``recomputed_since``: the outermost modules the model recomputed itself in the verified step and not in the
     profiled one, outside the plan's (its own checkpointing turned on since the profile: the plan was made for
-    another model, and its figures do not hold)."""
+    another model, and its figures do not hold). ``batch_sizes``: (profiled, verified) the batch size of the first
+    tensor the model was called with in the plan's profile and in the verified step, where both are known: a plan's
+    bytes and budget are of the profiled batch, and a step of another batch saves about that many times more or
+    less."""
 
     predicted_saved_bytes: int
     measured_saved_bytes: int
@@ -84,6 +88,7 @@ class Verification:
     profiled_peak_bytes: int | None = None
     peak_budget_bytes: int | None = None
     recomputed_since: tuple[str, ...] = ()
+    batch_sizes: tuple[int, int] | None = None
 
     @property
     def meets_budget(self) -> bool:
@@ -153,6 +158,7 @@ def verify_plan(plan: CheckpointPlan, model: nn.Module, step: Callable[[], Any],
             _require_backward(prof.profile.tree)
             measured = _saved_at_once(prof.profile)  # (a step it cannot measure is refused before any timing)
             since = _recomputed_since(plan, prof.profile)
+            batches = _batch_sizes(plan, prof.profile)
         after_peak = step_peak(step) if step_peak is not None else None
     before: list[tuple[float, int]] = []
     after: list[tuple[float, int]] = []
@@ -176,7 +182,7 @@ def verify_plan(plan: CheckpointPlan, model: nn.Module, step: Callable[[], Any],
         predicted_peak_bytes=plan.predicted_peak_bytes, profiled_peak_bytes=plan.profiled_peak_bytes,
         peak_budget_bytes=plan.peak_budget_bytes,
         page_faults=faults, fault_us=None if resource is None else page_fault_us(),  # type: ignore[arg-type]
-        recomputed_since=since,
+        recomputed_since=since, batch_sizes=batches,
     )
 
 
@@ -198,6 +204,14 @@ def _recomputed_since(plan: CheckpointPlan, profile: Any) -> tuple[str, ...]:
         return any(not mine or name == mine or name.startswith(mine + ".") for mine in ours)
 
     return tuple(name for name in outermost_recomputed(profile.tree) if name not in before and not inside(name))
+
+
+def _batch_sizes(plan: CheckpointPlan, profile: Any) -> tuple[int, int] | None:
+    """(profiled, verified): the batch size of the plan's profile and of the verified step (``profile``), where both
+    are known."""
+    profiled = (plan.__dict__.get("profiled_as") or {}).get("batch_size")
+    verified = profiled_as(profile.meta).get("batch_size")
+    return None if profiled is None or verified is None else (profiled, verified)
 
 
 def _saved_at_once(profile: Any) -> int:

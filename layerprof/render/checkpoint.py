@@ -149,6 +149,14 @@ def verification_text(result: Any) -> str:
         lines.append("  recomputed per step, measured against predicted:")
         lines += [f"    {name or '<model>':<{width}}  {format_ms(measured):>9} against {format_ms(predicted):>9}"
                   for name, (predicted, measured) in result.recompute_ms.items()]
+    batches = getattr(result, "batch_sizes", None)
+    if batches is not None and batches[0] != batches[1]:
+        profiled, verified = batches
+        lines.append(f"  note: the verified step's batch is {verified}, the profiled step's {profiled}: the plan's "
+                     f"predicted bytes, time and budget are those of a batch of {profiled} (what a step saves grows "
+                     f"with its batch: {result.measured_saved_bytes / max(1, result.predicted_saved_bytes):.2f} "
+                     "times the predicted bytes here). Profile a step of the batch you train with and plan on that "
+                     "profile (a budget such as '50%' is then of its saved bytes)")
     since = getattr(result, "recomputed_since", ())
     if since:
         lines.append(f"  note: the model recomputes {format_counted(len(since), 'module')} of its own in backward "
