@@ -36,7 +36,8 @@ import torch
 
 from .._torch import has_decomposition
 
-__all__ = ["FLOP_FORMULAS", "register_flop_formula", "flop_formula", "is_free", "FlopFormula"]
+__all__ = ["FLOP_FORMULAS", "NAMED_FLOP_FORMULAS", "register_flop_formula", "register_named_flop_formula",
+           "flop_formula", "is_free", "FlopFormula"]
 
 aten = torch.ops.aten
 
@@ -65,6 +66,18 @@ def register_flop_formula(*ops: Any) -> Callable[[FlopFormula], FlopFormula]:
     return register
 
 
+# Formulas of ops of another library, keyed by qualified name (``"torchvision::roi_align"``): such an op exists only
+# once its library is imported, which may be after layerprof is; ``flop_formula`` finds it by name then.
+NAMED_FLOP_FORMULAS: dict[str, FlopFormula] = {}
+
+
+def register_named_flop_formula(formula: FlopFormula, names: Sequence[str]) -> None:
+    """Count the ops of ``names`` (``"namespace::name"``) with ``formula``, whether or not their library is loaded
+    yet; an op registered with ``register_flop_formula`` keeps its own formula."""
+    for name in names:
+        NAMED_FLOP_FORMULAS[name] = formula
+
+
 def _register_where_present(formula: FlopFormula, names: Sequence[str]) -> None:
     """Count the aten ops of ``names`` that this torch has with ``formula``: pyproject allows torch>=2.1, and many
     kernels came later (an absent one cannot be named, and then needs no formula)."""
@@ -86,10 +99,13 @@ def _out_of_place(op: Any) -> Any:
 def flop_formula(op: Any) -> FlopFormula | None:
     """The registered formula of an op (an OpOverload or packet), or None if it has none. An in-place op with
     none of its own has its out-of-place op's: ``addmm_`` computes what ``addmm`` does."""
-    formula = FLOP_FORMULAS.get(_packet(op))
+    packet = _packet(op)
+    formula = FLOP_FORMULAS.get(packet)
     if formula is None:
         functional = _out_of_place(op)
         formula = None if functional is None else FLOP_FORMULAS.get(functional)
+    if formula is None:
+        formula = NAMED_FLOP_FORMULAS.get(getattr(packet, "_qualified_op_name", ""))
     return formula
 
 

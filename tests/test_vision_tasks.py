@@ -1,0 +1,88 @@
+"""torchvision's task models beyond classification: detection (a list of images and of target dicts in, a loss
+dict out in training, a list of dicts in eval), segmentation, video, optical flow; and torchvision's own ops."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from layerprof import LayerProf
+
+torchvision = pytest.importorskip("torchvision")
+from torchvision.models import detection  # noqa: E402
+from torchvision.ops import DeformConv2d  # noqa: E402
+
+
+def _images() -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return [torch.rand(3, 96, 128, generator=generator), torch.rand(3, 112, 96, generator=generator)]
+
+
+def _targets() -> list[dict[str, torch.Tensor]]:
+    boxes = torch.tensor([[10.0, 12.0, 60.0, 70.0], [30.0, 20.0, 80.0, 90.0]])
+    return [{"boxes": boxes.clone(), "labels": torch.tensor([1, 2])} for _ in range(2)]
+
+
+def _faster_rcnn() -> nn.Module:
+    """A Faster R-CNN small enough for a test: 96-128 pixel images, few proposals, a narrow box head."""
+    torch.manual_seed(0)
+    return detection.fasterrcnn_mobilenet_v3_large_320_fpn(
+        weights=None, weights_backbone=None, num_classes=3, min_size=96, max_size=128, box_batch_size_per_image=32,
+        rpn_batch_size_per_image=32, rpn_pre_nms_top_n_train=200, rpn_post_nms_top_n_train=100,
+        rpn_pre_nms_top_n_test=100, rpn_post_nms_top_n_test=50)
+
+
+class _Deformable(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.offset = nn.Conv2d(4, 2 * 3 * 3, 3, padding=1)
+        self.mask = nn.Conv2d(4, 3 * 3, 3, padding=1)
+        self.deform = DeformConv2d(4, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.deform(x, self.offset(x), torch.sigmoid(self.mask(x)))
+
+
+def test_a_deformable_convolution_counts_as_the_convolution_of_its_shapes() -> None:
+    model, x = _Deformable(), torch.randn(2, 4, 8, 8, requires_grad=True)
+    with LayerProf(model, metrics=("flops",)) as prof:
+        model(x).sum().backward()
+    record = prof.records["deform"]
+    # out [2, 8, 8, 8], each element 4 input channels x 3x3 taps: 2 * (2*8*8*8) * (4*3*3) = 73,728; the bilinear
+    # sampling and the mask are elementwise (0). Backward: the columns' and the weight's gradients, 2 x 73,728.
+    assert record.flops_forward == 2 * (2 * 8 * 8 * 8) * (4 * 3 * 3) == 73_728
+    assert record.flops_backward == 2 * 73_728
+    assert not record.unknown_ops and prof.unknown_ops() == {}
+    # the offset conv: 2 * (2*18*8*8) * (4*9) = 165,888; the mask conv 2 * (2*9*8*8) * 36 = 82,944
+    assert prof.tree.flops_forward == 73_728 + 165_888 + 82_944
+
+
+def test_roi_align_and_nms_are_known_and_free_in_a_detection_step() -> None:
+    model = _faster_rcnn().train()
+    with LayerProf(model, metrics=("flops",)) as prof:
+        sum(model(_images(), _targets()).values()).backward()
+    assert prof.unknown_ops() == {}  # was {'torchvision.nms': 2, 'torchvision.roi_align': 2, '..._backward': 2}
+    pool = prof.records["roi_heads.box_roi_pool"]
+    assert (pool.flops_forward, pool.flops_backward, pool.unknown_ops) == (0, 0, {})
+    # the box head's fc6 is the step's biggest product: 2 images x 32 sampled RoIs, 256*7*7 -> 1024
+    assert prof.records["roi_heads.box_head.fc6"].flops_forward == 2 * 64 * 256 * 7 * 7 * 1024
+    assert "FLOPs leave out" not in prof.layerwise_summary(columns=("flops",), depth=1)
+    model.eval()
+    with torch.no_grad(), LayerProf(model, metrics=("flops",)) as prof:
+        model(_images())
+    assert prof.unknown_ops() == {}
+
+
+def test_a_formula_of_the_users_for_a_torchvision_op_wins() -> None:
+    from layerprof import register_flop_formula
+    from layerprof.metrics.formulas import FLOP_FORMULAS
+
+    op = torch.ops.torchvision.deform_conv2d
+    register_flop_formula(op)(lambda *args, **kwargs: 7)
+    try:
+        model, x = _Deformable(), torch.randn(1, 4, 8, 8)
+        with LayerProf(model, metrics=("flops",)) as prof:
+            model(x)
+        assert prof.records["deform"].flops_forward == 7
+    finally:
+        del FLOP_FORMULAS[op]
