@@ -46,14 +46,28 @@ def _values(obj: Any) -> Iterable[Any] | None:
     return None if items is None else [value for _, value in items]
 
 
+def _tensor_attributes(obj: Any) -> Iterable[tuple[str, Any]] | None:
+    """The attributes of a plain object that holds a tensor in one (torchvision's ``ImageList``: ``tensors``, the
+    padded batch, and ``image_sizes``), None for anything else; a module's (its parameters) are not read."""
+    if isinstance(obj, (torch.nn.Module, type)):
+        return None
+    attributes = getattr(obj, "__dict__", None)
+    if not isinstance(attributes, dict) or not any(isinstance(value, torch.Tensor) for value in attributes.values()):
+        return None
+    return list(attributes.items())
+
+
 def iter_tensor_paths(obj: Any, _path: tuple[Any, ...] = (), _depth: int = 0) -> Iterator[tuple[tuple[Any, ...], torch.Tensor]]:
-    """Like ``iter_tensors``, with each tensor's path of keys: ``((0,), t)``, ``(("mask", 0), m)``."""
+    """Like ``iter_tensors``, with each tensor's path of keys: ``((0,), t)``, ``(("mask", 0), m)``; it also reads
+    a plain object's attributes where one of them is a tensor (``((0, "tensors"), batch)`` of an ``ImageList``)."""
     if isinstance(obj, torch.Tensor):
         yield _path, obj
         return
     if _depth >= _MAX_DEPTH or isinstance(obj, _LEAVES):
         return
     items = children(obj)
+    if items is None:
+        items = _tensor_attributes(obj)
     if items is not None:
         for key, item in items:
             yield from iter_tensor_paths(item, (*_path, key), _depth + 1)

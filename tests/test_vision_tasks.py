@@ -86,3 +86,35 @@ def test_a_formula_of_the_users_for_a_torchvision_op_wins() -> None:
         assert prof.records["deform"].flops_forward == 7
     finally:
         del FLOP_FORMULAS[op]
+
+
+def test_the_shapes_meter_reads_the_image_batch_of_an_image_list() -> None:
+    model = _faster_rcnn().eval()
+    with torch.no_grad(), LayerProf(model, metrics=("shapes",)) as prof:
+        model(_images())
+    transform, rpn = prof.records["transform"], prof.records["rpn"]
+    # the transform pads 96x128 and 112x96 to one batch of 128x128 (multiples of 32) and returns (ImageList, None):
+    # was output_shapes == [] ("Out: ()" in the summary)
+    assert transform.output_paths == ["0.tensors"] and transform.output_shapes == [[2, 3, 128, 128]]
+    assert transform.input_shapes == [[3, 96, 128], [3, 112, 96]]
+    # the RPN takes the ImageList first, then the FPN's features (stride 32 and 64 here: 4x4, 4x4, and 2x2 "pool")
+    assert rpn.input_paths == ["0.tensors", "1.0", "1.1", "1.pool"]
+    assert rpn.input_shapes == [[2, 3, 128, 128], [2, 256, 4, 4], [2, 256, 4, 4], [2, 256, 2, 2]]
+    assert "Out: [2, 3, 128, 128]" in prof.layerwise_summary(columns=("output_shapes",), depth=1)
+    # the detections: 50 proposals at most per image after the RPN, a list of dicts of boxes, labels and scores
+    assert prof.tree.output_paths[:3] == ["0.boxes", "0.labels", "0.scores"]
+
+
+def test_the_shapes_meter_leaves_a_module_argument_alone() -> None:
+    class Holder:
+        def __init__(self) -> None:
+            self.net, self.scale = nn.Linear(2, 2), 3
+
+    class Takes(nn.Module):
+        def forward(self, x: torch.Tensor, holder: Holder, layer: nn.Module) -> torch.Tensor:
+            return layer(x) * holder.scale
+
+    model = Takes()
+    with LayerProf(model, metrics=("shapes",)) as prof:
+        model(torch.ones(1, 2), Holder(), nn.Linear(2, 2))
+    assert prof.tree.input_shapes == [[1, 2]]  # neither a module's parameters nor an object without tensors
