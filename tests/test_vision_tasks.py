@@ -8,6 +8,9 @@ from torch import nn
 
 from layerprof import LayerProf
 
+from .conftest import hook_state
+from .invariants import check_profile, parameter_modules_have_backward
+
 torchvision = pytest.importorskip("torchvision")
 from torchvision.models import detection  # noqa: E402
 from torchvision.ops import DeformConv2d  # noqa: E402
@@ -118,3 +121,33 @@ def test_the_shapes_meter_leaves_a_module_argument_alone() -> None:
     with LayerProf(model, metrics=("shapes",)) as prof:
         model(torch.ones(1, 2), Holder(), nn.Linear(2, 2))
     assert prof.tree.input_shapes == [[1, 2]]  # neither a module's parameters nor an object without tensors
+
+
+def test_a_detection_training_step_is_bitwise_unchanged_and_fully_timed() -> None:
+    model = _faster_rcnn().train()
+    state = {name: value.clone() for name, value in model.state_dict().items()}
+
+    def step() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        model.load_state_dict(state)  # BatchNorm's running statistics move each step
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(7)  # the RPN and the RoI heads sample proposals at random
+        losses = model(_images(), _targets())
+        sum(losses.values()).backward()
+        return losses, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    before = hook_state(model)
+    plain_losses, plain_grads = step()
+    with LayerProf(model, metrics=("flops", "shapes", "memory")) as prof:
+        losses, grads = step()
+    assert hook_state(model) == before
+    assert list(losses) == ["loss_classifier", "loss_box_reg", "loss_objectness", "loss_rpn_box_reg"]
+    assert all(torch.equal(losses[key], plain_losses[key]) for key in losses)
+    assert grads.keys() == plain_grads.keys() and all(torch.equal(grads[k], plain_grads[k]) for k in grads)
+    check_profile(prof, model)
+    parameter_modules_have_backward(prof, model)
+    assert prof.tree.output_paths == list(losses) and prof.tree.output_shapes == [[], [], [], []]
+    # matmul-like work is convolutions and Linears, all trained: backward = 2 x forward, less the input gradient of
+    # the first conv (the images need none): 3 -> 16 channels, 3x3, stride 2 on 128x128: 2 * (2*16*64*64) * 27
+    first = prof.records["backbone.body.0.0"]
+    assert first.flops_forward == 2 * (2 * 16 * 64 * 64) * 27 == first.flops_backward == 7_077_888
+    assert prof.tree.flops_backward == 2 * prof.tree.flops_forward - 7_077_888
