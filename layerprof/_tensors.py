@@ -46,20 +46,35 @@ def _values(obj: Any) -> Iterable[Any] | None:
     return None if items is None else [value for _, value in items]
 
 
-def _tensor_attributes(obj: Any) -> Iterable[tuple[str, Any]] | None:
-    """The attributes of a plain object that holds a tensor in one (torchvision's ``ImageList``: ``tensors``, the
-    padded batch, and ``image_sizes``), None for anything else; a module's (its parameters) are not read."""
+def _is_key_value_cache(obj: Any) -> bool:
+    """Whether ``obj`` is a Hugging Face key/value cache or one of its layers (``DynamicCache``,
+    ``EncoderDecoderCache``, ``DynamicLayer``): plain objects, not containers, that hold the cached tensors in
+    their attributes, some levels down. Told by name, so that nothing imports transformers."""
+    kind = type(obj)
+    return kind.__module__.startswith("transformers.") and any(
+        base.__name__ in ("Cache", "CacheLayerMixin") for base in kind.__mro__)
+
+
+def _attributes(obj: Any) -> Iterable[tuple[str, Any]] | None:
+    """The public attributes, in the order they were set, of a plain object that holds tensors in them: one that
+    holds a tensor in an attribute (torchvision's ``ImageList``: ``tensors``, the padded batch, and
+    ``image_sizes``) or a key/value cache (``layers.0.keys``, ``self_attention_cache...``); None for anything else.
+    A module's (its parameters) are not read."""
     if isinstance(obj, (torch.nn.Module, type)):
         return None
     attributes = getattr(obj, "__dict__", None)
-    if not isinstance(attributes, dict) or not any(isinstance(value, torch.Tensor) for value in attributes.values()):
+    if not isinstance(attributes, dict):
         return None
-    return list(attributes.items())
+    if not (_is_key_value_cache(obj) or any(isinstance(value, torch.Tensor) for value in attributes.values())):
+        return None
+    return [(key, value) for key, value in attributes.items() if not key.startswith("_")]
 
 
 def iter_tensor_paths(obj: Any, _path: tuple[Any, ...] = (), _depth: int = 0) -> Iterator[tuple[tuple[Any, ...], torch.Tensor]]:
     """Like ``iter_tensors``, with each tensor's path of keys: ``((0,), t)``, ``(("mask", 0), m)``; it also reads
-    a plain object's attributes where one of them is a tensor (``((0, "tensors"), batch)`` of an ``ImageList``)."""
+    the public attributes of a plain object that holds tensors in them (``((0, "tensors"), batch)`` of an
+    ``ImageList``, ``("cache", "layers", 0, "keys")`` of a Hugging Face key/value cache), which ``iter_tensors``
+    leaves alone."""
     if isinstance(obj, torch.Tensor):
         yield _path, obj
         return
@@ -67,7 +82,7 @@ def iter_tensor_paths(obj: Any, _path: tuple[Any, ...] = (), _depth: int = 0) ->
         return
     items = children(obj)
     if items is None:
-        items = _tensor_attributes(obj)
+        items = _attributes(obj)
     if items is not None:
         for key, item in items:
             yield from iter_tensor_paths(item, (*_path, key), _depth + 1)

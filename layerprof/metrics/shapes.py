@@ -5,14 +5,16 @@ What a record holds (numbers and strings only; no tensor is kept, only ``torch.S
 - ``input_shapes``: the shapes of the tensors of the module's first call, flattened depth first: positional
   arguments, then keyword arguments in the order given; inside them list/tuple items in order, dict (and Hugging
   Face ``ModelOutput``) values in insertion order, dataclass and named tuple fields in declaration order (a named
-  tuple's paths name its fields: ``"0.data"`` for a ``PackedSequence`` argument). Non-tensor values are
-  skipped. ``Linear`` on a ``[4, 10]`` input: ``[[4, 10]]``; on a nested tensor of a ``[3, 4]`` and a ``[2, 4]``,
-  ``[[2, None, 4]]`` (None for a ragged dimension; the summary shows ``?``).
+  tuple's paths name its fields: ``"0.data"`` for a ``PackedSequence`` argument), a Hugging Face key/value cache's
+  tensors by its attributes (``"cache.layers.0.keys"``, read when the call starts and when it ends, so
+  a growing cache shows both lengths). Non-tensor values are skipped. ``Linear`` on a ``[4, 10]`` input:
+  ``[[4, 10]]``; on a nested tensor of a ``[3, 4]`` and a ``[2, 4]``, ``[[2, None, 4]]`` (None for a ragged
+  dimension; the summary shows ``?``).
 - ``input_dtypes``: the dtype of each of those tensors, e.g. ``["float32"]``.
 - ``input_paths``: where each tensor sat, as keys joined by dots: ``"0"`` is the first positional argument,
   ``"attention_mask"`` a keyword argument, ``"1.hidden.0"`` item 0 of field ``hidden`` of the second argument.
 - ``output_shapes``, ``output_dtypes``, ``output_paths``: the same for the return value; a bare tensor output has
-  the path ``""``, a ``ModelOutput`` its field names (``"logits"``, ``"past_key_values.0.0"``).
+  the path ``""``, a ``ModelOutput`` its field names (``"logits"``, ``"cache.layers.0.keys"``).
 - ``shape_variants``: how many distinct (inputs, outputs) signatures the module's calls had; 1 when every call
   looked like the first (a loop, a shared block), more when shapes changed (e.g. a growing KV cache). Counting
   stops at ``MAX_VARIANTS``.
