@@ -92,3 +92,39 @@ def test_beam_search_shows_the_encoder_decoder_cache_in_the_shapes() -> None:
     assert cross.input_paths == ["0", "key_value_states", *caches[:2]]
     assert cross.input_shapes == [[6, 1, 32], [6, 8, 32], [6, 2, 1, 16], [6, 2, 1, 16]]
     assert cross.shape_variants == 4
+
+
+def test_an_encoder_that_ran_only_in_the_counted_step_is_not_called_not_run() -> None:
+    # Whisper's generate() stepped once a token (prof.step() in a logits processor): the encoder runs once, before
+    # the first token, in the step the FLOP meter counts, which the times leave out once other steps were recorded.
+    # The summary called it "not run" beside FLOPs that are 57 % of the model's.
+    model, inputs = _whisper()
+    plain = _generate(model, inputs, 3)
+
+    class EachToken(transformers.LogitsProcessor):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            prof.step()
+            return scores
+
+    with LayerProf(model, metrics=("flops",)) as prof:
+        profiled = model.generate(**inputs, max_new_tokens=4, min_new_tokens=4, do_sample=False, num_beams=3,
+                                  use_cache=True, logits_processor=transformers.LogitsProcessorList([EachToken()]))
+    assert torch.equal(plain, profiled)
+    records = prof.records
+    encoder = records["model.encoder"]
+    assert encoder.calls == 0 and encoder.forward_ms is None and records["model.decoder"].calls == 1
+    # Its FLOPs (batch 2, 16 mel bins x 16 frames, d_model 32, 8 positions after the stride-2 conv, 2 heads of 16):
+    # conv1 2*2*16*32*(16*3) = 98,304; conv2 2*2*8*32*(32*3) = 98,304; q, k, v, out 4 * 2*2*8*32*32 = 131,072;
+    # scores and weighted values 2 * 2*2*2*8*8*16 = 16,384; fc1 and fc2 2 * 2*2*8*32*64 = 131,072.
+    assert encoder.flops_forward == 98_304 + 98_304 + 131_072 + 16_384 + 131_072 == 475_136
+    lines = prof.layerwise_summary(columns=("forward", "flops")).split("\n")
+    line = next(text for text in lines if "(encoder): WhisperEncoder" in text)
+    share = 100 * 475_136 / prof.tree.flops_forward
+    note = "ran only in the counted step, which the times leave out"
+    assert round(share) == 57
+    assert line == f"    (encoder): WhisperEncoder【Forward Time: — | FLOPs: 475 kFLOPs ({share:.1f}%) | {note}】("
+    # The encoder's layers, a ModuleList it iterates, show their children's counts, not "not run".
+    layers = next(text for text in lines if "(layers): ModuleList" in text)
+    assert layers.startswith("      (layers): ModuleList【Forward Time: — | FLOPs: 279 kFLOPs (")
+    assert layers.endswith("%) | sum of its children: not called itself】(")
+    assert not any("not run" in text for text in lines)

@@ -19,7 +19,7 @@ from typing import Any
 from .fields import FIELDS, Field
 from .records import ModuleRecord, preorder
 
-__all__ = ["TreeValues", "summable", "ran"]
+__all__ = ["TreeValues", "summable", "ran", "counted_only"]
 
 _SUMMED_UNITS = ("ms", "bytes", "flops", "macs", "count")
 
@@ -36,6 +36,16 @@ def ran(record: ModuleRecord) -> bool:
     bills a trainer's step to the root it did not call)."""
     return bool(record.calls) or any(value is not None for value in (
         record.forward_ms, record.backward_ms, record.recompute_ms))
+
+
+_COUNTED = ("flops_forward", "saved_bytes", "activation_bytes", "shape_variants")
+
+
+def counted_only(record: ModuleRecord) -> bool:
+    """Whether a module with no timed call ran in the step the counting meters measured (FLOPs, memory, shapes),
+    which the times leave out where other steps were recorded: generate()'s encoder call, in a profile stepped
+    once a token. Its counts hold; it ran."""
+    return not ran(record) and any(getattr(record, name, None) is not None for name in _COUNTED)
 
 
 class _View:
@@ -71,7 +81,9 @@ class TreeValues:
         self._order = preorder(root)  # parents first; reversed, children first (no recursion: deep trees)
         self._summed: set[int] = set()
         for record in reversed(self._order):
-            if not ran(record) and any(ran(c) or id(c) in self._summed for c in record.children):
+            # (a module that ran only in the counted step is one that ran: its counts are its own)
+            if (not ran(record) and not counted_only(record)
+                    and any(ran(c) or counted_only(c) or id(c) in self._summed for c in record.children)):
                 self._summed.add(id(record))
         self._depth: dict[int, int] = {id(root): 0}
         for record in self._order[1:]:
@@ -118,7 +130,7 @@ class TreeValues:
             return dict(own or {})
         total: Counter[str] = Counter()
         for child in record.children:
-            if ran(child) or id(child) in self._summed:
+            if ran(child) or counted_only(child) or id(child) in self._summed:
                 total.update(self.counts(child, name))
         return dict(total.most_common())
 

@@ -9,17 +9,20 @@ from typing import Any, Iterable
 
 from .._check import check_int
 from ..record.records import ModuleRecord
-from ..record.summed import TreeValues, ran
+from ..record.summed import TreeValues, counted_only, ran
 from ..record.untimed import reads_time, untimed_note
 from .columns import Column, counted_columns, resolve_columns
 from .footer import summary_footer
 from .plot_metrics import how_to_record, run_lacks
 from .units import format_count, format_counted, format_ms
 
-__all__ = ["annotated_repr", "summary_header", "partial_note", "unknown_ops_note", "SUMMED_NOTE"]
+__all__ = ["annotated_repr", "summary_header", "partial_note", "unknown_ops_note", "SUMMED_NOTE",
+           "COUNTED_ONLY_NOTE"]
 
 # Marks a module never called itself (a ModuleList) that shows the totals of its children (``record/summed.py``).
 SUMMED_NOTE = "sum of its children: not called itself"
+# Marks a module that ran only in the step its FLOPs, memory and shapes were counted in (``counted_only``).
+COUNTED_ONLY_NOTE = "ran only in the counted step, which the times leave out"
 
 
 def _indent(text: str, spaces: int) -> str:
@@ -33,11 +36,13 @@ def _annotation(record: ModuleRecord, values: TreeValues, columns: list[Column])
     if not columns:  # columns=(): nn.Module.__repr__ of the records (a class's own __repr__ is not kept)
         return ""
     summed = values.summed(record)
-    if not summed and not ran(record):
+    if not summed and not ran(record) and not counted_only(record):
         return "【not run】"
     parts = [column.text(values.view(record), values.view(values.root)) for column in columns]
     if summed:
         parts.append(SUMMED_NOTE)
+    elif not ran(record):
+        parts.append(COUNTED_ONLY_NOTE)
     if record.calls not in (0, 1) and all(column.name != "calls" for column in columns):
         parts.append(f"{format_count(record.calls)} calls")
     steps, steps_run = getattr(record, "steps", 0), getattr(record, "steps_run", 0)
