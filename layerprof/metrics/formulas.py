@@ -109,14 +109,6 @@ def flop_formula(op: Any) -> FlopFormula | None:
     return formula
 
 
-# Data movement defined outside aten by modules that may load after layerprof, so named rather than registered:
-# FSDP2's copies into and out of its all-gather and reduce-scatter buffers (``torch.distributed.fsdp`` defines
-# them when imported), and the autograd wrapping of a functional collective's result (DTensor's redistribute).
-_FREE_BY_NAME = frozenset((
-    "fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "fsdp::chunk_cat", "fsdp::copy_",
-    "_c10d_functional::_wrap_tensor_autograd",
-))
-
 # A view's copy (``diagonal_copy``, ``permute_copy``: what ``torch.diag`` and functionalized views run) moves data.
 _FREE_TAGS = {torch.Tag.pointwise, torch.Tag.inplace_view, torch.Tag.view_copy}
 
@@ -129,8 +121,6 @@ def is_free(op: Any) -> bool:
     may draw for their dropout (``aten.scaled_dot_product_attention``, ``aten.lstm``, ``aten.gru``, which reach
     the counter whole under inference_mode) do real work, priced by their decomposition."""
     if getattr(op, "is_view", False):
-        return True
-    if getattr(_packet(op), "_qualified_op_name", None) in _FREE_BY_NAME:
         return True
     tags = getattr(op, "tags", ())
     if any(tag in _FREE_TAGS for tag in tags):
@@ -666,6 +656,11 @@ for _namespace, _names in _FREE_OTHER_OPS.items():
         _op = getattr(getattr(torch.ops, _namespace), _name, None)
         if _op is not None:
             register_flop_formula(_op)(free)
+# Data movement defined by modules that may load after layerprof, so named: FSDP2's copies into and out of its
+# all-gather and reduce-scatter buffers (``torch.distributed.fsdp`` defines them when imported), and the autograd
+# wrapping of a functional collective's result (DTensor's redistribute).
+register_named_flop_formula(free, ("fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "fsdp::chunk_cat",
+                                   "fsdp::copy_", "_c10d_functional::_wrap_tensor_autograd"))
 
 # torch's primitives (``prims``) that functorch's forward-mode rules run as they are (``jacfwd``, ``hessian``:
 # ``prims.add`` and ``prims.mul`` on tangents): elementwise, shapes, copies and reductions, free as their aten
