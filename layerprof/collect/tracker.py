@@ -816,7 +816,7 @@ class Tracker:
         in_flight: dict[int, tuple[int, Any]] = {}
         in_flight_lock = threading.Lock()
 
-        def hooked_call(inner: Callable[..., Any], module: nn.Module, args: Any, kwargs: Any) -> Any:
+        def hooked_call(inner: Callable[..., Any], module: nn.Module, name: str, args: Any, kwargs: Any) -> Any:
             key = id(module._forward_pre_hooks)
             with in_flight_lock:
                 calls, added = in_flight.get(key, (0, None))
@@ -824,7 +824,17 @@ class Tracker:
                     added = add_forward_hooks(module, forward_pre, forward_post, own_key)
                 in_flight[key] = (calls + 1, added)
             try:
-                return inner(module, *args, **kwargs)
+                if not (module._backward_hooks and module._is_full_backward_hook or (not name and (
+                        module._backward_hooks or module._backward_pre_hooks))):
+                    return inner(module, *args, **kwargs)
+                # Full backward hooks (or a root's pre-hooks, which no parent's backward holds): torch wraps the
+                # outputs in a node of its own after our hook ended the call.
+                state = tracker._thread()
+                mark = len(state.owners)
+                output = inner(module, *args, **kwargs)
+                if tracker.active:
+                    _own_output_hook(state, mark, name, output)
+                return output
             finally:
                 with in_flight_lock:
                     calls, added = in_flight.pop(key)
@@ -855,7 +865,7 @@ class Tracker:
                     return inner(module, *args, **kwargs)
                 if (module._forward_pre_hooks or module._forward_hooks or module._backward_hooks
                         or module._backward_pre_hooks):
-                    return hooked_call(inner, module, args, kwargs)
+                    return hooked_call(inner, module, name, args, kwargs)
                 begin(module, name, args, kwargs)
                 try:
                     output = inner(module, *args, **kwargs)
@@ -1122,6 +1132,42 @@ def _walk_nodes(call: CallTrace, todo: list[Any], state: _ThreadState, own: bool
         # finished call, with its clock (the event pool) and its step, until that thread's next walk. A forward's
         # walks leave theirs to the block's end (``end_step``), which clears the block's own thread: 76 ns a walk.
         hooker.clear()
+
+
+def _own_output_hook(state: _ThreadState, mark: int, name: str, output: Any) -> None:
+    """Hook, as the call's own, the node torch wraps the outputs of a module with full backward hooks in, made as
+    the call returns, after our hook ended it: the module's full backward hooks run there where no input needs a
+    gradient (the first layer's), and its full backward pre-hooks. Else the hooks would count in the parent's
+    backward, and a root's in no module's. (The node of a module with pre-hooks only stays its parent's code.)
+    ``mark``: the length of the thread's owners before the call; the call is the first one of that name begun
+    since, under the call open now."""
+    owners = state.owners
+    parent = state.stack[-1] if state.stack else None
+    call = next((owner for owner in owners[mark:] if owner is not None and owner.name == name
+                 and owner.parent is parent), None)
+    if call is None or call.raised or call.fwd_end is None:
+        return
+    walked = state.walked
+    hooker = state.hooker
+    used = False
+    for tensor in iter_tensors(output):
+        node = tensor.grad_fn
+        if node is None or node.name() != "BackwardHookFunctionBackward":
+            continue
+        number = _sequence_nr(node)
+        if number < call.seq_end or number in walked:
+            continue
+        walked.add(number)
+        if not used:
+            hooker.use({0: call})
+            used = True
+        hooker.register(node)
+        for successor, _ in node.next_functions:  # what the call returned that it did not make: its makers'
+            if successor is not None:
+                next_number = _sequence_nr(successor)
+                if next_number < call.seq_start and next_number not in walked:
+                    _defer(successor, next_number, state, call)
+                    used = False  # a node hooked there changed the hooker's dict
 
 
 def _hook_deferred(call: CallTrace, state: _ThreadState) -> None:
