@@ -5,7 +5,6 @@ gradients bitwise, its own hooks working, and gets every module with its times."
 from __future__ import annotations
 
 import time
-import warnings
 
 import pytest
 import torch
@@ -14,6 +13,9 @@ from torch import nn
 from layerprof import LayerProf
 
 from .conftest import hook_state
+
+# torch's note on a full backward hook of a module whose inputs need no gradient: what these tests set up.
+pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 
 # A user's hook that sleeps this long is far above a small Linear's backward, even on a loaded machine.
 SLEEP_S = 0.03
@@ -37,10 +39,8 @@ def test_a_full_backward_hook_counts_in_its_module_where_no_input_needs_a_gradie
     handle = model.get_submodule(where).register_full_backward_hook(lambda m, gi, go: time.sleep(SLEEP_S))
     handle = model.get_submodule(where).register_full_backward_hook(lambda m, gi, go: time.sleep(SLEEP_S))
     before = hook_state(model)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch's "full backward hook is firing ... since no inputs require gradients"
-        with LayerProf(model) as prof:
-            model(x).sum().backward()
+    with LayerProf(model) as prof:
+        model(x).sum().backward()
     assert hook_state(model) == before
     handle.remove()
     ancestors = [name for name in prof.records if name == "" or where.startswith(name + ".") or name == where]
@@ -61,3 +61,59 @@ def test_a_roots_full_backward_pre_hook_counts_in_the_root() -> None:
     handle.remove()
     assert prof.records[""].self_backward_ms >= SLEEP_S * 1e3
     assert all(record.backward_ms < SLEEP_S * 1e3 for name, record in prof.records.items() if name)
+
+
+@pytest.mark.parametrize("where", ["", "0"])
+def test_the_flops_of_a_full_backward_hook_count_in_its_module_as_its_time_does(where: str) -> None:
+    # Opacus computes per-sample gradients in full backward hooks; the first layer's (its input needs no gradient)
+    # runs in the node torch wraps its outputs in. Its FLOPs went to the parent's own (the root's hook's to none).
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    model.get_submodule(where).register_full_backward_hook(lambda m, gi, go: [go[0].t() @ go[0]] and None)
+    with LayerProf(model, metrics=("flops",)) as prof:
+        model(torch.randn(4, 8)).sum().backward()
+    records = prof.records
+    # The step without the hook: '0' grad of W only (x needs none) 2*4*8*16 = 1024; '2' grad of W and of its input,
+    # 2*4*16*2 = 256 each.
+    assert records["0"].flops_forward == 1024 and records["2"].flops_backward == 512
+    if where == "0":
+        # go[0] is 4x16: (16x4) @ (4x16) = 2*16*4*16 = 2048 FLOPs, '0''s own, in its backward.
+        assert records["0"].flops_backward == 1024 + 2048 and records["0"].self_flops == 1024 + 1024 + 2048
+        assert records[""].flops_backward == 1024 + 2048 + 512 and records[""].self_flops == 0
+    else:
+        # go[0] is 4x2: (2x4) @ (4x2) = 2*2*4*2 = 32 FLOPs, the root's own.
+        assert records["0"].flops_backward == 1024
+        assert records[""].flops_backward == 1024 + 512 + 32 and records[""].self_flops == 32
+
+
+def test_opacus_per_sample_gradients_of_the_first_layer_count_in_it() -> None:
+    # Opacus's GradSampleModule computes each layer's per-sample gradients in its full backward hook; the first
+    # layer's runs in the node torch wraps its outputs in (its input needs no gradient). Its time and FLOPs went to
+    # the wrapped Sequential's own, which runs no op of its own.
+    opacus = pytest.importorskip("opacus")
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    model = opacus.GradSampleModule(net)
+    x, target = torch.randn(2, 3, 6, 6), torch.tensor([0, 2])
+
+    def step() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        for p in model.parameters():
+            p.grad_sample = None
+        nn.functional.cross_entropy(model(x), target).backward()
+        return ([p.grad.clone() for p in model.parameters()], [p.grad_sample.clone() for p in model.parameters()])
+
+    plain = step()
+    before = hook_state(model)
+    with LayerProf(model, metrics=("flops",)) as prof:
+        profiled = step()
+    assert all(torch.equal(a, b) for a, b in zip(plain[0] + plain[1], profiled[0] + profiled[1]))
+    assert hook_state(model) == before  # Opacus's hooks still there, none of ours
+    conv, wrapped = prof.records["_module.0"], prof.records["_module"]
+    # The convolution's forward 2*2*4*36*27 = 15552; its weight's gradient (x needs none) the same contraction,
+    # and Opacus's per-sample gradient on top of it (an einsum of the unfolded input, 2*2*4*27*36 in Opacus 1.x).
+    assert conv.flops_forward == 15552 and conv.flops_backward > 15552
+    if opacus.__version__.startswith("1."):
+        assert conv.flops_backward == 15552 + 15552
+    assert wrapped.self_flops == 0 and prof.records[""].self_flops == 0
+    assert conv.backward_ms is not None and conv.backward_ms > 0

@@ -153,7 +153,7 @@ class CallTrace:
     __slots__ = (
         "name", "parent", "clock", "recompute", "seq_start", "seq_end", "fwd_start", "fwd_end",
         "task", "bwd_start", "bwd_end", "passes", "observed_task", "raised", "handling", "step", "deferred",
-        "elsewhere", "during",
+        "elsewhere", "during", "claimed",
     )
 
     def __init__(self, name: str, parent: CallTrace | None, clock: Clock, recompute: bool, step: _Step) -> None:
@@ -183,6 +183,9 @@ class CallTrace:
         # module: reentrant checkpointing, torchdiffeq's adjoint): the call whose node that pass was running, whose
         # backward interval holds this call's forward and the nested backward pass through its graph.
         self.during: CallTrace | None = None
+        # (``claimed``, set only where there are some: the sequence numbers of nodes made after the call's end that
+        # are its own, the node torch wraps the outputs of a module with full backward hooks in; unset, not read
+        # by the hot path.)
 
     # -- graph node hooks: a node holds the call (in its hook dict) and never the other way round --------------
     def node_started(self, grad_outputs: Any) -> None:
@@ -1150,6 +1153,7 @@ def _own_output_hook(state: _ThreadState, mark: int, name: str, output: Any) -> 
     walked = state.walked
     hooker = state.hooker
     used = False
+    claimed: list[int] = []
     for tensor in iter_tensors(output):
         node = tensor.grad_fn
         if node is None or node.name() != "BackwardHookFunctionBackward":
@@ -1158,6 +1162,7 @@ def _own_output_hook(state: _ThreadState, mark: int, name: str, output: Any) -> 
         if number < call.seq_end or number in walked:
             continue
         walked.add(number)
+        claimed.append(number)
         if not used:
             hooker.use({0: call})
             used = True
@@ -1168,6 +1173,8 @@ def _own_output_hook(state: _ThreadState, mark: int, name: str, output: Any) -> 
                 if next_number < call.seq_start and next_number not in walked:
                     _defer(successor, next_number, state, call)
                     used = False  # a node hooked there changed the hooker's dict
+    if claimed:  # for the meters, which find a backward op's call by the ranges (the FLOPs of the hooks)
+        call.claimed = claimed
 
 
 def _hook_deferred(call: CallTrace, state: _ThreadState) -> None:

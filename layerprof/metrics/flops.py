@@ -426,8 +426,13 @@ class FlopMeter(Meter):
         for calls in _own_thread_first(self._calls):
             index = bisect_right(calls, sequence_nr, key=lambda call: call.seq_start) - 1
             call = calls[index] if index >= 0 else None
-            # The last call started at or before the node is the innermost container or one of its descendants.
+            # The last call started at or before the node is the innermost container or one of its descendants,
+            # or a descendant of the call that claimed a node made after its end (the node torch wraps a module's
+            # outputs in, where its full backward hooks run: ``tracker._own_output_hook``).
             while call is not None and not call.seq_start <= sequence_nr < call.seq_end:
+                claimed = getattr(call, "claimed", None)
+                if claimed is not None and sequence_nr in claimed:
+                    return call
                 call = call.parent
             if call is not None:
                 return call
