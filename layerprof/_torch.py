@@ -36,6 +36,7 @@ __all__ = [
     "fsdp1_wrapper", "dtensor_local_share",
     "with_forward_pre_hooks", "NodeHooker", "cuda_raw_stream", "cuda_event_record",
     "dict_version", "eager_forwards", "sparse_parts", "inner_tensors", "faked", "fake_mode",
+    "subclass_functions_off",
 ]
 
 # The sequence number the next autograd node created on this thread will get: a module call owns the nodes
@@ -45,6 +46,9 @@ next_sequence_nr: Callable[[], int] = torch._C._autograd._get_sequence_nr
 graph_task_id: Callable[[], int] = torch._C._current_graph_task_id
 # The autograd node executing on this thread, None outside backward.
 current_autograd_node: Callable[[], Any] = torch._C._current_autograd_node
+# A context in which no tensor subclass's ``__torch_function__`` runs: for reading a parameter's attributes while
+# per-sample gradients put a subclass in its place that refuses them (Expanded Weights refuse every function).
+subclass_functions_off: Callable[[], Any] = torch._C.DisableTorchFunctionSubclass
 
 
 class NodeHooker:

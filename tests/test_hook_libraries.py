@@ -15,7 +15,9 @@ from layerprof import LayerProf
 from .conftest import hook_state
 
 # torch's note on a full backward hook of a module whose inputs need no gradient: what these tests set up.
-pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+# And one step profiled under a meter, which slows it: these tests read FLOPs and bytes, and time sleeps.
+pytestmark = [pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
+              pytest.mark.filterwarnings("ignore:only one step was profiled")]
 
 # A user's hook that sleeps this long is far above a small Linear's backward, even on a loaded machine.
 SLEEP_S = 0.03
@@ -117,3 +119,34 @@ def test_opacus_per_sample_gradients_of_the_first_layer_count_in_it() -> None:
         assert conv.flops_backward == 15552 + 15552
     assert wrapped.self_flops == 0 and prof.records[""].self_flops == 0
     assert conv.backward_ms is not None and conv.backward_ms > 0
+
+
+@pytest.mark.parametrize("metrics", [("memory",), ("live_memory",), ("flops", "memory", "shapes")])
+def test_per_sample_gradients_with_expanded_weights_run_under_the_memory_meters(metrics: tuple[str, ...]) -> None:
+    # torch's call_for_per_sample_grads (Opacus's grad_sample_mode="ew") puts an ExpandedWeight in place of each
+    # parameter for the forward, which raises on any attribute read. The memory meter read the first parameter's
+    # dtype at the first saved tensor: the user's forward raised "Expanded Weights encountered but cannot handle
+    # function __get__".
+    from torch.nn.utils._per_sample_grad import call_for_per_sample_grads
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    x = torch.randn(4, 8)
+
+    def step() -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        for p in model.parameters():
+            p.grad_sample = None
+        call_for_per_sample_grads(model)(x).sum().backward()
+        return [p.grad_sample.clone() for p in model.parameters()]
+
+    plain = step()
+    before = hook_state(model)
+    with LayerProf(model, metrics=metrics) as prof:
+        profiled = step()
+    assert all(torch.equal(a, b) for a, b in zip(plain, profiled))
+    assert hook_state(model) == before
+    assert all(record.calls == 1 and record.backward_ms is not None for record in prof.records.values())
+    # ReLU saves its output for backward: 4 x 16 float32 = 256 bytes. (Expanded Weights keep a Linear's input on
+    # their Function's ctx, out of sight of saved-tensor hooks: not counted.)
+    assert prof.records["1"].saved_bytes == 256 and prof.records[""].saved_bytes == 256

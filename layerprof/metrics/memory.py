@@ -49,7 +49,8 @@ from torch.utils.checkpoint import CheckpointError
 
 from .._tensors import is_lazy, iter_tensors
 from .._warn import warn_user
-from .._torch import StorageWeakRef, inner_tensors, outer_saved_tensors_hooks, storage_key, tensor_version
+from .._torch import StorageWeakRef, inner_tensors, outer_saved_tensors_hooks, storage_key, subclass_functions_off
+from .._torch import tensor_version
 from ..record.adoption import adopters
 from ..record.fields import Field, declare
 from ..record.records import ModuleRecord
@@ -251,9 +252,14 @@ _UNREAD = object()
 
 
 def parameters_dtype(model: nn.Module) -> str | None:
-    """The dtype of ``model``'s first parameter (``"float32"``), None where it has none or it is on meta."""
+    """The dtype of ``model``'s first parameter (``"float32"``), None where it has none or it is on meta. Read past
+    a tensor subclass's functions: inside ``call_for_per_sample_grads`` (Opacus's Expanded Weights) the parameter
+    is an ``ExpandedWeight``, which raises on any attribute read."""
     parameter = next(model.parameters(), None)
-    return None if parameter is None or parameter.is_meta else str(parameter.dtype).replace("torch.", "")
+    if parameter is None:
+        return None
+    with subclass_functions_off():
+        return None if parameter.is_meta else str(parameter.dtype).replace("torch.", "")
 
 
 def autocast_of(model: nn.Module) -> str | bool | None:
