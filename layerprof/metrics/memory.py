@@ -251,24 +251,30 @@ def _with_lazy(modules: Iterable[nn.Module]) -> list[nn.Module]:
 _UNREAD = object()
 
 
-def parameters_dtype(model: nn.Module) -> str | None:
-    """The dtype of ``model``'s first parameter (``"float32"``), None where it has none or it is on meta. Read past
-    a tensor subclass's functions: inside ``call_for_per_sample_grads`` (Opacus's Expanded Weights) the parameter
-    is an ``ExpandedWeight``, which raises on any attribute read."""
+def _first_parameter(model: nn.Module) -> tuple[bool, str, str] | None:
+    """Whether ``model``'s first parameter is on meta, its dtype (``"float32"``) and its device type (``"cpu"``);
+    None where it has none. Read past a tensor subclass's functions: inside ``call_for_per_sample_grads`` (Opacus's
+    Expanded Weights) the parameter is an ``ExpandedWeight``, which raises on any attribute read."""
     parameter = next(model.parameters(), None)
     if parameter is None:
         return None
     with subclass_functions_off():
-        return None if parameter.is_meta else str(parameter.dtype).replace("torch.", "")
+        return parameter.is_meta, str(parameter.dtype).replace("torch.", ""), parameter.device.type
+
+
+def parameters_dtype(model: nn.Module) -> str | None:
+    """The dtype of ``model``'s first parameter (``"float32"``), None where it has none or it is on meta."""
+    first = _first_parameter(model)
+    return None if first is None or first[0] else first[1]
 
 
 def autocast_of(model: nn.Module) -> str | bool | None:
     """The dtype ``torch.autocast`` computes in (``"bfloat16"``) where it is on, now, for the device of ``model``'s
     first parameter (the CPU for a model without any), else False; None on meta or another device."""
-    parameter = next(model.parameters(), None)
-    if parameter is not None and parameter.is_meta:
+    first = _first_parameter(model)
+    if first is not None and first[0]:
         return None
-    device = parameter.device.type if parameter is not None else "cpu"
+    device = first[2] if first is not None else "cpu"
     if device not in ("cpu", "cuda"):
         return None
     if not torch.is_autocast_enabled(device):
