@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import sys
 import threading
-import warnings
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Mapping, Sequence
 
@@ -21,6 +20,7 @@ from ._check import check_bool, check_path, check_text
 from ._gc import gc_paused
 from .distributed.gather import GatheredProfile, gather_failure, gather_profile, gathered_from_saved
 from ._machine import environment_in, other_machine
+from ._warn import warn_user
 from .metrics.memory import hidden_shown
 from .metrics.peaks import check_peaks
 from .metrics.peaks import peaks as measure_peaks
@@ -401,11 +401,11 @@ class Profile:
                 self.peaks()
             except (RuntimeError, ValueError, TypeError) as error:  # (torch's OutOfMemoryError is a RuntimeError)
                 why = (str(error).strip().splitlines() or [""])[0]
-                warnings.warn(
+                warn_user(
                     f"to_json: this machine's roofs could not be measured for the file ({type(error).__name__}: "
                     f"{why}), so it holds none and its roofline needs them given where it is read: "
                     "layerprof.load(path, peaks={'flops': FLOP/s, 'bandwidth': bytes/s}). To save them, profile "
-                    "with LayerProf(model, peaks=...)", RuntimeWarning, stacklevel=2)
+                    "with LayerProf(model, peaks=...)", RuntimeWarning)
         return export.write_text(io.dumps(self.tree, self.meta, indent=indent) + "\n", path)
 
     def to_trace(self, path: str | Path | None = None) -> str:
@@ -543,19 +543,19 @@ class Profile:
                     "with checkpoint_plan(peak=...)")
         other_shapes = (self.meta.get("shapes") or {}).get("steps_with_other_shapes")
         if other_shapes:
-            warnings.warn(
+            warn_user(
                 f"checkpoint_plan: the profiled steps' inputs changed shape ({other_shapes} step(s) other than the "
                 "first's): the plan's bytes are of the step the memory meter counted, its times over every timed "
                 "step. Plan on a profile of steps of one shape (the largest you train on) for a plan that fits it",
-                RuntimeWarning, stacklevel=2)
+                RuntimeWarning)
         if isinstance(wrap_cost, str) and wrap_cost == "measured":
             other = other_machine(environment_in(self.meta))
             if other is not None:
-                warnings.warn(
+                warn_user(
                     f"{OTHER_MACHINE_WARNING}{other}), and the checkpoint "
                     "wrapper's cost (host-side Python) is measured on this one: the plan's extra time holds this "
                     "machine's wrapper price. For that machine's, run layerprof.plan.wrap_cost.wrap_cost() there "
-                    "and pass wrap_cost=(per_call_ms, per_tensor_ms)", RuntimeWarning, stacklevel=2)
+                    "and pass wrap_cost=(per_call_ms, per_tensor_ms)", RuntimeWarning)
         return make_plan(self.tree, budget, allow_side_effects=allow_side_effects, resolution=resolution,
                          wrap_cost=wrap_cost, hook_ms=self._measured("hook_ms"), runs=runs, peak=peak,
                          op_ms=self._measured("live_op_ms"), profiled_as=profiled_as(self.meta))
@@ -573,9 +573,9 @@ class Profile:
                 # A calibration that cannot run here (a full GPU, a CUDA error) costs the figure, not the plan or
                 # the save: as if it was not measured, said once.
                 why = (str(error).strip().splitlines() or [""])[0]
-                warnings.warn(f"layerprof could not measure {key} on this machine ({type(error).__name__}: {why}); "
+                warn_user(f"layerprof could not measure {key} on this machine ({type(error).__name__}: {why}); "
                               "the plan takes nothing off for it, so its recompute times read high by the "
-                              "profiler's own cost", RuntimeWarning, stacklevel=3)
+                              "profiler's own cost", RuntimeWarning)
                 found = None
             if found is not None:
                 self.meta[key] = found

@@ -27,7 +27,6 @@ dispatch mode slows every op, so the meter says ``distorts_timing``.
 from __future__ import annotations
 
 import threading
-import warnings
 from bisect import bisect_left, bisect_right
 from collections import Counter
 from typing import Any, Sequence
@@ -38,6 +37,7 @@ from torch import nn
 from .._torch import (TorchDispatchMode, current_autograd_node, dtensor_local_share, has_decomposition, mode_is_on,
                       nested_sizes, ready_mode, sparse_parts)
 from .._torch import graph_task_id, next_sequence_nr, sequence_nr
+from .._warn import warn_user
 from ..record.adoption import adopters, caller
 from ..record.fields import FIELDS, Field, declare
 from ..record.records import ModuleRecord
@@ -549,11 +549,11 @@ class FlopMeter(Meter):
             if found:
                 shown = ", ".join(repr(name or "<model>") for name in sorted(found)[:5])
                 more = f" and {len(found) - 5} more" if len(found) > 5 else ""
-                warnings.warn(
+                warn_user(
                     f"metrics=('flops',) counts the ops of the block's thread (and the threads autograd runs its "
                     f"backward on): {len(found)} module(s) were {what} on a thread of their own or hold such a call "
                     f"({shown}{more}), so their {figures} read None (unknown, not 0). Run the model's forward and "
-                    "backward on the block's thread to count them", RuntimeWarning, stacklevel=3)
+                    "backward on the block's thread to count them", RuntimeWarning)
         return forward, backward | forward | every_backward
 
     def _backward_names(self) -> set[str]:

@@ -22,13 +22,14 @@ import copy
 import dataclasses
 import functools
 import time
-import warnings
 import weakref
 from typing import Any, Callable
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from .._warn import warn_user
 
 __all__ = ["wrap", "wrap_runs", "unwrap", "is_wrapped", "RecomputeTimer"]
 
@@ -362,11 +363,11 @@ def unwrap(module: nn.Module, applied: tuple[Any, _Wrapper]) -> None:
     own, wrapper = applied
     if module.__dict__.get("forward") is not wrapper:
         wrapper.turn_off()
-        warnings.warn(
+        warn_user(
             f"plan.remove(): the forward of a {type(module).__name__} was replaced while the plan was applied "
             "(by another tool, such as accelerate's hooks, or by hand): that forward is left in place, and the "
             "plan's checkpoint wrapper inside it no longer checkpoints",
-            RuntimeWarning, stacklevel=3,
+            RuntimeWarning,
         )
         return
     if own is _MISSING:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import warnings
 from collections import Counter
 from dataclasses import dataclass
 from itertools import starmap
@@ -36,6 +35,7 @@ from torch.nn.utils.prune import BasePruningMethod
 from .._check import check_bool, check_int
 from .._gc import gc_paused
 from .._torch import compiled_module_type, global_forward_hooks
+from .._warn import warn_user
 from ..metrics.checkpoint_bytes import STORAGES_ATTRIBUTE, saved_after, saved_peak
 from ..metrics.memory import TIMELINE_ATTRIBUTE
 from ..record.records import CallTiming, ModuleRecord, preorder
@@ -276,20 +276,20 @@ def _warn_rerun(modules: dict[str, nn.Module], sequentials: dict[int, tuple[nn.M
             if isinstance(module, _NormBase) and module.track_running_stats:
                 statistics.append(inner)
     if hooked:
-        warnings.warn(
+        warn_user(
             f"the plan wraps modules that carry forward hooks ({_shown(hooked)}"
             f"{'; hooks registered for every module among them' if everywhere else ''}): a checkpoint runs their "
             "forward again in backward, hooks included, so those hooks can run twice a step (a list a hook appends to "
             "grows twice); take the hooks off, or have them do nothing in the re-run, which runs during backward",
-            UserWarning, stacklevel=3)
+            UserWarning)
     if statistics and not side_effects_allowed:
-        warnings.warn(
+        warn_user(
             f"the plan wraps modules that keep running statistics ({_shown(statistics)}), which the profiled step did "
             "not update (the model ran in eval mode, or their statistics were frozen), so the plan did not exclude "
             "them: in a step in training mode their forward runs again in backward and updates the statistics a "
             "second time. Plan on a profile of a step in the mode you train in (model.train()), which excludes them, "
             "or make the plan with allow_side_effects=True to wrap them knowingly",
-            UserWarning, stacklevel=3)
+            UserWarning)
 
 
 def _wrapper_hint(model: nn.Module, names: list[str]) -> str:
@@ -759,7 +759,7 @@ class CheckpointPlan:
         if refusal is not None:
             raise ValueError(refusal)
         if warning is not None:
-            warnings.warn(warning, UserWarning, stacklevel=4)
+            warn_user(warning, UserWarning)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> CheckpointPlan:
         """A deep copy of an applied plan is applied to the copies of its modules made in the same deep copy (a

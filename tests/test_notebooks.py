@@ -1,0 +1,101 @@
+"""layerprof as a notebook user meets it: warnings that point at the user's cell, a cell interrupted inside the
+``with`` block, the rich display of results. The display protocol is plain methods (``_repr_html_``,
+``_repr_pretty_``) that these tests call directly; one test runs a real notebook where nbclient and ipykernel are
+installed."""
+from __future__ import annotations
+
+import threading
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import layerprof
+from layerprof import LayerProf
+
+
+def _blocks(n: int = 3) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(n)])
+
+
+def _caught(action) -> list[warnings.WarningMessage]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        action()
+    return list(caught)
+
+
+# -- warnings name the user's line, not layerprof's ------------------------------------------------------------
+def test_a_warning_of_checkpoint_plan_called_on_the_layerprof_names_the_callers_line() -> None:
+    # ``prof.checkpoint_plan`` on a LayerProf goes through a forwarding wrapper: the plan's warnings pointed at
+    # layerprof/collect/profiler.py (its ``return method(self.profile, ...)``), which a notebook shows as the
+    # warning's source line instead of the user's cell.
+    net = _blocks()
+    with LayerProf(net, metrics=("memory", "shapes")) as prof:
+        for _ in range(2):
+            net(torch.randn(4, 8)).sum().backward()
+            prof.step()
+    prof.profile.meta["shapes"] = {"steps_with_other_shapes": 1}  # as a profile of two input shapes reads
+    caught = _caught(lambda: prof.checkpoint_plan("50%"))
+    shapes = [w for w in caught if "inputs changed shape" in str(w.message)]
+    assert len(shapes) == 1 and shapes[0].filename == __file__
+    caught = _caught(lambda: prof.profile.checkpoint_plan("50%"))
+    assert [w.filename for w in caught if "inputs changed shape" in str(w.message)] == [__file__]
+
+
+class _Threaded(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: dict[str, torch.Tensor] = {}
+        worker = threading.Thread(target=lambda: out.setdefault("y", self.b(x)))
+        worker.start()
+        worker.join()
+        return self.a(x) + out["y"]
+
+
+def test_the_flops_meters_warning_of_a_module_run_on_another_thread_names_the_with_line() -> None:
+    # It was raised with a fixed stack level from deep inside the block's exit: it named layerprof's own
+    # collect/profiler.py.
+    net = _Threaded()
+
+    def profile() -> None:
+        with LayerProf(net, metrics=("flops",)) as prof:
+            for _ in range(2):
+                net(torch.randn(2, 4)).sum().backward()
+                prof.step()
+
+    caught = [w for w in _caught(profile) if "on a thread of their own" in str(w.message)]
+    assert len(caught) == 1 and caught[0].filename == __file__
+
+
+def test_a_warning_of_a_plan_applied_with_its_context_manager_names_the_with_line() -> None:
+    # ``with plan.applied(model):`` applies through contextlib: the warning about hooked modules named
+    # contextlib.py; through verify_plan it named layerprof/plan/verify.py.
+    net = _blocks()
+    with LayerProf(net, metrics=("memory", "shapes")) as prof:
+        for _ in range(2):
+            net(torch.randn(4, 8)).sum().backward()
+            prof.step()
+    plan = prof.checkpoint_plan(128)  # the least it reaches: the first Linear's input is all that stays saved
+    assert plan.modules
+    handles = [layer.register_forward_hook(lambda module, args, output: None) for block in net for layer in block]
+
+    def applied() -> None:
+        with plan.applied(net):
+            net(torch.randn(4, 8)).sum().backward()
+
+    def verified() -> None:
+        layerprof.verify_plan(plan, net, lambda: net(torch.randn(4, 8)).sum().backward(), repeats=1)
+
+    try:
+        for action in (applied, verified):
+            hooked = [w for w in _caught(action) if "carry forward hooks" in str(w.message)]
+            assert len(hooked) >= 1 and {w.filename for w in hooked} == {__file__}, action.__name__
+    finally:
+        for handle in handles:
+            handle.remove()
