@@ -99,3 +99,71 @@ def test_a_warning_of_a_plan_applied_with_its_context_manager_names_the_with_lin
     finally:
         for handle in handles:
             handle.remove()
+
+
+# -- a cell interrupted inside the ``with`` block ---------------------------------------------------------------
+class _Interrupting(nn.Module):
+    """A Linear whose forward is interrupted at its ``at``-th call, as the kernel's interrupt lands in a forward."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.linear, self.at, self.calls = nn.Linear(8, 8), at, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == self.at:
+            raise KeyboardInterrupt
+        return self.linear(x)
+
+
+def _hook_count(model: nn.Module) -> int:
+    kinds = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    return sum(len(getattr(module, kind)) for module in model.modules() for kind in kinds)
+
+
+# The memory meter counts in the first step and the times come from the steps after it: 2 timed of 3 completed.
+@pytest.mark.parametrize("metrics, timed", [((), 3), (("memory", "shapes"), 2)])
+def test_an_interrupt_inside_the_with_block_keeps_the_steps_completed(metrics: tuple[str, ...], timed: int) -> None:
+    # The kernel's interrupt after some steps of a profiled loop: the profile was lost ("no profile: the block
+    # raised KeyboardInterrupt ... nothing was recorded"), though 3 steps had completed. They are now a partial
+    # profile, as prof.stop(partial=...) makes, and the interrupt still ends the cell.
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), _Interrupting(at=4))
+    reference = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    reference.load_state_dict({key.replace("2.linear.", "2."): value for key, value in net.state_dict().items()})
+    x = torch.randn(4, 8)
+    hooks = _hook_count(net)
+    with pytest.raises(KeyboardInterrupt):
+        with LayerProf(net, metrics=metrics) as prof:
+            for _ in range(10):
+                net(x).sum().backward()
+                prof.step()
+    assert prof.meta["steps"] == timed and prof.meta["partial"] == "interrupted (KeyboardInterrupt)"
+    assert prof.layerwise_summary().splitlines()[0] == (
+        f"Partial profile ({timed} steps recorded): interrupted (KeyboardInterrupt).")
+    assert prof.records["2"].calls == 1 and prof.records["2.linear"].calls == 1  # once a step, 3 steps averaged
+    assert "<table" in prof._repr_html_() and repr(prof).startswith("<LayerProf Sequential: 5 modules")
+    if metrics:
+        assert prof.records["0"].saved_bytes == 4 * 8 * 4  # its input, 4x8 float32
+    # the next cell: nothing left on the model, which trains as one never profiled, and profiles again
+    assert _hook_count(net) == hooks and LayerProf.running_on(net) is None
+    net.zero_grad()
+    net(x).sum().backward()
+    reference(x).sum().backward()
+    assert torch.equal(net(x), reference(x))
+    assert torch.equal(net[0].weight.grad, reference[0].weight.grad)
+    assert torch.equal(net[2].linear.weight.grad, reference[2].weight.grad)
+    with LayerProf(net) as again:
+        net(x).sum().backward()
+    assert again.records["2.linear"].calls == 1 and "partial" not in again.meta
+
+
+def test_an_interrupt_before_any_step_completed_says_so() -> None:
+    net = nn.Sequential(nn.Linear(8, 8), _Interrupting(at=1))
+    with pytest.raises(KeyboardInterrupt):
+        with LayerProf(net) as prof:
+            net(torch.randn(4, 8)).sum().backward()
+    with pytest.raises(RuntimeError, match=r"^no profile: the block raised KeyboardInterrupt with no step completed"):
+        prof.profile
+    assert repr(prof) == "<LayerProf Sequential (failed)>" and prof._repr_html_() is None
+    assert _hook_count(net) == 0 and LayerProf.running_on(net) is None

@@ -644,6 +644,12 @@ class LayerProf:
         note = backward_note(tracker, exc, traceback) if exc is not None else None
         if error is not None:
             self._add_notes(error, backward_note(tracker, error, error.__traceback__))
+        if isinstance(exc, KeyboardInterrupt) and partial is None:
+            # An interrupt (a notebook's stop button, Ctrl-C) ends a loop its user chose to end, not a failed one:
+            # the steps completed are kept, as stop(partial=...) keeps them, and the interrupt goes on.
+            self._add_notes(exc, note)
+            self._stop_interrupted()
+            return
         ended = False  # whether the tracker's step was just closed: its detach need not close it again
         made = False
         try:
@@ -678,6 +684,28 @@ class LayerProf:
         finally:
             if ended:
                 tracker.park(made)
+
+    def _stop_interrupted(self) -> None:
+        """The end of a block left by a KeyboardInterrupt: a partial profile of the steps completed, or none. The
+        interrupt may have landed anywhere in a hook, so a profile that cannot be made is no profile, said by
+        ``prof.profile``, rather than an error in place of the interrupt."""
+        why = "interrupted (KeyboardInterrupt)"
+        try:
+            try:
+                self._drop_step()
+            finally:
+                self._teardown(self._running_meters())
+            if self._stats.steps == 0 and self._counting_step is None:
+                self._failure = "the block raised KeyboardInterrupt with no step completed (prof.step())"
+                return
+            self._finish(why)
+            self._state = "done"
+        except Exception as error:  # noqa: BLE001 - the interrupt is what leaves the block
+            self._failure = (f"the block raised KeyboardInterrupt, and its partial profile could not be made "
+                             f"({type(error).__name__}: {error})")
+        finally:
+            if self._state != "done":
+                self._tracker = None
 
     def _add_notes(self, error: BaseException, note: str | None) -> None:
         """The notes of an exception that ended the run: ``note`` (``backward_note``'s), then what each meter
