@@ -167,3 +167,41 @@ def test_an_interrupt_before_any_step_completed_says_so() -> None:
         prof.profile
     assert repr(prof) == "<LayerProf Sequential (failed)>" and prof._repr_html_() is None
     assert _hook_count(net) == 0 and LayerProf.running_on(net) is None
+
+
+# -- what a cell's last value shows ------------------------------------------------------------------------------
+class _Printer:
+    """The part of IPython's pretty printer that ``_repr_pretty_`` uses."""
+
+    def __init__(self) -> None:
+        self.written = ""
+
+    def text(self, text: str) -> None:
+        self.written += text
+
+
+def _shown(value) -> str:
+    printer = _Printer()
+    value._repr_pretty_(printer, False)
+    return printer.written
+
+
+def test_a_checkpoint_plan_and_a_comparison_show_their_tables_as_a_cells_value() -> None:
+    # A cell ending in ``plan`` or ``layerprof.compare(a, b)`` showed one line (``<CheckpointPlan Sequential: 1 run,
+    # saved 2560 -> 1024 bytes ...>``), where print() gives the plan's modules and the comparison's tables; a
+    # Verification and a benchmark's result already showed their text.
+    net = _blocks()
+    with LayerProf(net, metrics=("memory", "shapes")) as prof:
+        for _ in range(2):
+            net(torch.randn(4, 8)).sum().backward()
+            prof.step()
+    plan = prof.checkpoint_plan("50%")
+    assert _shown(plan) == str(plan) and str(plan).startswith("Checkpoint plan for Sequential: saved for backward")
+    lines = str(plan).splitlines()  # the head line, a note on the wrapper's price, one line a wrapped module
+    assert [line.split()[0] for line in lines[-len(plan.modules):]] == list(plan.modules)
+    assert repr(plan).startswith("<CheckpointPlan ")
+    comparison = layerprof.compare(prof, prof.profile, names=("before", "after"))
+    assert _shown(comparison) == str(comparison)
+    assert str(comparison).startswith("Comparison before (Sequential) vs after (Sequential); change and ratio")
+    assert str(comparison).splitlines()[1].split() == ["metric", "before", "after", "change", "ratio", "better"]
+    assert repr(comparison).startswith("<Comparison before (Sequential) vs after (Sequential): ")

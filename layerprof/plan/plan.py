@@ -858,6 +858,11 @@ class CheckpointPlan:
     def __str__(self) -> str:
         return plan_text(self)
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        # IPython shows a cell's last value by this: the plan's lines (what ``print`` gives), as a Verification
+        # shows; repr keeps to one line.
+        printer.text(str(self))
+
     def __repr__(self) -> str:
         if self.peak_budget_bytes is not None:
             return (f"<CheckpointPlan {self.model_type}: {wrapped_count(self.chosen)}, step peak "

@@ -330,6 +330,10 @@ class Comparison:
                          f"only in {b_name}: {len(self.only_b)}{retyped}.")
         return "\n".join(parts).rstrip("\n")
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        # IPython shows a cell's last value by this: the tables ``print`` gives; repr keeps to one line.
+        printer.text(str(self))
+
     def __repr__(self) -> str:
         return (f"<Comparison {self.names[0]} ({self.a.tree.type}) vs {self.names[1]} ({self.b.tree.type}): "
                 f"{format_counted(len(self.model), 'metric')}, "
