@@ -205,3 +205,74 @@ def test_a_checkpoint_plan_and_a_comparison_show_their_tables_as_a_cells_value()
     assert str(comparison).startswith("Comparison before (Sequential) vs after (Sequential); change and ratio")
     assert str(comparison).splitlines()[1].split() == ["metric", "before", "after", "change", "ratio", "better"]
     assert repr(comparison).startswith("<Comparison before (Sequential) vs after (Sequential): ")
+
+
+# -- a real notebook, where nbclient and ipykernel are installed ------------------------------------------------
+_CELLS = [
+    """import torch, layerprof
+torch.set_num_threads(1)
+torch.manual_seed(0)
+class Net(torch.nn.Module):  # a class defined in a cell: it has no source file
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())
+                                            for _ in range(3)])
+    def forward(self, x):
+        return self.blocks(x)
+net, x = Net(), torch.randn(4, 8)""",
+    """with layerprof.LayerProf(net, metrics=("memory", "shapes")) as prof:
+    for _ in range(2):
+        net(x).sum().backward()
+        prof.step()
+prof""",
+    """prof.profile.meta["shapes"] = {"steps_with_other_shapes": 1}
+plan = prof.checkpoint_plan("50%")
+plan""",
+    "layerprof.compare(prof, prof)",
+    """ax = prof.plot("icicle")""",
+    "import matplotlib.pyplot as plt; print(plt.get_fignums())",
+    """with layerprof.LayerProf(net) as again:
+    for step in range(5):
+        if step == 3:
+            raise KeyboardInterrupt  # as the kernel's interrupt lands
+        net(x).sum().backward()
+        again.step()""",
+    "print(again.layerwise_summary(depth=0).splitlines()[0], layerprof.LayerProf.running_on(net))",
+]
+
+
+def test_a_notebook_shows_each_result_once_and_names_its_cells() -> None:
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    import os
+
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code) for code in _CELLS])
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = path  # the kernel imports this checkout's layerprof
+    try:
+        nbclient.NotebookClient(notebook, timeout=120, allow_errors=True, kernel_name="python3").execute()
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
+    outputs = [cell.outputs for cell in notebook.cells]
+    assert not any(out.output_type == "error" for cell in outputs[:6] for out in cell), outputs
+
+    def shown(cell: int) -> list[dict]:
+        return [out.data for out in outputs[cell] if out.output_type in ("execute_result", "display_data")]
+
+    assert len(shown(1)) == 1 and "<table" in shown(1)[0]["text/html"]
+    assert shown(1)[0]["text/plain"].startswith("<LayerProf Net: 11 modules")
+    assert len(shown(2)) == 1 and shown(2)[0]["text/plain"].startswith("Checkpoint plan for Net: saved for backward")
+    warned = "".join(out.text for out in outputs[2] if out.output_type == "stream" and out.name == "stderr")
+    assert "inputs changed shape" in warned and "layerprof" + os.sep not in warned.split("RuntimeWarning")[0]
+    assert len(shown(3)) == 1 and shown(3)[0]["text/plain"].startswith("Comparison a (Net) vs b (Net)")
+    assert [sorted(data) for data in shown(4)] == [["image/png", "text/plain"]]  # the figure, once
+    assert [out.text for out in outputs[5]] == ["[]\n"]  # no figure left open
+    assert [out.ename for out in outputs[6] if out.output_type == "error"] == ["KeyboardInterrupt"]
+    assert [out.text for out in outputs[7]] == ["Partial profile (3 steps recorded): interrupted (KeyboardInterrupt). "
+                                                "None\n"]
