@@ -290,7 +290,8 @@ def test_outputs_that_are_dicts_distributions_or_arrays() -> None:
     policy.linear = linear
     with LayerProf(policy, metrics=("shapes", "flops")) as prof:
         (-policy(torch.randn(1, 4)).log_prob(torch.tensor([1]))).sum().backward()
-    assert prof.tree.output_shapes == []  # no tensor in a Distribution's place
+    # the Distribution's tensors, by attribute (a Categorical made from logits keeps them; probs are made lazily)
+    assert (prof.tree.output_paths, prof.tree.output_shapes) == (["logits"], [[1, 4]])
     assert (prof.tree.flops_forward, prof.tree.flops_backward) == (2 * 4 * 4, 2 * 4 * 4)
 
     to_numpy = Call(lambda x: linear(x).detach().numpy())

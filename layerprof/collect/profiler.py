@@ -940,12 +940,12 @@ class LayerProf:
         return False
 
     def _ran_unseen(self) -> list[str]:
-        """The outermost modules no step saw called (recorded or warm-up) under which a parameter holds a
+        """The outermost modules no step saw called (recorded, warm-up or counted) under which a parameter holds a
         gradient, in a process where dynamo compiled a graph (only read where some module was not seen:
         ``collect/unseen.py``)."""
         if not self._stats.steps or not dynamo_compiled():
             return []
-        ran = self._stats.ran() | self._unrecorded_names
+        ran = self._stats.ran() | self._unrecorded_names | self._counted_names  # (the counted step: seen run too)
         return [] if len(ran) >= len(self._entries) else ran_unseen(self._entries, ran)
 
     def _finish(self, partial: str | None = None) -> None:
