@@ -33,7 +33,7 @@ __all__ = [
     "compiled_around",
     "add_module_registration_hook", "remove_module_registration_hook",
     "add_backward_entry_hook", "remove_backward_entry_hook", "torchscript_compiled", "hooks_outputs_in_forward",
-    "fsdp1_wrapper", "dtensor_local_share",
+    "fsdp1_wrapper", "dtensor_local_share", "dtensor_locals",
     "with_forward_pre_hooks", "NodeHooker", "cuda_raw_stream", "cuda_event_record",
     "dict_version", "eager_forwards", "sparse_parts", "inner_tensors", "faked", "fake_mode",
     "subclass_functions_off",
@@ -394,6 +394,15 @@ def dtensor_local_share(tensor: Any) -> float | None:
         if placement.is_partial():
             share /= mesh.size(dim)
     return share
+
+
+def dtensor_locals(values: Any) -> Any:
+    """``values`` (an op's arguments, results: tensors in tuples, lists and dicts) with each DTensor replaced by
+    this rank's local tensor: what the rank's kernel read and wrote (a replicated tensor whole, a shard as held)."""
+    from torch.distributed.tensor import DTensor
+    from torch.utils._pytree import tree_map_only
+
+    return tree_map_only(DTensor, attrgetter("_local_tensor"), values)
 
 
 def fsdp1_wrapper() -> type | None:

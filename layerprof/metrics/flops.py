@@ -34,8 +34,8 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from .._torch import (TorchDispatchMode, current_autograd_node, dtensor_local_share, has_decomposition, mode_is_on,
-                      nested_sizes, ready_mode, sparse_parts)
+from .._torch import (TorchDispatchMode, current_autograd_node, dtensor_local_share, dtensor_locals,
+                      has_decomposition, mode_is_on, nested_sizes, ready_mode, sparse_parts)
 from .._torch import graph_task_id, next_sequence_nr, sequence_nr
 from .._warn import warn_user
 from ..record.adoption import adopters, caller
@@ -171,13 +171,12 @@ def _stored_share(args: Any) -> float:
     return share
 
 
-def _local_share(out: Any) -> float:
+def _local_share(out: Any) -> float | None:
     """The share of an op's work that this rank did, where it ran on DTensors (tensor parallelism): the mode sees
-    the op with the DTensors' global shapes, while each rank computes its shards only. Read from the first output
-    (1.0 for plain tensors)."""
+    the op with the DTensors' global shapes, while each rank computes its shards only. Read from the first output;
+    None for plain tensors."""
     first = out[0] if isinstance(out, (list, tuple)) and out else out
-    share = dtensor_local_share(first)
-    return 1.0 if share is None else share
+    return None if type(first) is torch.Tensor else dtensor_local_share(first)  # (a plain tensor: no lookup)
 
 
 def _op_name(func: Any) -> str:
@@ -360,12 +359,13 @@ class FlopMeter(Meter):
 
     def _count(self, func: Any, kind: Any, args: Any, kwargs: Any, out: Any) -> None:
         flops, unknown = 0, None
+        local = _local_share(out)  # (None off DTensors: what the op's shapes say is what this process did)
         if kind is _UNKNOWN:
             unknown = _op_name(func)
         elif kind is not _FREE:
             try:
                 flops = kind(*_shape(args), out_shape=_shape(out), **_shape(kwargs)) or 0
-                share = _stored_share(args) * _local_share(out) if flops else 1.0
+                share = _stored_share(args) * (1.0 if local is None else local) if flops else 1.0
                 if share != 1.0:  # (a dense product's count stays an exact int, however large)
                     flops = round(flops * share)
             except Exception as error:  # a wrong formula must not crash the user's run: list the op instead
@@ -373,6 +373,8 @@ class FlopMeter(Meter):
         moved = 0
         if self.count_bytes:
             try:
+                if local is not None:  # on DTensors: the bytes of this rank's tensors, as its FLOPs are
+                    args, kwargs, out = dtensor_locals((args, kwargs, out))
                 moved = op_bytes(func, args, kwargs, out)
             except Exception:  # an odd tensor (a subclass without storage) must not crash the user's run
                 moved = 0
