@@ -59,3 +59,52 @@ def test_tensor_parallel_bytes_are_the_ranks_shards_as_its_flops_are() -> None:
     # fc2 (RowwiseParallel): addmm reads bias (4, replicated), input shard [4, 8], weight shard [4, 8], and writes
     # a partial sum [4, 4] (all of it, on each rank): 4 * (4 + 32 + 32 + 16) = 336 bytes; mm's 16 + 32 + 32.
     assert (fc2.flops_forward, fc2.bytes_forward) == (256, 336)
+
+
+class _Aux(nn.Module):
+    """``aux`` runs in steps 0, 4 and 8 only: the counted step (0) and 2 of the 8 timed steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(64, 64)
+        self.aux = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor, step: int) -> torch.Tensor:
+        y = self.a(x)
+        return self.aux(y) if step % 4 == 0 else y
+
+
+@pytest.fixture(scope="module")
+def aux_profile() -> layerprof.LayerProf:
+    torch.manual_seed(0)
+    model = _Aux()
+    with layerprof.LayerProf(model, metrics=("flops",), peaks={"flops": 1e11, "bandwidth": 1e10}) as prof:
+        for step in range(9):
+            model(torch.randn(32, 64), step).sum().backward()
+            prof.step()
+    return prof
+
+
+def test_the_roofline_plots_legend_adds_up_each_modules_time_per_step(aux_profile) -> None:
+    """The legend sums each bound's modules' time in a step, and a point's area is its time: for a module run in
+    some steps only they read its time in a step that ran it (aux's self time 4 times over: it ran in 2 of 8), so the
+    legend's times added up to more than the modules take per step. Its FLOP/s stays over the steps that ran it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from layerprof.record.fields import FIELDS
+    from layerprof.render.plot_roofline import roofline_points
+    from layerprof.render.units import format_ms
+
+    aux = aux_profile.records["aux"]
+    assert (aux.steps_run, aux.steps) == (2, 8)
+    per_step = FIELDS["self_total_ms"].value(aux)
+    point = next(p for p in roofline_points(aux_profile.profile.tree) if p["name"] == "aux")
+    assert point["ms"] == pytest.approx(4 * per_step) and point["step_ms"] == pytest.approx(per_step)
+    assert point["flop_per_s"] == pytest.approx(aux.self_flops / (4 * per_step / 1000.0))
+    ax = layerprof.plot_roofline(aux_profile)
+    legend = [text.get_text() for text in ax.get_legend().get_texts()]
+    line = next(text for text in legend if text.startswith(f"{point['bound']}-bound: "))
+    shown = [p for p in roofline_points(aux_profile.profile.tree) if p["bound"] == point["bound"]]
+    assert line.endswith(", " + format_ms(sum(FIELDS["self_total_ms"].value(aux_profile.records[p["name"]])
+                                               for p in shown)))

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..record.fields import FIELDS, Field, declare
 from ..record.roofs import peaks_of
-from ..record.work_time import work_ms
+from ..record.work_time import step_ms, work_ms
 
 __all__ = ["OVERHEAD_RATIO", "roofline_point", "BOUNDS", "ROOFLINE_FIELDS"]
 
@@ -97,9 +97,7 @@ def _lost_ms(record: Any) -> float | None:
     point = roofline_point(record)
     if point is None or point["ms"] is None:
         return None
-    lost = max(0.0, point["ms"] - point["attainable_ms"])
-    steps, ran = getattr(record, "steps", 0), getattr(record, "steps_run", 0)
-    return lost * ran / steps if 0 < ran < steps else lost
+    return step_ms(record, max(0.0, point["ms"] - point["attainable_ms"]))
 
 
 declare(

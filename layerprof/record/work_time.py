@@ -31,7 +31,7 @@ from typing import Any
 from .fields import FIELDS
 from .roofs import _root
 
-__all__ = ["work_ms", "ran_ms"]
+__all__ = ["work_ms", "ran_ms", "step_ms"]
 
 _SHIFTS = "_work_shifts"  # where a root keeps its shifts, made when first read
 
@@ -55,6 +55,13 @@ def ran_ms(record: Any, ms: float) -> float:
     where it ran in every one)."""
     steps, ran = getattr(record, "steps", 0), getattr(record, "steps_run", 0)
     return ms * steps / ran if 0 < ran < steps else ms
+
+
+def step_ms(record: Any, ms: float) -> float:
+    """``ms``, a mean over the steps that ran ``record``'s module, as a mean over every recorded step (0 in those
+    it did not run): what the module takes of a step, the inverse of ``ran_ms``."""
+    steps, ran = getattr(record, "steps", 0), getattr(record, "steps_run", 0)
+    return ms * ran / steps if 0 < ran < steps else ms
 
 
 def _shifts(root: Any) -> dict[str, float]:

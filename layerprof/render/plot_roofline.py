@@ -1,10 +1,11 @@
 """The roofline plot: every module's own ops against the machine's two roofs, log-log.
 
-x is arithmetic intensity (FLOPs per byte), y achieved FLOP/s, both of the module's own ops over its self time;
-the roofs are ``min(peak FLOP/s, intensity * peak bandwidth)`` from the profile's peaks. A point's area is its
-self time, its colour its bound; the modules that take the most time are labelled. Modules whose own ops count
-no FLOPs (norms, elementwise, pooling: FLOPs count matmul-like work only) have no place on a FLOP/s axis: they
-are drawn on the bottom-left edge and summed in the legend. A star marks the whole model (inclusive).
+x is arithmetic intensity (FLOPs per byte), y achieved FLOP/s, both of the module's own ops over its self time
+(in the steps that ran it, as its FLOPs are of one); the roofs are ``min(peak FLOP/s, intensity * peak
+bandwidth)`` from the profile's peaks. A point's area is its self time per step, its colour its bound; the modules
+that take the most time are labelled. Modules whose own ops count no FLOPs (norms, elementwise, pooling: FLOPs
+count matmul-like work only) have no place on a FLOP/s axis: they are drawn on the bottom-left edge and summed in
+the legend. A star marks the whole model (inclusive).
 Collections carry gids ``roofline:<bound>``, the roofs ``roof:compute`` and ``roof:memory``.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from ..record.fields import FIELDS
 from ..record.records import ModuleRecord, preorder
 from ..record.roofs import no_roofs_for, peaks_of
 from ..record.untimed import untimed_note
-from ..record.work_time import work_ms
+from ..record.work_time import step_ms, work_ms
 from .plot_metrics import root_of
 from .plot_save import finish_plot, plot_suffix
 from .plot_style import new_axes, plain_text
@@ -29,8 +30,8 @@ FONT_SIZE = 7.0
 
 
 def roofline_points(root: ModuleRecord) -> list[dict[str, Any]]:
-    """One point per module with own work measured: name, flops, bytes, ms (its own work's: ``work_ms``),
-    intensity, flop_per_s, bound."""
+    """One point per module with own work measured: name, flops, bytes, ms (its own work's in a step that ran it:
+    ``work_ms``), step_ms (the same per recorded step: what it takes of a step), intensity, flop_per_s, bound."""
     points = []
     for record in preorder(root):
         flops, moved = getattr(record, "self_flops", None), getattr(record, "self_bytes", None)
@@ -39,7 +40,8 @@ def roofline_points(root: ModuleRecord) -> list[dict[str, Any]]:
             continue
         points.append({
             "name": record.name or "(model)", "type": record.type, "flops": flops, "bytes": moved, "ms": ms,
-            "intensity": flops / moved if moved else None, "flop_per_s": flops / (ms / 1000.0),
+            "step_ms": step_ms(record, ms), "intensity": flops / moved if moved else None,
+            "flop_per_s": flops / (ms / 1000.0),
             "bound": FIELDS["bound"].value(record),
         })
     return points
@@ -53,11 +55,11 @@ def _label_largest(ax: Any, points: list[dict[str, Any]], count: int, avoid: lis
     frame = ax.get_window_extent()
     taken = list(avoid)
     named = 0
-    for point in sorted(points, key=lambda p: -p["ms"]):
+    for point in sorted(points, key=lambda p: -p["step_ms"]):
         if named >= count:
             break
         short = ".".join(point["name"].split(".")[-4:])
-        text = f"{plain_text(short)} ({format_ms(point['ms'])})"
+        text = f"{plain_text(short)} ({format_ms(point['step_ms'])})"
         for offset, align in (((5, 3), "left"), ((-5, 3), "right")):
             label = ax.annotate(text, (point["x"], point["y"]), fontsize=FONT_SIZE, xytext=offset,
                                 textcoords="offset points", ha=align)
@@ -137,16 +139,16 @@ def plot_roofline(profile: Any, metric: str = "total", ax: Any = None, labels: i
     ax.axvline(x_edge * 2.2, color="0.7", linewidth=0.6, linestyle=":")
     ax.text(x_edge * 1.15, y_high / 1.6, "no FLOPs:\nat achieved\nbandwidth", fontsize=FONT_SIZE - 0.5,
             va="top", ha="left", color="0.4")
-    largest = max(p["ms"] for p in points)
+    largest = max(p["step_ms"] for p in points)  # (areas, labels and the legend's sums: time per step)
     for bound, colour in BOUND_COLOURS.items():
         chosen = [p for p in points if p["bound"] == bound]
         if not chosen:
             continue
         ax.scatter([p["x"] for p in chosen], [p["y"] for p in chosen],
-                   s=[15 + 600 * p["ms"] / largest for p in chosen], color=colour, alpha=0.55, edgecolors="black",
-                   linewidths=0.4, gid=f"roofline:{bound}",
+                   s=[15 + 600 * p["step_ms"] / largest for p in chosen], color=colour, alpha=0.55,
+                   edgecolors="black", linewidths=0.4, gid=f"roofline:{bound}",
                    label=f"{bound}-bound: {format_counted(len(chosen), 'module')}, "
-                         f"{format_ms(sum(p['ms'] for p in chosen))}")
+                         f"{format_ms(sum(p['step_ms'] for p in chosen))}")
     whole_flops, whole_bytes = FIELDS["flops"].value(root), FIELDS["bytes"].value(root)
     whole_ms = FIELDS["total_ms"].value(root)
     if whole_flops and whole_bytes and whole_ms:
