@@ -108,3 +108,23 @@ def test_the_roofline_plots_legend_adds_up_each_modules_time_per_step(aux_profil
     shown = [p for p in roofline_points(aux_profile.profile.tree) if p["bound"] == point["bound"]]
     assert line.endswith(", " + format_ms(sum(FIELDS["self_total_ms"].value(aux_profile.records[p["name"]])
                                                for p in shown)))
+
+
+def _mlp(width: int) -> layerprof.Profile:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Linear(width, 2))
+    with layerprof.LayerProf(net, metrics=("params",)) as prof:
+        net(torch.randn(4, 8)).sum().backward()
+    return prof.profile
+
+
+@pytest.mark.parametrize("method", ["to_markdown", "to_latex", "to_csv"])
+def test_a_modules_table_of_a_comparison_without_fields_per_module_is_refused(method: str) -> None:
+    """compare(..., module_fields=[]) holds no field per module: level='modules' wrote a table without a column
+    ('|  |' and '||' in Markdown, a LaTeX tabular{} that does not compile, an empty CSV line)."""
+    comparison = layerprof.compare(_mlp(16), _mlp(8), module_fields=[])
+    with pytest.raises(ValueError, match=r"level='modules': this comparison holds no field per module "
+                                         r"\(compared with module_fields=\[\]\)"):
+        getattr(comparison, method)(level="modules")
+    assert getattr(comparison, method)().splitlines()[0].lower().startswith(("| metric", "metric", "\\begin"))
+    assert "Modules with the largest change" not in str(comparison)  # (the printed comparison leaves them out)

@@ -253,6 +253,9 @@ class Comparison:
         if level == "modules":
             if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
                 raise ValueError(f"limit must be a whole number of rows >= 1, or None for every module; got {limit!r}")
+            if not self.module_fields:  # (a table of no column: '|  |' in Markdown, a tabular{} LaTeX refuses)
+                raise ValueError("level='modules': this comparison holds no field per module (compared with "
+                                 "module_fields=[]); compare with module_fields=[...] naming the fields to tabulate")
             return self.module_rows(field, limit, raw)
         raise ValueError(f"level must be 'model' or 'modules', got {level!r}")
 
