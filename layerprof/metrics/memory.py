@@ -367,13 +367,17 @@ class MemoryMeter(Meter):
         self._model: nn.Module | None = None
         self._training: bool | None = None
         self._dtype: Any = _UNREAD
-        # ``autocast_of`` the model as its first forward with gradients on began: bf16 autocast saves other bytes.
+        # ``autocast_of`` the model inside its first forward with gradients on (bf16 autocast saves other bytes): as
+        # its first module below the top-level call began, where the plan's check reads it; the top-level call's
+        # own where none is called. ``_autocast_inside``: whether it was read there.
         self._autocast: str | bool | None = None
+        self._autocast_inside = False
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def start(self, model: nn.Module, records: dict[str, ModuleRecord], entries: Sequence[tuple[str, nn.Module]]) -> None:
         self._after_backward, self._held, self._saved_before, self._starts_released = 0, [], False, False
         self._model, self._training, self._dtype, self._autocast = model, None, _UNREAD, None
+        self._autocast_inside = False
         self._static = _storage_keys(list(model.parameters()), list(model.buffers()))
         # Lazy modules whose parameters are made in their first call: their storages join the static ones then.
         self._lazy = _with_lazy(model.modules())
@@ -435,8 +439,8 @@ class MemoryMeter(Meter):
         forward of the step saved for backward after the backward of every earlier forward that saved had run
         (gradient accumulation), ``forwards_after_backward``: how many did. ``training`` and ``dtype``: the model's
         mode (``model.training``) and its first parameter's dtype as its forward first saved for backward (the mode
-        as the step ended where it saved nothing); ``autocast``: the dtype ``torch.autocast`` computed in as its
-        first forward with gradients on began, or False where it was off."""
+        as the step ended where it saved nothing); ``autocast``: the dtype ``torch.autocast`` computed in inside
+        its first forward with gradients on (as its first submodule call began), or False where it was off."""
         found = dict(self._step)
         if self._training is not None:
             found["training"] = self._training
@@ -577,7 +581,11 @@ class MemoryMeter(Meter):
             self._starts_released = self._saved_before and not self._held
             if self._autocast is None and torch.is_grad_enabled():
                 # (here, not where the first tensor is saved: autocast's ops save theirs with autocast off)
-                self._autocast = autocast_of(module)
+                self._autocast = autocast_of(self._model or module)
+        elif not self._autocast_inside and torch.is_grad_enabled():
+            # Read again inside the forward: accelerate's prepare_model (Trainer under bf16) enters autocast there
+            # (``model.forward = autocast(model.forward)``), after the top-level call's hooks.
+            self._autocast, self._autocast_inside = autocast_of(self._model or module), True
         inputs = {}
         # A call under no_grad (an evaluation pass inside the step) saves nothing and no checkpoint re-runs it:
         # its inputs are nothing a checkpoint keeps, nor inputs of the training forward (its own inputs still tell
