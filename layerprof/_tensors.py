@@ -70,11 +70,13 @@ def _attributes(obj: Any) -> Iterable[tuple[str, Any]] | None:
     return [(key, value) for key, value in attributes.items() if not key.startswith("_")]
 
 
-def iter_tensor_paths(obj: Any, _path: tuple[Any, ...] = (), _depth: int = 0) -> Iterator[tuple[tuple[Any, ...], torch.Tensor]]:
+def iter_tensor_paths(obj: Any, _path: tuple[Any, ...] = (), _depth: int = 0,
+                      _within: frozenset[int] = frozenset()) -> Iterator[tuple[tuple[Any, ...], torch.Tensor]]:
     """Like ``iter_tensors``, with each tensor's path of keys: ``((0,), t)``, ``(("mask", 0), m)``; it also reads
     the public attributes of a plain object that holds tensors in them (``((0, "tensors"), batch)`` of an
     ``ImageList``, ``("cache", "layers", 0, "keys")`` of a Hugging Face key/value cache), which ``iter_tensors``
-    leaves alone."""
+    leaves alone. An object already open on the way down (``child.parent``, ``self.owner = self``) is not read
+    again: such a reference leads back up, and the walk would list the tensors above it again and again."""
     if isinstance(obj, torch.Tensor):
         yield _path, obj
         return
@@ -82,10 +84,14 @@ def iter_tensor_paths(obj: Any, _path: tuple[Any, ...] = (), _depth: int = 0) ->
         return
     items = children(obj)
     if items is None:
+        if id(obj) in _within:
+            return
         items = _attributes(obj)
+        if items is not None:
+            _within = _within | {id(obj)}
     if items is not None:
         for key, item in items:
-            yield from iter_tensor_paths(item, (*_path, key), _depth + 1)
+            yield from iter_tensor_paths(item, (*_path, key), _depth + 1, _within)
 
 
 def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
