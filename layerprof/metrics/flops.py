@@ -44,7 +44,7 @@ from ..record.records import ModuleRecord
 from ..record.work_time import ran_ms
 from .meter import Meter, register_meter
 from .bytes import op_bytes
-from .formulas import NESTED_FORMULAS, flop_formula, is_free
+from .formulas import NESTED_FORMULAS, flop_formula, free, is_free
 from .module_formulas import module_flops_formula
 
 __all__ = ["FlopMeter", "FLOP_FIELDS"]
@@ -349,6 +349,8 @@ class FlopMeter(Meter):
     # -- ops -------------------------------------------------------------------------------------------------
     def _classify(self, func: Any) -> Any:
         formula = flop_formula(func)
+        if formula is free:  # (counted 0: no shapes to read for it, as for the free ops that carry a tag)
+            return _FREE
         if formula is not None:
             return formula
         if getattr(func, "is_view", False):
