@@ -58,14 +58,21 @@ def _is_key_value_cache(obj: Any) -> bool:
 def _attributes(obj: Any) -> Iterable[tuple[str, Any]] | None:
     """The public attributes, in the order they were set, of a plain object that holds tensors in them: one that
     holds a tensor in an attribute (torchvision's ``ImageList``: ``tensors``, the padded batch, and
-    ``image_sizes``) or a key/value cache (``layers.0.keys``, ``self_attention_cache...``); None for anything else.
+    ``image_sizes``) or a key/value cache (``layers.0.keys``, ``self_attention_cache...``: its first layer's);
+    None for anything else.
     A module's (its parameters) are not read."""
     if isinstance(obj, (torch.nn.Module, type)):
         return None
     attributes = getattr(obj, "__dict__", None)
     if not isinstance(attributes, dict):
         return None
-    if not (_is_key_value_cache(obj) or any(isinstance(value, torch.Tensor) for value in attributes.values())):
+    if _is_key_value_cache(obj):
+        # Its first layer stands for every layer's (in a plain cache, each holds keys and values of one shape): the
+        # cache is handed to every decoder layer's calls, and reading each layer's at each would make a forward's
+        # cost grow with the square of the depth (193 µs a call for 32 layers, 12 without the cache).
+        return [(key, value[:1] if key == "layers" and isinstance(value, list) else value)
+                for key, value in attributes.items() if not key.startswith("_")]
+    if not any(isinstance(value, torch.Tensor) for value in attributes.values()):
         return None
     return [(key, value) for key, value in attributes.items() if not key.startswith("_")]
 

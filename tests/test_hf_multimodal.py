@@ -60,10 +60,14 @@ def test_generate_shows_the_key_value_cache_growing_in_the_shapes() -> None:
     assert torch.equal(plain, profiled) and hook_state(model) == before
     root = prof.records[""]
     assert root.calls == reference[""] == 4
-    # The model's first call returns the cache it filled: per layer keys and values [batch 2, heads 2, 6, 16].
-    assert root.output_paths == ["logits"] + [f"cache.layers.{layer}.{kind}" for layer in (0, 1)
-                                              for kind in ("keys", "values")]
-    assert root.output_shapes == [[2, 1, 100]] + [[2, 2, 6, 16]] * 4
+    # The model's first call returns the cache it filled: keys and values [batch 2, heads 2, 6, 16], its first
+    # layer's standing for both layers' (every layer's call is handed the whole cache: read whole, a forward's walk
+    # would grow with the square of the depth).
+    assert root.output_paths == ["logits", "cache.layers.0.keys", "cache.layers.0.values"]
+    assert root.output_shapes == [[2, 1, 100]] + [[2, 2, 6, 16]] * 2
+    # The second layer is handed the cache too: its first layer's keys and values, filled by the first layer's call.
+    assert prof.records["transformer.h.1"].input_paths == ["0", "1.layers.0.keys", "1.layers.0.values", "position_ids"]
+    assert not any(".layers.1." in path for record in prof.records.values() for path in record.input_paths or ())
     # Every call of the model and of each layer differs from the others: the cache is one position longer.
     for name in ("", "transformer", "transformer.h.0", "transformer.h.1"):
         assert prof.records[name].shape_variants == 4, name
