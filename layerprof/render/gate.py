@@ -215,6 +215,7 @@ def different_models(a: Profile, b: Profile) -> str | None:
 _SETTINGS: tuple[tuple[str, Any], ...] = (
     ("device", "on {}".format), ("dtype", "in {}".format),
     ("threads", lambda count: f"with {format_counted(count, 'thread')}"),
+    ("autocast", lambda dtype: f"under torch.autocast ({dtype})" if dtype else "without torch.autocast"),
 )
 _MACHINE: tuple[tuple[str, Any], ...] = (("cpu", "CPU {!r}".format), ("gpu", "GPU {!r}".format),
                                          ("torch", "torch {}".format))
@@ -222,7 +223,7 @@ _MACHINE: tuple[tuple[str, Any], ...] = (("cpu", "CPU {!r}".format), ("gpu", "GP
 
 def different_settings(a: Profile, b: Profile, names: tuple[str, str] = ("A", "B")) -> str | None:
     """Why A and B were not measured the same way (None when they were, as far as both say): another device,
-    dtype or thread count; steps of forward only against steps with backward; a time taken with meters that
+    dtype, thread count or torch.autocast; steps of forward only against steps with backward; a time taken with meters that
     slow the step (``timing_distorted_by``) against one without. ``names``: what to call them."""
     found = [why for why in (_differing(a, b, _SETTINGS, names), _different_steps(a, b, names)) if why]
     return "; ".join(found) if found else None
@@ -280,11 +281,16 @@ def _differing(a: Profile, b: Profile, keys: tuple[tuple[str, Any], ...], names:
 
 def _settings(environment: dict[str, Any]) -> dict[str, Any]:
     """An environment with its device as the device's type: the same GPU model as ``cuda:0`` or ``cuda:1`` runs a
-    step alike (the GPU's name is compared as the machine's)."""
+    step alike (the GPU's name is compared as the machine's); and ``autocast``, its dtype or False."""
+    found = dict(environment)
     device = environment.get("device")
     if isinstance(device, str):
-        return {**environment, "device": device.partition(":")[0]}
-    return dict(environment)
+        found["device"] = device.partition(":")[0]
+    if environment.get("input_dtype") is not None:
+        # Where the input was seen, so was torch.autocast (``autocast_dtype``, absent without it): a float32 model's
+        # step under bf16 autocast computes its matrix products in bf16, which its ``dtype`` does not say.
+        found["autocast"] = environment.get("autocast_dtype") or False
+    return found
 
 
 _AGAINST = " (against the rest of the model)"
