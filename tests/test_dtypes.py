@@ -31,6 +31,14 @@ def _profile(model: nn.Module, x: torch.Tensor, autocast: torch.dtype | None = N
     return prof
 
 
+def _profile_forward(model: nn.Module, x: torch.Tensor) -> tuple[LayerProf, torch.Tensor]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch.ao.quantization's deprecation, the one-step note)
+        with LayerProf(model, metrics=("flops", "params")) as prof:
+            out = model(x)
+    return prof, out
+
+
 def test_a_comparison_says_when_one_step_ran_under_autocast() -> None:
     # A float32 model profiled plainly and under bf16 autocast: the parameters' dtype is float32 in both, so the
     # comparison said nothing of the step computing its matrix products in bfloat16, and a gate
@@ -44,3 +52,37 @@ def test_a_comparison_says_when_one_step_ran_under_autocast() -> None:
     assert "Measured otherwise" not in str(compare(plain, _profile(_mlp(), x)))
     half = str(compare(amp, _profile(_mlp(), x, autocast=torch.float16)))
     assert "a ran under torch.autocast (bfloat16) and b under torch.autocast (float16)" in half
+
+
+def _quantized(dtype: torch.dtype) -> nn.Module:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch.ao.quantization warns that it is deprecated)
+        return torch.ao.quantization.quantize_dynamic(_mlp(), {nn.Linear}, dtype=dtype)
+
+
+def test_dynamically_quantized_linears_count_their_packed_weights_and_read_them() -> None:
+    # quantize_dynamic packs each Linear's weight and bias into a torch.ScriptObject, no parameter or buffer: the
+    # quantized model read "Params: 0 | Size: 0 B", and each Linear's bytes read only its input and output.
+    model, x = _quantized(torch.qint8), torch.randn(4, 16)
+    expected = model(x)
+    prof, out = _profile_forward(model, x)
+    assert torch.equal(out, expected)
+    first, second, root = prof.records["0"], prof.records["2"], prof.tree
+    assert first.params == 16 * 32 + 32 and second.params == 32 * 8 + 8 and root.params == 808
+    assert root.trainable_params == 0  # (no optimizer sees them: not in parameters())
+    assert root.param_dtypes == {"qint8": 16 * 32 + 32 * 8, "float32": 32 + 8}
+    assert first.param_bytes == 16 * 32 * 1 + 32 * 4 and root.param_bytes == 768 + 40 * 4  # 928
+    assert prof.records["0._packed_params"].own_params == 544
+    assert root.flops_forward == 2 * 4 * 16 * 32 + 2 * 4 * 32 * 8  # 6,144
+    # x [4, 16] float32 256 + int8 weight [16, 32] 512 + float32 bias 128 read, out [4, 32] float32 512 written
+    assert first.bytes_forward == 256 + 512 + 128 + 512
+
+
+def test_a_float16_dynamically_quantized_linear_counts_its_weights_in_float16() -> None:
+    # dtype=torch.float16 stores the weights in float16 (they unpack to float32); biases stay float32.
+    model, x = _quantized(torch.float16), torch.randn(4, 16)
+    prof, _ = _profile_forward(model, x)
+    assert prof.tree.param_dtypes == {"float16": 768, "float32": 40}
+    assert prof.tree.param_bytes == 768 * 2 + 40 * 4  # 1,696
+    # x 256 + float16 weight [16, 32] 1,024 + bias 128 read, out 512 written
+    assert prof.records["0"].bytes_forward == 256 + 1024 + 128 + 512

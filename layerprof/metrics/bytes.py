@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 
 from .._torch import sparse_parts, storage_key
+from .packed import packed_linear_bytes
 
 __all__ = ["BYTES_FORMULAS", "register_bytes_formula", "op_bytes", "tensor_bytes", "BytesFormula"]
 
@@ -219,3 +220,10 @@ def index_select_bytes(source: torch.Tensor, dim: int, index: torch.Tensor, *arg
                        **kwargs: Any) -> int:
     """Reads the index and the slices it selects, writes them."""
     return tensor_bytes(index) + 2 * _written(out)  # source: [..., n, ...], index: [k] -> out: [..., k, ...]
+
+
+for _name, _itemsize in (("linear_dynamic", 1), ("linear_relu_dynamic", 1), ("linear_dynamic_fp16", 2),
+                         ("linear_relu_dynamic_fp16", 2)):
+    # A dynamically quantized Linear's weight is packed in an object, no tensor: priced from the shapes it multiplies.
+    if hasattr(torch.ops.quantized, _name):
+        register_bytes_formula(getattr(torch.ops.quantized, _name))(packed_linear_bytes(_itemsize))

@@ -16,10 +16,12 @@ from .._tensors import is_lazy
 from ..record.fields import Field, declare
 from ..record.records import ModuleRecord
 from .meter import Meter, register_meter
+from .packed import packed_tensors
 
 __all__ = ["ParamsMeter", "PARAM_FIELDS", "module_params", "measure_params"]
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
+_PACKED = "packed"  # a weight packed in a torch.ScriptObject (a quantized layer's): counted as a frozen parameter
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -47,10 +49,10 @@ class _Totals:
         self.params = self.trainable = self.param_bytes = self.buffers = self.buffer_bytes = 0
         self.dtypes: dict[str, int] = {}
 
-    def add_param(self, param: torch.Tensor) -> None:
+    def add_param(self, param: torch.Tensor, trainable: bool = True) -> None:
         count = param.numel()
         self.params += count
-        if param.requires_grad:
+        if trainable and param.requires_grad:
             self.trainable += count
         self.param_bytes += count * param.element_size()
         key = _dtype_name(param.dtype)
@@ -89,8 +91,9 @@ def measure_params(entries: Sequence[tuple[str, nn.Module]]) -> dict[str, dict[s
     for j in range(1, len(entries)):
         single[j] = len(parents[j]) == 1 and single[parents[j][0]]
     holders: dict[int, list[int]] = {}
-    tensors: dict[int, tuple[torch.Tensor, bool]] = {}  # id -> (tensor, is a parameter)
+    tensors: dict[int, tuple[torch.Tensor, Any]] = {}  # id -> (tensor, is a parameter; _PACKED: a packed weight)
     own = []
+    own_packed: dict[int, list[torch.Tensor]] = {}
     for i, (_, module) in enumerate(entries):
         params = _tensors(module._parameters) if module._parameters else {}
         buffers = _tensors(module._buffers) if module._buffers else {}
@@ -101,6 +104,12 @@ def measure_params(entries: Sequence[tuple[str, nn.Module]]) -> dict[str, dict[s
         for key, tensor in buffers.items():
             holders.setdefault(key, []).append(i)
             tensors[key] = (tensor, False)
+        packed = packed_tensors(module)
+        if packed:  # (a quantized layer's weights, held alive in ``tensors`` while their ids key it)
+            own_packed[i] = packed
+            for tensor in packed:
+                holders.setdefault(id(tensor), []).append(i)
+                tensors[id(tensor)] = (tensor, _PACKED)
     totals = [_Totals() for _ in entries]  # tensors added upwards, child to parent
     shared: dict[int, _Totals] = {}  # tensors added to each module above their holders directly
     for key, held_by in holders.items():
@@ -110,7 +119,10 @@ def measure_params(entries: Sequence[tuple[str, nn.Module]]) -> dict[str, dict[s
         else:
             targets = [shared.setdefault(i, _Totals()) for i in _ancestors(held_by, parents)]
         for target in targets:
-            (target.add_param if is_param else target.add_buffer)(tensor)
+            if is_param is _PACKED:
+                target.add_param(tensor, trainable=False)  # (no optimizer sees it: not in parameters())
+            else:
+                (target.add_param if is_param else target.add_buffer)(tensor)
     for j in range(len(entries) - 1, 0, -1):  # children after parents: a child's sums are final here
         if single[j] and totals[j].params | totals[j].buffers:
             totals[parents[j][0]].add(totals[j])
@@ -146,8 +158,8 @@ def measure_params(entries: Sequence[tuple[str, nn.Module]]) -> dict[str, dict[s
             "trainable_params": total.trainable,
             "param_bytes": total.param_bytes,
             "param_dtypes": dict(total.dtypes),
-            "own_params": sum(p.numel() for p in mine.values()) if mine else 0,
-            "own_param_bytes": sum(_bytes(p) for p in mine.values()) if mine else 0,
+            "own_params": sum(p.numel() for p in (*mine.values(), *own_packed.get(i, ()))),
+            "own_param_bytes": sum(_bytes(p) for p in (*mine.values(), *own_packed.get(i, ()))),
             "shared_params": shared_params,
             "shared_with": shared_with,
             "buffers": total.buffers,
