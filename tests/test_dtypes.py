@@ -86,3 +86,42 @@ def test_a_float16_dynamically_quantized_linear_counts_its_weights_in_float16() 
     assert prof.tree.param_bytes == 768 * 2 + 40 * 4  # 1,696
     # x 256 + float16 weight [16, 32] 1,024 + bias 128 read, out 512 written
     assert prof.records["0"].bytes_forward == 256 + 1024 + 128 + 512
+
+
+class _Quantizable(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = torch.ao.quantization.QuantStub(), torch.ao.quantization.DeQuantStub()
+        self.conv, self.relu = nn.Conv2d(3, 8, 3), nn.ReLU()
+        self.up = nn.ConvTranspose2d(8, 4, 2, stride=2)
+        self.fc = nn.Linear(4 * 12 * 12, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.up(self.relu(self.conv(self.quant(x))))
+        return self.dequant(self.fc(x.flatten(1)))
+
+
+def test_a_statically_quantized_model_counts_the_flops_of_its_float_form() -> None:
+    # quantized::conv2d, quantized::conv_transpose2d and quantized::linear (and aten.quantize_per_tensor,
+    # aten.dequantize) had no formula: the int8 model counted 0 FLOPs, listing 5 unknown ops.
+    torch.manual_seed(0)
+    model, x = _Quantizable().eval(), torch.randn(2, 3, 8, 8)
+    float_prof, _ = _profile_forward(model, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.qconfig = torch.ao.quantization.get_default_qconfig("fbgemm")
+        model.up.qconfig = torch.ao.quantization.default_qconfig  # (per-tensor weights: a transposed convolution's)
+        prepared = torch.ao.quantization.prepare(model)
+        prepared(x)
+        quantized = torch.ao.quantization.convert(prepared)
+    expected = quantized(x)
+    prof, out = _profile_forward(quantized, x)
+    assert torch.equal(out, expected) and prof.unknown_ops() == {}
+    conv = 2 * (2 * 8 * 6 * 6) * (3 * 3 * 3)  # out [2, 8, 6, 6], 27 MACs each: 31,104
+    up = 2 * (2 * 8 * 6 * 6) * (4 * 2 * 2)  # each input element meets c_out * 2 * 2 weights: 18,432
+    fc = 2 * 2 * 576 * 4  # 9,216
+    flops = {name: prof.records[name].flops_forward for name in ("conv", "up", "fc")}
+    assert flops == {"conv": conv, "up": up, "fc": fc}
+    assert prof.tree.flops_forward == float_prof.tree.flops_forward == conv + up + fc
+    # qint8 weights and float32 biases, packed: conv 216 + 8, up 128 + 4, fc 2,304 + 4
+    assert prof.tree.param_dtypes == {"qint8": 216 + 128 + 2304, "float32": 8 + 4 + 4}

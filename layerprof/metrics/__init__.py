@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from . import params, shapes, memory, live_bytes, flops, roofline  # noqa: F401  (register the built-in meters and fields)
 from . import vision_formulas  # noqa: F401  (register the FLOP formulas of torchvision's ops)
+from . import quantized_formulas  # noqa: F401  (and those of statically quantized layers)
 from .meter import DEFAULT_METRICS, METERS, Meter, make_meters, measures, register_meter
 
 __all__ = ["Meter", "METERS", "register_meter", "make_meters", "DEFAULT_METRICS", "measures"]
