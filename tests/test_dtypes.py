@@ -125,3 +125,15 @@ def test_a_statically_quantized_model_counts_the_flops_of_its_float_form() -> No
     assert prof.tree.flops_forward == float_prof.tree.flops_forward == conv + up + fc
     # qint8 weights and float32 biases, packed: conv 216 + 8, up 128 + 4, fc 2,304 + 4
     assert prof.tree.param_dtypes == {"qint8": 216 + 128 + 2304, "float32": 8 + 4 + 4}
+
+
+def test_a_complex_convolution_counts_the_three_real_ones_torch_runs() -> None:
+    # The convention (docs/flops.md): a complex product counts 4 real MACs per complex one; torch runs a complex
+    # convolution as 3 real ones (Gauss's trick), counted as they ran, as FlopCounterMode counts them.
+    torch.manual_seed(0)
+    model = nn.Conv1d(2, 4, 3, bias=False, dtype=torch.cfloat)
+    x = torch.randn(1, 2, 10, dtype=torch.cfloat)
+    prof, _ = _profile_forward(model, x)
+    assert prof.tree.flops_forward == 3 * 2 * (1 * 4 * 8) * (2 * 3)  # out [1, 4, 8], 6 MACs each, 3 times: 1,152
+    assert prof.tree.param_bytes == 4 * 2 * 3 * 8  # complex64: 8 bytes an element
+    assert prof.tree.param_dtypes == {"complex64": 24}
