@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import warnings
 import weakref
 from pathlib import Path
 from typing import Any, Iterable
@@ -54,10 +55,14 @@ def _watched(action_name: str) -> bool:
 class _EndOnException(_callbacks.Callback):
     """Ends its profiler's profile when the run raises: Lightning tells its callbacks (not its profiler) of an
     exception, and outside the training epoch's batches (``on_train_epoch_end``, a scheduler stepped at an epoch's
-    end, ``on_train_end``) no action of the profiler sees it."""
+    end, ``on_train_end``) no action of the profiler sees it. It also tells the profiler when training is over
+    (``on_train_end``): until then no batch is known to be the last, and ``summary()`` leaves the profile running."""
 
     def __init__(self, profiler: LayerProfProfiler) -> None:
         self.profiler = profiler
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self.profiler._training_over = True  # (first of the callbacks: a summary() in a later one ends the profile)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         if self.profiler._prof is not None:  # else: ended by the action it was raised in, or never begun
@@ -104,6 +109,7 @@ class LayerProfProfiler(_profilers.Profiler):
         self._root: RootStep | None = None
         self._handling: dict[str, BaseException | None] = {}  # per watched action, the exception handled at its start
         self._trainer: Any = None  # a weak reference to the trainer of the run being profiled
+        self._training_over = False  # the run's training ended (on_train_end began): no batch follows
         self._rank = 0
         self._run = 1  # the number of the run being profiled, in its files' names
         self.profiles: list[Profile] = []  # one per run (fit) that recorded a batch, in order
@@ -191,6 +197,7 @@ class LayerProfProfiler(_profilers.Profiler):
         prof = LayerProf(module, metrics=self.metrics, schedule=GapSchedule.around(self.schedule,
                                                                                    _batches_done(trainer)))
         prof._give_way = self._give_way
+        self._training_over = False
         # Under DDP the strategy trains a DistributedDataParallel of the LightningModule: the ddp_comm meter times it.
         time_ddp_wrapper(prof.metrics, getattr(getattr(trainer, "strategy", None), "model", None))
         prof.start()
@@ -200,6 +207,12 @@ class LayerProfProfiler(_profilers.Profiler):
 
     def _folder(self) -> Path:
         return Path(self.dirpath if self.dirpath is not None else os.getcwd())
+
+    def _still_training(self) -> bool:
+        """Whether the run being profiled may still train batches: its trainer runs, before ``on_train_end``."""
+        trainer = self._trainer() if self._trainer is not None else None
+        status = getattr(getattr(trainer, "state", None), "status", None)
+        return not self._training_over and status is not None and getattr(status, "value", status) == "running"
 
     def _give_way(self) -> bool:
         """A new profiler wants the model: end this one if its trainer is no longer running (it stopped on an
@@ -233,9 +246,18 @@ class LayerProfProfiler(_profilers.Profiler):
                                        lambda: write_profile_files(profile, stem))
 
     def summary(self) -> str:
-        """The annotated summary of the last run's profiled batches ("" before any batch ran)."""
+        """The annotated summary of the last run's profiled batches ("" before any batch ran). Called while the
+        trainer is still training (from a callback at an epoch's end), it is the last finished run's ("" in the
+        first), with a warning: ending the running profile there would split the run into two profiles."""
         if self._prof is not None:
-            self._finish()
+            if self._still_training():
+                warnings.warn("LayerProfProfiler.summary() was called while the trainer is still training: this "
+                              "run's profile is made when its training ends, and ending it here would split the run "
+                              "in two. It returns the last finished run's summary (\"\" before the first ends); call "
+                              "it after trainer.fit returns (or from an on_train_end hook)", RuntimeWarning,
+                              stacklevel=2)
+            else:
+                self._finish()
         if self.profile_result is None:
             return ""
         return self.profile_result.layerwise_summary(footer=True)
