@@ -92,3 +92,56 @@ def test_a_summary_printed_at_each_epochs_end_leaves_the_run_one_profile(tmp_pat
     assert len(told) == 3 and "still training" in told[0] and "after trainer.fit" in told[0]
     assert not [w for w in caught if "resumed" in str(w.message)]
     _clean(module, before)
+
+
+# -- the Hugging Face Trainer ----------------------------------------------------------------------------------------
+def _transformers():
+    pytest.importorskip("accelerate")
+    return pytest.importorskip("transformers")
+
+
+class _Tokens(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int) -> dict:
+        ids = torch.randint(0, 100, (8,), generator=torch.Generator().manual_seed(index))
+        return {"input_ids": ids, "labels": torch.tensor(index % 2)}
+
+
+def _bert():
+    transformers = _transformers()
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32, max_position_embeddings=16)
+    return transformers.BertForSequenceClassification(config)
+
+
+def _hf_trainer(model, folder: Path, callbacks: list, **options):
+    transformers = _transformers()
+    settings = {"per_device_train_batch_size": 2, "max_steps": 2, "report_to": [], "save_strategy": "no", **options}
+    args = transformers.TrainingArguments(output_dir=str(folder), use_cpu=True, disable_tqdm=True, logging_steps=100,
+                                          **settings)
+    return transformers.Trainer(model=model, args=args, train_dataset=_Tokens(), callbacks=callbacks)
+
+
+def test_a_trainer_handed_a_compiled_model_is_refused_as_training_begins_saying_what_to_hand_it(
+        tmp_path: Path) -> None:
+    # Trainer(model=torch.compile(model)) was refused at the first step with LayerProf's own advice,
+    # 'Profile the eager module instead: LayerProf(compiled._orig_mod)', which a Trainer's user cannot follow.
+    from layerprof.collect.compiled import RefusedModel
+    from layerprof.integrations.transformers import LayerProfCallback
+
+    model = _bert()
+    before = _hooks(model)
+    callback = LayerProfCallback()
+    trainer = _hf_trainer(torch.compile(model, backend="eager"), tmp_path, [callback])
+    began: list[int] = []
+    trainer.add_callback(type("Steps", (_transformers().TrainerCallback,), {
+        "on_step_begin": lambda self, args, state, control, **kwargs: began.append(state.global_step)}))
+    with pytest.raises(RefusedModel, match=r"LayerProfCallback cannot profile a Trainer handed a torch\.compile'd "
+                                           r"model \(BertForSequenceClassification\).*Trainer\(model=model\)"):
+        trainer.train()
+    assert began == []  # refused as training begins, before its first step
+    _clean(model, before)
+    assert callback.profile is None and not list(tmp_path.glob("layerprof*"))

@@ -26,7 +26,8 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .._torch import add_call_wrapper, remove_call_wrapper
+from .._torch import add_call_wrapper, compiled_module_type, remove_call_wrapper
+from ..collect.compiled import RefusedModel
 from ..collect.profiler import LayerProf
 from ..collect.schedule import Schedule
 from ..distributed.comm import time_ddp_wrapper
@@ -115,6 +116,19 @@ def _refuse_compiled_training(args: Any) -> None:
             "eager model's module times), or train compiled without the callback.")
 
 
+def _refuse_compiled_model(model: Any) -> None:
+    """Refuse, before the first step, a Trainer handed a ``torch.compile``'d model (``Trainer(model=torch.compile(
+    model))``): compiled graphs skip module hooks. LayerProf's own refusal, at the first step, told to profile
+    ``LayerProf(compiled._orig_mod)``, which a Trainer's user does not write."""
+    compiled = compiled_module_type()
+    if compiled is not None and isinstance(model, compiled):
+        inner = getattr(model, "_orig_mod", None)
+        raise RefusedModel(
+            f"LayerProfCallback cannot profile a Trainer handed a torch.compile'd model ({type(inner).__name__}): "
+            "compiled graphs skip module hooks, so no module of it could be timed. Hand the Trainer the eager model "
+            "(Trainer(model=model), not torch.compile(model)) to profile it, or train compiled without the callback.")
+
+
 class LayerProfCallback(_transformers.TrainerCallback):
     """A TrainerCallback that runs LayerProf over the training steps.
 
@@ -156,6 +170,7 @@ class LayerProfCallback(_transformers.TrainerCallback):
         if self._prof is not None:  # an earlier run (or attempt, with auto_find_batch_size) that raised
             self._finish(partial=_OVER)
         _refuse_compiled_training(args)
+        _refuse_compiled_model(kwargs.get("model"))
         self._run, self._context = _train_frame(), (args, state)
         handler = getattr(self._trainer(), "callback_handler", None)
         ours = [c for c in getattr(handler, "callbacks", ()) if isinstance(c, LayerProfCallback)]
