@@ -75,7 +75,7 @@ def test_the_hosts_median_over_steps_leaves_a_slow_step_out(fake_events: list[Fa
     model = nn.Sequential(busy, nn.Linear(16, 16))
     model(torch.randn(8, 16)).sum().backward()
     with LayerProf(nn.ModuleDict({"model": model, "skipper": skipper})) as prof:
-        for ms in (1.0, 1.0, 20.0, 1.0):  # one slow step on the host
+        for ms in (1.0, 1.0, 50.0, 1.0):  # one slow step on the host
             busy.ms = ms
             out = model(torch.randn(8, 16))
             if ms > 1.0:
@@ -84,8 +84,10 @@ def test_the_hosts_median_over_steps_leaves_a_slow_step_out(fake_events: list[Fa
             prof.step()
     record = prof.records["model.0"]
     assert record.steps == 4
-    assert 1.0 <= record.host_forward_ms_median < 5.0  # the median of about 1, 1, 20 and 1 ms
-    assert record.host_forward_ms >= (3 * 1.0 + 20.0) / 4  # the mean holds the slow step
+    # the median of about 1, 1, 50 and 1 ms (below 12 however a loaded machine stretches the 1 ms steps: the full
+    # suite beside three other jobs read 5.06 ms), where the mean holds the slow step
+    assert 1.0 <= record.host_forward_ms_median < 12.0
+    assert record.host_forward_ms >= (3 * 1.0 + 50.0) / 4
     # A module that ran in one step of four: zeros in the others, as its forward time has.
     skipped = prof.records["skipper"]
     assert skipped.host_forward_ms_median == 0.0 and 0.2 < skipped.host_forward_ms < 0.5
@@ -214,12 +216,15 @@ def test_on_a_gpu_bound_profile_the_hooks_move_neither_recomputations_nor_the_wr
             prof.step()
     # A wrapper costs 0.05 ms cold, 0.01 ms right after another, 0.03 ms after 5 ms of other work.
     cost = WrapCost(0.05, 0.0, gap_points=((0.0, 0.0, 0.01), (5.0, 5.0, 0.03), (50.0, 50.0, 0.05)))
-    figures = []
+    figures, colds = [], []
     for hooks in (0.0, 0.2):
         prof.profile.meta["hook_ms"] = hooks
         plan = prof.checkpoint_plan(0.5, wrap_cost=cost)
         figures.append((plan.modules, plan.extra_ms, [c.wrap_ms for c in plan.chosen]))
-    assert len(figures[0][0]) >= 2 and figures[0][1] < plan.cold_extra_ms  # gaps priced: below cold
+        colds.append(plan.cold_extra_ms)
+    # gaps priced: below the same plan's cold figure (the second plan's takes the hooks off its recomputations: on a
+    # loaded machine, where the gaps read long and little is saved, the first plan's figure can stand above it)
+    assert len(figures[0][0]) >= 2 and figures[0][1] < colds[0]
     assert figures[1] == figures[0]
 
 
