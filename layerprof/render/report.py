@@ -23,6 +23,7 @@ from ..record.untimed import untimed_note
 from ..record.roofs import peaks_of
 from .plot_roofline import plot_roofline, roofline_points
 from .checkpoint import frontier_svg, plan_text
+from .summary import partial_note
 from .trace import call_slices
 from .units import format_bytes, format_counted, format_value
 
@@ -98,6 +99,7 @@ def report_data(root: ModuleRecord, meta: dict[str, Any] | None = None) -> dict[
         "subtitle": format_counted(len(records), "module")
         + (f", {format_counted(steps, 'profiled step')}" if steps else ""),
         "untimed": untimed_note(meta),  # (the timeline's caption: why it is empty)
+        "notice": partial_note(meta or {}),  # a run that ended early says so above everything it drew
         "metrics": [{"name": m, "label": FIELDS[m].label} for m in metrics],
         "columns": [{"name": c, "label": FIELDS[c].label, "numeric": True} for c in columns],
         "nodes": nodes,
@@ -149,6 +151,10 @@ def _checkpoint_section(plan: Any) -> str:
             f"  <pre>{html.escape(plan_text(plan))}</pre>\n</section>\n")
 
 
+def _notice(notice: str | None) -> str:
+    return f'<p id="notice" role="note">{html.escape(notice)}</p>\n' if notice else ""
+
+
 def _asset(name: str) -> str:
     return resources.files(__package__).joinpath("report_assets", name).read_text(encoding="utf-8")
 
@@ -187,7 +193,7 @@ def report_html(root: ModuleRecord, meta: dict[str, Any] | None = None, checkpoi
 </head>
 <body>
 <header><h1>{title}</h1><span id="subtitle"></span></header>
-<section id="tree-section">
+{_notice(data["notice"])}<section id="tree-section">
   <div class="controls">
     <label>metric <select id="metric"></select></label>
     <button id="zoom-out" type="button">zoom out</button>
