@@ -96,10 +96,37 @@ def test_report_of_a_partial_profile_says_it_is_partial() -> None:
     assert 'id="notice"' not in whole.to_report()
 
 
+def test_report_notes_modules_run_in_the_counted_step_or_some_steps_only() -> None:
+    """The table showed "0" calls beside the encoder's FLOPs and "0.667" calls for a module run in 2 of 3 steps,
+    with nothing saying why; it now has a Note column (and a tooltip line) with what the summary says."""
+    prof = _skippy()
+    data = report_data(prof.profile.tree, prof.profile.meta)
+    nodes = {node["name"]: node for node in data["nodes"]}
+    assert data["columns"][-1] == {"name": "note", "label": "Note", "numeric": False}
+    assert nodes["encoder"]["note"] == "ran only in the counted step, which the times leave out"
+    assert nodes["encoder"]["note_short"] == "counted step only"
+    assert nodes["encoder"]["values"]["calls"] == 0 and nodes["encoder"]["values"]["flops"] > 0
+    assert nodes["extra"]["note"] == "ran in 2 of 3 steps"
+    assert nodes["unused"]["note"] == "not run"
+    assert nodes["body"]["note"] == "" and nodes[""]["note"] == ""
+    summary = prof.layerwise_summary()
+    assert "ran in 2 of 3 steps" in summary and "ran only in the counted step" in summary
+    plain = _partial()  # every module ran in every step: no Note column
+    assert all(c["name"] != "note" for c in report_data(plain.profile.tree, plain.profile.meta)["columns"])
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (apt-get install chromium)")
-def test_report_notice_in_the_browser(tmp_path: Path) -> None:
+def test_report_notice_and_notes_in_the_browser(tmp_path: Path) -> None:
     path = tmp_path / "partial.html"
     _partial().to_report(path)
     _, dom = _selftest(path)
     assert ('<p id="notice" role="note">Partial profile (3 steps recorded): interrupted (KeyboardInterrupt)</p>'
             in dom)
+    path = tmp_path / "skippy.html"
+    _skippy().to_report(path)
+    check, dom = _selftest(path)
+    assert '<th class="text">Note</th>' in dom
+    assert '<td class="text" title="ran in 2 of 3 steps">ran in 2 of 3 steps</td>' in dom
+    # (short in its cell, so that the table fits the page; whole in the cell's title and the tooltip)
+    assert '<td class="text" title="ran only in the counted step, which the times leave out">counted step only</td>' in dom
+    assert "note:" not in check["tooltip"]  # the root ran in every step: no note line

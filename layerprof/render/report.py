@@ -23,7 +23,7 @@ from ..record.untimed import untimed_note
 from ..record.roofs import peaks_of
 from .plot_roofline import plot_roofline, roofline_points
 from .checkpoint import frontier_svg, plan_text
-from .summary import partial_note
+from .summary import COUNTED_ONLY_NOTE, partial_note, run_note
 from .trace import call_slices
 from .units import format_bytes, format_counted, format_value
 
@@ -82,9 +82,11 @@ def report_data(root: ModuleRecord, meta: dict[str, Any] | None = None) -> dict[
     columns = [c for c in _present(records, tree, _TABLE + tuple(METRICS)) if c != "time_percent"] + (
         ["time_percent"] if "time_percent" in _present(records, tree, ("time_percent",)) else [])
     shown_fields = list(dict.fromkeys(metrics + columns))
+    # How a module ran where its figures alone mislead (0 calls beside FLOPs: it ran in the counted step only).
+    notes = [run_note(record, tree) for record in records]
     index = {record.name: i for i, record in enumerate(records)}
     nodes = []
-    for record in records:
+    for record, note in zip(records, notes):
         values = {name: _value(tree, record, name) for name in shown_fields}
         nodes.append({
             "name": record.name, "label": record.short_name or record.type, "type": record.type,
@@ -92,6 +94,8 @@ def report_data(root: ModuleRecord, meta: dict[str, Any] | None = None) -> dict[
             "summed": tree.summed(record),
             "values": values,
             "shown": {name: format_value(FIELDS[name].unit, value) for name, value in values.items()},
+            "note": note or "",  # (the tooltip's and the cell's title; the cell shows it short, to fit the page)
+            "note_short": "counted step only" if note == COUNTED_ONLY_NOTE else note or "",
         })
     steps = (meta or {}).get("steps")
     return {
@@ -101,7 +105,8 @@ def report_data(root: ModuleRecord, meta: dict[str, Any] | None = None) -> dict[
         "untimed": untimed_note(meta),  # (the timeline's caption: why it is empty)
         "notice": partial_note(meta or {}),  # a run that ended early says so above everything it drew
         "metrics": [{"name": m, "label": FIELDS[m].label} for m in metrics],
-        "columns": [{"name": c, "label": FIELDS[c].label, "numeric": True} for c in columns],
+        "columns": [{"name": c, "label": FIELDS[c].label, "numeric": True} for c in columns]
+        + ([{"name": "note", "label": "Note", "numeric": False}] if any(notes) else []),
         "nodes": nodes,
         "timeline": _timeline(records, tree),
     }

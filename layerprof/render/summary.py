@@ -16,13 +16,31 @@ from .footer import summary_footer
 from .plot_metrics import how_to_record, run_lacks
 from .units import format_count, format_counted, format_ms
 
-__all__ = ["annotated_repr", "summary_header", "partial_note", "unknown_ops_note", "SUMMED_NOTE",
-           "COUNTED_ONLY_NOTE"]
+__all__ = ["annotated_repr", "summary_header", "partial_note", "unknown_ops_note", "run_note", "SUMMED_NOTE",
+           "COUNTED_ONLY_NOTE", "NOT_RUN_NOTE"]
 
 # Marks a module never called itself (a ModuleList) that shows the totals of its children (``record/summed.py``).
 SUMMED_NOTE = "sum of its children: not called itself"
 # Marks a module that ran only in the step its FLOPs, memory and shapes were counted in (``counted_only``).
 COUNTED_ONLY_NOTE = "ran only in the counted step, which the times leave out"
+# Marks a module never called in the profiled steps (an unused branch, a holder of packed weights).
+NOT_RUN_NOTE = "not run"
+
+
+def steps_note(record: ModuleRecord) -> str | None:
+    """``ran in 2 of 3 steps`` for a module that some recorded steps did not run (its figures count 0 there)."""
+    steps, steps_run = getattr(record, "steps", 0), getattr(record, "steps_run", 0)
+    return f"ran in {steps_run} of {steps} steps" if steps and 0 < steps_run < steps else None
+
+
+def run_note(record: ModuleRecord, values: TreeValues) -> str | None:
+    """How a module ran, where its figures alone would mislead: not run, only in the counted step, or in some
+    steps only; None for a module run in every step and for a summed container (its own note says it)."""
+    if values.summed(record):
+        return None
+    if not ran(record):
+        return COUNTED_ONLY_NOTE if counted_only(record) else NOT_RUN_NOTE
+    return steps_note(record)
 
 
 def _indent(text: str, spaces: int) -> str:
@@ -37,7 +55,7 @@ def _annotation(record: ModuleRecord, values: TreeValues, columns: list[Column])
         return ""
     summed = values.summed(record)
     if not summed and not ran(record) and not counted_only(record):
-        return "【not run】"
+        return f"【{NOT_RUN_NOTE}】"
     parts = [column.text(values.view(record), values.view(values.root)) for column in columns]
     if summed:
         parts.append(SUMMED_NOTE)
@@ -45,9 +63,9 @@ def _annotation(record: ModuleRecord, values: TreeValues, columns: list[Column])
         parts.append(COUNTED_ONLY_NOTE)
     if record.calls not in (0, 1) and all(column.name != "calls" for column in columns):
         parts.append(f"{format_count(record.calls)} calls")
-    steps, steps_run = getattr(record, "steps", 0), getattr(record, "steps_run", 0)
-    if steps and 0 < steps_run < steps:  # its figures count 0 in the other steps: say so where they are read
-        parts.append(f"ran in {steps_run} of {steps} steps")
+    some_steps = steps_note(record)
+    if some_steps is not None:  # its figures count 0 in the other steps: say so where they are read
+        parts.append(some_steps)
     return "【" + " | ".join(parts) + "】"
 
 

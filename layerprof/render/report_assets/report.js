@@ -48,6 +48,7 @@
     const lines = [[fullName(node), node.type]];
     if (node.summed) lines.push(["sum of its children:", "not called itself"]);
     data.columns.concat(data.metrics).forEach((c) => {
+      if (c.name === "note") { if (node.note) lines.push(["note:", node.note]); return; }
       if (!lines.some((l) => l[0] === c.label)) lines.push([c.label, node.shown[c.name]]);
     });
     return lines;
@@ -206,7 +207,7 @@
     const tr = document.createElement("tr");
     columns.forEach((c) => {
       const th = document.createElement("th");
-      th.textContent = c.label; th.className = c.name === "name" || c.name === "type" ? c.name : "";
+      th.textContent = c.label; th.className = c.name === "name" || c.name === "type" ? c.name : c.numeric === false ? "text" : "";
       if (state.sortBy === c.name) th.classList.add(state.sortDesc ? "sorted-desc" : "sorted-asc");
       th.addEventListener("click", () => { state.sortDesc = state.sortBy === c.name ? !state.sortDesc : c.name !== "name" && c.name !== "type";
                                            state.sortBy = c.name; drawHead(); drawTable(); });
@@ -219,8 +220,9 @@
     row.setAttribute("data-node", n.index);
     columns.forEach((c) => {
       const td = document.createElement("td");
-      td.className = c.name === "name" || c.name === "type" ? c.name : "";
+      td.className = c.name === "name" || c.name === "type" ? c.name : c.numeric === false ? "text" : "";
       if (c.name === "name") { td.textContent = td.title = fullName(n); td.style.paddingLeft = (8 + 12 * n.depth) + "px"; }
+      else if (c.name === "note") { td.textContent = n.note_short; td.title = n.note; }
       else td.textContent = c.name === "type" ? n.type : n.shown[c.name];
       row.appendChild(td);
     });
@@ -241,7 +243,7 @@
     let rows = needle ? nodes.filter((n) => haystack[n.index].includes(needle)) : nodes;
     if (state.sortBy) {
       const key = state.sortBy, sign = state.sortDesc ? -1 : 1;
-      const get = (n) => key === "name" ? fullName(n) : key === "type" ? n.type : n.values[key];
+      const get = (n) => key === "name" ? fullName(n) : key === "type" ? n.type : key === "note" ? n.note || null : n.values[key];
       rows = rows.slice().sort((a, b) => {
         const x = get(a), y = get(b);
         if (x === y) return a.index - b.index;
