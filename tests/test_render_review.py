@@ -69,7 +69,8 @@ def _skippy() -> LayerProf:
 def _selftest(path: Path) -> tuple[dict, str]:
     with tempfile.TemporaryDirectory() as profile_dir:
         result = subprocess.run(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", f"--user-data-dir={profile_dir}",
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+             f"--user-data-dir={profile_dir}",
              "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", "--dump-dom",
              "--window-size=1200,900", path.as_uri() + "#selftest"],
             capture_output=True, text=True, timeout=120)
@@ -128,5 +129,28 @@ def test_report_notice_and_notes_in_the_browser(tmp_path: Path) -> None:
     assert '<th class="text">Note</th>' in dom
     assert '<td class="text" title="ran in 2 of 3 steps">ran in 2 of 3 steps</td>' in dom
     # (short in its cell, so that the table fits the page; whole in the cell's title and the tooltip)
-    assert '<td class="text" title="ran only in the counted step, which the times leave out">counted step only</td>' in dom
+    assert ('<td class="text" title="ran only in the counted step, which the times leave out">counted step only</td>'
+            in dom)
     assert "note:" not in check["tooltip"]  # the root ran in every step: no note line
+
+
+# -- the plots ---------------------------------------------------------------------------------------------------
+def test_roofline_of_work_counted_only_in_an_untimed_step_says_so() -> None:
+    """An encoder run only in the counted step and a decoder timed in the others (Whisper's beam search stepped
+    per token): the roofline refused with "the model's modules only reshape or pass their inputs on", untrue of
+    an encoder of convolutions and Linears; it now says where the counted work ran and what to change."""
+    model = _Skippy()
+    model.body = nn.Identity()  # the timed steps do no counted work of their own (the decoder's, counted nowhere)
+    model.extra = nn.Identity()
+    with pytest.warns(RuntimeWarning, match="first profiled step"):
+        with LayerProf(model, metrics=("flops",), peaks={"flops": 1e11, "bandwidth": 1e10}) as prof:
+            for step in range(3):
+                model.step = step
+                model(torch.randn(2, 8, requires_grad=True)).sum().backward()
+                prof.step()
+    with pytest.raises(ValueError) as error:
+        prof.plot("roofline")
+    message = str(error.value)
+    assert "reshape or pass their inputs on" not in message
+    assert message.startswith("nothing to plot on a roofline: the modules with counted work (1 module, such as "
+                              "'encoder') ran only in the step the FLOP meter counts (the first profiled one)")

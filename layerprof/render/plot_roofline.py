@@ -16,6 +16,7 @@ from typing import Any
 from ..record.fields import FIELDS
 from ..record.records import ModuleRecord, preorder
 from ..record.roofs import no_roofs_for, peaks_of
+from ..record.summed import counted_only
 from ..record.untimed import untimed_note
 from ..record.work_time import step_ms, work_ms
 from .plot_metrics import root_of
@@ -108,6 +109,14 @@ def plot_roofline(profile: Any, metric: str = "total", ax: Any = None, labels: i
                          "module's attainable time there and whether compute or memory bounds it")
     points = roofline_points(root)
     if not points:
+        only_counted = [record for record in preorder(root) if counted_only(record) and (
+            getattr(record, "self_flops", None) or getattr(record, "self_bytes", None))]
+        if only_counted:  # (generate()'s encoder, profiled with prof.step() per token: counted, never timed)
+            raise ValueError(f"nothing to plot on a roofline: the modules with counted work ("
+                             f"{format_counted(len(only_counted), 'module')}, such as {only_counted[0].name!r}) ran "
+                             "only in the step the FLOP meter counts (the first profiled one), which the times leave out, "
+                             "and the modules timed did not run in it: make the first profiled step one that runs "
+                             "the modules to plot")
         if any(getattr(record, "flops_forward", None) is not None for record in preorder(root)):
             raise ValueError("nothing to plot on a roofline: no module did work of its own that the FLOP meter "
                              "counts (FLOPs or bytes) with a time to set it against; the model's modules only "
