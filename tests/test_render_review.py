@@ -154,3 +154,22 @@ def test_roofline_of_work_counted_only_in_an_untimed_step_says_so() -> None:
     assert "reshape or pass their inputs on" not in message
     assert message.startswith("nothing to plot on a roofline: the modules with counted work (1 module, such as "
                               "'encoder') ran only in the step the FLOP meter counts (the first profiled one)")
+
+
+def _with_memory() -> LayerProf:
+    net = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2))
+    with LayerProf(net, metrics=("memory",)) as prof:
+        for _ in range(2):
+            net(torch.randn(4, 16)).sum().backward()
+            prof.step()
+    return prof
+
+
+def test_report_frontier_scales_with_its_box() -> None:
+    """The report's frontier of checkpoint plans had width and height but no viewBox: the page's CSS stretched its
+    box to the page's width and the drawing kept to the left 640 px of it; it now scales in a box at most its own
+    width."""
+    page = _with_memory().to_report()
+    svg = re.search(r'<svg class="checkpoint-frontier"[^>]*>', page).group(0)
+    assert 'width="640" height="300" viewBox="0 0 640 300"' in svg
+    assert "svg.checkpoint-frontier { width: 100%; max-width: 640px; height: auto; }" in page

@@ -357,7 +357,7 @@ def frontier_svg(plan: Any, width: int = 640, height: int = 300) -> str:
         return " ".join(path)
 
     parts = [
-        f'<svg class="checkpoint-frontier" width="{width}" height="{height}" role="img" '
+        f'<svg class="checkpoint-frontier" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
         f'aria-label="frontier of checkpoint plans" xmlns="http://www.w3.org/2000/svg">',
         f'<line x1="{left}" y1="{height - bottom}" x2="{width - right}" y2="{height - bottom}" stroke="#888"/>',
         f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="#888"/>',
