@@ -173,3 +173,18 @@ def test_report_frontier_scales_with_its_box() -> None:
     svg = re.search(r'<svg class="checkpoint-frontier"[^>]*>', page).group(0)
     assert 'width="640" height="300" viewBox="0 0 640 300"' in svg
     assert "svg.checkpoint-frontier { width: 100%; max-width: 640px; height: auto; }" in page
+
+
+def test_top_plot_names_the_model_once() -> None:
+    """The model's own share read "Sequential (model) (Sequential)" beside "0.f (Linear)"; it reads
+    "Sequential (model)"."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ax = _with_memory().plot("top", k=10)
+    labels = [label.get_text() for label in ax.get_yticklabels()]
+    plt.close(ax.figure)
+    assert "Sequential (model)" in labels and not any("(model) (" in label for label in labels)
+    assert "0 (Linear)" in labels

@@ -229,15 +229,17 @@ def plot_top(profile: Any, k: int = 10, metric: str = "total", by_type: bool = F
     rows: dict[str, float] = defaultdict(float)
     kinds: dict[str, str] = {}
     counts: dict[str, int] = defaultdict(int)
+    model = "" if by_type else f"{root.type} (model)"  # the root's own share: its key names its type already
     for record, value in exclusive_values(layout):
-        key = record.type if by_type else record.name or f"{record.type} (model)"
+        key = record.type if by_type else record.name or model
         rows[key] += value
         kinds[key] = record.type
         counts[key] += 1
     ranked = sorted(rows.items(), key=lambda item: -item[1])
     shown, rest = ranked[:k], ranked[k:]
     keys = shortened_apart([key for key, _ in shown])
-    labels = [plain_text(f"{short} ×{counts[key]}" if by_type else f"{short} ({shortened(kinds[key])})")
+    labels = [plain_text(f"{short} ×{counts[key]}" if by_type else short if key == model
+                         else f"{short} ({shortened(kinds[key])})")
               for (key, _), short in zip(shown, keys)]
     widths = [value for _, value in shown]
     types = list(dict.fromkeys(kinds[key] for key, _ in shown))
