@@ -217,7 +217,7 @@ def test_a_comparison_writes_markdown_with_labelled_metrics_and_right_aligned_fi
     # teacher 32*64+64 + 64*10+10 = 2,762 parameters; student 32*16+16 + 16*10+10 = 698; 698/2762 = 0.253
     assert "| Params | 2.76k | 698 | -74.7% | 0.253x | student |" in lines
     # forward FLOPs 2*4*(32*64 + 64*10) = 21,504 and 2*4*(32*16 + 16*10) = 5,376: a quarter
-    assert "| Flops forward | 21.5 kFLOPs | 5.38 kFLOPs | -75.0% | 0.25x | student |" in lines
+    assert "| FLOPs forward | 21.5 kFLOPs | 5.38 kFLOPs | -75.0% | 0.25x | student |" in lines
     raw = teacher_student.to_markdown(raw=True).splitlines()
     assert raw[0] == "| metric | teacher | student | diff | rel_diff | ratio | better |"
     assert "| params | 2762 | 698 | -2064 | -0.7472845763939174 | 0.25271542360608257 | student |" in raw

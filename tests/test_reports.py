@@ -304,7 +304,7 @@ def test_page_tables_default_to_a_few_columns_and_take_any() -> None:
                               trainable_params=1000, flops_forward=3e6, flops_backward=6e6, activation_bytes=2048,
                               saved_bytes=4096)),
     ])
-    page = ["| Name | Type | Forward | Backward | Time % | Params | Flops | Saved bytes |",
+    page = ["| Name | Type | Forward | Backward | Time % | Params | FLOPs | Saved bytes |",
             "|:---|:---|---:|---:|---:|---:|---:|---:|",
             "| (root) | Net | 10 ms | 20 ms | 100.0% | 1k | 9 MFLOPs | 4 KiB |",  # FLOPs: 3M forward + 6M backward
             "| fc | Linear | 9 ms | 18 ms | 90.0% | 1k | 9 MFLOPs | 4 KiB |"]  # 27 ms of a 30 ms step
@@ -318,7 +318,7 @@ def test_page_tables_default_to_a_few_columns_and_take_any() -> None:
     assert prof.rows()[1:].to_markdown().splitlines()[2] == page[3]  # a slice is still a page table
     # A ranking leads with what it ranks by, then the page's columns.
     assert prof.top(1, by="self_forward").to_markdown().splitlines()[0] == (
-        "| Name | Type | Self forward | Forward | Backward | Time % | Params | Flops | Saved bytes |")
+        "| Name | Type | Self forward | Forward | Backward | Time % | Params | FLOPs | Saved bytes |")
 
 
 def test_markdown_table_has_one_line_per_row_and_raw_numbers_on_request(resnet: LayerProf) -> None:
@@ -403,7 +403,7 @@ def test_units_format_fields_by_their_names() -> None:
     assert units.format_field("flops_forward", 3.6e9) == "3.6 GFLOPs"
     assert units.format_field("params", 11_689_512) == "11.7M"
     assert units.format_field("input_shapes", [[1, 3]]) == "[1, 3]"  # shapes print as the summary shows them
-    assert units.field_label("cuda_forward_peak_bytes") == "Cuda forward peak bytes"
+    assert units.field_label("cuda_forward_peak_bytes") == "CUDA forward peak bytes"
     # a statistic of a time names the statistic, its unit in the values: not "Forward ms p95"
     assert units.field_label("forward_ms_p95") == "Forward p95" and units.field_label("backward_ms_std") == "Backward std"
     # A model's whole run can pass the peta and tebi steps: exa and zetta FLOPs, pebi and exbi bytes

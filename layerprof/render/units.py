@@ -176,14 +176,21 @@ def format_signed_field(field: str, value: object) -> str:
     return ("-" if value < 0 else "+") + format_field(field, abs(value))
 
 
+# Words of field names that are acronyms or units, written as a paper writes them (``Forward FLOPs`` is the
+# catalogue's label; a header keeps the field's word order: ``FLOPs forward``).
+_LABEL_WORDS = {"flops": "FLOPs", "macs": "MACs", "cuda": "CUDA"}
+
+
 def field_label(field: str) -> str:
     """A header for a field whose unit is shown in the values: ``field_label('self_forward_ms') == 'Self forward'``,
-    ``field_label('forward_ms_p95') == 'Forward p95'`` (a statistic of a time)."""
-    field = field.replace("_ms_", "_")
+    ``field_label('forward_ms_p95') == 'Forward p95'`` (a statistic of a time), ``field_label('flops_forward') ==
+    'FLOPs forward'``, ``field_label('flops_per_s') == 'FLOP/s'``."""
+    field = field.replace("_ms_", "_").replace("flops_per_s", "flop/s")
     for suffix in ("_ms", "_percent"):
         if field.endswith(suffix):
             field = field[: -len(suffix)] + (" %" if suffix == "_percent" else "")
-    text = field.replace("_", " ").strip()
+    words = [_LABEL_WORDS.get(word, word) for word in field.replace("_", " ").split()]
+    text = " ".join(words).replace("flop/s", "FLOP/s")
     return text[:1].upper() + text[1:]
 
 
