@@ -132,6 +132,9 @@ def test_forward_only_marks_backward_not_measured(mode: str) -> None:
     check_profile(prof, model, backward=False)
     assert all(r.calls == 1 and r.forward_ms > 0 for r in prof.records.values())
     assert "Backward Time: —" in prof.layerwise_summary()
+    # not "of the total (forward + backward of the model)": there was no backward
+    assert prof.layerwise_summary().splitlines()[0].endswith(
+        "; percentages are of the total, the model's forward (the steps ran no backward).")
 
 
 def test_forward_with_grad_but_no_backward_call() -> None:
