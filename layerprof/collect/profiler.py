@@ -696,7 +696,17 @@ class LayerProf:
             finally:
                 self._teardown(self._running_meters())
             if self._stats.steps == 0 and self._counting_step is None:
-                self._failure = "the block raised KeyboardInterrupt with no step completed (prof.step())"
+                if self.step_num and not any(self._action(step) is Action.RECORD for step in range(self.step_num)):
+                    # Steps completed, each one warm-up or a schedule's wait: "no step completed" was untrue.
+                    left_out = (f"warm-up (warmup={self.warmup})" if self.schedule is None else
+                                f"before the schedule's first recorded step, step {first_recorded(self.schedule)}")
+                    self._failure = (f"the block raised KeyboardInterrupt in step {self.step_num}, with no step "
+                                     f"recorded: steps 0 to {self.step_num - 1} were all {left_out}")
+                elif self.step_num:
+                    self._failure = (f"the block raised KeyboardInterrupt in step {self.step_num}, with no step "
+                                     "recorded: no completed step called the model")
+                else:
+                    self._failure = "the block raised KeyboardInterrupt with no step completed (prof.step())"
                 return
             self._finish(why)
             self._state = "done"
@@ -1170,6 +1180,10 @@ class LayerProf:
         """Why a failed block has no profile, and what to do."""
         # (as a profile counts them: the step the counting meters slowed only where no other was recorded)
         recorded = self._stats.steps or int(self._counting_step is not None)
+        if self._failure.startswith("the block raised KeyboardInterrupt") and not recorded:
+            # (an interrupt is no error to fix: the steps it keeps are the recorded ones)
+            return (f"no profile: {self._failure}, so nothing was recorded. Profile again with a new "
+                    "LayerProf(model), and interrupt it once a step is recorded")
         if not recorded or not self._failure.startswith("the block raised"):
             return (f"no profile: {self._failure} before profiling finished, so nothing was recorded. "
                     "Fix the error and profile again with a new LayerProf(model)")
