@@ -34,3 +34,30 @@ def test_an_interrupt_during_a_schedules_warm_up_says_the_steps_it_had() -> None
         "no profile: the block raised KeyboardInterrupt in step 3, with no step recorded: steps 0 to 2 were all "
         "before the schedule's first recorded step, step 3, so nothing was recorded.")
     assert "no step completed" not in message and "Fix the error" not in message
+
+
+def _profiled(model: nn.Module, metrics: tuple[str, ...]) -> layerprof.Profile:
+    x = torch.randn(4, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with LayerProf(model, metrics=metrics) as prof:
+            for _ in range(2):
+                model(x).float().sum().backward()
+                prof.step()
+    return prof.profile
+
+
+def test_a_comparison_says_when_the_forward_entered_autocast_itself() -> None:
+    # accelerate's prepare_model (Trainer(bf16=True)) wraps the forward in autocast: the environment, read at the
+    # root call's start, has no autocast_dtype, and the memory meter read "bfloat16" inside the forward; compare()
+    # and the gate read only the environment, so a bf16 Trainer run against a float32 one said nothing.
+    plain = _profiled(_mlp(), ("memory",))
+    model = _mlp()
+    model.forward = torch.autocast("cpu", dtype=torch.bfloat16)(model.forward)  # type: ignore[method-assign]
+    amp = _profiled(model, ("memory",))
+    assert amp.meta["memory"]["autocast"] == "bfloat16" and "autocast_dtype" not in amp.meta["environment"]
+    assert ("Measured otherwise: a ran without torch.autocast and b under torch.autocast (bfloat16): the times "
+            "compare that too.") in str(layerprof.compare(plain, amp))
+    assert layerprof.render.gate.different_settings(plain, amp) == (
+        "A ran without torch.autocast and B under torch.autocast (bfloat16)")
+    assert "Measured otherwise" not in str(layerprof.compare(plain, _profiled(_mlp(), ("memory",))))

@@ -223,8 +223,9 @@ _MACHINE: tuple[tuple[str, Any], ...] = (("cpu", "CPU {!r}".format), ("gpu", "GP
 
 def different_settings(a: Profile, b: Profile, names: tuple[str, str] = ("A", "B")) -> str | None:
     """Why A and B were not measured the same way (None when they were, as far as both say): another device,
-    dtype, thread count or torch.autocast; steps of forward only against steps with backward; a time taken with meters that
-    slow the step (``timing_distorted_by``) against one without. ``names``: what to call them."""
+    dtype, thread count or torch.autocast (the memory meter's, where the forward entered it itself); steps of
+    forward only against steps with backward; a time taken with meters that slow the step
+    (``timing_distorted_by``) against one without. ``names``: what to call them."""
     found = [why for why in (_differing(a, b, _SETTINGS, names), _different_steps(a, b, names)) if why]
     return "; ".join(found) if found else None
 
@@ -263,7 +264,7 @@ def different_machines(a: Profile, b: Profile, names: tuple[str, str] = ("A", "B
 
 
 def _differing(a: Profile, b: Profile, keys: tuple[tuple[str, Any], ...], names: tuple[str, str]) -> str | None:
-    found_a, found_b = _settings(environment_in(a.meta)), _settings(environment_in(b.meta))
+    found_a, found_b = _settings(a.meta), _settings(b.meta)
     if found_a.get("device") != "cpu" or found_b.get("device") != "cpu":
         # The host's thread count sets a CPU step's speed; a GPU step's runs on the device.
         found_a.pop("threads", None)
@@ -279,17 +280,22 @@ def _differing(a: Profile, b: Profile, keys: tuple[tuple[str, Any], ...], names:
     return f"{names[0]} ran {', '.join(shown_a)} and {names[1]} {', '.join(shown_b)}"
 
 
-def _settings(environment: dict[str, Any]) -> dict[str, Any]:
-    """An environment with its device as the device's type: the same GPU model as ``cuda:0`` or ``cuda:1`` runs a
-    step alike (the GPU's name is compared as the machine's); and ``autocast``, its dtype or False."""
+def _settings(meta: dict[str, Any]) -> dict[str, Any]:
+    """A profile's environment with its device as the device's type: the same GPU model as ``cuda:0`` or ``cuda:1``
+    runs a step alike (the GPU's name is compared as the machine's); and ``autocast``, its dtype or False."""
+    environment = environment_in(meta)
     found = dict(environment)
     device = environment.get("device")
     if isinstance(device, str):
         found["device"] = device.partition(":")[0]
     if environment.get("input_dtype") is not None:
         # Where the input was seen, so was torch.autocast (``autocast_dtype``, absent without it): a float32 model's
-        # step under bf16 autocast computes its matrix products in bf16, which its ``dtype`` does not say.
-        found["autocast"] = environment.get("autocast_dtype") or False
+        # step under bf16 autocast computes its matrix products in bf16, which its ``dtype`` does not say. One the
+        # forward enters itself (accelerate's prepare_model, Trainer(bf16=True)) is on after the input was seen:
+        # the memory meter's ``autocast``, read inside the forward, says it.
+        memory = meta.get("memory")
+        inside = memory.get("autocast") if isinstance(memory, dict) else None
+        found["autocast"] = environment.get("autocast_dtype") or (inside if isinstance(inside, str) else False)
     return found
 
 
