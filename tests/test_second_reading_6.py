@@ -61,3 +61,38 @@ def test_a_comparison_says_when_the_forward_entered_autocast_itself() -> None:
     assert layerprof.render.gate.different_settings(plain, amp) == (
         "A ran without torch.autocast and B under torch.autocast (bfloat16)")
     assert "Measured otherwise" not in str(layerprof.compare(plain, _profiled(_mlp(), ("memory",))))
+
+
+class _Quantized(nn.Module):
+    def __init__(self, conv: nn.Module) -> None:
+        super().__init__()
+        self.quant, self.dequant = torch.ao.quantization.QuantStub(), torch.ao.quantization.DeQuantStub()
+        self.conv = conv
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dequant(self.conv(self.quant(x)))
+
+
+@pytest.mark.parametrize("conv, shape, flops", [
+    # out [2, 8, 4, 4], each output element 4 / 2 * 3 * 3 = 18 MACs
+    (lambda: nn.Conv2d(4, 8, 3, stride=2, groups=2), (2, 4, 9, 9), 2 * 2 * 8 * 4 * 4 * 18),
+    # each of the 2 * 4 * 5 * 5 input elements meets 8 / 2 * 3 * 3 = 36 weights
+    (lambda: nn.ConvTranspose2d(4, 8, 3, stride=2, groups=2, padding=1, output_padding=1), (2, 4, 5, 5),
+     2 * 2 * 4 * 5 * 5 * 36),
+])
+def test_quantized_convolutions_and_linears_count_with_the_float_formulas(conv, shape, flops) -> None:
+    # quantized_formulas.py wrote out again the dynamically quantized Linear's formula (formulas.py) and the
+    # convolution's count (conv_forward_flops): two copies of each to keep in step. The numbers stay.
+    from layerprof.metrics import formulas, quantized_formulas
+    assert quantized_formulas.quantized_linear_flops is formulas.dynamic_quantized_linear_flops
+    torch.manual_seed(0)
+    model, x = _Quantized(conv()).eval(), torch.randn(*shape)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.qconfig = torch.ao.quantization.default_qconfig
+        prepared = torch.ao.quantization.prepare(model)
+        prepared(x)
+        quantized = torch.ao.quantization.convert(prepared)
+        with LayerProf(quantized, metrics=("flops",)) as prof:
+            quantized(x)
+    assert prof.records["conv"].flops_forward == flops and prof.unknown_ops() == {}

@@ -12,28 +12,24 @@ their float forms do.
 """
 from __future__ import annotations
 
-from math import prod
 from typing import Any, Sequence
 
 import torch
 
-from .formulas import free, register_flop_formula
+from .formulas import conv_forward_flops, dynamic_quantized_linear_flops, free, register_flop_formula
 
 __all__ = ["quantized_linear_flops", "quantized_convolution_flops"]
 
 
-def quantized_linear_flops(x: Sequence[int], packed: Any, *args: Any, out_shape: Sequence[int], **kwargs: Any) -> int:
-    """A quantized Linear: ``k`` multiply-accumulates per output element; ``n`` is read from the output."""
-    return 2 * prod(x) * out_shape[-1]  # x: [*, k] @ weight: [k, n] -> out: [*, n]
+# A quantized Linear multiplies as a dynamically quantized one does (its packed weight read from the output's size).
+quantized_linear_flops = dynamic_quantized_linear_flops
 
 
 def quantized_convolution_flops(x: Sequence[int], packed: Any, *args: Any, out_shape: Sequence[int],
                                 **kwargs: Any) -> int:
-    """A quantized convolution (or transposed one), its kernel read from the packed weight."""
-    w = packed.weight().shape
-    if packed.transpose():  # w: [c_in, c_out / groups, *kernel]: each input element meets c_out / groups * kernel
-        return 2 * prod(x) * prod(w[1:])
-    return 2 * prod(out_shape) * prod(w[1:])  # w: [c_out, c_in / groups, *kernel] -> out: [n, c_out, *spatial]
+    """A quantized convolution (or transposed one), its kernel read from the packed weight, counted as the float
+    one: w: [c_out, c_in / groups, *kernel] (transposed: [c_in, c_out / groups, *kernel])."""
+    return conv_forward_flops(x, packed.weight().shape, out_shape, bool(packed.transpose()))
 
 
 _QUANTIZED = torch.ops.quantized
