@@ -38,8 +38,8 @@ examples:
 exit status:
   0 ok, 1 compare found B slower (gather --fail-on-stragglers: a straggler rank), 2 usage error, 3 a profile is
   missing or unreadable, 4 compare was given profiles of two different models or measured otherwise (device,
-  dtype, threads), 5 the run failed (the model, its factory or an export raised), 70 internal error (a bug of
-  layerprof: rerun with --debug), 130 interrupted
+  dtype, threads, autocast), 5 the run failed (the model, its factory or an export raised), 70 internal error (a
+  bug of layerprof: rerun with --debug), 130 interrupted
 """
 
 

@@ -45,8 +45,9 @@ the gate (--fail-if-slower PCT):
 
 exit status:
   0 ok, 1 B is slower, 2 usage error, 3 a profile is missing or unreadable, 4 the two profiles are of
-  different models (another root type, under half the modules alike, another batch size) or were measured
-  otherwise (another device, dtype or thread count), 70 internal error
+  different models (another root type, under half the modules alike, another batch size or input shape) or
+  were measured otherwise (another device, dtype, thread count or torch.autocast, forward only against forward
+  and backward, a step timed with meters that slow it against one without), 70 internal error
 """
 
 
