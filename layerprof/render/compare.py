@@ -108,6 +108,10 @@ class Comparison:
 
     ``model``: ``{metric, a, b, diff, rel_diff, ratio, better}`` for the number of modules and every cost the
     roots carry. ``modules``: ``{name, type_a, type_b, field_a, field_b, field_diff, field_ratio, ...}``.
+    ``to_csv``, ``to_markdown`` and ``to_latex`` write the model-level table, or with ``level="modules"`` the
+    matching modules' change in one field. ``names`` label the two profiles in the text and the tables, so a name
+    that is one of the tables' columns (``metric``, ``module``, ``diff``, ``rel_diff``, ``ratio``, ``better``,
+    ``change``, in any case) is refused.
     """
 
     def __init__(self, a: Profile, b: Profile, names: tuple[str, str] = ("a", "b"),
