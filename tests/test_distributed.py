@@ -324,9 +324,10 @@ def test_a_rank_whose_block_raised_still_takes_part_in_gather(two_ranks: dict[in
     and rank 0 gets its own profile with rank 1 listed as failed (before: rank 1 raised before the collective, and
     rank 0 waited in it until the group's timeout)."""
     # (rank 1 raised in its third step, steps 0 and 1 recorded)
-    assert two_ranks[1]["failed"] == {"raised": "no profile: the block raised ValueError in step 2, after 2 recorded "
-                                                "step(s), and a `with LayerProf(model)` block that raises keeps none. "
-                                                "To keep the steps completed before an error, profile with prof = "
+    assert two_ranks[1]["failed"] == {"raised": "no profile: the block raised ValueError in step 2 (counted from 0), "
+                                                "after 2 recorded step(s), and a `with LayerProf(model)` block "
+                                                "that raises keeps none. To keep the steps completed before an "
+                                                "error, profile with prof = "
                                                 "LayerProf(model).start() and call prof.stop(partial=str(error), "
                                                 "error=error) in your `except`; or fix the error and profile again "
                                                 "with a new LayerProf(model)"}

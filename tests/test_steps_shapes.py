@@ -134,7 +134,7 @@ def test_a_block_that_raised_after_recorded_steps_says_how_to_keep_them() -> Non
     with pytest.raises(RuntimeError) as info:
         prof.layerwise_summary()
     assert str(info.value) == (
-        "no profile: the block raised ValueError in step 3, after 3 recorded step(s), and a `with LayerProf(model)` "
+        "no profile: the block raised ValueError in step 3 (counted from 0), after 3 recorded step(s), and a `with LayerProf(model)` "
         "block that raises keeps none. To keep the steps completed before an error, profile with prof = "
         "LayerProf(model).start() and call prof.stop(partial=str(error), error=error) in your `except`; or fix the "
         "error and profile again with a new LayerProf(model)")
