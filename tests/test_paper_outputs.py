@@ -231,7 +231,7 @@ def test_a_comparison_of_modules_lists_the_largest_change_first(teacher_student,
     assert (tmp_path / "modules.csv").read_text() == text
     top = teacher_student.to_markdown(level="modules", field="flops_forward", limit=1).splitlines()
     assert top == ["| Module | teacher | student | Diff | Ratio |", "|:---|---:|---:|---:|---:|",
-                   "| 0 | 16.4 kFLOPs | 4.1 kFLOPs | -12.3 kFLOPs | 0.25x |"]  # 2*4*32*64 = 16,384 and 2*4*32*16 = 4,096
+                   "| 0 | 16.4 kFLOPs | 4.1 kFLOPs | -12.3 kFLOPs | 0.25x |"]  # 2*4*32*64 = 16,384; 2*4*32*16 = 4,096
     model = teacher_student.to_csv().splitlines()
     assert model[0] == "metric,teacher,student,diff,rel_diff,ratio,better"
     assert "params,2762,698,-2064,-0.7472845763939174,0.25271542360608257,student" in model

@@ -134,10 +134,10 @@ def test_a_block_that_raised_after_recorded_steps_says_how_to_keep_them() -> Non
     with pytest.raises(RuntimeError) as info:
         prof.layerwise_summary()
     assert str(info.value) == (
-        "no profile: the block raised ValueError in step 3 (counted from 0), after 3 recorded step(s), and a `with LayerProf(model)` "
-        "block that raises keeps none. To keep the steps completed before an error, profile with prof = "
-        "LayerProf(model).start() and call prof.stop(partial=str(error), error=error) in your `except`; or fix the "
-        "error and profile again with a new LayerProf(model)")
+        "no profile: the block raised ValueError in step 3 (counted from 0), after 3 recorded step(s), and a "
+        "`with LayerProf(model)` block that raises keeps none. To keep the steps completed before an error, "
+        "profile with prof = LayerProf(model).start() and call prof.stop(partial=str(error), error=error) in your "
+        "`except`; or fix the error and profile again with a new LayerProf(model)")
     # What it says works, and keeps the three steps, with the step the flops meter counted among them.
     net = FailsAt(3)
     with warnings.catch_warnings():

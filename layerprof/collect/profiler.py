@@ -1189,8 +1189,9 @@ class LayerProf:
                     "Fix the error and profile again with a new LayerProf(model)")
         return (f"no profile: {self._failure} in step {self.step_num} (counted from 0), after {recorded} recorded "
                 "step(s), and a `with LayerProf(model)` block that raises keeps none. To keep the steps completed "
-                "before an error, profile with prof = LayerProf(model).start() and call prof.stop(partial=str(error), error=error) "
-                "in your `except`; or fix the error and profile again with a new LayerProf(model)")
+                "before an error, profile with prof = LayerProf(model).start() and call "
+                "prof.stop(partial=str(error), error=error) in your `except`; or fix the error and profile again "
+                "with a new LayerProf(model)")
 
     @property
     def meta(self) -> dict[str, Any]:

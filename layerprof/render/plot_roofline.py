@@ -114,9 +114,9 @@ def plot_roofline(profile: Any, metric: str = "total", ax: Any = None, labels: i
         if only_counted:  # (generate()'s encoder, profiled with prof.step() per token: counted, never timed)
             raise ValueError(f"nothing to plot on a roofline: the modules with counted work ("
                              f"{format_counted(len(only_counted), 'module')}, such as {only_counted[0].name!r}) ran "
-                             "only in the step the FLOP meter counts (the first profiled one), which the times leave out, "
-                             "and the modules timed did not run in it: make the first profiled step one that runs "
-                             "the modules to plot")
+                             "only in the step the FLOP meter counts (the first profiled one), which the times "
+                             "leave out, and the modules timed did not run in it: make the first profiled step one "
+                             "that runs the modules to plot")
         if any(getattr(record, "flops_forward", None) is not None for record in preorder(root)):
             raise ValueError("nothing to plot on a roofline: no module did work of its own that the FLOP meter "
                              "counts (FLOPs or bytes) with a time to set it against; the model's modules only "
