@@ -147,7 +147,8 @@ def summary_header(root: ModuleRecord, values: TreeValues | None = None) -> str:
     if values.summed(root):
         return (f"Step: {step}, summed over the top-level modules that ran (the model itself was not called); "
                 "percentages are of that total.")
-    if values.value(root, "backward_ms") is None and values.value(root, "forward_ms") is not None:
+    if values.value(root, "forward_ms") is not None and not any(
+            record.backward_ms is not None for record in (root, *root.descendants)):
         return f"Step: {step}; percentages are of the total, the model's forward (the steps ran no backward)."
     return f"Step: {step}; percentages are of the total (forward + backward of the model)."
 
