@@ -12,6 +12,8 @@ from torch import nn
 
 import layerprof
 
+from .test_distributed_more import Net  # fc1 Linear(8, 16), ReLU, fc2 Linear(16, 4)
+
 
 @contextlib.contextmanager
 def _fake_group(world_size: int = 2) -> Iterator[None]:
@@ -27,17 +29,6 @@ def _fake_group(world_size: int = 2) -> Iterator[None]:
         dist.destroy_process_group()
 
 
-class _Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(8, 16)
-        self.act = nn.ReLU()
-        self.fc2 = nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
-
-
 def test_tensor_parallel_bytes_are_the_ranks_shards_as_its_flops_are() -> None:
     """Under parallelize_module, FLOPs were each rank's shards but bytes the whole model's (fc1 960 bytes forward
     on each of 2 ranks, as unsharded), so the roofline set half the FLOPs against all the bytes."""
@@ -46,7 +37,7 @@ def test_tensor_parallel_bytes_are_the_ranks_shards_as_its_flops_are() -> None:
 
     with _fake_group():
         torch.manual_seed(0)
-        model = _Net()
+        model = Net()
         parallelize_module(model, init_device_mesh("cpu", (2,)), {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
         with layerprof.LayerProf(model, metrics=("flops",)) as prof:
             for _ in range(2):
