@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from layerprof import LayerProf, compare
+from layerprof.cli import main
 
 torch.set_num_threads(1)
 
@@ -52,6 +53,17 @@ def test_a_comparison_says_when_one_step_ran_under_autocast() -> None:
     assert "Measured otherwise" not in str(compare(plain, _profile(_mlp(), x)))
     half = str(compare(amp, _profile(_mlp(), x, autocast=torch.float16)))
     assert "a ran under torch.autocast (bfloat16) and b under torch.autocast (float16)" in half
+
+
+def test_the_gate_refuses_steps_under_another_autocast_and_says_what_to_make_alike(tmp_path, capsys) -> None:
+    x = torch.randn(4, 16)
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    _profile(_mlp(), x).to_json(a)
+    _profile(_mlp(), x, autocast=torch.bfloat16).to_json(b)
+    assert main(["compare", str(a), str(b), "--fail-if-slower", "10"]) == 4
+    err = capsys.readouterr().err
+    assert "(A ran without torch.autocast and B under torch.autocast (bfloat16))" in err
+    assert "profile both with the same --device, --dtype and --threads, under the same torch.autocast (or none)" in err
 
 
 def _quantized(dtype: torch.dtype) -> nn.Module:

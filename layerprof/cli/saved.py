@@ -223,7 +223,8 @@ def _compare(options: argparse.Namespace) -> int:
     if why is not None:
         raise NotComparable(f"--fail-if-slower: A and B were not measured the same way ({why}); a gate compares "
                             "two runs made alike: profile both with the same --device, --dtype and --threads, "
-                            "both with backward or both without, and with the same --metrics over several steps. "
+                            "under the same torch.autocast (or none), both with backward or both without, and with "
+                            "the same --metrics over several steps. "
                             "Without --fail-if-slower the comparison is printed")
     machines = different_machines(a, b)
     if machines is not None:
