@@ -20,6 +20,16 @@ def _blocks(n: int = 3) -> nn.Sequential:
     return nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(n)])
 
 
+def _profiled_blocks() -> tuple[nn.Sequential, LayerProf]:
+    """``_blocks()`` and a LayerProf of two training steps of it with the memory and shapes meters (a plan's)."""
+    net = _blocks()
+    with LayerProf(net, metrics=("memory", "shapes")) as prof:
+        for _ in range(2):
+            net(torch.randn(4, 8)).sum().backward()
+            prof.step()
+    return net, prof
+
+
 def _caught(action) -> list[warnings.WarningMessage]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -32,11 +42,7 @@ def test_a_warning_of_checkpoint_plan_called_on_the_layerprof_names_the_callers_
     # ``prof.checkpoint_plan`` on a LayerProf goes through a forwarding wrapper: the plan's warnings pointed at
     # layerprof/collect/profiler.py (its ``return method(self.profile, ...)``), which a notebook shows as the
     # warning's source line instead of the user's cell.
-    net = _blocks()
-    with LayerProf(net, metrics=("memory", "shapes")) as prof:
-        for _ in range(2):
-            net(torch.randn(4, 8)).sum().backward()
-            prof.step()
+    net, prof = _profiled_blocks()
     prof.profile.meta["shapes"] = {"steps_with_other_shapes": 1}  # as a profile of two input shapes reads
     caught = _caught(lambda: prof.checkpoint_plan("50%"))
     shapes = [w for w in caught if "inputs changed shape" in str(w.message)]
@@ -76,11 +82,7 @@ def test_the_flops_meters_warning_of_a_module_run_on_another_thread_names_the_wi
 def test_a_warning_of_a_plan_applied_with_its_context_manager_names_the_with_line() -> None:
     # ``with plan.applied(model):`` applies through contextlib: the warning about hooked modules named
     # contextlib.py; through verify_plan it named layerprof/plan/verify.py.
-    net = _blocks()
-    with LayerProf(net, metrics=("memory", "shapes")) as prof:
-        for _ in range(2):
-            net(torch.randn(4, 8)).sum().backward()
-            prof.step()
+    net, prof = _profiled_blocks()
     plan = prof.checkpoint_plan(128)  # the least it reaches: the first Linear's input is all that stays saved
     assert plan.modules
     handles = [layer.register_forward_hook(lambda module, args, output: None) for block in net for layer in block]
@@ -190,11 +192,7 @@ def test_a_checkpoint_plan_and_a_comparison_show_their_tables_as_a_cells_value()
     # A cell ending in ``plan`` or ``layerprof.compare(a, b)`` showed one line (``<CheckpointPlan Sequential: 1 run,
     # saved 2560 -> 1024 bytes ...>``), where print() gives the plan's modules and the comparison's tables; a
     # Verification and a benchmark's result already showed their text.
-    net = _blocks()
-    with LayerProf(net, metrics=("memory", "shapes")) as prof:
-        for _ in range(2):
-            net(torch.randn(4, 8)).sum().backward()
-            prof.step()
+    net, prof = _profiled_blocks()
     plan = prof.checkpoint_plan("50%")
     assert _shown(plan) == str(plan) and str(plan).startswith("Checkpoint plan for Sequential: saved for backward")
     lines = str(plan).splitlines()  # the head line, a note on the wrapper's price, one line a wrapped module
