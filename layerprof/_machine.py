@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["machine", "other_machine", "environment_in"]
+__all__ = ["machine", "other_machine", "environment_in", "memory_in"]
 
 
 @lru_cache(maxsize=1)
@@ -47,6 +47,13 @@ def environment_in(meta: Any) -> dict[str, Any]:
     not a dict)."""
     environment = meta.get("environment") if isinstance(meta, dict) else None
     return environment if isinstance(environment, dict) else {}
+
+
+def memory_in(meta: Any) -> dict[str, Any]:
+    """What the memory meter (``memory``, or ``live_memory``, which replaces it) kept in a profile's ``meta``: the
+    step's facts (mode, dtype, autocast, peaks); empty where neither ran (or one written by hand is not a dict)."""
+    memory = (meta.get("memory") or meta.get("live_memory")) if isinstance(meta, dict) else None
+    return memory if isinstance(memory, dict) else {}
 
 
 def other_machine(environment: Any) -> str | None:

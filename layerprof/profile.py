@@ -19,7 +19,7 @@ import torch
 from ._check import check_bool, check_path, check_text
 from ._gc import gc_paused
 from .distributed.gather import GatheredProfile, gather_failure, gather_profile, gathered_from_saved
-from ._machine import environment_in, other_machine
+from ._machine import environment_in, memory_in, other_machine
 from ._warn import warn_user
 from .metrics.memory import hidden_shown
 from .metrics.peaks import check_peaks
@@ -520,8 +520,8 @@ class Profile:
                 "time, which this profile lacks: profile a step on the device (a smaller batch or fewer layers "
                 "where the model does not fit). Its saved bytes per module (saved_bytes, self_saved_bytes) are "
                 "what a plan frees")
-        memory = self.meta.get("memory") or self.meta.get("live_memory") or {}  # (the meter's meta)
-        hidden = memory.get("under_other_saved_tensors_hooks") if isinstance(memory, dict) else None
+        memory = memory_in(self.meta)
+        hidden = memory.get("under_other_saved_tensors_hooks")
         if hidden:
             raise ValueError(
                 f"checkpoint_plan: in the profiled step, {hidden_shown(hidden)} ran under saved-tensor hooks entered "
@@ -530,7 +530,7 @@ class Profile:
                 "around the block (with save_on_cpu(): with LayerProf(model, metrics=(\"memory\",)): ...), where the "
                 "meter counts through them")
         if peak is None:
-            accumulated = memory.get("forwards_after_backward", 0) if isinstance(memory, dict) else 0
+            accumulated = memory.get("forwards_after_backward", 0)
             if accumulated:
                 saved = saved_today(self.tree)
                 raise ValueError(

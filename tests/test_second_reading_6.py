@@ -47,20 +47,22 @@ def _profiled(model: nn.Module, metrics: tuple[str, ...]) -> layerprof.Profile:
     return prof.profile
 
 
-def test_a_comparison_says_when_the_forward_entered_autocast_itself() -> None:
+@pytest.mark.parametrize("meter", ["memory", "live_memory"])
+def test_a_comparison_says_when_the_forward_entered_autocast_itself(meter: str) -> None:
     # accelerate's prepare_model (Trainer(bf16=True)) wraps the forward in autocast: the environment, read at the
     # root call's start, has no autocast_dtype, and the memory meter read "bfloat16" inside the forward; compare()
-    # and the gate read only the environment, so a bf16 Trainer run against a float32 one said nothing.
-    plain = _profiled(_mlp(), ("memory",))
+    # and the gate read only the environment, so a bf16 Trainer run against a float32 one said nothing. (The gate
+    # then read the memory meter's meta only, not live_memory's, which replaces it.)
+    plain = _profiled(_mlp(), (meter,))
     model = _mlp()
     model.forward = torch.autocast("cpu", dtype=torch.bfloat16)(model.forward)  # type: ignore[method-assign]
-    amp = _profiled(model, ("memory",))
-    assert amp.meta["memory"]["autocast"] == "bfloat16" and "autocast_dtype" not in amp.meta["environment"]
+    amp = _profiled(model, (meter,))
+    assert amp.meta[meter]["autocast"] == "bfloat16" and "autocast_dtype" not in amp.meta["environment"]
     assert ("Measured otherwise: a ran without torch.autocast and b under torch.autocast (bfloat16): the times "
             "compare that too.") in str(layerprof.compare(plain, amp))
     assert layerprof.render.gate.different_settings(plain, amp) == (
         "A ran without torch.autocast and B under torch.autocast (bfloat16)")
-    assert "Measured otherwise" not in str(layerprof.compare(plain, _profiled(_mlp(), ("memory",))))
+    assert "Measured otherwise" not in str(layerprof.compare(plain, _profiled(_mlp(), (meter,))))
 
 
 class _Quantized(nn.Module):

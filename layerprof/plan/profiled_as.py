@@ -21,7 +21,7 @@ from typing import Any
 
 from torch import nn
 
-from .._machine import environment_in
+from .._machine import environment_in, memory_in
 from ..metrics.memory import autocast_of, parameters_dtype
 
 __all__ = ["profiled_as", "differences", "FirstCall"]
@@ -36,8 +36,7 @@ def profiled_as(meta: Any) -> dict[str, Any]:
     layerprof, or written by hand). ``"batch_size"`` too: the first dimension of the first tensor the model was
     called with, which the model cannot be checked against (``verify_plan`` compares it with its step's), None
     where unknown."""
-    memory = (meta.get("memory") or meta.get("live_memory")) if isinstance(meta, dict) else None
-    memory = memory if isinstance(memory, dict) else {}
+    memory = memory_in(meta)
     training = memory.get("training")
     dtype = memory.get("dtype") or environment_in(meta).get("dtype")
     autocast = memory.get("autocast")

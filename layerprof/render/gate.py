@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._machine import environment_in
+from .._machine import environment_in, memory_in
 from ..record.records import preorder
 from ..record.untimed import untimed_in
 from .units import format_counted, format_ms
@@ -293,8 +293,7 @@ def _settings(meta: dict[str, Any]) -> dict[str, Any]:
         # step under bf16 autocast computes its matrix products in bf16, which its ``dtype`` does not say. One the
         # forward enters itself (accelerate's prepare_model, Trainer(bf16=True)) is on after the input was seen:
         # the memory meter's ``autocast``, read inside the forward, says it.
-        memory = meta.get("memory")
-        inside = memory.get("autocast") if isinstance(memory, dict) else None
+        inside = memory_in(meta).get("autocast")
         found["autocast"] = environment.get("autocast_dtype") or (inside if isinstance(inside, str) else False)
     return found
 
