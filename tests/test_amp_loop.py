@@ -5,13 +5,17 @@ line's ``--autocast``. Outputs, gradients, the optimizer's state and the scaler'
 loop without the profiler, and the model left as found."""
 from __future__ import annotations
 
+import json
+import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 from layerprof import LayerProf
+from layerprof.cli import main
 
 from .conftest import hook_state
 from .invariants import check_truth
@@ -154,3 +158,58 @@ def test_a_cast_between_two_blocks_halves_the_parameter_bytes() -> None:
                      (params * 2, 9_600 * 2 + 160, {"float16": params}),
                      (params * 4, 9_600 * 4 + 160, {"float32": params})]
 
+
+MODELS = textwrap.dedent('''
+    from torch import nn
+
+
+    def mlp():
+        return nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 4))
+''')
+
+
+@pytest.fixture
+def models(tmp_path: Path) -> str:
+    path = tmp_path / "amp_models.py"
+    path.write_text(MODELS)
+    return f"{path}:mlp"
+
+
+def test_the_command_line_profiles_and_plans_a_step_under_autocast(models: str, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Mixed precision is how such models train: ``--dtype bfloat16`` casts the whole model instead, whose step saves
+    other bytes (no bf16 copies of the weights), so a plan made on it is another step's. ``--autocast bfloat16``
+    runs each step's forward under ``torch.autocast``, the model left in float32, and plans and verifies on that."""
+    path = tmp_path / "amp.json"
+    status = main([models, "-i", "8,16", "--autocast", "bf16", "--warmup", "0", "--steps", "2", "--metrics",
+                   "params,flops,shapes,memory", "--json", str(path), "--checkpoint-budget", "50%"])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    assert out.splitlines()[0].endswith("| cpu, float32, autocast bfloat16 | input 8x16 | 0 warm-up + 1 step "
+                                        "counting flops and memory + 2 steps, forward + backward")
+    doc = json.loads(path.read_text())
+    assert doc["meta"]["environment"]["autocast_dtype"] == "bfloat16"
+    assert doc["meta"]["environment"]["dtype"] == "float32"
+    rows = {row["name"]: row for row in doc["records"]}
+    assert rows["0"]["output_dtypes"] == ["bfloat16"] and rows[""]["param_bytes"] == 5_508 * 4
+    # Linear(64, 64) under autocast saves its input (8x64) and its weight (64x64) as bf16 copies:
+    # (8*64 + 64*64) * 2 = 9,216 bytes; FLOPs 2*8*64*64 = 65,536 forward.
+    assert rows["2"]["saved_bytes"] == 9_216 and rows["2"]["flops_forward"] == 65_536
+    # The plan is verified on the same autocast step: measured as predicted, without a warning that the step
+    # runs without autocast.
+    assert "verified: saved" in out and "(+0.0%)" in out and "budget met" in out
+    assert "autocast" not in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--autocast", "int8"], "--autocast int8: torch.autocast computes in bfloat16 or float16"),
+    (["--autocast", "float32"], "--autocast float32: torch.autocast computes in bfloat16 or float16"),
+    (["--autocast", "bf17"], "unknown --autocast 'bf17'"),
+    (["--autocast", "bfloat16", "--dtype", "bfloat16"], "--autocast bfloat16 with --dtype bfloat16"),
+    (["--autocast", "bfloat16", "--device", "meta"], "--autocast bfloat16: torch.autocast does not run on meta"),
+])
+def test_autocast_misuse_is_a_usage_error_before_the_model_is_built(models: str, argv: list[str], message: str,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([models, "-i", "8,16", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert message in err and out == ""

@@ -234,6 +234,14 @@ def spec_dtype(ctx: Context) -> None:
     assert doc["meta"]["environment"]["dtype"] == doc["meta"]["environment"]["input_dtype"] == "bfloat16"
 
 
+def spec_autocast(ctx: Context) -> None:
+    doc = ctx.json_of("--autocast", "bfloat16", "--metrics", "shapes")
+    environment = doc["meta"]["environment"]
+    assert (environment["dtype"], environment["autocast_dtype"]) == ("float32", "bfloat16")
+    rows = {row["name"]: row for row in doc["records"]}
+    assert rows["body.0"]["input_dtypes"] == ["float32"] and rows["body.0"]["output_dtypes"] == ["bfloat16"]
+
+
 def spec_threads(ctx: Context) -> None:
     before = torch.get_num_threads()
     try:
@@ -568,6 +576,7 @@ CASES: dict[tuple[str, str], Callable[[Context], None]] = {
     ("layerprof", "--device"): spec_device,
     ("layerprof", "--fake"): spec_fake,
     ("layerprof", "--dtype"): spec_dtype,
+    ("layerprof", "--autocast"): spec_autocast,
     ("layerprof", "--threads"): spec_threads,
     ("layerprof", "--seed"): spec_seed,
     ("layerprof", "--metrics"): spec_metrics,

@@ -3,10 +3,11 @@ the model (``show``: print the plan of a saved profile, on its saved bytes)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import sys
 import warnings
-from typing import Any
+from typing import Any, Callable, ContextManager
 
 from torch import nn
 
@@ -96,14 +97,17 @@ def plan_lines(profile: Profile, options: argparse.Namespace) -> tuple[Checkpoin
 
 
 def plan_and_verify(profile: Profile, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                    options: argparse.Namespace) -> str:
-    """The plan's text and, below it, predicted against measured on the model."""
+                    options: argparse.Namespace,
+                    precision: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> str:
+    """The plan's text and, below it, predicted against measured on the model, its step's forward inside
+    ``precision()`` as the profiled one's (``run.autocast_step``)."""
     plan, lines = plan_lines(profile, options)
     if not plan.modules:
         return "\n".join(lines)
 
     try:
-        result = verify_plan(plan, model, functools.partial(training_step, model, args, kwargs), repeats=3)
+        result = verify_plan(plan, model, functools.partial(training_step, model, args, kwargs, precision),
+                             repeats=3)
     except Exception as exc:
         raise RunError(f"verifying the checkpoint plan raised {one_line(exc)}") from exc
     lines.append(verification_text(result))

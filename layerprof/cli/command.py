@@ -26,7 +26,7 @@ from .inputs import (InputSpec, check_forward_takes, check_input_names, check_in
                      make_inputs, parse_dtype, parse_input)
 from .outputs import Output, forward_only_mode, missing_meters, requested_outputs, write_outputs
 from .parser import build_parser
-from .run import metering_meters, run_profile
+from .run import autocast_in, autocast_step, metering_meters, run_profile
 from .gather import run_gather
 from .saved import SUBCOMMANDS, run_saved
 from .spec import load_model, parse_kwargs
@@ -74,10 +74,12 @@ def _check_names(options: argparse.Namespace) -> None:
 
 
 def _headline(spec: str, model: torch.nn.Module, inputs: list[InputSpec], options: argparse.Namespace,
-              dtype: torch.dtype | None, device: torch.device) -> str:
+              dtype: torch.dtype | None, device: torch.device, autocast: torch.dtype | None = None) -> str:
     params = sum(p.numel() for p in model.parameters())
     mode = "inference (eval)" if options.eval else ("forward only" if options.no_backward else "forward + backward")
     dtype_name = str(dtype or torch.float32).replace("torch.", "")
+    if autocast is not None:
+        dtype_name += ", autocast " + str(autocast).replace("torch.", "")
     shown = ", ".join(map(str, inputs))
     shown_params = format_counted(params, "parameter", shown=format_count(params))
     if options.fake or device.type == "meta":
@@ -170,6 +172,8 @@ def _run(options: argparse.Namespace) -> int:
         raise UsageError(f"--dtype {options.dtype}: a model cannot compute in a float8 type; give float32, bfloat16 "
                          f"or float16 (a model that casts inside its forward takes --input SHAPE:{options.dtype})")
     device = _device(options.device)
+    autocast = autocast_in(options.autocast, dtype, device) if options.autocast else None
+    precision = autocast_step(device, autocast)
     untimed = options.fake or device.type == "meta"
     check_input_sizes(inputs, dtype or torch.float32, device)
     if untimed:
@@ -202,14 +206,15 @@ def _run(options: argparse.Namespace) -> int:
             target = f"{device} {options.dtype}" if dtype else str(device)
             raise RunError(f"moving the model to {target} raised {one_line(exc)}") from exc
         args, named = make_inputs(inputs, float_dtype=dtype or torch.float32, vocab=options.vocab, device=device)
-        print(_headline(options.spec, model, inputs, options, dtype, device), flush=True)
+        print(_headline(options.spec, model, inputs, options, dtype, device, autocast), flush=True)
         # No times to warm up or average: one step counts everything.
         profile = run_profile(model, args, named, steps=1 if untimed else options.steps,
                               warmup=0 if untimed else options.warmup, backward=not options.no_backward,
-                              inference=options.eval, metrics=options.metrics, sync=options.sync, untimed=untimed)
+                              inference=options.eval, metrics=options.metrics, sync=options.sync, untimed=untimed,
+                              precision=precision)
     print(profile.layerwise_summary(columns=options.columns, depth=options.depth), flush=True)
     if planned(options):
-        print(plan_and_verify(profile, model, args, named, options), flush=True)
+        print(plan_and_verify(profile, model, args, named, options, precision), flush=True)
     _measure_roofs_if_saved(profile, options, outputs)
     for path in write_outputs(profile, outputs, options.plot_kind, options.plot_metric, **plot_options(options)):
         print(f"layerprof: wrote {path}", file=sys.stderr)

@@ -144,6 +144,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                             "shapes and saved bytes and times nothing (--metrics flops,params,memory unless "
                             "given); for models that --device meta cannot run (Hugging Face's read tensor values)")
     model.add_argument("--dtype", metavar="DTYPE", help="cast the model and float inputs, e.g. bfloat16")
+    model.add_argument("--autocast", metavar="DTYPE",
+                       help="mixed precision: run each forward under torch.autocast in DTYPE (bfloat16 or float16), "
+                            "the model and inputs left float32, backward outside, as a training script does")
     model.add_argument("--threads", type=_count(1, 2**31 - 1), metavar="N", help="torch.set_num_threads(N)")
     model.add_argument("--seed", type=_count(-2**63, 2**64 - 1), default=0,  # (torch.manual_seed's range)
                        help="seed of the model's init and the inputs (default 0)")
