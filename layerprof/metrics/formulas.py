@@ -118,8 +118,8 @@ def is_free(op: Any) -> bool:
     random fills.
 
     A random fill is an op that draws (``nondeterministic_seeded``) and does not decompose: composite ops that
-    may draw for their dropout (``aten.scaled_dot_product_attention``, ``aten.lstm``, ``aten.gru``, which reach
-    the counter whole under inference_mode) do real work, priced by their decomposition."""
+    may draw for their dropout (``aten.scaled_dot_product_attention``, which reaches the counter whole under
+    inference_mode) do real work, priced by their decomposition (``aten.lstm`` and ``aten.gru`` by formulas)."""
     if getattr(op, "is_view", False):
         return True
     tags = getattr(op, "tags", ())
@@ -518,6 +518,15 @@ def whole_rnn_flops(x: Sequence[int], second: Any, params: Any, *args: Any, **kw
     if params and isinstance(params[0], int):  # packed: (data [tokens, i], batch_sizes, hx, params, ...)
         return _whole_rnn_flops(x, args[0], x[0])
     return _whole_rnn_flops(x, params, prod(x[:-1]))  # (input [b, t, i] or [t, b, i], hx, params, ...)
+
+
+@register_flop_formula(aten.lstm)
+def whole_lstm_flops(x: Sequence[int], second: Any, third: Any, *args: Any, **kwargs: Any) -> int:
+    """nn.LSTM on CPU under inference_mode, where the op reaches the meter whole: priced here and run as it is (run
+    decomposed, a packed LSTM's output, or one with dropout between layers, had other bits than unprofiled)."""
+    if second and isinstance(second[0], int):  # packed: (data [tokens, i], batch_sizes [t], [h0, c0], params, ...)
+        return _whole_rnn_flops(x, args[0], x[0])
+    return _whole_rnn_flops(x, third, prod(x[:-1]))  # (input [b, t, i] or [t, b, i], [h0, c0], params, ...)
 
 
 @register_flop_formula(aten.miopen_rnn)
