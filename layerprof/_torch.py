@@ -204,8 +204,8 @@ def remove_forward_hooks_from(added: Any) -> None:
 
 
 # The calls of every module go through ``nn.Module._call_impl`` (``Module.__call__`` looks it up on the module at
-# each call). A block puts its own function in its place, around torch's: it times the modules it profiles and
-# hands every call to torch's unchanged, which takes its fast path where a module carries no hooks. Torch's global
+# each call). A block routes them through a function of its own, around torch's (inside torch's function, or in
+# its place: below): it times the modules it profiles and hands every call to torch's unchanged, which takes its fast path where a module carries no hooks. Torch's global
 # module hooks did the same at about twice the cost per call (their dispatch builds lists and a closure per call,
 # and runs two hooks), and made every module of the process, profiled or not, take the hooked path.
 _Module = torch.nn.Module
@@ -214,7 +214,7 @@ _Make = Callable[[Callable[..., Any]], Callable[..., Any]]
 _wrappers: list[tuple[int, _Make, bool]] = []  # (key, make, outermost), in the order added
 _live: set[int] = set()  # the keys added and not removed yet, installed or inside another tool's function
 _base: list[Callable[..., Any]] = []  # what ``Module._call_impl`` was when the first wrapper went on (torch's)
-_installed: list[Callable[..., Any]] = []  # the chain put in its place, while there is one
+_installed: list[Callable[..., Any]] = []  # the chain module calls run (``_slot``), while there is one
 # Every chain made -> (what it was built on, the keys of its wrappers): a chain of ours found in ``_call_impl`` (put
 # back by another tool), all of whose wrappers were removed, is unwrapped to what it was built on.
 _made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -226,6 +226,68 @@ _DYNAMO_CALL_IMPL = (("torch._dynamo.utils", "unpatched_nn_module_call_impl"),
                      ("torch._dynamo.variables.nn_module", "unpatched_nn_module_call_impl"))
 # ``Module._call_impl`` as layerprof found it when it loaded: torch's, unless another tool had put its own there.
 _FOUND = vars(_Module)[_CALL_IMPL]
+
+
+# Putting a function in place of ``Module._call_impl`` writes nn.Module's type, and CPython then drops the method
+# caches of every subclass (hundreds where transformers is loaded; 70 µs right after a step, twice a block, and the
+# next step fills them again). Where the class still holds torch's function, found at load, a plain function, the
+# chain is put inside it instead: its code is swapped for ``_call_through``'s, which calls the chain it is given as
+# a keyword default (a write to the function, 4-7 µs), and the class is not written. The chain is then built on
+# ``_TORCH``, a function running torch's code, and ``_FOUND`` gets its code back as the last wrapper comes off.
+# Everything holding torch's function (dynamo, another tool that wrapped it, a ``.compile()`` of a module) holds it
+# still, and finds torch's code in it again after the block.
+_KW = "_layerprof_call"
+
+
+def _call_through(*args: Any, _layerprof_call: Any = None, **kwargs: Any) -> Any:
+    return _layerprof_call(*args, **kwargs)  # (the module is args[0]: no tuple made again, 50 ns less a call)
+
+
+def _function_copy(func: Any) -> Any:
+    """A function running ``func``'s code, or None where its code cannot be swapped (no plain function without
+    free variables and keyword-only defaults)."""
+    if (type(func) is not types.FunctionType or func.__code__.co_freevars or func.__kwdefaults__
+            or func.__code__.co_kwonlyargcount):
+        return None
+    copy = types.FunctionType(func.__code__, func.__globals__, func.__name__, func.__defaults__, func.__closure__)
+    copy.__qualname__, copy.__module__, copy.__doc__ = func.__qualname__, func.__module__, func.__doc__
+    return copy
+
+
+# (only torch's own: a function another tool put there before layerprof loaded is left as it is)
+_TORCH = _function_copy(_FOUND) if getattr(_FOUND, "__module__", None) == torch_module.__name__ else None
+_TORCH_CODE = _FOUND.__code__ if _TORCH is not None else None
+_THROUGH = _call_through.__code__
+
+
+def _slot() -> Any:
+    """What module calls run now: the class's ``_call_impl``, or where its code is swapped, the chain it calls
+    (where it runs torch's code: ``_TORCH``)."""
+    current = vars(_Module)[_CALL_IMPL]
+    if current is _FOUND and _TORCH is not None:
+        return _FOUND.__kwdefaults__[_KW] if _FOUND.__code__ is _THROUGH else _TORCH
+    return current
+
+
+def _set_slot(func: Any) -> None:
+    """Make module calls run ``func``: inside ``_FOUND`` where the class holds it, else in the class."""
+    if vars(_Module)[_CALL_IMPL] is _FOUND and _TORCH is not None:
+        if func is _TORCH:
+            _FOUND.__code__ = _TORCH_CODE  # (the code first: the defaults go unread by torch's)
+            _FOUND.__kwdefaults__ = None
+        else:
+            _FOUND.__kwdefaults__ = {_KW: func}  # (the defaults first: torch's code reads none)
+            _FOUND.__code__ = _THROUGH
+    else:
+        setattr(_Module, _CALL_IMPL, func)
+
+
+def _heal() -> None:
+    """Give ``_FOUND`` torch's code back where the chain inside it has no wrapper on any more (another tool put its
+    own function in the class around it, and the blocks ended)."""
+    if _TORCH is not None and _FOUND.__code__ is _THROUGH and _past_dead_chains(_FOUND.__kwdefaults__[_KW]) is _TORCH:
+        _FOUND.__code__ = _TORCH_CODE
+        _FOUND.__kwdefaults__ = None
 
 
 def add_call_wrapper(make: _Make, outermost: bool = False) -> int:
@@ -253,6 +315,7 @@ def remove_call_wrapper(key: int) -> None:
                 kept = _wrappers[:index] + _wrappers[index + 1:]
                 _install(None, kept)
                 return
+        _heal()  # (its chain is no longer what module calls run: another tool's function stands in the class)
 
 
 def _past_dead_chains(func: Any) -> Any:
@@ -265,7 +328,7 @@ def _past_dead_chains(func: Any) -> Any:
 def _install(added: tuple[int, _Make, bool] | None, kept: list[tuple[int, _Make, bool]] | None = None) -> None:
     """Put the chain of ``kept`` (else ``_wrappers``) and ``added`` in place of ``Module._call_impl``; nothing
     changes where making it raises."""
-    current = vars(_Module)[_CALL_IMPL]
+    current = _slot()
     wrappers = _wrappers if kept is None else kept
     base = _base[0] if _base else None
     if not _installed or current is not _installed[0]:
@@ -276,6 +339,7 @@ def _install(added: tuple[int, _Make, bool] | None, kept: list[tuple[int, _Make,
         if added is None:
             _installed.clear()
             _wrappers[:] = []
+            _heal()
             return
     wrappers = [*wrappers, added] if added is not None else wrappers
     chain = base
@@ -283,7 +347,7 @@ def _install(added: tuple[int, _Make, bool] | None, kept: list[tuple[int, _Make,
         chain = make(chain)
     if wrappers:
         _made[chain] = (base, frozenset(map(itemgetter(0), wrappers)))
-    setattr(_Module, _CALL_IMPL, chain)
+    _set_slot(chain)
     _base[:] = [base]
     _installed[:] = [chain] if wrappers else []
     _wrappers[:] = wrappers

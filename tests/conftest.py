@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -27,16 +27,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="rewrite tests/golden/ from the current rendering (review the diff before committing)")
 
 
-# Torch's own Module._call_impl, as it is before any profile: a block puts its call wrapper in its place.
+# Torch's own Module._call_impl and its code, as they are before any profile: a block routes module calls through
+# its call wrapper, put inside that function (its code swapped) or in its place in nn.Module.
 TORCH_CALL_IMPL = vars(torch.nn.Module)["_call_impl"]
+TORCH_CALL_CODE = TORCH_CALL_IMPL.__code__
+
+
+def module_call() -> Any:
+    """What a module call runs now: nn.Module's ``_call_impl``, or, where a block swapped its code, the function
+    that code calls (the block's call wrapper, given as a keyword default)."""
+    func = vars(torch.nn.Module)["_call_impl"]
+    if func is TORCH_CALL_IMPL and func.__code__ is not TORCH_CALL_CODE:
+        return func.__kwdefaults__["_layerprof_call"]
+    return func
 
 
 def hook_state(model: torch.nn.Module, calls: bool = True) -> dict[str | None, tuple]:
     """Every hook dict of every module, to check that profiling leaves the model as it found it, and (``calls``)
     what ``nn.Module`` runs for a call and what starts a backward pass, under the key None: torch's own
     ``_call_impl`` and ``torch.autograd._engine_run_backward`` once every block is over."""
-    state: dict[str | None, tuple] = {None: (vars(torch.nn.Module)["_call_impl"], torch.autograd._engine_run_backward)
-                                      } if calls else {}
+    state: dict[str | None, tuple] = {None: (module_call(), TORCH_CALL_IMPL.__code__, TORCH_CALL_IMPL.__kwdefaults__,
+                                             torch.autograd._engine_run_backward)} if calls else {}
     for name, module in model.named_modules():
         state[name] = tuple(
             tuple(getattr(module, attr).keys())

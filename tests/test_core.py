@@ -21,7 +21,7 @@ from layerprof.collect import profiler as profiler_module
 from layerprof.collect import tracker as tracker_module
 from layerprof.collect.profiler import _PROFILED
 
-from .conftest import TORCH_CALL_IMPL, hook_state
+from .conftest import TORCH_CALL_CODE, TORCH_CALL_IMPL, hook_state, module_call
 from .invariants import check_profile, count_calls
 from .measured import measured_until
 from .models import MLP, Boom, DictOut, KwargsDataclass, Residual, SharedLoop, UnusedBranch
@@ -379,26 +379,66 @@ def test_profilers_on_two_models_time_only_their_own_modules() -> None:
     tables = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_forward_hooks_with_kwargs",
               "_global_forward_hooks_always_called", "_global_module_registration_hooks")
     global_before = [dict(getattr(torch_module, table)) for table in tables]
-    torch_call = vars(nn.Module)["_call_impl"]
+    torch_call = module_call()
     with LayerProf(first) as outer:
-        outer_call = vars(nn.Module)["_call_impl"]
-        assert outer_call is not torch_call
+        outer_call = module_call()
+        # (inside torch's function: nn.Module is not written, its code is swapped for one calling the wrapper)
+        assert outer_call is not torch_call and vars(nn.Module)["_call_impl"] is torch_call
+        assert torch_call.__code__ is not TORCH_CALL_CODE
         with LayerProf(second) as inner:
-            assert vars(nn.Module)["_call_impl"] not in (torch_call, outer_call)
+            assert module_call() not in (torch_call, outer_call)
             other(first(torch.randn(2, 8))).sum().backward()
             second(torch.randn(2, 8))
             second(torch.randn(2, 8)).sum().backward()
             added = [len(getattr(torch_module, table)) - len(was) for table, was in zip(tables, global_before)]
             assert added == [0, 0, 0, 0, 2]
-        assert vars(nn.Module)["_call_impl"] is not torch_call
+        assert module_call() is not torch_call  # (the outer block's wrapper alone, in a chain made again)
         first(torch.randn(2, 8))
-    assert vars(nn.Module)["_call_impl"] is torch_call
+    assert module_call() is torch_call and torch_call.__code__ is TORCH_CALL_CODE and torch_call.__kwdefaults__ is None
     assert [dict(getattr(torch_module, table)) for table in tables] == global_before  # (each block's entries gone)
     # MLP: root, body, body.0-3, head = 7 modules, each called once per model call.
     assert [r.calls for r in outer.tree] == [2] * 7  # two calls of `first`, one inside the inner block
     assert [r.calls for r in inner.tree] == [2] * 7
     assert outer.records["head"].backward_ms > 0 and inner.records["head"].backward_ms > 0
     assert len(outer.records) == len(inner.records) == 7
+
+
+def test_a_call_through_torchs_call_impl_held_before_the_block_is_timed_and_torchs_code_comes_back() -> None:
+    # The block swaps the code of torch's Module._call_impl for a call of its wrapper, and writes nothing in
+    # nn.Module: a tool that kept torch's function before the block (dynamo keeps it, to tell an unpatched call)
+    # and calls it, runs the wrapper too. After the block the function runs torch's code again, as before.
+    import inspect
+
+    model, x = MLP(), torch.randn(2, 8)
+    held = nn.Module._call_impl
+    signature, before = inspect.signature(held), hook_state(model)
+    with LayerProf(model) as prof:
+        assert vars(nn.Module)["_call_impl"] is held is TORCH_CALL_IMPL and held.__code__ is not TORCH_CALL_CODE
+        held(model, x).sum().backward()
+    assert held.__code__ is TORCH_CALL_CODE and held.__kwdefaults__ is None and inspect.signature(held) == signature
+    assert hook_state(model) == before
+    # MLP: root, body, body.0-3, head: each called once, the root through the held function
+    assert [(record.name, record.calls) for record in prof.tree] == [
+        ("", 1), ("body", 1), ("body.0", 1), ("body.1", 1), ("body.2", 1), ("body.3", 1), ("head", 1)]
+    assert prof.records[""].backward_ms > 0
+    check_profile(prof, model)
+
+
+def test_where_torchs_call_impl_cannot_take_other_code_the_wrapper_goes_in_nn_module(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A torch whose _call_impl is no plain function without free variables and keyword-only defaults (no copy of it
+    # can run its code): the block puts its wrapper in nn.Module in its place, and torch's goes back at the end.
+    from layerprof import _torch
+
+    monkeypatch.setattr(_torch, "_TORCH", None)
+    model = MLP()
+    before = hook_state(model)
+    with LayerProf(model) as prof:
+        assert vars(nn.Module)["_call_impl"] is not TORCH_CALL_IMPL and TORCH_CALL_IMPL.__code__ is TORCH_CALL_CODE
+        model(torch.randn(2, 8)).sum().backward()
+    assert vars(nn.Module)["_call_impl"] is TORCH_CALL_IMPL and hook_state(model) == before
+    assert [record.calls for record in prof.tree] == [1] * 7 and prof.records["head"].backward_ms > 0  # MLP: 7 modules
+    check_profile(prof, model)
 
 
 def test_global_module_hooks_registered_inside_the_block_run_inside_the_calls() -> None:
@@ -455,7 +495,9 @@ def test_a_call_impl_replaced_by_another_tool_inside_the_block_is_left_in_place(
             nn.Module._call_impl = found
             raise
     try:
-        assert vars(nn.Module)["_call_impl"] is theirs
+        # (and torch's function, which theirs calls, runs torch's code again: nothing of the ended block is left)
+        assert vars(nn.Module)["_call_impl"] is theirs and found is TORCH_CALL_IMPL
+        assert found.__code__ is TORCH_CALL_CODE and found.__kwdefaults__ is None
         # MLP: 7 modules, each called once per model call
         assert len(counted) == 7 and prof.tree.calls == 1 and prof.records["head"].backward_ms > 0
         model(torch.randn(2, 8))  # after the block: through theirs, then handed on untimed
@@ -466,7 +508,7 @@ def test_a_call_impl_replaced_by_another_tool_inside_the_block_is_left_in_place(
         assert len(counted) == 21 and later.tree.calls == 1 and later.records["head"].calls == 1
         assert later.records["head"].backward_ms > 0 and prof.tree.calls == 1
     finally:
-        nn.Module._call_impl = found  # (theirs restores what it found: the first block's chain, all of it ended)
+        nn.Module._call_impl = found  # (theirs restores what it found: torch's function, its code given back)
     with LayerProf(model) as last:  # a block that finds a chain of ours whose blocks all ended unwraps it
         model(torch.randn(2, 8))
     assert vars(nn.Module)["_call_impl"] is TORCH_CALL_IMPL

@@ -17,7 +17,7 @@ from layerprof import LayerProf
 from layerprof.metrics import METERS, Meter, register_meter
 from layerprof.collect.statistics import RunningStat
 
-from .conftest import TORCH_CALL_IMPL, hook_state
+from .conftest import TORCH_CALL_IMPL, hook_state, module_call
 from .models import MLP
 
 
@@ -195,9 +195,9 @@ def test_schedule_profiles_exactly_the_steps_asked_for_and_unhooks_the_rest(step
     prof = LayerProf(model, schedule=layerprof.schedule(wait=1, warmup=1, active=2, repeat=1))
     prof.start()
     for _ in range(6):
-        # Ours: the call wrapper in place of torch's Module._call_impl on the default path, else in the module's
-        # own dict.
-        hooked.append(len(model.body[0]._forward_pre_hooks) + (vars(nn.Module)["_call_impl"] is not TORCH_CALL_IMPL))
+        # Ours: the call wrapper inside torch's Module._call_impl (its code swapped) on the default path, else in
+        # the module's own dict.
+        hooked.append(len(model.body[0]._forward_pre_hooks) + (module_call() is not TORCH_CALL_IMPL))
         model(torch.randn(2, 8)).sum().backward()
         prof.step()
     prof.stop()

@@ -394,7 +394,7 @@ class Tracker:
 
     def __init__(self, sync: bool = False, cpu_clock: CpuClock | None = None) -> None:
         self.sync = sync
-        # Modules are timed by a function put in place of torch's ``Module._call_impl`` (``add_call_wrapper``):
+        # Modules are timed by a function torch's ``Module._call_impl`` calls while a block runs (``add_call_wrapper``):
         # one for a block whatever the model's size, nothing written into a module's hook dicts (a module that
         # carries a hook can run otherwise: ``nn.TransformerEncoderLayer`` takes its fused inference path only
         # where it and its children carry none), and no hook dispatch in torch for a module without hooks. Only a
