@@ -7,7 +7,8 @@ writes each output once would (no cache reuse, no intermediate spills):
   covers (``x[:, :8]`` reads its slice, not the whole storage), several views of one storage up to its size;
 * writes: every tensor output, the same way; an in-place op (``relu_``) reads and writes its argument, an
   ``out=`` argument is written only;
-* view ops (``view``, ``t``, ``expand``, ...) and allocations (``empty``) move nothing.
+* view ops (``view``, ``t``, ``expand``, ...), their in-place forms (``unsqueeze_``, ``t_``, ``as_strided_``:
+  they change a tensor's sizes and strides, not its data) and allocations (``empty``) move nothing.
 
 An override takes the op's arguments as they are (tensors, not shapes) plus ``out=`` (the op's result) and
 returns the bytes. ``embedding`` reads only the rows it gathers; ``copy_`` and ``fill_`` do not read their
@@ -144,8 +145,34 @@ def _plan(op: Any) -> tuple[BytesFormula | None, frozenset[str]]:
             argument.name for argument in (schema.arguments if schema is not None else ())
             if argument.kwarg_only and argument.alias_info is not None and argument.alias_info.is_write
         )
-        plan = _PLANS[op] = (BYTES_FORMULAS.get(getattr(op, "overloadpacket", op)), outs)
+        formula = BYTES_FORMULAS.get(getattr(op, "overloadpacket", op))
+        if formula is None and _changes_only_metadata(op):
+            formula = nothing
+        plan = _PLANS[op] = (formula, outs)
     return plan
+
+
+def _changes_only_metadata(op: Any) -> bool:
+    """An in-place view (``unsqueeze_``, ``transpose_``, ``as_strided_``): it mutates its self's sizes, strides or
+    offset, no element. Torch tags these ``inplace_view``; an untagged op counts when it writes only its self and
+    its out-of-place form of the same overload is a view (``foo_`` of a ``foo`` that returns an alias)."""
+    if torch.Tag.inplace_view in getattr(op, "tags", ()):
+        return True
+    schema = getattr(op, "_schema", None)
+    packet = getattr(op, "overloadpacket", None)
+    name = getattr(packet, "__name__", "")
+    if schema is None or not name.endswith("_") or name.startswith("__"):
+        return False
+    written = [argument.name for argument in schema.arguments
+               if argument.alias_info is not None and argument.alias_info.is_write]
+    if written != ["self"]:
+        return False
+    namespace, _, _ = getattr(packet, "_qualified_op_name", "").partition("::")
+    functional = getattr(getattr(torch.ops, namespace, None), name[:-1], None) if namespace else None
+    overload = getattr(op, "_overloadname", None)
+    if functional is None or overload not in functional.overloads():
+        return False
+    return bool(getattr(getattr(functional, overload), "is_view", False))
 
 
 def op_bytes(op: Any, args: Any, kwargs: dict[str, Any], out: Any) -> int:

@@ -1,0 +1,96 @@
+"""Problems found by sweeps: in-place views counted as moving data, the gate's advice under autocast, and a module
+wrapped by an adapter between the steps of one block."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from layerprof import LayerProf
+from layerprof.metrics.bytes import op_bytes
+
+pytestmark = pytest.mark.filterwarnings("ignore:only one step was profiled:RuntimeWarning")
+aten = torch.ops.aten
+
+
+class Call(nn.Module):
+    """A module around a function, so that functional code has a record."""
+
+    def __init__(self, function) -> None:
+        super().__init__()
+        self.function = function
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.function(x)
+
+
+def _forward_bytes(function, x: torch.Tensor) -> int:
+    model = Call(function)
+    with LayerProf(model, metrics=("flops",)) as prof:
+        model(x)
+    return prof.records[""].bytes_forward
+
+
+# -- 1. in-place views move no data -------------------------------------------------------------------------------
+@pytest.mark.parametrize("inplace_view", [
+    lambda y: y.unsqueeze_(0),
+    lambda y: y.view(32, 32).t_(),
+    lambda y: y.view(32, 32).transpose_(0, 1),
+    lambda y: y.view(32, 32).swapdims_(0, 1),
+    lambda y: y.view(1, 1024).squeeze_(0),
+    lambda y: y.as_strided_((32, 32), (32, 1)),
+], ids=["unsqueeze_", "t_", "transpose_", "swapdims_", "squeeze_", "as_strided_"])
+def test_an_inplace_view_moves_no_bytes(inplace_view) -> None:
+    x = torch.randn(1024)
+    # x * 2 reads 1024 float32 (4,096 bytes) and writes as many (4,096): 8,192; the view after it changes sizes
+    # and strides only (it counted as reading and writing its 4,096 bytes: 16,384)
+    assert _forward_bytes(lambda x: inplace_view(x * 2), x) == 4096 + 4096
+    assert _forward_bytes(lambda x: (x * 2).unsqueeze(0), x) == 4096 + 4096  # the out-of-place view: the same
+
+
+def test_inplace_views_are_free_and_inplace_ops_on_data_are_not() -> None:
+    y = torch.randn(4, 8)  # 32 float32: 128 bytes
+    for op, args in ((aten.unsqueeze_.default, (0,)), (aten.squeeze_.dim, (0,)), (aten.t_.default, ()),
+                     (aten.transpose_.default, (0, 1)), (aten.as_strided_.default, ((8, 4), (4, 1)))):
+        assert op_bytes(op, (y, *args), {}, y) == 0, op
+    assert op_bytes(aten.relu_.default, (y,), {}, y) == 128 + 128  # reads and writes its 128 bytes
+    assert op_bytes(aten.mul_.Scalar, (y, 2.0), {}, y) == 128 + 128
+
+
+def test_an_untagged_inplace_form_of_a_view_op_is_free_too() -> None:
+    # A library's op pair without torch's inplace_view tag: the in-place form of a view writes only its self's
+    # metadata; an in-place op on data (its out-of-place form returns a new tensor) reads and writes 128 + 128
+    library = torch.library.Library("layerprof_s31", "FRAGMENT")
+    library.define("fold(Tensor(a) self) -> Tensor(a)")
+    library.define("fold_(Tensor(a!) self) -> Tensor(a!)")
+    library.define("scale(Tensor self) -> Tensor")
+    library.define("scale_(Tensor(a!) self) -> Tensor(a!)")
+    ops, y = torch.ops.layerprof_s31, torch.randn(4, 8)
+    assert torch.Tag.inplace_view not in ops.fold_.default.tags
+    assert op_bytes(ops.fold_.default, (y,), {}, y) == 0
+    assert op_bytes(ops.scale_.default, (y,), {}, y) == 128 + 128
+
+
+def test_a_channels_last_resnet18_moves_the_bytes_of_the_contiguous_one() -> None:
+    torchvision = pytest.importorskip("torchvision")
+
+    def moved(channels_last: bool) -> dict[str, tuple[int, int]]:
+        torch.manual_seed(0)
+        model, x = torchvision.models.resnet18(weights=None), torch.randn(2, 3, 64, 64)
+        if channels_last:
+            model, x = model.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
+        with LayerProf(model, metrics=("flops",)) as prof:
+            model(x).sum().backward()
+        return {name: (record.bytes_forward, record.bytes_backward) for name, record in prof.records.items()}
+
+    contiguous, channels_last = moved(False), moved(True)
+    assert list(channels_last) == list(contiguous)
+    # avgpool's mean reads [2, 512, 2, 2] (16,384 bytes) and writes [2, 512] (4,096); under channels_last an
+    # as_strided_ that sets the result's strides read and wrote 4,096 more each (28,672)
+    assert contiguous["avgpool"][0] == channels_last["avgpool"][0] == 16384 + 4096
+    assert {name: value[0] for name, value in channels_last.items()} == \
+        {name: value[0] for name, value in contiguous.items()}
+    # Backward: autograd undoes that as_strided_ for real (as_strided's backward): new_zeros writes [2, 512] (4,096)
+    # and copy_ reads and writes it (8,192) into avgpool's gradient: 12,288 more there, and nowhere else
+    backward = {name: value[1] - contiguous[name][1] for name, value in channels_last.items()}
+    assert backward == {name: 12288 if name in ("", "avgpool") else 0 for name in contiguous}
