@@ -63,7 +63,8 @@ def test_the_gate_refuses_steps_under_another_autocast_and_says_what_to_make_ali
     assert main(["compare", str(a), str(b), "--fail-if-slower", "10"]) == 4
     err = capsys.readouterr().err
     assert "(A ran without torch.autocast and B under torch.autocast (bfloat16))" in err
-    assert "profile both with the same --device, --dtype and --threads, under the same torch.autocast (or none)" in err
+    assert ("profile both with the same --device, --dtype, --threads and --autocast (or none; in a script, the same "
+            "torch.autocast)") in err
 
 
 def _quantized(dtype: torch.dtype) -> nn.Module:

@@ -2,11 +2,14 @@
 wrapped by an adapter between the steps of one block."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
 from layerprof import LayerProf
+from layerprof.cli import main
 from layerprof.metrics.bytes import op_bytes
 
 pytestmark = pytest.mark.filterwarnings("ignore:only one step was profiled:RuntimeWarning")
@@ -94,3 +97,45 @@ def test_a_channels_last_resnet18_moves_the_bytes_of_the_contiguous_one() -> Non
     # and copy_ reads and writes it (8,192) into avgpool's gradient: 12,288 more there, and nowhere else
     backward = {name: value[1] - contiguous[name][1] for name, value in channels_last.items()}
     assert backward == {name: 12288 if name in ("", "avgpool") else 0 for name in contiguous}
+
+
+# -- 2. the gate's advice names --autocast where the runs' autocast differs ---------------------------------------
+MODELS = """
+import torch
+from torch import nn
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+"""
+
+
+def _cli_profile(tmp_path: Path, name: str, *options: str) -> str:
+    spec = tmp_path / "gate_models.py"
+    spec.write_text(MODELS)
+    path = tmp_path / f"{name}.json"
+    assert main([f"{spec}:mlp", "-i", "4,16", "--warmup", "0", "--steps", "2", "--json", str(path), *options]) == 0
+    return str(path)
+
+
+def test_the_gate_names_autocast_among_the_options_to_make_alike(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: "profile both with the same --device, --dtype and --threads, under the same torch.autocast (or none)"
+    # for two runs of `layerprof SPEC` that differ by --autocast, the option that made them differ unnamed.
+    plain = _cli_profile(tmp_path, "plain", "--threads", "1")
+    amp = _cli_profile(tmp_path, "amp", "--threads", "1", "--autocast", "bf16")
+    capsys.readouterr()
+    assert main(["compare", plain, amp, "--fail-if-slower", "10"]) == 4
+    err = capsys.readouterr().err
+    assert "(A ran without torch.autocast and B under torch.autocast (bfloat16))" in err
+    assert ("a gate compares two runs made alike: profile both with the same --device, --dtype, --threads and "
+            "--autocast (or none; in a script, the same torch.autocast), both with backward or both without") in err
+    # Another difference alone (threads): the advice as it was, --autocast not named
+    two = _cli_profile(tmp_path, "two", "--threads", "2")
+    capsys.readouterr()
+    assert main(["compare", plain, two, "--fail-if-slower", "10"]) == 4
+    err = capsys.readouterr().err
+    assert "(A ran with 1 thread and B with 2 threads)" in err
+    assert ("profile both with the same --device, --dtype and --threads, under the same torch.autocast (or none), "
+            "both with backward") in err
+    assert "--autocast" not in err

@@ -18,7 +18,7 @@ from ..metrics.roofline import ROOFLINE_FIELDS
 from ..plan.candidates import require_figures
 from ..profile import Profile, compare, load
 from ..render.gate import (MAX_SHARE, MIN_MODULE_STEPS, MIN_SHARE, PASSES, Gate, different_machines,
-                           different_models, different_settings)
+                           different_models, different_settings, settings_that_differ)
 from ..record.fields import Field, stored_fields
 from ..record.records import preorder
 from ..record.roofs import no_roofs_reason
@@ -194,6 +194,14 @@ def _check_roofs(profile: Profile, options: argparse.Namespace, asked: str) -> N
                          "--peaks FLOPS,BANDWIDTH (FLOP/s, bytes/s: its spec sheet, or layerprof.peaks() run there)")
 
 
+def _alike_options(a: Profile, b: Profile) -> str:
+    """The options a gate's two runs need alike: ``--autocast`` named among them where the runs' autocast differs
+    (``layerprof SPEC --autocast bf16``), a script's torch.autocast beside it."""
+    if "autocast" in settings_that_differ(a, b):
+        return "--device, --dtype, --threads and --autocast (or none; in a script, the same torch.autocast)"
+    return "--device, --dtype and --threads, under the same torch.autocast (or none)"
+
+
 def _compare(options: argparse.Namespace) -> int:
     if options.per_module and options.fail_if_slower is None:
         raise UsageError("--per-module applies the --fail-if-slower limit to each module: give --fail-if-slower PCT")
@@ -222,9 +230,8 @@ def _compare(options: argparse.Namespace) -> int:
     why = different_settings(a, b)
     if why is not None:
         raise NotComparable(f"--fail-if-slower: A and B were not measured the same way ({why}); a gate compares "
-                            "two runs made alike: profile both with the same --device, --dtype and --threads, "
-                            "under the same torch.autocast (or none), both with backward or both without, and with "
-                            "the same --metrics over several steps. "
+                            f"two runs made alike: profile both with the same {_alike_options(a, b)}, both with "
+                            "backward or both without, and with the same --metrics over several steps. "
                             "Without --fail-if-slower the comparison is printed")
     machines = different_machines(a, b)
     if machines is not None:

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from ..record.records import ModuleRecord
 
 __all__ = ["Spread", "Verdict", "Gate", "model_spread", "module_spread", "different_models", "different_settings",
-           "different_machines", "PASSES", "MIN_SHARE", "MAX_SHARE", "MIN_MODULE_STEPS"]
+           "settings_that_differ", "different_machines", "PASSES", "MIN_SHARE", "MAX_SHARE", "MIN_MODULE_STEPS"]
 
 PASSES = ("forward", "backward", "total")
 MIN_SHARE = 1.0  # percent of the model's median: smaller modules are below the timer's resolution and noise
@@ -263,20 +263,34 @@ def different_machines(a: Profile, b: Profile, names: tuple[str, str] = ("A", "B
     return _differing(a, b, _MACHINE, names)
 
 
-def _differing(a: Profile, b: Profile, keys: tuple[tuple[str, Any], ...], names: tuple[str, str]) -> str | None:
+def settings_that_differ(a: Profile, b: Profile) -> list[str]:
+    """The settings (``device``, ``dtype``, ``threads``, ``autocast``) A and B name otherwise, in that order: what
+    a gate's advice names to make alike."""
+    return [key for key, _ in _settings_differing(a, b, _SETTINGS)]
+
+
+def _settings_differing(a: Profile, b: Profile, keys: tuple[tuple[str, Any], ...]) -> list[tuple[str, Any]]:
+    """(key, (A's value, B's value)) for each of ``keys`` whose value both profiles name, and name otherwise."""
     found_a, found_b = _settings(a.meta), _settings(b.meta)
     if found_a.get("device") != "cpu" or found_b.get("device") != "cpu":
         # The host's thread count sets a CPU step's speed; a GPU step's runs on the device.
         found_a.pop("threads", None)
         found_b.pop("threads", None)
-    shown_a, shown_b = [], []
-    for key, form in keys:
+    differing = []
+    for key, _ in keys:
         value_a, value_b = found_a.get(key), found_b.get(key)
         if value_a is not None and value_b is not None and value_a != value_b:
-            shown_a.append(form(value_a))
-            shown_b.append(form(value_b))
-    if not shown_a:
+            differing.append((key, (value_a, value_b)))
+    return differing
+
+
+def _differing(a: Profile, b: Profile, keys: tuple[tuple[str, Any], ...], names: tuple[str, str]) -> str | None:
+    forms = dict(keys)
+    differing = _settings_differing(a, b, keys)
+    if not differing:
         return None
+    shown_a = [forms[key](value_a) for key, (value_a, _) in differing]
+    shown_b = [forms[key](value_b) for key, (_, value_b) in differing]
     return f"{names[0]} ran {', '.join(shown_a)} and {names[1]} {', '.join(shown_b)}"
 
 
