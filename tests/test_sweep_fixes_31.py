@@ -139,3 +139,107 @@ def test_the_gate_names_autocast_among_the_options_to_make_alike(tmp_path: Path,
     assert ("profile both with the same --device, --dtype and --threads, under the same torch.autocast (or none), "
             "both with backward") in err
     assert "--autocast" not in err
+
+
+# -- 3. a module wrapped by an adapter between the steps of one block ----------------------------------------------
+class LoRA(nn.Module):
+    """A low-rank adapter around a frozen Linear, which it holds as ``base``."""
+
+    def __init__(self, base: nn.Linear, rank: int = 2) -> None:
+        super().__init__()
+        self.base = base.requires_grad_(False)
+        self.down = nn.Parameter(torch.full((rank, base.in_features), 0.1))
+        self.up = nn.Parameter(torch.full((base.out_features, rank), 0.01))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + x @ self.down.t() @ self.up.t()
+
+
+def _mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def _two_steps(model: nn.Sequential, x: torch.Tensor, profiled: bool) -> tuple[list[torch.Tensor], LayerProf | None]:
+    """Step 1, wrap '0' in a LoRA, steps 2 and 3: the outputs and gradients of each, and the profiler."""
+    seen: list[torch.Tensor] = []
+    prof = LayerProf(model, metrics=("params", "shapes")) if profiled else None
+    with prof if prof is not None else torch.enable_grad():
+        for step in range(3):
+            if step == 1:
+                model[0] = LoRA(model[0])
+            out = model(x)
+            out.sum().backward()
+            seen += [out.detach(), *(p.grad.clone() for p in model.parameters() if p.grad is not None)]
+            model.zero_grad(set_to_none=True)
+            if prof is not None:
+                prof.step()
+    return seen, prof
+
+
+def test_a_linear_wrapped_by_an_adapter_inside_a_block_is_profiled_under_its_new_name() -> None:
+    from .conftest import hook_state
+
+    x = torch.randn(2, 8)
+    plain, _ = _two_steps(_mlp(), x, profiled=False)
+    model = _mlp()
+    before = hook_state(model, calls=False)
+    seen, prof = _two_steps(model, x, profiled=True)
+    assert all(torch.equal(a, b) for a, b in zip(seen, plain, strict=True))  # outputs and gradients bitwise
+    records = prof.records
+    assert list(records) == ["", "0", "0.base", "1", "2"] == [name for name, _ in model.named_modules()]
+    # Step 1 ran the Linear as '0'; steps 2 and 3 the LoRA as '0' and the Linear inside it as '0.base' (before:
+    # no '0.base', the Linear's calls counted under '0': 5 in 3 steps)
+    assert (records["0"].type, records["0"].extra_repr, records["0"].calls) == ("LoRA", "", 1)
+    assert (records["0.base"].type, records["0.base"].steps_run) == ("Linear", 2)
+    assert records["0.base"].calls == pytest.approx(2 / 3)  # (calls a step over the block's 3 steps)
+    assert records["0.base"].extra_repr == "in_features=8, out_features=16, bias=True"
+    assert records["0.base"].output_shapes == [[2, 16]]
+    # Linear(8, 16): 8*16 + 16 = 144, the adapter's down 2*8 = 16 and up 16*2 = 32: '0' holds 192 (32 trainable);
+    # Linear(16, 4): 16*4 + 4 = 68; the root 192 + 68 = 260 (before: 116, under a child of 192)
+    assert (records["0.base"].params, records["0.base"].trainable_params) == (144, 0)
+    assert (records["0"].params, records["0"].own_params, records["0"].trainable_params) == (192, 48, 48)
+    assert (prof.tree.params, prof.tree.trainable_params) == (192 + 68, 48 + 68)
+    for record in records.values():
+        assert sum(child.params for child in record.children) <= record.params, record.name
+    # Nothing of layerprof left on the model: the moved Linear as it came in, the adapter as made
+    after = hook_state(model, calls=False)
+    assert after["0.base"] == before["0"] and after["1"] == before["1"] and after["2"] == before["2"]
+    assert after["0"] == hook_state(LoRA(nn.Linear(8, 16)), calls=False)[""]
+
+
+class OwnCall(nn.Linear):
+    """A Linear whose calls skip ``Module._call_impl`` (as ``torch.compiler.disable`` on a class makes them):
+    layerprof times it by hooks on it, not by its call wrapper."""
+
+    def _call_impl(self, *args, **kwargs):
+        return nn.Module._call_impl(self, *args, **kwargs)
+
+
+def test_a_module_timed_by_hooks_moved_into_an_adapter_is_hooked_once_and_left_clean() -> None:
+    from .conftest import hook_state
+
+    torch.manual_seed(0)
+    model = nn.Sequential(OwnCall(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    before = hook_state(model, calls=False)
+    _, prof = _two_steps(model, torch.randn(2, 8), profiled=True)
+    # One call a step in steps 2 and 3, not two (hooked twice), not under '0'
+    assert (prof.records["0.base"].type, prof.records["0.base"].steps_run) == ("OwnCall", 2)
+    assert prof.records["0.base"].calls == pytest.approx(2 / 3) and prof.records["0"].calls == 1
+    assert prof.tree.params == 192 + 68  # as with a plain Linear
+    assert hook_state(model, calls=False)["0.base"] == before["0"]
+
+
+def test_a_head_replaced_twice_inside_a_block_counts_the_last_one_under_the_root() -> None:
+    # The params meter read the block's first list of modules, which the profiler makes anew once a replaced head
+    # has left: a head that joined after that was missing, the root read 144 and the head 85 (the first new one).
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)), torch.randn(2, 8)
+    with LayerProf(model, metrics=("params",)) as prof:
+        for step in range(3):
+            if step:
+                model[2] = nn.Sequential(nn.Linear(16, 4 + step))
+            model(x).sum().backward()
+            prof.step()
+    # Linear(8, 16): 144; the last head Linear(16, 6): 16*6 + 6 = 102; the root 144 + 102 = 246
+    assert [prof.records[name].params for name in ("", "0", "2", "2.0")] == [246, 144, 102, 102]

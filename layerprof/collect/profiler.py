@@ -910,6 +910,23 @@ class LayerProf:
         old = table.get(name) if isinstance(table, dict) else None
         if old is not None and old is not submodule and id(old) in self._names:
             self._replaced = True  # (forgotten as the step ends, where it left the model: ``_drop_replaced``)
+            # What was at ``prefix`` or under it and goes on inside ``submodule`` (an adapter around the Linear it
+            # replaces: the Linear is now ``prefix.base``) leaves its old name, entry and hooks, and joins again
+            # below under its new name, after its new parent, as in a first profile of the changed model. A module
+            # profiled under another name stays shared.
+            under = prefix + "."
+            inside = [module for module in submodule.modules()
+                      if (known := self._names.get(id(module))) is not None
+                      and (known == prefix or known.startswith(under))]
+            if inside:
+                moved = set(map(id, inside))
+                self._entries = [(name, module) for name, module in self._entries if id(module) not in moved]
+                self._entry_modules = list(map(_second, self._entries))
+                self._built = -1  # (never the plan's modules again in this block)
+                names = self._own_names()
+                for module in inside:
+                    names.pop(id(module), None)  # (so that the loop below names and hooks them anew)
+                self._tracker.forget(inside)
         added = []
         records = self._records_now()
         for qualified, module in submodule.named_modules(prefix=prefix):

@@ -227,6 +227,14 @@ class ParamsMeter(Meter):
             self._values, self._lazy = {}, False
         self._measured = len(self._entries)
 
+    def modules_added(self, entries: Sequence[tuple[str, nn.Module]]) -> None:
+        # Each module once, at its latest name, after its parent (as ``measure_params`` reads them): one that moved
+        # into a module registered in its place (a Linear wrapped by an adapter, now ``0.base``) leaves its old
+        # place. Kept as a list of this meter's own: the profiler's may be made anew as modules leave.
+        joined = {id(module) for _, module in entries}
+        self._entries = [entry for entry in self._entries if id(entry[1]) not in joined] + list(entries)
+        self._measured = -1  # (measured again as the block stops)
+
     def stop(self) -> None:
         if self._lazy or len(self._entries) != self._measured:
             self._measure()  # lazy modules got their shapes on the first forward; new modules joined
