@@ -279,7 +279,15 @@ def _set_slot(func: Any) -> None:
             _FOUND.__kwdefaults__ = {_KW: func}  # (the defaults first: torch's code reads none)
             _FOUND.__code__ = _THROUGH
     else:
+        if func in _made:
+            _chain_in_class[0] = True
         setattr(_Module, _CALL_IMPL, func)
+
+
+# Whether a chain of ours was ever put in nn.Module itself (``_set_slot`` where another tool's function stood there):
+# only then can dynamo or a module's ``.compile()`` have kept one (``_unpin_dynamo``, ``unbind_call_wrappers``), and
+# the block's end look for it. Inside torch's function they keep torch's function, which gets its code back.
+_chain_in_class = [False]
 
 
 def _heal() -> None:
@@ -351,7 +359,7 @@ def _install(added: tuple[int, _Make, bool] | None, kept: list[tuple[int, _Make,
     _base[:] = [base]
     _installed[:] = [chain] if wrappers else []
     _wrappers[:] = wrappers
-    if not wrappers:
+    if not wrappers and _chain_in_class[0]:
         _unpin_dynamo()
 
 
@@ -370,8 +378,8 @@ def unbind_call_wrappers(modules: list[Any], owns: list[dict[str, Any]] | None =
     ``disable=True`` while a call wrapper was on (``.compile()`` stores ``module._call_impl`` as it finds it: then
     the wrapper's chain, bound to the module) what they would hold otherwise: torch's ``_call_impl`` bound to them
     (what the chain was built on, past every chain whose wrappers were all removed). Nothing while dynamo is not
-    loaded."""
-    if vars(torch).get("_dynamo") is None:
+    loaded, or where no chain was ever put in nn.Module itself (one inside torch's function leaves them torch's)."""
+    if not _chain_in_class[0] or vars(torch).get("_dynamo") is None:
         return
     if owns is None:
         owns = list(map(_own, modules))

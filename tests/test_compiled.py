@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import re
+from typing import Any
 
 import pytest
 import torch
@@ -351,6 +352,32 @@ def test_a_disabled_compile_inside_the_block_keeps_torchs_call_impl_after_it() -
     assert held.__func__ is vars(nn.Module)["_call_impl"] and held.__self__ is model[3]
     assert prof.records["3"].calls == 2 and prof.records["3"].backward_ms > 0
     assert prof.tree.calls == 2
+    assert torch.equal(model(x), copy.deepcopy(model)(x))
+
+
+def test_a_disabled_compile_inside_a_block_put_around_another_tools_call_impl_keeps_theirs_after_it() -> None:
+    # Where another tool's function stands in nn.Module, the block puts its call wrapper in the class around it
+    # (not inside torch's function): .compile(disable=True) then stores the wrapper's chain, bound to the module,
+    # and the block's end gives the module the other tool's function instead.
+    model = model_with_block()
+    x = torch.randn(2, 4)
+    torch_call = vars(nn.Module)["_call_impl"]
+
+    def theirs(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return torch_call(module, *args, **kwargs)
+
+    nn.Module._call_impl = theirs
+    try:
+        with LayerProf(model) as prof:
+            assert vars(nn.Module)["_call_impl"] not in (theirs, torch_call)  # (the chain, in the class)
+            model[3].compile(disable=True)
+            model(x).sum().backward()
+        held = model[3]._compiled_call_impl
+        assert held.__func__ is theirs and held.__self__ is model[3]
+        assert vars(nn.Module)["_call_impl"] is theirs
+    finally:
+        nn.Module._call_impl = torch_call
+    assert prof.records["3"].calls == 1 and prof.records["3"].backward_ms > 0
     assert torch.equal(model(x), copy.deepcopy(model)(x))
 
 
