@@ -243,3 +243,17 @@ def test_a_head_replaced_twice_inside_a_block_counts_the_last_one_under_the_root
             prof.step()
     # Linear(8, 16): 144; the last head Linear(16, 6): 16*6 + 6 = 102; the root 144 + 102 = 246
     assert [prof.records[name].params for name in ("", "0", "2", "2.0")] == [246, 144, 102, 102]
+
+
+def test_a_model_called_only_inside_a_compiled_function_is_told_apart_from_one_never_called() -> None:
+    # torch.compile inlines the model's forwards into the compiled function, whose code calls no hook: the block
+    # records no step. The warning said only "call the model inside the block", which the user had done; where
+    # dynamo compiled a graph it now says why such a call is not seen and what to do.
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    compiled = torch.compile(lambda x: model(x).sum(), backend="eager")
+    with pytest.warns(RuntimeWarning, match="inside a torch.compile'd function.*profile the same step without "
+                                            "torch.compile") as caught:
+        with LayerProf(model) as prof:
+            compiled(torch.randn(2, 4)).backward()
+    assert len([w for w in caught if "recorded no step" in str(w.message)]) == 1
+    assert prof.tree.calls == 0 and prof.records["0"].calls == 0  # nothing of the compiled call was timed

@@ -1115,6 +1115,13 @@ class LayerProf:
                     f"LayerProf recorded no step: steps 0 to {self.step_num} (counted by prof.step()) were all "
                     f"{left_out}. A step ends at prof.step() or at the end of the block: run more steps, or {fix}.",
                 )
+            elif dynamo_compiled():
+                # (a model called only inside a torch.compile'd function: dynamo inlines its modules' forwards into
+                # the compiled code, which calls no hook of layerprof's)
+                warn_user("LayerProf recorded no step: call the model inside the block. If it ran there inside a "
+                          "torch.compile'd function, its modules were compiled into that function's code, which "
+                          "runs no profiler's hooks: profile the same step without torch.compile, and compile after "
+                          "profiling")
             else:
                 warn_user("LayerProf recorded no step: call the model inside the block")
         self._tracker = None
