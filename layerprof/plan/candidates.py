@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..record.records import ModuleRecord, preorder
+from .cast_cost import CastCost
 from .wrap_cost import WrapCost
 
 __all__ = ["Candidate", "Priced", "candidates", "descendant_calls", "grad_calls", "less_hooks", "reader_ops",
@@ -228,12 +229,14 @@ def descendant_calls(records: list[ModuleRecord], parents: list[int]) -> list[in
 
 
 def candidates(root: ModuleRecord, allow_side_effects: bool = False, cost: WrapCost | None = None,
-               hook_ms: float = 0.0, op_ms: float = 0.0) -> list[Candidate]:
+               hook_ms: float = 0.0, op_ms: float = 0.0, cast: CastCost | None = None) -> list[Candidate]:
     """Every module of the tree in pre-order as a Candidate: ``recompute_ms`` its forward time less the tail
     that checkpointing's early stop skips and less ``hook_ms`` for every call of a module inside it (the
     profiler's own time in that forward, which a recomputation does not pay) and less ``op_ms`` for every op the
     live-bytes reader saw in it (``live_forward_ops``, where the reader ran in the timed step); ``cost`` prices
-    the wrapper (None: not counted)."""
+    the wrapper (None: not counted). ``cast``: on a CPU profile under autocast, what a layer that saves before it
+    computes re-runs when wrapped by itself, its casts (``cast_cost.py``): it is priced by the bytes it frees, not
+    by its forward, whose product the early stop skips."""
     records = preorder(root)
     index = {id(record): i for i, record in enumerate(records)}
     parents = [-1 if record.parent is None else index[id(record.parent)] for record in records]
@@ -243,6 +246,8 @@ def candidates(root: ModuleRecord, allow_side_effects: bool = False, cost: WrapC
         forward = _forward_ms(record) - skipped_tail_ms(record)
         hooks, reader = hook_ms * below[i], op_ms * reader_ops(record)
         recompute = less_hooks(record, forward, hooks) - reader  # (in the order the runs' sums take them off)
+        if cast is not None and not record.children and record.type in _SAVES_BEFORE_COMPUTING:
+            recompute = min(recompute, cast.of(_net_bytes(record), grad_calls(record)))
         deducted = forward - recompute
         share = grad_share(record)
         if share != 1.0:  # calls made with gradients off are in the forward time, not re-run

@@ -44,6 +44,7 @@ from ..render.units import format_counted
 from .apply import is_wrapped, unwrap, wrap, wrap_runs
 from .budget import parse_budget
 from .candidates import Candidate, Priced, candidates, descendant_calls, require_figures
+from .cast_cost import cast_cost
 from .gaps import gap_savings
 from .peak import PeakModel, PeakPrediction, step_peak
 from .peak_budget import choose_under_peak
@@ -899,7 +900,7 @@ def make_plan(root: ModuleRecord, budget: Any = None, allow_side_effects: bool =
     # The candidates, runs and tables of a 10,000-module tree are some 100,000 objects: without the pause they
     # trigger a full collection over the profile's and the model's objects, which costs more than the plan.
     with gc_paused():
-        found = candidates(root, allow_side_effects, cost, hook_ms, op_ms)
+        found = candidates(root, allow_side_effects, cost, hook_ms, op_ms, _cast_of(root, profiled_as))
         options = None
         if runs:
             records = preorder(root)
@@ -910,6 +911,17 @@ def make_plan(root: ModuleRecord, budget: Any = None, allow_side_effects: bool =
     plan.side_effects_allowed = allow_side_effects
     plan.profiled_as = dict(profiled_as or {})
     return plan
+
+
+def _cast_of(root: ModuleRecord, profiled: dict[str, Any] | None) -> Any:
+    """What a stopped recomputation costs where the profile is of a CPU step under autocast (``cast_cost.py``),
+    else None: on CUDA events the casts are kernels the host's calibration does not time."""
+    autocast = (profiled or {}).get("autocast")
+    if not isinstance(autocast, str) or autocast == "float32":
+        return None
+    if any(getattr(r, "host_forward_ms", None) is not None for r in preorder(root)):
+        return None
+    return cast_cost(autocast)
 
 
 def saved_today(root: ModuleRecord) -> int:
