@@ -205,9 +205,10 @@ def remove_forward_hooks_from(added: Any) -> None:
 
 # The calls of every module go through ``nn.Module._call_impl`` (``Module.__call__`` looks it up on the module at
 # each call). A block routes them through a function of its own, around torch's (inside torch's function, or in
-# its place: below): it times the modules it profiles and hands every call to torch's unchanged, which takes its fast path where a module carries no hooks. Torch's global
-# module hooks did the same at about twice the cost per call (their dispatch builds lists and a closure per call,
-# and runs two hooks), and made every module of the process, profiled or not, take the hooked path.
+# its place: below): it times the modules it profiles and hands every call to torch's unchanged, which takes its
+# fast path where a module carries no hooks. Torch's global module hooks did the same at about twice the cost per
+# call (their dispatch builds lists and a closure per call, and runs two hooks), and made every module of the
+# process, profiled or not, take the hooked path.
 _Module = torch.nn.Module
 _CALL_IMPL = "_call_impl"
 _Make = Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -273,8 +274,7 @@ def _set_slot(func: Any) -> None:
     """Make module calls run ``func``: inside ``_FOUND`` where the class holds it, else in the class."""
     if vars(_Module)[_CALL_IMPL] is _FOUND and _TORCH is not None:
         if func is _TORCH:
-            _FOUND.__code__ = _TORCH_CODE  # (the code first: the defaults go unread by torch's)
-            _FOUND.__kwdefaults__ = None
+            _code_back()
         else:
             _FOUND.__kwdefaults__ = {_KW: func}  # (the defaults first: torch's code reads none)
             _FOUND.__code__ = _THROUGH
@@ -294,8 +294,13 @@ def _heal() -> None:
     """Give ``_FOUND`` torch's code back where the chain inside it has no wrapper on any more (another tool put its
     own function in the class around it, and the blocks ended)."""
     if _TORCH is not None and _FOUND.__code__ is _THROUGH and _past_dead_chains(_FOUND.__kwdefaults__[_KW]) is _TORCH:
-        _FOUND.__code__ = _TORCH_CODE
-        _FOUND.__kwdefaults__ = None
+        _code_back()
+
+
+def _code_back() -> None:
+    """Torch's code in ``_FOUND`` again, and no keyword default of ours."""
+    _FOUND.__code__ = _TORCH_CODE  # (the code first: the defaults go unread by torch's)
+    _FOUND.__kwdefaults__ = None
 
 
 def add_call_wrapper(make: _Make, outermost: bool = False) -> int:
